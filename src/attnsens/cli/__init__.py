@@ -1,0 +1,14 @@
+"""Command-line interface: ``attnsens <command>``; one module per command."""
+
+from __future__ import annotations
+
+# Importing a command module registers its command on ``app``.
+from attnsens.cli import version as _version  # noqa: F401  (registers `version`)
+from attnsens.cli.app import app
+
+
+def main() -> None:
+    app()
+
+
+__all__ = ["app", "main"]

@@ -1,0 +1,39 @@
+"""Every error attnsens raises for bad input or an impossible request.
+
+Each subclass is an ``AttnsensError`` (itself a ``ValueError``), so callers can catch one type, and the CLI
+turns any of them into one red line and exit code 1. Messages name the offending value or shape and the fix.
+"""
+
+from __future__ import annotations
+
+
+class AttnsensError(ValueError):
+    """Base class of all user-facing attnsens errors."""
+
+
+class InputError(AttnsensError):
+    """A tensor argument is unusable: NaN/Inf, negative probabilities, empty rows, bad row sums, bad dtype."""
+
+
+class ShapeError(AttnsensError):
+    """Tensor shapes do not fit together; the message shows the shapes."""
+
+
+class ConfigError(AttnsensError):
+    """A configuration value is out of range or inconsistent with another one."""
+
+
+class TooHardError(AttnsensError):
+    """An exact computation was requested beyond what can be proved within the budget."""
+
+
+class FileFormatError(AttnsensError):
+    """A file is missing, unreadable, or does not hold what was asked for."""
+
+
+class UnsupportedModelError(AttnsensError):
+    """A model family or layout that attnsens has no adapter for."""
+
+
+class CheckpointError(AttnsensError):
+    """A checkpoint is corrupted (hash mismatch), duplicated, or missing from its manifest."""

@@ -1,0 +1,49 @@
+"""The package surface: lazy subpackages, errors hierarchy, CLI help."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+import attnsens
+from attnsens import errors
+from attnsens.cli import app
+
+
+def test_every_error_is_an_attnsens_value_error() -> None:
+    classes = [obj for obj in vars(errors).values() if isinstance(obj, type) and issubclass(obj, Exception)]
+    assert len(classes) >= 5
+    for cls in classes:
+        assert issubclass(cls, errors.AttnsensError)
+        assert issubclass(cls, ValueError)
+
+
+def test_import_is_lazy() -> None:
+    code = "import sys, attnsens; print('transformers' in sys.modules, 'numba' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["False", "False"]
+
+
+def test_unknown_attribute_raises() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        attnsens.nope  # noqa: B018
+
+
+def test_version_command_prints_version() -> None:
+    result = CliRunner().invoke(app, ["version", "--json"])
+    assert result.exit_code == 0, result.output
+    assert f'"attnsens": "{attnsens.__version__}"' in result.output
+
+
+def test_every_command_has_help() -> None:
+    runner = CliRunner()
+    top = runner.invoke(app, ["--help"])
+    assert top.exit_code == 0
+    for command in app.registered_commands:
+        name = command.name or command.callback.__name__
+        result = runner.invoke(app, [name, "--help"])
+        assert result.exit_code == 0, f"{name}: {result.output}"
+        assert "Usage" in result.output
