@@ -1,0 +1,182 @@
+"""Normalized per-layer weights: the one layout every adapter produces and every bound consumes.
+
+Adapters (GPT-2 Conv1D, NeoX fused QKV, Llama GQA, BERT, attnsens' own GPT) convert their parameters into these
+frozen dataclasses, so the geometry and influence code never branches on model families. Conventions:
+
+* Linear maps act on column vectors: ``q = w_q[h] @ x + b_q[h]`` with ``w_q: [head, d_head, d_model]``.
+* Key/value projections have ``kv_head`` heads (grouped-query attention); query head ``h`` reads key/value head
+  ``kv_head_of(h) = h // (head // kv_head)``.
+* ``w_o: [d_model, head * d_head]``; the columns ``h*d_head:(h+1)*d_head`` are head ``h``'s output block.
+* ``tau`` is the softmax temperature (``sqrt(d_head)`` for scaled dot-product attention): ``p = softmax(q·k / tau)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from attnsens.errors import ConfigError, ShapeError
+
+NormKind = Literal["layernorm", "rmsnorm"]
+Placement = Literal["pre", "post", "none"]
+Activation = Literal["gelu", "gelu_tanh", "relu", "silu"]
+MLPKind = Literal["mlp", "gated"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RotaryConfig:
+    """Rotary position embedding applied to queries and keys (after projection, before the scores)."""
+
+    base: float
+    rotary_dim: int  # number of leading dimensions of each head that rotate (d_head for Llama, less for NeoX)
+    interleaved: bool = False  # False: rotate halves (GPT-NeoX/Llama "rotate_half"); True: rotate pairs (GPT-J)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NormWeights:
+    """LayerNorm ``γ ⊙ (x − μ)/σ + β`` or RMSNorm ``γ ⊙ x / rms(x)``, with σ = sqrt(var + eps)."""
+
+    kind: NormKind
+    gamma: Tensor  # [d_model]
+    beta: Tensor | None  # [d_model]; None for RMSNorm and bias-free LayerNorm
+    eps: float
+
+    def __post_init__(self) -> None:
+        if self.gamma.ndim != 1:
+            raise ShapeError(f"norm gamma must be [d_model], got shape {tuple(self.gamma.shape)}")
+        if self.beta is not None and self.beta.shape != self.gamma.shape:
+            raise ShapeError(f"norm beta shape {tuple(self.beta.shape)} != gamma shape {tuple(self.gamma.shape)}")
+        if not self.eps >= 0:
+            raise ConfigError(f"norm eps must be >= 0, got {self.eps}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionWeights:
+    """One multi-head attention sublayer in the normalized layout (see module docstring)."""
+
+    w_q: Tensor  # [head, d_head, d_model]
+    w_k: Tensor  # [kv_head, d_head, d_model]
+    w_v: Tensor  # [kv_head, d_head, d_model]
+    w_o: Tensor  # [d_model, head * d_head]
+    b_q: Tensor | None = None  # [head, d_head]
+    b_k: Tensor | None = None  # [kv_head, d_head]
+    b_v: Tensor | None = None  # [kv_head, d_head]
+    b_o: Tensor | None = None  # [d_model]
+    tau: float
+    causal: bool
+    rotary: RotaryConfig | None = None
+
+    def __post_init__(self) -> None:
+        if self.w_q.ndim != 3 or self.w_k.ndim != 3 or self.w_v.ndim != 3:
+            raise ShapeError(
+                "w_q, w_k, w_v must be [head, d_head, d_model]; got "
+                f"{tuple(self.w_q.shape)}, {tuple(self.w_k.shape)}, {tuple(self.w_v.shape)}"
+            )
+        n_head, d_head, d_model = self.w_q.shape
+        n_kv = self.w_k.shape[0]
+        if self.w_k.shape != (n_kv, d_head, d_model) or self.w_v.shape != (n_kv, d_head, d_model):
+            raise ShapeError(
+                f"w_k {tuple(self.w_k.shape)} and w_v {tuple(self.w_v.shape)} must both be "
+                f"[kv_head, {d_head}, {d_model}] to match w_q {tuple(self.w_q.shape)}"
+            )
+        if n_head % n_kv != 0:
+            raise ShapeError(f"query heads ({n_head}) must be a multiple of key/value heads ({n_kv})")
+        if self.w_o.shape != (d_model, n_head * d_head):
+            raise ShapeError(f"w_o must be [{d_model}, {n_head * d_head}], got {tuple(self.w_o.shape)}")
+        if not self.tau > 0:
+            raise ConfigError(f"attention temperature tau must be > 0, got {self.tau}")
+
+    @property
+    def n_head(self) -> int:
+        return self.w_q.shape[0]
+
+    @property
+    def n_kv_head(self) -> int:
+        return self.w_k.shape[0]
+
+    @property
+    def d_head(self) -> int:
+        return self.w_q.shape[1]
+
+    @property
+    def d_model(self) -> int:
+        return self.w_q.shape[2]
+
+    def kv_head_of(self, head: int) -> int:
+        """The key/value head that query head ``head`` reads (grouped-query attention)."""
+        return head // (self.n_head // self.n_kv_head)
+
+    def per_query_head(self) -> AttentionWeights:
+        """The same attention with key/value weights repeated so that every query head has its own."""
+        if self.n_kv_head == self.n_head:
+            return self
+        group = self.n_head // self.n_kv_head
+
+        def repeat(t: Tensor | None) -> Tensor | None:
+            return None if t is None else torch.repeat_interleave(t, group, dim=0)
+
+        return AttentionWeights(
+            w_q=self.w_q,
+            w_k=repeat(self.w_k),
+            w_v=repeat(self.w_v),
+            w_o=self.w_o,
+            b_q=self.b_q,
+            b_k=repeat(self.b_k),
+            b_v=repeat(self.b_v),
+            b_o=self.b_o,
+            tau=self.tau,
+            causal=self.causal,
+            rotary=self.rotary,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class MLPWeights:
+    """Positionwise map: ``w_out @ act(w_in @ x + b_in) + b_out`` or gated ``w_out @ (act(w_gate x) ⊙ (w_in x))``."""
+
+    kind: MLPKind
+    activation: Activation
+    w_in: Tensor  # [d_ff, d_model]
+    w_out: Tensor  # [d_model, d_ff]
+    b_in: Tensor | None = None  # [d_ff]
+    b_out: Tensor | None = None  # [d_model]
+    w_gate: Tensor | None = None  # [d_ff, d_model], gated kind only
+
+    def __post_init__(self) -> None:
+        d_ff, d_model = self.w_in.shape
+        if self.w_out.shape != (d_model, d_ff):
+            raise ShapeError(f"w_out must be [{d_model}, {d_ff}], got {tuple(self.w_out.shape)}")
+        if (self.kind == "gated") != (self.w_gate is not None):
+            raise ConfigError(f"w_gate must be given exactly when kind == 'gated' (kind={self.kind!r})")
+        if self.w_gate is not None and self.w_gate.shape != self.w_in.shape:
+            raise ShapeError(f"w_gate shape {tuple(self.w_gate.shape)} != w_in shape {tuple(self.w_in.shape)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerWeights:
+    """One transformer block.
+
+    placement ``"pre"``:  X ← X + Attn(N1(X)); X ← X + MLP(N2(X))
+    placement ``"post"``: X ← N1(X + Attn(X)); X ← N2(X + MLP(X))
+    placement ``"none"``: X ← X + Attn(X);     X ← X + MLP(X)      (norm fields are None)
+    ``residual_scale`` is DeepNorm's α (X ← N(α X + F(X))); 1 otherwise.
+    """
+
+    index: int
+    placement: Placement
+    attention: AttentionWeights
+    mlp: MLPWeights
+    attn_norm: NormWeights | None
+    mlp_norm: NormWeights | None
+    residual_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        has_norms = self.attn_norm is not None and self.mlp_norm is not None
+        if (self.placement == "none") == has_norms:
+            raise ConfigError(
+                f"layer {self.index}: placement {self.placement!r} requires "
+                + ("no norms" if self.placement == "none" else "both attn_norm and mlp_norm")
+            )
