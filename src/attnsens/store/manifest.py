@@ -1,0 +1,219 @@
+"""``manifest.json`` of a run directory: config, provenance and every finished unit file with its sha256.
+
+A unit of work (one checkpoint's audit, one seed's training log, ...) writes exactly one file, named by what it
+holds (e.g. ``rows/seed=0/step=000100.parquet``). It is recorded in the manifest only after the file is
+complete, so a rerun of an interrupted job skips units that are recorded *and* whose file still has the
+recorded hash, and redoes the others: nothing is lost and nothing is duplicated.
+
+Several processes (e.g. torchrun ranks) may record units into the same manifest: every update re-reads the
+file under an exclusive lock and replaces it atomically.
+
+Layout::
+
+    {"format": 1, "config": {...}, "provenance": {...},
+     "units": {"rows/seed=0/step=000100.parquet": {"table": "rows", "sha256": "...", "num_rows": 1024,
+                                                   "recorded_utc": "..."}}}
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import hashlib
+import json
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from attnsens.errors import CheckpointError, ConfigError, FileFormatError
+from attnsens.provenance import provenance
+from attnsens.store.parquet import atomic_write, write_parquet
+from attnsens.store.schema import TableSchema
+
+MANIFEST_NAME = "manifest.json"
+_FORMAT = 1
+
+
+def sha256_file(path: str | os.PathLike[str], *, chunk_bytes: int = 1 << 20) -> str:
+    """Hex sha256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(chunk_bytes):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class Manifest:
+    """The manifest of one run directory. Create or reopen it with :meth:`open`."""
+
+    def __init__(self, run_dir: Path, payload: dict[str, Any]) -> None:
+        self.run_dir = run_dir
+        self._payload = payload
+
+    @property
+    def path(self) -> Path:
+        return self.run_dir / MANIFEST_NAME
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return self._payload["config"]
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        return self._payload["provenance"]
+
+    @property
+    def units(self) -> dict[str, dict[str, Any]]:
+        """Recorded units: relative path → {"table", "sha256", "num_rows", "recorded_utc"}."""
+        return self._payload["units"]
+
+    @classmethod
+    def open(cls, run_dir: str | os.PathLike[str], *, config: Mapping[str, Any] | None = None) -> Manifest:
+        """Open the manifest of ``run_dir``, creating it (with ``config`` and provenance) if there is none.
+
+        Reopening with a ``config`` that differs from the recorded one raises ConfigError: resuming must not
+        mix results of two configurations in one run directory.
+        """
+        directory = Path(run_dir)
+        wanted = _jsonable(dict(config or {}))
+        with _locked(directory):
+            payload = _load(directory / MANIFEST_NAME)
+            if payload is None:
+                payload = {"format": _FORMAT, "config": wanted, "provenance": provenance(), "units": {}}
+                _store(directory / MANIFEST_NAME, payload)
+            elif config is not None and payload["config"] != wanted:
+                changed = sorted(
+                    k for k in set(wanted) | set(payload["config"]) if wanted.get(k) != payload["config"].get(k)
+                )
+                raise ConfigError(
+                    f"{str(directory)!r} holds a run with a different config (keys {changed} differ); "
+                    f"use a new output directory or the original config to resume"
+                )
+        return cls(directory, payload)
+
+    @classmethod
+    def load(cls, run_dir: str | os.PathLike[str]) -> Manifest:
+        """Read an existing manifest; FileFormatError if the directory has none."""
+        directory = Path(run_dir)
+        payload = _load(directory / MANIFEST_NAME)
+        if payload is None:
+            raise FileFormatError(f"no {MANIFEST_NAME} in {str(directory)!r}; is this an attnsens run directory?")
+        return cls(directory, payload)
+
+    def refresh(self) -> None:
+        """Re-read the manifest from disk (other processes may have recorded units)."""
+        payload = _load(self.path)
+        if payload is not None:
+            self._payload = payload
+
+    def is_done(self, unit: str | os.PathLike[str]) -> bool:
+        """True iff ``unit`` (relative to the run dir) is recorded and its file exists with the recorded hash."""
+        key = self._key(unit)
+        entry = self.units.get(key)
+        if entry is None:
+            return False
+        file = self.run_dir / key
+        return file.is_file() and sha256_file(file) == entry["sha256"]
+
+    def pending(self, units: list[str]) -> list[str]:
+        """The subset of ``units`` (in order) that still has to be computed."""
+        return [u for u in units if not self.is_done(u)]
+
+    def record(self, unit: str | os.PathLike[str], *, table: str | None = None) -> None:
+        """Record the finished file ``unit`` (relative to the run dir) with its sha256 and row count."""
+        key = self._key(unit)
+        file = self.run_dir / key
+        if not file.is_file():
+            raise FileFormatError(f"cannot record {key!r}: no such file in {str(self.run_dir)!r}; write it first")
+        entry: dict[str, Any] = {
+            "table": table,
+            "sha256": sha256_file(file),
+            "num_rows": pq.read_metadata(file).num_rows if file.suffix == ".parquet" else None,
+            "recorded_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        }
+        with _locked(self.run_dir):
+            payload = _load(self.path) or self._payload
+            payload["units"][key] = entry
+            _store(self.path, payload)
+        self._payload = payload
+
+    def write_unit(
+        self,
+        unit: str | os.PathLike[str],
+        data: pa.Table | pd.DataFrame | Mapping[str, Any],
+        *,
+        schema: str | TableSchema,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Path:
+        """Write ``data`` as the Parquet unit file ``unit`` (atomically, run config in its metadata), then record it."""
+        file = write_parquet(
+            data, self.run_dir / self._key(unit), schema=schema, metadata={"config": self.config, **(metadata or {})}
+        )
+        self.record(unit, table=schema if isinstance(schema, str) else schema.name)
+        return file
+
+    def verify(self) -> None:
+        """Raise CheckpointError naming every recorded unit whose file is missing or whose hash changed."""
+        bad = [key for key in self.units if not self.is_done(key)]
+        if bad:
+            raise CheckpointError(
+                f"{len(bad)} recorded file(s) in {str(self.run_dir)!r} are missing or corrupted: {', '.join(bad[:5])}"
+                f"{' …' if len(bad) > 5 else ''}; delete them and rerun to recompute"
+            )
+
+    def _key(self, unit: str | os.PathLike[str]) -> str:
+        path = Path(unit)
+        if path.is_absolute():
+            try:
+                path = path.relative_to(self.run_dir)
+            except ValueError:
+                raise FileFormatError(f"{str(unit)!r} is not inside the run directory {str(self.run_dir)!r}") from None
+        if ".." in path.parts:
+            raise FileFormatError(f"unit path {str(unit)!r} leaves the run directory; give a path inside it")
+        return path.as_posix()
+
+
+def _jsonable(value: Any) -> Any:
+    try:
+        return json.loads(json.dumps(value, default=str, sort_keys=True))
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"config is not JSON-serialisable ({err}); pass plain values") from None
+
+
+def _load(path: Path) -> dict[str, Any] | None:
+    if not path.exists():
+        return None
+    try:
+        payload = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise FileFormatError(f"cannot read {str(path)!r} ({err}); restore it or start a new run directory") from None
+    if not isinstance(payload, dict) or payload.get("format") != _FORMAT or "units" not in payload:
+        raise FileFormatError(f"{str(path)!r} is not an attnsens manifest (format {_FORMAT}); check the directory")
+    return payload
+
+
+def _store(path: Path, payload: dict[str, Any]) -> None:
+    text = json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n"
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+
+
+@contextlib.contextmanager
+def _locked(run_dir: Path) -> Iterator[None]:
+    """Exclusive advisory lock on ``run_dir/.manifest.lock`` (no-op where fcntl does not exist)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(run_dir / ".manifest.lock", "a") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)

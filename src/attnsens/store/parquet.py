@@ -1,0 +1,183 @@
+"""Parquet files of the results store: validated against schema.py, written atomically, with provenance.
+
+A file is either the old one or the complete new one, never a mix: the data go to a hidden temporary file in
+the same directory, are flushed to disk (fsync), then renamed over the target (``os.replace`` is atomic on
+POSIX and Windows). Temporary names start with ``.`` and end with ``.tmp``, so readers never pick them up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from attnsens.errors import FileFormatError, InputError
+from attnsens.provenance import provenance
+from attnsens.store.schema import TableSchema, get_schema
+
+METADATA_KEY = b"attnsens"
+
+
+def to_arrow(data: pa.Table | pd.DataFrame | Mapping[str, Any]) -> pa.Table:
+    """``data`` as a pyarrow Table (a DataFrame loses its index; a dict maps column names to sequences)."""
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pd.DataFrame):
+        return pa.Table.from_pandas(data, preserve_index=False)
+    if isinstance(data, Mapping):
+        try:
+            return pa.table({name: _as_array(values) for name, values in data.items()})
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+            raise InputError(
+                f"cannot build a table from the given columns ({err}); give equal-length 1-D columns"
+            ) from None
+    raise InputError(f"cannot write {type(data).__name__} as Parquet; give a pyarrow.Table, DataFrame or dict")
+
+
+def _as_array(values: Any) -> Any:
+    # torch tensors and numpy arrays both expose .numpy()/__array__; tensors must leave the GPU first.
+    if hasattr(values, "detach"):
+        return values.detach().cpu().numpy()
+    return values
+
+
+def conform(data: pa.Table | pd.DataFrame | Mapping[str, Any], schema: str | TableSchema) -> pa.Table:
+    """``data`` cast to ``schema``: columns in schema order and dtype, absent nullable columns filled with null.
+
+    Raises InputError for a missing required column, an unknown column, a null in a required column, or a
+    value that does not fit the column's dtype (e.g. 2.5 into an integer column).
+    """
+    table_schema = get_schema(schema)
+    table = to_arrow(data)
+    unknown = [name for name in table.column_names if name not in table_schema.names]
+    if unknown:
+        raise InputError(
+            f"columns {unknown} are not in the {table_schema.name!r} table; "
+            f"drop them or add them to attnsens/store/schema.py"
+        )
+    arrays = []
+    for column in table_schema.columns:
+        if column.name not in table.column_names:
+            if not column.nullable:
+                raise InputError(f"the {table_schema.name!r} table needs column {column.name!r} ({column.doc})")
+            arrays.append(pa.nulls(table.num_rows, type=column.dtype))
+            continue
+        values = table.column(column.name)
+        try:
+            values = values.cast(column.dtype, safe=True)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as err:
+            raise InputError(
+                f"column {column.name!r} of type {values.type} does not fit {column.dtype} ({err}); convert it first"
+            ) from None
+        if not column.nullable and values.null_count:
+            raise InputError(f"column {column.name!r} has {values.null_count} nulls; it is required, fill it")
+        arrays.append(values)
+    return pa.Table.from_arrays(arrays, schema=table_schema.arrow_schema())
+
+
+def write_parquet(
+    data: pa.Table | pd.DataFrame | Mapping[str, Any],
+    path: str | os.PathLike[str],
+    *,
+    schema: str | TableSchema | None = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write ``data`` to ``path`` atomically, with provenance and ``metadata`` in the Parquet file metadata.
+
+    Args:
+        data: a pyarrow Table, a pandas DataFrame or a dict of equal-length columns.
+        path: target file; its directory is created.
+        schema: a table name from schema.TABLES (or a TableSchema) to validate and cast against.
+        metadata: JSON-serialisable extras (typically the run config); stored under ``"metadata"``.
+
+    Returns:
+        The path written. Read the metadata back with :func:`read_metadata`.
+    """
+    target = Path(path)
+    table = conform(data, schema) if schema is not None else to_arrow(data)
+    record = {
+        "table": get_schema(schema).name if schema is not None else None,
+        "provenance": provenance(),
+        "metadata": dict(metadata or {}),
+    }
+    try:
+        encoded = json.dumps(record, default=str, sort_keys=True).encode()
+    except (TypeError, ValueError) as err:
+        raise InputError(
+            f"metadata is not JSON-serialisable ({err}); pass plain dicts, lists, numbers, strings"
+        ) from None
+    existing = table.schema.metadata or {}
+    table = table.replace_schema_metadata({**existing, METADATA_KEY: encoded})
+    atomic_write(target, lambda tmp: pq.write_table(table, tmp))
+    return target
+
+
+def atomic_write(target: Path, write: Any) -> None:
+    """Call ``write(tmp_path)``, fsync, and rename over ``target``; on any failure remove the temporary file."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+    _fsync_dir(target.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    # Makes the rename itself durable; directories cannot be opened this way on Windows.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def parquet_files(path_or_dir: str | os.PathLike[str]) -> list[Path]:
+    """The Parquet files at ``path_or_dir``: the file itself, or every ``*.parquet`` below the directory, sorted."""
+    path = Path(path_or_dir)
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise FileFormatError(f"no Parquet file or directory at {str(path)!r}; check the path")
+    return sorted(p for p in path.rglob("*.parquet") if p.is_file() and not p.name.startswith("."))
+
+
+def read_table(path_or_dir: str | os.PathLike[str]) -> pd.DataFrame:
+    """Read one Parquet file, or all of them below a directory (columns unioned by name), as a DataFrame."""
+    files = parquet_files(path_or_dir)
+    if not files:
+        raise FileFormatError(f"no *.parquet files under {str(path_or_dir)!r}; run the command that writes them")
+    try:
+        tables = [pq.read_table(f) for f in files]
+    except (OSError, pa.ArrowInvalid) as err:
+        raise FileFormatError(f"cannot read Parquet under {str(path_or_dir)!r} ({err}); rewrite the file") from None
+    table = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+    return table.replace_schema_metadata(None).to_pandas()
+
+
+def read_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The attnsens record of a file written by :func:`write_parquet`: table, provenance, metadata."""
+    try:
+        raw = pq.read_schema(path).metadata or {}
+    except (OSError, pa.ArrowInvalid) as err:
+        raise FileFormatError(f"cannot read Parquet metadata of {str(path)!r} ({err}); check the file") from None
+    if METADATA_KEY not in raw:
+        raise FileFormatError(f"{str(path)!r} carries no attnsens metadata; it was not written by attnsens")
+    return json.loads(raw[METADATA_KEY])
