@@ -37,3 +37,7 @@ class UnsupportedModelError(AttnsensError):
 
 class CheckpointError(AttnsensError):
     """A checkpoint is corrupted (hash mismatch), duplicated, or missing from its manifest."""
+
+
+class QueryError(AttnsensError):
+    """A SQL query over a run's results failed (syntax, unknown table or column)."""
