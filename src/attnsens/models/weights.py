@@ -163,6 +163,8 @@ class LayerWeights:
     placement ``"post"``: X ← N1(X + Attn(X)); X ← N2(X + MLP(X))
     placement ``"none"``: X ← X + Attn(X);     X ← X + MLP(X)      (norm fields are None)
     ``residual_scale`` is DeepNorm's α (X ← N(α X + F(X))); 1 otherwise.
+    ``parallel_residual`` (GPT-NeoX/Pythia, pre placement only): X ← X + Attn(N1(X)) + MLP(N2(X)), both
+    sublayers reading the block input.
     """
 
     index: int
@@ -172,6 +174,7 @@ class LayerWeights:
     attn_norm: NormWeights | None
     mlp_norm: NormWeights | None
     residual_scale: float = 1.0
+    parallel_residual: bool = False
 
     def __post_init__(self) -> None:
         has_norms = self.attn_norm is not None and self.mlp_norm is not None
@@ -180,3 +183,5 @@ class LayerWeights:
                 f"layer {self.index}: placement {self.placement!r} requires "
                 + ("no norms" if self.placement == "none" else "both attn_norm and mlp_norm")
             )
+        if self.parallel_residual and self.placement != "pre":
+            raise ConfigError(f"layer {self.index}: parallel_residual needs placement 'pre', got {self.placement!r}")
