@@ -1,0 +1,90 @@
+"""Run manifest: resume skips finished units, redoes missing or corrupted ones, refuses a changed config."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from attnsens.errors import CheckpointError, ConfigError
+from attnsens.store import Manifest, read_table
+
+_TRAINING = {
+    "run_id": ["r"],
+    "seed": [0],
+    "step": [0],
+    "loss": [1.0],
+    "lr": [0.1],
+    "grad_norm_global": [1.0],
+    "tokens_seen": [1],
+    "wall_time_s": [0.0],
+}
+
+
+def _run(manifest: Manifest, units: list[str], calls: list[str], *, fail_at: str | None = None) -> None:
+    for unit in manifest.pending(units):
+        if unit == fail_at:
+            raise KeyboardInterrupt
+        calls.append(unit)
+        manifest.write_unit(unit, _TRAINING, schema="training")
+
+
+def test_interrupted_run_resumes_without_duplicates(tmp_path):
+    units = [f"training/step={s}.parquet" for s in range(5)]
+    calls: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        _run(Manifest.open(tmp_path, config={"lr": 0.1}), units, calls, fail_at=units[3])
+    assert calls == units[:3]
+
+    calls.clear()
+    _run(Manifest.open(tmp_path, config={"lr": 0.1}), units, calls)
+    assert calls == units[3:]
+    assert len(read_table(tmp_path / "training")) == 5
+    Manifest.load(tmp_path).verify()
+
+
+def test_corrupted_or_missing_unit_is_redone_and_reported(tmp_path):
+    manifest = Manifest.open(tmp_path, config={})
+    units = ["training/a.parquet", "training/b.parquet"]
+    _run(manifest, units, [])
+    (tmp_path / units[0]).write_bytes(b"garbage")
+    (tmp_path / units[1]).unlink()
+    with pytest.raises(CheckpointError, match="2 recorded file"):
+        manifest.verify()
+    assert manifest.pending(units) == units
+
+
+def test_unrecorded_file_is_not_done(tmp_path):
+    manifest = Manifest.open(tmp_path)
+    (tmp_path / "training").mkdir()
+    (tmp_path / "training" / "a.parquet").write_bytes(b"half written by an old version")
+    assert not manifest.is_done("training/a.parquet")
+
+
+def test_manifest_records_provenance_and_hashes(tmp_path):
+    manifest = Manifest.open(tmp_path, config={"seeds": [0, 1]})
+    manifest.write_unit("training/a.parquet", _TRAINING, schema="training")
+    payload = json.loads((tmp_path / "manifest.json").read_text())
+    assert payload["config"] == {"seeds": [0, 1]}
+    assert payload["provenance"]["versions"]["pyarrow"]
+    entry = payload["units"]["training/a.parquet"]
+    assert entry["table"] == "training" and entry["num_rows"] == 1 and len(entry["sha256"]) == 64
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_changed_config_is_refused(tmp_path):
+    Manifest.open(tmp_path, config={"lr": 0.1, "seeds": [0]})
+    with pytest.raises(ConfigError, match=r"\['lr'\]"):
+        Manifest.open(tmp_path, config={"lr": 0.2, "seeds": [0]})
+
+
+def test_two_handles_merge_their_records(tmp_path):
+    first, second = Manifest.open(tmp_path), Manifest.open(tmp_path)
+    first.write_unit("training/a.parquet", _TRAINING, schema="training")
+    second.write_unit("training/b.parquet", _TRAINING, schema="training")
+    assert set(Manifest.load(tmp_path).units) == {"training/a.parquet", "training/b.parquet"}
+
+
+def test_units_must_stay_inside_the_run(tmp_path):
+    with pytest.raises(ValueError, match="leaves the run directory"):
+        Manifest.open(tmp_path).is_done("../x.parquet")
