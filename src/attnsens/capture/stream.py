@@ -1,0 +1,101 @@
+"""Streaming capture: reduce every selected attention row to statistics during the forward pass (MATH.md A5).
+
+The adapter's query/key tap hands us each layer's (post-rotary) queries and keys as the layer runs; rows are
+recomputed in float32 for one chunk of queries at a time, reduced by :func:`row_statistics` and dropped before
+the next chunk. Nothing of size layers × n² ever exists: the extra peak memory is one chunk of one layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+import torch
+from einops import rearrange
+from torch import Tensor
+
+from attnsens.capture.selection import RowSelection
+from attnsens.capture.statistics import RowStats, row_statistics
+from attnsens.models.adapter import ModelAdapter
+from attnsens.models.attention import attention_rows, key_padding_mask_of
+
+
+@dataclass(frozen=True, kw_only=True)
+class RowBlock:
+    """Statistics of the rows of one chunk: ``stats`` fields are ``[batch, head, query]``."""
+
+    layer: int
+    heads: tuple[int, ...]
+    query_positions: Tensor  # [batch, query]
+    stats: RowStats
+
+    def columns(self) -> dict[str, Tensor]:
+        """One flat CPU tensor per column (layer, head, batch, query and every statistic), row-major."""
+        batch, n_head, n_query = self.stats.p_max.shape
+        heads = torch.as_tensor(self.heads, dtype=torch.int64)
+        out = {
+            "layer": torch.full((batch * n_head * n_query,), self.layer, dtype=torch.int64),
+            "head": heads.view(1, n_head, 1).expand(batch, n_head, n_query).reshape(-1),
+            "batch": torch.arange(batch).view(batch, 1, 1).expand(batch, n_head, n_query).reshape(-1),
+            "query": rearrange(self.query_positions.cpu(), "batch query -> batch 1 query")
+            .expand(batch, n_head, n_query)
+            .reshape(-1),
+        }
+        for f in fields(self.stats):
+            out[f.name] = getattr(self.stats, f.name).reshape(-1).cpu()
+        return out
+
+
+def capture_row_statistics(
+    model: ModelAdapter,
+    input_ids: Tensor,
+    *,
+    selection: RowSelection | None = None,
+    attention_mask: Tensor | None = None,
+    on_block: Callable[[RowBlock], None] | None = None,
+) -> list[RowBlock]:
+    """Run ``model`` once on ``input_ids`` [batch, n] and reduce the selected rows to RowStats, chunk by chunk.
+
+    Args:
+        model: a ModelAdapter (attnsens.models.load).
+        input_ids: token ids [batch, n].
+        selection: layers, heads, query positions and chunk size (default: every row).
+        attention_mask: optional [batch, n] padding mask (1 = token); padded keys get probability 0.
+        on_block: called with each RowBlock as soon as it is computed (e.g. to write or aggregate it); when
+            given, blocks are not kept and an empty list is returned.
+
+    Returns:
+        The RowBlocks in the order computed (layer by layer, then chunk by chunk); rows agree with the model's
+        eager attention to float32 rounding.
+    """
+    selection = selection or RowSelection()
+    input_ids = model.check_input_ids(input_ids)
+    layers = set(model.select_layers(selection.layers))
+    heads = model.select_heads(selection.heads)
+    positions = selection.query_positions(*input_ids.shape, device=input_ids.device)
+    key_mask = key_padding_mask_of(attention_mask, input_ids)
+    kept: list[RowBlock] = []
+    sink = on_block or kept.append
+
+    def reduce_layer(layer: int, query: Tensor, key: Tensor, tau: float) -> None:
+        if layer not in layers:
+            return
+        query, key = query.detach(), key.detach()
+        for start in range(0, positions.shape[1], selection.chunk_size):
+            chunk = positions[:, start : start + selection.chunk_size]
+            probs, n_keys = attention_rows(
+                query,
+                key,
+                tau=tau,
+                query_positions=chunk,
+                heads=heads,
+                causal=model.spec.causal,
+                key_padding_mask=key_mask,
+            )
+            n_keys = rearrange(n_keys, "batch query -> batch 1 query").expand(probs.shape[:-1])
+            sink(RowBlock(layer=layer, heads=heads, query_positions=chunk, stats=row_statistics(probs, n_keys=n_keys)))
+            del probs
+
+    with torch.no_grad(), model.query_key_tap(reduce_layer):
+        model.forward(input_ids, attention_mask)
+    return kept

@@ -1,0 +1,255 @@
+"""The model adapter: one object per loaded model exposing normalized weights, layer inputs and attention rows.
+
+Family modules (gpt2, neox, llama, bert, own_gpt) subclass :class:`ModelAdapter` and supply three things: the
+normalized :class:`~attnsens.models.weights.LayerWeights`, a forward pass, and a *query/key tap* — a context
+manager that calls ``on_query_key(layer, query, key, tau)`` with every layer's queries and keys (after any rotary
+embedding) while the model runs. Everything else (streaming rows, layer inputs) is written once here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from attnsens.errors import ConfigError, InputError, ShapeError
+from attnsens.models.attention import attention_rows, key_padding_mask_of
+from attnsens.models.weights import LayerWeights, NormKind, Placement, RotaryConfig
+
+QueryKeyCallback = Callable[[int, Tensor, Tensor, float], None]
+"""``on_query_key(layer, query [batch, head, query, d_head], key [batch, kv_head, key, d_head], tau)``."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """Architecture facts every consumer needs, independent of the model family."""
+
+    n_layer: int
+    n_head: int
+    n_kv_head: int
+    d_model: int
+    d_head: int
+    max_positions: int
+    vocab_size: int
+    placement: Placement
+    norm: NormKind | None
+    causal: bool
+    rotary: RotaryConfig | None = None
+
+    def __post_init__(self) -> None:
+        if self.n_layer < 1 or self.n_head < 1 or self.n_kv_head < 1 or self.d_head < 1:
+            raise ConfigError(
+                f"model spec needs positive sizes, got n_layer={self.n_layer}, n_head={self.n_head}, "
+                f"n_kv_head={self.n_kv_head}, d_head={self.d_head}"
+            )
+        if self.n_head % self.n_kv_head:
+            raise ConfigError(f"n_head={self.n_head} is not a multiple of n_kv_head={self.n_kv_head}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerInputs:
+    """Residual-stream tensors of one layer for one forward pass, each ``[batch, query, d_model]``.
+
+    ``attention_input`` is what W_q, W_k, W_v act on (the N1 output for pre-LN, the block input for post-LN);
+    ``mlp_input`` is what the MLP acts on. For post-LN layers ``attention_residual_sum`` = X + Attn(X) and
+    ``mlp_residual_sum`` = X' + MLP(X') are the sums entering the norms; they are None otherwise.
+    """
+
+    layer: int
+    block_input: Tensor
+    attention_input: Tensor
+    mlp_input: Tensor
+    attention_residual_sum: Tensor | None = None
+    mlp_residual_sum: Tensor | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionChunk:
+    """Attention rows of some heads and query positions of one layer.
+
+    ``probs`` is float32 ``[batch, head, query, key]``; masked keys are exact zeros. ``query_positions`` is
+    ``[batch, query]`` (0-based positions of the rows), ``heads`` the 0-based query heads of dimension 1.
+    """
+
+    layer: int
+    heads: tuple[int, ...]
+    query_positions: Tensor
+    probs: Tensor
+    n_keys: Tensor  # [batch, query]: allowed keys of each row
+
+
+class ModelAdapter(ABC):
+    """A loaded model seen through attnsens: normalized weights, layer inputs and streamed attention rows."""
+
+    family: str = ""
+
+    def __init__(self, module: torch.nn.Module, *, name: str, spec: ModelSpec) -> None:
+        self.module = module
+        self.name = name
+        self.spec = spec
+        self._layers: list[LayerWeights] | None = None
+
+    def __repr__(self) -> str:
+        s = self.spec
+        return (
+            f"{type(self).__name__}(name={self.name!r}, family={self.family!r}, n_layer={s.n_layer}, "
+            f"n_head={s.n_head}, n_kv_head={s.n_kv_head}, d_model={s.d_model}, placement={s.placement!r})"
+        )
+
+    @property
+    def layers(self) -> list[LayerWeights]:
+        """Normalized weights of every layer (read once, detached, on the model's device)."""
+        if self._layers is None:
+            with torch.no_grad():
+                self._layers = self.read_layers()
+        return self._layers
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.module.parameters()).device
+
+    # --- what a family supplies -------------------------------------------------------------------------------
+
+    @abstractmethod
+    def read_layers(self) -> list[LayerWeights]:
+        """The model's parameters converted to the normalized layout (models/weights.py)."""
+
+    @abstractmethod
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> None:
+        """Run the model once on ``input_ids`` [batch, n] (no cache, no gradients required)."""
+
+    @abstractmethod
+    def query_key_tap(self, on_query_key: QueryKeyCallback) -> contextlib.AbstractContextManager[None]:
+        """While active, every attention layer reports its queries and keys (after rotary) to ``on_query_key``."""
+
+    @abstractmethod
+    def layer_input_taps(self, record: Callable[[int, str, Tensor], None]) -> contextlib.AbstractContextManager[None]:
+        """While active, report each layer's residual tensors to ``record(layer, field, tensor)``.
+
+        ``field`` is one of the LayerInputs field names.
+        """
+
+    def encode(self, text: str, *, max_length: int | None = None) -> Tensor:
+        """Token ids ``[1, n]`` of ``text`` with the model's tokenizer (truncated to ``max_length``)."""
+        raise InputError(f"model {self.name!r} has no tokenizer; pass token ids instead of text")
+
+    # --- shared machinery ---------------------------------------------------------------------------------------
+
+    def check_input_ids(self, input_ids: Tensor) -> Tensor:
+        """``input_ids`` as a LongTensor [batch, n] on the model's device; InputError naming the fix otherwise."""
+        if not isinstance(input_ids, Tensor):
+            raise InputError(f"input_ids must be a LongTensor [batch, n], got {type(input_ids).__name__}")
+        if input_ids.ndim == 1:
+            input_ids = input_ids.unsqueeze(0)
+        if input_ids.ndim != 2 or input_ids.shape[1] == 0:
+            raise ShapeError(f"input_ids must be [batch, n] with n ≥ 1, got shape {tuple(input_ids.shape)}")
+        if input_ids.dtype not in (torch.int64, torch.int32):
+            raise InputError(f"input_ids must be integer token ids, got dtype {input_ids.dtype}")
+        n = input_ids.shape[1]
+        if n > self.spec.max_positions:
+            raise InputError(
+                f"sequence length {n} exceeds the context of {self.name!r} ({self.spec.max_positions} positions); "
+                f"use a shorter --seq-len"
+            )
+        return input_ids.to(self.device, torch.long)
+
+    def layer_inputs(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> list[LayerInputs]:
+        """The residual-stream inputs of every layer for one forward pass on ``input_ids`` [batch, n]."""
+        input_ids = self.check_input_ids(input_ids)
+        found: dict[int, dict[str, Tensor]] = {i: {} for i in range(self.spec.n_layer)}
+
+        def record(layer: int, field: str, tensor: Tensor) -> None:
+            found[layer][field] = tensor.detach()
+
+        with torch.no_grad(), self.layer_input_taps(record):
+            self.forward(input_ids, attention_mask)
+        return [LayerInputs(layer=i, **found[i]) for i in range(self.spec.n_layer)]
+
+    def stream_attention(
+        self,
+        input_ids: Tensor,
+        *,
+        layers: Sequence[int] | None = None,
+        heads: Sequence[int] | None = None,
+        query_positions: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        chunk_size: int = 64,
+    ) -> Iterator[AttentionChunk]:
+        """Attention rows of the selected layers, heads and queries, in chunks of ``chunk_size`` queries.
+
+        One forward pass keeps the (post-rotary) queries and keys of the selected layers — O(layers · n · d_model)
+        memory, the size of the hidden states — and rows are recomputed in float32 one chunk at a time
+        (MATH.md A5), so at most one chunk ``[batch, head, chunk_size, n]`` of probabilities exists at once.
+        For reduction inside the forward pass without keeping any queries, use attnsens.capture.
+
+        Args:
+            input_ids: token ids [batch, n].
+            layers, heads: 0-based selections (default: all).
+            query_positions: [batch, query] or [query] positions to recompute (default: all n).
+            attention_mask: optional [batch, n] padding mask (1 = token, 0 = padding).
+            chunk_size: queries per chunk.
+        """
+        input_ids = self.check_input_ids(input_ids)
+        layer_list = self.select_layers(layers)
+        head_list = self.select_heads(heads)
+        positions = self.query_positions_of(input_ids, query_positions)
+        kept: dict[int, tuple[Tensor, Tensor, float]] = {}
+
+        def keep(layer: int, query: Tensor, key: Tensor, tau: float) -> None:
+            if layer in layer_list:
+                kept[layer] = (query.detach(), key.detach(), tau)
+
+        with torch.no_grad(), self.query_key_tap(keep):
+            self.forward(input_ids, attention_mask)
+        key_mask = key_padding_mask_of(attention_mask, input_ids)
+        for layer in layer_list:
+            query, key, tau = kept.pop(layer)
+            for start in range(0, positions.shape[1], chunk_size):
+                chunk_positions = positions[:, start : start + chunk_size]
+                probs, n_keys = attention_rows(
+                    query,
+                    key,
+                    tau=tau,
+                    query_positions=chunk_positions,
+                    heads=head_list,
+                    causal=self.spec.causal,
+                    key_padding_mask=key_mask,
+                )
+                yield AttentionChunk(
+                    layer=layer, heads=head_list, query_positions=chunk_positions, probs=probs, n_keys=n_keys
+                )
+
+    def select_layers(self, layers: Sequence[int] | None) -> tuple[int, ...]:
+        return _select(layers, self.spec.n_layer, "layer")
+
+    def select_heads(self, heads: Sequence[int] | None) -> tuple[int, ...]:
+        return _select(heads, self.spec.n_head, "head")
+
+    @staticmethod
+    def query_positions_of(input_ids: Tensor, query_positions: Tensor | None) -> Tensor:
+        """Query positions as LongTensor [batch, query], validated against the sequence length."""
+        batch, n = input_ids.shape
+        if query_positions is None:
+            return torch.arange(n, device=input_ids.device).expand(batch, n)
+        positions = torch.as_tensor(query_positions, dtype=torch.long, device=input_ids.device)
+        if positions.ndim == 1:
+            positions = positions.expand(batch, -1)
+        if positions.ndim != 2 or positions.shape[0] != batch:
+            raise ShapeError(f"query_positions must be [query] or [{batch}, query], got {tuple(positions.shape)}")
+        if positions.numel() and (positions.min() < 0 or positions.max() >= n):
+            raise InputError(f"query positions must lie in [0, {n - 1}] for sequences of length {n}")
+        return positions
+
+
+def _select(chosen: Sequence[int] | None, count: int, what: str) -> tuple[int, ...]:
+    if chosen is None:
+        return tuple(range(count))
+    picked = tuple(int(i) for i in chosen)
+    bad = [i for i in picked if not 0 <= i < count]
+    if bad or not picked:
+        raise ConfigError(f"{what} selection {list(picked)} must be non-empty within 0..{count - 1}")
+    return picked

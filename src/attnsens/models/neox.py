@@ -1,0 +1,106 @@
+"""GPT-NeoX / Pythia (HF ``GPTNeoXModel``): pre-LayerNorm, partial rotary, fused per-head QKV, parallel residual.
+
+``query_key_value`` outputs ``[head, (q k v), d_head]`` per token — the three projections interleave head by
+head, unlike GPT-2's ``[(q k v), head, d_head]``. Rotary rotates the first ``rotary_pct · d_head`` dimensions
+of every head with the rotate-half convention.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from einops import rearrange
+
+from attnsens.models.adapter import ModelSpec
+from attnsens.models.gpt2 import layer_norm
+from attnsens.models.hf import HFAdapter, HookPoint, activation_of
+from attnsens.models.weights import AttentionWeights, LayerWeights, MLPWeights, RotaryConfig
+
+
+class NeoXAdapter(HFAdapter):
+    family = "gpt_neox"
+
+    @classmethod
+    def spec_of(cls, config: Any) -> ModelSpec:
+        d_head = config.hidden_size // config.num_attention_heads
+        return ModelSpec(
+            n_layer=config.num_hidden_layers,
+            n_head=config.num_attention_heads,
+            n_kv_head=config.num_attention_heads,
+            d_model=config.hidden_size,
+            d_head=d_head,
+            max_positions=config.max_position_embeddings,
+            vocab_size=config.vocab_size,
+            placement="pre",
+            norm="layernorm",
+            causal=True,
+            rotary=_rotary(config, d_head),
+        )
+
+    def blocks(self) -> list[torch.nn.Module]:
+        return list(self.base.layers)
+
+    def attention_modules(self) -> list[torch.nn.Module]:
+        return [block.attention for block in self.base.layers]
+
+    def hook_points(self, layer: int) -> list[HookPoint]:
+        block = self.base.layers[layer]
+        return [
+            (block, "input", "block_input"),
+            (block.input_layernorm, "output", "attention_input"),
+            (block.post_attention_layernorm, "output", "mlp_input"),
+        ]
+
+    def read_layers(self) -> list[LayerWeights]:
+        return [self._layer(i, block) for i, block in enumerate(self.base.layers)]
+
+    def _layer(self, index: int, block: torch.nn.Module) -> LayerWeights:
+        n_head = self.spec.n_head
+        qkv = block.attention.query_key_value
+        w_q, w_k, w_v = rearrange(
+            qkv.weight.detach(), "(head three d_head) d_model -> three head d_head d_model", head=n_head, three=3
+        ).clone()
+        biases = (None, None, None)
+        if qkv.bias is not None:
+            biases = rearrange(qkv.bias.detach(), "(head three d_head) -> three head d_head", head=n_head, three=3)
+        dense = block.attention.dense
+        attention = AttentionWeights(
+            w_q=w_q,
+            w_k=w_k,
+            w_v=w_v,
+            w_o=dense.weight.detach().clone(),
+            b_q=None if biases[0] is None else biases[0].clone(),
+            b_k=None if biases[1] is None else biases[1].clone(),
+            b_v=None if biases[2] is None else biases[2].clone(),
+            b_o=None if dense.bias is None else dense.bias.detach().clone(),
+            tau=1.0 / block.attention.scaling,
+            causal=True,
+            rotary=self.spec.rotary,
+        )
+        mlp = MLPWeights(
+            kind="mlp",
+            activation=activation_of(self.base.config.hidden_act),
+            w_in=block.mlp.dense_h_to_4h.weight.detach().clone(),
+            b_in=block.mlp.dense_h_to_4h.bias.detach().clone(),
+            w_out=block.mlp.dense_4h_to_h.weight.detach().clone(),
+            b_out=block.mlp.dense_4h_to_h.bias.detach().clone(),
+        )
+        return LayerWeights(
+            index=index,
+            placement="pre",
+            attention=attention,
+            mlp=mlp,
+            attn_norm=layer_norm(block.input_layernorm),
+            mlp_norm=layer_norm(block.post_attention_layernorm),
+            parallel_residual=bool(block.use_parallel_residual),
+        )
+
+
+def _rotary(config: Any, d_head: int) -> RotaryConfig:
+    rope = config.rope_parameters
+    return RotaryConfig(
+        base=float(rope["rope_theta"]),
+        rotary_dim=int(d_head * rope.get("partial_rotary_factor", 1.0)),
+        interleaved=False,
+    )

@@ -1,0 +1,119 @@
+"""attnsens' own GPT (``attnsens.train.model.GPT``): read through its TransformerLens-style hook points.
+
+Queries and keys come from ``blocks.{i}.attn.hook_q`` / ``hook_k``; the layer inputs from ``hook_resid_pre``,
+``attn.hook_input`` and ``mlp.hook_input``. For post-LN and DeepNorm blocks the sums entering the norms,
+α X + F(X), are rebuilt from the block input and the sublayer outputs (``hook_attn_out``, ``hook_mlp_out``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from attnsens.errors import InputError
+from attnsens.models.adapter import ModelAdapter, ModelSpec, QueryKeyCallback
+from attnsens.models.weights import LayerWeights
+
+
+class OwnGPTAdapter(ModelAdapter):
+    family = "own_gpt"
+
+    def __init__(self, module: torch.nn.Module, *, name: str = "attnsens-gpt", tokenizer: Any = None) -> None:
+        config = module.config
+        super().__init__(module, name=name, spec=self.spec_of(config))
+        self.tokenizer = tokenizer
+
+    @staticmethod
+    def spec_of(config: Any) -> ModelSpec:
+        placement = {"pre": "pre", "post": "post", "deepnorm": "post", "none": "none"}[config.norm]
+        return ModelSpec(
+            n_layer=config.n_layer,
+            n_head=config.n_head,
+            n_kv_head=config.n_head,
+            d_model=config.d_model,
+            d_head=config.d_head,
+            max_positions=config.max_positions,
+            vocab_size=config.vocab_size,
+            placement=placement,
+            norm=None if placement == "none" else "layernorm",
+            causal=bool(config.causal),
+        )
+
+    def read_layers(self) -> list[LayerWeights]:
+        return self.module.layer_weights()
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> None:
+        if attention_mask is not None and not bool(torch.as_tensor(attention_mask).bool().all()):
+            raise InputError("attnsens' own GPT has no padding mask; pass equal-length sequences without padding")
+        self.module(input_ids)
+
+    @contextlib.contextmanager
+    def query_key_tap(self, on_query_key: QueryKeyCallback) -> Iterator[None]:
+        tau = float(self.module.config.tau)
+        handles = []
+        for layer, block in enumerate(self.module.blocks):
+            latest: dict[str, Tensor] = {}
+
+            def keep_query(_m: Any, _a: Any, out: Tensor, latest: dict[str, Tensor] = latest) -> None:
+                latest["query"] = out
+
+            def report_key(
+                _m: Any, _a: Any, out: Tensor, latest: dict[str, Tensor] = latest, layer: int = layer
+            ) -> None:
+                on_query_key(layer, latest.pop("query"), out, tau)
+
+            # hook_q runs before hook_k in the forward pass, so the key hook reports both.
+            handles.append(block.attn.hook_q.register_forward_hook(keep_query))
+            handles.append(block.attn.hook_k.register_forward_hook(report_key))
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    @contextlib.contextmanager
+    def layer_input_taps(self, record: Callable[[int, str, Tensor], None]) -> Iterator[None]:
+        alpha = float(self.module.config.deepnorm_alpha)
+        post = self.spec.placement == "post"
+        handles = []
+        for layer, block in enumerate(self.module.blocks):
+            seen: dict[str, Tensor] = {}
+
+            def tap(field: str, layer: int = layer, seen: dict[str, Tensor] = seen) -> Callable[..., None]:
+                def hook(_m: Any, _a: Any, out: Tensor) -> None:
+                    seen[field] = out
+                    record(layer, field, out)
+
+                return hook
+
+            def residual_sum(
+                field: str, source: str, layer: int = layer, seen: dict[str, Tensor] = seen
+            ) -> Callable[..., None]:
+                def hook(_m: Any, _a: Any, out: Tensor) -> None:
+                    record(layer, field, alpha * seen[source] + out)
+
+                return hook
+
+            handles.append(block.hook_resid_pre.register_forward_hook(tap("block_input")))
+            handles.append(block.attn.hook_input.register_forward_hook(tap("attention_input")))
+            handles.append(block.mlp.hook_input.register_forward_hook(tap("mlp_input")))
+            if post:
+                handles.append(
+                    block.hook_attn_out.register_forward_hook(residual_sum("attention_residual_sum", "block_input"))
+                )
+                handles.append(block.hook_mlp_out.register_forward_hook(residual_sum("mlp_residual_sum", "mlp_input")))
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    def encode(self, text: str, *, max_length: int | None = None) -> Tensor:
+        if self.tokenizer is None:
+            raise InputError(f"model {self.name!r} has no tokenizer; pass token ids, or load(..., tokenizer=...)")
+        ids = torch.as_tensor(self.tokenizer.encode(text), dtype=torch.long)
+        return ids[:max_length].unsqueeze(0) if max_length is not None else ids.unsqueeze(0)

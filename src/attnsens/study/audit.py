@@ -1,0 +1,195 @@
+"""Audit a model: every selected attention row of some token sequences → a per-row table and per-(layer, head)
+summary (MATH.md §9.4–9.5, A3), optionally written to a run directory that resumes after an interruption.
+
+Run directory layout: ``manifest.json`` (config, provenance, finished units with sha256),
+``rows/sequence=NNNNNN.parquet`` (one file per audited sequence: the unit of work) and
+``summary/summary.parquet``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+from attnsens.capture import RowBlock, RowSelection, capture_row_statistics
+from attnsens.errors import InputError
+from attnsens.models import ModelAdapter, load
+
+ProgressCallback = Callable[[int, int], None]
+"""``progress(done, total)`` in units of (sequence, layer) pairs."""
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    """``rows``: one record per audited row (columns of the store's ``rows`` table); ``summary``: the store's
+    ``summary`` table (per head and per layer with head = -1); ``out_dir``: where they were written, if anywhere."""
+
+    rows: pd.DataFrame
+    summary: pd.DataFrame
+    out_dir: Path | None = None
+
+    def layer_summary(self) -> pd.DataFrame:
+        """The per-layer records (all heads pooled)."""
+        from attnsens.store import ALL_HEADS
+
+        return self.summary[self.summary["head"] == ALL_HEADS].reset_index(drop=True)
+
+
+def audit(
+    model: Any,
+    tokens: Tensor | str,
+    *,
+    seq_len: int | None = None,
+    n_sequences: int | None = None,
+    selection: RowSelection | None = None,
+    out_dir: str | Path | None = None,
+    run_id: str = "audit",
+    step: int = 0,
+    seed: int = 0,
+    progress: ProgressCallback | None = None,
+) -> AuditResult:
+    """Reduce every selected attention row of ``tokens`` to its statistics and summarize them.
+
+    Args:
+        model: anything attnsens.models.load accepts (adapter, model object, path, hub id, alias).
+        tokens: token ids [batch, n], a 1-D token stream, or text (tokenized with the model's tokenizer).
+        seq_len: cut a stream or text into consecutive non-overlapping sequences of this many tokens
+            (default: the whole input as one sequence, or the rows of a 2-D tensor).
+        n_sequences: audit only the first this many sequences (default: all).
+        selection: layers, heads, positions (RowSelection; default: every row).
+        out_dir: run directory to write Parquet files and the manifest to; sequences already recorded there
+            are read back instead of recomputed.
+        run_id, step, seed: identifiers stored in every record.
+        progress: called after each (sequence, layer) is done.
+
+    Returns:
+        AuditResult with the rows and summary tables (attnsens.store.schema ROWS / SUMMARY).
+    """
+    from attnsens.store import Manifest, read_table, summarize_rows
+
+    adapter = load(model)
+    selection = selection or RowSelection()
+    sequences = _sequences(adapter, tokens, seq_len=seq_len, n_sequences=n_sequences)
+    layers = adapter.select_layers(selection.layers)
+    identity = {"run_id": run_id, "model": adapter.name, "step": step, "seed": seed}
+    manifest = None
+    if out_dir is not None:
+        config = {
+            **identity,
+            "seq_len": int(sequences.shape[1]),
+            "n_sequences": int(sequences.shape[0]),
+            "selection": asdict(selection),
+            "tokens_sha": _token_digest(sequences),
+        }
+        manifest = Manifest.open(out_dir, config=config)
+    total, done = sequences.shape[0] * len(layers), 0
+
+    def tick(count: int = 1) -> None:
+        nonlocal done
+        done += count
+        if progress is not None:
+            progress(done, total)
+
+    frames = []
+    for index in range(sequences.shape[0]):
+        unit = f"rows/sequence={index:06d}.parquet"
+        if manifest is not None and manifest.is_done(unit):
+            frames.append(read_table(manifest.run_dir / unit))
+            tick(len(layers))
+            continue
+        blocks: list[RowBlock] = []
+
+        def keep(block: RowBlock, blocks: list[RowBlock] = blocks) -> None:
+            if blocks and blocks[-1].layer != block.layer:
+                tick()
+            blocks.append(block)
+
+        # Each sequence draws its own sampled positions (seed + sequence index), reproducibly.
+        per_sequence = replace(selection, seed=selection.seed + index)
+        capture_row_statistics(adapter, sequences[index : index + 1], selection=per_sequence, on_block=keep)
+        tick()
+        frame = rows_frame(blocks, batch_offset=index, **identity)
+        if manifest is not None:
+            manifest.write_unit(unit, frame, schema="rows")
+        frames.append(frame)
+    rows = pd.concat(frames, ignore_index=True)
+    summary = summarize_rows(rows)
+    if manifest is not None:
+        manifest.write_unit("summary/summary.parquet", summary, schema="summary")
+    return AuditResult(rows=rows, summary=summary, out_dir=None if manifest is None else manifest.run_dir)
+
+
+def rows_frame(
+    blocks: list[RowBlock], *, run_id: str, model: str, step: int, seed: int, batch_offset: int = 0
+) -> pd.DataFrame:
+    """The RowBlocks of one capture as a DataFrame with the columns of the store's ``rows`` table."""
+    from attnsens.store import conform
+
+    parts = [block.columns() for block in blocks]
+    columns = {name: torch.cat([p[name] for p in parts]).numpy() for name in parts[0]}
+    frame = pd.DataFrame(columns)
+    frame["batch"] += batch_offset
+    frame.insert(0, "run_id", run_id)
+    frame.insert(1, "model", model)
+    frame.insert(2, "step", step)
+    frame.insert(3, "seed", seed)
+    # Through the schema, so fresh and resumed frames carry the same dtypes.
+    return conform(frame, "rows").to_pandas()
+
+
+def _sequences(adapter: ModelAdapter, tokens: Tensor | str, *, seq_len: int | None, n_sequences: int | None) -> Tensor:
+    if isinstance(tokens, str):
+        if not tokens.strip():
+            raise InputError("the text to audit is empty; give a file or corpus with some text")
+        needed = None if seq_len is None or n_sequences is None else seq_len * n_sequences
+        tokens = _encode_prefix(adapter, tokens, needed)
+    tokens = torch.as_tensor(tokens)
+    if tokens.ndim not in (1, 2) or tokens.numel() == 0:
+        raise InputError(f"tokens must be a non-empty [n] stream or [batch, n] tensor, got shape {tuple(tokens.shape)}")
+    if seq_len is not None:
+        if seq_len < 1:
+            raise InputError(f"seq_len must be >= 1, got {seq_len}")
+        if seq_len > adapter.spec.max_positions:
+            raise InputError(
+                f"seq_len {seq_len} exceeds the context of {adapter.name!r} ({adapter.spec.max_positions} positions); "
+                f"use --seq-len {adapter.spec.max_positions} or less"
+            )
+        stream = tokens.reshape(-1)
+        count = stream.numel() // seq_len
+        if count == 0:
+            raise InputError(
+                f"the input has {stream.numel()} tokens, fewer than seq_len {seq_len}; "
+                "give more text or a shorter seq_len"
+            )
+        tokens = stream[: count * seq_len].reshape(count, seq_len)
+    elif tokens.ndim == 1:
+        tokens = tokens.unsqueeze(0)
+    if n_sequences is not None:
+        if n_sequences < 1:
+            raise InputError(f"n_sequences must be >= 1, got {n_sequences}")
+        tokens = tokens[:n_sequences]
+    return tokens.to(torch.long)
+
+
+def _encode_prefix(adapter: ModelAdapter, text: str, needed: int | None) -> Tensor:
+    """Token stream of ``text``, or of a prefix of it long enough for ``needed`` tokens (large corpora)."""
+    if needed is None:
+        return adapter.encode(text)[0]
+    chars = 8 * needed
+    while True:
+        tokens = adapter.encode(text[:chars])[0]
+        if tokens.numel() > needed or chars >= len(text):
+            return tokens
+        chars *= 4
+
+
+def _token_digest(sequences: Tensor) -> str:
+    import hashlib
+
+    return hashlib.sha256(sequences.cpu().numpy().tobytes()).hexdigest()[:16]
