@@ -1,0 +1,49 @@
+"""Outward-rounded float64 interval [θ_lo, θ_hi] from the per-row numbers the kernels produce.
+
+Inputs per row: ŝ (computed sum), d̂ (distance of the best subset found), d̂_lb (proved lower bound on d*) and the
+error radius E (absolute error bound of every computed distance and of ŝ; 0 when sums are error-free). Then
+
+    s ∈ [ŝ − E, ŝ + E],   d* ∈ [max(0, d̂_lb − E), d̂ + E],   θ = s − 4·d*²   (THETA_ALGORITHMS.md §1),
+
+and each endpoint s' − 4·d'² is evaluated in float64 with error ≤ u·(4d'² + |result|) (one rounding in the
+square, none in ×4, one in the subtraction; u = 2^-53), which we cover by 2u·(4d'² + |result|) plus one
+``nextafter`` step outward. With E = 0 and d̂ = d̂_lb the width is at most 2^-50·max(1, s) + 2 ulp ≤ 2^-49·max(1, s).
+"""
+
+from __future__ import annotations
+
+import torch
+
+UNIT_ROUNDOFF = 2.0**-53
+
+
+def _step_down(x: torch.Tensor) -> torch.Tensor:
+    return torch.nextafter(x, torch.full_like(x, -torch.inf))
+
+
+def _step_up(x: torch.Tensor) -> torch.Tensor:
+    return torch.nextafter(x, torch.full_like(x, torch.inf))
+
+
+def theta_enclosure(
+    s_hat: torch.Tensor, d_found: torch.Tensor, d_lb: torch.Tensor, err: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[θ_lo, θ_hi] ∋ θ = s − 4·d*² for every row; all arguments float64 of one shape.
+
+    Returns:
+        (lower, upper), float64, with 0 ≤ lower ≤ θ ≤ upper ≤ s_hi (THETA_ALGORITHMS.md §1).
+    """
+    has_err = err > 0
+    s_lo = torch.where(has_err, _step_down(s_hat - err), s_hat)
+    s_hi = torch.where(has_err, _step_up(s_hat + err), s_hat)
+    d_hi = torch.where(has_err, _step_up(d_found + err), d_found)
+    d_lo = torch.where(has_err, _step_down(d_lb - err), d_lb).clamp(min=0.0)
+
+    four_d_hi_sq = 4.0 * (d_hi * d_hi)
+    raw_lower = s_lo - four_d_hi_sq
+    lower = _step_down(raw_lower - 2.0 * UNIT_ROUNDOFF * (four_d_hi_sq + raw_lower.abs()))
+
+    four_d_lo_sq = 4.0 * (d_lo * d_lo)
+    raw_upper = s_hi - four_d_lo_sq
+    upper = _step_up(raw_upper + 2.0 * UNIT_ROUNDOFF * (four_d_lo_sq + raw_upper.abs()))
+    return lower.clamp(min=0.0), torch.minimum(upper, s_hi)

@@ -1,0 +1,603 @@
+"""Numba CPU kernels of the θ certificate cascade (THETA_ALGORITHMS.md §3, §6 "TUNED").
+
+Every row is reduced to five float64 numbers (see ``certify_rows``): the computed sum ŝ, p_max, the bisection
+distance d̂ of the best subset found, a proved lower bound d̂_lb on d* = min_S |p(S) − s/2|, and the radius E of
+the rounding error of every computed distance. ``certificate.py`` turns them into an outward-rounded interval.
+
+Rounding model (THETA_ALGORITHMS.md §1 "Exact over float values"). Every distance the kernels compute is a
+signed sum of distinct stored values and of t = ŝ/2, evaluated by at most n + 16 float64 additions whose
+operands are bounded by s, so its absolute error is at most (1.5·n + 13)·u·s (Higham, Thm 4.2; u = 2^-53).
+We use E = (2n + 16)·u·ŝ·(1 + 2^-10). When every value is an integer multiple of a power-of-two quantum q and
+ŝ ≤ 2^52·q, every partial sum and difference is an exact float64, so E = 0.
+
+Rows are processed in blocks of ``ROW_BLOCK``; the one-target first-fit, a chain of dependent add/compare
+steps, runs interleaved over the block's rows so that the chains overlap in the pipeline.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from attnsens.theta.methods import RowStatus, ThetaMethod
+
+UNIT_ROUNDOFF = 2.0**-53
+K_SMALL = 8
+K_LARGE = 14
+N_TARGETS = 16
+ROW_BLOCK = 8
+
+_OK = int(RowStatus.OK)
+_NON_FINITE = int(RowStatus.NON_FINITE)
+_NEGATIVE = int(RowStatus.NEGATIVE)
+_EMPTY = int(RowStatus.EMPTY)
+_BAD_SUM = int(RowStatus.BAD_SUM)
+
+_MITM = int(ThetaMethod.MEET_IN_THE_MIDDLE)
+_DOMINANT = int(ThetaMethod.DOMINANT_ATOM)
+_K_ATOM = int(ThetaMethod.K_ATOM_RELAXATION)
+_PERFECT = int(ThetaMethod.PERFECT_PARTITION)
+_FF_ONE = int(ThetaMethod.FIRST_FIT_ONE_TARGET)
+_FF_SIXTEEN = int(ThetaMethod.FIRST_FIT_SIXTEEN_TARGETS)
+_KK = int(ThetaMethod.KARMARKAR_KARP)
+_K_ATOM_14 = int(ThetaMethod.K_ATOM_RELAXATION_14)
+_CKK_PROVED = int(ThetaMethod.CKK_PROVED)
+_CKK_BUDGET = int(ThetaMethod.CKK_BUDGET)
+
+_CKK_EXHAUSTED = 0
+_CKK_PERFECT = 1
+_CKK_THRESHOLD = 2
+_CKK_OUT_OF_NODES = 3
+
+
+@njit(cache=True)
+def _lowest_bit(x):
+    """The weight 2^k of the lowest set mantissa bit of a positive float64 x (x is a multiple of it)."""
+    m, e = math.frexp(x)
+    mantissa = np.int64(m * 9007199254740992.0)
+    return math.ldexp(np.float64(mantissa & -mantissa), e - 53)
+
+
+@njit(cache=True)
+def _scan_row(row, exact_quantum, top_v, top_i):
+    """One pass: sum, support size, p_max, quantum q, end of support, validity, and the top-K values/indices.
+
+    ``top_v``/``top_i`` receive the K largest values in descending order (ties: earlier index first).
+    Without ``exact_quantum`` the values are known to be float32 numbers, so the quantum of the smallest
+    non-zero, 2^(e_min − 24), divides all of them.
+    """
+    k_top = top_v.size
+    for k in range(k_top):
+        top_v[k] = -1.0
+        top_i[k] = -1
+    total = 0.0
+    n = 0
+    p_max = 0.0
+    p_min = np.inf
+    q = np.inf
+    end = 0
+    non_finite = False
+    negative = False
+    for i in range(row.size):
+        x = np.float64(row[i])
+        total += x
+        if x > 0.0:
+            if x == np.inf:
+                non_finite = True
+            n += 1
+            end = i + 1
+            p_max = max(p_max, x)
+            p_min = min(p_min, x)
+            if exact_quantum:
+                q = min(q, _lowest_bit(x))
+            if x > top_v[k_top - 1]:
+                j = k_top - 1
+                while j > 0 and top_v[j - 1] < x:
+                    top_v[j] = top_v[j - 1]
+                    top_i[j] = top_i[j - 1]
+                    j -= 1
+                top_v[j] = x
+                top_i[j] = i
+        elif x < 0.0:
+            if x == -np.inf:
+                non_finite = True
+            negative = True
+        elif x != 0.0:
+            non_finite = True
+    status = _OK
+    if non_finite:
+        status = _NON_FINITE
+    elif negative:
+        status = _NEGATIVE
+    elif n == 0:
+        status = _EMPTY
+    if not exact_quantum and n > 0:
+        q = math.ldexp(1.0, math.frexp(p_min)[1] - 24)
+    return total, n, p_max, q, end, status
+
+
+@njit(cache=True)
+def _error_radius(s, n, q):
+    """E: bound on the absolute error of every computed distance (0 when sums are provably exact)."""
+    if s >= 2.0**-1000 and s <= math.ldexp(q, 52):
+        return 0.0
+    return (2.0 * n + 16.0) * UNIT_ROUNDOFF * s * (1.0 + 2.0**-10)
+
+
+@njit(cache=True)
+def _proves_perfect(d, q, e):
+    """With exact sums every 2·d(S) ≡ s/q (mod 2) in units of q, so 2d ≤ q is optimal."""
+    return e == 0.0 and 2.0 * d <= q
+
+
+@njit(cache=True)
+def _sorted_subset_sums(vals):
+    """All 2^m subset sums of ``vals`` in ascending order, by merge-doubling (no sort, O(2^m))."""
+    size_all = 1 << vals.size
+    out = np.empty(size_all)
+    tmp = np.empty(size_all)
+    out[0] = 0.0
+    size = 1
+    for v in vals:
+        i = 0
+        j = 0
+        k = 0
+        while i < size and j < size:
+            a = out[i]
+            b = out[j] + v
+            if a <= b:
+                tmp[k] = a
+                i += 1
+            else:
+                tmp[k] = b
+                j += 1
+            k += 1
+        while i < size:
+            tmp[k] = out[i]
+            i += 1
+            k += 1
+        while j < size:
+            tmp[k] = out[j] + v
+            j += 1
+            k += 1
+        out, tmp = tmp, out
+        size *= 2
+    return out
+
+
+@njit(cache=True)
+def _support(row, n):
+    vals = np.empty(n)
+    k = 0
+    for i in range(row.size):
+        x = np.float64(row[i])
+        if x > 0.0:
+            vals[k] = x
+            k += 1
+    return vals
+
+
+@njit(cache=True)
+def _meet_in_the_middle(row, n, t):
+    """d* = min_S |p(S) − t| over the n non-zeros: two sorted half-lists, one two-pointer sweep."""
+    vals = _support(row, n)
+    half = n // 2
+    a = _sorted_subset_sums(vals[:half])
+    b = _sorted_subset_sums(vals[half:])
+    i = 0
+    j = b.size - 1
+    best = np.inf
+    while i < a.size and j >= 0:
+        v = (a[i] + b[j]) - t
+        if v < 0.0:
+            best = min(best, -v)
+            i += 1
+        else:
+            best = min(best, v)
+            if v == 0.0:
+                break
+            j -= 1
+    return best
+
+
+@njit(cache=True)
+def _subset_sums_unsorted(top_v, sums):
+    """sums[T] = Σ_{k ∈ T} top_v[k] for every bitmask T (doubling)."""
+    sums[0] = 0.0
+    for k in range(top_v.size):
+        step = 1 << k
+        for j in range(step):
+            sums[step + j] = sums[j] + top_v[k]
+
+
+@njit(cache=True)
+def _relaxation(top_v, rest, t, sums):
+    """Top-K relaxation (THETA_ALGORITHMS.md §1 "K-atom regime").
+
+    Returns (d_lb, d_endpoint, target): d_lb = min_T dist(t, [p(T), p(T) + rest]) ≤ d* (= d* when > 0);
+    d_endpoint = the best of the subsets T and T ∪ tail; target = t − p(T) ∈ [0, rest] closest to rest/2.
+    """
+    _subset_sums_unsorted(top_v, sums)
+    d_lb = np.inf
+    d_end = np.inf
+    target = -1.0
+    target_score = np.inf
+    half_rest = 0.5 * rest
+    for j in range(1 << top_v.size):
+        a = sums[j]
+        lo = a - t
+        hi = t - (a + rest)
+        d_end = min(d_end, abs(lo), abs(hi))
+        if lo > 0.0:
+            d_lb = min(d_lb, lo)
+        elif hi > 0.0:
+            d_lb = min(d_lb, hi)
+        else:
+            d_lb = 0.0
+            g = t - a
+            score = abs(g - half_rest)
+            if score < target_score:
+                target_score = score
+                target = g
+    return d_lb, d_end, target
+
+
+@njit(cache=True)
+def _best_targets(top_v, rest, t, sums, out_g):
+    """Fill ``out_g`` with the (up to) len(out_g) targets t − p(T) ∈ [0, rest] closest to rest/2; return count."""
+    _subset_sums_unsorted(top_v, sums)
+    m = out_g.size
+    score = np.full(m, np.inf)
+    count = 0
+    half_rest = 0.5 * rest
+    for j in range(1 << top_v.size):
+        a = sums[j]
+        if a <= t and t <= a + rest:
+            g = t - a
+            sc = abs(g - half_rest)
+            if count < m or sc < score[m - 1]:
+                k = min(count, m - 1)
+                while k > 0 and score[k - 1] > sc:
+                    score[k] = score[k - 1]
+                    out_g[k] = out_g[k - 1]
+                    k -= 1
+                score[k] = sc
+                out_g[k] = g
+                count = min(count + 1, m)
+    return count
+
+
+@njit(cache=True)
+def _first_fit_targets(row, end, skip_sorted, targets, count):
+    """First-fit of the tail (original order, ``skip_sorted`` indices left out) into each target capacity.
+
+    Returns the best d over targets: min(gap, e_min − gap) with gap = g − (filled mass) and e_min the smallest
+    element that did not fit (its addition overshoots by e_min − gap).
+    """
+    fill = np.zeros(count)
+    e_min = np.full(count, np.inf)
+    sp = 0
+    n_skip = skip_sorted.size
+    for i in range(end):
+        if sp < n_skip and i == skip_sorted[sp]:
+            sp += 1
+            continue
+        x = np.float64(row[i])
+        for m in range(count):
+            c = fill[m] + x
+            if c <= targets[m]:
+                fill[m] = c
+            elif x < e_min[m]:
+                e_min[m] = x
+    best = np.inf
+    for m in range(count):
+        gap = targets[m] - fill[m]
+        best = min(best, gap, e_min[m] - gap)
+    return best
+
+
+@njit(cache=True)
+def _karmarkar_karp(row, n):
+    """Largest differencing: repeatedly replace the two largest by their difference; d = final / 2."""
+    heap = _support(row, n)
+    size = n
+    for start in range(size // 2 - 1, -1, -1):
+        _sift_down(heap, start, size)
+    while size > 1:
+        a = heap[0]
+        heap[0] = heap[size - 1]
+        size -= 1
+        _sift_down(heap, 0, size)
+        heap[0] = a - heap[0]
+        _sift_down(heap, 0, size)
+    return 0.5 * heap[0]
+
+
+@njit(cache=True)
+def _sift_down(heap, i, size):
+    x = heap[i]
+    while True:
+        c = 2 * i + 1
+        if c >= size:
+            break
+        if c + 1 < size and heap[c + 1] > heap[c]:
+            c += 1
+        if heap[c] <= x:
+            break
+        heap[i] = heap[c]
+        i = c
+    heap[i] = x
+
+
+@njit(cache=True)
+def complete_karmarkar_karp(vals_desc, stop_diff, quantum_diff, budget):
+    """Complete Karmarkar–Karp (Korf 1998) on descending values; returns (best difference, outcome code).
+
+    Depth-first: at each node the two largest numbers go to different sets (difference, first) or the same set
+    (sum). A node whose largest number ≥ the sum of the rest is a leaf. The search stops when the best
+    difference is ≤ ``stop_diff`` (not a proof), ≤ ``quantum_diff`` (perfect-partition proof), after
+    ``budget`` nodes (not a proof), or when the tree is exhausted (proof). Lists live in a triangular workspace.
+    """
+    n = vals_desc.size
+    offsets = np.empty(n + 1, np.int64)
+    offsets[0] = 0
+    for k in range(n):
+        offsets[k + 1] = offsets[k] + (n - k)
+    work = np.empty(offsets[n])
+    work[:n] = vals_desc
+    choice = np.zeros(n, np.int8)
+    best = np.inf
+    nodes = 0
+    k = 0
+    while k >= 0:
+        m = n - k
+        base = offsets[k]
+        if choice[k] == 0:
+            if nodes >= budget:
+                return best, _CKK_OUT_OF_NODES
+            nodes += 1
+            x0 = work[base]
+            rest = 0.0
+            for i in range(1, m):
+                rest += work[base + i]
+            if x0 >= rest:
+                best = min(best, x0 - rest)
+                if best <= quantum_diff:
+                    return best, _CKK_PERFECT
+                if best <= stop_diff:
+                    return best, _CKK_THRESHOLD
+                k -= 1
+                continue
+            choice[k] = 1
+            v = x0 - work[base + 1]
+            dst = offsets[k + 1]
+            placed = False
+            for i in range(2, m):
+                y = work[base + i]
+                if not placed and v >= y:
+                    work[dst] = v
+                    dst += 1
+                    placed = True
+                work[dst] = y
+                dst += 1
+            if not placed:
+                work[dst] = v
+            k += 1
+            choice[k] = 0
+        elif choice[k] == 1:
+            choice[k] = 2
+            dst = offsets[k + 1]
+            work[dst] = work[base] + work[base + 1]
+            for i in range(2, m):
+                work[dst + i - 1] = work[base + i]
+            k += 1
+            choice[k] = 0
+        else:
+            k -= 1
+    return best, _CKK_EXHAUSTED
+
+
+@njit(cache=True)
+def _top_k(row, end, k_top):
+    top_v = np.empty(k_top)
+    top_i = np.empty(k_top, np.int64)
+    for k in range(k_top):
+        top_v[k] = -1.0
+        top_i[k] = -1
+    for i in range(end):
+        x = np.float64(row[i])
+        if x > top_v[k_top - 1]:
+            j = k_top - 1
+            while j > 0 and top_v[j - 1] < x:
+                top_v[j] = top_v[j - 1]
+                top_i[j] = top_i[j - 1]
+                j -= 1
+            top_v[j] = x
+            top_i[j] = i
+    return top_v, top_i
+
+
+@njit(cache=True)
+def _refine_row(row, n, s, q, e, end, stop_d, ckk_budget, ckk_max_support, top_v, top_i, d_found, d_lb):
+    """Stages after the one-target first-fit: 16 targets, KK, top-14 relaxation, budgeted CKK.
+
+    Returns (d_found, d_lb, method).
+    """
+    t = 0.5 * s
+    rest = s - top_v.sum()
+    targets = np.empty(N_TARGETS)
+    count = _best_targets(top_v, rest, t, np.empty(1 << top_v.size), targets)
+    if count > 0:
+        d_found = min(d_found, _first_fit_targets(row, end, np.sort(top_i), targets, count))
+    if _proves_perfect(d_found, q, e):
+        return d_found, d_found, _PERFECT
+    if d_found <= stop_d:
+        return d_found, d_lb, _FF_SIXTEEN
+
+    d_found = min(d_found, _karmarkar_karp(row, n))
+    if _proves_perfect(d_found, q, e):
+        return d_found, d_found, _PERFECT
+    if d_found <= stop_d:
+        return d_found, d_lb, _KK
+
+    k_large = min(K_LARGE, n)
+    top14_v, _ = _top_k(row, end, k_large)
+    d_lb14, d_end14, _ = _relaxation(top14_v, s - top14_v.sum(), t, np.empty(1 << k_large))
+    d_found = min(d_found, d_end14)
+    if d_lb14 > e:
+        return d_lb14, d_lb14, _K_ATOM_14
+    d_lb = max(d_lb, d_lb14)
+    if d_found <= stop_d:
+        return d_found, d_lb, _K_ATOM_14
+
+    if n > ckk_max_support:
+        return d_found, d_lb, _CKK_BUDGET
+    vals = np.sort(_support(row, n))[::-1].copy()
+    quantum_diff = q if e == 0.0 else -1.0
+    best_diff, outcome = complete_karmarkar_karp(vals, 2.0 * stop_d, quantum_diff, ckk_budget)
+    d_found = min(d_found, 0.5 * best_diff)
+    if outcome == _CKK_EXHAUSTED or outcome == _CKK_PERFECT:
+        return 0.5 * best_diff, 0.5 * best_diff, _CKK_PROVED
+    return d_found, d_lb, _CKK_BUDGET
+
+
+@njit(cache=True)
+def _interleaved_first_fit(x, r0, rows, n_rows, skip, targets, ends, out_d):
+    """One-target first-fit for ``n_rows`` rows at once: independent chains overlap in the pipeline."""
+    fill = np.zeros(n_rows)
+    e_min = np.full(n_rows, np.inf)
+    sp = np.zeros(n_rows, np.int64)
+    stop = 0
+    for a in range(n_rows):
+        stop = max(stop, ends[rows[a]])
+    for i in range(stop):
+        for a in range(n_rows):
+            j = rows[a]
+            v = np.float64(x[r0 + j, i])
+            if sp[a] < K_SMALL and i == skip[j, sp[a]]:
+                sp[a] += 1
+                v = 0.0
+            c = fill[a] + v
+            if c <= targets[j]:
+                fill[a] = c
+            elif v < e_min[a]:
+                e_min[a] = v
+    for a in range(n_rows):
+        gap = targets[rows[a]] - fill[a]
+        out_d[a] = min(gap, e_min[a] - gap)
+
+
+@njit(cache=True)
+def _certify_block(
+    x, r0, r1, exact_quantum, stop_d, mitm_max, ckk_budget, ckk_max_support, check_sum, tolerance,
+    row_sum, p_max, d_found, d_lb, err, method, status,
+):  # fmt: skip
+    nb = r1 - r0
+    top_v = np.empty((ROW_BLOCK, K_SMALL))
+    top_i = np.empty((ROW_BLOCK, K_SMALL), np.int64)
+    skip = np.empty((ROW_BLOCK, K_SMALL), np.int64)
+    sums = np.empty(1 << K_SMALL)
+    ns = np.zeros(ROW_BLOCK, np.int64)
+    ends = np.zeros(ROW_BLOCK, np.int64)
+    qs = np.zeros(ROW_BLOCK)
+    targets = np.zeros(ROW_BLOCK)
+    pending = np.empty(ROW_BLOCK, np.int64)
+    n_pending = 0
+    for j in range(nb):
+        r = r0 + j
+        s, n, pmax, q, end, st = _scan_row(x[r], exact_quantum, top_v[j], top_i[j])
+        if st == _OK and check_sum and abs(s - 1.0) > tolerance:
+            st = _BAD_SUM
+        status[r] = st
+        row_sum[r] = s
+        p_max[r] = pmax
+        method[r] = 0
+        if st != _OK:
+            continue
+        e = _error_radius(s, n, q)
+        err[r] = e
+        t = 0.5 * s
+        ns[j] = n
+        ends[j] = end
+        qs[j] = q
+        if n <= mitm_max:
+            d = _meet_in_the_middle(x[r], n, t)
+            d_found[r] = d
+            d_lb[r] = d
+            method[r] = _MITM
+            continue
+        if pmax - t > e:
+            d_found[r] = pmax - t
+            d_lb[r] = pmax - t
+            method[r] = _DOMINANT
+            continue
+        k_small = min(K_SMALL, n)
+        tv = top_v[j, :k_small]
+        dl, d_end, g = _relaxation(tv, s - tv.sum(), t, sums)
+        if dl > e:
+            d_found[r] = dl
+            d_lb[r] = dl
+            method[r] = _K_ATOM
+            continue
+        d_found[r] = d_end
+        d_lb[r] = dl
+        targets[j] = g
+        skip[j] = np.sort(top_i[j])
+        pending[n_pending] = j
+        n_pending += 1
+
+    ff_d = np.empty(n_pending)
+    _interleaved_first_fit(x, r0, pending, n_pending, skip, targets, ends, ff_d)
+
+    for a in range(n_pending):
+        j = pending[a]
+        r = r0 + j
+        d = min(d_found[r], ff_d[a])
+        if _proves_perfect(d, qs[j], err[r]):
+            d_found[r] = d
+            d_lb[r] = d
+            method[r] = _PERFECT
+            continue
+        if d <= stop_d:
+            d_found[r] = d
+            method[r] = _FF_ONE
+            continue
+        k_small = min(K_SMALL, ns[j])
+        df, dl, m = _refine_row(
+            x[r], ns[j], row_sum[r], qs[j], err[r], ends[j], stop_d, ckk_budget, ckk_max_support,
+            top_v[j, :k_small], top_i[j, :k_small], d, d_lb[r],
+        )  # fmt: skip
+        d_found[r] = df
+        d_lb[r] = dl
+        method[r] = m
+
+
+@njit(parallel=True, cache=True)
+def certify_rows(
+    x, exact_quantum, stop_d, mitm_max, ckk_budget, ckk_max_support, check_sum, tolerance,
+    row_sum, p_max, d_found, d_lb, err, method, status,
+):  # fmt: skip
+    """Run the cascade on every row of ``x`` [row, key] (float32 or float64, C-contiguous), in parallel.
+
+    Args:
+        exact_quantum: True for float64 input (the quantum q is the lowest set bit over the row); False when
+            the values are float32 numbers (q = 2^(e_min − 24)).
+        stop_d: stop refining once the best subset has d ≤ stop_d (2^-13.5 for float32, 2^-28 for float64).
+        mitm_max: rows with at most this many non-zeros are solved exactly by meet-in-the-middle.
+        ckk_budget, ckk_max_support: node budget of the final CKK stage, and the largest support it runs on.
+        check_sum, tolerance: flag rows with |ŝ − 1| > tolerance as BAD_SUM.
+
+    Outputs (one entry per row): ŝ, p_max, d̂ (best subset), d̂_lb (proved: d* ≥ d̂_lb − E), E, method, status.
+    The true optimum satisfies d̂_lb − E ≤ d* ≤ d̂ + E.
+    """
+    n_rows = x.shape[0]
+    n_blocks = (n_rows + ROW_BLOCK - 1) // ROW_BLOCK
+    for b in prange(n_blocks):
+        r0 = b * ROW_BLOCK
+        r1 = min(n_rows, r0 + ROW_BLOCK)
+        _certify_block(
+            x, r0, r1, exact_quantum, stop_d, mitm_max, ckk_budget, ckk_max_support, check_sum, tolerance,
+            row_sum, p_max, d_found, d_lb, err, method, status,
+        )  # fmt: skip

@@ -1,0 +1,179 @@
+"""Pure-torch θ cascade: the vectorised pieces of THETA_ALGORITHMS.md §3 for any device, without numba.
+
+Same mathematics and the same rounding model as ``_numba_kernels`` (its module docstring): exact
+meet-in-the-middle for small supports, dominant atom, top-8 relaxation (exact when d_lb > 0, else the upper
+bound), first-fit of the tail in original order into the 16 best top-8 targets (a loop over key columns,
+vectorised over rows), then greedy balancing in descending order (LPT). No Karmarkar–Karp and no CKK, so
+intervals can be wider than the numba path's, never unsound.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnsens.theta._validation import row_status
+from attnsens.theta.methods import ThetaMethod
+
+UNIT_ROUNDOFF = 2.0**-53
+K_SMALL = 8
+N_TARGETS = 16
+MITM_CHUNK_ELEMENTS = 1 << 22
+
+
+def certify_rows_torch(
+    rows: torch.Tensor, stop_distance: float, mitm_max_support: int, check_sum: bool, tolerance: float
+) -> dict[str, torch.Tensor]:
+    """Per-row ŝ, p_max, d̂, d̂_lb, E, method and status for ``rows`` [row, key] (see ``certify_rows``)."""
+    status, _ = row_status(rows, check_sum=check_sum, tolerance=tolerance)
+    x = torch.where(status.unsqueeze(-1) == 0, rows.to(torch.float64), torch.zeros((), dtype=torch.float64,
+                                                                                     device=rows.device))  # fmt: skip
+    n_rows, n_keys = x.shape
+    s = x.sum(-1)
+    t = 0.5 * s
+    positive = x > 0
+    n = positive.sum(-1)
+    p_max = x.amax(-1) if n_keys > 0 else s
+    q = _quantum(x, positive, exact_quantum=rows.dtype == torch.float64)
+    err = _error_radius(s, n, q)
+
+    method = torch.zeros(n_rows, dtype=torch.int8, device=x.device)
+    valid = status == 0
+    done = ~valid
+
+    k_small = min(K_SMALL, n_keys)
+    top_v, top_i = x.topk(k_small, dim=-1)
+    sums = _subset_sums(top_v)
+    rest = (s - top_v.sum(-1)).unsqueeze(-1)
+    lo = sums - t.unsqueeze(-1)
+    hi = t.unsqueeze(-1) - (sums + rest)
+    d_found = torch.minimum(lo.abs(), hi.abs()).amin(-1)
+    d_lb = torch.where(lo > 0, lo, torch.where(hi > 0, hi, torch.zeros_like(lo))).amin(-1)
+
+    small = ~done & (n <= mitm_max_support)
+    if small.any():
+        idx = torch.nonzero(small).flatten()
+        d_small = _meet_in_the_middle(x[idx], t[idx], min(mitm_max_support, n_keys))
+        d_found = d_found.index_put((idx,), d_small)
+        d_lb = d_lb.index_put((idx,), d_small)
+        method = _mark(method, small, ThetaMethod.MEET_IN_THE_MIDDLE)
+        done |= small
+
+    dominant = ~done & (p_max - t > err)
+    d_found = torch.where(dominant, p_max - t, d_found)
+    d_lb = torch.where(dominant, p_max - t, d_lb)
+    method = _mark(method, dominant, ThetaMethod.DOMINANT_ATOM)
+    done |= dominant
+
+    k_atom = ~done & (d_lb > err)
+    d_found = torch.where(k_atom, d_lb, d_found)
+    method = _mark(method, k_atom, ThetaMethod.K_ATOM_RELAXATION)
+    done |= k_atom
+
+    heuristics = (
+        (ThetaMethod.FIRST_FIT_SIXTEEN_TARGETS, lambda i: _first_fit(x[i], top_i[i], sums[i], t[i], rest[i])),
+        (ThetaMethod.SORTED_GREEDY, lambda i: _sorted_greedy(x[i])),
+    )
+    for stage, (code, heuristic) in enumerate(heuristics):
+        if done.all():
+            break
+        idx = torch.nonzero(~done).flatten()
+        d_found = d_found.index_put((idx,), torch.minimum(d_found[idx], heuristic(idx)))
+        perfect = ~done & (err == 0) & (2.0 * d_found <= q)
+        d_lb = torch.where(perfect, d_found, d_lb)
+        method = _mark(method, perfect, ThetaMethod.PERFECT_PARTITION)
+        done |= perfect
+        reached = ~done & (d_found <= stop_distance) if stage < len(heuristics) - 1 else ~done
+        method = _mark(method, reached, code)
+        done |= reached
+    return {"row_sum": s, "p_max": p_max, "d_found": d_found, "d_lb": d_lb, "err": err, "method": method,
+            "status": status}  # fmt: skip
+
+
+def _mark(method: torch.Tensor, rows: torch.Tensor, code: ThetaMethod) -> torch.Tensor:
+    return torch.where(rows, torch.tensor(int(code), dtype=torch.int8, device=method.device), method)
+
+
+def _quantum(x: torch.Tensor, positive: torch.Tensor, *, exact_quantum: bool) -> torch.Tensor:
+    """A power of two dividing every value of the row: the lowest set bit (float64 input) or 2^(e_min − 24)."""
+    inf = torch.full_like(x, torch.inf)
+    if exact_quantum:
+        mantissa, exponent = torch.frexp(x)
+        bits = (mantissa * 2.0**53).to(torch.int64)
+        lowest = torch.ldexp((bits & -bits).to(torch.float64), (exponent - 53).to(torch.float64))
+        return torch.where(positive, lowest, inf).amin(-1)
+    p_min = torch.where(positive, x, inf).amin(-1)
+    _, exponent = torch.frexp(torch.where(torch.isfinite(p_min), p_min, torch.ones_like(p_min)))
+    return torch.ldexp(torch.ones_like(p_min), (exponent - 24).to(torch.float64))
+
+
+def _error_radius(s: torch.Tensor, n: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """E of ``_numba_kernels``: 0 when sums are error-free (s ≤ 2^52·q), else (2n + 16)·u·s·(1 + 2^-10)."""
+    exact_sums = (s >= 2.0**-1000) & (s <= q * 2.0**52)
+    bound = (2.0 * n.to(torch.float64) + 16.0) * UNIT_ROUNDOFF * s * (1.0 + 2.0**-10)
+    return torch.where(exact_sums, torch.zeros_like(s), bound)
+
+
+def _subset_sums(values: torch.Tensor) -> torch.Tensor:
+    """[row, 2^k]: sums[:, T] = Σ_{j ∈ T} values[:, j] for every bitmask T (doubling, same order as numba)."""
+    sums = torch.zeros(values.shape[0], 1, dtype=values.dtype, device=values.device)
+    for j in range(values.shape[-1]):
+        sums = torch.cat([sums, sums + values[:, j : j + 1]], dim=-1)
+    return sums
+
+
+def _meet_in_the_middle(x: torch.Tensor, t: torch.Tensor, width: int) -> torch.Tensor:
+    """Exact d* for rows with ≤ ``width`` non-zeros: sorted half-sums, nearest partner by ``searchsorted``."""
+    vals = x.topk(width, dim=-1).values
+    half = width // 2
+    per_row = 1 << max(half, width - half)
+    out = torch.empty(x.shape[0], dtype=x.dtype, device=x.device)
+    chunk = max(1, MITM_CHUNK_ELEMENTS // per_row)
+    for start in range(0, x.shape[0], chunk):
+        v = vals[start : start + chunk]
+        tt = t[start : start + chunk].unsqueeze(-1)
+        a = _subset_sums(v[:, :half]).sort(-1).values.contiguous()
+        b = _subset_sums(v[:, half:])
+        pos = torch.searchsorted(a, (tt - b).contiguous())
+        best = torch.full_like(tt.squeeze(-1), torch.inf)
+        for candidate in (pos - 1, pos):
+            ok = (candidate >= 0) & (candidate < a.shape[-1])
+            partner = a.gather(-1, candidate.clamp(0, a.shape[-1] - 1))
+            dist = torch.where(ok, ((partner + b) - tt).abs(), torch.full_like(b, torch.inf))
+            best = torch.minimum(best, dist.amin(-1))
+        out[start : start + chunk] = best
+    return out
+
+
+def _first_fit(
+    x: torch.Tensor, top_i: torch.Tensor, sums: torch.Tensor, t: torch.Tensor, rest: torch.Tensor
+) -> torch.Tensor:
+    """Best d of first-fit (original order, top-8 removed) into the 16 targets t − p(T) ∈ [0, r] nearest r/2."""
+    g = t.unsqueeze(-1) - sums
+    feasible = (g >= 0) & (g <= rest)
+    score = torch.where(feasible, (g - 0.5 * rest).abs(), torch.full_like(g, torch.inf))
+    pick = score.topk(min(N_TARGETS, g.shape[-1]), dim=-1, largest=False).indices
+    targets = g.gather(-1, pick)
+    usable = feasible.gather(-1, pick)
+    tail = x.scatter(-1, top_i, 0.0)
+    fill = torch.zeros_like(targets)
+    e_min = torch.full_like(targets, torch.inf)
+    for column in tail.unbind(-1):
+        v = column.unsqueeze(-1)
+        c = fill + v
+        fits = c <= targets
+        fill = torch.where(fits, c, fill)
+        e_min = torch.where(fits, e_min, torch.minimum(e_min, v))
+    gap = targets - fill
+    d = torch.minimum(gap, e_min - gap)
+    return torch.where(usable, d, torch.full_like(d, torch.inf)).amin(-1)
+
+
+def _sorted_greedy(x: torch.Tensor) -> torch.Tensor:
+    """Descending order, each value to the lighter side (LPT): d = |A − B|/2 ≤ ‖p‖₂ / 2 (MATH.md T2(c))."""
+    side_a = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
+    side_b = torch.zeros_like(side_a)
+    for column in x.sort(-1, descending=True).values.unbind(-1):
+        to_a = side_a <= side_b
+        side_a = torch.where(to_a, side_a + column, side_a)
+        side_b = torch.where(to_a, side_b, side_b + column)
+    return 0.5 * (side_a - side_b).abs()

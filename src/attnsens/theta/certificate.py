@@ -1,0 +1,232 @@
+"""Certified θ(p) intervals for attention rows: ``certify`` and the ``ThetaCertificate`` it returns.
+
+θ of the stored row p (s = Σ p_i, not renormalised): θ = s − 4·d*², d* = min_S |p(S) − s/2|, which equals
+4·max_S p(S)(1 − p(S)) when s = 1 and τ·‖J_softmax(u/τ)‖_{∞→1} for p = softmax(u/τ) (MATH.md §2.3, T1).
+Computing d* is number partitioning (MATH.md T2(e)), so every row gets a rigorous float64 interval from the
+sort-free cascade of THETA_ALGORITHMS.md §3, exact wherever a stage proves the optimum.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, fields
+from types import ModuleType
+from typing import Literal
+
+import einops
+import torch
+
+from attnsens.errors import ConfigError, ShapeError
+from attnsens.theta._enclosure import theta_enclosure
+from attnsens.theta._validation import check_tensor, raise_for_status, row_status
+from attnsens.theta.methods import ThetaMethod
+
+Precision = Literal["float32", "float64"]
+Backend = Literal["auto", "numba", "torch"]
+
+STOP_DISTANCE = {"float32": 2.0**-13.5, "float64": 2.0**-28}
+"""Refinement stops once d ≤ this: then 4d² is below half an ulp of θ ≈ 1 in that format (THETA_ALGORITHMS §1)."""
+
+MITM_MAX_SUPPORT = 24
+CKK_NODE_BUDGET = 20_000
+CKK_MAX_SUPPORT = 2048
+
+
+@dataclass(frozen=True)
+class ThetaCertificate:
+    """Per-row certified enclosure of θ(p) = s − 4·d*², all tensors with the leading shape of p.
+
+    Attributes:
+        lower, upper: float64 bounds with lower ≤ θ ≤ upper for the real-number θ of the stored values,
+            always (rounding included).
+        exact: bool; the optimal bisection d* is proved, and [lower, upper] is the float64 enclosure of that
+            one real number: width ≤ 2^-49·max(1, s) when the row's sums are error-free in float64 (values
+            multiples of a quantum q with s ≤ 2^52·q, e.g. float32 rows with p_min ≥ 2^-29), otherwise width
+            ≤ 16·d*·E + 2^-49·max(1, s) with E ≤ (2n + 16)·2^-53·s the rounding radius (n = support size).
+        method: int8 ``ThetaMethod`` code of the stage where refinement stopped.
+        row_sum: float64 computed row sum s (of the normalised row when ``normalize=True``).
+        p_max: float64 largest stored value.
+
+    >>> import torch
+    >>> cert = certify(torch.tensor([0.5, 0.5]))
+    >>> bool(cert.lower <= 1.0 <= cert.upper), bool(cert.exact), float(cert.upper - cert.lower) < 1e-15
+    (True, True, True)
+    """
+
+    lower: torch.Tensor
+    upper: torch.Tensor
+    exact: torch.Tensor
+    method: torch.Tensor
+    row_sum: torch.Tensor
+    p_max: torch.Tensor
+
+    def __post_init__(self) -> None:
+        shapes = {f.name: tuple(getattr(self, f.name).shape) for f in fields(self)}
+        if len(set(shapes.values())) != 1:
+            raise ShapeError(f"ThetaCertificate fields must share one shape, got {shapes}")
+
+    @property
+    def shape(self) -> torch.Size:
+        """Leading shape of the certified tensor (its shape without the key axis)."""
+        return self.lower.shape
+
+    @property
+    def width(self) -> torch.Tensor:
+        """upper − lower (float64): 0 up to rounding on exact rows."""
+        return self.upper - self.lower
+
+    @property
+    def dominant(self) -> torch.Tensor:
+        """Rows whose largest atom holds at least half the mass (p_max ≥ s/2): θ = s − (2p_max − s)² exactly."""
+        return 2.0 * self.p_max >= self.row_sum
+
+    def method_names(self) -> list[str]:
+        """``ThetaMethod`` names of the flattened rows (for reports and tables)."""
+        return [ThetaMethod(int(code)).name for code in self.method.flatten().tolist()]
+
+    def __getitem__(self, index: object) -> ThetaCertificate:
+        """The certificate of a subset of rows, indexed like the leading shape."""
+        return ThetaCertificate(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+
+    def __len__(self) -> int:
+        return len(self.lower)
+
+
+def certify(
+    p: torch.Tensor,
+    dim: int = -1,
+    *,
+    precision: Precision = "float32",
+    normalize: bool = False,
+    tolerance: float = 1e-3,
+    backend: Backend = "auto",
+) -> ThetaCertificate:
+    """Certified interval for θ(p) = s − 4·min_S (p(S) − s/2)² of every attention row of ``p`` along ``dim``.
+
+    Zero entries are masked keys (causal rows are zero-padded rows). The stored values are certified as they
+    are (s need not be 1); ``normalize=True`` certifies the float64 row fl(p_i / s) instead.
+
+    Args:
+        p: [..., key, ...] float16/bfloat16/float32/float64 probabilities, key axis ``dim``, on any device.
+        precision: "float32" stops refining at d ≤ 2^-13.5 (θ fixed to float32 resolution, width ≤ 2^-25),
+            "float64" at d ≤ 2^-28.
+        normalize: renormalise each row by its float64 sum instead of checking it.
+        tolerance: largest accepted |s − 1| when ``normalize`` is False.
+        backend: "auto" (numba on CPU tensors when importable, torch otherwise), "numba" or "torch".
+
+    Returns:
+        ThetaCertificate on the device of ``p`` with lower ≤ θ ≤ upper for every row (THETA_ALGORITHMS.md §1,
+        §3; MATH.md T1–T2).
+
+    Raises:
+        InputError: NaN/Inf, negative entries, empty rows, or |s − 1| > tolerance (names the row and the fix).
+    """
+    if precision not in STOP_DISTANCE:
+        raise ConfigError(f"precision={precision!r} is not one of {sorted(STOP_DISTANCE)}")
+    cert, _ = run_cascade(
+        p, dim, stop_distance=STOP_DISTANCE[precision], mitm_max_support=MITM_MAX_SUPPORT,
+        ckk_node_budget=CKK_NODE_BUDGET, ckk_max_support=CKK_MAX_SUPPORT, normalize=normalize,
+        tolerance=tolerance, backend=backend,
+    )  # fmt: skip
+    return cert
+
+
+def run_cascade(
+    p: torch.Tensor,
+    dim: int,
+    *,
+    stop_distance: float,
+    mitm_max_support: int,
+    ckk_node_budget: int,
+    ckk_max_support: int,
+    normalize: bool,
+    tolerance: float,
+    backend: Backend,
+) -> tuple[ThetaCertificate, torch.Tensor]:
+    """Validate, flatten to [row, key], run one backend, raise for invalid rows, and enclose θ.
+
+    Returns the certificate and the float64 point value fl(ŝ − 4·d̂²) of the best subset found (leading shape).
+    """
+    p = check_tensor(p, dim).detach()
+    if not tolerance >= 0:
+        raise ConfigError(f"tolerance={tolerance} must be ≥ 0")
+    kernels = _select_backend(backend, p.device)
+    moved = p.movedim(dim, -1)
+    leading = tuple(moved.shape[:-1])
+    rows = einops.rearrange(moved, "... key -> (...) key")
+    if rows.dtype in (torch.float16, torch.bfloat16):
+        rows = rows.to(torch.float32)
+    if normalize:
+        status, sums = row_status(rows, check_sum=False, tolerance=tolerance)
+        raise_for_status(status, rows, leading, dim, tolerance)
+        rows = rows.to(torch.float64) / sums.unsqueeze(-1)
+
+    if kernels is None:
+        from attnsens.theta._torch_path import certify_rows_torch
+
+        out = certify_rows_torch(rows, stop_distance, mitm_max_support, not normalize, tolerance)
+    else:
+        out = _certify_rows_numba(kernels, rows, stop_distance, mitm_max_support, ckk_node_budget,
+                                  ckk_max_support, not normalize, tolerance)  # fmt: skip
+    raise_for_status(out["status"], rows, leading, dim, tolerance)
+
+    lower, upper = theta_enclosure(out["row_sum"], out["d_found"], out["d_lb"], out["err"])
+    exact = _EXACT_LOOKUP.to(out["method"].device)[out["method"].long()]
+    columns = {
+        "lower": lower, "upper": upper, "exact": exact, "method": out["method"],
+        "row_sum": out["row_sum"], "p_max": out["p_max"],
+    }  # fmt: skip
+    cert = ThetaCertificate(**{k: v.reshape(leading).to(p.device) for k, v in columns.items()})
+    point = out["row_sum"] - 4.0 * (out["d_found"] * out["d_found"])
+    return cert, point.reshape(leading).to(p.device)
+
+
+_EXACT_LOOKUP = torch.tensor([code in {m.value for m in ThetaMethod if m.is_exact} for code in range(128)])
+
+
+@functools.cache
+def _numba_kernels() -> ModuleType | None:
+    """The compiled kernels, imported on first use (``import attnsens.theta`` never imports numba)."""
+    try:
+        from attnsens.theta import _numba_kernels as kernels
+    except ImportError:
+        return None
+    return kernels
+
+
+def _select_backend(backend: Backend, device: torch.device) -> ModuleType | None:
+    if backend not in ("auto", "numba", "torch"):
+        raise ConfigError(f"backend={backend!r} is not one of 'auto', 'numba', 'torch'")
+    if backend == "torch":
+        return None
+    if device.type != "cpu":
+        if backend == "numba":
+            raise ConfigError(f"backend='numba' needs a CPU tensor, got device {device}; use backend='auto'")
+        return None
+    kernels = _numba_kernels()
+    if kernels is None and backend == "numba":
+        raise ConfigError("backend='numba' requested but numba is not importable; install numba or use 'auto'")
+    return kernels
+
+
+def _certify_rows_numba(
+    kernels: ModuleType,
+    rows: torch.Tensor,
+    stop_distance: float,
+    mitm_max_support: int,
+    ckk_node_budget: int,
+    ckk_max_support: int,
+    check_sum: bool,
+    tolerance: float,
+) -> dict[str, torch.Tensor]:
+    x = rows.contiguous().numpy()
+    n_rows = x.shape[0]
+    out = {name: torch.zeros(n_rows, dtype=torch.float64) for name in ("row_sum", "p_max", "d_found", "d_lb", "err")}
+    out["method"] = torch.zeros(n_rows, dtype=torch.int8)
+    out["status"] = torch.zeros(n_rows, dtype=torch.int8)
+    kernels.certify_rows(
+        x, x.dtype.itemsize == 8, stop_distance, mitm_max_support, ckk_node_budget, ckk_max_support, check_sum,
+        tolerance, out["row_sum"].numpy(), out["p_max"].numpy(), out["d_found"].numpy(), out["d_lb"].numpy(),
+        out["err"].numpy(), out["method"].numpy(), out["status"].numpy(),
+    )  # fmt: skip
+    return out

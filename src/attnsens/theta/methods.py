@@ -1,0 +1,68 @@
+"""Codes stored in ``ThetaCertificate.method`` and the per-row validation status shared by both kernels.
+
+Kept free of torch and numba imports: the numba kernels read these integers as compile-time constants.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ThetaMethod(IntEnum):
+    """The cascade stage at which refinement of a row stopped (THETA_ALGORITHMS.md §3).
+
+    Stages marked *exact* prove the optimal bisection d* = min_S |p(S) − s/2|; the others stop because the best
+    subset found has d ≤ the precision threshold, or because every stage ran without reaching it (the interval is
+    then wider). For heuristic stages the lower bound comes from the best subset of this or an earlier stage and
+    the upper bound from the largest top-K relaxation bound computed.
+    """
+
+    MEET_IN_THE_MIDDLE = 1
+    """exact: all 2^n subset sums of the n ≤ 24 (``exact``: 48) non-zeros, Horowitz–Sahni two-list search."""
+    DOMINANT_ATOM = 2
+    """exact: p_max ≥ s/2, so d* = p_max − s/2 (MATH.md T2(a))."""
+    K_ATOM_RELAXATION = 3
+    """exact: the top-8 relaxation bound d_lb = min_T dist(s/2, [p(T), p(T) + r_8]) is positive, hence d* = d_lb."""
+    PERFECT_PARTITION = 4
+    """exact: sums are error-free multiples of the row quantum q and a subset with 2d ≤ q was found."""
+    FIRST_FIT_ONE_TARGET = 5
+    """first-fit of the tail (original order) into the best top-8 target reached the threshold."""
+    FIRST_FIT_SIXTEEN_TARGETS = 6
+    """first-fit into the 16 best top-8 targets reached the threshold."""
+    KARMARKAR_KARP = 7
+    """largest-differencing (Karmarkar–Karp) reached the threshold."""
+    K_ATOM_RELAXATION_14 = 8
+    """exact: the top-14 relaxation bound is positive, hence d* = d_lb."""
+    CKK_PROVED = 9
+    """exact: complete Karmarkar–Karp exhausted its search tree (or met the perfect-partition rule)."""
+    CKK_BUDGET = 10
+    """complete Karmarkar–Karp reached the threshold or ran out of nodes; interval may be wide."""
+    SORTED_GREEDY = 11
+    """torch path: greedy balancing in descending order reached the threshold or was the last stage run."""
+
+    @property
+    def is_exact(self) -> bool:
+        """Whether this stage proves the optimal bisection."""
+        return self in _EXACT_METHODS
+
+
+_EXACT_METHODS = frozenset(
+    {
+        ThetaMethod.MEET_IN_THE_MIDDLE,
+        ThetaMethod.DOMINANT_ATOM,
+        ThetaMethod.K_ATOM_RELAXATION,
+        ThetaMethod.PERFECT_PARTITION,
+        ThetaMethod.K_ATOM_RELAXATION_14,
+        ThetaMethod.CKK_PROVED,
+    }
+)
+
+
+class RowStatus(IntEnum):
+    """Validation outcome of one row, produced by the kernels and turned into an InputError by the caller."""
+
+    OK = 0
+    NON_FINITE = 1
+    NEGATIVE = 2
+    EMPTY = 3
+    BAD_SUM = 4
