@@ -1,0 +1,192 @@
+"""Figures of training logs, weight-based bounds, the LayerNorm condition and inverse-length influence.
+
+DataFrame in, matplotlib Figure out, no files written; frames have the store's columns (attnsens.store.schema).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from attnsens.errors import InputError
+from attnsens.report.style import (
+    ACCENT,
+    MUTED,
+    SEED_COLORS,
+    add_layer_colorbar,
+    finish,
+    layer_colors,
+    require_columns,
+    series,
+    step_axis,
+    styled,
+)
+from attnsens.store.summary import ALL_HEADS
+
+_BOUND_LINES = (
+    ("mha_lipschitz_upper_bound", "certified Lipschitz bound (θ̃ = 1)", MUTED, "--"),
+    ("mha_local_jacobian_upper_bound", "certified local bound (measured θ̃)", ACCENT, "-"),
+    ("mha_jacobian_estimate", "empirical Jacobian norm (lower estimate)", "#1f5fa8", "-"),
+)
+
+
+@styled
+def training_figure(training: pd.DataFrame) -> Figure:
+    """Training loss, global gradient ℓ2 norm (before clipping) and learning rate vs step, one line per seed."""
+    frame = require_columns(training, ("step", "seed", "loss", "grad_norm_global", "lr"), "training_figure")
+    fig = Figure(figsize=(10.5, 3.1), layout="constrained")
+    axes = fig.subplots(1, 3)
+    panels = (
+        ("loss", "loss (nats/token)", "linear"),
+        ("grad_norm_global", "gradient ℓ2 norm", "log"),
+        ("lr", "learning rate", "linear"),
+    )
+    for ax, (column, label, scale) in zip(axes, panels, strict=True):
+        for name, color, part in series(frame):
+            part = part.sort_values("step")
+            ax.plot(part["step"], part[column], color=color, label=name, lw=1.3)
+        ax.set_yscale(scale)
+        ax.set_title(label, loc="left")
+        ax.set_xlabel("step")
+    axes[0].legend()
+    return fig
+
+
+def _layer_level(bounds: pd.DataFrame, step: int | None) -> tuple[pd.DataFrame, int]:
+    """Layer-level bound records (head = -1) at ``step`` (default: the last), averaged over seeds."""
+    frame = require_columns(bounds, ("step", "seed", "layer", "head"), "bounds figure")
+    layer = frame[frame["head"] == ALL_HEADS]
+    if layer.empty:
+        raise InputError("bounds figures need layer-level records (head = -1); the geometry stage writes them")
+    step = int(layer["step"].max()) if step is None else step
+    numeric = layer[layer["step"] == step].select_dtypes("number").drop(columns=["step", "seed", "head"])
+    return numeric.groupby("layer", as_index=False).mean(), step
+
+
+@styled
+def bounds_figure(bounds: pd.DataFrame, *, step: int | None = None) -> Figure:
+    """Per layer: certified MHA bounds beside the empirical Jacobian norm (log scale), and their tightness ratio."""
+    per_layer, step = _layer_level(bounds, step)
+    present = [line for line in _BOUND_LINES if line[0] in per_layer and per_layer[line[0]].notna().any()]
+    if not present:
+        raise InputError("bounds_figure needs at least one of " + ", ".join(line[0] for line in _BOUND_LINES))
+    fig = Figure(figsize=(10.5, 3.4), layout="constrained")
+    axes = fig.subplots(1, 2)
+    for column, label, color, style in present:
+        axes[0].plot(per_layer["layer"], per_layer[column], color=color, ls=style, marker="o", ms=3.5, label=label)
+    axes[0].set_yscale("log")
+    axes[0].set_xlabel("layer")
+    axes[0].set_ylabel("operator norm (block norm)")
+    axes[0].set_title("attention Jacobian: bounds vs measurement", loc="left")
+    axes[0].legend()
+    ratio = per_layer.get("tightness_ratio")
+    if ratio is not None and ratio.notna().any():
+        axes[1].bar(per_layer["layer"], ratio, color="#2a9d8f", width=0.7)
+        axes[1].axhline(1.0, color=MUTED, lw=0.8, ls=":")
+        axes[1].set_ylim(0, max(1.1, float(ratio.max()) * 1.1))
+    else:
+        axes[1].text(0.5, 0.5, "no tightness ratio recorded", ha="center", va="center", transform=axes[1].transAxes)
+    axes[1].set_xlabel("layer")
+    axes[1].set_ylabel("certified local bound / estimate")
+    axes[1].set_title("tightness ratio (1 = tight)", loc="left")
+    return finish(fig, f"Certified bounds at checkpoint {step:,}")
+
+
+@styled
+def norm_products_figure(bounds: pd.DataFrame) -> Figure:
+    """Largest quartic projection-norm product ‖W_O‖‖W_Q^h‖‖W_K^h‖‖W_V^h‖ over heads, per layer vs step."""
+    frame = require_columns(bounds, ("step", "layer", "head", "quartic_norm_product"), "norm_products_figure")
+    heads = frame[(frame["head"] != ALL_HEADS) & frame["quartic_norm_product"].notna()]
+    if heads.empty:
+        raise InputError("norm_products_figure needs per-head quartic_norm_product values")
+    worst = heads.groupby(["layer", "step"], as_index=False)["quartic_norm_product"].max()
+    fig = Figure(figsize=(8.5, 3.2), layout="constrained")
+    ax = fig.add_subplot()
+    colors = layer_colors(worst["layer"].unique())
+    for layer, part in worst.groupby("layer"):
+        ax.plot(part["step"], part["quartic_norm_product"], color=colors[int(layer)], marker="o", ms=2.5)
+    if worst["step"].nunique() > 1:
+        step_axis(ax, worst["step"].unique())
+    ax.set_yscale("log")
+    ax.set_ylabel("max over heads")
+    add_layer_colorbar(fig, ax, worst["layer"].unique())
+    return fig
+
+
+@styled
+def ln_condition_figure(bounds: pd.DataFrame) -> Figure:
+    """Fraction of tokens meeting the LayerNorm contraction condition (T6), and the median ratio ‖γ‖_∞/σ."""
+    frame = require_columns(bounds, ("step", "layer", "head", "ln_condition_fraction"), "ln_condition_figure")
+    layer = frame[(frame["head"] == ALL_HEADS) & frame["ln_condition_fraction"].notna()]
+    if layer.empty:
+        raise InputError("ln_condition_figure needs layer-level ln_condition_fraction values")
+    fig = Figure(figsize=(10.5, 3.2), layout="constrained")
+    axes = fig.subplots(1, 2)
+    panels = (
+        ("ln_condition_fraction", "fraction of tokens meeting the condition"),
+        ("ln_contraction_ratio_median", "median ‖γ‖∞ / σ"),
+    )
+    multi_step = layer["step"].nunique() > 1
+    for ax, (column, label) in zip(axes, panels, strict=True):
+        if column not in layer or layer[column].isna().all():
+            ax.text(0.5, 0.5, f"no {column} recorded", ha="center", va="center", transform=ax.transAxes)
+            continue
+        means = layer.groupby(["layer", "step"], as_index=False)[column].mean()
+        if multi_step:
+            colors = layer_colors(means["layer"].unique())
+            for index, part in means.groupby("layer"):
+                ax.plot(part["step"], part[column], color=colors[int(index)], marker="o", ms=2.5)
+            step_axis(ax, means["step"].unique())
+        else:
+            ax.bar(means["layer"], means[column], color="#2a9d8f", width=0.7)
+            ax.set_xlabel("layer")
+        ax.set_title(label, loc="left")
+    axes[0].set_ylim(0, 1.05)
+    if multi_step:
+        add_layer_colorbar(fig, axes, layer["layer"].unique())
+    return fig
+
+
+def loglog_slope(n: np.ndarray, values: np.ndarray) -> float:
+    """Least-squares slope of log(values) against log(n); −1 means values ∝ 1/n."""
+    keep = (n > 0) & (values > 0)
+    if keep.sum() < 2:
+        return float("nan")
+    return float(np.polyfit(np.log(n[keep]), np.log(values[keep]), 1)[0])
+
+
+@styled
+def influence_figure(influence: pd.DataFrame) -> Figure:
+    """Measured influence of a nonfinal token vs length n beside the certified C/n (log–log), and n·influence."""
+    frame = require_columns(
+        influence, ("model", "n", "position_kind", "influence_max", "influence_median"), "influence_figure"
+    )
+    fig = Figure(figsize=(10.5, 3.8), layout="constrained")
+    axes = fig.subplots(1, 2)
+    groups = list(frame.groupby(["model", "position_kind"], sort=True))
+    for index, ((model, kind), part) in enumerate(groups):
+        part = part.sort_values("n")
+        color = SEED_COLORS[index % len(SEED_COLORS)]
+        n = part["n"].to_numpy(dtype=float)
+        measured = part["influence_max"].to_numpy(dtype=float)
+        name = f"{model} · {kind}" if frame["model"].nunique() > 1 else str(kind)
+        slope = loglog_slope(n, measured)
+        axes[0].plot(n, measured, color=color, marker="o", ms=3.5, label=f"measured max, {name} (slope {slope:.2f})")
+        bound = part.get("influence_upper_bound")
+        if bound is not None and bound.notna().any():
+            axes[0].plot(n, bound, color=color, ls="--", lw=1.2, label=f"certified C/n, {name}")
+        axes[1].plot(n, n * measured, color=color, marker="o", ms=3.5, label=f"max, {name}")
+        axes[1].plot(n, n * part["influence_median"], color=color, ls=":", lw=1.2, label=f"median, {name}")
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("sequence length n")
+    axes[0].set_yscale("log")
+    axes[0].set_ylabel("‖Δy_n‖₂")
+    axes[0].set_title("influence vs length", loc="left")
+    axes[0].legend(fontsize=7.5)
+    axes[1].set_yscale("log")
+    axes[1].set_ylabel("n · ‖Δy_n‖₂")
+    axes[1].set_title("n · influence (flat = Θ(1/n))", loc="left")
+    axes[1].legend(fontsize=7.5)
+    return fig

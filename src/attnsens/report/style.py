@@ -1,0 +1,122 @@
+"""Shared look of every report figure: matplotlib style, checkpoint-step axis, series labels, layer colours.
+
+Figures are built with ``matplotlib.figure.Figure`` directly (never pyplot), so no global state and no GUI
+backend are involved; rendering to PNG/SVG uses the Agg-based canvases.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar
+
+import matplotlib
+import numpy as np
+import pandas as pd
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
+
+from attnsens.errors import InputError
+
+matplotlib.use("Agg")
+
+STYLE: dict[str, Any] = {
+    "font.family": "DejaVu Sans",
+    "font.size": 9.5,
+    "axes.titlesize": 10,
+    "axes.titleweight": "bold",
+    "axes.labelsize": 9.5,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.color": "#e4e4e4",
+    "grid.linewidth": 0.6,
+    "legend.fontsize": 8.5,
+    "legend.frameon": False,
+    "xtick.labelsize": 8.5,
+    "ytick.labelsize": 8.5,
+    "lines.linewidth": 1.6,
+    "svg.hashsalt": "attnsens",
+    "svg.fonttype": "path",
+}
+
+SEED_COLORS = ("#1f5fa8", "#d1495b", "#2a9d8f", "#e9a03b", "#6c4ba0", "#7f7f7f")
+ACCENT = "#d1495b"
+MUTED = "#4d4d4d"
+
+F = TypeVar("F", bound=Callable[..., Figure])
+
+
+def styled(func: F) -> F:
+    """Build the figure under the report style; the style does not leak into the caller's matplotlib state."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Figure:
+        with matplotlib.rc_context(STYLE):
+            return func(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def require_columns(frame: pd.DataFrame | None, columns: Sequence[str], what: str) -> pd.DataFrame:
+    """``frame`` if it is non-empty and has ``columns``; InputError naming what is missing otherwise."""
+    if frame is None or frame.empty:
+        raise InputError(f"{what} needs a non-empty table; none was given")
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise InputError(f"{what} needs columns {missing}; give a frame with the store's schema")
+    return frame
+
+
+def series(frame: pd.DataFrame) -> Iterator[tuple[str, str, pd.DataFrame]]:
+    """(label, colour, part) for every (run_id, model, seed) present; labels name only what varies."""
+    keys = [k for k in ("run_id", "model", "seed") if k in frame.columns]
+    varying = [k for k in keys if frame[k].nunique() > 1]
+    if "seed" in keys and "seed" not in varying:
+        varying.append("seed")
+    for index, (values, part) in enumerate(frame.groupby(keys, sort=True)):
+        named = dict(zip(keys, values if isinstance(values, tuple) else (values,), strict=True))
+        label = " · ".join(f"seed {named[k]}" if k == "seed" else str(named[k]) for k in varying)
+        yield label, SEED_COLORS[index % len(SEED_COLORS)], part
+
+
+def layer_colors(layers: Sequence[int]) -> dict[int, Any]:
+    """Depth colours: early layers light, deep layers dark (viridis)."""
+    cmap = matplotlib.colormaps["viridis"]
+    ordered = sorted(set(int(x) for x in layers))
+    span = max(len(ordered) - 1, 1)
+    return {layer: cmap(0.92 - 0.85 * i / span) for i, layer in enumerate(ordered)}
+
+
+def add_layer_colorbar(fig: Figure, axes: Any, layers: Sequence[int]) -> None:
+    """A discrete colourbar keyed to layer_colors, so many layers need no legend."""
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import BoundaryNorm, ListedColormap
+
+    colors = layer_colors(layers)
+    ordered = sorted(colors)
+    cmap = ListedColormap([colors[layer] for layer in ordered])
+    norm = BoundaryNorm(np.arange(len(ordered) + 1) - 0.5, len(ordered))
+    bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=axes, fraction=0.03, pad=0.02)
+    ticks = np.linspace(0, len(ordered) - 1, min(len(ordered), 6)).round().astype(int)
+    bar.set_ticks(ticks, labels=[str(ordered[t]) for t in ticks])
+    bar.set_label("layer")
+    bar.outline.set_visible(False)
+
+
+def step_axis(ax: Axes, steps: Sequence[int]) -> None:
+    """Checkpoint steps on a symmetric-log x axis (linear near 0, so step 0 is shown) with the steps as ticks."""
+    unique = sorted(set(int(s) for s in steps))
+    positive = [s for s in unique if s > 0]
+    if positive and max(positive) / min(positive) >= 20:
+        ax.set_xscale("symlog", linthresh=min(positive), linscale=0.6)
+    if len(unique) <= 12:
+        ax.set_xticks(unique, labels=[f"{s:,}" for s in unique])
+        ax.minorticks_off()
+    ax.set_xlabel("checkpoint step")
+
+
+def finish(fig: Figure, title: str | None = None) -> Figure:
+    if title:
+        fig.suptitle(title, fontsize=11, fontweight="bold", x=0.01, ha="left")
+    return fig
