@@ -1,0 +1,90 @@
+"""One training run end to end: data → trainer → checkpoints → Parquet training log (``attnsens train``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch.distributed as dist
+
+from attnsens.errors import CheckpointError
+from attnsens.train.checkpoint import saved_steps
+from attnsens.train.data import DataConfig, prepare_data
+from attnsens.train.model import GPTConfig
+from attnsens.train.trainer import TrainConfig, Trainer, init_distributed
+
+TRAINING_FILE = "training.parquet"
+GRAD_NORMS_FILE = "grad_norms.parquet"
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """Where a finished run lives and its in-memory log (records of the store's training/grad_norms tables)."""
+
+    run_dir: Path
+    final_step: int
+    checkpoint_steps: list[int]
+    training: list[dict]
+    grad_norms: list[dict]
+
+
+def default_data_config(model_config: GPTConfig, **overrides: object) -> DataConfig:
+    """A DataConfig whose tokenizer size and block length fit ``model_config``."""
+    values = {"vocab_size": model_config.vocab_size, "block_size": model_config.max_positions, **overrides}
+    return DataConfig(**values)
+
+
+def train(
+    model_config: GPTConfig,
+    train_config: TrainConfig,
+    data_config: DataConfig,
+    run_dir: str | Path,
+    *,
+    resume: bool = False,
+    run_id: str | None = None,
+    callbacks: Sequence[object] = (),
+    device: str | None = None,
+    write_log: bool = True,
+) -> TrainResult:
+    """Train one seed into ``run_dir``; with ``resume`` continue from its latest checkpoint (bit-identical on CPU).
+
+    Under torchrun (WORLD_SIZE > 1) every process calls this; rank 0 alone writes files. With ``write_log``
+    the log is written as ``training.parquet`` and ``grad_norms.parquet`` (store schemas) in ``run_dir``.
+    Raises CheckpointError when ``run_dir`` already holds checkpoints and ``resume`` is False.
+    """
+    run_dir = Path(run_dir)
+    init_distributed()
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if not resume and saved_steps(run_dir):
+        raise CheckpointError(
+            f"{run_dir} already holds checkpoints {saved_steps(run_dir)}; pass --resume to continue that run "
+            "or choose a new --out directory"
+        )
+    if rank == 0:
+        data = prepare_data(data_config, run_dir)
+    if dist.is_initialized():
+        dist.barrier()
+    if rank != 0:
+        data = prepare_data(data_config, run_dir, save=False)
+    trainer = Trainer(model_config, train_config, data, run_dir, run_id=run_id, callbacks=callbacks, device=device)
+    if resume:
+        trainer.resume()
+    log = trainer.run()
+    if write_log and trainer.is_writer:
+        import pandas as pd
+
+        from attnsens.store import write_parquet
+
+        metadata = {"model_config": asdict(model_config), "train_config": asdict(train_config)}
+        write_parquet(pd.DataFrame(log["training"]), run_dir / TRAINING_FILE, schema="training", metadata=metadata)
+        write_parquet(
+            pd.DataFrame(log["grad_norms"]), run_dir / GRAD_NORMS_FILE, schema="grad_norms", metadata=metadata
+        )
+    return TrainResult(
+        run_dir=run_dir,
+        final_step=trainer.step,
+        checkpoint_steps=saved_steps(run_dir),
+        training=log["training"],
+        grad_norms=log["grad_norms"],
+    )
