@@ -24,6 +24,7 @@ demo: setup
 	$(VENV)/bin/attnsens demo --out demo-output
 
 test: setup
+	command -v chromium >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 || echo "chromium unavailable: the report's browser test will be skipped"
 	$(VENV)/bin/ruff check src tests bench
 	$(PY) -m pytest -q -p no:cacheprovider --hypothesis-profile=ci
 

@@ -1,0 +1,125 @@
+"""The HTML report: every section for a full run, escaping, self-containment, omissions, atomic write, CLI."""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+import shutil
+
+import matplotlib.image
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from attnsens.cli import app
+from attnsens.errors import FileFormatError
+from attnsens.report import build_report
+from tests.unit.report.conftest import HOSTILE_MODEL
+
+SECTIONS = (
+    "overview",
+    "findings",
+    "theta",
+    "concentration",
+    "dominant",
+    "scatter",
+    "heads",
+    "training",
+    "bounds",
+    "layernorm",
+    "influence",
+)
+
+
+@pytest.fixture(scope="module")
+def document(report_path):
+    return report_path.read_text(encoding="utf-8")
+
+
+def test_every_section_is_present_in_order(document):
+    positions = [document.find(f'<section id="{anchor}">') for anchor in SECTIONS]
+    assert all(p >= 0 for p in positions), dict(zip(SECTIONS, positions, strict=True))
+    assert positions == sorted(positions)
+    assert "Not in this run" not in document
+
+
+def test_hostile_strings_are_escaped(document):
+    assert "<script" not in document.lower()
+    assert "tiny &lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; co" in document
+    assert HOSTILE_MODEL not in document
+
+
+def test_self_contained(document):
+    # no external resource of any kind: every src is a data URI, no links, no scripts, no imports
+    sources = re.findall(r'\ssrc="([^"]*)"', document)
+    assert sources and all(s.startswith("data:image/") for s in sources)
+    assert "<link" not in document and "@import" not in document and "url(" not in document
+    assert not re.search(r"https?://", document.split("<main>")[1].replace("http://www.w3.org", ""))
+
+
+def _images(document: str) -> list[tuple[str, bytes]]:
+    return [(m, base64.b64decode(data)) for m, data in re.findall(r'src="data:(image/[^;]+);base64,([^"]+)"', document)]
+
+
+def test_figures_are_embedded_and_not_blank(document):
+    images = _images(document)
+    assert len(images) >= 10
+    for mime, payload in images:
+        if mime == "image/png":
+            pixels = matplotlib.image.imread(io.BytesIO(payload), format="png")
+            assert pixels.std() > 0.05
+        else:
+            assert mime == "image/svg+xml"
+            assert payload.count(b"<path") > 20
+
+
+def test_findings_have_verdicts_and_numbers(document):
+    findings = document.split('id="findings"')[1].split("</section>")[0]
+    verdicts = re.findall(r'class="badge ([a-z-]+)"', findings)
+    assert len(verdicts) == 3 and set(verdicts) <= {"agrees", "disagrees", "not-measured"}
+    # the synthetic run concentrates strongly, so its lowest median θ is far below 1 and must be reported so
+    assert verdicts[0] == "disagrees"
+    assert "0.6897" in findings or re.search(r"Lowest median θ lower bound .*: 0\.\d{4}", findings)
+
+
+def test_missing_tables_are_omitted_with_a_note(run_dir, tmp_path):
+    partial = tmp_path / "partial"
+    shutil.copytree(run_dir, partial, ignore=shutil.ignore_patterns("report.html"))
+    for table in ("bounds", "influence", "training", "grad_norms"):
+        shutil.rmtree(partial / table)
+    text = build_report(partial).read_text(encoding="utf-8")
+    for anchor in ("overview", "findings", "theta", "scatter"):
+        assert f'<section id="{anchor}">' in text
+    for anchor in ("bounds", "influence", "training", "layernorm"):
+        assert f'<section id="{anchor}">' not in text
+    assert "Not in this run" in text and "no influence table" in text
+
+
+def test_summary_is_derived_from_rows_when_absent(run_dir, tmp_path):
+    partial = tmp_path / "rows-only"
+    partial.mkdir()
+    shutil.copytree(run_dir / "rows", partial / "rows")
+    text = build_report(partial).read_text(encoding="utf-8")
+    assert '<section id="theta">' in text and '<section id="heads">' in text
+
+
+def test_cli_writes_atomically_to_out_and_prints_the_path_last(run_dir, tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "deep" / "cli.html"
+    result = runner.invoke(app, ["report", str(run_dir), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip().splitlines()[-1] == str(out)
+    assert [p.name for p in out.parent.iterdir()] == ["cli.html"]
+    assert out.stat().st_size > 10_000
+
+    result = runner.invoke(app, ["report", str(tmp_path / "missing")])
+    assert result.exit_code == 1 and "error:" in result.output and len(result.output.strip().splitlines()) == 1
+    with pytest.raises(FileFormatError, match="does not exist"):
+        build_report(tmp_path / "nothing")
+
+
+def test_pixels_helper_detects_a_blank_image():
+    blank = io.BytesIO()
+    matplotlib.image.imsave(blank, np.ones((20, 20, 3)), format="png")
+    assert matplotlib.image.imread(io.BytesIO(blank.getvalue()), format="png").std() == 0
