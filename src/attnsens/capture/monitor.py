@@ -2,8 +2,8 @@
 
 Use it from a plain loop (``monitor.on_step_end(step, model)``) or from the Hugging Face Trainer
 (``Trainer(..., callbacks=[monitor.trainer_callback()])``). Each probe runs one extra forward pass under
-``torch.no_grad`` in eval mode (the model's training mode is restored), reducing the selected rows to statistics
-as the layers run.
+``torch.no_grad`` in eval mode (the model's training mode is restored afterwards), reducing the selected rows
+to statistics as the layers run.
 """
 
 from __future__ import annotations
@@ -48,15 +48,10 @@ class SensitivityMonitor:
             return False
         start = time.perf_counter()
         adapter = self._adapter(model)
-        was_training = model.training
-        model.eval()
         accumulator = RowSummaryAccumulator()
-        try:
-            capture_row_statistics(
-                adapter, self.probe_ids.to(adapter.device), selection=self.selection, on_block=accumulator.update
-            )
-        finally:
-            model.train(was_training)
+        capture_row_statistics(
+            adapter, self.probe_ids.to(adapter.device), selection=self.selection, on_block=accumulator.update
+        )
         self.history.extend({"step": step, **record} for record in accumulator.compute())
         self.seconds += time.perf_counter() - start
         return True
@@ -66,7 +61,7 @@ class SensitivityMonitor:
 
         key = id(model)
         if key not in self._adapters:
-            self._adapters[key] = load(model, device=next(model.parameters()).device, dtype=_float_dtype(model))
+            self._adapters[key] = load(model)
         return self._adapters[key]
 
     def trainer_callback(self) -> Any:
@@ -81,10 +76,3 @@ class SensitivityMonitor:
                     monitor.on_step_end(state.global_step, model)
 
         return SensitivityCallback()
-
-
-def _float_dtype(model: torch.nn.Module) -> torch.dtype:
-    for parameter in model.parameters():
-        if parameter.is_floating_point():
-            return parameter.dtype
-    return torch.float32

@@ -96,6 +96,6 @@ def capture_row_statistics(
             sink(RowBlock(layer=layer, heads=heads, query_positions=chunk, stats=row_statistics(probs, n_keys=n_keys)))
             del probs
 
-    with torch.no_grad(), model.query_key_tap(reduce_layer):
+    with model.inference(), model.query_key_tap(reduce_layer):
         model.forward(input_ids, attention_mask)
     return kept

@@ -139,6 +139,17 @@ class ModelAdapter(ABC):
 
     # --- shared machinery ---------------------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def inference(self) -> Iterator[None]:
+        """No gradients and eval mode (no dropout) for the duration; the module's training mode is restored."""
+        was_training = self.module.training
+        self.module.eval()
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            self.module.train(was_training)
+
     def check_input_ids(self, input_ids: Tensor) -> Tensor:
         """``input_ids`` as a LongTensor [batch, n] on the model's device; InputError naming the fix otherwise."""
         if not isinstance(input_ids, Tensor):
@@ -165,7 +176,7 @@ class ModelAdapter(ABC):
         def record(layer: int, field: str, tensor: Tensor) -> None:
             found[layer][field] = tensor.detach()
 
-        with torch.no_grad(), self.layer_input_taps(record):
+        with self.inference(), self.layer_input_taps(record):
             self.forward(input_ids, attention_mask)
         return [LayerInputs(layer=i, **found[i]) for i in range(self.spec.n_layer)]
 
@@ -203,7 +214,7 @@ class ModelAdapter(ABC):
             if layer in layer_list:
                 kept[layer] = (query.detach(), key.detach(), tau)
 
-        with torch.no_grad(), self.query_key_tap(keep):
+        with self.inference(), self.query_key_tap(keep):
             self.forward(input_ids, attention_mask)
         key_mask = key_padding_mask_of(attention_mask, input_ids)
         for layer in layer_list:

@@ -43,8 +43,8 @@ def load(
     model: Any,
     *,
     trust_remote_code: bool = False,
-    device: str | torch.device = "cpu",
-    dtype: torch.dtype = torch.float32,
+    device: str | torch.device | None = None,
+    dtype: torch.dtype | None = None,
     tokenizer: Any = None,
 ) -> ModelAdapter:
     """Wrap ``model`` in the adapter of its family.
@@ -54,7 +54,9 @@ def load(
             ``PreTrainedModel``; an ``attnsens.train.model.GPT``; a local directory or ``.gguf`` file; or a
             Hugging Face hub id (needs network unless cached).
         trust_remote_code: passed to transformers; off by default (remote code runs arbitrary Python).
-        device, dtype: where and in which float type the weights live.
+        device, dtype: where and in which float type the weights live. A model object given by the caller is
+            moved or cast only when these are given (in place, as ``Module.to`` does); a model read from disk
+            defaults to the CPU and float32.
         tokenizer: optional tokenizer for ``encode`` when ``model`` is an object.
 
     Raises:
@@ -71,6 +73,8 @@ def load(
             f"or a torch module"
         )
     text = str(model)
+    device = "cpu" if device is None else device
+    dtype = torch.float32 if dtype is None else dtype
     if text in ALIASES:
         loader = ALIASES[text]
         if isinstance(loader, str):
@@ -103,8 +107,11 @@ def adapter_class(model_type: str) -> type[ModelAdapter]:
     return getattr(importlib.import_module(module_name), class_name)
 
 
-def _from_module(model: torch.nn.Module, *, name: str, tokenizer: Any, device: Any, dtype: torch.dtype) -> ModelAdapter:
-    model = model.to(device=device, dtype=dtype).eval()
+def _from_module(
+    model: torch.nn.Module, *, name: str, tokenizer: Any, device: Any, dtype: torch.dtype | None
+) -> ModelAdapter:
+    if device is not None or dtype is not None:
+        model = model.to(device=device, dtype=dtype)
     if type(model).__module__.startswith("attnsens.train"):
         from attnsens.models.own_gpt import OwnGPTAdapter
 

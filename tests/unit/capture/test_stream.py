@@ -1,0 +1,116 @@
+"""Streaming capture: statistics of every selected row equal those of the eager attention rows, one chunk at a time."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import pandas as pd
+import pytest
+import torch
+
+import attnsens.capture as C
+import attnsens.models as M
+from attnsens.errors import ConfigError
+from tests.unit.models.tiny_models import FAMILIES, VOCAB, eager_attentions, tiny_model
+
+
+def _concat(blocks: list[C.RowBlock]) -> dict[str, torch.Tensor]:
+    """All columns of the blocks, in (layer, batch, head, query) order whatever the chunking."""
+    parts = [b.columns() for b in blocks]
+    columns = {name: torch.cat([p[name] for p in parts]) for name in parts[0]}
+    order = torch.argsort(
+        ((columns["layer"] * 1000 + columns["batch"]) * 1000 + columns["head"]) * 1000 + columns["query"]
+    )
+    return {name: values[order] for name, values in columns.items()}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_statistics_equal_those_of_eager_rows(family: str) -> None:
+    model = tiny_model(family)
+    adapter = M.load(model)
+    ids = torch.randint(0, VOCAB, (2, 19))
+    got = _concat(C.capture_row_statistics(adapter, ids, selection=C.RowSelection(chunk_size=6)))
+    reference = eager_attentions(model, ids)
+    probs = reference[0].new_zeros(0)
+    layer_of, head_of, batch_of, query_of = got["layer"], got["head"], got["batch"], got["query"]
+    probs = torch.stack(
+        [reference[l][b, h, q] for l, h, b, q in zip(layer_of, head_of, batch_of, query_of, strict=True)]
+    )
+    n_keys = query_of + 1 if adapter.spec.causal else torch.full_like(query_of, 19)
+    expected = C.row_statistics(probs, n_keys=n_keys)
+    assert len(layer_of) == 2 * adapter.spec.n_head * 2 * 19
+    for f in fields(expected):
+        torch.testing.assert_close(got[f.name], getattr(expected, f.name), rtol=2e-5, atol=2e-6, msg=f.name)
+
+
+def test_chunk_size_does_not_change_results_and_bounds_peak_rows(monkeypatch) -> None:
+    adapter = M.load(tiny_model("llama"))
+    ids = torch.randint(0, VOCAB, (2, 23))
+    shapes = []
+    original = C.stream.attention_rows
+
+    def spy(*args, **kwargs):
+        probs, n_keys = original(*args, **kwargs)
+        shapes.append(tuple(probs.shape))
+        return probs, n_keys
+
+    monkeypatch.setattr(C.stream, "attention_rows", spy)
+    small = _concat(C.capture_row_statistics(adapter, ids, selection=C.RowSelection(chunk_size=4)))
+    assert max(shapes) == (2, 6, 4, 23) and len(shapes) == 2 * 6  # one [batch, head, chunk, key] block at a time
+    whole = _concat(C.capture_row_statistics(adapter, ids, selection=C.RowSelection(chunk_size=23)))
+    for name in small:
+        torch.testing.assert_close(small[name], whole[name], msg=name)
+
+
+def test_selection_layers_heads_and_range() -> None:
+    adapter = M.load(tiny_model("gpt2"))
+    ids = torch.randint(0, VOCAB, (1, 20))
+    selection = C.RowSelection(layers=(1,), heads=(2, 0), query_start=5, query_stop=9)
+    got = _concat(C.capture_row_statistics(adapter, ids, selection=selection))
+    assert set(got["layer"].tolist()) == {1}
+    assert set(got["head"].tolist()) == {0, 2}
+    assert sorted(set(got["query"].tolist())) == [5, 6, 7, 8]
+    assert torch.equal(got["n_keys"], got["query"] + 1)
+
+
+def test_sampled_positions_are_seeded_sorted_and_differ_between_sequences() -> None:
+    selection = C.RowSelection(query_start=3, sample_per_sequence=5, seed=7)
+    first = selection.query_positions(4, 40)
+    assert torch.equal(first, selection.query_positions(4, 40))
+    assert torch.equal(first, first.sort(dim=-1).values)
+    assert first.min() >= 3 and first.max() < 40
+    assert len({tuple(row) for row in first.tolist()}) > 1
+    assert not torch.equal(first, C.RowSelection(query_start=3, sample_per_sequence=5, seed=8).query_positions(4, 40))
+
+
+def test_bad_selections_raise_config_errors() -> None:
+    with pytest.raises(ConfigError, match="query_stop"):
+        C.RowSelection(query_start=5, query_stop=5)
+    with pytest.raises(ConfigError, match="cannot sample 9"):
+        C.RowSelection(sample_per_sequence=9).query_positions(1, 8)
+    with pytest.raises(ConfigError, match="no query positions"):
+        C.RowSelection(query_start=10).query_positions(1, 8)
+
+
+def test_accumulator_agrees_with_the_store_summary() -> None:
+    from attnsens.store import summarize_rows
+
+    adapter = M.load(tiny_model("gpt_neox"))
+    ids = torch.randint(0, VOCAB, (3, 17))
+    accumulator = C.RowSummaryAccumulator()
+    C.capture_row_statistics(adapter, ids, on_block=accumulator.update)
+    computed = pd.DataFrame(accumulator.compute())
+    columns = {k: v.numpy() for k, v in _concat(C.capture_row_statistics(adapter, ids)).items()}
+    rows = pd.DataFrame(columns).assign(run_id="r", model="m", step=0, seed=0)
+    summary = summarize_rows(rows, level="head")
+    for name in (
+        "n_rows",
+        "theta_lower_median",
+        "theta_lower_q10",
+        "fraction_dominant",
+        "p_max_median",
+        "entropy_mean",
+    ):
+        torch.testing.assert_close(
+            torch.tensor(computed[name].to_numpy(dtype=float)), torch.tensor(summary[name].to_numpy(dtype=float))
+        )

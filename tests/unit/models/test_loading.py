@@ -1,0 +1,72 @@
+"""attnsens.models.load: what it accepts, what it refuses, and that importing the package stays light."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import attnsens.models as M
+from attnsens.errors import FileFormatError, UnsupportedModelError
+from tests.unit.models.tiny_models import tiny_model
+
+
+def test_unknown_family_lists_the_supported_ones() -> None:
+    from transformers import GPTJConfig, GPTJModel
+
+    model = GPTJModel(GPTJConfig(n_layer=1, n_head=2, n_embd=8, rotary_dim=2, vocab_size=11, n_positions=7))
+    with pytest.raises(UnsupportedModelError, match=r"'gptj'.*gpt2, gpt_neox, llama, bert"):
+        M.load(model)
+
+
+def test_plain_torch_module_is_refused() -> None:
+    with pytest.raises(UnsupportedModelError, match="neither a transformers PreTrainedModel"):
+        M.load(torch.nn.Linear(3, 5))
+    with pytest.raises(UnsupportedModelError, match="cannot load a int"):
+        M.load(7)
+
+
+def test_missing_paths_and_offline_ids_are_file_format_errors(tmp_path) -> None:
+    with pytest.raises(FileFormatError, match="does not exist"):
+        M.load(str(tmp_path / "absent.gguf"))
+    with pytest.raises(FileFormatError, match="not a directory"):
+        M.load(str(tmp_path / "absent"))
+    with pytest.raises(FileFormatError, match="offline"):
+        M.load("no-such-org/no-such-model")
+
+
+def test_local_directory_round_trip(tmp_path) -> None:
+    model = tiny_model("gpt2")
+    model.save_pretrained(tmp_path)
+    adapter = M.load(str(tmp_path))
+    assert adapter.family == "gpt2"
+    torch.testing.assert_close(adapter.layers[1].attention.w_o, M.load(model).layers[1].attention.w_o)
+
+
+def test_alias_registry_is_extensible() -> None:
+    sentinel = M.load(tiny_model("bert"))
+    M.register_alias("test:tiny-bert", lambda *, device, dtype: sentinel)
+    try:
+        assert M.load("test:tiny-bert") is sentinel
+    finally:
+        del M.ALIASES["test:tiny-bert"]
+    assert {"smollm2", "minilm"} <= set(M.ALIASES)
+
+
+def test_adapter_passes_through_and_checks_inputs() -> None:
+    adapter = M.load(tiny_model("gpt2"))
+    assert M.load(adapter) is adapter
+    with pytest.raises(Exception, match="exceeds the context"):
+        adapter.layer_inputs(torch.zeros(1, 42, dtype=torch.long))
+    with pytest.raises(Exception, match="integer token ids"):
+        adapter.layer_inputs(torch.zeros(1, 4))
+    with pytest.raises(Exception, match="layer selection"):
+        list(adapter.stream_attention(torch.zeros(1, 4, dtype=torch.long), layers=[2]))
+
+
+def test_importing_models_does_not_import_transformers() -> None:
+    code = "import sys, attnsens.models, attnsens.capture; print('transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,88 @@
+"""Streamed attention rows agree with the model's own eager ``output_attentions`` to float32 rounding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnsens.models as M
+from tests.unit.models.tiny_models import FAMILIES, VOCAB, eager_attentions, tiny_model
+
+
+def _gathered(reference: torch.Tensor, heads: tuple[int, ...], positions: torch.Tensor) -> torch.Tensor:
+    rows = reference[:, list(heads)]
+    index = positions[:, None, :, None].expand(-1, rows.shape[1], -1, rows.shape[3])
+    return torch.gather(rows, 2, index)
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_row_matches_eager_attention(family: str, implementation: str) -> None:
+    model = tiny_model(family, attn_implementation=implementation)
+    adapter = M.load(model)
+    ids = torch.randint(0, VOCAB, (2, 23))
+    reference = eager_attentions(model, ids)
+    chunks = list(adapter.stream_attention(ids, chunk_size=7))
+    assert [c.layer for c in chunks] == [0] * 4 + [1] * 4  # ceil(23 / 7) chunks per layer
+    for chunk in chunks:
+        expected = _gathered(reference[chunk.layer], chunk.heads, chunk.query_positions)
+        torch.testing.assert_close(chunk.probs, expected, rtol=1e-5, atol=1e-6)
+        masked = expected == 0
+        assert torch.equal(chunk.probs[masked], torch.zeros_like(chunk.probs[masked]))
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt_neox"])
+def test_selected_heads_and_positions_match_eager(family: str) -> None:
+    """Grouped-query heads (Llama 6 query heads on 2 key heads) and sparse positions per sequence."""
+    model = tiny_model(family)
+    adapter = M.load(model)
+    ids = torch.randint(0, VOCAB, (3, 29))
+    positions = torch.tensor([[0, 5, 28], [3, 4, 17], [1, 20, 27]])
+    heads = (4, 1) if family == "llama" else (2, 0)
+    reference = eager_attentions(model, ids)
+    chunks = list(adapter.stream_attention(ids, layers=[1], heads=heads, query_positions=positions, chunk_size=2))
+    assert [c.layer for c in chunks] == [1, 1]
+    for chunk in chunks:
+        assert chunk.heads == heads
+        torch.testing.assert_close(
+            chunk.probs, _gathered(reference[1], heads, chunk.query_positions), rtol=1e-5, atol=1e-6
+        )
+        torch.testing.assert_close(chunk.n_keys, chunk.query_positions + 1)
+
+
+def test_padding_keys_get_exact_zero_probability_in_bert() -> None:
+    model = tiny_model("bert")
+    adapter = M.load(model)
+    ids = torch.randint(0, VOCAB, (2, 17))
+    mask = torch.ones(2, 17, dtype=torch.long)
+    mask[1, 11:] = 0
+    reference = eager_attentions(model, ids, attention_mask=mask)
+    positions = torch.tensor([[0, 8, 16], [0, 5, 10]])
+    (chunk,) = adapter.stream_attention(ids, layers=[0], query_positions=positions, attention_mask=mask)
+    torch.testing.assert_close(chunk.probs, _gathered(reference[0], chunk.heads, positions), rtol=1e-5, atol=1e-6)
+    assert torch.all(chunk.probs[1, :, :, 11:] == 0)
+    assert chunk.n_keys.tolist() == [[17, 17, 17], [11, 11, 11]]
+
+
+def test_model_output_is_unchanged_while_tapped() -> None:
+    model = tiny_model("llama")
+    adapter = M.load(model)
+    ids = torch.randint(0, VOCAB, (1, 13))
+    with torch.no_grad():
+        plain = model(input_ids=ids).logits
+        seen = []
+        with adapter.query_key_tap(lambda layer, q, k, tau: seen.append((layer, q.shape, k.shape, tau))):
+            tapped = model(input_ids=ids).logits
+    assert torch.equal(plain, tapped)
+    assert seen == [(i, (1, 6, 13, 6), (1, 2, 13, 6), pytest.approx(6**0.5)) for i in range(2)]
+
+
+def test_tap_is_removed_after_use() -> None:
+    model = tiny_model("gpt2")
+    adapter = M.load(model)
+    seen = []
+    with adapter.query_key_tap(lambda *args: seen.append(args[0])):
+        pass
+    with torch.no_grad():
+        model(input_ids=torch.randint(0, VOCAB, (1, 5)))
+    assert seen == []

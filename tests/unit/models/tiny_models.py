@@ -1,0 +1,89 @@
+"""Tiny random-init transformers models of every supported family, built in code (distinct prime-ish sizes)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import (
+    BertConfig,
+    BertModel,
+    GPT2Config,
+    GPT2LMHeadModel,
+    GPTNeoXConfig,
+    GPTNeoXModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+)
+
+VOCAB = 53
+FAMILIES = ("gpt2", "gpt_neox", "llama", "bert")
+
+
+def tiny_model(family: str, *, attn_implementation: str = "sdpa", seed: int = 0) -> torch.nn.Module:
+    """A random-init model of ``family`` in eval mode: 2 layers, d_head 5 or 7, GQA 6:2 for Llama."""
+    torch.manual_seed(seed)
+    common = {"vocab_size": VOCAB, "attn_implementation": attn_implementation}
+    if family == "gpt2":
+        config = GPT2Config(n_layer=2, n_head=3, n_embd=21, n_positions=41, bos_token_id=0, eos_token_id=0, **common)
+        model = GPT2LMHeadModel(config)
+    elif family == "gpt_neox":
+        config = GPTNeoXConfig(
+            num_hidden_layers=2,
+            num_attention_heads=3,
+            hidden_size=30,
+            intermediate_size=37,
+            max_position_embeddings=41,
+            rotary_pct=0.4,
+            bos_token_id=0,
+            eos_token_id=0,
+            **common,
+        )
+        model = GPTNeoXModel(config)
+    elif family == "llama":
+        config = LlamaConfig(
+            num_hidden_layers=2,
+            num_attention_heads=6,
+            num_key_value_heads=2,
+            hidden_size=6 * 6,
+            intermediate_size=37,
+            max_position_embeddings=41,
+            rope_theta=500.0,
+            **common,
+        )
+        model = LlamaForCausalLM(config)
+    elif family == "bert":
+        config = BertConfig(
+            num_hidden_layers=2,
+            num_attention_heads=3,
+            hidden_size=21,
+            intermediate_size=37,
+            max_position_embeddings=41,
+            **common,
+        )
+        model = BertModel(config, add_pooling_layer=False)
+    else:
+        raise ValueError(family)
+    _spread_weights(model)
+    return model.eval()
+
+
+def _spread_weights(model: torch.nn.Module) -> None:
+    # Default init (std 0.02) gives almost uniform attention; larger weights give rows with structure
+    # (dominant atoms, sinks) so that comparisons exercise more than the uniform case.
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if parameter.ndim == 2 and "embed" not in name and "wte" not in name and "wpe" not in name:
+                parameter.normal_(0.0, 0.35)
+            elif parameter.ndim == 1 and "bias" in name:
+                parameter.normal_(0.0, 0.1)
+
+
+def eager_attentions(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask=None) -> tuple[torch.Tensor, ...]:
+    """The model's own attention probabilities per layer [batch, head, query, key] via eager output_attentions."""
+    implementation = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            out = model(input_ids=input_ids, attention_mask=attention_mask, output_attentions=True)
+    finally:
+        model.set_attn_implementation(implementation)
+    return out.attentions
