@@ -1,0 +1,128 @@
+"""attnsens.study.audit and ``attnsens audit``: Parquet rows and summary, resume, per-layer table, errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pandas as pd
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import attnsens as A
+from attnsens.capture import RowSelection
+from attnsens.cli import app
+from attnsens.store import Manifest, read_table
+from attnsens.store.schema import ROWS, SUMMARY
+from tests.unit.models.tiny_models import VOCAB, tiny_model
+
+TEXT = "To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer. " * 30
+
+
+def test_audit_writes_rows_and_summary_and_resumes(tmp_path, monkeypatch) -> None:
+    model = tiny_model("gpt2")
+    tokens = torch.randint(0, VOCAB, (100,))
+    ticks = []
+    result = A.study.audit(model, tokens, seq_len=31, out_dir=tmp_path, progress=lambda d, t: ticks.append((d, t)))
+    assert ticks[-1] == (3 * 2, 3 * 2)  # 3 sequences × 2 layers
+    assert list(result.rows.columns) == list(ROWS.names)
+    assert list(result.summary.columns) == list(SUMMARY.names)
+    assert len(result.rows) == 3 * 2 * 3 * 31
+    assert sorted(result.rows["batch"].unique()) == [0, 1, 2]
+    assert (result.rows["theta_lower"] <= result.rows["theta_upper"]).all()
+    manifest = Manifest.load(tmp_path)
+    assert sorted(manifest.units) == [*(f"rows/sequence={i:06d}.parquet" for i in range(3)), "summary/summary.parquet"]
+    pd.testing.assert_frame_equal(
+        read_table(tmp_path / "rows").sort_values(list(ROWS.key), ignore_index=True),
+        result.rows.sort_values(list(ROWS.key), ignore_index=True),
+    )
+    layers = result.layer_summary()
+    assert layers["layer"].tolist() == [0, 1] and (layers["n_rows"] == 3 * 3 * 31).all()
+
+    def no_recompute(*args, **kwargs):
+        raise AssertionError("a finished sequence was recomputed")
+
+    # The module object (attnsens.study.audit the attribute is the function of the same name).
+    monkeypatch.setattr(sys.modules["attnsens.study.audit"], "capture_row_statistics", no_recompute)
+    again = A.study.audit(model, tokens, seq_len=31, out_dir=tmp_path)
+    pd.testing.assert_frame_equal(again.rows, result.rows)
+
+
+def test_sampled_audit_differs_per_sequence_and_is_reproducible() -> None:
+    model = tiny_model("llama")
+    tokens = torch.randint(0, VOCAB, (2, 37))
+    selection = RowSelection(query_start=5, sample_per_sequence=4, seed=3)
+    first = A.study.audit(model, tokens, selection=selection).rows
+    second = A.study.audit(model, tokens, selection=selection).rows
+    pd.testing.assert_frame_equal(first, second)
+    queries = first.groupby("batch")["query"].apply(lambda q: tuple(sorted(set(q))))
+    assert queries[0] != queries[1] and all(len(q) == 4 and min(q) >= 5 for q in queries)
+
+
+@pytest.fixture(scope="module")
+def text_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("text") / "hamlet.txt"
+    path.write_text(TEXT)
+    return path
+
+
+def test_cli_audit_minilm_prints_a_table_per_layer(tmp_path, text_file) -> None:
+    out = tmp_path / "run"
+    result = CliRunner().invoke(
+        app,
+        ["audit", "minilm", "--text", str(text_file), "--seq-len", "48", "--batch", "2", "--out", str(out)],
+        env={"COLUMNS": "160"},
+    )
+    assert result.exit_code == 0, result.output
+    assert "median θ lower bound" in result.output and "dominant fraction" in result.output
+    rows = read_table(out / "rows")
+    assert len(rows) == 2 * 6 * 12 * 48  # sequences × layers × heads × rows
+    assert set(rows["n_keys"]) == {48}  # bidirectional: every key allowed
+    summary = read_table(out / "summary")
+    assert set(summary["head"]) == {-1, *range(12)}
+
+
+def test_cli_audit_json(tmp_path, text_file) -> None:
+    result = CliRunner().invoke(
+        app,
+        [
+            "audit",
+            "minilm",
+            "--text",
+            str(text_file),
+            "--seq-len",
+            "16",
+            "--sample",
+            "4",
+            "--out",
+            str(tmp_path),
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["n_rows"] == 6 * 12 * 4
+    assert [layer["layer"] for layer in payload["layers"]] == list(range(6))
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["minilm", "--text", "MISSING", "--seq-len", "8"], "does not exist"),
+        (["minilm", "--text", "EMPTY", "--seq-len", "8"], "is empty"),
+        (["minilm", "--text", "TEXT", "--seq-len", "600"], "exceeds the context"),
+        (["no-such/model", "--text", "TEXT", "--seq-len", "8"], "cannot load model"),
+        (["minilm", "--seq-len", "8"], "exactly one of --text"),
+        (["minilm", "--corpus", "poetry", "--seq-len", "8"], "unknown corpus"),
+    ],
+)
+def test_cli_audit_bad_input_is_one_line_exit_1(tmp_path, text_file, arguments, message) -> None:
+    empty = tmp_path / "empty.txt"
+    empty.write_text("  \n")
+    swap = {"MISSING": str(tmp_path / "missing.txt"), "EMPTY": str(empty), "TEXT": str(text_file)}
+    arguments = [swap.get(a, a) for a in arguments]
+    result = CliRunner().invoke(app, ["audit", *arguments, "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1
+    assert message in result.output
+    assert len(result.output.strip().splitlines()) == 1
