@@ -1,0 +1,32 @@
+"""Smoke test on a real shipped model (all-MiniLM-L6-v2, BERT, post-LN): streamed rows equal eager attention."""
+
+from __future__ import annotations
+
+import torch
+
+import attnsens.models as M
+
+
+def test_minilm_rows_and_weights_match_the_model() -> None:
+    adapter = M.load("minilm")
+    assert (adapter.family, adapter.spec.placement, adapter.spec.causal) == ("bert", "post", False)
+    assert (adapter.spec.n_layer, adapter.spec.n_head, adapter.spec.d_model) == (6, 12, 384)
+    ids = adapter.encode("Whether 'tis nobler in the mind to suffer the slings and arrows of outrageous fortune")
+    chunks = list(adapter.stream_attention(ids, layers=[0, 5], chunk_size=8))
+    model = adapter.module
+    model.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            reference = model(input_ids=ids, output_attentions=True).attentions
+    finally:
+        model.set_attn_implementation("sdpa")
+    for chunk in chunks:
+        expected = reference[chunk.layer][:, :, chunk.query_positions[0]]
+        torch.testing.assert_close(chunk.probs, expected, rtol=1e-5, atol=1e-6)
+    inputs = adapter.layer_inputs(ids)
+    out = adapter.layers[0].attention
+    q = torch.einsum("hed,bnd->bhne", out.w_q, inputs[0].attention_input) + out.b_q[None, :, None, :]
+    seen = {}
+    with adapter.query_key_tap(lambda layer, query, key, tau: seen.setdefault(layer, query)), torch.no_grad():
+        adapter.forward(ids)
+    torch.testing.assert_close(q, seen[0], rtol=1e-4, atol=1e-4)
