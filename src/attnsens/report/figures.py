@@ -17,6 +17,7 @@ from attnsens.report.style import (
     MUTED,
     add_layer_colorbar,
     finish,
+    layer_axis,
     layer_colors,
     require_columns,
     series,
@@ -71,7 +72,7 @@ def theta_lower_by_step_figure(summary: pd.DataFrame) -> Figure:
                 color=color,
                 label=label,
             )
-        ax.set_xlabel("layer")
+        layer_axis(ax)
         ax.set_ylabel("median θ lower bound")
         ax.set_ylim(y_min, 1.02)
         ax.axhline(1.0, color=MUTED, lw=0.8, ls=":")
@@ -118,7 +119,7 @@ def _per_layer(ax, pooled: pd.DataFrame, column: str, ylabel: str) -> None:
     for label, color, part in series(pooled):
         part = part.sort_values("layer")
         ax.plot(part["layer"], part[column], color=color, marker="o", ms=3.5, label=label)
-    ax.set_xlabel("layer")
+    layer_axis(ax)
     ax.set_ylabel(ylabel)
 
 
@@ -178,13 +179,22 @@ def theta_vs_pmax_figure(rows: pd.DataFrame, *, max_points: int = 20_000, seed: 
     fig = Figure(figsize=(6.8, 4.6), layout="constrained")
     ax = fig.add_subplot()
     dominant = frame["dominant"].astype(bool).to_numpy()
-    size = 9 if len(frame) < 3000 else 4
+    size = 10 if len(frame) < 3000 else 6
+    m = np.linspace(1e-3, 1, 600)
+    ax.plot(
+        m, theta_envelope_lower_bound(m), color=MUTED, ls="--", lw=1.1, zorder=3, label="envelope max(4m(1−m), 1−m²)"
+    )
+    m_dom = np.linspace(0.5, 1, 300)
+    ax.plot(
+        m_dom, 4 * m_dom * (1 - m_dom), color=ACCENT, lw=3.5, alpha=0.35, zorder=1, label="exact θ = 4m(1−m), m ≥ 1/2"
+    )
     ax.scatter(
         frame["p_max"][~dominant],
         frame["theta_lower"][~dominant],
         s=size,
-        alpha=0.45,
+        alpha=0.4,
         lw=0,
+        zorder=2,
         color="#1f5fa8",
         label=f"rows with p_max < 1/2 ({(~dominant).sum():,})",
         rasterized=True,
@@ -193,16 +203,13 @@ def theta_vs_pmax_figure(rows: pd.DataFrame, *, max_points: int = 20_000, seed: 
         frame["p_max"][dominant],
         frame["theta_lower"][dominant],
         s=size,
-        alpha=0.6,
+        alpha=0.7,
         lw=0,
-        color="#e9a03b",
+        zorder=2,
+        color="#b8610a",
         label=f"dominant rows ({dominant.sum():,})",
         rasterized=True,
     )
-    m = np.linspace(1e-3, 1, 600)
-    ax.plot(m, theta_envelope_lower_bound(m), color=MUTED, ls="--", lw=1.2, label="envelope max(4m(1−m), 1−m²)")
-    m_dom = np.linspace(0.5, 1, 300)
-    ax.plot(m_dom, 4 * m_dom * (1 - m_dom), color=ACCENT, lw=1.8, label="exact θ = 4m(1−m), m ≥ 1/2")
     ax.set_xlim(0, 1.0)
     ax.set_ylim(-0.02, 1.04)
     ax.set_xlabel("p_max = m")

@@ -16,6 +16,7 @@ from attnsens.report.style import (
     SEED_COLORS,
     add_layer_colorbar,
     finish,
+    layer_axis,
     layer_colors,
     require_columns,
     series,
@@ -76,7 +77,7 @@ def bounds_figure(bounds: pd.DataFrame, *, step: int | None = None) -> Figure:
     for column, label, color, style in present:
         axes[0].plot(per_layer["layer"], per_layer[column], color=color, ls=style, marker="o", ms=3.5, label=label)
     axes[0].set_yscale("log")
-    axes[0].set_xlabel("layer")
+    layer_axis(axes[0])
     axes[0].set_ylabel("operator norm (block norm)")
     axes[0].set_title("attention Jacobian: bounds vs measurement", loc="left")
     axes[0].legend()
@@ -87,7 +88,7 @@ def bounds_figure(bounds: pd.DataFrame, *, step: int | None = None) -> Figure:
         axes[1].set_ylim(0, max(1.1, float(ratio.max()) * 1.1))
     else:
         axes[1].text(0.5, 0.5, "no tightness ratio recorded", ha="center", va="center", transform=axes[1].transAxes)
-    axes[1].set_xlabel("layer")
+    layer_axis(axes[1])
     axes[1].set_ylabel("certified local bound / estimate")
     axes[1].set_title("tightness ratio (1 = tight)", loc="left")
     return finish(fig, f"Certified bounds at checkpoint {step:,}")
@@ -140,7 +141,7 @@ def ln_condition_figure(bounds: pd.DataFrame) -> Figure:
             step_axis(ax, means["step"].unique())
         else:
             ax.bar(means["layer"], means[column], color="#2a9d8f", width=0.7)
-            ax.set_xlabel("layer")
+            layer_axis(ax)
         ax.set_title(label, loc="left")
     axes[0].set_ylim(0, 1.05)
     if multi_step:

@@ -28,16 +28,17 @@ _BOUND_PAIRS = (
     ("block_lipschitz_upper_bound", "block_jacobian_estimate"),
     ("residual_jacobian_upper_bound", "residual_jacobian_estimate"),
 )
-_BOUND_TABLE_COLUMNS = (
-    "theta_tilde",
-    "mha_local_jacobian_upper_bound",
-    "mha_lipschitz_upper_bound",
-    "mha_jacobian_estimate",
-    "tightness_ratio",
-    "ffn_lipschitz_upper_bound",
-    "block_lipschitz_upper_bound",
-    "ln_condition_fraction",
-)
+_BOUND_TABLE_COLUMNS = {
+    "theta_tilde": "θ̃",
+    "mha_local_jacobian_upper_bound": "MHA local bound",
+    "mha_lipschitz_upper_bound": "MHA bound (θ̃ = 1)",
+    "mha_jacobian_estimate": "MHA estimate",
+    "tightness_ratio": "tightness",
+    "ffn_lipschitz_upper_bound": "FFN bound",
+    "block_lipschitz_upper_bound": "block bound",
+    "block_jacobian_estimate": "block estimate",
+    "ln_condition_fraction": "LN condition",
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -119,33 +120,51 @@ def findings_section(findings: list[Finding]) -> Section:
     return Section(anchor="findings", title="Findings, as measured", body=intro + "".join(cards))
 
 
+def _has_trend(data: RunData) -> bool:
+    """True when more than one checkpoint was audited, so figures are drawn against the step."""
+    return data.summary is not None and data.summary["step"].nunique() > 1
+
+
 def theta_section(data: RunData) -> Section:
+    axis = (
+        "against the checkpoint step (symmetric-log axis, step 0 included); shaded band: 25–75 % of rows"
+        if _has_trend(data)
+        else "at the single audited checkpoint; bars: 25–75 % of rows"
+    )
     caption = (
-        "Median over audited rows of the certified θ lower bound, per layer with all heads pooled, against the "
-        "checkpoint step (symmetric-log axis, step 0 included); shaded band: 25–75 % of rows; one line per seed. "
-        "Dotted line: θ = 1, the largest possible value. Tests the claim that the median certificate stays near 1 "
-        "in every layer and at every checkpoint; since the certificate is a lower bound, half the rows have a "
-        "true θ at least the plotted median (MATH.md T2(f))."
+        f"Median over audited rows of the certified θ lower bound, per layer with all heads pooled, {axis}; one "
+        "line per seed. Dotted line: θ = 1, the largest possible value. Tests the claim that the median "
+        "certificate stays near 1 in every layer and at every checkpoint; since the certificate is a lower bound, "
+        "half the rows have a true θ at least the plotted median (MATH.md T2(f))."
     )
     body = _figure(lambda: figures.theta_lower_by_step_figure(data.summary), caption, title="θ lower bound by layer")
     return Section(anchor="theta", title="θ lower bound per layer and checkpoint", body=body)
 
 
 def concentration_section(data: RunData) -> Section:
-    caption = (
-        "Median largest attention weight p_max and mean Shannon entropy (nats) per layer (colour: depth), averaged "
-        "over seeds, against checkpoint step. Tests the claim that attention concentrates during training "
-        "(p_max rising, entropy falling) — and, read with the θ figure, whether it does so while θ stays near 1, "
-        "which is possible because θ only sees the largest atom (θ ≥ 1 − p_max² for p_max ≤ 1/3, MATH.md §7)."
-    )
+    if _has_trend(data):
+        caption = (
+            "Median largest attention weight p_max and mean Shannon entropy (nats) per layer (colour: depth), "
+            "averaged over seeds, against checkpoint step. Tests the claim that attention concentrates during "
+            "training (p_max rising, entropy falling) — and, read with the θ figure, whether it does so while θ "
+            "stays near 1, which is possible because θ only sees the largest atom (θ ≥ 1 − p_max² for "
+            "p_max ≤ 1/3, MATH.md §7)."
+        )
+    else:
+        caption = (
+            "Median largest attention weight p_max and mean Shannon entropy (nats) per layer, one line per seed. "
+            "With a single checkpoint there is no training trend to test; read with the θ figure, it shows how "
+            "concentrated attention can be while θ stays near 1 (θ ≥ 1 − p_max² for p_max ≤ 1/3, MATH.md §7)."
+        )
     body = _figure(lambda: figures.concentration_figure(data.summary), caption, title="Concentration")
     return Section(anchor="concentration", title="Attention concentration", body=body)
 
 
 def dominant_section(data: RunData) -> Section:
+    where = "against checkpoint step" if _has_trend(data) else "at the single audited checkpoint"
     caption = (
-        "Fraction of rows with a dominant atom (p_max ≥ half the row's mass) per layer against checkpoint step. "
-        "Only these rows can have θ well below 1; tests the claim that they are a minority (dotted line: 1/2). "
+        f"Fraction of rows with a dominant atom (p_max ≥ half the row's mass) per layer {where}. Only rows with "
+        "p_max > 1/3 can have θ < 8/9; tests the claim that dominant rows are a minority (dotted line: 1/2). "
         "Early positions and attention sinks on token 0 raise this fraction (MATH.md §7)."
     )
     body = _figure(lambda: figures.dominant_fraction_figure(data.summary), caption, title="Dominant-atom rows")
@@ -166,7 +185,7 @@ def scatter_section(data: RunData) -> Section:
 
 def heads_section(data: RunData) -> Section:
     caption = (
-        "Median θ lower bound (left) and median p_max (right) for every layer and head at the last checkpoint, "
+        "Median θ lower bound (left) and median p_max (right) for every layer and head at the last audited checkpoint, "
         "averaged over seeds. Shows whether low θ is spread over the model or confined to a few heads "
         "(e.g. sink or previous-token heads)."
     )
@@ -197,12 +216,16 @@ def bounds_section(data: RunData) -> Section:
     if not layer.empty:
         last = layer[layer["step"] == layer["step"].max()]
         columns = [c for c in _BOUND_TABLE_COLUMNS if c in last and last[c].notna().any()]
-        table = last.groupby("layer", as_index=False)[columns].mean()
+        table = last.groupby("layer", as_index=False)[columns].mean().rename(columns=_BOUND_TABLE_COLUMNS)
         norm = ", ".join(sorted(str(v) for v in last["norm"].dropna().unique()))
         body += table_html(
             table,
-            caption=f"Layer-level bounds at checkpoint {int(last['step'].max()):,} (norm: {norm}; mean over seeds).",
-            flags={"tightness_ratio": lambda v: v < 1 - SOUNDNESS_RTOL},
+            caption=(
+                f"Layer-level records at checkpoint {int(last['step'].max()):,}, mean over seeds, in the {norm} norm. "
+                "Bounds are certified upper bounds; estimates are autograd lower estimates; tightness = local bound "
+                "/ estimate (below 1 would be a violated bound); LN condition = fraction of tokens meeting T6."
+            ),
+            flags={"tightness": lambda v: v < 1 - SOUNDNESS_RTOL},
         )
     if bounds["step"].nunique() > 1 and bounds.get("quartic_norm_product", pd.Series(dtype=float)).notna().any():
         body += _figure(

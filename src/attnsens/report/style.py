@@ -116,6 +116,14 @@ def step_axis(ax: Axes, steps: Sequence[int]) -> None:
     ax.set_xlabel("checkpoint step")
 
 
+def layer_axis(ax: Axes) -> None:
+    """Integer layer ticks on the x axis."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("layer")
+
+
 def finish(fig: Figure, title: str | None = None) -> Figure:
     if title:
         fig.suptitle(title, fontsize=11, fontweight="bold", x=0.01, ha="left")

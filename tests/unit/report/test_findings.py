@@ -79,3 +79,50 @@ def test_theta_table_is_the_worst_seed_median(rows):
     cell = summary.query("layer == 2 and step == 100 and head == -1")["theta_lower_median"].min()
     assert finding.table.loc[finding.table["layer"] == 2, "step 100"].item() == pytest.approx(cell)
     assert np.isfinite(finding.table.drop(columns="layer").to_numpy()).all()
+
+
+def test_rows_certified_by_the_theta_engine_sit_on_the_closed_form(tmp_path):
+    """Real certificates (attnsens.theta.certify on float32 softmax rows) pass the dominant-row check."""
+    import torch
+
+    import attnsens
+    from attnsens.report.data import load_run
+    from attnsens.store import write_parquet
+
+    generator = torch.Generator().manual_seed(5)
+    n_rows, n_keys = 211, 37
+    scale = torch.linspace(0.2, 6.0, n_rows, dtype=torch.float64)[:, None]
+    p = torch.softmax(torch.randn(n_rows, n_keys, generator=generator, dtype=torch.float64) * scale, -1).float()
+    certificate = attnsens.theta.certify(p)
+    p64 = p.double()
+    entropy = -(p64 * torch.log(p64)).sum(-1)
+    rows = pd.DataFrame(
+        {
+            "run_id": "r",
+            "model": "m",
+            "step": 0,
+            "seed": 0,
+            "layer": np.arange(n_rows) % 3,
+            "head": np.arange(n_rows) % 2,
+            "batch": 0,
+            "query": np.arange(n_rows),
+            "n_keys": n_keys,
+            "row_sum": certificate.row_sum.numpy(),
+            "p_max": certificate.p_max.numpy(),
+            "argmax": p.argmax(-1).numpy(),
+            "entropy": entropy.numpy(),
+            "normalized_entropy": (entropy / np.log(n_keys)).numpy(),
+            "n_eff": (1 / (p64**2).sum(-1)).numpy(),
+            "theta_lower": certificate.lower.numpy(),
+            "theta_upper": certificate.upper.numpy(),
+            "theta_exact": certificate.exact.numpy(),
+            "theta_method": certificate.method.numpy(),
+            "dominant": (certificate.p_max >= certificate.row_sum / 2).numpy(),
+        }
+    )
+    write_parquet(rows, tmp_path / "rows" / "part.parquet", schema="rows")
+    data = load_run(tmp_path)
+    assert 0 < data.dominant.n_dominant < n_rows
+    assert data.dominant.max_abs_deviation_lower < 1e-9
+    finding = _by_key(data)["dominant"]
+    assert "departs" not in finding.measured
