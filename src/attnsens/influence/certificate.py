@@ -1,0 +1,295 @@
+"""Certified inverse-length influence: ‖y_n^{(L)} − y'_n^{(L)}‖₂ ≤ C/n for a change at a nonfinal position (seed 000).
+
+:func:`certified_constant` computes C = E_L by the recursion of MATH.md §10.3 (see ``influence/recursion.py`` for
+the derivation, the bias handling and the causal variant) from a model's weights, and reports why it does not
+apply where the seed's assumptions fail:
+
+* LayerNorm / RMSNorm anywhere (MATH.md §10.1, §10.6): a norm's Lipschitz constant is ‖γ‖∞/√ε (the Jacobian of
+  x ↦ γ ⊙ (x − μ)/σ has norm ≤ ‖γ‖∞/σ ≤ ‖γ‖∞/√ε, attained at a constant x), which enters every Λ_k and makes C
+  vacuous; the certificate says so (``applicable=False``) and reports, as ``log10_constant``, what the recursion
+  gives with the norms counted inside f_k — an indicative size, not a certificate (for pre-LN, attention reads
+  LN(y), which the seed's bilinear form does not cover).
+* gated MLPs (x ↦ W_out(act(W_gate x) ⊙ W_in x)) are not globally Lipschitz; rotary positions are covered by the
+  indicative number only (‖W_Q‖‖W_K‖/τ replaces ‖G‖, the rotation being orthogonal).
+* causal attention is certified by the polylogarithmic variant E_L(H_n)/n (``masking="causal"``).
+* learned absolute positions: certified only for n ≤ n_ctx (``max_length``); sinusoidal or no positions: all n.
+
+Prediction probabilities (MATH.md §10.3, θ sharpening): with logits z = U y + c, ‖p − p'‖₁ ≤
+∫ ‖J(z_t)‖_{∞→1} dt · osc(Δz)/2 ≤ max_{v,w} ‖u_v − u_w‖ · ‖Δy_n‖ / 2 (‖J‖_{∞→1} = θ ≤ 1 by T1; J1 = 0 allows
+the half-oscillation), so ‖p − p'‖₁ ≤ spread · C/(2n) and TV = ‖p − p'‖₁/2 ≤ spread · C/(4n).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from attnsens.errors import ConfigError, UnsupportedModelError
+from attnsens.influence.constants import BlockConstants, HeadOutput, block_constants
+from attnsens.influence.inputs import certificate_inputs
+from attnsens.influence.recursion import LayerBounds, LogPolynomial, log_poly_at, run_recursion
+from attnsens.models.adapter import ModelAdapter
+from attnsens.models.weights import LayerWeights, NormWeights
+from attnsens.train.model import GPT
+
+_LN10 = math.log(10.0)
+_EXACT_DISTANCE_VOCAB = 8192  # above this many rows, max pairwise distance is bounded by 2·max norm
+
+
+@dataclass(frozen=True, kw_only=True)
+class InfluenceCertificate:
+    """C with ‖y_n^{(L)} − y'_n^{(L)}‖₂ ≤ C/n, or why no meaningful C exists (MATH.md §10).
+
+    ``log10_constant`` is log10 C (C itself may overflow float64: read it as C = 10^x); for causal attention
+    it is log10 E_L(1) and the bound at n is E_L(H_n)/n ≤ 10^x · H_n^{L−1}/n. When ``applicable`` is False,
+    ``reasons`` says which assumption fails and ``log10_constant`` is the indicative value (or None).
+    """
+
+    applicable: bool
+    reasons: tuple[str, ...]
+    masking: Literal["unmasked", "causal"]
+    head_output: HeadOutput
+    log10_constant: float | None
+    log_polynomial: LogPolynomial  # natural-log coefficients of E_L(H); length 1 when unmasked
+    layers: tuple[LayerBounds, ...]
+    blocks: tuple[BlockConstants, ...]
+    embedding_norm: float  # B_0
+    embedding_diameter: float  # D_0
+    unembedding_spread: float | None  # max_{v,w} ‖u_v − u_w‖₂
+    max_length: int | None
+    norm_lipschitz: float | None  # max ‖γ‖∞/√ε over the model's norms (None when LN-free)
+
+    @property
+    def constant(self) -> float:
+        """C as a float (inf when it overflows float64; use ``log10_constant``)."""
+        self._require()
+        return _pow10(self.log10_constant)
+
+    def log10_influence_upper_bound(self, n: int, *, tightened: bool = False) -> float:
+        """log10 of the certified bound on ‖Δy_n‖₂ at length n: C/n, E_L(H_n)/n (causal), or the finite-n bound.
+
+        ``tightened=True`` reruns the recursion with the weight bound e^{2A}/(e^{2A} + n − 1) (unmasked only;
+        valid at this n only, never larger than C/n).
+        """
+        self._require()
+        self._check_length(n)
+        if tightened and self.masking == "unmasked":
+            rows = run_recursion(
+                self.blocks, embedding_norm=self.embedding_norm, embedding_diameter=self.embedding_diameter, length=n
+            )
+            return rows[-1].log_other_positions[0] / _LN10 - math.log10(n)
+        return log_poly_at(self.log_polynomial, _harmonic(n)) / _LN10 - math.log10(n)
+
+    def influence_upper_bound(self, n: int, *, tightened: bool = False) -> float:
+        """The certified bound on ‖Δy_n‖₂ at length n as a float (inf on overflow)."""
+        return _pow10(self.log10_influence_upper_bound(n, tightened=tightened))
+
+    def log10_probability_change_upper_bound(self, n: int) -> float:
+        """log10 of the bound on ‖p − p'‖₁ at length n: spread · ‖Δy_n‖/2 (module docstring)."""
+        if self.unembedding_spread is None:
+            raise ConfigError("no unembedding was given, so no probability bound; pass unembedding=[vocab, d_model]")
+        return math.log10(self.unembedding_spread / 2) + self.log10_influence_upper_bound(n)
+
+    def log10_length_for_probability_change(self, eta: float) -> float:
+        """log10 n*(η): for every n ≥ n*, ‖p − p'‖₁ ≤ η; n* = spread · C/(2η) (unmasked attention).
+
+        MATH.md §10.4 states n* = C‖U‖/η; spread/2 ≤ ‖U‖/√2, so this n* is smaller and equally valid.
+        """
+        self._require()
+        if self.masking != "unmasked":
+            raise ConfigError("n*(η) is given for unmasked attention; for causal use log10_influence_upper_bound(n)")
+        if not eta > 0:
+            raise ConfigError(f"eta must be > 0, got {eta}")
+        if self.unembedding_spread is None:
+            raise ConfigError("no unembedding was given, so no probability bound; pass unembedding=[vocab, d_model]")
+        return math.log10(self.unembedding_spread / (2 * eta)) + self.log10_constant
+
+    def table(self) -> list[dict[str, Any]]:
+        """Per-layer rows: Λ_k, ‖f_k(0)‖, B_k, A_k, log10 e^{2A_k}, log10 D_k, log10 E_k(1), degree of E_k in H_n."""
+        return [
+            {
+                "layer": row.layer,
+                "lipschitz": row.lipschitz,
+                "f_zero_norm": row.f_zero_norm,
+                "hidden_norm_upper_bound": row.hidden_norm_upper_bound,
+                "score_upper_bound": row.score_upper_bound,
+                "log10_weight_ratio": row.log_weight_ratio / _LN10,
+                "log10_changed_position_upper_bound": row.log_changed_position / _LN10,
+                "log10_other_positions_upper_bound": log_poly_at(row.log_other_positions, 1.0) / _LN10,
+                "harmonic_degree": len(row.log_other_positions) - 1,
+            }
+            for row in self.layers
+        ]
+
+    def _require(self) -> None:
+        if not self.applicable:
+            raise UnsupportedModelError("no influence certificate: " + "; ".join(self.reasons))
+
+    def _check_length(self, n: int) -> None:
+        if n < 2:
+            raise ConfigError(f"length n must be >= 2 (the changed position i < n), got {n}")
+        if self.max_length is not None and n > self.max_length:
+            raise ConfigError(
+                f"length {n} exceeds the {self.max_length} learned positions the certificate covers; "
+                "use n <= max_length or sinusoidal positions"
+            )
+
+
+def _pow10(log10_value: float | None) -> float:
+    if log10_value is None:
+        return math.nan
+    return math.inf if log10_value > 308 else 10.0**log10_value
+
+
+def _harmonic(n: int) -> float:
+    return float(torch.arange(1, n + 1, dtype=torch.float64).reciprocal().sum()) * (1 + 1e-12)
+
+
+def _max_distance_upper_bound(rows: Tensor) -> float:
+    rows = rows.detach().to(torch.float64)
+    if rows.shape[0] > _EXACT_DISTANCE_VOCAB:
+        return 2 * float(torch.linalg.vector_norm(rows, dim=-1).max())
+    return float(torch.cdist(rows, rows).max()) * (1 + 1e-10)
+
+
+def norm_lipschitz_constant(norm: NormWeights) -> float:
+    """Global Lipschitz constant ‖γ‖∞/√ε of LayerNorm/RMSNorm (ℓ2 → ℓ2; attained at constant inputs)."""
+    gamma_inf = float(norm.gamma.detach().abs().max())
+    return math.inf if norm.eps == 0 else gamma_inf / math.sqrt(norm.eps)
+
+
+def _norm_reasons(
+    layers: Sequence[LayerWeights], final_norm: NormWeights | None
+) -> tuple[list[str], list[float], float, float]:
+    """Reasons naming the norms, per-block products of their Lipschitz constants, the final norm's, the worst."""
+    reasons, per_block = [], []
+    worst = 0.0
+    for layer in layers:
+        norms = [n for n in (layer.attn_norm, layer.mlp_norm) if n is not None]
+        per_block.append(math.prod(norm_lipschitz_constant(n) for n in norms))
+        worst = max([worst, *(norm_lipschitz_constant(n) for n in norms)])
+    normed = [layer for layer in layers if layer.placement != "none"]
+    if normed:
+        kinds = sorted({n.kind for layer in normed for n in (layer.attn_norm, layer.mlp_norm) if n is not None})
+        reasons.append(
+            f"{normed[0].placement}-{'/'.join(kinds)} in {len(normed)} layer(s): Lipschitz constant ‖γ‖∞/√ε up to "
+            f"{worst:.4g} enters every Λ_k, so C is vacuous (the seed assumes LN-free blocks, MATH.md §10.1)"
+        )
+    final = 1.0
+    if final_norm is not None:
+        final = norm_lipschitz_constant(final_norm)
+        worst = max(worst, final)
+        reasons.append(f"final {final_norm.kind} (Lipschitz ‖γ‖∞/√ε = {final:.4g}) before the unembedding")
+    return reasons, per_block, final, worst
+
+
+def _structure_reasons(layers: Sequence[LayerWeights]) -> list[str]:
+    reasons = []
+    gated = [layer.index for layer in layers if layer.mlp.kind == "gated"]
+    if gated:
+        reasons.append(f"gated MLP in layer(s) {gated}: x ↦ W_out(act(W_gate x) ⊙ W_in x) is not globally Lipschitz")
+    if any(layer.attention.rotary is not None for layer in layers):
+        reasons.append(
+            "rotary positions: scores y_jᵀW_QᵀR_{r−j}W_K y_r are not the seed's fixed bilinear form (RoPE is "
+            "orthogonal, so it keeps queries and keys bounded; it is not what makes C vacuous)"
+        )
+    return reasons
+
+
+def not_applicable(*reasons: str) -> InfluenceCertificate:
+    """A certificate that only says why no C exists (no numbers)."""
+    return InfluenceCertificate(
+        applicable=False,
+        reasons=tuple(reasons),
+        masking="unmasked",
+        head_output="ov",
+        log10_constant=None,
+        log_polynomial=(math.nan,),
+        layers=(),
+        blocks=(),
+        embedding_norm=math.nan,
+        embedding_diameter=math.nan,
+        unembedding_spread=None,
+        max_length=None,
+        norm_lipschitz=None,
+    )
+
+
+def _adapter_certificate(adapter: Any) -> InfluenceCertificate:
+    """Reasons for a model attnsens cannot read embeddings from (transformers adapters): no numbers."""
+    layers = adapter.layers
+    reasons, _, _, worst = _norm_reasons(layers, None)
+    reasons += _structure_reasons(layers)
+    causal = any(layer.attention.causal for layer in layers)
+    if causal:
+        reasons.append("causal mask: the seed's proof is for unmasked rows (the causal variant adds (log n)^{L−1})")
+    spec = adapter.spec
+    if spec.rotary is None:
+        reasons.append(f"learned absolute positions exist only for n ≤ {spec.max_positions}")
+    reasons.append(f"{adapter.family} embeddings are not read by the certificate; it covers attnsens' own GPT")
+    return replace(not_applicable(*reasons), masking="causal" if causal else "unmasked", norm_lipschitz=worst or None)
+
+
+def certified_constant(
+    model: Any,
+    *,
+    head_output: HeadOutput = "ov",
+    token_embedding: Tensor | None = None,
+    positions: Any = None,
+    unembedding: Tensor | None = None,
+) -> InfluenceCertificate:
+    """C = E_L of MATH.md §10.3 with ‖y_n^{(L)} − y'_n^{(L)}‖₂ ≤ C/n for every n, inputs x, x' differing at i < n.
+
+    Args:
+        model: attnsens' own GPT, an adapter wrapping one, a CertificateInputs, or a list of LayerWeights
+            (then pass ``token_embedding`` [vocab, d_model] and optionally ``positions`` / ``unembedding``).
+        head_output: ``"ov"`` (V = O_h W_V, tighter) or ``"split"`` (MATH.md §10.4 form); both certified.
+
+    Returns:
+        An InfluenceCertificate; ``applicable`` is False (with ``reasons``) for models outside the theorem's
+        assumptions, whose ``log10_constant`` is then indicative only (MATH.md §10, §10.6).
+    """
+    if head_output not in ("ov", "split"):
+        raise ConfigError(f"head_output must be 'ov' or 'split', got {head_output!r}")
+    if isinstance(model, ModelAdapter) and not isinstance(model.module, GPT):
+        return _adapter_certificate(model)
+    inputs = certificate_inputs(model, token_embedding=token_embedding, positions=positions, unembedding=unembedding)
+    reasons, norm_factors, final_norm_factor, worst_norm = _norm_reasons(inputs.layers, inputs.final_norm)
+    reasons += _structure_reasons(inputs.layers)
+    gated = any(layer.mlp.kind == "gated" for layer in inputs.layers)
+    causal = {layer.attention.causal for layer in inputs.layers}
+    masking: Literal["unmasked", "causal"] = "causal" if True in causal else "unmasked"
+    blocks = tuple(
+        block_constants(layer, head_output=head_output, norm_lipschitz=factor)
+        for layer, factor in zip(inputs.layers, norm_factors, strict=True)
+    )
+    embedding_norm = float(inputs.positions.embedding_norm_upper_bound.max())
+    embedding_diameter = _max_distance_upper_bound(inputs.token_embedding)
+    log10_constant: float | None = None
+    rows: tuple[LayerBounds, ...] = ()
+    polynomial: LogPolynomial = (math.nan,)
+    if not gated:
+        rows = run_recursion(blocks, embedding_norm=embedding_norm, embedding_diameter=embedding_diameter)
+        polynomial = rows[-1].log_other_positions
+        log10_constant = log_poly_at(polynomial, 1.0) / _LN10 + math.log10(final_norm_factor)
+    spread = None if inputs.unembedding is None else _max_distance_upper_bound(inputs.unembedding)
+    return InfluenceCertificate(
+        applicable=not reasons,
+        reasons=tuple(reasons),
+        masking=masking,
+        head_output=head_output,
+        log10_constant=log10_constant,
+        log_polynomial=polynomial,
+        layers=rows,
+        blocks=blocks,
+        embedding_norm=embedding_norm,
+        embedding_diameter=embedding_diameter,
+        unembedding_spread=spread,
+        max_length=inputs.positions.max_length,
+        norm_lipschitz=worst_norm if worst_norm > 0 else None,
+    )

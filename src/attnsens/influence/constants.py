@@ -1,0 +1,149 @@
+"""Weight norms that enter the influence recursion: per head ‖G‖, ‖g‖, ‖V‖ and per block Λ_k, ‖f_k(0)‖.
+
+One LN-free residual block (MATH.md §10.4) maps the layer input y and the head outputs b_1…b_H to
+
+    f(y, b) = z + W₂ act(W₁ z + c₁) + c₂,   z = y + Σ_h O_h b_h + c_O,
+
+where O_h = W_O[:, h·d_head:(h+1)·d_head] is head h's block of the output projection. Two readings of the seed's
+"value matrix V_{k,h} and Lipschitz f_k" are valid, and both are implemented:
+
+* ``"ov"`` (default): V_h = O_h W_V^{(h)} (the OV circuit, d_model × d_model), b_h = Σ_r â_r V_h y_r, the value
+  biases folded into c_O ← b_O + Σ_h O_h b_V^{(h)}. Then ‖z − z'‖ ≤ ‖y − y'‖ + Σ_h ‖b_h − b'_h‖, so
+  Λ = 1 + ‖W₂‖ Lip(act) ‖W₁‖.
+* ``"split"``: V_h = W_V^{(h)}, b_h = Σ_r â_r (V_h y_r + b_V^{(h)}), f as in MATH.md §10.4. Then
+  ‖z − z'‖ ≤ ‖y − y'‖ + Σ_h ‖O_h‖ ‖b_h − b'_h‖ ≤ max(1, max_h ‖O_h‖)(‖y − y'‖ + Σ_h ‖b_h − b'_h‖), so
+  Λ = (1 + ‖W₂‖ Lip(act) ‖W₁‖) · max(1, max_h ‖O_h‖). MATH.md §10.4 writes ‖W_O‖ for max_h ‖O_h‖; that is
+  valid (a column block never has a larger spectral norm) but looser.
+
+Since ‖O_h W_V‖ ≤ ‖O_h‖‖W_V‖ and every quantity of the recursion is increasing in ‖V‖ and Λ, ``"ov"`` is never
+looser than ``"split"``.
+
+Scores with biases: s_jr = (W_Q y_j + b_Q)·(W_K y_r + b_K)/τ = y_jᵀ G y_r + gᵀ y_r + (terms constant in r), with
+G = W_Qᵀ W_K/τ and g = W_Kᵀ b_Q/τ. Softmax ignores terms constant along a row, so the key bias never matters and
+the query bias enters through ‖g‖ (MATH.md §10.3 step 2 with biases).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+from attnsens.geometry.norms import spectral_norm
+from attnsens.models.weights import LayerWeights, MLPWeights
+
+HeadOutput = Literal["ov", "split"]
+
+# Global Lipschitz constants sup|act'| rounded up: relu 1; gelu Φ(√2) + √2 φ(√2) = 1.128904;
+# tanh-gelu 1.128993; silu 1.099839 (tests check each against a dense grid of autograd derivatives).
+ACTIVATION_LIPSCHITZ: dict[str, float] = {"relu": 1.0, "gelu": 1.12891, "gelu_tanh": 1.12900, "silu": 1.09985}
+
+# SVD and float64 rounding: every computed norm is inflated by this relative amount so it stays an upper bound.
+NORM_ROUNDING_MARGIN = 1e-10
+
+
+@dataclass(frozen=True, kw_only=True)
+class HeadConstants:
+    """One head: ‖G‖ (score matrix incl. 1/τ), ‖g‖ (query-bias score vector), ‖V‖ and the constant ‖b_V‖ part."""
+
+    score_norm: float
+    query_bias_score_norm: float
+    value_norm: float
+    value_offset_norm: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockConstants:
+    """One block: Λ_k, ‖f_k(0)‖, whether attention is causal, and its heads."""
+
+    index: int
+    lipschitz: float
+    f_zero_norm: float
+    causal: bool
+    heads: tuple[HeadConstants, ...]
+
+
+def _upper(value: Tensor | float) -> float:
+    return float(value) * (1 + NORM_ROUNDING_MARGIN)
+
+
+def _activation(mlp: MLPWeights, x: Tensor) -> Tensor:
+    if mlp.activation == "relu":
+        return F.relu(x)
+    if mlp.activation == "silu":
+        return F.silu(x)
+    return F.gelu(x, approximate="tanh" if mlp.activation == "gelu_tanh" else "none")
+
+
+def mlp_lipschitz_upper_bound(mlp: MLPWeights) -> float:
+    """Lip(x ↦ W₂ act(W₁ x + c₁) + c₂) ≤ ‖W₂‖ Lip(act) ‖W₁‖ (MATH.md §2.7); ungated MLPs only."""
+    return _upper(spectral_norm(mlp.w_out) * ACTIVATION_LIPSCHITZ[mlp.activation] * spectral_norm(mlp.w_in))
+
+
+def block_constants(
+    layer: LayerWeights, *, head_output: HeadOutput = "ov", norm_lipschitz: float = 1.0
+) -> BlockConstants:
+    """Λ_k, ‖f_k(0)‖ and per-head ‖G‖, ‖g‖, ‖V‖ of one LN-free block (module docstring; MATH.md §10.4).
+
+    Args:
+        layer: normalized weights; norms, if any, are not applied (see ``norm_lipschitz``).
+        head_output: ``"ov"`` or ``"split"`` reading of the value map.
+        norm_lipschitz: factor multiplied into Λ_k, for the indicative (non-certified) constant of models whose
+            blocks contain norms (MATH.md §10.1: norms counted inside f_k with their Lipschitz constants).
+
+    Returns:
+        Upper bounds of every constant (each inflated by a relative 1e-10 against rounding).
+    """
+    attention = layer.attention.per_query_head()
+    f64 = torch.float64
+    w_q, w_k, w_v, w_o = (t.detach().to(f64) for t in (attention.w_q, attention.w_k, attention.w_v, attention.w_o))
+    n_head, d_head, d_model = w_q.shape
+    out_blocks = w_o.reshape(d_model, n_head, d_head).permute(1, 0, 2)  # [head, d_model, d_head]
+    if attention.rotary is None:
+        score_norms = spectral_norm(w_q.transpose(-2, -1) @ w_k / attention.tau)  # ‖G_h‖, G_h: [d_model, d_model]
+    else:
+        # Rotary scores y_jᵀ W_Qᵀ R_{r−j} W_K y_r have no fixed G; R is orthogonal, so ‖W_Q‖‖W_K‖/τ bounds them.
+        score_norms = spectral_norm(w_q) * spectral_norm(w_k) / attention.tau
+    if attention.b_q is None:
+        bias_norms = torch.zeros(n_head, dtype=f64)
+    else:
+        g = torch.einsum("hed,he->hd", w_k, attention.b_q.detach().to(f64)) / attention.tau  # [head, d_model]
+        bias_norms = torch.linalg.vector_norm(g, dim=-1)
+    b_v = torch.zeros(n_head, d_head, dtype=f64) if attention.b_v is None else attention.b_v.detach().to(f64)
+    c_o = torch.zeros(d_model, dtype=f64) if attention.b_o is None else attention.b_o.detach().to(f64)
+    mlp_lipschitz = mlp_lipschitz_upper_bound(layer.mlp)
+    if head_output == "ov":
+        value_norms = spectral_norm(out_blocks @ w_v)
+        offsets = torch.zeros(n_head, dtype=f64)
+        c_o = c_o + torch.einsum("hdk,hk->d", out_blocks, b_v)
+        lipschitz = 1.0 + mlp_lipschitz
+    else:
+        value_norms = spectral_norm(w_v)
+        offsets = torch.linalg.vector_norm(b_v, dim=-1)
+        lipschitz = (1.0 + mlp_lipschitz) * max(1.0, _upper(spectral_norm(out_blocks).max()))
+    mlp = layer.mlp
+    hidden = mlp.w_in.detach().to(f64) @ c_o
+    if mlp.b_in is not None:
+        hidden = hidden + mlp.b_in.detach().to(f64)
+    f_zero = c_o + mlp.w_out.detach().to(f64) @ _activation(mlp, hidden)
+    if mlp.b_out is not None:
+        f_zero = f_zero + mlp.b_out.detach().to(f64)
+    heads = tuple(
+        HeadConstants(
+            score_norm=_upper(score_norms[h]),
+            query_bias_score_norm=_upper(bias_norms[h]),
+            value_norm=_upper(value_norms[h]),
+            value_offset_norm=_upper(offsets[h]),
+        )
+        for h in range(n_head)
+    )
+    return BlockConstants(
+        index=layer.index,
+        lipschitz=_upper(lipschitz) * norm_lipschitz,
+        f_zero_norm=_upper(torch.linalg.vector_norm(f_zero)),
+        causal=attention.causal,
+        heads=heads,
+    )

@@ -1,0 +1,104 @@
+"""The influence experiment: certificate, measurement and slope of one model, as one table (MATH.md §10.5).
+
+The table has the columns of the ``influence`` results table (attnsens.store.schema), one row per
+(n, position kind), with the certified bound C/n beside the measured influence wherever a certificate applies.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from attnsens.errors import AttnsensError
+from attnsens.influence.certificate import InfluenceCertificate, certified_constant, not_applicable
+from attnsens.influence.measure import POSITION_KINDS, measure
+from attnsens.influence.slope import SlopeFit, fit_loglog_slope
+
+DEFAULT_LENGTHS = (16, 32, 64, 128, 256, 512, 1024, 2048)
+
+
+@dataclass(frozen=True, kw_only=True)
+class InfluenceResult:
+    """Certificate, per-(n, position kind) table with ``influence_upper_bound``, and the fitted log–log slope."""
+
+    model: str
+    certificate: InfluenceCertificate
+    table: pd.DataFrame
+    fit: SlopeFit
+
+    def per_length(self) -> pd.DataFrame:
+        """One row per n: worst position kind's influence and TV, and the certified bound (NaN where none)."""
+        grouped = self.table.groupby("n", as_index=False).agg(
+            influence=("influence_max", "max"),
+            influence_median=("influence_median", "max"),
+            certified_bound=("influence_upper_bound", "max"),
+            tv=("tv_max", "max"),
+        )
+        grouped["n_times_influence"] = grouped["n"] * grouped["influence"]
+        return grouped
+
+    def summary(self) -> dict[str, Any]:
+        """The ``--json`` payload: slope, CI, certified C (None when it overflows or does not apply), rows."""
+        cert = self.certificate
+        log10_c = cert.log10_constant if cert.applicable else None
+        constant = None if log10_c is None or log10_c > 308 else 10.0**log10_c
+        return {
+            "model": self.model,
+            "slope": self.fit.slope,
+            "slope_ci": list(self.fit.slope_ci),
+            "certified_C": constant if cert.masking == "unmasked" else None,
+            "log10_certified_C": log10_c,
+            "applicable": cert.applicable,
+            "masking": cert.masking,
+            "reasons": list(cert.reasons),
+            "indicative_log10_C": None if cert.applicable else cert.log10_constant,
+            "measured": [
+                {
+                    "n": int(row.n),
+                    "influence": float(row.influence),
+                    "certified_bound": float(row.certified_bound) if math.isfinite(row.certified_bound) else None,
+                    "tv": float(row.tv),
+                }
+                for row in self.per_length().itertuples()
+            ],
+        }
+
+    def write(self, out_dir: str | Path, *, run_id: str = "influence") -> Path:
+        """Write the table as ``OUT/influence/<model>.parquet`` (schema ``influence``) and record it in the manifest."""
+        from attnsens.store import Manifest
+
+        frame = self.table.copy()
+        frame.insert(0, "model", self.model)
+        frame.insert(0, "run_id", run_id)
+        slug = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.model)
+        return Manifest.open(out_dir).write_unit(
+            f"influence/{slug}.parquet", frame, schema="influence", metadata=self.summary()
+        )
+
+
+def run_influence(
+    model: Any,
+    lengths: Sequence[int] = DEFAULT_LENGTHS,
+    *,
+    name: str | None = None,
+    n_samples: int = 4,
+    positions: Sequence[str] = POSITION_KINDS,
+    seed: int = 0,
+    batch_size: int | None = None,
+) -> InfluenceResult:
+    """Certificate (or the reasons there is none), measured influence per length, and the log–log slope."""
+    try:
+        certificate = certified_constant(model)
+    except AttnsensError as err:
+        certificate = not_applicable(str(err))
+    table = measure(model, lengths, n_samples=n_samples, positions=positions, seed=seed, batch_size=batch_size)
+    table["influence_upper_bound"] = [
+        certificate.influence_upper_bound(int(n)) if certificate.applicable else math.nan for n in table["n"]
+    ]
+    label = name or getattr(model, "name", None) or type(model).__name__
+    return InfluenceResult(model=label, certificate=certificate, table=table, fit=fit_loglog_slope(table))
