@@ -4,6 +4,7 @@ from __future__ import annotations
 
 # Importing a command module registers its command on ``app``.
 from attnsens.cli import audit as _audit  # noqa: F401  (registers `audit`)
+from attnsens.cli import influence as _influence  # noqa: F401  (registers `influence`)
 from attnsens.cli import query as _query  # noqa: F401  (registers `query`)
 from attnsens.cli import report as _report  # noqa: F401  (registers `report`)
 from attnsens.cli import version as _version  # noqa: F401  (registers `version`)
