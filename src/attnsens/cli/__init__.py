@@ -7,6 +7,7 @@ from attnsens.cli import audit as _audit  # noqa: F401  (registers `audit`)
 from attnsens.cli import influence as _influence  # noqa: F401  (registers `influence`)
 from attnsens.cli import query as _query  # noqa: F401  (registers `query`)
 from attnsens.cli import report as _report  # noqa: F401  (registers `report`)
+from attnsens.cli import train as _train  # noqa: F401  (registers `train`)
 from attnsens.cli import version as _version  # noqa: F401  (registers `version`)
 from attnsens.cli.app import app
 

@@ -29,6 +29,25 @@ class TrainResult:
     grad_norms: list[dict]
 
 
+# Optimization defaults per preset: tiny trains on a CPU in minutes; the GPT-2 sizes follow MATH.md §9.3
+# (the batch is counted in blocks of max_positions tokens: 512 × 1024 ≈ 0.5M tokens).
+TRAIN_DEFAULTS: dict[str, dict[str, object]] = {
+    "tiny": {"batch_size": 16, "lr": 1e-3, "warmup_steps": 20},
+    "small": {"batch_size": 512, "lr": 6e-4, "warmup_steps": 2000},
+    "medium": {"batch_size": 512, "lr": 3e-4, "warmup_steps": 2000},
+    "large": {"batch_size": 512, "lr": 2.5e-4, "warmup_steps": 2000},
+}
+
+
+def preset_train_config(name: str, *, steps: int, **overrides: object) -> TrainConfig:
+    """TrainConfig with the preset's defaults (TRAIN_DEFAULTS), ``steps`` and any non-None overrides."""
+    values = {
+        **TRAIN_DEFAULTS.get(name, TRAIN_DEFAULTS["tiny"]),
+        **{k: v for k, v in overrides.items() if v is not None},
+    }
+    return TrainConfig(steps=steps, **values)
+
+
 def default_data_config(model_config: GPTConfig, **overrides: object) -> DataConfig:
     """A DataConfig whose tokenizer size and block length fit ``model_config``."""
     values = {"vocab_size": model_config.vocab_size, "block_size": model_config.max_positions, **overrides}

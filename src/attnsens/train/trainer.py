@@ -199,7 +199,7 @@ class Trainer:
         """Train up to ``train_config.steps``, checkpointing on the schedule. Returns {"training", "grad_norms"}."""
         config = self.train_config
         schedule = set(config.checkpoint_schedule)
-        if self.step == 0 and 0 in schedule and 0 not in saved_steps(self.run_dir):
+        if self.step == 0 and 0 in schedule:  # the same decision on every rank: _checkpoint ends in a barrier
             self._checkpoint()
         start = time.perf_counter() - self._elapsed
         autocast = torch.autocast("cuda", dtype=torch.bfloat16) if self.device.type == "cuda" else nullcontext()

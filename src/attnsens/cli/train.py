@@ -1,0 +1,64 @@
+"""``attnsens train``: train one seed of a preset GPT with log-spaced checkpoints (resumable, torchrun-ready)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from attnsens.cli.app import JsonOption, OutDirOption, app, console, domain_errors_exit, print_json
+
+
+@app.command()
+@domain_errors_exit
+def train(
+    out: OutDirOption,
+    config: Annotated[str, typer.Option("--config", help="GPT preset: tiny, small, medium or large.")] = "tiny",
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the initialization and the data order.")] = 0,
+    steps: Annotated[int, typer.Option("--steps", min=1, help="Optimizer steps.")] = 200,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", help="Blocks per step (preset default).")] = None,
+    lr: Annotated[float | None, typer.Option("--lr", help="Peak learning rate (preset default).")] = None,
+    warmup: Annotated[int | None, typer.Option("--warmup", help="Linear warmup steps (preset default).")] = None,
+    norm: Annotated[str, typer.Option("--norm", help="Block variant: pre, post, deepnorm or none.")] = "pre",
+    data: Annotated[Path | None, typer.Option("--data", help="Text file or folder (default: Shakespeare).")] = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the run in --out from its last checkpoint.")
+    ] = False,
+    device: Annotated[str | None, typer.Option("--device", help="cpu or cuda (default: cuda when present).")] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Train a GPT on text; checkpoints at steps 0, 1, 2, 4, … and the last. Multi-GPU/CPU: prefix with
+    `torchrun --nproc_per_node=N --no-python`."""
+    import torch.distributed as dist
+
+    from attnsens.train.model import preset
+    from attnsens.train.run import default_data_config, preset_train_config
+    from attnsens.train.run import train as train_run
+
+    model_config = preset(config, norm=norm)
+    train_config = preset_train_config(
+        config, steps=steps, seed=seed, batch_size=batch_size, lr=lr, warmup_steps=warmup
+    )
+    data_config = default_data_config(model_config, source=None if data is None else str(data))
+    result = train_run(model_config, train_config, data_config, out, resume=resume, device=device)
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return
+    last = result.training[-1]
+    summary = {
+        "run_dir": result.run_dir,
+        "final_step": result.final_step,
+        "checkpoints": result.checkpoint_steps,
+        "final_loss": last["loss"],
+        "final_eval_loss": last["eval_loss"],
+        "tokens_seen": last["tokens_seen"],
+    }
+    if as_json:
+        print_json(summary)
+        return
+    console.print(
+        f"trained {config} seed {seed}: step {result.final_step}, loss {last['loss']:.4f}, "
+        f"eval loss {last['eval_loss']:.4f}, checkpoints {result.checkpoint_steps}",
+        highlight=False,
+    )
+    console.print(str(result.run_dir), highlight=False, soft_wrap=True)

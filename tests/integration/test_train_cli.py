@@ -1,0 +1,38 @@
+"""``attnsens train``: a thin command over attnsens.train.run.train; domain errors become one line and exit 1."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from attnsens.cli import app
+from tests.unit.train.conftest import synthetic_text
+
+
+def test_train_then_resume_then_refuse_without_resume(tmp_path: Path) -> None:
+    corpus = tmp_path / "verse.txt"
+    corpus.write_text(synthetic_text(20_000))
+    out = tmp_path / "run"
+    args = ["train", "--config", "tiny", "--seed", "1", "--steps", "3", "--batch-size", "2", "--data", str(corpus)]
+    runner = CliRunner()
+
+    first = runner.invoke(app, [*args, "--out", str(out), "--json"])
+    assert first.exit_code == 0, first.output
+    summary = json.loads(first.output)
+    assert summary["final_step"] == 3 and summary["checkpoints"] == [0, 1, 2, 3]
+    assert (out / "training.parquet").exists() and (out / "tokenizer.json").exists()
+
+    again = runner.invoke(app, [*args, "--out", str(out), "--resume"])
+    assert again.exit_code == 0, again.output
+    assert again.output.strip().splitlines()[-1] == str(out)
+
+    refused = runner.invoke(app, [*args, "--out", str(out)])
+    assert refused.exit_code == 1
+    assert "pass --resume" in refused.output and "Traceback" not in refused.output
+
+
+def test_unknown_preset_is_one_line_error(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["train", "--config", "enormous", "--out", str(tmp_path)])
+    assert result.exit_code == 1 and "unknown GPT preset 'enormous'" in result.output

@@ -1,0 +1,87 @@
+"""DDP: two gloo processes under torchrun train the single-process run's global batch; rank 0 alone writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+
+from attnsens.train.checkpoint import load_model_state
+from tests.unit.train.conftest import synthetic_text
+
+SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from attnsens.train.data import DataConfig
+    from attnsens.train.model import GPTConfig
+    from attnsens.train.run import train
+    from attnsens.train.trainer import TrainConfig
+
+    corpus, out = sys.argv[1], sys.argv[2]
+    train(
+        GPTConfig(vocab_size=300, n_layer=2, n_head=2, d_model=16, d_ff=24, max_positions=16),
+        TrainConfig(steps=6, batch_size=4, lr=3e-3, warmup_steps=2, seed=3),
+        DataConfig(source=corpus, vocab_size=300, block_size=16, eval_sequences=3),
+        out,
+        run_id="ddp",
+        device="cpu",
+    )
+    """
+)
+
+
+def test_torchrun_two_processes_match_single_process(tmp_path: Path) -> None:
+    corpus = tmp_path / "verse.txt"
+    corpus.write_text(synthetic_text(6000))
+    script = tmp_path / "train_micro.py"
+    script.write_text(SCRIPT)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    launcher = subprocess.Popen(
+        [*torchrun, str(script), str(corpus), str(tmp_path / "ddp")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # so that a hang can be ended with the workers, not just the launcher
+    )
+    try:
+        output, _ = launcher.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        os.killpg(launcher.pid, signal.SIGKILL)
+        raise
+    assert launcher.returncode == 0, output[-3000:]
+    subprocess.run(
+        [sys.executable, str(script), str(corpus), str(tmp_path / "single")], env=env, check=True, timeout=180
+    )
+
+    ddp = pd.read_parquet(tmp_path / "ddp" / "training.parquet")
+    single = pd.read_parquet(tmp_path / "single" / "training.parquet")
+    torch.testing.assert_close(
+        torch.tensor(ddp["loss"].values), torch.tensor(single["loss"].values), rtol=1e-4, atol=1e-5
+    )
+    torch.testing.assert_close(
+        torch.tensor(ddp["grad_norm_global"].values),
+        torch.tensor(single["grad_norm_global"].values),
+        rtol=1e-4,
+        atol=1e-6,
+    )
+    final_ddp, final_single = load_model_state(tmp_path / "ddp", 6), load_model_state(tmp_path / "single", 6)
+    for name, tensor in final_single.items():
+        torch.testing.assert_close(final_ddp[name], tensor, rtol=1e-4, atol=1e-5)
+    manifest = json.loads((tmp_path / "ddp" / "checkpoints" / "manifest.json").read_text())
+    assert sorted(entry["step"] for entry in manifest.values()) == [0, 1, 2, 4, 6]
+    leftovers = [p.name for p in (tmp_path / "ddp" / "checkpoints").iterdir() if p.name.startswith(".")]
+    assert leftovers == []
+
+
+if not hasattr(torch.distributed, "is_available") or not torch.distributed.is_available():
+    pytestmark = pytest.mark.skip(reason="torch.distributed is not available in this build")
