@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from attnsens.errors import InputError
 from attnsens.report.style import (
@@ -94,7 +95,7 @@ def theta_lower_by_step_figure(summary: pd.DataFrame) -> Figure:
             ax.plot(part["step"], part["theta_lower_median"], color=color, marker="o", ms=2.5, label=label)
         ax.axhline(1.0, color=MUTED, lw=0.8, ls=":")
         ax.set_title(f"layer {layer}", loc="left")
-        step_axis(ax, steps)
+        step_axis(ax, steps, max_labels=4 if ncols > 4 else 5)
         ax.set_ylim(y_min, 1.02)
         if not ax.get_subplotspec().is_last_row():
             ax.set_xlabel("")
@@ -243,6 +244,8 @@ def layer_head_heatmap_figure(summary: pd.DataFrame, *, step: int | None = None)
         ax.grid(False)
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(label, loc="left")
         if n_layers * n_heads <= 144:
             for (layer, head), value in np.ndenumerate(grid):

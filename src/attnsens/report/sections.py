@@ -137,7 +137,14 @@ def theta_section(data: RunData) -> Section:
         "certificate stays near 1 in every layer and at every checkpoint; since the certificate is a lower bound, "
         "half the rows have a true θ at least the plotted median (MATH.md T2(f))."
     )
-    body = _figure(lambda: figures.theta_lower_by_step_figure(data.summary), caption, title="θ lower bound by layer")
+    # Many small panels are lighter as PNG than as SVG.
+    many_layers = data.overview.get("layers", 0) > 12
+    body = _figure(
+        lambda: figures.theta_lower_by_step_figure(data.summary),
+        caption,
+        title="θ lower bound by layer",
+        fmt_="png" if many_layers else "svg",
+    )
     return Section(anchor="theta", title="θ lower bound per layer and checkpoint", body=body)
 
 

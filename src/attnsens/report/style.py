@@ -104,16 +104,33 @@ def add_layer_colorbar(fig: Figure, axes: Any, layers: Sequence[int]) -> None:
     bar.outline.set_visible(False)
 
 
-def step_axis(ax: Axes, steps: Sequence[int]) -> None:
-    """Checkpoint steps on a symmetric-log x axis (linear near 0, so step 0 is shown) with the steps as ticks."""
+def step_axis(ax: Axes, steps: Sequence[int], *, max_labels: int = 8) -> None:
+    """Checkpoint steps on a symmetric-log x axis (linear near 0, so step 0 is shown) with the steps as ticks.
+
+    Every checkpoint gets a tick; at most ``max_labels`` of them, spread evenly along the drawn axis, are labelled.
+    """
     unique = sorted(set(int(s) for s in steps))
     positive = [s for s in unique if s > 0]
-    if positive and max(positive) / min(positive) >= 20:
+    symlog = bool(positive) and max(positive) / min(positive) >= 20
+    if symlog:
         ax.set_xscale("symlog", linthresh=min(positive), linscale=0.6)
-    if len(unique) <= 12:
-        ax.set_xticks(unique, labels=[f"{s:,}" for s in unique])
-        ax.minorticks_off()
     ax.set_xlabel("checkpoint step")
+    if len(unique) > 12:
+        return
+    where = np.array([_symlog(s, min(positive)) if symlog else float(s) for s in unique])
+    gap = (where[-1] - where[0]) / max(max_labels - 1, 1)
+    # Both ends first, then every checkpoint far enough from those already labelled.
+    labelled: set[int] = set()
+    for index in sorted(range(len(unique)), key=lambda i: (i not in (0, len(unique) - 1), i)):
+        if all(abs(where[index] - where[j]) >= 0.999 * gap for j in labelled):
+            labelled.add(index)
+    ax.set_xticks(unique, labels=[f"{s:,}" if i in labelled else "" for i, s in enumerate(unique)])
+    ax.minorticks_off()
+
+
+def _symlog(value: float, linthresh: float) -> float:
+    """Position of ``value`` on a symlog axis (linear below linthresh, logarithmic above), up to scale."""
+    return value / linthresh if value <= linthresh else 1.0 + np.log10(value / linthresh)
 
 
 def layer_axis(ax: Axes) -> None:
