@@ -1,0 +1,66 @@
+"""SmolLM2-135M (GGUF, Llama family, GQA 9:3, RoPE, RMSNorm): rows, weights and an audit on the real model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import attnsens.models as M
+from tests.reference.model_oracles import block_plain
+from tests.unit.models.test_weights import _as_oracle_block
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> M.ModelAdapter:
+    return M.load("smollm2")
+
+
+def test_spec_of_the_shipped_model(smollm2) -> None:
+    spec = smollm2.spec
+    assert smollm2.family == "llama"
+    assert (spec.n_layer, spec.n_head, spec.n_kv_head, spec.d_head, spec.d_model) == (30, 9, 3, 64, 576)
+    assert (spec.placement, spec.norm, spec.rotary.base) == ("pre", "rmsnorm", 100000.0)
+
+
+def test_rows_match_eager_attention(smollm2) -> None:
+    ids = smollm2.encode("Now is the winter of our discontent made glorious summer by this sun of York; " * 3)
+    layers = [0, 13, 29]
+    chunks = list(smollm2.stream_attention(ids, layers=layers, chunk_size=16))
+    model = smollm2.module
+    model.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            reference = model(input_ids=ids, output_attentions=True).attentions
+    finally:
+        model.set_attn_implementation("sdpa")
+    for chunk in chunks:
+        expected = reference[chunk.layer][:, :, chunk.query_positions[0]]
+        torch.testing.assert_close(chunk.probs, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_weights_reproduce_block_zero_including_gguf_rope_layout(smollm2) -> None:
+    """The q/k rows of a GGUF file are permuted for interleaved RoPE; the adapter's weights with rotate-half
+    RoPE must still reproduce the block."""
+    ids = smollm2.encode("To be, or not to be")
+    inputs = smollm2.layer_inputs(ids)
+    got = block_plain(inputs[0].block_input[0].double(), _as_oracle_block(smollm2.layers[0]))
+    torch.testing.assert_close(got, inputs[1].block_input[0].double(), rtol=1e-3, atol=1e-3)
+
+
+def test_cli_audit_on_smollm2(smollm2, tmp_path, monkeypatch) -> None:
+    from attnsens.cli import app
+
+    monkeypatch.setitem(M.ALIASES, "smollm2", lambda **kwargs: smollm2)  # reuse the loaded model
+
+    text = tmp_path / "text.txt"
+    text.write_text("Friends, Romans, countrymen, lend me your ears; I come to bury Caesar, not to praise him. " * 8)
+    result = CliRunner().invoke(
+        app,
+        ["audit", "smollm2", "--text", str(text), "--seq-len", "64", "--out", str(tmp_path / "run")],
+        env={"COLUMNS": "160"},
+    )
+    assert result.exit_code == 0, result.output
+    assert "median θ lower bound" in result.output
