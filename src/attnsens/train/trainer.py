@@ -5,8 +5,9 @@ LayerNorm gains, biases, or the token/position embeddings — the token embeddin
 the gradient's global ℓ2 norm is clipped to 1.0; bf16 autocast on CUDA only (fp32 master weights), full fp32 on
 CPU so that a resumed run is bit-identical to an uninterrupted one.
 
-Observers are named callbacks, objects with any of ``on_step_end(trainer, record)`` and
-``on_checkpoint(trainer, step, path)``; ``trainer.model`` is the bare GPT, ``trainer.inputs`` the step's batch.
+Observers are named callbacks, objects with any of ``on_step_end(step, model, batch)`` (after the optimizer
+update; ``batch`` is the step's input ids) and ``on_checkpoint(step, model, path)``; ``model`` is the bare GPT.
+``attnsens.capture.SensitivityMonitor`` is such an object.
 Under ``torchrun`` every rank trains its share of the global batch and rank 0 alone writes.
 """
 
@@ -222,7 +223,7 @@ class Trainer:
             record = self._record(loss, lr, global_norm, norms, time.perf_counter() - start)
             for callback in self.callbacks:
                 if hasattr(callback, "on_step_end"):
-                    callback.on_step_end(self, record)
+                    callback.on_step_end(self.step, self.model, self.inputs)
             if self.step in schedule:
                 self._elapsed = time.perf_counter() - start
                 record["eval_loss"] = self.evaluate()
@@ -292,7 +293,7 @@ class Trainer:
             )
             for callback in self.callbacks:
                 if hasattr(callback, "on_checkpoint"):
-                    callback.on_checkpoint(self, self.step, path)
+                    callback.on_checkpoint(self.step, self.model, path)
         if self.world_size > 1:
             dist.barrier()
 

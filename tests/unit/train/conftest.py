@@ -6,6 +6,7 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 
 from attnsens.train.model import GPTConfig
 
@@ -16,6 +17,15 @@ def synthetic_text(n_words: int, seed: int = 0) -> str:
     rng = random.Random(seed)
     lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 9))) for _ in range(n_words // 6)]
     return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Micro models gain nothing from intra-op threads, and on a busy 2-core machine spinning threads cost 10×."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")
