@@ -15,6 +15,7 @@ from attnsens.report.figures import (
 )
 from attnsens.report.figures_bounds import (
     bounds_figure,
+    grad_norms_figure,
     influence_figure,
     ln_condition_figure,
     norm_products_figure,
@@ -27,6 +28,7 @@ __all__ = [
     "build_report",
     "concentration_figure",
     "dominant_fraction_figure",
+    "grad_norms_figure",
     "influence_figure",
     "layer_head_heatmap_figure",
     "ln_condition_figure",

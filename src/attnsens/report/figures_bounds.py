@@ -54,6 +54,29 @@ def training_figure(training: pd.DataFrame) -> Figure:
     return fig
 
 
+@styled
+def grad_norms_figure(grad_norms: pd.DataFrame) -> Figure:
+    """Per-group gradient ℓ2 norms vs step: one panel per parameter group, one line per layer (mean over seeds)."""
+    frame = require_columns(grad_norms, ("step", "layer", "group", "grad_norm"), "grad_norms_figure")
+    groups = sorted(frame["group"].unique())
+    ncols = min(len(groups), 4)
+    nrows = -(-len(groups) // ncols)
+    fig = Figure(figsize=(10.5, 0.4 + 2.6 * nrows), layout="constrained")
+    axes = fig.subplots(nrows, ncols, sharex=True, squeeze=False)
+    for ax in axes.flat[len(groups) :]:
+        ax.set_visible(False)
+    colors = layer_colors(frame["layer"].unique())
+    means = frame.groupby(["group", "layer", "step"], as_index=False)["grad_norm"].mean()
+    for ax, group in zip(axes.flat, groups, strict=False):
+        for layer, part in means[means["group"] == group].groupby("layer"):
+            ax.plot(part["step"], part["grad_norm"], color=colors[int(layer)], lw=1.1)
+        ax.set_yscale("log")
+        ax.set_title(str(group), loc="left")
+        ax.set_xlabel("step")
+    add_layer_colorbar(fig, axes, frame["layer"].unique())
+    return fig
+
+
 def _layer_level(bounds: pd.DataFrame, step: int | None) -> tuple[pd.DataFrame, int]:
     """Layer-level bound records (head = -1) at ``step`` (default: the last), averaged over seeds."""
     frame = require_columns(bounds, ("step", "seed", "layer", "head"), "bounds figure")

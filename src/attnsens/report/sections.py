@@ -206,6 +206,14 @@ def training_section(data: RunData) -> Section:
         "per seed: the context in which the attention statistics above were measured."
     )
     body = _figure(lambda: figures_bounds.training_figure(data.training), caption, title="Training")
+    if data.grad_norms is not None and not data.grad_norms.empty:
+        body += _figure(
+            lambda: figures_bounds.grad_norms_figure(data.grad_norms),
+            "Gradient ℓ2 norm of each parameter group before clipping, per layer (colour: depth; layer −1 = "
+            "parameters outside the blocks), mean over seeds: where the gradient signal sits while attention "
+            "changes (MATH.md §9.5).",
+            title="Gradient norms by parameter group",
+        )
     return Section(anchor="training", title="Training", body=body)
 
 

@@ -11,6 +11,7 @@ from attnsens.report import (
     bounds_figure,
     concentration_figure,
     dominant_fraction_figure,
+    grad_norms_figure,
     influence_figure,
     layer_head_heatmap_figure,
     ln_condition_figure,
@@ -28,11 +29,12 @@ from tests.unit.store.synthetic import N_LAYERS, bounds_frame, influence_frame, 
 @pytest.fixture(scope="module")
 def frames():
     rows = rows_frame()
-    training, _ = training_frames()
+    training, grad_norms = training_frames()
     return {
         "rows": rows,
         "summary": summarize_rows(rows),
         "training": training,
+        "grad_norms": grad_norms,
         "bounds": bounds_frame(),
         "influence": influence_frame(),
     }
@@ -56,6 +58,7 @@ CASES = [
     (theta_vs_pmax_figure, "rows"),
     (layer_head_heatmap_figure, "summary"),
     (training_figure, "training"),
+    (grad_norms_figure, "grad_norms"),
     (bounds_figure, "bounds"),
     (norm_products_figure, "bounds"),
     (ln_condition_figure, "bounds"),

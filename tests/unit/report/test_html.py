@@ -105,9 +105,11 @@ def test_summary_is_derived_from_rows_when_absent(run_dir, tmp_path):
 
 
 def test_cli_writes_atomically_to_out_and_prints_the_path_last(run_dir, tmp_path):
+    small = tmp_path / "small"
+    shutil.copytree(run_dir / "influence", small / "influence")
     runner = CliRunner()
     out = tmp_path / "deep" / "cli.html"
-    result = runner.invoke(app, ["report", str(run_dir), "--out", str(out)])
+    result = runner.invoke(app, ["report", str(small), "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert result.output.strip().splitlines()[-1] == str(out)
     assert [p.name for p in out.parent.iterdir()] == ["cli.html"]
