@@ -22,7 +22,7 @@ from attnsens.theta._validation import check_tensor, raise_for_status, row_statu
 from attnsens.theta.methods import ThetaMethod
 
 Precision = Literal["float32", "float64"]
-Backend = Literal["auto", "numba", "torch"]
+Backend = Literal["auto", "numba", "torch", "triton"]
 
 STOP_DISTANCE = {"float32": 2.0**-13.5, "float64": 2.0**-28}
 """Refinement stops once d ≤ this: then 4d² is below half an ulp of θ ≈ 1 in that format (THETA_ALGORITHMS §1)."""
@@ -112,7 +112,8 @@ def certify(
             "float64" at d ≤ 2^-28.
         normalize: renormalise each row by its float64 sum instead of checking it.
         tolerance: largest accepted |s − 1| when ``normalize`` is False.
-        backend: "auto" (numba on CPU tensors when importable, torch otherwise), "numba" or "torch".
+        backend: "auto" (triton on CUDA tensors and numba on CPU tensors when importable, torch otherwise),
+            "numba", "torch" or "triton" (CUDA tensors; CPU tensors under ``TRITON_INTERPRET=1``).
 
     Returns:
         ThetaCertificate on the device of ``p`` with lower ≤ θ ≤ upper for every row (THETA_ALGORITHMS.md §1,
@@ -161,13 +162,20 @@ def run_cascade(
         raise_for_status(status, rows, leading, dim, tolerance)
         rows = rows.to(torch.float64) / sums.unsqueeze(-1)
 
-    if kernels is None:
-        from attnsens.theta._torch_path import certify_rows_torch
+    def cascade(sub: torch.Tensor, cpu_kernels: ModuleType | None = kernels) -> dict[str, torch.Tensor]:
+        if cpu_kernels is None:
+            from attnsens.theta._torch_path import certify_rows_torch
 
-        out = certify_rows_torch(rows, stop_distance, mitm_max_support, not normalize, tolerance)
+            return certify_rows_torch(sub, stop_distance, mitm_max_support, not normalize, tolerance)
+        return _certify_rows_numba(cpu_kernels, sub, stop_distance, mitm_max_support, ckk_node_budget,
+                                   ckk_max_support, not normalize, tolerance)  # fmt: skip
+
+    if _uses_triton(backend, p.device):
+        on_cpu = functools.partial(cascade, cpu_kernels=_numba_kernels())
+        gpu = _triton_kernels()
+        out = gpu.certify_rows_triton(rows, stop_distance, mitm_max_support, not normalize, tolerance, on_cpu)
     else:
-        out = _certify_rows_numba(kernels, rows, stop_distance, mitm_max_support, ckk_node_budget,
-                                  ckk_max_support, not normalize, tolerance)  # fmt: skip
+        out = cascade(rows)
     raise_for_status(out["status"], rows, leading, dim, tolerance)
 
     lower, upper = theta_enclosure(out["row_sum"], out["d_found"], out["d_lb"], out["err"])
@@ -194,9 +202,32 @@ def _numba_kernels() -> ModuleType | None:
     return kernels
 
 
+@functools.cache
+def _triton_kernels() -> ModuleType | None:
+    """The Triton kernel, imported on first use; None when triton is not importable."""
+    try:
+        from attnsens.theta import _triton_kernel as kernels
+    except ImportError:
+        return None
+    return kernels
+
+
+def _uses_triton(backend: Backend, device: torch.device) -> bool:
+    """Whether rows go to the Triton kernel: asked for explicitly, or "auto" on a CUDA tensor with triton."""
+    if backend != "triton":
+        return backend == "auto" and device.type == "cuda" and _triton_kernels() is not None
+    kernels = _triton_kernels()
+    if kernels is None:
+        raise ConfigError("backend='triton' requested but triton is not importable; install triton or use 'auto'")
+    if not kernels.runs_on(device):
+        raise ConfigError(f"backend='triton' cannot run on device {device}: use a CUDA tensor, set TRITON_INTERPRET=1 "
+                          "before importing triton (CPU tensors), or use backend='auto'")  # fmt: skip
+    return True
+
+
 def _select_backend(backend: Backend, device: torch.device) -> ModuleType | None:
-    if backend not in ("auto", "numba", "torch"):
-        raise ConfigError(f"backend={backend!r} is not one of 'auto', 'numba', 'torch'")
+    if backend not in ("auto", "numba", "torch", "triton"):
+        raise ConfigError(f"backend={backend!r} is not one of 'auto', 'numba', 'torch', 'triton'")
     if backend == "torch":
         return None
     if device.type != "cpu":

@@ -39,6 +39,9 @@ class ThetaMethod(IntEnum):
     """complete Karmarkar–Karp reached the threshold or ran out of nodes; interval may be wide."""
     SORTED_GREEDY = 11
     """torch path: greedy balancing in descending order reached the threshold or was the last stage run."""
+    PREFIX_BEST_FIT = 12
+    """GPU kernel: tail prefix (original order) into the best top-8 target, 8 best-fit rounds and the best single
+    overshoot reached the threshold (THETA_ALGORITHMS.md §3 "pbf", §7)."""
 
     @property
     def is_exact(self) -> bool:

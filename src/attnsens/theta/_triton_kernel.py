@@ -1,0 +1,253 @@
+"""Triton θ certificate: the one-pass stage of the cascade on the GPU, one program per row (THETA_ALGORITHMS.md §7).
+
+Each program loads its row once, keeps it in registers and produces the same five per-row numbers as the CPU
+kernels (ŝ, p_max, d̂, d̂_lb, E; ``_numba_kernels`` docstring) plus the method and the validation status:
+
+    sum, support size, p_max and the row quantum q      (float64 accumulation)
+    top-8 by 8 masked argmax rounds, the 256 top-8 subset sums → d_lb, the endpoint subsets, the target
+        g = t − p(T) ∈ [0, r] nearest r/2               (dominant atom / K-atom exact regimes, §1)
+    tail fill without a sort ("pbf", §3): prefix of the tail in original order up to the first element that
+        overflows g, then ``ROUNDS`` rounds "largest unused tail element ≤ gap", then the best single overshoot.
+
+Every distance is the absolute value of a computed signed sum of distinct stored values and t = ŝ/2 with at
+most n + 16 float64 additions (scan and tree reductions included), so the rounding radius E of the CPU kernels
+applies unchanged and ``theta_enclosure`` turns the numbers into a rigorous interval. Rows the kernel cannot
+finish — support ≤ ``mitm_max_support`` (solved exactly on the CPU), or best d above the stop distance and not
+proved exact — get method 0, are compacted, and are finished by the CPU cascade passed in as ``finish``.
+
+The float32 quantum differs from the CPU kernels' only for subnormal p_min, where 2^-149 (which divides every
+float32) replaces 2^(e_min − 24); the exact-sum criterion ŝ ≤ 2^52·q fails for such rows either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import triton
+import triton.language as tl
+
+from attnsens.theta._enclosure import UNIT_ROUNDOFF
+from attnsens.theta._torch_path import K_SMALL
+from attnsens.theta.methods import RowStatus, ThetaMethod
+
+BEST_FIT_ROUNDS = 8
+MAX_KEYS = 16384
+"""Longest row kept in registers; longer rows go to ``finish`` whole."""
+SMALLEST_EXACT_SUM = 2.0**-1000
+"""The exact-sum criterion also asks ŝ ≥ 2^-1000 (``_numba_kernels._error_radius``)."""
+ERROR_RADIUS_SLACK = 1.0 + 2.0**-10
+
+RowCascade = Callable[[torch.Tensor], dict[str, torch.Tensor]]
+
+
+@triton.jit
+def _pow2(k):
+    """2^k as float64 for integer k in [−1022, 1023], built from the exponent bits."""
+    return ((k + 1023).to(tl.int64) << 52).to(tl.float64, bitcast=True)
+
+
+@triton.jit
+def _log2_quantum(raw, x, positive, EXACT_QUANTUM: tl.constexpr):
+    """Per row, log2 of a power of two q dividing every value of the row (int64).
+
+    float64 rows: the lowest set mantissa bit over the row; float32 rows: 2^(e_min − 24) from the smallest
+    non-zero (2^-149 when it is subnormal).
+    """
+    if EXACT_QUANTUM:
+        bits = x.to(tl.int64, bitcast=True)
+        biased = (bits >> 52) & 0x7FF
+        mantissa = bits & 0xFFFFFFFFFFFFF
+        mantissa = tl.where(biased > 0, mantissa | (1 << 52), mantissa)
+        lowest = (mantissa & (-mantissa)).to(tl.float64)
+        lowest_exp = ((lowest.to(tl.int64, bitcast=True) >> 52) & 0x7FF) - 1023
+        per_key = lowest_exp + tl.maximum(biased, 1) - 1075
+        return tl.min(tl.where(positive, per_key, 1 << 20), axis=1)
+    p_min = tl.min(tl.where(positive, raw, float("inf")), axis=1)
+    biased = (p_min.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    return (tl.maximum(biased, 1) - 150).to(tl.int64)
+
+
+@triton.jit
+def _certificate_kernel(
+    x_ptr, n_rows, stride_row, n_keys, params_ptr, mitm_max,
+    row_sum_ptr, p_max_ptr, d_found_ptr, d_lb_ptr, err_ptr, method_ptr, status_ptr,
+    CHECK_SUM: tl.constexpr, EXACT_QUANTUM: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+    K: tl.constexpr, ROUNDS: tl.constexpr, UNIT: tl.constexpr, SLACK: tl.constexpr,
+    DOMINANT: tl.constexpr, K_ATOM: tl.constexpr, PERFECT: tl.constexpr, PREFIX_BEST_FIT: tl.constexpr,
+    NON_FINITE: tl.constexpr, NEGATIVE: tl.constexpr, EMPTY: tl.constexpr, BAD_SUM: tl.constexpr,
+):  # fmt: skip
+    """``ROWS`` rows per program, each row a [BLOCK] slice in registers; every per-row quantity is a [ROWS] vector."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    row_ok = rows < n_rows
+    stop_d = tl.load(params_ptr)
+    tolerance = tl.load(params_ptr + 1)
+    smallest_exact_sum = tl.load(params_ptr + 2)
+    inf = float("inf")
+
+    offs = tl.arange(0, BLOCK)
+    keys = offs[None, :]
+    in_row = row_ok[:, None] & (keys < n_keys)
+    raw = tl.load(x_ptr + rows.to(tl.int64)[:, None] * stride_row + keys, mask=in_row, other=0.0)
+    x = raw.to(tl.float64)
+    positive = x > 0.0
+    s = tl.sum(x, axis=1)
+    n = tl.sum(positive.to(tl.int32), axis=1)
+    p_max = tl.max(tl.where(positive, x, 0.0), axis=1)
+    t = 0.5 * s
+
+    non_finite = tl.max(((x != x) | (tl.abs(x) == inf)).to(tl.int32), axis=1) > 0
+    negative = tl.max((x < 0.0).to(tl.int32), axis=1) > 0
+    status = tl.where(non_finite, NON_FINITE, tl.where(negative, NEGATIVE, tl.where(n == 0, EMPTY, 0)))
+    if CHECK_SUM:
+        status = tl.where((status == 0) & (tl.abs(s - 1.0) > tolerance), BAD_SUM, status)
+
+    # Rounding radius E (``_numba_kernels._error_radius``): 0 when ŝ ≤ 2^52·q makes every partial sum exact.
+    log2_q = _log2_quantum(raw, x, positive, EXACT_QUANTUM)
+    exact_sums = (s >= smallest_exact_sum) & (s <= _pow2(tl.minimum(tl.maximum(log2_q + 52, -1022), 1023)))
+    err = tl.where(exact_sums, 0.0, (2.0 * n.to(tl.float64) + 16.0) * UNIT * s * SLACK)
+    q = tl.where(log2_q >= -1022, _pow2(tl.minimum(tl.maximum(log2_q, -1022), 1023)), 0.0)
+
+    # Top-K atoms by K masked argmax rounds; subset_sums[T] = Σ_{k ∈ T} top_k in ascending k (as the CPU path).
+    masks = tl.arange(0, 1 << K)[None, :]
+    subset_sums = tl.zeros([ROWS, 1 << K], dtype=tl.float64)
+    top_sum = tl.zeros([ROWS], dtype=tl.float64)
+    is_top = x < 0.0
+    available = tl.where(positive, x, -1.0)
+    for k in tl.static_range(K):
+        v, i = tl.max(available, axis=1, return_indices=True)
+        v = tl.maximum(v, 0.0)
+        hit = (keys == i[:, None]) & (available > 0.0)
+        is_top = is_top | hit
+        available = tl.where(hit, -1.0, available)
+        subset_sums += tl.where(((masks >> k) & 1) == 1, v[:, None], 0.0)
+        top_sum += v
+    rest = s - top_sum
+
+    # Top-K relaxation: d_lb = min_T dist(t, [p(T), p(T) + r]); the endpoints T and T ∪ tail are real subsets.
+    lo = subset_sums - t[:, None]
+    hi = t[:, None] - (subset_sums + rest[:, None])
+    d_end = tl.minimum(tl.min(tl.abs(lo), axis=1), tl.min(tl.abs(hi), axis=1))
+    d_lb = tl.min(tl.where(lo > 0.0, lo, tl.where(hi > 0.0, hi, 0.0)), axis=1)
+    targets = t[:, None] - subset_sums
+    score = tl.where((lo <= 0.0) & (hi <= 0.0), tl.abs(targets - 0.5 * rest[:, None]), inf)
+    best_score, best_mask = tl.min(score, axis=1, return_indices=True)
+    has_target = best_score < inf
+    g = tl.sum(tl.where(masks == best_mask[:, None], targets, 0.0), axis=1)
+
+    # Tail fill into g: prefix in original order up to the first overflow, best-fit rounds, best overshoot.
+    tail = positive & (~is_top)
+    prefix = tl.cumsum(tl.where(tail, x, 0.0), axis=1)
+    first_over = tl.min(tl.where(tail & (prefix > g[:, None]), keys, BLOCK), axis=1)
+    fill = tl.sum(tl.where(keys == first_over[:, None] - 1, prefix, 0.0), axis=1)
+    used = tail & (keys < first_over[:, None])
+    gap = g - fill
+    for _ in tl.static_range(ROUNDS):
+        candidates = tl.where(tail & (~used) & (x <= gap[:, None]), x, -1.0)
+        v, i = tl.max(candidates, axis=1, return_indices=True)
+        used = used | ((keys == i[:, None]) & (candidates > 0.0))
+        fill = tl.where(v > 0.0, fill + v, fill)
+        gap = g - fill
+    d_over = tl.min(tl.where(tail & (~used), tl.abs(x - gap[:, None]), inf), axis=1)
+    d_fill = tl.where(has_target, tl.minimum(tl.abs(gap), d_over), inf)
+    d_heuristic = tl.minimum(d_end, d_fill)
+
+    d_dominant = p_max - t
+    dominant = d_dominant > err
+    k_atom = (~dominant) & (d_lb > err)
+    open_row = (~dominant) & (~k_atom)
+    perfect = open_row & (err == 0.0) & (2.0 * d_heuristic <= q)
+    reached = open_row & (~perfect) & (d_heuristic <= stop_d)
+    method = tl.where(dominant, DOMINANT, tl.where(k_atom, K_ATOM, tl.where(perfect, PERFECT, 0)))
+    method = tl.where(reached, PREFIX_BEST_FIT, method)
+    method = tl.where((n > mitm_max) & (status == 0), method, 0)
+    d_found = tl.where(dominant, d_dominant, tl.where(k_atom, d_lb, d_heuristic))
+    d_lb = tl.where(dominant, d_dominant, tl.where(perfect, d_heuristic, d_lb))
+
+    tl.store(row_sum_ptr + rows, s, mask=row_ok)
+    tl.store(p_max_ptr + rows, p_max, mask=row_ok)
+    tl.store(d_found_ptr + rows, d_found, mask=row_ok)
+    tl.store(d_lb_ptr + rows, d_lb, mask=row_ok)
+    tl.store(err_ptr + rows, err, mask=row_ok)
+    tl.store(method_ptr + rows, method.to(tl.int8), mask=row_ok)
+    tl.store(status_ptr + rows, status.to(tl.int8), mask=row_ok)
+
+
+def certify_rows_triton(
+    rows: torch.Tensor,
+    stop_distance: float,
+    mitm_max_support: int,
+    check_sum: bool,
+    tolerance: float,
+    finish: RowCascade,
+) -> dict[str, torch.Tensor]:
+    """Per-row ŝ, p_max, d̂, d̂_lb, E, method and status for ``rows`` [row, key] (float32/float64), on its device.
+
+    Args:
+        stop_distance: a row is finished once its best subset has d ≤ this.
+        mitm_max_support: rows with at most this many non-zeros are left to ``finish`` (exact there).
+        check_sum, tolerance: flag rows with |ŝ − 1| > tolerance as BAD_SUM.
+        finish: the CPU cascade, called once on the [m, key] CPU tensor of the rows left open; returns the same
+            dictionary for them.
+
+    Returns:
+        The dictionary of ``_numba_kernels.certify_rows``' outputs (d̂_lb − E ≤ d* ≤ d̂ + E for every valid row).
+    """
+    rows = rows.contiguous()
+    if rows.shape[-1] > MAX_KEYS:
+        return {name: value.to(rows.device) for name, value in finish(rows.cpu()).items()}
+    out = kernel_pass(rows, stop_distance, mitm_max_support, check_sum, tolerance)
+    open_rows = torch.nonzero((out["status"] == 0) & (out["method"] == 0)).flatten()
+    if open_rows.numel() > 0:
+        finished = finish(rows[open_rows].cpu())
+        for name, value in finished.items():
+            out[name][open_rows] = value.to(rows.device)
+    return out
+
+
+def kernel_pass(
+    rows: torch.Tensor, stop_distance: float, mitm_max_support: int, check_sum: bool, tolerance: float
+) -> dict[str, torch.Tensor]:
+    """One launch of the kernel on contiguous ``rows`` [row, key ≤ MAX_KEYS]; open rows keep method 0."""
+    n_rows, n_keys = rows.shape
+    device = rows.device
+    out = {name: torch.empty(n_rows, dtype=torch.float64, device=device)
+           for name in ("row_sum", "p_max", "d_found", "d_lb", "err")}  # fmt: skip
+    out["method"] = torch.empty(n_rows, dtype=torch.int8, device=device)
+    out["status"] = torch.empty(n_rows, dtype=torch.int8, device=device)
+    if n_rows == 0:
+        return out
+    params = torch.tensor([stop_distance, tolerance, SMALLEST_EXACT_SUM], dtype=torch.float64, device=device)
+    block = max(16, triton.next_power_of_2(n_keys))
+    rows_per_program, num_warps = launch_shape(block, interpreted=device.type == "cpu")
+    _certificate_kernel[(triton.cdiv(n_rows, rows_per_program),)](
+        rows, n_rows, rows.stride(0), n_keys, params, mitm_max_support,
+        out["row_sum"], out["p_max"], out["d_found"], out["d_lb"], out["err"], out["method"], out["status"],
+        CHECK_SUM=check_sum, EXACT_QUANTUM=rows.dtype == torch.float64, ROWS=rows_per_program, BLOCK=block,
+        K=K_SMALL, ROUNDS=BEST_FIT_ROUNDS, UNIT=UNIT_ROUNDOFF, SLACK=ERROR_RADIUS_SLACK,
+        DOMINANT=int(ThetaMethod.DOMINANT_ATOM), K_ATOM=int(ThetaMethod.K_ATOM_RELAXATION),
+        PERFECT=int(ThetaMethod.PERFECT_PARTITION), PREFIX_BEST_FIT=int(ThetaMethod.PREFIX_BEST_FIT),
+        NON_FINITE=int(RowStatus.NON_FINITE), NEGATIVE=int(RowStatus.NEGATIVE), EMPTY=int(RowStatus.EMPTY),
+        BAD_SUM=int(RowStatus.BAD_SUM), num_warps=num_warps,
+    )  # fmt: skip
+    return out
+
+
+def runs_on(device: torch.device) -> bool:
+    """CUDA devices always; CPU tensors only when the kernel was built by Triton's interpreter (TRITON_INTERPRET=1
+    set before triton was imported)."""
+    if device.type == "cuda":
+        return True
+    return device.type == "cpu" and not isinstance(_certificate_kernel, triton.runtime.jit.JITFunction)
+
+
+def launch_shape(block: int, *, interpreted: bool) -> tuple[int, int]:
+    """(rows per program, warps per program) for rows padded to ``block`` keys.
+
+    On the GPU about 2048 keys per program (one warp per 1024-key row holds 32 values per lane, §7), at most 16
+    rows; the interpreter runs programs one after another, so it takes many rows per program.
+    """
+    if interpreted:
+        return max(1, min(64, 16384 // block)), 1
+    rows_per_program = max(1, min(16, 2048 // block))
+    return rows_per_program, max(1, min(16, rows_per_program * block // 512))
