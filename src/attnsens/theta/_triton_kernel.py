@@ -206,9 +206,17 @@ def certify_rows_triton(
 
 
 def kernel_pass(
-    rows: torch.Tensor, stop_distance: float, mitm_max_support: int, check_sum: bool, tolerance: float
+    rows: torch.Tensor,
+    stop_distance: float,
+    mitm_max_support: int,
+    check_sum: bool,
+    tolerance: float,
+    launch: tuple[int, int] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """One launch of the kernel on contiguous ``rows`` [row, key ≤ MAX_KEYS]; open rows keep method 0."""
+    """One launch of the kernel on contiguous ``rows`` [row, key ≤ MAX_KEYS]; open rows keep method 0.
+
+    ``launch`` = (rows per program, warps) overrides ``launch_shape`` (for tuning on a GPU).
+    """
     n_rows, n_keys = rows.shape
     device = rows.device
     out = {name: torch.empty(n_rows, dtype=torch.float64, device=device)
@@ -219,7 +227,7 @@ def kernel_pass(
         return out
     params = torch.tensor([stop_distance, tolerance, SMALLEST_EXACT_SUM], dtype=torch.float64, device=device)
     block = max(16, triton.next_power_of_2(n_keys))
-    rows_per_program, num_warps = launch_shape(block, interpreted=device.type == "cpu")
+    rows_per_program, num_warps = launch or launch_shape(block, interpreted=device.type == "cpu")
     _certificate_kernel[(triton.cdiv(n_rows, rows_per_program),)](
         rows, n_rows, rows.stride(0), n_keys, params, mitm_max_support,
         out["row_sum"], out["p_max"], out["d_found"], out["d_lb"], out["err"], out["method"], out["status"],

@@ -42,7 +42,7 @@ class ThetaCertificate:
         exact: bool; the optimal bisection d* is proved, and [lower, upper] is the float64 enclosure of that
             one real number: width ≤ 2^-49·max(1, s) when the row's sums are error-free in float64 (values
             multiples of a quantum q with s ≤ 2^52·q, e.g. float32 rows with p_min ≥ 2^-29), otherwise width
-            ≤ 16·d*·E + 2^-49·max(1, s) with E ≤ (2n + 16)·2^-53·s the rounding radius (n = support size).
+            ≤ (16·d* + 4)·E + 2^-49·max(1, s) with E ≤ (2n + 16)·2^-53·s the rounding radius (n = support size).
         method: int8 ``ThetaMethod`` code of the stage where refinement stopped.
         row_sum: float64 computed row sum s (of the normalised row when ``normalize=True``).
         p_max: float64 largest stored value.

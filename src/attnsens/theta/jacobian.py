@@ -46,9 +46,13 @@ def softmax_jacobian_inf_to_one_norm(
     p = torch.softmax(x, dim)
     cert = certify(p, dim, precision=precision, tolerance=1e-6, backend=backend)
 
+    # Masked keys (u = −inf) get p = 0 exactly and do not enter the rounding analysis.
     n_keys = x.shape[dim]
-    spread = (x - x.amax(dim, keepdim=True)).abs().amax(dim)
-    eta = UNIT_ROUNDOFF * (x.abs().amax(dim) + spread) * (1.0 + 2.0**-20) + (n_keys + 8) * UNIT_ROUNDOFF * cert.row_sum
+    finite = torch.isfinite(x)
+    x_max = x.amax(dim, keepdim=True)
+    spread = torch.where(finite, x - x_max, 0.0).abs().amax(dim)
+    magnitude = torch.where(finite, x, 0.0).abs().amax(dim)
+    eta = UNIT_ROUNDOFF * (magnitude + spread) * (1.0 + 2.0**-20) + (n_keys + 8) * UNIT_ROUNDOFF * cert.row_sum
     slack = torch.nextafter((2.0 + cert.row_sum + eta) * eta * (1.0 + 2.0**-20), torch.tensor(torch.inf))
     lower = torch.nextafter((cert.lower - slack).clamp(min=0.0) / tau, torch.tensor(-torch.inf)).clamp(min=0.0)
     upper = torch.nextafter((cert.upper + slack) / tau, torch.tensor(torch.inf))

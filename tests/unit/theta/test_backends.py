@@ -1,0 +1,89 @@
+"""numba vs torch agreement, dtype/shape/dim/device handling, and the import-weight rule."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from attnsens.theta import ThetaCertificate, ThetaMethod, certify
+from tests.unit.theta.rows import softmax_rows, sums_error_free, with_zeros
+
+
+def _mixed_rows() -> torch.Tensor:
+    blocks = [softmax_rows(40, 97, sigma, seed=i) for i, sigma in enumerate((0.5, 1.0, 2.0, 4.0, 8.0))]
+    blocks.append(with_zeros(softmax_rows(40, 97, 2.0, seed=9), 0.85, seed=9))
+    return torch.cat(blocks)
+
+
+def test_numba_and_torch_agree() -> None:
+    """Both intervals contain θ, so they overlap; rows both prove exact carry the same enclosure."""
+    rows = _mixed_rows()
+    a = certify(rows, backend="numba")
+    b = certify(rows, backend="torch")
+    assert bool((a.lower <= b.upper).all() and (b.lower <= a.upper).all())
+    torch.testing.assert_close(a.row_sum, b.row_sum, rtol=0, atol=1e-13)
+    torch.testing.assert_close(a.p_max, b.p_max, rtol=0, atol=0)
+    both = a.exact & b.exact
+    assert int(both.sum()) >= 60
+    for i in torch.nonzero(both).flatten().tolist():
+        if sums_error_free(rows[i]):
+            assert float(a.lower[i]) == float(b.lower[i]) and float(a.upper[i]) == float(b.upper[i])
+        else:
+            torch.testing.assert_close(a.lower[i], b.lower[i], rtol=0, atol=1e-12)
+    # the torch path is allowed to be weaker, never sharper than what numba proves
+    assert bool((b.exact & ~a.exact).sum() == 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_accepted_dtypes(dtype: torch.dtype) -> None:
+    p = softmax_rows(5, 33, 1.0, seed=1, dtype=torch.float64).to(dtype)
+    cert = certify(p, tolerance=1e-2)
+    assert cert.lower.dtype == torch.float64 and cert.upper.dtype == torch.float64
+    assert cert.exact.dtype == torch.bool and cert.method.dtype == torch.int8
+    assert cert.row_sum.dtype == torch.float64 and cert.p_max.dtype == torch.float64
+    torch.testing.assert_close(cert.p_max, p.to(torch.float64).amax(-1), rtol=0, atol=0)
+
+
+def test_shapes_and_dim() -> None:
+    """Leading shape [batch=2, head=3, query=5] kept; certifying along dim=1 equals moving that axis last."""
+    p = softmax_rows(30, 7, 2.0, seed=2).reshape(2, 3, 5, 7)
+    cert = certify(p)
+    assert cert.shape == (2, 3, 5) and cert.lower.shape == cert.upper.shape == (2, 3, 5)
+    moved = certify(p.permute(0, 3, 1, 2).contiguous(), dim=1)
+    torch.testing.assert_close(moved.lower, cert.lower, rtol=0, atol=0)
+    torch.testing.assert_close(moved.upper, cert.upper, rtol=0, atol=0)
+    single = certify(p[1, 2, 4])
+    assert single.shape == () and float(single.lower) == float(cert.lower[1, 2, 4])
+    assert isinstance(cert[1], ThetaCertificate) and cert[1].shape == (3, 5)
+    empty = certify(torch.zeros(0, 4))
+    assert empty.shape == (0,)
+
+
+def test_device_is_kept_and_torch_backend_runs_on_it() -> None:
+    p = softmax_rows(4, 11, 1.0, seed=3)
+    for backend in ("auto", "torch"):
+        cert = certify(p.to("cpu"), backend=backend)
+        assert all(t.device == p.device for t in (cert.lower, cert.upper, cert.exact, cert.method))
+
+
+def test_convenience_properties() -> None:
+    p = torch.tensor([[0.5, 0.5, 0.0], [0.7, 0.2, 0.1]])
+    cert = certify(p)
+    torch.testing.assert_close(cert.width, cert.upper - cert.lower)
+    assert cert.dominant.tolist() == [True, True]
+    assert cert.method_names()[1] in {m.name for m in ThetaMethod}
+    assert len(cert) == 2
+
+
+def test_import_does_not_load_heavy_modules() -> None:
+    code = (
+        "import sys, attnsens.theta\n"
+        "heavy = [m for m in ('numba', 'transformers', 'pyarrow', 'duckdb', 'matplotlib', 'typer') "
+        "if m in sys.modules]\n"
+        "print(','.join(heavy))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""

@@ -1,0 +1,72 @@
+"""exact(): proved-optimal θ against exact oracles; TooHardError when a row cannot be proved."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+import torch
+
+from attnsens.errors import TooHardError
+from attnsens.theta import certify, exact
+from tests.reference.theta_oracles import theta_dyadic_meet_in_the_middle, theta_fraction
+from tests.unit.theta.rows import softmax_rows
+
+
+def _dyadic_rows(n_rows: int, support: int, length: int, bits: int, seed: int) -> tuple[torch.Tensor, list]:
+    """Rows of random `bits`-bit integers scaled by one power of two (exact float64 values), zero-padded."""
+    gen = torch.Generator().manual_seed(seed)
+    rows, cases = [], []
+    for _ in range(n_rows):
+        ints = torch.randint(1, 2**bits, (support,), generator=gen, dtype=torch.int64)
+        exponent = int(ints.sum()).bit_length()
+        row = torch.zeros(length, dtype=torch.float64)
+        row[torch.randperm(length, generator=gen)[:support]] = ints.to(torch.float64) / 2.0**exponent
+        rows.append(row)
+        cases.append(([int(v) for v in ints.tolist()], exponent))
+    return torch.stack(rows), cases
+
+
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+def test_small_rows_match_enumeration(backend: str) -> None:
+    rows = softmax_rows(12, 15, 1.5, seed=11, dtype=torch.float32)
+    values = exact(rows, backend=backend)
+    cert = certify(rows, backend=backend)
+    for i, row in enumerate(rows):
+        theta = theta_fraction(row.tolist())
+        assert abs(Fraction(float(values[i])) - theta) <= Fraction(2.0**-52)
+        assert float(cert.lower[i]) <= float(values[i]) <= float(cert.upper[i])
+
+
+@pytest.mark.parametrize("support", [26, 33, 38])
+def test_meet_in_the_middle_up_to_48_matches_integer_oracle(support: int) -> None:
+    rows, cases = _dyadic_rows(3, support, 61, bits=30, seed=support)
+    values = exact(rows, tolerance=1.0)
+    for value, (ints, exponent) in zip(values.tolist(), cases, strict=True):
+        theta = theta_dyadic_meet_in_the_middle(ints, exponent)
+        assert abs(Fraction(value) - theta) <= Fraction(2.0**-52)
+
+
+def test_ckk_proves_rows_beyond_48() -> None:
+    """Few distinct magnitudes: CKK (or the K-atom relaxation) proves these 60-key rows quickly."""
+    gen = torch.Generator().manual_seed(4)
+    heavy = torch.tensor([0.31, 0.29, 0.2], dtype=torch.float64)
+    tail = torch.rand(57, generator=gen, dtype=torch.float64)
+    row = torch.cat([heavy, 0.2 * tail / tail.sum()])
+    value = exact(row, tolerance=1e-9)
+    cert = certify(row)
+    assert float(cert.lower) <= float(value) <= float(cert.upper)
+
+
+def test_too_hard_names_rows_and_fix() -> None:
+    rows = softmax_rows(3, 200, 1.0, seed=5, dtype=torch.float64)
+    with pytest.raises(TooHardError, match=r"3 of 3 rows.*row 0, 200 non-zero keys.*node_budget"):
+        exact(rows, node_budget=1)
+
+
+@pytest.mark.slow
+def test_meet_in_the_middle_at_48() -> None:
+    rows, cases = _dyadic_rows(1, 48, 48, bits=20, seed=48)
+    value = float(exact(rows, tolerance=1.0)[0])
+    ints, exponent = cases[0]
+    assert abs(Fraction(value) - theta_dyadic_meet_in_the_middle(ints, exponent)) <= Fraction(2.0**-52)

@@ -1,0 +1,139 @@
+"""Soundness (lower ≤ θ ≤ upper, exactly, for the real θ of the stored values) and the exact-flag claim."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+import torch
+
+from attnsens.theta import ThetaMethod, certify
+from tests.reference.theta_oracles import theta_fraction
+from tests.unit.theta.rows import adversarial_rows, error_radius, softmax_rows, sums_error_free, with_zeros
+
+BACKENDS = ("numba", "torch")
+SIGMAS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+
+
+def assert_certificate_sound(lower: float, upper: float, theta: Fraction, label: str) -> None:
+    """lower ≤ θ ≤ upper with θ an exact rational: no tolerance at all."""
+    assert Fraction(lower) <= theta <= Fraction(upper), f"{label}: θ={float(theta)!r} ∉ [{lower!r}, {upper!r}]"
+
+
+def assert_exact_width(row: torch.Tensor, lower: float, upper: float, label: str) -> None:
+    """Documented width of an exact row: 2^-49·max(1, s), plus (16·d* + 4)·E ≤ (8s + 4)·E when sums carry rounding."""
+    s = float(row.to(torch.float64).sum())
+    allowed = 2.0**-49 * max(1.0, s)
+    if not sums_error_free(row):
+        allowed += (8.0 * s + 4.0) * error_radius(row) + 8 * error_radius(row) ** 2
+    assert upper - lower <= allowed, f"{label}: exact row width {upper - lower:.3g} > {allowed:.3g}"
+
+
+def check_rows(rows: torch.Tensor, backend: str, precision: str, labels: list[str], tolerance: float = 1e-3) -> None:
+    cert = certify(rows, precision=precision, backend=backend, tolerance=tolerance)
+    for i, row in enumerate(rows):
+        lower, upper = float(cert.lower[i]), float(cert.upper[i])
+        label = f"{labels[i]} [{backend}, {precision}]"
+        assert_certificate_sound(lower, upper, theta_fraction(row.tolist()), label)
+        if bool(cert.exact[i]):
+            assert_exact_width(row, lower, upper, label)
+        if int((row != 0).sum()) <= 24:
+            assert bool(cert.exact[i]), f"{label}: support ≤ 24 must be solved exactly"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("precision", ["float32", "float64"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_random_softmax_rows_contain_theta(backend: str, precision: str, dtype: torch.dtype) -> None:
+    blocks, labels = [], []
+    for j, sigma in enumerate(SIGMAS):
+        for length in (1, 2, 3, 7, 13, 16):
+            rows = softmax_rows(2, length, sigma, seed=100 * j + length, dtype=dtype)
+            if length >= 3:
+                rows = with_zeros(rows, 0.3, seed=j + length)
+            blocks.append(torch.nn.functional.pad(rows, (0, 16 - length)))
+            labels += [f"softmax σ={sigma} L={length}"] * 2
+    check_rows(torch.cat(blocks), backend, precision, labels)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_adversarial_families_contain_theta(backend: str, dtype: torch.dtype) -> None:
+    for length in (5, 16):
+        families = adversarial_rows(length, seed=length)
+        rows = torch.tensor(list(families.values()), dtype=dtype)
+        check_rows(rows, backend, "float32", [f"{name} L={length}" for name in families], tolerance=1.0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_uniform_rows_long_closed_form(backend: str) -> None:
+    """Uniform over k stored atoms v: d* = 0 (k even) or v/2 (k odd), so θ = k·v − (k mod 2)·v², exactly."""
+    length = 1021
+    rows, thetas = [], []
+    for k in (2, 3, 14, 15, 16, 17, 64, 101, 1000, 1021):
+        v = torch.tensor(1.0 / k, dtype=torch.float32)
+        row = torch.zeros(length, dtype=torch.float32)
+        row[torch.randperm(length, generator=torch.Generator().manual_seed(k))[:k]] = v
+        rows.append(row)
+        fv = Fraction(float(v))
+        thetas.append(k * fv - (k % 2) * fv * fv)
+    cert = certify(torch.stack(rows), backend=backend)
+    for i, theta in enumerate(thetas):
+        assert_certificate_sound(float(cert.lower[i]), float(cert.upper[i]), theta, f"uniform row {i}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dominant_rows_long_closed_form(backend: str) -> None:
+    """p_max ≥ s/2 ⇒ θ = s − (2·p_max − s)² (MATH.md T2(a)), proved and enclosed tightly."""
+    tail = softmax_rows(6, 300, 1.0, seed=3, dtype=torch.float64)
+    heavy = torch.tensor([0.5, 0.5 + 1e-7, 0.6, 0.8, 0.95, 0.999], dtype=torch.float64)
+    rows = torch.cat([heavy.unsqueeze(-1), tail * (1 - heavy).unsqueeze(-1)], dim=-1)
+    cert = certify(rows, backend=backend)
+    for i, row in enumerate(rows):
+        s = sum(Fraction(v) for v in row.tolist())
+        theta = s - (2 * Fraction(float(row[0])) - s) ** 2
+        assert_certificate_sound(float(cert.lower[i]), float(cert.upper[i]), theta, f"dominant row {i}")
+        if i > 0:
+            assert bool(cert.exact[i]) and int(cert.method[i]) == ThetaMethod.DOMINANT_ATOM
+            assert_exact_width(row, float(cert.lower[i]), float(cert.upper[i]), f"dominant row {i}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_planted_perfect_partition_long_rows(backend: str) -> None:
+    """Dyadic rows made of equal pairs: d* = 0 and θ = s exactly; the upper bound must not fall below s."""
+    gen = torch.Generator().manual_seed(7)
+    rows = []
+    for _ in range(8):
+        half = torch.randint(1, 2**20, (200,), generator=gen).to(torch.float64)
+        ints = torch.cat([half, half])[torch.randperm(400, generator=gen)]
+        rows.append(ints / 2.0 ** torch.ceil(torch.log2(ints.sum())))
+    rows = torch.stack(rows)
+    cert = certify(rows, backend=backend, tolerance=1.0)
+    for i, row in enumerate(rows):
+        s = sum(Fraction(v) for v in row.tolist())
+        assert_certificate_sound(float(cert.lower[i]), float(cert.upper[i]), s, f"planted row {i}")
+
+
+def test_meta_oracle_catches_a_wrong_kernel() -> None:
+    """The soundness check fails for a kernel that measures distances to 1/2 instead of s/2."""
+    row = torch.tensor([0.3006, 0.3, 0.2, 0.2], dtype=torch.float64)
+    s = row.sum()
+    sums = torch.tensor([0.0, 0.3006, 0.3, 0.6006, 0.2, 0.5006, 0.5, 0.8006, 0.2, 0.5006, 0.5, 0.8006, 0.4, 0.7006,
+                         0.7, 1.0006], dtype=torch.float64)  # fmt: skip
+    wrong = float(s - 4.0 * (sums - 0.5).abs().min() ** 2)
+    with pytest.raises(AssertionError):
+        assert_certificate_sound(wrong, wrong, theta_fraction(row.tolist()), "wrong kernel")
+
+
+def test_meta_oracle_catches_a_wrong_exact_claim() -> None:
+    """A prefix-at-½ subset presented as exact is caught by the exact rational θ on a short row."""
+    row = [0.4, 0.3, 0.2, 0.1]
+    prefix = 0.0
+    for v in row:
+        if prefix + v >= 0.5:
+            d = min(0.5 - prefix, prefix + v - 0.5)
+            break
+        prefix += v
+    claimed = 1.0 - 4.0 * d**2
+    with pytest.raises(AssertionError):
+        assert_certificate_sound(claimed, claimed, theta_fraction(row), "prefix claimed exact")
