@@ -134,7 +134,7 @@ def _read_manifest(root: Path) -> dict[str, Any] | None:
         return None
 
 
-def _with_overview(data: RunData, connection: Any, tables: dict[str, str]) -> RunData:
+def _with_overview(data: RunData, connection: Any, tables: dict[str, Any]) -> RunData:
     """Models, runs, seeds, audited checkpoints, layer/head counts and record counts across all tables."""
     overview: dict[str, Any] = {"records": {}}
     for name in tables:

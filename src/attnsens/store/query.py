@@ -1,20 +1,26 @@
 """DuckDB SQL over a run directory: every table of the run is a view named after it.
 
-A table is a directory of Parquet files directly under the run directory (``RUN_DIR/rows/**/*.parquet``,
-possibly nested per seed or step) or a single file ``RUN_DIR/<table>.parquet``. Files of one table are read
-together with ``union_by_name``, so files written by different versions with extra nullable columns combine.
+Every ``*.parquet`` file below the run directory belongs to one table: the table recorded in its attnsens
+metadata (files written with ``write_parquet(..., schema=...)``), otherwise the first directory below the run
+directory whose name is an identifier (``rows/seed=0/step=000100.parquet`` → ``rows``), otherwise the file's
+own name (``seed=0/training.parquet`` → ``training``). So a table may be a directory of files, nested per seed
+or step, single files, or both. Files of one table are read together with ``union_by_name``, so files written
+by different versions with extra nullable columns combine.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
+import pyarrow.parquet as pq
 
 from attnsens.errors import FileFormatError, QueryError
+from attnsens.store.parquet import METADATA_KEY
 
 if TYPE_CHECKING:
     import duckdb
@@ -22,24 +28,38 @@ if TYPE_CHECKING:
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-def discover_tables(run_dir: str | os.PathLike[str]) -> dict[str, str]:
-    """Tables of ``run_dir``: view name → DuckDB glob of its Parquet files. FileFormatError if the dir is missing."""
+def discover_tables(run_dir: str | os.PathLike[str]) -> dict[str, list[Path]]:
+    """Tables of ``run_dir``: view name → its Parquet files (sorted). FileFormatError if the dir is missing."""
     root = Path(run_dir)
     if not root.is_dir():
         raise FileFormatError(f"run directory {str(root)!r} does not exist; pass the --out directory of a run")
-    tables: dict[str, str] = {}
-    for entry in sorted(root.iterdir()):
-        if entry.name.startswith(".") or not _IDENTIFIER.match(entry.stem):
+    tables: dict[str, list[Path]] = {}
+    for path in sorted(root.rglob("*.parquet")):
+        parts = path.relative_to(root).parts
+        if any(part.startswith(".") for part in parts) or not path.is_file():
             continue
-        if entry.is_dir() and any(p.is_file() and not p.name.startswith(".") for p in entry.rglob("*.parquet")):
-            tables[entry.name] = (entry / "**" / "*.parquet").as_posix()
-        elif entry.is_file() and entry.suffix == ".parquet" and entry.stem not in tables:
-            tables[entry.stem] = entry.as_posix()
-    return tables
+        name = _table_name(path, parts)
+        if name is not None:
+            tables.setdefault(name, []).append(path)
+    return dict(sorted(tables.items()))
 
 
-def connect(run_dir: str | os.PathLike[str]) -> tuple[duckdb.DuckDBPyConnection, dict[str, str]]:
-    """An in-memory DuckDB connection with one view per table of ``run_dir``, and the table globs.
+def _table_name(path: Path, parts: tuple[str, ...]) -> str | None:
+    try:
+        raw = (pq.read_schema(path).metadata or {}).get(METADATA_KEY)
+        recorded = json.loads(raw).get("table") if raw else None
+    except (OSError, ValueError):
+        recorded = None
+    if isinstance(recorded, str) and _IDENTIFIER.match(recorded):
+        return recorded
+    for directory in parts[:-1]:
+        if _IDENTIFIER.match(directory):
+            return directory
+    return path.stem if _IDENTIFIER.match(path.stem) else None
+
+
+def connect(run_dir: str | os.PathLike[str]) -> tuple[duckdb.DuckDBPyConnection, dict[str, list[Path]]]:
+    """An in-memory DuckDB connection with one view per table of ``run_dir``, and the tables' files.
 
     Raises FileFormatError when the directory is missing or holds no Parquet tables.
     """
@@ -51,16 +71,19 @@ def connect(run_dir: str | os.PathLike[str]) -> tuple[duckdb.DuckDBPyConnection,
             f"no Parquet tables under {str(run_dir)!r} (expected e.g. rows/*.parquet); run audit or study first"
         )
     connection = duckdb.connect(":memory:")
-    for name, pattern in tables.items():
-        quoted = pattern.replace("'", "''")
+    for name, files in tables.items():
+        listed = ", ".join("'" + file.as_posix().replace("'", "''") + "'" for file in files)
         try:
             connection.execute(
                 f'CREATE VIEW "{name}" AS SELECT * FROM '
-                f"read_parquet('{quoted}', union_by_name = true, hive_partitioning = false)"
+                f"read_parquet([{listed}], union_by_name = true, hive_partitioning = false)"
             )
         except duckdb.Error as err:
             connection.close()
-            raise FileFormatError(f"cannot read table {name!r} at {pattern!r}: {_one_line(err)}; rewrite it") from None
+            raise FileFormatError(
+                f"cannot read table {name!r} ({len(files)} file(s) under {str(run_dir)!r}): {_one_line(err)}; "
+                "rewrite or remove the bad file"
+            ) from None
     return connection, tables
 
 

@@ -180,6 +180,13 @@ BOUNDS = TableSchema(
         _f("ln_contraction_ratio_median", "median over tokens of ‖γ‖_∞ / σ(x) at the norm input (T6)"),
         _f("residual_jacobian_upper_bound", "certified bound of the residual-stream Jacobian through the layer (T8)"),
         _f("residual_jacobian_estimate", "empirical residual-stream Jacobian norm through the layer (T8)"),
+        _f("mha_local_paper_form_upper_bound", "‖W_O‖ Σ_h (‖W_V^h‖ + θ̃_h Φ_h/τ) at the actual input (T5 form)"),
+        _f("mha_length_dependent_upper_bound", "the local chain without θ: θ replaced by n_keys/2 (baseline)"),
+        _f("pre_ln_residual_jacobian_estimate", "estimate of ‖∂X_{k+1}/∂X_k‖ for the pre-LN arrangement (T8)"),
+        _f("post_ln_residual_jacobian_estimate", "estimate of ‖∂X_{k+1}/∂X_k‖ for the post-LN arrangement (T8)"),
+        _f("branch_jacobian_estimate", "estimate of the pre-LN branch norm ‖∂X_{k+1}/∂X_k − I‖ (T8)"),
+        _f("ln_only_product_upper_bound", "Π over layers 0..ℓ of max_t ‖γ‖_∞/σ(y_t): bound of the LN-only term (T6)"),
+        _f("expansion_remainder_upper_bound", "Π(1 + ‖J_k‖) − 1 − Σ‖J_k‖ over layers 0..ℓ, pre-LN (T8)"),
     ),
     key=("run_id", "step", "seed", "layer", "head"),
 )

@@ -36,6 +36,35 @@ def test_nested_and_top_level_files_are_read(tmp_path):
     assert query(tmp_path, "SELECT c FROM single").c.tolist() == [4]
 
 
+def test_tables_are_found_by_metadata_or_path_in_any_layout(tmp_path):
+    training = {
+        "run_id": ["r"],
+        "seed": [0],
+        "step": [1],
+        "loss": [2.0],
+        "lr": [0.1],
+        "grad_norm_global": [1.0],
+        "tokens_seen": [8],
+        "wall_time_s": [0.1],
+    }
+    for seed in (0, 1):
+        write_parquet({**training, "seed": [seed]}, tmp_path / f"seed={seed}" / "log.parquet", schema="training")
+        write_parquet({"x": [seed]}, tmp_path / f"seed={seed}" / "extra" / "part.parquet")
+    write_parquet({"y": [1]}, tmp_path / f"seed={seed}" / "loose.parquet")
+    (tmp_path / ".hidden").mkdir()
+    write_parquet({"z": [1]}, tmp_path / ".hidden" / "t.parquet")
+    tables = discover_tables(tmp_path)
+    assert {name: len(files) for name, files in tables.items()} == {"extra": 2, "loose": 1, "training": 2}
+    assert query(tmp_path, "SELECT seed FROM training ORDER BY seed").seed.tolist() == [0, 1]
+
+
+def test_a_corrupt_file_is_named(tmp_path):
+    write_parquet({"a": [1]}, tmp_path / "t" / "good.parquet")
+    (tmp_path / "t" / "bad.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(FileFormatError, match="cannot read table 't'"):
+        query(tmp_path, "SELECT * FROM t")
+
+
 def test_errors(tmp_path, run_dir):
     with pytest.raises(FileFormatError, match="does not exist"):
         query(tmp_path / "nope", "SELECT 1")
