@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from attnsens.errors import ConfigError, UnsupportedModelError
+from attnsens.geometry.blocks import norm_lipschitz_upper_bound
 from attnsens.influence.constants import BlockConstants, HeadOutput, block_constants
 from attnsens.influence.inputs import certificate_inputs
 from attnsens.influence.recursion import LayerBounds, LogPolynomial, log_poly_at, run_recursion
@@ -88,6 +89,14 @@ class InfluenceCertificate:
     def influence_upper_bound(self, n: int, *, tightened: bool = False) -> float:
         """The certified bound on ‖Δy_n‖₂ at length n as a float (inf on overflow)."""
         return _pow10(self.log10_influence_upper_bound(n, tightened=tightened))
+
+    @property
+    def log10_probability_constant(self) -> float:
+        """log10 of spread·C/2, the constant of ‖p − p'‖₁ ≤ spread·C/(2n) (unmasked; module docstring)."""
+        self._require()
+        if self.unembedding_spread is None:
+            raise ConfigError("no unembedding was given, so no probability bound; pass unembedding=[vocab, d_model]")
+        return math.log10(self.unembedding_spread / 2) + self.log10_constant
 
     def log10_probability_change_upper_bound(self, n: int) -> float:
         """log10 of the bound on ‖p − p'‖₁ at length n: spread · ‖Δy_n‖/2 (module docstring)."""
@@ -158,9 +167,8 @@ def _max_distance_upper_bound(rows: Tensor) -> float:
 
 
 def norm_lipschitz_constant(norm: NormWeights) -> float:
-    """Global Lipschitz constant ‖γ‖∞/√ε of LayerNorm/RMSNorm (ℓ2 → ℓ2; attained at constant inputs)."""
-    gamma_inf = float(norm.gamma.detach().abs().max())
-    return math.inf if norm.eps == 0 else gamma_inf / math.sqrt(norm.eps)
+    """Global Lipschitz constant ‖γ‖∞/√ε of LayerNorm/RMSNorm (MATH.md T6; sharp up to 1 − 1/d at constant x)."""
+    return float(norm_lipschitz_upper_bound(norm))
 
 
 def _norm_reasons(
@@ -264,9 +272,13 @@ def certified_constant(
     gated = any(layer.mlp.kind == "gated" for layer in inputs.layers)
     causal = {layer.attention.causal for layer in inputs.layers}
     masking: Literal["unmasked", "causal"] = "causal" if True in causal else "unmasked"
-    blocks = tuple(
-        block_constants(layer, head_output=head_output, norm_lipschitz=factor)
-        for layer, factor in zip(inputs.layers, norm_factors, strict=True)
+    blocks = (
+        ()
+        if gated
+        else tuple(
+            block_constants(layer, head_output=head_output, norm_lipschitz=factor)
+            for layer, factor in zip(inputs.layers, norm_factors, strict=True)
+        )
     )
     embedding_norm = float(inputs.positions.embedding_norm_upper_bound.max())
     embedding_diameter = _max_distance_upper_bound(inputs.token_embedding)

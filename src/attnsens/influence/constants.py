@@ -30,16 +30,13 @@ from typing import Literal
 
 import torch
 from torch import Tensor
-from torch.nn import functional as F
 
+from attnsens.geometry.blocks import ffn_lipschitz_upper_bound
+from attnsens.geometry.layers import activation
 from attnsens.geometry.norms import spectral_norm
-from attnsens.models.weights import LayerWeights, MLPWeights
+from attnsens.models.weights import LayerWeights
 
 HeadOutput = Literal["ov", "split"]
-
-# Global Lipschitz constants sup|act'| rounded up: relu 1; gelu Φ(√2) + √2 φ(√2) = 1.128904;
-# tanh-gelu 1.128993; silu 1.099839 (tests check each against a dense grid of autograd derivatives).
-ACTIVATION_LIPSCHITZ: dict[str, float] = {"relu": 1.0, "gelu": 1.12891, "gelu_tanh": 1.12900, "silu": 1.09985}
 
 # SVD and float64 rounding: every computed norm is inflated by this relative amount so it stays an upper bound.
 NORM_ROUNDING_MARGIN = 1e-10
@@ -68,19 +65,6 @@ class BlockConstants:
 
 def _upper(value: Tensor | float) -> float:
     return float(value) * (1 + NORM_ROUNDING_MARGIN)
-
-
-def _activation(mlp: MLPWeights, x: Tensor) -> Tensor:
-    if mlp.activation == "relu":
-        return F.relu(x)
-    if mlp.activation == "silu":
-        return F.silu(x)
-    return F.gelu(x, approximate="tanh" if mlp.activation == "gelu_tanh" else "none")
-
-
-def mlp_lipschitz_upper_bound(mlp: MLPWeights) -> float:
-    """Lip(x ↦ W₂ act(W₁ x + c₁) + c₂) ≤ ‖W₂‖ Lip(act) ‖W₁‖ (MATH.md §2.7); ungated MLPs only."""
-    return _upper(spectral_norm(mlp.w_out) * ACTIVATION_LIPSCHITZ[mlp.activation] * spectral_norm(mlp.w_in))
 
 
 def block_constants(
@@ -114,7 +98,7 @@ def block_constants(
         bias_norms = torch.linalg.vector_norm(g, dim=-1)
     b_v = torch.zeros(n_head, d_head, dtype=f64) if attention.b_v is None else attention.b_v.detach().to(f64)
     c_o = torch.zeros(d_model, dtype=f64) if attention.b_o is None else attention.b_o.detach().to(f64)
-    mlp_lipschitz = mlp_lipschitz_upper_bound(layer.mlp)
+    mlp_lipschitz = _upper(ffn_lipschitz_upper_bound(layer.mlp))  # ‖W₂‖ Lip(act) ‖W₁‖, MATH.md §2.7
     if head_output == "ov":
         value_norms = spectral_norm(out_blocks @ w_v)
         offsets = torch.zeros(n_head, dtype=f64)
@@ -128,7 +112,7 @@ def block_constants(
     hidden = mlp.w_in.detach().to(f64) @ c_o
     if mlp.b_in is not None:
         hidden = hidden + mlp.b_in.detach().to(f64)
-    f_zero = c_o + mlp.w_out.detach().to(f64) @ _activation(mlp, hidden)
+    f_zero = c_o + mlp.w_out.detach().to(f64) @ activation(mlp.activation, hidden)
     if mlp.b_out is not None:
         f_zero = f_zero + mlp.b_out.detach().to(f64)
     heads = tuple(

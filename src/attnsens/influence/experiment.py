@@ -47,6 +47,9 @@ class InfluenceResult:
         cert = self.certificate
         log10_c = cert.log10_constant if cert.applicable else None
         constant = None if log10_c is None or log10_c > 308 else 10.0**log10_c
+        unmasked = cert.applicable and cert.masking == "unmasked" and cert.unembedding_spread is not None
+        probability = cert.log10_probability_constant if unmasked else None
+        n_star = cert.log10_length_for_probability_change(0.01) if unmasked else None
         return {
             "model": self.model,
             "slope": self.fit.slope,
@@ -57,6 +60,8 @@ class InfluenceResult:
             "masking": cert.masking,
             "reasons": list(cert.reasons),
             "indicative_log10_C": None if cert.applicable else cert.log10_constant,
+            "log10_probability_constant": probability,
+            "n_star": {"eta": 0.01, "log10_n": n_star},
             "measured": [
                 {
                     "n": int(row.n),

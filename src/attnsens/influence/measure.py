@@ -44,9 +44,8 @@ def _own_gpt_last_position(gpt: Any) -> LastPosition:
     return run
 
 
-def _hf_last_position(module: Any) -> LastPosition:
-    """Last hidden state (after any final norm) and logits; a base model without head uses its tied embedding."""
-    tied = bool(getattr(module.config, "tie_word_embeddings", False))
+def _hf_last_position(module: Any, *, tied_head: bool) -> LastPosition:
+    """Last hidden state (after any final norm) and logits; a causal LM's base model uses its tied embedding."""
 
     def run(tokens: Tensor) -> tuple[Tensor, Tensor | None]:
         out = module(input_ids=tokens, output_hidden_states=True, use_cache=False)
@@ -54,7 +53,7 @@ def _hf_last_position(module: Any) -> LastPosition:
         logits = getattr(out, "logits", None)
         if logits is not None:
             return hidden, logits[:, -1]
-        if tied:
+        if tied_head:
             return hidden, hidden @ module.get_input_embeddings().weight.T
         return hidden, None
 
@@ -81,7 +80,10 @@ def _resolve(model: Any) -> tuple[LastPosition, int, int | None, int, torch.devi
         )
     max_length = getattr(config, "max_position_embeddings", None)
     heads = getattr(config, "num_attention_heads", 1)
-    return _hf_last_position(module), config.vocab_size, max_length, heads, device
+    # A decoder's tied unembedding is its input embedding; an encoder's (BERT) MLM head is more than that.
+    spec = getattr(model, "spec", None)
+    tied_head = bool(getattr(config, "tie_word_embeddings", False)) and bool(getattr(spec, "causal", False))
+    return _hf_last_position(module, tied_head=tied_head), config.vocab_size, max_length, heads, device
 
 
 def _changed_positions(kind: str, n: int, count: int, generator: torch.Generator) -> Tensor:
