@@ -1,0 +1,154 @@
+"""``attnsens theta FILE``: certify θ(p) for every attention row of a saved tensor (.npy, .pt, .safetensors)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from attnsens.cli.app import JsonOption, app, console, domain_errors_exit, print_json
+from attnsens.errors import FileFormatError
+
+if TYPE_CHECKING:
+    import torch
+
+    from attnsens.theta import ThetaCertificate
+
+SUFFIXES = (".npy", ".pt", ".pth", ".safetensors")
+
+
+@app.command()
+@domain_errors_exit
+def theta(
+    file: Annotated[Path, typer.Argument(help="Tensor of attention probabilities: .npy, .pt or .safetensors.")],
+    key: Annotated[
+        str | None, typer.Option("--key", help="Tensor name inside a .pt dict or .safetensors file.")
+    ] = None,
+    dim: Annotated[int, typer.Option("--dim", help="Key axis of the tensor.")] = -1,
+    precision: Annotated[str, typer.Option("--precision", help="Stop refining at float32 or float64 resolution.")] = (
+        "float32"
+    ),
+    normalize: Annotated[bool, typer.Option("--normalize", help="Renormalise rows instead of checking sums.")] = False,
+    tolerance: Annotated[float, typer.Option("--tolerance", help="Largest accepted |row sum − 1|.")] = 1e-3,
+    as_json: JsonOption = False,
+    out: Annotated[Path | None, typer.Option("--out", help="Write per-row results to this Parquet file.")] = None,
+) -> None:
+    """Certified interval for θ(p) = 4·max_S p(S)(1 − p(S)) of every attention row, with a summary."""
+    import time
+
+    from attnsens.theta import certify
+
+    p = load_tensor(file, key)
+    start = time.perf_counter()
+    cert = certify(p, dim, precision=precision, normalize=normalize, tolerance=tolerance)  # type: ignore[arg-type]
+    summary = summarize(cert, seconds=time.perf_counter() - start)
+    summary.update(file=str(file), key=key, dim=dim, precision=precision, shape=list(p.shape))
+    if out is not None:
+        write_rows(cert, out, summary)
+        summary["out"] = str(out)
+    if as_json:
+        print_json(summary)
+    else:
+        print_summary(summary)
+
+
+def load_tensor(path: Path, key: str | None) -> torch.Tensor:
+    """The tensor stored in ``path`` (``key`` selects one of several); FileFormatError if there is none."""
+    import numpy as np
+    import torch
+
+    if not path.is_file():
+        raise FileFormatError(f"{path} does not exist or is not a file; pass the path of a saved tensor")
+    if path.suffix not in SUFFIXES:
+        raise FileFormatError(f"{path} has suffix {path.suffix!r}; save the tensor as one of {', '.join(SUFFIXES)}")
+    try:
+        if path.suffix == ".npy":
+            loaded: Any = torch.from_numpy(np.load(path, allow_pickle=False))
+        elif path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            loaded = load_file(str(path))
+        else:
+            loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise FileFormatError(f"cannot read {path} ({type(err).__name__}: {err}); is it a saved tensor?") from None
+    if isinstance(loaded, dict):
+        tensors = {k: v for k, v in loaded.items() if isinstance(v, torch.Tensor)}
+        if key is None and len(tensors) == 1:
+            key = next(iter(tensors))
+        if key not in tensors:
+            raise FileFormatError(f"{path} holds tensors {sorted(tensors)}; choose one with --key NAME")
+        loaded = tensors[key]
+    elif key is not None:
+        raise FileFormatError(f"{path} holds a single tensor, not a named collection; drop --key {key}")
+    if not isinstance(loaded, torch.Tensor):
+        raise FileFormatError(f"{path} holds a {type(loaded).__name__}, not a tensor; save a torch tensor or array")
+    return loaded
+
+
+def summarize(cert: ThetaCertificate, *, seconds: float) -> dict[str, Any]:
+    """Rows, exact and dominant fractions, quantiles of the lower bound, widest interval, methods used."""
+    import torch
+
+    from attnsens.theta import ThetaMethod
+
+    lower = cert.lower.flatten().cpu()
+    n_rows = lower.numel()
+    if n_rows == 0:
+        return {"rows": 0, "seconds": seconds}
+    quantiles = torch.quantile(lower, torch.tensor([0.1, 0.25, 0.5, 0.75, 0.9], dtype=torch.float64))
+    counts = torch.bincount(cert.method.flatten().cpu().long(), minlength=len(ThetaMethod) + 1)
+    return {
+        "rows": n_rows,
+        "exact_fraction": float(cert.exact.float().mean()),
+        "dominant_fraction": float(cert.dominant.float().mean()),
+        "theta_lower_bound": {
+            "min": float(lower.min()),
+            **{f"q{int(q * 100)}": float(v) for q, v in zip((0.1, 0.25, 0.5, 0.75, 0.9), quantiles, strict=True)},
+            "max": float(lower.max()),
+        },
+        "max_width": float(cert.width.max()),
+        "width_at_most_2^-25_fraction": float((cert.width <= 2.0**-25).float().mean()),
+        "methods": {m.name: int(counts[m.value]) for m in ThetaMethod if int(counts[m.value]) > 0},
+        "seconds": seconds,
+    }
+
+
+def write_rows(cert: ThetaCertificate, out: Path, summary: dict[str, Any]) -> None:
+    """One Parquet row per attention row (flat index in the tensor's leading shape), written atomically."""
+    from attnsens.store.parquet import write_parquet
+    from attnsens.theta import ThetaMethod
+
+    columns = {
+        "row": list(range(cert.lower.numel())),
+        "theta_lower_bound": cert.lower.flatten().cpu().numpy(),
+        "theta_upper_bound": cert.upper.flatten().cpu().numpy(),
+        "exact": cert.exact.flatten().cpu().numpy(),
+        "method": [ThetaMethod(int(c)).name for c in cert.method.flatten().tolist()],
+        "row_sum": cert.row_sum.flatten().cpu().numpy(),
+        "p_max": cert.p_max.flatten().cpu().numpy(),
+    }
+    meta = {k: summary[k] for k in ("file", "key", "dim", "precision", "shape")}
+    write_parquet(columns, out, metadata=meta)
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"θ certificates — {summary['file']} {tuple(summary['shape'])}, key axis {summary['dim']}")
+    table.add_column("statistic")
+    table.add_column("value", justify="right")
+    table.add_row("rows", f"{summary['rows']:,}")
+    if summary["rows"] > 0:
+        table.add_row("exact fraction", f"{summary['exact_fraction']:.4f}")
+        table.add_row("dominant-atom fraction", f"{summary['dominant_fraction']:.4f}")
+        for name, value in summary["theta_lower_bound"].items():
+            table.add_row(f"θ lower bound {name}", f"{value:.8f}")
+        table.add_row("max interval width", f"{summary['max_width']:.3g}")
+        table.add_row("width ≤ 2^-25 fraction", f"{summary['width_at_most_2^-25_fraction']:.4f}")
+        table.add_row("methods", ", ".join(f"{k}: {v:,}" for k, v in summary["methods"].items()))
+    table.add_row("seconds", f"{summary['seconds']:.3f}")
+    console.print(table)
+    if "out" in summary:
+        console.print(f"per-row results written to {summary['out']}")

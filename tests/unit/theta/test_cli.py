@@ -1,0 +1,113 @@
+"""``attnsens theta FILE``: summaries for .npy/.pt/.safetensors, per-row Parquet, one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from safetensors.torch import save_file
+from typer.testing import CliRunner
+
+from attnsens.cli import app
+from tests.unit.theta.rows import softmax_rows
+
+runner = CliRunner()
+
+
+def _probabilities() -> torch.Tensor:
+    return softmax_rows(15, 29, 2.0, seed=1).reshape(3, 5, 29)
+
+
+def _invoke(*args: str):
+    return runner.invoke(app, ["theta", *args])
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".pt", ".safetensors"])
+def test_summary_json_for_each_format(tmp_path: Path, suffix: str) -> None:
+    p = _probabilities()
+    path = tmp_path / f"attention{suffix}"
+    if suffix == ".npy":
+        np.save(path, p.numpy())
+    elif suffix == ".pt":
+        torch.save({"attention": p, "other": torch.ones(2)}, path)
+    else:
+        save_file({"attention": p}, str(path))
+    extra = ["--key", "attention"] if suffix == ".pt" else []
+    result = _invoke(str(path), "--json", *extra)
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["rows"] == 15 and summary["shape"] == [3, 5, 29]
+    assert 0.0 <= summary["exact_fraction"] <= 1.0
+    assert summary["theta_lower_bound"]["q50"] > 0.9
+    assert summary["width_at_most_2^-25_fraction"] == 1.0
+
+
+def test_table_and_parquet_rows(tmp_path: Path) -> None:
+    path = tmp_path / "p.npy"
+    np.save(path, _probabilities().numpy())
+    out = tmp_path / "rows.parquet"
+    result = _invoke(str(path), "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert "exact fraction" in result.stdout and "rows" in result.stdout
+    table = pq.read_table(out).to_pydict()
+    assert table["row"] == list(range(15))
+    assert all(lo <= hi for lo, hi in zip(table["theta_lower_bound"], table["theta_upper_bound"], strict=True))
+
+
+def test_dim_option(tmp_path: Path) -> None:
+    path = tmp_path / "p.npy"
+    np.save(path, _probabilities().permute(2, 0, 1).contiguous().numpy())
+    result = _invoke(str(path), "--dim", "0", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["rows"] == 15
+
+
+def _bad_file(tmp_path: Path, kind: str) -> Path:
+    p = _probabilities()
+    path = tmp_path / "bad.npy"
+    if kind == "missing":
+        return tmp_path / "missing.npy"
+    if kind == "not_a_tensor":
+        path.write_text("hello")
+        return path
+    if kind == "nan":
+        p[1, 2, 3] = float("nan")
+    elif kind == "negative":
+        p[0, 0, 0] = -0.5
+    elif kind == "empty":
+        p[2, 4] = 0.0
+    elif kind == "bad_sum":
+        p[1, 1] *= 2
+    np.save(path, p.numpy())
+    return path
+
+
+@pytest.mark.parametrize(
+    ("kind", "needle"),
+    [
+        ("missing", "does not exist"),
+        ("not_a_tensor", "cannot read"),
+        ("nan", "finite"),
+        ("negative", "negative"),
+        ("empty", "empty"),
+        ("bad_sum", "normalize=True"),
+    ],
+)
+def test_bad_files_one_red_line(tmp_path: Path, kind: str, needle: str) -> None:
+    result = _invoke(str(_bad_file(tmp_path, kind)))
+    assert result.exit_code == 1
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_key_errors(tmp_path: Path) -> None:
+    path = tmp_path / "two.pt"
+    torch.save({"a": torch.ones(2) / 2, "b": torch.ones(3) / 3}, path)
+    result = _invoke(str(path))
+    assert result.exit_code == 1 and "--key" in result.output
+    assert _invoke(str(path), "--key", "b", "--json").exit_code == 0
