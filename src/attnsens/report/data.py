@@ -13,7 +13,9 @@ from typing import Any
 
 import pandas as pd
 
+from attnsens.errors import FileFormatError
 from attnsens.store.manifest import MANIFEST_NAME
+from attnsens.store.parquet import read_metadata
 from attnsens.store.query import connect
 from attnsens.store.summary import ALL_HEADS, summarize_rows
 
@@ -85,7 +87,7 @@ def load_run(run_dir: str | Path) -> RunData:
         data = RunData(
             run_dir=root,
             tables=tuple(tables),
-            manifest=_read_manifest(root),
+            manifest=_read_manifest(root) or _first_file_record(tables),
             summary=summary,
             rows_sample=rows_sample,
             dominant=dominant,
@@ -132,6 +134,18 @@ def _read_manifest(root: Path) -> dict[str, Any] | None:
         return json.loads(path.read_text())
     except (OSError, json.JSONDecodeError):
         return None
+
+
+def _first_file_record(tables: dict[str, Any]) -> dict[str, Any] | None:
+    """Config and provenance from the first file's Parquet metadata, for runs written without a manifest."""
+    for files in tables.values():
+        try:
+            record = read_metadata(files[0])
+        except FileFormatError:
+            continue
+        metadata = record.get("metadata") or {}
+        return {"config": metadata.get("config", metadata), "provenance": record.get("provenance", {})}
+    return None
 
 
 def _with_overview(data: RunData, connection: Any, tables: dict[str, Any]) -> RunData:

@@ -38,6 +38,8 @@ STYLE: dict[str, Any] = {
     "lines.linewidth": 1.6,
     "svg.hashsalt": "attnsens",
     "svg.fonttype": "path",
+    # Labels carry model and run names; a "$" in them must not be read as mathtext.
+    "text.parse_math": False,
 }
 
 SEED_COLORS = ("#1f5fa8", "#d1495b", "#2a9d8f", "#e9a03b", "#6c4ba0", "#7f7f7f")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
@@ -151,3 +152,14 @@ def test_figures_write_no_files_and_keep_global_style(frames, tmp_path, monkeypa
         function(frames[table])
     assert matplotlib.rcParams["font.size"] == before
     assert list(tmp_path.iterdir()) == []
+
+
+def test_names_with_markup_and_dollars_are_drawn_literally(frames):
+    import io
+
+    summary = frames["summary"]
+    odd = summary.assign(model='gpt $\\undefined{$ <b>"odd"</b>', run_id="other")
+    fig = theta_lower_by_step_figure(pd.concat([summary, odd], ignore_index=True))
+    labels = fig.legends[0].get_texts()
+    assert any('$\\undefined{$ <b>"odd"</b>' in t.get_text() for t in labels)
+    fig.savefig(io.BytesIO(), format="svg")

@@ -102,6 +102,8 @@ def test_summary_is_derived_from_rows_when_absent(run_dir, tmp_path):
     shutil.copytree(run_dir / "rows", partial / "rows")
     text = build_report(partial).read_text(encoding="utf-8")
     assert '<section id="theta">' in text and '<section id="heads">' in text
+    # without a manifest, config and provenance come from the files' own metadata
+    assert "git revision" in text and "tiny" in text.split('id="overview"')[1].split("</section>")[0]
 
 
 def test_cli_writes_atomically_to_out_and_prints_the_path_last(run_dir, tmp_path):
