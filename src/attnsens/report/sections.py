@@ -25,6 +25,8 @@ SOUNDNESS_RTOL = 1e-6
 _BOUND_PAIRS = (
     ("mha_local_jacobian_upper_bound", "mha_jacobian_estimate"),
     ("mha_lipschitz_upper_bound", "mha_jacobian_estimate"),
+    ("mha_local_paper_form_upper_bound", "mha_jacobian_estimate"),
+    ("mha_length_dependent_upper_bound", "mha_jacobian_estimate"),
     ("block_lipschitz_upper_bound", "block_jacobian_estimate"),
     ("residual_jacobian_upper_bound", "residual_jacobian_estimate"),
 )
