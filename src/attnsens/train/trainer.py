@@ -56,6 +56,7 @@ class TrainConfig:
     beta2: float = 0.95
     adam_eps: float = 1e-8
     grad_clip: float = 1.0
+    micro_batch_size: int | None = None  # gradient accumulation: blocks per forward/backward (None: whole batch)
     checkpoints: tuple[int, ...] | None = None  # None: checkpoint_steps(steps)
 
     def __post_init__(self) -> None:
@@ -68,6 +69,10 @@ class TrainConfig:
             raise ConfigError(f"need lr > 0 and 0 <= min_lr_ratio <= 1, got lr={self.lr}, ratio={self.min_lr_ratio}")
         if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1 and self.adam_eps > 0 and self.weight_decay >= 0):
             raise ConfigError(f"invalid AdamW settings beta=({self.beta1}, {self.beta2}), eps={self.adam_eps}")
+        if self.micro_batch_size is not None and (
+            not isinstance(self.micro_batch_size, int) or self.micro_batch_size < 1
+        ):
+            raise ConfigError(f"micro_batch_size must be a positive integer or None, got {self.micro_batch_size!r}")
         if not self.grad_clip > 0:
             raise ConfigError(f"grad_clip must be > 0, got {self.grad_clip}")
         if self.checkpoints is not None:
@@ -213,11 +218,10 @@ class Trainer:
                 config.seed, self.step, config.batch_size, rank=self.rank, world_size=self.world_size
             )
             self.inputs, targets = inputs.to(self.device), targets.to(self.device)
-            with autocast:
-                loss = self._loss(self.parallel_model, self.inputs, targets)
-            loss.backward()
+            loss = self._accumulate_gradients(self.inputs, targets, autocast)
             global_norm, norms = self._gradient_norms()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), config.grad_clip)
+            clip = (config.grad_clip / (global_norm + 1e-6)).clamp(max=1.0)  # as clip_grad_norm_, norm reused
+            torch._foreach_mul_([p.grad for _, p in self.named_parameters], clip)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             record = self._record(loss, lr, global_norm, norms, time.perf_counter() - start)
@@ -230,10 +234,21 @@ class Trainer:
                 self._checkpoint()
         return {"training": self.training, "grad_norms": self.grad_norms}
 
-    @staticmethod
-    def _loss(model: nn.Module, inputs: Tensor, targets: Tensor) -> Tensor:
-        logits = model(inputs)  # (batch, query, vocab); through DDP so that gradients are averaged
-        return nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
+    def _accumulate_gradients(self, inputs: Tensor, targets: Tensor, autocast: Any) -> Tensor:
+        """Backward over the step's batch in micro-batches; returns the batch's mean loss (detached)."""
+        size = self.train_config.micro_batch_size or len(inputs)
+        pieces = list(zip(inputs.split(size), targets.split(size), strict=True))
+        total = torch.zeros((), device=self.device)
+        for index, (x, y) in enumerate(pieces):
+            last = index == len(pieces) - 1
+            # DDP all-reduces gradients only on the last micro-batch of the step.
+            sync = self.parallel_model.no_sync() if self.world_size > 1 and not last else nullcontext()
+            with sync, autocast:
+                logits = self.parallel_model(x)  # (batch, query, vocab)
+                loss = nn.functional.cross_entropy(logits.flatten(0, 1).float(), y.flatten()) * (len(x) / len(inputs))
+            loss.backward()
+            total += loss.detach()
+        return total
 
     @torch.no_grad()
     def evaluate(self) -> float:

@@ -165,3 +165,17 @@ def test_block_size_beyond_learned_positions_is_refused(corpus_file: Path, tmp_p
             DataConfig(source=str(corpus_file), vocab_size=300, block_size=32),
             tmp_path,
         )
+
+
+def test_gradient_accumulation_matches_the_whole_batch(corpus_file: Path, tmp_path: Path) -> None:
+    data_config = DataConfig(source=str(corpus_file), vocab_size=300, block_size=16, eval_sequences=3)
+    results = {}
+    for micro in (None, 1, 3):
+        config = TrainConfig(steps=4, batch_size=6, lr=3e-3, warmup_steps=2, seed=5, micro_batch_size=micro)
+        results[micro] = train(micro_model_config(), config, data_config, tmp_path / f"micro{micro}", device="cpu")
+    losses = {micro: torch.tensor([r["loss"] for r in result.training]) for micro, result in results.items()}
+    torch.testing.assert_close(losses[1], losses[None], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(losses[3], losses[None], rtol=1e-5, atol=1e-6)
+    final = {micro: load_checkpoint(tmp_path / f"micro{micro}", 4)["model"] for micro in results}
+    for name, tensor in final[None].items():
+        torch.testing.assert_close(final[1][name], tensor, rtol=1e-4, atol=1e-5)
