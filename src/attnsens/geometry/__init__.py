@@ -1,0 +1,98 @@
+"""Block-∞/RMS geometry: norms, Jacobians and certified bounds for attention, normalization and blocks.
+
+Pure functions of tensors and weights (MATH.md §2.5–§5). Certified bounds end in ``_upper_bound``; empirical
+values from autograd end in ``_estimate`` and are lower bounds of the quantity they estimate. The primary norm
+convention is the RMS variant ‖X‖_{∞,rms} = max_i ‖x_i‖₂/√d; the ℓ2 variant max_i ‖x_i‖₂ is available.
+"""
+
+from __future__ import annotations
+
+from attnsens.geometry.attention import AttentionBiases, AttentionForward, apply_rotary, causal_mask, mha_forward
+from attnsens.geometry.attention_bounds import (
+    MHALipschitzBound,
+    MHALocalJacobianBound,
+    mha_lipschitz_upper_bound,
+    mha_local_jacobian_upper_bound,
+    projection_norms,
+)
+from attnsens.geometry.blocks import (
+    activation_lipschitz,
+    block_lipschitz_upper_bound,
+    block_local_jacobian_upper_bound,
+    ffn_lipschitz_upper_bound,
+    ffn_local_jacobian_upper_bound,
+    norm_lipschitz_upper_bound,
+    norm_output_radius_rms,
+)
+from attnsens.geometry.estimates import block_jacobian_norm_estimate, spectral_jacobian_norm_estimate
+from attnsens.geometry.jacobians import (
+    layernorm_jacobian,
+    norm_jacobian_spectral_norm_upper_bound,
+    rmsnorm_jacobian,
+    softmax_jacobian,
+    softmax_jacobian_inf_to_inf_norm,
+    softmax_jacobian_inf_to_one_norm_lower_bound,
+    softmax_jacobian_inf_to_one_norm_upper_bound,
+    softmax_jacobian_spectral_norm,
+)
+from attnsens.geometry.layers import block_forward, mlp_forward, norm_forward, residual_stream
+from attnsens.geometry.norms import (
+    block_l2_norm,
+    block_rms_norm,
+    spectral_norm,
+    token_mixing_operator_norm,
+    tokenwise_linear_operator_norm,
+)
+from attnsens.geometry.residual import (
+    layernorm_condition,
+    ln_only_product_upper_bound,
+    pre_ln_expansion_remainder_upper_bound,
+    residual_jacobian_estimates,
+)
+from attnsens.geometry.scaling import deepnet_constants, depth_scale_heuristic, quartic_path_norm_product
+
+__all__ = [
+    "AttentionBiases",
+    "AttentionForward",
+    "MHALipschitzBound",
+    "MHALocalJacobianBound",
+    "activation_lipschitz",
+    "apply_rotary",
+    "block_forward",
+    "block_jacobian_norm_estimate",
+    "block_l2_norm",
+    "block_lipschitz_upper_bound",
+    "block_local_jacobian_upper_bound",
+    "block_rms_norm",
+    "causal_mask",
+    "deepnet_constants",
+    "depth_scale_heuristic",
+    "ffn_lipschitz_upper_bound",
+    "ffn_local_jacobian_upper_bound",
+    "layernorm_condition",
+    "layernorm_jacobian",
+    "ln_only_product_upper_bound",
+    "mha_forward",
+    "mha_lipschitz_upper_bound",
+    "mha_local_jacobian_upper_bound",
+    "mlp_forward",
+    "norm_forward",
+    "norm_jacobian_spectral_norm_upper_bound",
+    "norm_lipschitz_upper_bound",
+    "norm_output_radius_rms",
+    "pre_ln_expansion_remainder_upper_bound",
+    "projection_norms",
+    "quartic_path_norm_product",
+    "residual_jacobian_estimates",
+    "residual_stream",
+    "rmsnorm_jacobian",
+    "softmax_jacobian",
+    "softmax_jacobian_inf_to_inf_norm",
+    "softmax_jacobian_inf_to_one_norm_lower_bound",
+    "softmax_jacobian_inf_to_one_norm_upper_bound",
+    "softmax_jacobian_spectral_norm",
+    "spectral_jacobian_norm_estimate",
+    "spectral_norm",
+    "token_mixing_operator_norm",
+    "tokenwise_linear_operator_norm",
+]

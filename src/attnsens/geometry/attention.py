@@ -1,0 +1,192 @@
+"""Reference multi-head attention built from normalized weights: scores, rows, head outputs (MATH.md §2.6).
+
+This forward pass is the function every attention bound is about, written for reading, not speed: queries,
+keys and values per head, optional rotary embedding (RoPE), causal or arbitrary masks, grouped-query attention
+(query head h reads key/value head h // (head / kv_head)), temperature τ, output projection W_O.
+
+RoPE preserves norms. For position t the rotary map R_t acts on each rotating pair of coordinates
+(a, b) ↦ (a cos φ − b sin φ, a sin φ + b cos φ) and leaves the others fixed, so R_t is orthogonal:
+‖R_t q‖ = ‖q‖ and ‖R_t W dx‖ ≤ ‖W‖₂‖dx‖. Scores become u_ij = (R_i q_i)·(R_j k_j); every norm estimate of
+MATH.md T4 applies to the rotated vectors unchanged. One consequence differs: the rotated key bias R_j b_K now
+depends on j, so it no longer cancels by softmax shift invariance (see ``attention_bounds``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import einops
+import torch
+from torch import Tensor
+
+from attnsens.errors import InputError, ShapeError
+from attnsens.models.weights import AttentionWeights, RotaryConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionBiases:
+    """Optional biases of an attention sublayer: q ``[head, d_head]``, k/v ``[kv_head, d_head]``, o ``[d_model]``."""
+
+    q: Tensor | None = None
+    k: Tensor | None = None
+    v: Tensor | None = None
+    o: Tensor | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionForward:
+    """Everything a bound needs from one attention evaluation (all per query head).
+
+    output: ``[batch, query, d_model]``; probabilities: ``[batch, head, query, key]`` (zeros where masked);
+    queries, keys: rotated, biased ``[batch, head, query|key, d_head]``; values: biased
+    ``[batch, head, key, d_head]``; head_outputs: ``[batch, head, query, d_head]`` = P V; allowed: bool
+    ``[batch|1, 1|head, query, key]``.
+    """
+
+    output: Tensor
+    probabilities: Tensor
+    queries: Tensor
+    keys: Tensor
+    values: Tensor
+    head_outputs: Tensor
+    allowed: Tensor
+
+
+def biases_of(weights: AttentionWeights) -> AttentionBiases:
+    """The biases of an ``AttentionWeights`` as an ``AttentionBiases``."""
+    return AttentionBiases(q=weights.b_q, k=weights.b_k, v=weights.b_v, o=weights.b_o)
+
+
+def causal_mask(n_query: int, device: torch.device | None = None) -> Tensor:
+    """Boolean ``[query, key]`` mask, True where key ≤ query (allowed)."""
+    return torch.ones(n_query, n_query, dtype=torch.bool, device=device).tril()
+
+
+def apply_rotary(x: Tensor, rotary: RotaryConfig) -> Tensor:
+    """Rotate ``x: [..., position, d_head]`` by RoPE at positions 0..position−1 (an orthogonal map per position).
+
+    Returns:
+        Tensor of x's shape; the first ``rotary_dim`` coordinates rotate in pairs (halves, or adjacent pairs when
+        ``interleaved``), the rest pass through.
+    """
+    n_pos, d_head = x.shape[-2], x.shape[-1]
+    dim = rotary.rotary_dim
+    if dim % 2 or dim > d_head:
+        raise ShapeError(f"rotary_dim must be even and ≤ d_head ({d_head}), got {dim}")
+    exponent = torch.arange(0, dim, 2, dtype=torch.float64, device=x.device) / dim
+    inv_freq = rotary.base**-exponent
+    angle = torch.arange(n_pos, dtype=torch.float64, device=x.device)[:, None] * inv_freq[None, :]
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    rotating, passing = x[..., :dim], x[..., dim:]
+    if rotary.interleaved:
+        a, b = rotating[..., 0::2], rotating[..., 1::2]
+        ra, rb = a * cos - b * sin, a * sin + b * cos
+        rotated = einops.rearrange(torch.stack((ra, rb), dim=-1), "... pair two -> ... (pair two)")
+    else:
+        a, b = rotating[..., : dim // 2], rotating[..., dim // 2 :]
+        rotated = torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
+    return torch.cat((rotated, passing), dim=-1)
+
+
+def expand_kv_heads(t: Tensor, n_head: int, dim: int) -> Tensor:
+    """Repeat key/value heads along ``dim`` so that query head h sees kv head h // (n_head / kv_head)."""
+    return torch.repeat_interleave(t, n_head // t.shape[dim], dim=dim)
+
+
+def check_attention_shapes(X: Tensor, Wq: Tensor, Wk: Tensor, Wv: Tensor, Wo: Tensor) -> None:
+    """Raise ShapeError unless X ``[batch, query, d_model]`` fits Wq/Wk/Wv ``[(batch,) head|kv_head, d_head,
+    d_model]`` and Wo ``[(batch,) d_model, head * d_head]`` (weights optionally batched like X)."""
+    if X.ndim != 3:
+        raise ShapeError(f"X must be [batch, query, d_model], got shape {tuple(X.shape)}")
+    if Wq.ndim not in (3, 4) or Wk.ndim != Wq.ndim or Wv.ndim != Wq.ndim or Wo.ndim != Wq.ndim - 1:
+        raise ShapeError(
+            f"Wq, Wk, Wv must be [(batch,) head, d_head, d_model] and Wo [(batch,) d_model, head*d_head]; got "
+            f"{tuple(Wq.shape)}, {tuple(Wk.shape)}, {tuple(Wv.shape)}, {tuple(Wo.shape)}"
+        )
+    n_head, d_head, d_model = Wq.shape[-3:]
+    if X.shape[-1] != d_model or (Wq.ndim == 4 and Wq.shape[0] not in (1, X.shape[0])):
+        raise ShapeError(f"X {tuple(X.shape)} does not fit Wq {tuple(Wq.shape)}: width d_model and batch must match")
+    if Wk.shape != Wv.shape or Wk.shape[-2:] != (d_head, d_model) or n_head % Wk.shape[-3]:
+        raise ShapeError(
+            f"Wk {tuple(Wk.shape)} and Wv {tuple(Wv.shape)} must be [kv_head, {d_head}, {d_model}] "
+            f"with kv_head dividing {n_head}"
+        )
+    if Wo.shape[-2:] != (d_model, n_head * d_head):
+        raise ShapeError(f"Wo must be [{d_model}, {n_head * d_head}], got {tuple(Wo.shape)}")
+
+
+def allowed_keys(mask: Tensor | None, n_query: int, device: torch.device) -> Tensor:
+    """Boolean ``[batch|1, head|1, query, key]`` of allowed keys from an optional ``[query, key]`` or
+    ``[batch, query, key]`` mask (True = allowed); every query must keep at least one key."""
+    if mask is None:
+        return torch.ones(1, 1, n_query, n_query, dtype=torch.bool, device=device)
+    if mask.dtype != torch.bool or mask.shape[-2:] != (n_query, n_query) or mask.ndim not in (2, 3):
+        raise InputError(
+            f"mask must be bool [query, key] or [batch, query, key] with query={n_query}, "
+            f"got {mask.dtype} {tuple(mask.shape)}"
+        )
+    allowed = mask if mask.ndim == 3 else mask[None]
+    if not bool(allowed.any(dim=-1).all()):
+        raise InputError("mask leaves a query row with no allowed key; allow at least one key per query")
+    return allowed[:, None]
+
+
+def mha_forward(
+    X: Tensor,
+    Wq: Tensor,
+    Wk: Tensor,
+    Wv: Tensor,
+    Wo: Tensor,
+    *,
+    tau: float,
+    mask: Tensor | None = None,
+    biases: AttentionBiases | None = None,
+    rotary: RotaryConfig | None = None,
+) -> AttentionForward:
+    """z_i = W_O [y_i^1; …; y_i^H] + b_O with y_i^h = Σ_j P^h_ij v^h_j, P^h_i = softmax_{j allowed}(q_i·k_j/τ).
+
+    Args:
+        X: ``[batch, query, d_model]`` attention input (the tensor W_Q, W_K, W_V act on).
+        Wq: ``[head, d_head, d_model]``; Wk, Wv: ``[kv_head, d_head, d_model]``; Wo: ``[d_model, head * d_head]``;
+            each may carry a leading batch axis matching X (one set of weights per sequence), biases likewise.
+        tau: softmax temperature.
+        mask: optional bool ``[query, key]`` or ``[batch, query, key]``, True = allowed (None: all keys).
+        biases: optional ``AttentionBiases``.
+        rotary: optional RoPE applied to queries and keys after their biases.
+
+    Returns:
+        ``AttentionForward`` (MATH.md §2.6), in X's dtype.
+    """
+    check_attention_shapes(X, Wq, Wk, Wv, Wo)
+    biases = biases or AttentionBiases()
+    n_head = Wq.shape[-3]
+    q = torch.einsum("...hed,...qd->...hqe", Wq, X)
+    k = torch.einsum("...hed,...kd->...hke", expand_kv_heads(Wk, n_head, -3), X)
+    v = torch.einsum("...hed,...kd->...hke", expand_kv_heads(Wv, n_head, -3), X)
+    if biases.q is not None:
+        q = q + biases.q[..., :, None, :]
+    if biases.k is not None:
+        k = k + expand_kv_heads(biases.k, n_head, -2)[..., :, None, :]
+    if biases.v is not None:
+        v = v + expand_kv_heads(biases.v, n_head, -2)[..., :, None, :]
+    if rotary is not None:
+        q, k = apply_rotary(q, rotary), apply_rotary(k, rotary)
+    allowed = allowed_keys(mask, X.shape[1], X.device)
+    scores = (q @ k.transpose(-1, -2)) / tau
+    # The most negative finite value, not −inf: masked weights are still exactly 0 after the softmax, and
+    # higher-order autograd through the mask stays finite (no 0·∞).
+    probabilities = torch.softmax(scores.masked_fill(~allowed, torch.finfo(scores.dtype).min), dim=-1)
+    head_outputs = probabilities @ v
+    concatenated = einops.rearrange(head_outputs, "batch head query d_head -> batch query (head d_head)")
+    output = concatenated @ Wo.transpose(-1, -2)
+    if biases.o is not None:
+        output = output + biases.o[..., None, :]
+    return AttentionForward(
+        output=output,
+        probabilities=probabilities,
+        queries=q,
+        keys=k,
+        values=v,
+        head_outputs=head_outputs,
+        allowed=allowed,
+    )

@@ -1,0 +1,272 @@
+"""Lipschitz and local Jacobian bounds of positionwise maps and whole residual blocks (MATH.md §2.7, T6, T7).
+
+Activation constants (max_z |act'(z)|, rounded up; verified on a fine grid in the tests):
+gelu (erf) 1.128905 at z = √2 (gelu'' = φ(z)(2 − z²)); gelu_tanh 1.128994 — MATH.md §2.7 quotes 1.12899, which
+is below the true maximum 1.1289931 and so not a valid Lipschitz constant —; relu 1; silu 1.099840 at z ≈ 2.3994.
+Every one also satisfies |act(z)| ≤ |z| (act(z) = z·s(z) with s(z) ∈ [0, 1]).
+
+Gated maps φ(x) = W_out (a(g) ⊙ u) with g = W_gate x, u = W_in x + b_in (SwiGLU when a = silu) are not globally
+Lipschitz (the product is quadratic). Their Jacobian is W_out [diag(a'(g) ⊙ u) W_gate + diag(a(g)) W_in], so
+
+    ‖Dφ(x)‖₂ ≤ ‖W_out‖ (Lip(a) max_k |u_k| ‖W_gate‖ + max_k |a(g_k)| ‖W_in‖),
+
+and on the ball {‖x‖₂ ≤ R}: |u_k| ≤ ‖w_in,k‖ R + |b_in,k| and |a(g_k)| ≤ |g_k| ≤ ‖w_gate,k‖ R (row norms), giving
+Lip(φ on the ball) ≤ ‖W_out‖ (Lip(a) ‖W_gate‖ max_k(‖w_in,k‖R + |b_in,k|) + ‖W_in‖ R max_k ‖w_gate,k‖)
+(the ball is convex, so the sup of the Jacobian norm is a Lipschitz constant). Tokenwise maps have the same
+constant in the block-∞ norm (ℓ2 per token).
+
+Block bounds. Norm outputs lie in a ball independent of the input (v1 Lemma 3.3, T6): ‖N(x)‖_rms ≤
+‖γ‖_∞ + ‖β‖_rms, since ‖ẑ‖_rms ≤ 1 for LayerNorm and ‖x̂‖_rms ≤ 1 for RMSNorm. Pre-LN (T7):
+Lip(block) ≤ (1 + Lip(N₁) L_MHA(R₁))(1 + Lip(N₂) L_FFN(R₂)) with Lip(N) = ‖γ‖_∞/√ε globally. The σ_min variant
+of T7 is not a Lipschitz constant (the set {σ(x) ≥ σ_min} is not convex); it is used here only in local Jacobian
+bounds at actual inputs, where ‖J_N(x)‖ ≤ ‖γ‖_∞/σ(x) per token is certified.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from attnsens.errors import ConfigError
+from attnsens.geometry.attention import biases_of, causal_mask
+from attnsens.geometry.attention_bounds import mha_lipschitz_upper_bound, mha_local_jacobian_upper_bound
+from attnsens.geometry.jacobians import norm_jacobian_spectral_norm_upper_bound
+from attnsens.geometry.layers import activation, norm_forward
+from attnsens.geometry.norms import spectral_norm
+from attnsens.models.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights
+
+ACTIVATION_LIPSCHITZ = {"gelu": 1.128905, "gelu_tanh": 1.128994, "relu": 1.0, "silu": 1.099840}
+
+
+def activation_lipschitz(name: str) -> float:
+    """Certified max_z |act'(z)| for gelu, gelu_tanh, relu, silu (module docstring)."""
+    try:
+        return ACTIVATION_LIPSCHITZ[name]
+    except KeyError:
+        raise ConfigError(f"unknown activation {name!r}; expected one of {sorted(ACTIVATION_LIPSCHITZ)}") from None
+
+
+def _rows_l2(W: Tensor) -> Tensor:
+    return torch.linalg.vector_norm(W.to(torch.float64), dim=-1)
+
+
+def ffn_lipschitz_upper_bound(mlp: MLPWeights, *, radius_l2: float | Tensor | None = None) -> Tensor:
+    """‖W_out‖ Lip(act) ‖W_in‖ (plain MLP, any input) or the gated bound on {‖x‖₂ ≤ R} (module docstring).
+
+    Args:
+        mlp: positionwise weights.
+        radius_l2: per-token ℓ2 radius R of the input set; required for gated maps, ignored otherwise.
+
+    Returns:
+        float64 certified Lipschitz bound in the block-∞ norm (MATH.md §2.7; gated maps: extension).
+    """
+    lip = activation_lipschitz(mlp.activation)
+    w_out, w_in = spectral_norm(mlp.w_out), spectral_norm(mlp.w_in)
+    if mlp.kind != "gated":
+        return w_out * lip * w_in
+    if radius_l2 is None:
+        raise ConfigError("a gated MLP is only Lipschitz on a bounded set; pass radius_l2 (per-token ℓ2 radius)")
+    R = torch.as_tensor(radius_l2, dtype=torch.float64)
+    b_in = torch.zeros(()) if mlp.b_in is None else mlp.b_in.to(torch.float64).abs()
+    up_max = (_rows_l2(mlp.w_in) * R[..., None] + b_in).amax(dim=-1)
+    gate_max = _rows_l2(mlp.w_gate).amax() * R
+    return w_out * (lip * spectral_norm(mlp.w_gate) * up_max + w_in * gate_max)
+
+
+def ffn_local_jacobian_upper_bound(x: Tensor, mlp: MLPWeights) -> Tensor:
+    """max_t ‖Dφ(x_t)‖₂ bound from the actual pre-activations: ‖W_out‖ ‖act'(h_t)‖_∞ ‖W_in‖ (plain) or
+    ‖W_out‖ (‖a'(g)⊙u‖_∞ ‖W_gate‖ + ‖a(g)‖_∞ ‖W_in‖) (gated).
+
+    Args:
+        x: ``[batch, query, d_model]`` MLP inputs.
+
+    Returns:
+        ``[batch]`` float64 certified bound of the Jacobian's block-∞ operator norm at x.
+    """
+    x64 = x.detach().to(torch.float64)
+    w_in = mlp.w_in.to(torch.float64)
+    up = x64 @ w_in.T + (0.0 if mlp.b_in is None else mlp.b_in.to(torch.float64))
+    pre = x64 @ mlp.w_gate.to(torch.float64).T if mlp.kind == "gated" else up
+    pre = pre.requires_grad_(True)
+    with torch.enable_grad():
+        (slope,) = torch.autograd.grad(activation(mlp.activation, pre).sum(), pre)
+    w_out_norm, w_in_norm = spectral_norm(mlp.w_out), spectral_norm(mlp.w_in)
+    if mlp.kind != "gated":
+        per_token = w_out_norm * slope.abs().amax(dim=-1) * w_in_norm
+    else:
+        gate_term = (slope * up).abs().amax(dim=-1) * spectral_norm(mlp.w_gate)
+        up_term = activation(mlp.activation, pre.detach()).abs().amax(dim=-1) * w_in_norm
+        per_token = w_out_norm * (gate_term + up_term)
+    return per_token.amax(dim=-1)
+
+
+def norm_output_radius_rms(norm: NormWeights) -> Tensor:
+    """‖N(x)‖_rms ≤ ‖γ‖_∞ + ‖β‖_rms for every x (v1 Lemma 3.3, MATH.md T6)."""
+    gamma_max = norm.gamma.to(torch.float64).abs().amax()
+    if norm.beta is None:
+        return gamma_max
+    beta = norm.beta.to(torch.float64)
+    return gamma_max + torch.linalg.vector_norm(beta) / math.sqrt(beta.numel())
+
+
+def norm_lipschitz_upper_bound(norm: NormWeights) -> Tensor:
+    """Lip(N) ≤ ‖γ‖_∞/√ε for LayerNorm and RMSNorm (MATH.md T6); infinite when ε = 0."""
+    gamma_max = norm.gamma.to(torch.float64).abs().amax()
+    return gamma_max / math.sqrt(norm.eps) if norm.eps > 0 else torch.full_like(gamma_max, math.inf)
+
+
+def attention_output_radius_l2(attention: AttentionWeights, radius_l2: Tensor) -> Tensor:
+    """max_i ‖MHA(X)_i‖₂ ≤ ‖W_O‖ (Σ_h (‖W_V^h‖R + ‖b_V^h‖)²)^{1/2} + ‖b_O‖ (outputs are convex mixes of values)."""
+    per_head = attention.per_query_head()
+    w_v = spectral_norm(per_head.w_v)
+    b_v = torch.zeros_like(w_v) if per_head.b_v is None else torch.linalg.vector_norm(per_head.b_v.double(), dim=-1)
+    b_o = 0.0 if attention.b_o is None else torch.linalg.vector_norm(attention.b_o.double())
+    return spectral_norm(attention.w_o) * torch.linalg.vector_norm(w_v * radius_l2 + b_v) + b_o
+
+
+def attention_lipschitz(attention: AttentionWeights, radius_l2: Tensor) -> Tensor:
+    """``mha_lipschitz_upper_bound`` of a sublayer on the ℓ2 ball of radius R."""
+    d = attention.d_model
+    return mha_lipschitz_upper_bound(
+        attention.w_q,
+        attention.w_k,
+        attention.w_v,
+        attention.w_o,
+        tau=attention.tau,
+        radius_rms=radius_l2 / math.sqrt(d),
+        d_model=d,
+        biases=biases_of(attention),
+        rotary=attention.rotary,
+    ).upper_bound
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockLipschitzBound:
+    """Certified Lipschitz bound of one block in the block-∞ norm with its factors (MATH.md T7), float64."""
+
+    upper_bound: Tensor
+    attention_lipschitz: Tensor
+    ffn_lipschitz: Tensor
+    attn_norm_lipschitz: Tensor
+    mlp_norm_lipschitz: Tensor
+
+
+def block_lipschitz_upper_bound(layer: LayerWeights, *, input_radius_rms: float | None = None) -> BlockLipschitzBound:
+    """Pre-LN: (1 + Lip(N₁) L_MHA)(1 + Lip(N₂) L_FFN) on all inputs (T7); post-LN / DeepNorm:
+    Lip(N₂)(α + L_FFN) Lip(N₁)(α + L_MHA) and no-norm: (1 + L_FFN)(1 + L_MHA), both on {‖X‖_{∞,rms} ≤ R_in}.
+
+    Args:
+        layer: the block's weights.
+        input_radius_rms: R_in, required for "post" and "none" placements (attention sees the raw input there).
+
+    Returns:
+        ``BlockLipschitzBound`` (MATH.md T7; post/none placements: the same chain rule on the stated ball).
+    """
+    d = layer.attention.d_model
+    one = torch.ones((), dtype=torch.float64)
+    if layer.placement == "pre":
+        r_attn = norm_output_radius_rms(layer.attn_norm) * math.sqrt(d)
+        r_mlp = norm_output_radius_rms(layer.mlp_norm) * math.sqrt(d)
+        lip_attn = attention_lipschitz(layer.attention, r_attn)
+        lip_ffn = ffn_lipschitz_upper_bound(layer.mlp, radius_l2=r_mlp)
+        n1, n2 = norm_lipschitz_upper_bound(layer.attn_norm), norm_lipschitz_upper_bound(layer.mlp_norm)
+        # A parallel block X + A(N1 X) + F(N2 X) has Jacobian I + J_A J_N1 + J_F J_N2: no cross term.
+        if layer.parallel_residual:
+            bound = 1 + n1 * lip_attn + n2 * lip_ffn
+        else:
+            bound = (1 + n1 * lip_attn) * (1 + n2 * lip_ffn)
+        return BlockLipschitzBound(
+            upper_bound=bound,
+            attention_lipschitz=lip_attn,
+            ffn_lipschitz=lip_ffn,
+            attn_norm_lipschitz=n1,
+            mlp_norm_lipschitz=n2,
+        )
+    if input_radius_rms is None:
+        raise ConfigError(f"placement {layer.placement!r} needs input_radius_rms (attention reads the raw input)")
+    r_in = torch.as_tensor(input_radius_rms, dtype=torch.float64) * math.sqrt(d)
+    lip_attn = attention_lipschitz(layer.attention, r_in)
+    if layer.placement == "post":
+        alpha = layer.residual_scale
+        r_mlp = norm_output_radius_rms(layer.attn_norm) * math.sqrt(d)
+        lip_ffn = ffn_lipschitz_upper_bound(layer.mlp, radius_l2=r_mlp)
+        n1, n2 = norm_lipschitz_upper_bound(layer.attn_norm), norm_lipschitz_upper_bound(layer.mlp_norm)
+        bound = n2 * (alpha + lip_ffn) * n1 * (alpha + lip_attn)
+        return BlockLipschitzBound(
+            upper_bound=bound,
+            attention_lipschitz=lip_attn,
+            ffn_lipschitz=lip_ffn,
+            attn_norm_lipschitz=n1,
+            mlp_norm_lipschitz=n2,
+        )
+    r_mlp = r_in + attention_output_radius_l2(layer.attention, r_in)
+    lip_ffn = ffn_lipschitz_upper_bound(layer.mlp, radius_l2=r_mlp)
+    return BlockLipschitzBound(
+        upper_bound=(1 + lip_ffn) * (1 + lip_attn),
+        attention_lipschitz=lip_attn,
+        ffn_lipschitz=lip_ffn,
+        attn_norm_lipschitz=one,
+        mlp_norm_lipschitz=one,
+    )
+
+
+def _attention_local(x: Tensor, attention: AttentionWeights) -> Tensor:
+    mask = causal_mask(x.shape[1], x.device) if attention.causal else None
+    return mha_local_jacobian_upper_bound(
+        x,
+        attention.w_q,
+        attention.w_k,
+        attention.w_v,
+        attention.w_o,
+        tau=attention.tau,
+        mask=mask,
+        biases=biases_of(attention),
+        rotary=attention.rotary,
+    ).upper_bound
+
+
+def _norm_local(x: Tensor, norm: NormWeights) -> Tensor:
+    return norm_jacobian_spectral_norm_upper_bound(x, norm.gamma, norm.eps, norm.kind).amax(dim=-1)
+
+
+def block_local_jacobian_upper_bound(x: Tensor, layer: LayerWeights) -> Tensor:
+    """Certified bound of ‖D block(X)‖_{b∞→b∞} at X from local factor bounds and the chain rule.
+
+    pre: (1 + ‖J_N₂‖‖J_F‖)(1 + ‖J_N₁‖‖J_A‖); parallel pre: 1 + ‖J_N₁‖‖J_A‖ + ‖J_N₂‖‖J_F‖;
+    post: ‖J_N₂(αY + F(Y))‖(α + ‖J_F‖) ‖J_N₁(αX + A(X))‖(α + ‖J_A‖);
+    none: (1 + ‖J_F‖)(1 + ‖J_A‖), every factor bounded at the point where it is evaluated.
+
+    Args:
+        x: ``[batch, query, d_model]`` block input.
+
+    Returns:
+        ``[batch]`` float64 certified bound (MATH.md T4–T8 combined).
+    """
+    from attnsens.geometry.layers import attention_sublayer, mlp_forward
+
+    x = x.detach().to(torch.float64)
+    if layer.parallel_residual:
+        h_attn, h_mlp = norm_forward(x, layer.attn_norm), norm_forward(x, layer.mlp_norm)
+        attn = _norm_local(x, layer.attn_norm) * _attention_local(h_attn, layer.attention)
+        ffn = _norm_local(x, layer.mlp_norm) * ffn_local_jacobian_upper_bound(h_mlp, layer.mlp)
+        return 1 + attn + ffn
+    if layer.placement == "pre":
+        h = norm_forward(x, layer.attn_norm)
+        first = 1 + _norm_local(x, layer.attn_norm) * _attention_local(h, layer.attention)
+        y = x + attention_sublayer(h, layer.attention)
+        g = norm_forward(y, layer.mlp_norm)
+        second = 1 + _norm_local(y, layer.mlp_norm) * ffn_local_jacobian_upper_bound(g, layer.mlp)
+        return first * second
+    if layer.placement == "post":
+        alpha = layer.residual_scale
+        s1 = alpha * x + attention_sublayer(x, layer.attention)
+        first = _norm_local(s1, layer.attn_norm) * (alpha + _attention_local(x, layer.attention))
+        y = norm_forward(s1, layer.attn_norm)
+        s2 = alpha * y + mlp_forward(y, layer.mlp)
+        second = _norm_local(s2, layer.mlp_norm) * (alpha + ffn_local_jacobian_upper_bound(y, layer.mlp))
+        return first * second
+    y = x + attention_sublayer(x, layer.attention)
+    return (1 + _attention_local(x, layer.attention)) * (1 + ffn_local_jacobian_upper_bound(y, layer.mlp))

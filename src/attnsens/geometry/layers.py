@@ -1,0 +1,116 @@
+"""Reference forward passes of norms, positionwise maps and whole residual blocks from ``LayerWeights``.
+
+These are the functions the block bounds (``blocks``) and the residual-Jacobian expansions (``residual``) are
+about; they follow ``attnsens.models.weights`` exactly (placements "pre", "post", "none"; DeepNorm's residual
+scale α in the post placement).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from attnsens.errors import ConfigError
+from attnsens.geometry.attention import biases_of, causal_mask, mha_forward
+from attnsens.models.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights
+
+
+def activation(name: str, x: Tensor) -> Tensor:
+    """gelu (erf), gelu_tanh, relu or silu applied elementwise."""
+    if name == "gelu":
+        return torch.nn.functional.gelu(x)
+    if name == "gelu_tanh":
+        return torch.nn.functional.gelu(x, approximate="tanh")
+    if name == "relu":
+        return torch.relu(x)
+    if name == "silu":
+        return torch.nn.functional.silu(x)
+    raise ConfigError(f"unknown activation {name!r}; expected gelu, gelu_tanh, relu or silu")
+
+
+def norm_forward(x: Tensor, norm: NormWeights) -> Tensor:
+    """LayerNorm γ ⊙ (x − μ)/σ + β or RMSNorm γ ⊙ x/r, tokenwise over the last axis (MATH.md §2.8)."""
+    gamma = norm.gamma.to(x.dtype)
+    if norm.kind == "layernorm":
+        centered = x - x.mean(dim=-1, keepdim=True)
+        y = centered / torch.sqrt(centered.square().mean(dim=-1, keepdim=True) + norm.eps) * gamma
+    else:
+        y = x / torch.sqrt(x.square().mean(dim=-1, keepdim=True) + norm.eps) * gamma
+    return y if norm.beta is None else y + norm.beta.to(x.dtype)
+
+
+def mlp_forward(x: Tensor, mlp: MLPWeights) -> Tensor:
+    """W_out act(W_in x + b_in) + b_out, or gated W_out (act(W_gate x) ⊙ (W_in x + b_in)) + b_out (MATH.md §2.7)."""
+    hidden = x @ mlp.w_in.to(x.dtype).T
+    if mlp.b_in is not None:
+        hidden = hidden + mlp.b_in.to(x.dtype)
+    if mlp.kind == "gated":
+        hidden = activation(mlp.activation, x @ mlp.w_gate.to(x.dtype).T) * hidden
+    else:
+        hidden = activation(mlp.activation, hidden)
+    out = hidden @ mlp.w_out.to(x.dtype).T
+    return out if mlp.b_out is None else out + mlp.b_out.to(x.dtype)
+
+
+def attention_sublayer(x: Tensor, attention: AttentionWeights) -> Tensor:
+    """MHA(x) for ``x: [batch, query, d_model]`` with the weights' mask, biases, rotary and temperature."""
+    dt = x.dtype
+    mask = causal_mask(x.shape[1], x.device) if attention.causal else None
+    biases = biases_of(attention)
+    cast = {k: (None if t is None else t.to(dt)) for k, t in vars(biases).items()}
+    return mha_forward(
+        x,
+        attention.w_q.to(dt),
+        attention.w_k.to(dt),
+        attention.w_v.to(dt),
+        attention.w_o.to(dt),
+        tau=attention.tau,
+        mask=mask,
+        biases=type(biases)(**cast),
+        rotary=attention.rotary,
+    ).output
+
+
+def attention_half(x: Tensor, layer: LayerWeights) -> Tensor:
+    """The attention residual sublayer of a block: x + A(N1(x)), N1(αx + A(x)) or x + A(x)."""
+    if layer.placement == "pre":
+        return x + attention_sublayer(norm_forward(x, layer.attn_norm), layer.attention)
+    if layer.placement == "post":
+        return norm_forward(layer.residual_scale * x + attention_sublayer(x, layer.attention), layer.attn_norm)
+    return x + attention_sublayer(x, layer.attention)
+
+
+def mlp_half(x: Tensor, layer: LayerWeights) -> Tensor:
+    """The positionwise residual sublayer of a block: x + F(N2(x)), N2(αx + F(x)) or x + F(x)."""
+    if layer.placement == "pre":
+        return x + mlp_forward(norm_forward(x, layer.mlp_norm), layer.mlp)
+    if layer.placement == "post":
+        return norm_forward(layer.residual_scale * x + mlp_forward(x, layer.mlp), layer.mlp_norm)
+    return x + mlp_forward(x, layer.mlp)
+
+
+def block_forward(x: Tensor, layer: LayerWeights) -> Tensor:
+    """One transformer block (``LayerWeights`` docstring): ``[batch, query, d_model]`` → same shape."""
+    if layer.parallel_residual:
+        attn = attention_sublayer(norm_forward(x, layer.attn_norm), layer.attention)
+        return x + attn + mlp_forward(norm_forward(x, layer.mlp_norm), layer.mlp)
+    return mlp_half(attention_half(x, layer), layer)
+
+
+def residual_stream(x: Tensor, layers: list[LayerWeights]) -> list[Tensor]:
+    """Block inputs X_0 = x, X_{ℓ+1} = block_ℓ(X_ℓ); returns [X_0, …, X_N] (N + 1 tensors)."""
+    stream = [x]
+    for layer in layers:
+        stream.append(block_forward(stream[-1], layer))
+    return stream
+
+
+def synthetic_block_input(
+    d_model: int, n_query: int, *, batch: int = 1, rms: float = 1.0, seed: int = 0, dtype: torch.dtype = torch.float64
+) -> Tensor:
+    """Seeded Gaussian residual stream ``[batch, query, d_model]`` with every token's RMS equal to ``rms``."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, n_query, d_model, generator=generator, dtype=dtype)
+    return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True) * (rms * math.sqrt(d_model))

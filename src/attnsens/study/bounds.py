@@ -1,0 +1,332 @@
+"""Certified bounds of a whole model, layer by layer and head by head, beside empirical estimates.
+
+``bound_model(model, input_ids)`` evaluates, for every layer, the quantities of MATH.md A4 and T4–T8 and returns a
+pandas DataFrame whose columns follow the ``bounds`` table of ``attnsens.store.schema`` (head = −1 rows hold
+layer-level quantities). Inputs come from the model adapter (``layer_inputs``) or, for bare ``LayerWeights``, from
+a residual stream propagated with the reference forward of ``attnsens.geometry.layers``.
+
+Head rows: projection norms, Φ_h, θ̃_h and ``mha_local_jacobian_upper_bound`` = ‖W_O^{(h)}‖(‖W_V^h‖ + θ̃_h Φ_h/τ),
+a certified bound of the Jacobian of head h's own contribution. Layer rows: the certified local bound of the whole
+attention sublayer at its actual input (the best head combination, T4/T5), its length-independent Lipschitz
+bound on the input ball (T5; for pre-LN the ball of radius ‖γ₁‖_∞ + ‖β₁‖_rms that every N₁ output lies in,
+otherwise the ball through the actual input), the length-dependent bound obtained without θ (θ replaced by its
+distribution-free bound n_keys/2 from ‖J‖_{∞→1} ≤ n ‖J‖_{∞→∞} ≤ n/(2τ)), the lower estimate of the attention
+Jacobian norm at the actual input and tightness ratios; the FFN, T7 block, local block and residual-expansion
+bounds; LayerNorm condition statistics (T6). All norms in the block-∞ convention named in the ``norm`` column.
+
+Weight file layout (``save_layer_weights`` / ``load_layer_weights``, safetensors): tensors
+``layers.{i}.attention.{w_q,w_k,w_v,w_o,b_q,b_k,b_v,b_o}``, ``layers.{i}.mlp.{w_in,w_out,b_in,b_out,w_gate}``,
+``layers.{i}.{attn_norm,mlp_norm}.{gamma,beta}`` (absent = None; shapes as in ``attnsens.models.weights``), and
+the metadata key ``attnsens.layers``: a JSON list with, per layer, ``placement``, ``tau``, ``causal``,
+``mlp_kind``, ``activation``, ``norm_kind``, ``norm_eps`` ([attn, mlp]), ``residual_scale``,
+``parallel_residual`` and ``rotary`` (null or {base, rotary_dim, interleaved}).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+from attnsens import geometry as G
+from attnsens.errors import FileFormatError, InputError
+from attnsens.geometry.attention import biases_of, causal_mask
+from attnsens.geometry.layers import attention_sublayer, mlp_forward, norm_forward, synthetic_block_input
+from attnsens.models.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights, RotaryConfig
+
+FORMAT_KEY = "attnsens.layers"
+
+
+def _layer_inputs_from_stream(layers: Sequence[LayerWeights], x: Tensor) -> list[dict[str, Tensor]]:
+    """Block, attention and MLP inputs (and post-LN residual sums) from the reference forward."""
+    found = []
+    for layer in layers:
+        entry = {"block_input": x}
+        if layer.placement == "pre":
+            entry["attention_input"] = norm_forward(x, layer.attn_norm)
+            mid = x if layer.parallel_residual else x + attention_sublayer(entry["attention_input"], layer.attention)
+            entry["mlp_input"] = norm_forward(mid, layer.mlp_norm)
+        else:
+            entry["attention_input"] = x
+            mid = layer.residual_scale * x + attention_sublayer(x, layer.attention)
+            if layer.placement == "post":
+                entry["attention_residual_sum"] = mid
+                mid = norm_forward(mid, layer.attn_norm)
+            entry["mlp_input"] = mid
+        found.append(entry)
+        x = G.block_forward(x, layer)
+    return found
+
+
+def _with_residual_sums(layer: LayerWeights, entry: dict[str, Tensor]) -> dict[str, Tensor]:
+    if layer.placement == "post" and entry.get("mlp_residual_sum") is None:
+        y = entry["mlp_input"]
+        entry = {**entry, "mlp_residual_sum": layer.residual_scale * y + mlp_forward(y, layer.mlp)}
+    return entry
+
+
+def _attention_call(attention: AttentionWeights) -> Callable[[Tensor], Tensor]:
+    return lambda x: attention_sublayer(x, attention)
+
+
+def _length_dependent_bound(local: G.MHALocalJacobianBound, n_keys: int, tau: float) -> Tensor:
+    norms = local.norms
+    return (norms.w_o * (norms.w_v + n_keys / 2 * local.phi / tau).sum(dim=-1)).amax()
+
+
+def _layer_records(
+    layer: LayerWeights,
+    entry: dict[str, Tensor],
+    *,
+    geometry: str,
+    queries: Tensor | None,
+    iterations: int,
+    restarts: int,
+    compare_placements: bool,
+) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    attn = layer.attention
+    x_attn = entry["attention_input"].to(torch.float64)
+    mask = causal_mask(x_attn.shape[1]) if attn.causal else None
+    args = (attn.w_q, attn.w_k, attn.w_v, attn.w_o)
+    local = G.mha_local_jacobian_upper_bound(
+        x_attn, *args, tau=attn.tau, mask=mask, biases=biases_of(attn), rotary=attn.rotary, geometry=geometry
+    )
+    if layer.placement == "pre":
+        radius_rms = G.norm_output_radius_rms(layer.attn_norm)
+    else:
+        radius_rms = G.block_rms_norm(x_attn).amax()
+    lipschitz = G.mha_lipschitz_upper_bound(
+        *args, tau=attn.tau, radius_rms=radius_rms, d_model=attn.d_model, biases=biases_of(attn), rotary=attn.rotary
+    )
+    options = {"iterations": iterations, "restarts": restarts, "queries": queries, "geometry": geometry}
+    attn_estimate = float(G.block_jacobian_norm_estimate(_attention_call(attn), x_attn, **options).amax())
+    norms = local.norms
+    gamma = layer.attn_norm.gamma if layer.attn_norm is not None else None
+    beta = layer.attn_norm.beta if layer.attn_norm is not None else None
+    head_rows = []
+    for h in range(attn.n_head):
+        theta_tilde = float(local.theta_tilde[:, h].amax())
+        phi = float(local.phi[:, h].amax())
+        w_q, w_k, w_v, w_oh = (float(t[h]) for t in (norms.w_q, norms.w_k, norms.w_v, norms.w_o_head))
+        head_rows.append({
+            "head": h, "w_q_spectral_norm": w_q, "w_k_spectral_norm": w_k, "w_v_spectral_norm": w_v,
+            "w_o_spectral_norm": w_oh, "score_path_norm_product": w_q * w_k,
+            "value_path_norm_product": float(norms.w_o) * w_v,
+            "quartic_norm_product": float(norms.w_o) * w_q * w_k * w_v,
+            "phi": phi, "theta_tilde": theta_tilde,
+            "mha_local_jacobian_upper_bound": w_oh * (w_v + theta_tilde * phi / attn.tau),
+            "mha_lipschitz_upper_bound": w_oh * (w_v + float(lipschitz.phi[h]) / attn.tau),
+        })  # fmt: skip
+
+    block_input = entry["block_input"].to(torch.float64)
+    d_model = attn.d_model
+    if layer.placement == "pre":
+        mlp_radius = G.norm_output_radius_rms(layer.mlp_norm) * math.sqrt(d_model)
+        block = G.block_lipschitz_upper_bound(layer)
+    else:
+        mlp_radius = (
+            G.norm_output_radius_rms(layer.attn_norm) * math.sqrt(d_model) if layer.placement == "post"
+            else G.block_l2_norm(entry["mlp_input"].to(torch.float64)).amax()
+        )  # fmt: skip
+        block = G.block_lipschitz_upper_bound(layer, input_radius_rms=float(G.block_rms_norm(block_input).amax()))
+    block_local = float(G.block_local_jacobian_upper_bound(block_input, layer).amax())
+    block_estimate = float(
+        G.block_jacobian_norm_estimate(lambda z: G.block_forward(z, layer), block_input, **options).amax()
+    )
+    local_bound = float(local.upper_bound.amax())
+    layer_row: dict[str, Any] = {
+        "head": -1, "w_o_spectral_norm": float(norms.w_o),
+        "ln_gain_max": None if gamma is None else float(gamma.abs().amax()),
+        "ln_bias_max": None if beta is None else float(beta.abs().amax()),
+        "input_radius": float(radius_rms) * (1.0 if geometry == "rms" else math.sqrt(d_model)),
+        "theta_tilde": float(local.theta_tilde.amax()),
+        "mha_local_jacobian_upper_bound": local_bound,
+        "mha_local_paper_form_upper_bound": float(local.paper_form_upper_bound.amax()),
+        "mha_lipschitz_upper_bound": float(lipschitz.upper_bound),
+        "mha_length_dependent_upper_bound": float(_length_dependent_bound(local, x_attn.shape[1], attn.tau)),
+        "mha_jacobian_estimate": attn_estimate,
+        "tightness_ratio": local_bound / attn_estimate if attn_estimate > 0 else None,
+        "ffn_lipschitz_upper_bound": float(G.ffn_lipschitz_upper_bound(layer.mlp, radius_l2=mlp_radius)),
+        "block_lipschitz_upper_bound": float(block.upper_bound),
+        "block_jacobian_estimate": block_estimate,
+        "residual_jacobian_upper_bound": block_local,
+        "residual_jacobian_estimate": block_estimate,
+    }  # fmt: skip
+    ln_ratio_max = 1.0
+    if layer.placement != "none":
+        entry = _with_residual_sums(layer, entry)
+        attn_norm_input = entry["attention_residual_sum"] if layer.placement == "post" else block_input
+        condition = G.layernorm_condition(attn_norm_input.to(torch.float64), layer.attn_norm)
+        mlp_norm_input = entry["mlp_residual_sum"] if layer.placement == "post" else None
+        ln_ratio_max = float(condition.ratio_max)
+        if mlp_norm_input is not None:
+            mlp_condition = G.layernorm_condition(mlp_norm_input.to(torch.float64), layer.mlp_norm)
+            ln_ratio_max *= float(mlp_condition.ratio_max)
+        layer_row["ln_condition_fraction"] = float(condition.satisfied_fraction)
+        layer_row["ln_contraction_ratio_median"] = float(condition.ratio_median)
+        if compare_placements:
+            estimates = G.residual_jacobian_estimates(block_input, layer, iterations=iterations, queries=queries)
+            layer_row["pre_ln_residual_jacobian_estimate"] = float(estimates.pre_ln_estimate.amax())
+            layer_row["post_ln_residual_jacobian_estimate"] = float(estimates.post_ln_estimate.amax())
+            layer_row["branch_jacobian_estimate"] = float(estimates.pre_ln_branch_estimate.amax())
+    return [*head_rows, layer_row], {"ln_ratio_max": ln_ratio_max, "branch_upper_bound": block_local - 1.0}
+
+
+def bound_model(
+    model: Any,
+    input_ids: Tensor | None = None,
+    *,
+    block_input: Tensor | None = None,
+    geometry: str = "rms",
+    seq_len: int = 32,
+    n_queries: int | None = 8,
+    iterations: int = 20,
+    restarts: int = 1,
+    compare_placements: bool = True,
+    run_id: str = "bounds",
+    model_name: str | None = None,
+    on_layer: Callable[[int], None] | None = None,
+) -> pd.DataFrame:
+    """Per layer and head: projection norms, Φ_h, θ̃_h, certified local and global bounds, estimates, ratios.
+
+    Args:
+        model: an adapter (``attnsens.models.load``) or a list of ``LayerWeights``.
+        input_ids: ``[batch, n]`` token ids for an adapter (default: none; then ``block_input`` or synthetic).
+        block_input: ``[batch, n, d_model]`` residual stream entering layer 0 (weights-only models; default: a
+            seeded Gaussian stream of ``seq_len`` tokens with RMS 1 per token).
+        geometry: ``"rms"`` or ``"l2"`` block-∞ convention of radii (operator norms agree).
+        n_queries: output tokens probed by the estimators (evenly spaced, last included; None = all).
+        iterations, restarts: estimator effort; compare_placements: also estimate pre- vs post-LN arrangements.
+        on_layer: called with each layer index when its records are done (progress display).
+
+    Returns:
+        DataFrame with the ``bounds`` table's columns (MATH.md A4, T4–T8); certified columns end in ``_upper_bound``.
+    """
+    G.norms.check_geometry(geometry)
+    layers = list(model) if isinstance(model, list | tuple) else list(model.layers)
+    if not layers:
+        raise InputError("the model has no layers to bound; pass a model or a non-empty list of LayerWeights")
+    if input_ids is not None and not isinstance(model, list | tuple):
+        entries = [vars(e) for e in model.layer_inputs(input_ids)]
+    else:
+        if block_input is None:
+            block_input = synthetic_block_input(layers[0].attention.d_model, seq_len)
+        with torch.no_grad():
+            entries = _layer_inputs_from_stream(layers, block_input.to(torch.float64))
+    n_tokens = entries[0]["block_input"].shape[1]
+    queries = None if n_queries is None else torch.linspace(0, n_tokens - 1, min(n_queries, n_tokens)).round().long()
+    records, ln_ratios, branches = [], [], []
+    for layer, entry in zip(layers, entries, strict=True):
+        rows, extra = _layer_records(
+            layer, entry, geometry=geometry, queries=queries, iterations=iterations, restarts=restarts,
+            compare_placements=compare_placements,
+        )  # fmt: skip
+        ln_ratios.append(extra["ln_ratio_max"])
+        branches.append(max(extra["branch_upper_bound"], 0.0))
+        rows[-1]["ln_only_product_upper_bound"] = float(G.ln_only_product_upper_bound(torch.tensor(ln_ratios))[-1])
+        if layer.placement == "pre":
+            rows[-1]["expansion_remainder_upper_bound"] = float(
+                G.pre_ln_expansion_remainder_upper_bound(torch.tensor(branches))
+            )
+        placement = "deepnorm" if layer.placement == "post" and layer.residual_scale != 1.0 else layer.placement
+        for row in rows:
+            row.update(run_id=run_id, model=model_name or getattr(model, "name", "layers"), step=0, seed=0,
+                       layer=layer.index, norm=f"block_{geometry}",
+                       norm_placement={"pre": "pre_ln", "post": "post_ln"}.get(placement, placement))  # fmt: skip
+        records.extend(rows)
+        if on_layer is not None:
+            on_layer(layer.index)
+    return pd.DataFrame.from_records(records)
+
+
+_TENSORS = {
+    "attention": ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o"),
+    "mlp": ("w_in", "w_out", "b_in", "b_out", "w_gate"),
+    "attn_norm": ("gamma", "beta"),
+    "mlp_norm": ("gamma", "beta"),
+}
+
+
+def save_layer_weights(layers: Sequence[LayerWeights], path: str | os.PathLike[str]) -> Path:
+    """Write ``layers`` to a safetensors file in the layout of the module docstring."""
+    from safetensors.torch import save_file
+
+    tensors: dict[str, Tensor] = {}
+    configs = []
+    for i, layer in enumerate(layers):
+        for part, names in _TENSORS.items():
+            obj = getattr(layer, part)
+            for name in names:
+                value = None if obj is None else getattr(obj, name)
+                if value is not None:
+                    tensors[f"layers.{i}.{part}.{name}"] = value.detach().contiguous().cpu()
+        rotary = layer.attention.rotary
+        configs.append({
+            "placement": layer.placement, "tau": layer.attention.tau, "causal": layer.attention.causal,
+            "mlp_kind": layer.mlp.kind, "activation": layer.mlp.activation,
+            "norm_kind": None if layer.attn_norm is None else layer.attn_norm.kind,
+            "norm_eps": [None if n is None else n.eps for n in (layer.attn_norm, layer.mlp_norm)],
+            "residual_scale": layer.residual_scale, "parallel_residual": layer.parallel_residual,
+            "rotary": None if rotary is None else vars(rotary),
+        })  # fmt: skip
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path), metadata={FORMAT_KEY: json.dumps(configs)})
+    return path
+
+
+def load_layer_weights(path: str | os.PathLike[str]) -> list[LayerWeights]:
+    """Read a safetensors file written in the layout of the module docstring into ``LayerWeights``."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileFormatError(f"weight file {path} does not exist; pass a .safetensors file of the attnsens layout")
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+            tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+    except Exception as err:  # safetensors raises its own error types for corrupt headers
+        raise FileFormatError(f"cannot read {path} as safetensors ({err}); check the file") from None
+    if FORMAT_KEY not in metadata:
+        raise FileFormatError(
+            f"{path} has no {FORMAT_KEY!r} metadata; write it with attnsens.study.bounds.save_layer_weights"
+        )
+    layers = []
+    for i, cfg in enumerate(json.loads(metadata[FORMAT_KEY])):
+        try:
+            layers.append(_layer_from(tensors, i, cfg))
+        except (KeyError, TypeError, AttributeError) as err:
+            raise FileFormatError(
+                f"{path}: layer {i} is incomplete ({err}); see the layout in attnsens.study.bounds"
+            ) from None
+    return layers
+
+
+def _layer_from(tensors: dict[str, Tensor], i: int, cfg: dict[str, Any]) -> LayerWeights:
+    def get(part: str, name: str) -> Tensor | None:
+        return tensors.get(f"layers.{i}.{part}.{name}")
+
+    def norm(part: str, eps: float | None) -> NormWeights | None:
+        gamma = get(part, "gamma")
+        return (
+            None if gamma is None else NormWeights(kind=cfg["norm_kind"], gamma=gamma, beta=get(part, "beta"), eps=eps)
+        )
+
+    attention = AttentionWeights(
+        **{n: get("attention", n) for n in _TENSORS["attention"]}, tau=cfg["tau"], causal=cfg["causal"],
+        rotary=None if cfg["rotary"] is None else RotaryConfig(**cfg["rotary"]),
+    )  # fmt: skip
+    mlp = MLPWeights(kind=cfg["mlp_kind"], activation=cfg["activation"], **{n: get("mlp", n) for n in _TENSORS["mlp"]})
+    return LayerWeights(
+        index=i, placement=cfg["placement"], attention=attention, mlp=mlp,
+        attn_norm=norm("attn_norm", cfg["norm_eps"][0]), mlp_norm=norm("mlp_norm", cfg["norm_eps"][1]),
+        residual_scale=cfg["residual_scale"], parallel_residual=cfg["parallel_residual"],
+    )  # fmt: skip

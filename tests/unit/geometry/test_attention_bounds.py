@@ -1,0 +1,185 @@
+"""Soundness of the attention bounds: estimate ≤ certified local bound ≤ paper form ≤ global (MATH.md T4, T5)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch.testing import assert_close
+
+from attnsens.errors import ConfigError, ShapeError
+from attnsens.geometry.attention import AttentionBiases, causal_mask, mha_forward
+from attnsens.geometry.attention_bounds import mha_lipschitz_upper_bound, mha_local_jacobian_upper_bound
+from attnsens.geometry.estimates import block_jacobian_norm_estimate
+from attnsens.geometry.norms import block_rms_norm
+from attnsens.models.weights import RotaryConfig
+from tests.reference.jacobian_oracles import (
+    block_inf_norm_lower_dense,
+    block_inf_norm_scalar_tokens,
+    block_inf_norm_single_input_token,
+)
+
+F64 = torch.float64
+ROPE = RotaryConfig(base=10.0, rotary_dim=2)
+
+
+def _instances(n: int, n_query: int, d_model: int, n_head: int, n_kv: int, d_head: int, seed: int) -> dict:
+    """n random instances; weight scales spread over two decades so rows range from diffuse to one-hot."""
+    g = torch.Generator().manual_seed(seed)
+    scale = torch.exp(torch.empty(n, 1, 1, 1, dtype=F64).uniform_(-1.5, 1.5, generator=g))
+    r = lambda *s: torch.randn(n, *s, generator=g, dtype=F64)  # noqa: E731
+    return {
+        "X": r(n_query, d_model) * scale[..., 0], "Wq": r(n_head, d_head, d_model) * scale,
+        "Wk": r(n_kv, d_head, d_model) * scale, "Wv": r(n_kv, d_head, d_model), "Wo": r(d_model, n_head * d_head),
+        "bq": r(n_head, d_head) * scale[..., 0], "bk": r(n_kv, d_head) * scale[..., 0] * 3, "bv": r(n_kv, d_head),
+        "bo": r(d_model),
+    }  # fmt: skip
+
+
+def _dense_jacobians(inst: dict, *, tau: float, mask, rotary) -> torch.Tensor:
+    def f(X, Wq, Wk, Wv, Wo, bq, bk, bv, bo):
+        biases = AttentionBiases(q=bq, k=bk, v=bv, o=bo)
+        return mha_forward(X[None], Wq, Wk, Wv, Wo, tau=tau, mask=mask, biases=biases, rotary=rotary).output[0]
+
+    keys = ("X", "Wq", "Wk", "Wv", "Wo", "bq", "bk", "bv", "bo")
+    return torch.func.vmap(torch.func.jacrev(f))(*(inst[k] for k in keys))
+
+
+def _bounds(inst: dict, *, tau: float, mask, rotary):
+    """Both bounds for all instances at once (weights batched along the instance axis)."""
+    biases = AttentionBiases(q=inst["bq"], k=inst["bk"], v=inst["bv"], o=inst["bo"])
+    X, W = inst["X"], [inst[k] for k in ("Wq", "Wk", "Wv", "Wo")]
+    local = mha_local_jacobian_upper_bound(X, *W, tau=tau, mask=mask, biases=biases, rotary=rotary)
+    radius = block_rms_norm(X)
+    glob = mha_lipschitz_upper_bound(*W, tau=tau, radius_rms=radius, d_model=X.shape[-1], biases=biases, rotary=rotary)
+    return local, glob
+
+
+@pytest.mark.parametrize(
+    ("n_kv", "causal", "rotary"), [(2, False, None), (1, True, None), (2, True, ROPE), (1, False, ROPE)]
+)
+def test_estimate_below_local_below_paper_form_below_global_on_random_instances(n_kv, causal, rotary) -> None:
+    n, L, tau = 1000, 4, 0.9
+    inst = _instances(n, L, 3, 2, n_kv, 2, seed=n_kv + 2 * causal + 4 * (rotary is not None))
+    mask = causal_mask(L) if causal else None
+    lower = block_inf_norm_lower_dense(_dense_jacobians(inst, tau=tau, mask=mask, rotary=rotary), iterations=30)
+    local, glob = _bounds(inst, tau=tau, mask=mask, rotary=rotary)
+    assert bool((lower <= local.upper_bound).all()), "an estimate exceeds the certified local bound"
+    assert bool((local.upper_bound <= local.paper_form_upper_bound * (1 + 1e-12)).all())
+    assert bool((local.paper_form_upper_bound <= glob.paper_form_upper_bound * (1 + 1e-12)).all())
+    assert bool((local.upper_bound <= glob.upper_bound * (1 + 1e-12)).all())
+    assert float((local.theta_tilde < 0.9).to(F64).mean()) > 0.02, "instances must include concentrated heads"
+
+
+def test_exact_norm_below_bound_for_scalar_tokens() -> None:
+    """d_model = 1 makes the block-∞ norm an exact 2^L enumeration (tests/reference/jacobian_oracles.py)."""
+    n, L, tau = 300, 5, 0.5
+    inst = _instances(n, L, 1, 3, 3, 2, seed=7)
+    mask = causal_mask(L)
+    exact = block_inf_norm_scalar_tokens(_dense_jacobians(inst, tau=tau, mask=mask, rotary=None))
+    local, _ = _bounds(inst, tau=tau, mask=mask, rotary=None)
+    assert bool((exact <= local.upper_bound).all()), "an exact norm exceeds the certified local bound"
+
+
+def test_bound_holds_at_inputs_found_by_gradient_ascent() -> None:
+    """Maximize the Jacobian norm over X in the RMS ball, then check estimate ≤ local ≤ global there."""
+    L, d, tau, radius = 5, 4, 1.0, 1.5
+    for seed in range(3):
+        inst = _instances(1, L, d, 2, 1, 3, seed=100 + seed)
+        W = [inst[k][0] for k in ("Wq", "Wk", "Wv", "Wo")]
+        biases = AttentionBiases(q=inst["bq"][0], k=inst["bk"][0], v=inst["bv"][0], o=inst["bo"][0])
+        f = lambda Z: mha_forward(Z, *W, tau=tau, mask=causal_mask(L), biases=biases).output  # noqa: B023,E731
+        X = inst["X"].clone().requires_grad_(True)
+        D = torch.randn(L, 1, L, d, dtype=F64)
+        for _ in range(20):
+            D = (D / D.norm(dim=-1, keepdim=True).clamp_min(1e-30)).detach()  # keys a causal row never reads: 0
+            W_out = torch.func.vmap(lambda v: torch.func.jvp(f, (X,), (v,))[1])(D)  # noqa: B023
+            value = W_out[torch.arange(L), 0, torch.arange(L)].norm(dim=-1).amax()
+            (grad_x,) = torch.autograd.grad(value, X)
+            with torch.no_grad():
+                X += 0.2 * grad_x / grad_x.norm().clamp_min(1e-12)
+                token_norm = X.norm(dim=-1, keepdim=True)
+                X *= torch.clamp(radius * math.sqrt(d) / token_norm, max=1.0)
+                D = torch.func.vmap(lambda c: torch.func.vjp(f, X)[1](c)[0])(  # noqa: B023
+                    torch.einsum("iq,ibe->ibqe", torch.eye(L, dtype=F64), W_out[torch.arange(L), :, torch.arange(L)])
+                )
+        X = X.detach()
+        estimate = block_jacobian_norm_estimate(f, X, iterations=30, restarts=2)
+        local = mha_local_jacobian_upper_bound(X, *W, tau=tau, mask=causal_mask(L), biases=biases)
+        glob = mha_lipschitz_upper_bound(*W, tau=tau, radius_rms=radius, d_model=d, biases=biases)
+        assert float(estimate[0]) <= float(local.upper_bound[0])
+        assert float(local.upper_bound[0]) <= float(glob.upper_bound)
+
+
+def test_rope_with_key_bias_needs_the_corrected_phi() -> None:
+    """MATH.md T4 says the key bias is irrelevant; under RoPE the rotated bias R_j b_K varies with j and matters."""
+    L, d, tau = 6, 2, 1.0
+    Wq = torch.eye(2, dtype=F64)[None] * 3
+    Wk = torch.eye(2, dtype=F64)[None] * 0.01
+    Wv, Wo = torch.eye(2, dtype=F64)[None], torch.eye(2, dtype=F64)
+    biases = AttentionBiases(k=torch.tensor([[4.0, 0.0]], dtype=F64))
+    rotary = RotaryConfig(base=2.0, rotary_dim=2)
+    X = torch.randn(1, L, d, dtype=F64)
+    f = lambda Z: mha_forward(Z, Wq, Wk, Wv, Wo, tau=tau, biases=biases, rotary=rotary).output  # noqa: E731
+    estimate = block_jacobian_norm_estimate(f, X, iterations=60, restarts=4)
+    local = mha_local_jacobian_upper_bound(X, Wq, Wk, Wv, Wo, tau=tau, biases=biases, rotary=rotary)
+    R = float(X.norm(dim=-1).amax())
+    uncorrected_phi = 0.01 * 1.0 * R * (2 * 3 * R)  # ‖W_K‖‖W_V‖R(2‖W_Q‖R + ‖b_Q‖), b_Q = 0
+    uncorrected = 1.0 * (1.0 + float(local.theta_tilde[0, 0]) * uncorrected_phi / tau)
+    assert float(estimate[0]) > uncorrected, "the instance must show the uncorrected form failing"
+    assert float(estimate[0]) <= float(local.upper_bound[0])
+
+
+def test_single_token_closed_form() -> None:
+    """L = 1: p = (1), θ = 0, and D MHA = W_O [W_V^1; …; W_V^H] exactly."""
+    Wq, Wk, Wv = torch.randn(3, 2, 5, dtype=F64), torch.randn(3, 2, 5, dtype=F64), torch.randn(3, 2, 5, dtype=F64)
+    Wo = torch.randn(5, 6, dtype=F64)
+    X = torch.randn(1, 1, 5, dtype=F64) * 10
+    local = mha_local_jacobian_upper_bound(X, Wq, Wk, Wv, Wo, tau=0.3)
+    assert_close(local.theta_tilde, torch.zeros(1, 3, dtype=F64))
+    assert_close(local.sensitivity_term, torch.zeros(1, 3, dtype=F64))
+    w_v = torch.linalg.matrix_norm(Wv, ord=2)
+    assert_close(local.paper_form_upper_bound, torch.linalg.matrix_norm(Wo, ord=2) * w_v.sum()[None])
+    exact = torch.linalg.matrix_norm(Wo @ Wv.reshape(6, 5), ord=2)
+    J = torch.func.jacrev(lambda z: mha_forward(z[None], Wq, Wk, Wv, Wo, tau=0.3).output[0])(X[0])
+    assert_close(block_inf_norm_single_input_token(J), exact)
+    estimate = block_jacobian_norm_estimate(lambda z: mha_forward(z, Wq, Wk, Wv, Wo, tau=0.3).output, X, iterations=100)
+    assert_close(estimate[0], exact)
+    assert float(exact) <= float(local.upper_bound[0])
+
+
+@pytest.mark.parametrize("n_query", [4, 5])
+def test_uniform_attention_closed_form(n_query: int) -> None:
+    """W_Q = 0: every row is uniform, θ̃ = 1 (even) or 1 − 1/n² (odd); Φ = 0 and D MHA = mean-mixing ⊗ W_O W_V."""
+    Wq = torch.zeros(1, 2, 3, dtype=F64)
+    Wk, Wv, Wo = torch.randn(1, 2, 3, dtype=F64), torch.randn(1, 2, 3, dtype=F64), torch.randn(3, 2, dtype=F64)
+    X = torch.randn(1, n_query, 3, dtype=F64)
+    local = mha_local_jacobian_upper_bound(X, Wq, Wk, Wv, Wo, tau=1.0)
+    theta = 1.0 if n_query % 2 == 0 else 1 - 1 / n_query**2
+    assert_close(local.theta_tilde[0, 0], torch.tensor(theta, dtype=F64))
+    assert_close(local.phi, torch.zeros(1, 1, dtype=F64))
+    exact = torch.linalg.matrix_norm(Wo @ Wv[0], ord=2)  # all tokens moved along the top singular vector
+    f = lambda Z: mha_forward(Z, Wq, Wk, Wv, Wo, tau=1.0).output  # noqa: E731
+    assert_close(block_jacobian_norm_estimate(f, X, iterations=100)[0], exact)
+    assert float(exact) <= float(local.upper_bound[0])
+
+
+def test_identity_weights_closed_form() -> None:
+    """W_Q = W_K = W_V = W_O = I, one head: paper form = 1 + θ̃ · 2R²/τ."""
+    eye = torch.eye(3, dtype=F64)
+    X = torch.randn(2, 5, 3, dtype=F64)
+    local = mha_local_jacobian_upper_bound(X, eye[None], eye[None], eye[None], eye, tau=2.0, geometry="l2")
+    R = X.norm(dim=-1).amax(dim=-1)
+    assert_close(local.radius, R)
+    assert_close(local.paper_form_upper_bound, 1 + local.theta_tilde[:, 0] * 2 * R**2 / 2.0)
+    glob = mha_lipschitz_upper_bound(eye[None], eye[None], eye[None], eye, tau=2.0, radius_rms=1.0, d_model=3)
+    assert_close(glob.paper_form_upper_bound, torch.tensor(1 + 2 * 3.0 / 2.0, dtype=F64))
+
+
+def test_bad_arguments_raise() -> None:
+    W = torch.randn(1, 2, 3, dtype=F64)
+    with pytest.raises(ConfigError):
+        mha_local_jacobian_upper_bound(torch.randn(1, 2, 3), W, W, W, torch.randn(3, 2), tau=0.0)
+    with pytest.raises(ShapeError):
+        mha_lipschitz_upper_bound(W, W, W, torch.randn(3, 2), tau=1.0, radius_rms=1.0, d_model=4)

@@ -1,0 +1,78 @@
+"""Activation constants, FFN and block bounds: certified bounds are never exceeded (MATH.md §2.7, T6, T7)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from attnsens.geometry.blocks import (
+    ACTIVATION_LIPSCHITZ,
+    block_lipschitz_upper_bound,
+    block_local_jacobian_upper_bound,
+    ffn_lipschitz_upper_bound,
+    ffn_local_jacobian_upper_bound,
+    norm_output_radius_rms,
+)
+from attnsens.geometry.estimates import block_jacobian_norm_estimate
+from attnsens.geometry.layers import activation, block_forward, mlp_forward, norm_forward, synthetic_block_input
+from attnsens.geometry.norms import block_rms_norm
+from tests.unit.geometry.tiny_layers import tiny_layers
+
+F64 = torch.float64
+
+
+@pytest.mark.parametrize("name", ["gelu", "gelu_tanh", "silu", "relu"])
+def test_activation_constants_bound_the_derivative_tightly(name: str) -> None:
+    z = torch.linspace(-12, 12, 2_400_001, dtype=F64, requires_grad=True)
+    (slope,) = torch.autograd.grad(activation(name, z).sum(), z)
+    observed = float(slope.abs().max())
+    assert observed <= ACTIVATION_LIPSCHITZ[name] <= observed + 1e-5
+    assert bool((activation(name, z).abs() <= z.abs() + 1e-15).all())  # |act(z)| ≤ |z|, used by the gated bound
+
+
+def test_gelu_tanh_constant_of_the_spec_is_too_small() -> None:
+    """MATH.md §2.7 quotes 1.12899 for tanh-GELU; the true max slope is 1.1289931 (this module uses 1.128994)."""
+    z = torch.tensor([1.4185], dtype=F64, requires_grad=True)
+    (slope,) = torch.autograd.grad(activation("gelu_tanh", z).sum(), z)
+    assert float(slope) > 1.12899
+
+
+@pytest.mark.parametrize("gated", [False, True])
+def test_ffn_bounds_hold_at_estimated_worst_inputs(gated: bool) -> None:
+    layer = tiny_layers("pre", gated=gated, norm="rmsnorm" if gated else "layernorm", seed=3)[0]
+    radius_rms = 2.0
+    bound = ffn_lipschitz_upper_bound(layer.mlp, radius_l2=radius_rms * math.sqrt(10))
+    X = synthetic_block_input(10, 9, batch=3, rms=radius_rms, seed=5)
+    estimate = block_jacobian_norm_estimate(lambda z: mlp_forward(z, layer.mlp), X, iterations=30)
+    local = ffn_local_jacobian_upper_bound(X, layer.mlp)
+    assert bool((estimate <= local).all()) and bool((local <= bound).all())
+
+
+def test_norm_outputs_stay_in_the_reset_ball() -> None:
+    for norm in ("layernorm", "rmsnorm"):
+        layer = tiny_layers("pre", norm=norm)[0]
+        X = torch.randn(4, 9, 10, dtype=F64) * torch.logspace(-3, 3, 4, dtype=F64)[:, None, None]
+        radius = norm_output_radius_rms(layer.attn_norm)
+        assert bool((block_rms_norm(norm_forward(X, layer.attn_norm)) <= radius * (1 + 1e-12)).all())
+
+
+@pytest.mark.parametrize("placement", ["pre", "post", "none"])
+def test_block_estimate_below_local_below_global(placement: str) -> None:
+    layer = tiny_layers(placement, seed=11)[0]
+    X = synthetic_block_input(10, 8, batch=2, rms=1.3, seed=2)
+    estimate = block_jacobian_norm_estimate(lambda z: block_forward(z, layer), X, iterations=20, restarts=2)
+    local = block_local_jacobian_upper_bound(X, layer)
+    glob = block_lipschitz_upper_bound(layer, input_radius_rms=1.3).upper_bound
+    assert bool((estimate <= local).all()), (estimate, local)
+    assert bool((local <= glob).all())
+
+
+def test_parallel_residual_block_bound() -> None:
+    base = tiny_layers("pre", seed=4)[0]
+    layer = type(base)(**{**vars(base), "parallel_residual": True})
+    X = synthetic_block_input(10, 6, rms=1.0, seed=9)
+    estimate = block_jacobian_norm_estimate(lambda z: block_forward(z, layer), X, iterations=20)
+    local = block_local_jacobian_upper_bound(X, layer)
+    assert float(estimate[0]) <= float(local[0]) <= float(block_lipschitz_upper_bound(layer).upper_bound)

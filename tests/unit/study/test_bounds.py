@@ -1,0 +1,78 @@
+"""The bounds pipeline: LayerWeights → bounds table; safetensors layout round trip; the ``bounds`` CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from attnsens.cli import app
+from attnsens.errors import FileFormatError
+from attnsens.store.parquet import conform, read_table
+from attnsens.study.bounds import bound_model, load_layer_weights, save_layer_weights
+from tests.unit.geometry.tiny_layers import tiny_layers
+
+FAST = {"seq_len": 7, "n_queries": 3, "iterations": 6}
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"placement": "pre"}, {"placement": "post"},
+     {"placement": "pre", "gated": True, "norm": "rmsnorm", "rotary": True, "n_kv_head": 1, "biases": False}],
+)  # fmt: skip
+def test_bound_model_is_sound_and_fits_the_schema(kwargs: dict) -> None:
+    layers = tiny_layers(**kwargs, n_layer=2)
+    table = bound_model(layers, **FAST)
+    conform(table, "bounds")  # raises on unknown columns or wrong dtypes
+    layer_rows = table[table["head"] == -1]
+    head_rows = table[table["head"] >= 0]
+    assert len(layer_rows) == 2 and len(head_rows) == 2 * layers[0].attention.n_head
+    for row in layer_rows.to_dict("records"):
+        assert row["mha_jacobian_estimate"] <= row["mha_local_jacobian_upper_bound"]
+        assert row["mha_local_jacobian_upper_bound"] <= row["mha_local_paper_form_upper_bound"] * (1 + 1e-12)
+        assert row["mha_local_paper_form_upper_bound"] <= row["mha_length_dependent_upper_bound"]
+        assert row["block_jacobian_estimate"] <= row["residual_jacobian_upper_bound"]
+        assert row["residual_jacobian_upper_bound"] <= row["block_lipschitz_upper_bound"]
+        assert row["tightness_ratio"] >= 1
+        assert 0 <= row["ln_condition_fraction"] <= 1
+    if kwargs["placement"] == "pre":
+        assert (layer_rows["mha_local_jacobian_upper_bound"] <= layer_rows["mha_lipschitz_upper_bound"]).all()
+    assert (head_rows["theta_tilde"] <= 1 + 1e-12).all()
+
+
+def test_safetensors_layout_round_trip(tmp_path) -> None:
+    layers = tiny_layers("pre", gated=True, norm="rmsnorm", rotary=True, n_kv_head=1, biases=False)
+    path = save_layer_weights(layers, tmp_path / "w.safetensors")
+    loaded = load_layer_weights(path)
+    assert len(loaded) == len(layers)
+    for a, b in zip(layers, loaded, strict=True):
+        torch.testing.assert_close(a.attention.w_k, b.attention.w_k)
+        torch.testing.assert_close(a.mlp.w_gate, b.mlp.w_gate)
+        assert a.attention.rotary == b.attention.rotary and a.attn_norm.kind == b.attn_norm.kind
+        assert b.attention.b_q is None and a.placement == b.placement
+    with pytest.raises(FileFormatError):
+        load_layer_weights(tmp_path / "missing.safetensors")
+
+
+def test_cli_bounds_on_a_weights_file(tmp_path) -> None:
+    path = save_layer_weights(tiny_layers("post", n_layer=2), tmp_path / "tiny.safetensors")
+    runner = CliRunner()
+    args = ["bounds", str(path), "--seq-len", "6", "--queries", "2", "--iterations", "4"]
+    result = runner.invoke(app, [*args, "--json", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.output)
+    assert payload["norm"] == "block_rms"
+    layer_records = [r for r in payload["records"] if r["head"] == -1]
+    assert [r["layer"] for r in layer_records] == [0, 1]
+    stored = read_table(tmp_path / "out" / "bounds.parquet")
+    assert len(stored) == len(payload["records"])
+    table_result = runner.invoke(app, args)
+    assert table_result.exit_code == 0 and "certified bounds of tiny.safetensors" in table_result.output
+
+
+def test_cli_bounds_reports_domain_errors(tmp_path) -> None:
+    result = CliRunner().invoke(app, ["bounds", str(tmp_path / "absent.safetensors")])
+    assert result.exit_code == 1
+    assert "does not exist" in result.output
