@@ -5,7 +5,7 @@ the derivation, the bias handling and the causal variant) from a model's weights
 apply where the seed's assumptions fail:
 
 * LayerNorm / RMSNorm anywhere (MATH.md §10.1, §10.6): a norm's Lipschitz constant is ‖γ‖∞/√ε (the Jacobian of
-  x ↦ γ ⊙ (x − μ)/σ has norm ≤ ‖γ‖∞/σ ≤ ‖γ‖∞/√ε, attained at a constant x), which enters every Λ_k and makes C
+  x ↦ γ ⊙ (x − μ)/σ has norm ≤ ‖γ‖∞/σ ≤ ‖γ‖∞/√ε, sharp up to 1 − 1/d at constant x), which enters every Λ_k and makes C
   vacuous; the certificate says so (``applicable=False``) and reports, as ``log10_constant``, what the recursion
   gives with the norms counted inside f_k — an indicative size, not a certificate (for pre-LN, attention reads
   LN(y), which the seed's bilinear form does not cover).
@@ -17,6 +17,16 @@ apply where the seed's assumptions fail:
 Prediction probabilities (MATH.md §10.3, θ sharpening): with logits z = U y + c, ‖p − p'‖₁ ≤
 ∫ ‖J(z_t)‖_{∞→1} dt · osc(Δz)/2 ≤ max_{v,w} ‖u_v − u_w‖ · ‖Δy_n‖ / 2 (‖J‖_{∞→1} = θ ≤ 1 by T1; J1 = 0 allows
 the half-oscillation), so ‖p − p'‖₁ ≤ spread · C/(2n) and TV = ‖p − p'‖₁/2 ≤ spread · C/(4n).
+
+Differences from MATH.md §10.3–10.4 (each checked against the seed's proof; none makes the spec's C invalid):
+
+* biases: the spec's bilinear scores have none. A query bias adds ‖g‖B to A and ‖g‖D, ‖g‖E terms to K^in, K^out
+  (g = W_Kᵀb_Q/τ); key biases cancel in the softmax; value biases cancel in head-output differences and only
+  enter B_k (``influence/constants.py``, ``influence/recursion.py``).
+* Λ_k: §10.4's (1 + ‖W₂‖Lip‖W₁‖)·max(1, ‖W_O‖) is valid; max_h ‖O_h‖ may replace ‖W_O‖, and reading V_{k,h} as
+  the OV circuit O_h W_V removes the max(1, ·) factor altogether (the default, never looser).
+* n*(η): §10.4's C‖U‖/η is valid; the θ-sharpened spread·C/(2η) is smaller.
+* causal attention (§10.6 left it open): derived and certified, E_L(H_n)/n with E_L of degree L − 1 in H_n.
 """
 
 from __future__ import annotations
