@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from pathlib import Path
@@ -74,6 +75,7 @@ def main() -> None:
         "lengths": list(lengths),
         "n_samples": args.samples,
         "torch_threads": torch.get_num_threads(),
+        "load_average_1min": os.getloadavg()[0],  # other processes on the machine distort every timing
         "certificate_s": certificate_s,
         "forward_n16_s": forward_s,
         "certificate_over_forward_n16": certificate_s / forward_s,
