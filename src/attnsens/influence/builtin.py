@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 
-from attnsens.models.loading import ALIASES, register_alias
 from attnsens.train.model import GPT, GPTConfig
 
 LNFREE_CONFIG = GPTConfig(
@@ -49,7 +48,3 @@ def load_builtin_lnfree(*, device: Any = "cpu", dtype: torch.dtype = torch.float
     from attnsens.models.own_gpt import OwnGPTAdapter
 
     return OwnGPTAdapter(builtin_lnfree().to(device=device, dtype=dtype), name="builtin:lnfree")
-
-
-if "builtin:lnfree" not in ALIASES:
-    register_alias("builtin:lnfree", load_builtin_lnfree)
