@@ -7,7 +7,8 @@ kernels (ŝ, p_max, d̂, d̂_lb, E; ``_numba_kernels`` docstring) plus the metho
     top-8 by 8 masked argmax rounds, the 256 top-8 subset sums → d_lb, the endpoint subsets, the target
         g = t − p(T) ∈ [0, r] nearest r/2               (dominant atom / K-atom exact regimes, §1)
     tail fill without a sort ("pbf", §3): prefix of the tail in original order up to the first element that
-        overflows g, then ``ROUNDS`` rounds "largest unused tail element ≤ gap", then the best single overshoot.
+        overflows g, then ``ROUNDS`` rounds "largest unused tail element ≤ gap", then the best single overshoot;
+        rows still open after one target get a second launch (compacted) with the 16 best targets.
 
 Every distance is the absolute value of a computed signed sum of distinct stored values and t = ŝ/2 with at
 most n + 16 float64 additions (scan and tree reductions included), so the rounding radius E of the CPU kernels
@@ -32,6 +33,8 @@ from attnsens.theta._torch_path import K_SMALL
 from attnsens.theta.methods import RowStatus, ThetaMethod
 
 BEST_FIT_ROUNDS = 8
+REFINE_TARGETS = 16
+"""Targets of the second pass, run only on the rows the first (one-target) pass leaves open (tkff M = 16, §3)."""
 MAX_KEYS = 16384
 """Longest row kept in registers; longer rows go to ``finish`` whole."""
 SMALLEST_EXACT_SUM = 2.0**-1000
@@ -69,17 +72,47 @@ def _log2_quantum(raw, x, positive, EXACT_QUANTUM: tl.constexpr):
 
 
 @triton.jit
+def _tail_fill(x, tail, keys, g, ROUNDS: tl.constexpr, BLOCK: tl.constexpr):
+    """Best d of the "pbf" fill of the tail into capacity g per row ([ROWS] float64).
+
+    Prefix of the tail in original order up to the first element that overflows g (one scan), then ``ROUNDS``
+    rounds "add the largest unused tail element ≤ gap", then the best single unused element added on top.
+    """
+    prefix = tl.cumsum(tl.where(tail, x, 0.0), axis=1)
+    first_over = tl.min(tl.where(tail & (prefix > g[:, None]), keys, BLOCK), axis=1)
+    fill = tl.sum(tl.where(keys == first_over[:, None] - 1, prefix, 0.0), axis=1)
+    used = tail & (keys < first_over[:, None])
+    gap = g - fill
+    for _ in tl.static_range(ROUNDS):
+        candidates = tl.where(tail & (~used) & (x <= gap[:, None]), x, -1.0)
+        v, i = tl.max(candidates, axis=1, return_indices=True)
+        used = used | ((keys == i[:, None]) & (candidates > 0.0))
+        fill = tl.where(v > 0.0, fill + v, fill)
+        gap = g - fill
+    d_over = tl.min(tl.where(tail & (~used), tl.abs(x - gap[:, None]), float("inf")), axis=1)
+    return tl.minimum(tl.abs(gap), d_over)
+
+
+@triton.jit
 def _certificate_kernel(
-    x_ptr, n_rows, stride_row, n_keys, params_ptr, mitm_max,
+    x_ptr, index_ptr, n_rows, stride_row, n_keys, params_ptr, mitm_max,
     row_sum_ptr, p_max_ptr, d_found_ptr, d_lb_ptr, err_ptr, method_ptr, status_ptr,
-    CHECK_SUM: tl.constexpr, EXACT_QUANTUM: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
-    K: tl.constexpr, ROUNDS: tl.constexpr, UNIT: tl.constexpr, SLACK: tl.constexpr,
+    CHECK_SUM: tl.constexpr, EXACT_QUANTUM: tl.constexpr, GATHER: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK: tl.constexpr, K: tl.constexpr, TARGETS: tl.constexpr, ROUNDS: tl.constexpr,
+    UNIT: tl.constexpr, SLACK: tl.constexpr,
     DOMINANT: tl.constexpr, K_ATOM: tl.constexpr, PERFECT: tl.constexpr, PREFIX_BEST_FIT: tl.constexpr,
     NON_FINITE: tl.constexpr, NEGATIVE: tl.constexpr, EMPTY: tl.constexpr, BAD_SUM: tl.constexpr,
 ):  # fmt: skip
-    """``ROWS`` rows per program, each row a [BLOCK] slice in registers; every per-row quantity is a [ROWS] vector."""
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    row_ok = rows < n_rows
+    """``ROWS`` rows per program, each row a [BLOCK] slice in registers; every per-row quantity is a [ROWS] vector.
+
+    The program's rows are consecutive, or (``GATHER``) read from ``index_ptr``; outputs go to the same row index.
+    """
+    slots = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    row_ok = slots < n_rows
+    if GATHER:
+        rows = tl.load(index_ptr + slots, mask=row_ok, other=0)
+    else:
+        rows = slots
     stop_d = tl.load(params_ptr)
     tolerance = tl.load(params_ptr + 1)
     smallest_exact_sum = tl.load(params_ptr + 2)
@@ -131,26 +164,17 @@ def _certificate_kernel(
     d_lb = tl.min(tl.where(lo > 0.0, lo, tl.where(hi > 0.0, hi, 0.0)), axis=1)
     targets = t[:, None] - subset_sums
     score = tl.where((lo <= 0.0) & (hi <= 0.0), tl.abs(targets - 0.5 * rest[:, None]), inf)
-    best_score, best_mask = tl.min(score, axis=1, return_indices=True)
-    has_target = best_score < inf
-    g = tl.sum(tl.where(masks == best_mask[:, None], targets, 0.0), axis=1)
 
-    # Tail fill into g: prefix in original order up to the first overflow, best-fit rounds, best overshoot.
+    # Tail fill into the TARGETS targets g = t − p(T) ∈ [0, r] nearest r/2, best first.
     tail = positive & (~is_top)
-    prefix = tl.cumsum(tl.where(tail, x, 0.0), axis=1)
-    first_over = tl.min(tl.where(tail & (prefix > g[:, None]), keys, BLOCK), axis=1)
-    fill = tl.sum(tl.where(keys == first_over[:, None] - 1, prefix, 0.0), axis=1)
-    used = tail & (keys < first_over[:, None])
-    gap = g - fill
-    for _ in tl.static_range(ROUNDS):
-        candidates = tl.where(tail & (~used) & (x <= gap[:, None]), x, -1.0)
-        v, i = tl.max(candidates, axis=1, return_indices=True)
-        used = used | ((keys == i[:, None]) & (candidates > 0.0))
-        fill = tl.where(v > 0.0, fill + v, fill)
-        gap = g - fill
-    d_over = tl.min(tl.where(tail & (~used), tl.abs(x - gap[:, None]), inf), axis=1)
-    d_fill = tl.where(has_target, tl.minimum(tl.abs(gap), d_over), inf)
-    d_heuristic = tl.minimum(d_end, d_fill)
+    d_heuristic = d_end
+    for _ in range(TARGETS):
+        best_score, best_mask = tl.min(score, axis=1, return_indices=True)
+        chosen = masks == best_mask[:, None]
+        g = tl.sum(tl.where(chosen, targets, 0.0), axis=1)
+        score = tl.where(chosen, inf, score)
+        d_fill = _tail_fill(x, tail, keys, g, ROUNDS, BLOCK)
+        d_heuristic = tl.minimum(d_heuristic, tl.where(best_score < inf, d_fill, inf))
 
     d_dominant = p_max - t
     dominant = d_dominant > err
@@ -198,6 +222,10 @@ def certify_rows_triton(
         return {name: value.to(rows.device) for name, value in finish(rows.cpu()).items()}
     out = kernel_pass(rows, stop_distance, mitm_max_support, check_sum, tolerance)
     open_rows = torch.nonzero((out["status"] == 0) & (out["method"] == 0)).flatten()
+    refine = open_rows[(rows[open_rows] > 0).sum(-1) > mitm_max_support]
+    if refine.numel() > 0:
+        _launch(rows, refine, out, stop_distance, mitm_max_support, check_sum, tolerance, REFINE_TARGETS, None)
+        open_rows = open_rows[out["method"][open_rows] == 0]
     if open_rows.numel() > 0:
         finished = finish(rows[open_rows].cpu())
         for name, value in finished.items():
@@ -213,32 +241,49 @@ def kernel_pass(
     tolerance: float,
     launch: tuple[int, int] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """One launch of the kernel on contiguous ``rows`` [row, key ≤ MAX_KEYS]; open rows keep method 0.
+    """The first, one-target pass over contiguous ``rows`` [row, key ≤ MAX_KEYS]; open rows keep method 0.
 
     ``launch`` = (rows per program, warps) overrides ``launch_shape`` (for tuning on a GPU).
     """
-    n_rows, n_keys = rows.shape
-    device = rows.device
-    out = {name: torch.empty(n_rows, dtype=torch.float64, device=device)
+    n_rows = rows.shape[0]
+    out = {name: torch.empty(n_rows, dtype=torch.float64, device=rows.device)
            for name in ("row_sum", "p_max", "d_found", "d_lb", "err")}  # fmt: skip
-    out["method"] = torch.empty(n_rows, dtype=torch.int8, device=device)
-    out["status"] = torch.empty(n_rows, dtype=torch.int8, device=device)
-    if n_rows == 0:
-        return out
+    out["method"] = torch.empty(n_rows, dtype=torch.int8, device=rows.device)
+    out["status"] = torch.empty(n_rows, dtype=torch.int8, device=rows.device)
+    if n_rows > 0:
+        _launch(rows, None, out, stop_distance, mitm_max_support, check_sum, tolerance, 1, launch)
+    return out
+
+
+def _launch(
+    rows: torch.Tensor,
+    index: torch.Tensor | None,
+    out: dict[str, torch.Tensor],
+    stop_distance: float,
+    mitm_max_support: int,
+    check_sum: bool,
+    tolerance: float,
+    n_targets: int,
+    launch: tuple[int, int] | None,
+) -> None:
+    """Run the kernel with ``n_targets`` fill targets on all rows, or on the rows listed in ``index``."""
+    n_keys = rows.shape[1]
+    device = rows.device
+    n_rows = rows.shape[0] if index is None else index.numel()
     params = torch.tensor([stop_distance, tolerance, SMALLEST_EXACT_SUM], dtype=torch.float64, device=device)
     block = max(16, triton.next_power_of_2(n_keys))
     rows_per_program, num_warps = launch or launch_shape(block, interpreted=device.type == "cpu")
     _certificate_kernel[(triton.cdiv(n_rows, rows_per_program),)](
-        rows, n_rows, rows.stride(0), n_keys, params, mitm_max_support,
+        rows, rows if index is None else index, n_rows, rows.stride(0), n_keys, params, mitm_max_support,
         out["row_sum"], out["p_max"], out["d_found"], out["d_lb"], out["err"], out["method"], out["status"],
-        CHECK_SUM=check_sum, EXACT_QUANTUM=rows.dtype == torch.float64, ROWS=rows_per_program, BLOCK=block,
-        K=K_SMALL, ROUNDS=BEST_FIT_ROUNDS, UNIT=UNIT_ROUNDOFF, SLACK=ERROR_RADIUS_SLACK,
+        CHECK_SUM=check_sum, EXACT_QUANTUM=rows.dtype == torch.float64, GATHER=index is not None,
+        ROWS=rows_per_program, BLOCK=block, K=K_SMALL, TARGETS=n_targets, ROUNDS=BEST_FIT_ROUNDS,
+        UNIT=UNIT_ROUNDOFF, SLACK=ERROR_RADIUS_SLACK,
         DOMINANT=int(ThetaMethod.DOMINANT_ATOM), K_ATOM=int(ThetaMethod.K_ATOM_RELAXATION),
         PERFECT=int(ThetaMethod.PERFECT_PARTITION), PREFIX_BEST_FIT=int(ThetaMethod.PREFIX_BEST_FIT),
         NON_FINITE=int(RowStatus.NON_FINITE), NEGATIVE=int(RowStatus.NEGATIVE), EMPTY=int(RowStatus.EMPTY),
         BAD_SUM=int(RowStatus.BAD_SUM), num_warps=num_warps,
     )  # fmt: skip
-    return out
 
 
 def runs_on(device: torch.device) -> bool:

@@ -40,8 +40,8 @@ class ThetaMethod(IntEnum):
     SORTED_GREEDY = 11
     """torch path: greedy balancing in descending order reached the threshold or was the last stage run."""
     PREFIX_BEST_FIT = 12
-    """GPU kernel: tail prefix (original order) into the best top-8 target, 8 best-fit rounds and the best single
-    overshoot reached the threshold (THETA_ALGORITHMS.md §3 "pbf", §7)."""
+    """GPU kernel: tail prefix (original order), 8 best-fit rounds and the best single overshoot into the best top-8
+    target (or, for rows that stay open, the 16 best) reached the threshold (THETA_ALGORITHMS.md §3 "pbf", §7)."""
 
     @property
     def is_exact(self) -> bool:

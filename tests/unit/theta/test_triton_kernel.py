@@ -284,3 +284,25 @@ def test_long_rows_agree_with_cpu_cascade(length: int) -> None:
     blocks.append(causal_rows(length, 2.0, seed=1)[:: max(1, length // 32)])
     rows = torch.cat(blocks)
     assert_agrees_with_cpu(rows, [f"L={length} row {i}" for i in range(rows.shape[0])])
+
+
+def test_launch_shapes_give_identical_rows() -> None:
+    rows = torch.cat([softmax_rows(3, 45, sigma, seed=j) for j, sigma in enumerate(SIGMAS)])
+    reference = triton_kernel.kernel_pass(rows, 2.0**-13.5, 24, True, 1e-3)
+    for launch in ((1, 1), (4, 2)):
+        got = triton_kernel.kernel_pass(rows, 2.0**-13.5, 24, True, 1e-3, launch)
+        for name, value in reference.items():
+            assert torch.equal(got[name], value), f"{name} differs with launch {launch}"
+
+
+def test_rows_longer_than_the_register_limit_go_to_the_cpu_cascade(monkeypatch: pytest.MonkeyPatch) -> None:
+    rows = softmax_rows(5, 40, 1.0, seed=12)
+    monkeypatch.setattr(triton_kernel, "MAX_KEYS", 32)
+    gpu, cpu = certify(rows, backend="triton"), certify(rows, backend="numba")
+    assert torch.equal(gpu.lower, cpu.lower) and torch.equal(gpu.method, cpu.method)
+
+
+def test_float64_precision_and_no_rows() -> None:
+    rows = torch.cat([softmax_rows(3, 40, sigma, seed=j) for j, sigma in enumerate(SIGMAS)])
+    assert_agrees_with_cpu(rows, [f"float64 precision row {i}" for i in range(rows.shape[0])], precision="float64")
+    assert certify(torch.empty(0, 7), backend="triton").shape == (0,)
