@@ -61,60 +61,89 @@ def _lowest_bit(x):
 
 
 @njit(cache=True)
+def _insert_top(top_v, top_i, x, i):
+    """Insert value x (index i) into the descending top-K buffer; ties keep the earlier index first."""
+    j = top_v.size - 1
+    while j > 0 and top_v[j - 1] < x:
+        top_v[j] = top_v[j - 1]
+        top_i[j] = top_i[j - 1]
+        j -= 1
+    top_v[j] = x
+    top_i[j] = i
+
+
+@njit(cache=True)
 def _scan_row(row, exact_quantum, top_v, top_i):
     """One pass: sum, support size, p_max, quantum q, end of support, validity, and the top-K values/indices.
 
     ``top_v``/``top_i`` receive the K largest values in descending order (ties: earlier index first).
-    Without ``exact_quantum`` the values are known to be float32 numbers, so the quantum of the smallest
-    non-zero, 2^(e_min − 24), divides all of them.
+    Four partial sums break the add-latency chain (any summation order obeys the same error bound); NaN and
+    ±Inf surface in the sum, negative values in the running minimum, so the loop carries no validity branches.
+    Without ``exact_quantum`` the values are float32 numbers, so 2^(e_min − 24) divides all of them.
     """
     k_top = top_v.size
     for k in range(k_top):
         top_v[k] = -1.0
         top_i[k] = -1
-    total = 0.0
-    n = 0
-    p_max = 0.0
+    s0 = 0.0
+    s1 = 0.0
+    s2 = 0.0
+    s3 = 0.0
+    lowest = 0.0
     p_min = np.inf
-    q = np.inf
+    n = 0
     end = 0
-    non_finite = False
-    negative = False
-    for i in range(row.size):
+    size = row.size
+    quad_end = size - size % 4
+    for i in range(0, quad_end, 4):
+        x0 = np.float64(row[i])
+        x1 = np.float64(row[i + 1])
+        x2 = np.float64(row[i + 2])
+        x3 = np.float64(row[i + 3])
+        s0 += x0
+        s1 += x1
+        s2 += x2
+        s3 += x3
+        lowest = min(lowest, min(min(x0, x1), min(x2, x3)))
+        p_min = min(p_min, min(min(x0 if x0 > 0.0 else np.inf, x1 if x1 > 0.0 else np.inf),
+                               min(x2 if x2 > 0.0 else np.inf, x3 if x3 > 0.0 else np.inf)))  # fmt: skip
+        n += (x0 > 0.0) + (x1 > 0.0) + (x2 > 0.0) + (x3 > 0.0)
+        high = max(max(x0, x1), max(x2, x3))
+        if high > 0.0:
+            end = i + 4 if x3 > 0.0 else (i + 3 if x2 > 0.0 else (i + 2 if x1 > 0.0 else i + 1))
+        if high > top_v[k_top - 1]:
+            for k in range(4):
+                xk = np.float64(row[i + k])
+                if xk > top_v[k_top - 1]:
+                    _insert_top(top_v, top_i, xk, i + k)
+    for i in range(quad_end, size):
         x = np.float64(row[i])
-        total += x
+        s0 += x
+        lowest = min(lowest, x)
         if x > 0.0:
-            if x == np.inf:
-                non_finite = True
+            p_min = min(p_min, x)
             n += 1
             end = i + 1
-            p_max = max(p_max, x)
-            p_min = min(p_min, x)
-            if exact_quantum:
-                q = min(q, _lowest_bit(x))
             if x > top_v[k_top - 1]:
-                j = k_top - 1
-                while j > 0 and top_v[j - 1] < x:
-                    top_v[j] = top_v[j - 1]
-                    top_i[j] = top_i[j - 1]
-                    j -= 1
-                top_v[j] = x
-                top_i[j] = i
-        elif x < 0.0:
-            if x == -np.inf:
-                non_finite = True
-            negative = True
-        elif x != 0.0:
-            non_finite = True
+                _insert_top(top_v, top_i, x, i)
+    total = (s0 + s1) + (s2 + s3)
+    p_max = max(top_v[0], 0.0)
     status = _OK
-    if non_finite:
+    if not math.isfinite(total):
         status = _NON_FINITE
-    elif negative:
+    elif lowest < 0.0:
         status = _NEGATIVE
     elif n == 0:
         status = _EMPTY
-    if not exact_quantum and n > 0:
-        q = math.ldexp(1.0, math.frexp(p_min)[1] - 24)
+    q = np.inf
+    if status == _OK:
+        if exact_quantum:
+            for i in range(end):
+                x = np.float64(row[i])
+                if x > 0.0:
+                    q = min(q, _lowest_bit(x))
+        else:
+            q = math.ldexp(1.0, math.frexp(p_min)[1] - 24)
     return total, n, p_max, q, end, status
 
 
@@ -409,13 +438,7 @@ def _top_k(row, end, k_top):
     for i in range(end):
         x = np.float64(row[i])
         if x > top_v[k_top - 1]:
-            j = k_top - 1
-            while j > 0 and top_v[j - 1] < x:
-                top_v[j] = top_v[j - 1]
-                top_i[j] = top_i[j - 1]
-                j -= 1
-            top_v[j] = x
-            top_i[j] = i
+            _insert_top(top_v, top_i, x, i)
     return top_v, top_i
 
 
@@ -464,29 +487,91 @@ def _refine_row(row, n, s, q, e, end, stop_d, ckk_budget, ckk_max_support, top_v
 
 
 @njit(cache=True)
-def _interleaved_first_fit(x, r0, rows, n_rows, skip, targets, ends, out_d):
-    """One-target first-fit for ``n_rows`` rows at once: independent chains overlap in the pipeline."""
-    fill = np.zeros(n_rows)
-    e_min = np.full(n_rows, np.inf)
-    sp = np.zeros(n_rows, np.int64)
-    stop = 0
-    for a in range(n_rows):
-        stop = max(stop, ends[rows[a]])
+def _first_fit_quad(x, rows, skip, targets, stop, out):
+    """One-target first-fit of four rows at once, state in registers, no data-dependent branches.
+
+    A single first-fit is a chain of dependent add/compare steps (latency-bound); four independent chains
+    overlap in the pipeline (THETA_ALGORITHMS.md §6 "TUNED"). ``skip[a]`` lists the row's top-K indices in
+    ascending order followed by −1; those keys read as 0, which always fits and changes nothing.
+    """
+    row0 = x[rows[0]]
+    row1 = x[rows[1]]
+    row2 = x[rows[2]]
+    row3 = x[rows[3]]
+    g0 = targets[0]
+    g1 = targets[1]
+    g2 = targets[2]
+    g3 = targets[3]
+    c0 = 0.0
+    c1 = 0.0
+    c2 = 0.0
+    c3 = 0.0
+    e0 = np.inf
+    e1 = np.inf
+    e2 = np.inf
+    e3 = np.inf
+    k0 = 0
+    k1 = 0
+    k2 = 0
+    k3 = 0
     for i in range(stop):
-        for a in range(n_rows):
-            j = rows[a]
-            v = np.float64(x[r0 + j, i])
-            if sp[a] < K_SMALL and i == skip[j, sp[a]]:
-                sp[a] += 1
-                v = 0.0
-            c = fill[a] + v
-            if c <= targets[j]:
-                fill[a] = c
-            elif v < e_min[a]:
-                e_min[a] = v
-    for a in range(n_rows):
-        gap = targets[rows[a]] - fill[a]
-        out_d[a] = min(gap, e_min[a] - gap)
+        v0 = np.float64(row0[i])
+        v1 = np.float64(row1[i])
+        v2 = np.float64(row2[i])
+        v3 = np.float64(row3[i])
+        if i == skip[0, k0]:
+            v0 = 0.0
+            k0 += 1
+        if i == skip[1, k1]:
+            v1 = 0.0
+            k1 += 1
+        if i == skip[2, k2]:
+            v2 = 0.0
+            k2 += 1
+        if i == skip[3, k3]:
+            v3 = 0.0
+            k3 += 1
+        t0 = c0 + v0
+        t1 = c1 + v1
+        t2 = c2 + v2
+        t3 = c3 + v3
+        f0 = t0 <= g0
+        f1 = t1 <= g1
+        f2 = t2 <= g2
+        f3 = t3 <= g3
+        e0 = e0 if f0 else min(e0, v0)
+        e1 = e1 if f1 else min(e1, v1)
+        e2 = e2 if f2 else min(e2, v2)
+        e3 = e3 if f3 else min(e3, v3)
+        c0 = t0 if f0 else c0
+        c1 = t1 if f1 else c1
+        c2 = t2 if f2 else c2
+        c3 = t3 if f3 else c3
+    out[0] = min(g0 - c0, e0 - (g0 - c0))
+    out[1] = min(g1 - c1, e1 - (g1 - c1))
+    out[2] = min(g2 - c2, e2 - (g2 - c2))
+    out[3] = min(g3 - c3, e3 - (g3 - c3))
+
+
+@njit(cache=True)
+def _interleaved_first_fit(x, r0, pending, n_pending, skip, targets, ends, out_d):
+    """One-target first-fit of the block's pending rows, four at a time (short groups repeat a row)."""
+    rows = np.empty(4, np.int64)
+    quad_skip = np.empty((4, K_SMALL + 1), np.int64)
+    quad_targets = np.empty(4)
+    quad_out = np.empty(4)
+    for start in range(0, n_pending, 4):
+        stop = 0
+        for a in range(4):
+            j = pending[min(start + a, n_pending - 1)]
+            rows[a] = r0 + j
+            quad_skip[a, :K_SMALL] = skip[j]
+            quad_skip[a, K_SMALL] = -1
+            quad_targets[a] = targets[j]
+            stop = max(stop, ends[j])
+        _first_fit_quad(x, rows, quad_skip, quad_targets, stop, quad_out)
+        for a in range(min(4, n_pending - start)):
+            out_d[start + a] = quad_out[a]
 
 
 @njit(cache=True)
@@ -600,4 +685,18 @@ def certify_rows(
         _certify_block(
             x, r0, r1, exact_quantum, stop_d, mitm_max, ckk_budget, ckk_max_support, check_sum, tolerance,
             row_sum, p_max, d_found, d_lb, err, method, status,
+        )  # fmt: skip
+
+
+@njit(cache=True)
+def certify_rows_serial(
+    x, exact_quantum, stop_d, mitm_max, ckk_budget, ckk_max_support, check_sum, tolerance,
+    row_sum, p_max, d_found, d_lb, err, method, status,
+):  # fmt: skip
+    """``certify_rows`` on one thread: small batches, where waking the thread pool costs more than the work."""
+    n_rows = x.shape[0]
+    for r0 in range(0, n_rows, ROW_BLOCK):
+        _certify_block(
+            x, r0, min(n_rows, r0 + ROW_BLOCK), exact_quantum, stop_d, mitm_max, ckk_budget, ckk_max_support,
+            check_sum, tolerance, row_sum, p_max, d_found, d_lb, err, method, status,
         )  # fmt: skip

@@ -61,7 +61,9 @@ def raise_for_status(
     where = f"row {r}" + (f" (index {tuple(int(i) for i in np.unravel_index(r, leading_shape))} of the leading "
                          f"shape {leading_shape}, key axis dim={dim})" if len(leading_shape) > 0 else "")  # fmt: skip
     more = f" ({bad.numel() - 1} more invalid rows)" if bad.numel() > 1 else ""
-    if code == RowStatus.NON_FINITE:
+    if code == RowStatus.NON_FINITE and bool(torch.isfinite(row).all()):
+        msg = f"{where} sums to {float(row.sum())}: values this large are not probabilities; rescale the row"
+    elif code == RowStatus.NON_FINITE:
         key = int(torch.nonzero(~torch.isfinite(row)).flatten()[0])
         msg = (f"{where} holds {float(row[key])} at key {key}: probabilities must be finite; "
                "check the softmax input for overflow or NaN-filled masks")  # fmt: skip

@@ -30,6 +30,8 @@ STOP_DISTANCE = {"float32": 2.0**-13.5, "float64": 2.0**-28}
 MITM_MAX_SUPPORT = 24
 CKK_NODE_BUDGET = 20_000
 CKK_MAX_SUPPORT = 2048
+PARALLEL_MIN_ELEMENTS = 1 << 16
+"""Smaller batches run on one thread: waking numba's thread pool costs more than certifying them."""
 
 
 @dataclass(frozen=True)
@@ -255,7 +257,8 @@ def _certify_rows_numba(
     out = {name: torch.zeros(n_rows, dtype=torch.float64) for name in ("row_sum", "p_max", "d_found", "d_lb", "err")}
     out["method"] = torch.zeros(n_rows, dtype=torch.int8)
     out["status"] = torch.zeros(n_rows, dtype=torch.int8)
-    kernels.certify_rows(
+    kernel = kernels.certify_rows if x.size >= PARALLEL_MIN_ELEMENTS else kernels.certify_rows_serial
+    kernel(
         x, x.dtype.itemsize == 8, stop_distance, mitm_max_support, ckk_node_budget, ckk_max_support, check_sum,
         tolerance, out["row_sum"].numpy(), out["p_max"].numpy(), out["d_found"].numpy(), out["d_lb"].numpy(),
         out["err"].numpy(), out["method"].numpy(), out["status"].numpy(),

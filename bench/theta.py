@@ -1,0 +1,194 @@
+"""Benchmark of the θ engine (issue 2): certify vs torch.sort and vs a fused p_max + entropy pass, and the exact
+solver vs the ``numberpartitioning`` package's complete Karmarkar–Karp.
+
+    .venv/bin/python bench/theta.py            # 65,536 × 1024 float32 rows, full and causal
+    .venv/bin/python bench/theta.py --quick    # 4,096 × 1024, shorter exact comparison
+
+Prints a table and appends one JSON line to bench/results/theta.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import signal
+import sys
+import time
+from fractions import Fraction
+from pathlib import Path
+
+import numba
+import numpy as np
+import torch
+from numba import njit, prange
+
+from attnsens.provenance import provenance
+from attnsens.theta import certify, exact
+
+SIGMAS = (0.5, 1.0, 2.0, 4.0, 8.0)
+WIDTH_TARGET = 2.0**-25
+RESULTS = Path(__file__).resolve().parent / "results" / "theta.jsonl"
+
+
+@njit(parallel=True, cache=True, fastmath=False)
+def fused_pmax_entropy(x, p_max, entropy):
+    """Baseline: one pass per row computing p_max and the entropy −Σ p log p (nats), zeros skipped."""
+    for r in prange(x.shape[0]):
+        best = 0.0
+        h = 0.0
+        for i in range(x.shape[1]):
+            v = np.float64(x[r, i])
+            if v > 0.0:
+                best = max(best, v)
+                h -= v * math.log(v)
+        p_max[r] = best
+        entropy[r] = h
+
+
+def attention_rows(n_rows: int, n_keys: int, *, causal: bool, seed: int) -> torch.Tensor:
+    """float32 softmax(σ·z) rows, σ cycling 0.5, 1, 2, 4, 8; causal: row r of each block sees keys 0…r mod L."""
+    gen = torch.Generator().manual_seed(seed)
+    z = torch.randn(n_rows, n_keys, generator=gen, dtype=torch.float32)
+    sigma = torch.tensor(SIGMAS, dtype=torch.float32).repeat(n_rows // len(SIGMAS) + 1)[:n_rows]
+    scores = z * sigma.unsqueeze(-1)
+    if causal:
+        position = torch.arange(n_rows).remainder(n_keys).unsqueeze(-1)
+        scores = scores.masked_fill(torch.arange(n_keys).unsqueeze(0) > position, -torch.inf)
+    return torch.softmax(scores, -1)
+
+
+def best_time(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def throughput(p: torch.Tensor, repeats: int) -> dict[str, float]:
+    x = p.numpy()
+    p_max = np.empty(x.shape[0])
+    entropy = np.empty(x.shape[0])
+    fused_pmax_entropy(x, p_max, entropy)
+    certify(p[:64])
+    sort_s = best_time(lambda: torch.sort(p, dim=-1), repeats)
+    fused_s = best_time(lambda: fused_pmax_entropy(x, p_max, entropy), repeats)
+    cert_s = best_time(lambda: certify(p), repeats)
+    cert = certify(p)
+    methods = torch.bincount(cert.method.long(), minlength=16)
+    return {
+        "rows": p.shape[0],
+        "certify_s": cert_s,
+        "torch_sort_s": sort_s,
+        "fused_pmax_entropy_s": fused_s,
+        "certify_over_sort": cert_s / sort_s,
+        "certify_over_fused": cert_s / fused_s,
+        "width_le_2^-25_fraction": float((cert.width <= WIDTH_TARGET).double().mean()),
+        "exact_fraction": float(cert.exact.double().mean()),
+        "max_width": float(cert.width.max()),
+        "rows_per_s": p.shape[0] / cert_s,
+        "methods": {int(k): int(v) for k, v in enumerate(methods.tolist()) if v},
+    }
+
+
+class _Timeout(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise _Timeout
+
+
+def exact_vs_ckk(supports: tuple[int, ...], rows_per_support: int, timeout_s: float) -> list[dict]:
+    """Per row: our exact θ vs numberpartitioning's CKK on the same values as exact integers."""
+    from numberpartitioning import complete_karmarkar_karp
+
+    exact(torch.softmax(torch.randn(1, 24, dtype=torch.float64), -1).float())
+    results = []
+    gen = torch.Generator().manual_seed(11)
+    signal.signal(signal.SIGALRM, _alarm)
+    for support in supports:
+        for _ in range(rows_per_support):
+            row = torch.softmax(torch.randn(support, generator=gen), -1)
+            start = time.perf_counter()
+            ours = float(exact(row))
+            ours_s = time.perf_counter() - start
+
+            fractions = [Fraction(float(v)) for v in row.tolist()]
+            denominator = max(f.denominator for f in fractions)
+            ints = [int(f * denominator) for f in fractions]
+            total = sum(ints)
+            best = None
+            start = time.perf_counter()
+            signal.setitimer(signal.ITIMER_REAL, timeout_s)
+            finished = True
+            try:
+                for result in complete_karmarkar_karp(ints, num_parts=2):
+                    best = abs(result.sizes[0] - result.sizes[1])
+            except _Timeout:
+                finished = False
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            theirs_s = time.perf_counter() - start
+            agree = None
+            if finished and best is not None:
+                theta = Fraction(total, denominator) - Fraction(best * best, denominator * denominator)
+                cert = certify(row)
+                agree = bool(Fraction(float(cert.lower)) <= theta <= Fraction(float(cert.upper))) and abs(
+                    Fraction(ours) - theta
+                ) <= Fraction(2.0**-50)
+            results.append(
+                {
+                    "support": support,
+                    "ours_s": ours_s,
+                    "ckk_s": theirs_s,
+                    "ckk_finished": finished,
+                    "agree": agree,
+                    "speedup": theirs_s / ours_s,
+                }
+            )
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small tensor and a short exact comparison")
+    args = parser.parse_args()
+    n_rows = 4096 if args.quick else 65536
+    repeats = 2 if args.quick else 3
+    torch.set_num_threads(numba.get_num_threads())
+
+    record: dict = {"quick": args.quick, "threads": numba.get_num_threads(), "shape": [n_rows, 1024]}
+    for name, causal in (("full", False), ("causal", True)):
+        p = attention_rows(n_rows, 1024, causal=causal, seed=0)
+        record[name] = throughput(p, repeats)
+        del p
+    supports = (24, 26, 28) if args.quick else (24, 26, 28, 30, 32)
+    record["exact_vs_ckk"] = exact_vs_ckk(supports, 1, 3.0 if args.quick else 20.0)
+    record["provenance"] = provenance()
+
+    print(f"θ benchmark: {n_rows} × 1024 float32 rows, σ cycling {SIGMAS}, {record['threads']} threads")
+    print(f"{'tensor':<8} {'certify s':>10} {'sort s':>8} {'fused s':>8} {'÷sort':>7} {'÷fused':>7} "
+          f"{'w≤2^-25':>8} {'exact':>6} {'rows/s':>10}")  # fmt: skip
+    for name in ("full", "causal"):
+        r = record[name]
+        print(f"{name:<8} {r['certify_s']:>10.3f} {r['torch_sort_s']:>8.3f} {r['fused_pmax_entropy_s']:>8.3f} "
+              f"{r['certify_over_sort']:>7.3f} {r['certify_over_fused']:>7.2f} {r['width_le_2^-25_fraction']:>8.5f} "
+              f"{r['exact_fraction']:>6.3f} {r['rows_per_s']:>10.3g}")  # fmt: skip
+    print("goals: certify/sort ≤ 0.10 (full), certify/fused ≤ 1.5, width ≤ 2^-25 on 100 % of rows")
+    print(f"\n{'support':>7} {'exact s':>9} {'CKK s':>9} {'speed-up':>10} {'agree':>6}")
+    for r in record["exact_vs_ckk"]:
+        bound = "" if r["ckk_finished"] else "≥"
+        print(f"{r['support']:>7} {r['ours_s']:>9.2e} {r['ckk_s']:>9.2e} {bound + format(r['speedup'], '.0f'):>10} "
+              f"{r['agree']!s:>6}")  # fmt: skip
+    print("goal: speed-up ≥ 100× at equal exactness (≥: numberpartitioning stopped at the time limit)")
+
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    with RESULTS.open("a") as handle:
+        handle.write(json.dumps(record, default=str) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
