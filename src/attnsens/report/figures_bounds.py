@@ -103,7 +103,7 @@ def bounds_figure(bounds: pd.DataFrame, *, step: int | None = None) -> Figure:
     layer_axis(axes[0])
     axes[0].set_ylabel("operator norm (block norm)")
     axes[0].set_title("attention Jacobian: bounds vs measurement", loc="left")
-    axes[0].legend()
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=len(present))
     ratio = per_layer.get("tightness_ratio")
     if ratio is not None and ratio.notna().any():
         axes[1].bar(per_layer["layer"], ratio, color="#2a9d8f", width=0.7)

@@ -87,7 +87,10 @@ def fmt(value: Any, digits: int = 4) -> str:
             return "∞" if number > 0 else "−∞"
         if number != 0 and (abs(number) >= 1e5 or abs(number) < 1e-3):
             return f"{number:.{digits - 1}e}"
-        return f"{number:.{digits}g}" if abs(number) >= 1 else f"{number:.{digits}f}"
+        # Fixed decimals below 10 keep a column aligned; larger values keep ``digits`` significant figures.
+        return (
+            f"{number:.{digits}f}" if abs(number) < 10 else f"{number:,.{max(digits - len(str(int(abs(number)))), 0)}f}"
+        )
     return esc(value)
 
 
