@@ -62,6 +62,12 @@ def _print(result: InfluenceResult) -> None:
     if cert.applicable:
         shape = "C/n" if cert.masking == "unmasked" else "E_L(H_n)/n, causal variant"
         console.print(f"certified: ‖Δy_n‖₂ ≤ {shape} with C = 10^{cert.log10_constant:.3f} (MATH.md §10.3)")
+        summary = result.summary()
+        if summary["log10_probability_constant"] is not None:
+            console.print(
+                f"           ‖p − p'‖₁ ≤ 10^{summary['log10_probability_constant']:.3f}/n, so ≤ 0.01 for every "
+                f"n ≥ n* = 10^{summary['n_star']['log10_n']:.3f}"
+            )
     else:
         console.print("[yellow]no certificate: the theorem's assumptions fail here[/]")
         for reason in cert.reasons:
