@@ -129,7 +129,7 @@ def _certificate_kernel(
     p_max = tl.max(tl.where(positive, x, 0.0), axis=1)
     t = 0.5 * s
 
-    non_finite = tl.max(((x != x) | (tl.abs(x) == inf)).to(tl.int32), axis=1) > 0
+    non_finite = (s != s) | (tl.abs(s) == inf)
     negative = tl.max((x < 0.0).to(tl.int32), axis=1) > 0
     status = tl.where(non_finite, NON_FINITE, tl.where(negative, NEGATIVE, tl.where(n == 0, EMPTY, 0)))
     if CHECK_SUM:
