@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from attnsens.errors import ConfigError, UnsupportedModelError
+from attnsens.train.model import GPT
 
 POSITION_KINDS = ("first", "middle", "random")
 # tokens [batch, n] -> (hidden [batch, d], logits [batch, V] or None for a model without an unembedding)
@@ -60,10 +61,8 @@ def _hf_last_position(module: Any, *, tied_head: bool) -> LastPosition:
     return run
 
 
-def _resolve(model: Any) -> tuple[LastPosition, int, int | None, int, torch.device]:
+def _resolve(model: Any, *, decoder: bool) -> tuple[LastPosition, int, int | None, int, torch.device]:
     """(last-position function, vocab size, max length or None, heads, device) of an own GPT or HF model."""
-    from attnsens.train.model import GPT
-
     module = getattr(model, "module", model)
     if not isinstance(module, torch.nn.Module):
         raise UnsupportedModelError(f"measure needs a torch model or adapter, got {type(model).__name__}")
@@ -81,8 +80,7 @@ def _resolve(model: Any) -> tuple[LastPosition, int, int | None, int, torch.devi
     max_length = getattr(config, "max_position_embeddings", None)
     heads = getattr(config, "num_attention_heads", 1)
     # A decoder's tied unembedding is its input embedding; an encoder's (BERT) MLM head is more than that.
-    spec = getattr(model, "spec", None)
-    tied_head = bool(getattr(config, "tie_word_embeddings", False)) and bool(getattr(spec, "causal", False))
+    tied_head = bool(getattr(config, "tie_word_embeddings", False)) and decoder
     return _hf_last_position(module, tied_head=tied_head), config.vocab_size, max_length, heads, device
 
 
@@ -124,9 +122,10 @@ def measure(
     unknown = [kind for kind in positions if kind not in POSITION_KINDS]
     if unknown or not positions:
         raise ConfigError(f"positions must be a non-empty subset of {POSITION_KINDS}, got {list(positions)}")
+    decoder = bool(getattr(getattr(model, "spec", None), "causal", False))  # adapters know; bare HF models: no TV
     if dtype is not None:
         model = copy.deepcopy(getattr(model, "module", model)).to(dtype)
-    last_position, vocab, max_length, heads, device = _resolve(model)
+    last_position, vocab, max_length, heads, device = _resolve(model, decoder=decoder)
     if vocab < 2:
         raise ConfigError(f"a replacement token needs vocab_size >= 2, got {vocab}")
     for n in lengths:
