@@ -27,19 +27,34 @@ LastPosition = Callable[[Tensor], tuple[Tensor, Tensor | None]]
 _SCORE_BUDGET = 1 << 25
 
 
-def _own_gpt_last_position(gpt: Any) -> LastPosition:
+def _own_gpt_last_position(gpt: GPT) -> LastPosition:
+    """Hidden state and logits of the last position, computing only what they depend on.
+
+    The unembedding runs on the last position only (hook_final). In unmasked models the last block's attention
+    also runs for the last query only (hook_q keeps q[:, :, -1:]): its output [batch, 1, d_model] broadcasts over
+    the residual stream, which leaves every other position wrong but the last one exact — and nothing after the
+    last block mixes positions. This halves the attention work of a two-layer model; causal masks are built for
+    the full query range, so causal models run in full.
+    """
+
+    def last_query(_module: Any, _inputs: Any, q: Tensor) -> Tensor:
+        return q[:, :, -1:]  # (batch, head, 1, d_head)
+
     def run(tokens: Tensor) -> tuple[Tensor, Tensor]:
         kept: list[Tensor] = []
 
         def last_only(_module: Any, _inputs: Any, output: Tensor) -> Tensor:
             kept.append(output[:, -1])
-            return output[:, -1:]  # the unembedding then runs on the last position only
+            return output[:, -1:]
 
-        handle = gpt.hook_final.register_forward_hook(last_only)
+        handles = [gpt.hook_final.register_forward_hook(last_only)]
+        if not gpt.config.causal:
+            handles.append(gpt.blocks[-1].attn.hook_q.register_forward_hook(last_query))
         try:
             logits = gpt(tokens)[:, -1]
         finally:
-            handle.remove()
+            for handle in handles:
+                handle.remove()
         return kept[0], logits
 
     return run
