@@ -17,7 +17,8 @@ class RowSelection:
     Query positions are ``query_start ≤ t < query_stop`` (stop None = sequence end); with
     ``sample_per_sequence = k`` each sequence gets k of those positions drawn without replacement from a
     generator seeded with ``seed`` (MATH.md §9.4), so a rerun selects the same rows. ``chunk_size`` queries are
-    recomputed at a time (peak extra memory: one [batch, head, chunk_size, n] float32 block).
+    recomputed at a time (peak extra memory: one [batch, head, chunk_size, n] float32 block); by default as many
+    as fit in ``chunk_bytes`` (32 MiB: all 512 rows of a 9-head layer at n = 512, 16 rows at n = 8192).
     """
 
     layers: tuple[int, ...] | None = None
@@ -26,7 +27,8 @@ class RowSelection:
     query_stop: int | None = None
     sample_per_sequence: int | None = None
     seed: int = 0
-    chunk_size: int = 64
+    chunk_size: int | None = None
+    chunk_bytes: int = 32 * 2**20
 
     def __post_init__(self) -> None:
         if self.query_start < 0:
@@ -35,8 +37,10 @@ class RowSelection:
             raise ConfigError(f"query_stop ({self.query_stop}) must exceed query_start ({self.query_start})")
         if self.sample_per_sequence is not None and self.sample_per_sequence < 1:
             raise ConfigError(f"sample_per_sequence must be >= 1, got {self.sample_per_sequence}")
-        if self.chunk_size < 1:
+        if self.chunk_size is not None and self.chunk_size < 1:
             raise ConfigError(f"chunk_size must be >= 1, got {self.chunk_size}")
+        if self.chunk_bytes < 1:
+            raise ConfigError(f"chunk_bytes must be >= 1, got {self.chunk_bytes}")
         for name in ("layers", "heads"):
             value = getattr(self, name)
             if value is not None:
@@ -61,3 +65,9 @@ class RowSelection:
             candidates[torch.randperm(candidates.numel(), generator=generator)[:k]].sort().values for _ in range(batch)
         ]
         return torch.stack(picks).to(device)
+
+    def rows_per_chunk(self, *, batch: int, heads: int, n: int) -> int:
+        """Queries recomputed at once: ``chunk_size``, or as many float32 rows as fit in ``chunk_bytes``."""
+        if self.chunk_size is not None:
+            return self.chunk_size
+        return max(1, self.chunk_bytes // (4 * batch * heads * n))

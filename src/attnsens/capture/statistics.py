@@ -55,16 +55,10 @@ def row_statistics(probs: Tensor, *, n_keys: Tensor | None = None) -> RowStats:
     from attnsens.theta import certify
 
     certificate = certify(probs, dim=-1)
-    p = probs.to(torch.float64)
-    p_max, argmax = probs.max(dim=-1)
-    row_sum = p.sum(dim=-1)
-    entropy = -torch.special.xlogy(p, p).sum(dim=-1)
-    if n_keys is None:
-        n_keys = (probs > 0).sum(dim=-1)
-    n_keys = n_keys.to(device=probs.device, dtype=torch.int64)
+    p_max, argmax, row_sum, squares, entropy, nonzero = _row_moments(probs)
+    n_keys = nonzero if n_keys is None else n_keys.to(device=probs.device, dtype=torch.int64)
     log_n = torch.log(n_keys.to(torch.float64))
     normalized = torch.where(n_keys > 1, entropy / torch.where(n_keys > 1, log_n, 1.0), 0.0)
-    p_max = p_max.to(torch.float64)
     return RowStats(
         theta_lower=certificate.lower.to(torch.float64),
         theta_upper=certificate.upper.to(torch.float64),
@@ -74,8 +68,40 @@ def row_statistics(probs: Tensor, *, n_keys: Tensor | None = None) -> RowStats:
         argmax=argmax,
         entropy=entropy,
         normalized_entropy=normalized,
-        n_eff=1.0 / (p * p).sum(dim=-1),
+        n_eff=1.0 / squares,
         row_sum=row_sum,
         n_keys=n_keys,
         dominant=p_max >= row_sum / 2,
+    )
+
+
+def _row_moments(probs: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """(p_max, argmax, Σp, Σp², −Σ p log p, nonzero count) per row; float64 sums, leading shape of ``probs``."""
+    shape = probs.shape[:-1]
+    if probs.device.type == "cpu" and probs.dtype == torch.float32:
+        from attnsens.capture._numba_moments import row_moments
+
+        rows = probs.reshape(-1, probs.shape[-1]).contiguous().numpy()
+        count = rows.shape[0]
+        out = [torch.empty(count, dtype=dtype) for dtype in (torch.float32, torch.int64, *[torch.float64] * 3)]
+        nonzero = torch.empty(count, dtype=torch.int64)
+        row_moments(rows, *(t.numpy() for t in out), nonzero.numpy())
+        p_max, argmax, total, squares, entropy = out
+        return (
+            p_max.to(torch.float64).reshape(shape),
+            argmax.reshape(shape),
+            total.reshape(shape),
+            squares.reshape(shape),
+            entropy.reshape(shape),
+            nonzero.reshape(shape),
+        )
+    p = probs.to(torch.float64)
+    p_max, argmax = probs.max(dim=-1)
+    return (
+        p_max.to(torch.float64),
+        argmax,
+        p.sum(dim=-1),
+        (p * p).sum(dim=-1),
+        -torch.special.xlogy(p, p).sum(dim=-1),
+        (probs > 0).sum(dim=-1),
     )

@@ -74,6 +74,7 @@ def capture_row_statistics(
     heads = model.select_heads(selection.heads)
     positions = selection.query_positions(*input_ids.shape, device=input_ids.device)
     key_mask = key_padding_mask_of(attention_mask, input_ids)
+    chunk_size = selection.rows_per_chunk(batch=input_ids.shape[0], heads=len(heads), n=input_ids.shape[1])
     kept: list[RowBlock] = []
     sink = on_block or kept.append
 
@@ -81,8 +82,8 @@ def capture_row_statistics(
         if layer not in layers:
             return
         query, key = query.detach(), key.detach()
-        for start in range(0, positions.shape[1], selection.chunk_size):
-            chunk = positions[:, start : start + selection.chunk_size]
+        for start in range(0, positions.shape[1], chunk_size):
+            chunk = positions[:, start : start + chunk_size]
             probs, n_keys = attention_rows(
                 query,
                 key,

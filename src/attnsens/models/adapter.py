@@ -188,7 +188,7 @@ class ModelAdapter(ABC):
         heads: Sequence[int] | None = None,
         query_positions: Tensor | None = None,
         attention_mask: Tensor | None = None,
-        chunk_size: int = 64,
+        chunk_size: int = 128,
     ) -> Iterator[AttentionChunk]:
         """Attention rows of the selected layers, heads and queries, in chunks of ``chunk_size`` queries.
 

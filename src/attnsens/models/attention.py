@@ -22,7 +22,7 @@ def attention_rows(
     *,
     tau: float,
     query_positions: Tensor,
-    heads: Sequence[int],
+    heads: Sequence[int] | None = None,
     causal: bool,
     key_padding_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
@@ -36,7 +36,7 @@ def attention_rows(
         key: [batch, kv_head, n, d_head] keys after any rotary embedding.
         tau: softmax temperature (sqrt(d_head) for scaled dot-product attention).
         query_positions: [batch, query] 0-based positions of the rows to compute.
-        heads: 0-based query heads to compute.
+        heads: 0-based query heads to compute (default: all).
         causal: whether key j > t is masked.
         key_padding_mask: optional bool [batch, n], True for real tokens.
 
@@ -45,35 +45,62 @@ def attention_rows(
         (MATH.md §2.6), and n_keys [batch, query] the number of allowed keys of each row.
     """
     batch, n_head, n, d_head = query.shape
-    if key.ndim != 4 or key.shape[0] != batch or key.shape[2:] != (n, d_head) or n_head % key.shape[1]:
+    n_kv = key.shape[1] if key.ndim == 4 else 0
+    if key.ndim != 4 or key.shape[0] != batch or key.shape[2:] != (n, d_head) or n_kv == 0 or n_head % n_kv:
         raise ShapeError(
             f"key must be [batch, kv_head, {n}, {d_head}] with kv_head dividing {n_head}, "
             f"got query {tuple(query.shape)} and key {tuple(key.shape)}"
         )
-    group = n_head // key.shape[1]
-    head_index = torch.as_tensor(list(heads), dtype=torch.long, device=query.device)
-    rows = query_positions.shape[1]
-    gather_index = rearrange(query_positions, "batch query -> batch 1 query 1").expand(batch, len(heads), rows, d_head)
-    q = torch.gather(query[:, head_index].float(), 2, gather_index)  # [batch, head, query, d_head]
-    k = key[:, head_index // group].float()  # [batch, head, key, d_head]
-    scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / tau)  # [batch, head, query, key]
-    allowed = _allowed_keys(query_positions, n, causal=causal, key_padding_mask=key_padding_mask)
-    scores = scores.masked_fill(~rearrange(allowed, "batch query key -> batch 1 query key"), float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    return probs, allowed.sum(dim=-1)
-
-
-def _allowed_keys(query_positions: Tensor, n: int, *, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
-    """Bool [batch, query, key]: which keys each row may attend to."""
-    batch, rows = query_positions.shape
-    keys = torch.arange(n, device=query_positions.device)
-    if causal:
-        allowed = keys.view(1, 1, n) <= query_positions.unsqueeze(-1)
+    group = n_head // n_kv
+    q = _rows_of(query, query_positions)  # [batch, head, query, d_head]
+    if heads is None or tuple(heads) == tuple(range(n_head)):
+        # Grouped heads share one key tensor through broadcasting: no copy of the keys per query head.
+        q = rearrange(q, "batch (kv group) query d_head -> batch kv group query d_head", kv=n_kv)
+        k = rearrange(key, "batch kv key d_head -> batch kv 1 d_head key")
+        scores = rearrange(torch.matmul(q.float(), k.float()), "batch kv group query key -> batch (kv group) query key")
     else:
-        allowed = torch.ones(batch, rows, n, dtype=torch.bool, device=query_positions.device)
+        index = torch.as_tensor(list(heads), dtype=torch.long, device=query.device)
+        scores = torch.matmul(q[:, index].float(), key[:, index // group].float().transpose(-1, -2))
+    scores = scores.mul_(1.0 / tau)  # [batch, head, query, key]
+    allowed = _allowed_keys(query_positions, n, causal=causal, key_padding_mask=key_padding_mask)
+    if allowed is not None:
+        scores.masked_fill_(~rearrange(allowed, "batch query key -> batch 1 query key"), float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    return probs, _n_keys(query_positions, n, causal=causal, allowed=allowed, padded=key_padding_mask is not None)
+
+
+def _rows_of(query: Tensor, positions: Tensor) -> Tensor:
+    """query[:, :, positions]: a slice when every sequence uses the same consecutive positions, else a gather."""
+    rows = positions.shape[1]
+    first = positions[0, 0]
+    consecutive = torch.arange(rows, device=positions.device) + first
+    if bool((positions == consecutive).all()):
+        start = int(first)
+        return query[:, :, start : start + rows]
+    batch, n_head, _, d_head = query.shape
+    index = rearrange(positions, "batch query -> batch 1 query 1").expand(batch, n_head, rows, d_head)
+    return torch.gather(query, 2, index)
+
+
+def _allowed_keys(query_positions: Tensor, n: int, *, causal: bool, key_padding_mask: Tensor | None) -> Tensor | None:
+    """Bool [batch, query, key]: which keys each row may attend to (None: all of them)."""
+    batch = query_positions.shape[0]
+    allowed = None
+    if causal:
+        keys = torch.arange(n, device=query_positions.device)
+        allowed = keys.view(1, 1, n) <= query_positions.unsqueeze(-1)
     if key_padding_mask is not None:
-        allowed = allowed & key_padding_mask.view(batch, 1, n)
+        padding = key_padding_mask.view(batch, 1, n)
+        allowed = padding if allowed is None else allowed & padding
     return allowed
+
+
+def _n_keys(query_positions: Tensor, n: int, *, causal: bool, allowed: Tensor | None, padded: bool) -> Tensor:
+    if padded:
+        return allowed.expand(query_positions.shape[0], query_positions.shape[1], n).sum(dim=-1)
+    if causal:
+        return query_positions + 1
+    return torch.full_like(query_positions, n)
 
 
 def key_padding_mask_of(attention_mask: Tensor | None, input_ids: Tensor) -> Tensor | None:
