@@ -51,8 +51,9 @@ def sha256_file(path: str | os.PathLike[str], *, chunk_bytes: int = 1 << 20) -> 
 class Manifest:
     """The manifest of one run directory. Create or reopen it with :meth:`open`."""
 
-    def __init__(self, run_dir: Path, payload: dict[str, Any]) -> None:
+    def __init__(self, run_dir: Path, payload: dict[str, Any], *, scope: str | None = None) -> None:
         self.run_dir = run_dir
+        self.scope = scope
         self._payload = payload
 
     @property
@@ -61,6 +62,9 @@ class Manifest:
 
     @property
     def config(self) -> dict[str, Any]:
+        """The run's config, or this handle's scope config when opened with a scope."""
+        if self.scope is not None:
+            return self._payload.get("scopes", {}).get(self.scope, {})
         return self._payload["config"]
 
     @property
@@ -73,28 +77,40 @@ class Manifest:
         return self._payload["units"]
 
     @classmethod
-    def open(cls, run_dir: str | os.PathLike[str], *, config: Mapping[str, Any] | None = None) -> Manifest:
+    def open(
+        cls, run_dir: str | os.PathLike[str], *, config: Mapping[str, Any] | None = None, scope: str | None = None
+    ) -> Manifest:
         """Open the manifest of ``run_dir``, creating it (with ``config`` and provenance) if there is none.
 
         Reopening with a ``config`` that differs from the recorded one raises ConfigError: resuming must not
-        mix results of two configurations in one run directory.
+        mix results of two configurations in one run directory. A run directory opened first without a config
+        takes the first config given. Producers that share a run directory with their own configs (e.g. one
+        audit per checkpoint of a study) pass a ``scope`` (``"audit/step=000100"``): configs are then recorded
+        and compared per scope, and :attr:`config` is that scope's config.
         """
         directory = Path(run_dir)
         wanted = _jsonable(dict(config or {}))
         with _locked(directory):
             payload = _load(directory / MANIFEST_NAME)
+            changed_payload = payload is None
             if payload is None:
-                payload = {"format": _FORMAT, "config": wanted, "provenance": provenance(), "units": {}}
-                _store(directory / MANIFEST_NAME, payload)
-            elif config is not None and payload["config"] != wanted:
-                changed = sorted(
-                    k for k in set(wanted) | set(payload["config"]) if wanted.get(k) != payload["config"].get(k)
-                )
+                payload = {"format": _FORMAT, "config": {}, "provenance": provenance(), "units": {}}
+            configs = payload.setdefault("scopes", {}) if scope is not None else payload
+            slot = scope if scope is not None else "config"
+            recorded = configs.get(slot) or {}
+            if config is not None and recorded and recorded != wanted:
+                differ = sorted(k for k in set(wanted) | set(recorded) if wanted.get(k) != recorded.get(k))
+                where = f" (scope {scope!r})" if scope is not None else ""
                 raise ConfigError(
-                    f"{str(directory)!r} holds a run with a different config (keys {changed} differ); "
+                    f"{str(directory)!r} holds a run with a different config{where} (keys {differ} differ); "
                     f"use a new output directory or the original config to resume"
                 )
-        return cls(directory, payload)
+            if config is not None and not recorded:
+                configs[slot] = wanted
+                changed_payload = True
+            if changed_payload:
+                _store(directory / MANIFEST_NAME, payload)
+        return cls(directory, payload, scope=scope)
 
     @classmethod
     def load(cls, run_dir: str | os.PathLike[str]) -> Manifest:

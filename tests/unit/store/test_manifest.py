@@ -7,7 +7,7 @@ import json
 import pytest
 
 from attnsens.errors import CheckpointError, ConfigError
-from attnsens.store import Manifest, read_table
+from attnsens.store import Manifest, read_metadata, read_table
 
 _TRAINING = {
     "run_id": ["r"],
@@ -76,6 +76,26 @@ def test_changed_config_is_refused(tmp_path):
     Manifest.open(tmp_path, config={"lr": 0.1, "seeds": [0]})
     with pytest.raises(ConfigError, match=r"\['lr'\]"):
         Manifest.open(tmp_path, config={"lr": 0.2, "seeds": [0]})
+
+
+def test_first_config_is_adopted_by_a_directory_opened_without_one(tmp_path):
+    Manifest.open(tmp_path).write_unit("training/a.parquet", _TRAINING, schema="training")
+    assert Manifest.open(tmp_path, config={"lr": 0.1}).config == {"lr": 0.1}
+    with pytest.raises(ConfigError):
+        Manifest.open(tmp_path, config={"lr": 0.2})
+
+
+def test_scopes_keep_their_own_configs(tmp_path):
+    run = Manifest.open(tmp_path, config={"study": "tiny"})
+    first = Manifest.open(tmp_path, config={"step": 100}, scope="audit/step=000100")
+    second = Manifest.open(tmp_path, config={"step": 200}, scope="audit/step=000200")
+    first.write_unit("rows/step=000100.parquet", _TRAINING, schema="training")
+    assert read_metadata(tmp_path / "rows/step=000100.parquet")["metadata"]["config"] == {"step": 100}
+    assert second.config == {"step": 200} and run.config == {"study": "tiny"}
+    assert Manifest.open(tmp_path, config={"step": 100}, scope="audit/step=000100").config == {"step": 100}
+    with pytest.raises(ConfigError, match="scope 'audit/step=000100'"):
+        Manifest.open(tmp_path, config={"step": 999}, scope="audit/step=000100")
+    assert Manifest.load(tmp_path).config == {"study": "tiny"}
 
 
 def test_two_handles_merge_their_records(tmp_path):
