@@ -114,3 +114,11 @@ def test_accumulator_agrees_with_the_store_summary() -> None:
         torch.testing.assert_close(
             torch.tensor(computed[name].to_numpy(dtype=float)), torch.tensor(summary[name].to_numpy(dtype=float))
         )
+
+
+def test_default_chunk_fits_the_byte_budget() -> None:
+    selection = C.RowSelection(chunk_bytes=4 * 3 * 5 * 7 * 11)
+    assert selection.rows_per_chunk(batch=3, heads=5, n=7) == 11  # 11 rows of [3, 5, ·, 7] float32
+    assert C.RowSelection(chunk_bytes=1).rows_per_chunk(batch=3, heads=5, n=7) == 1
+    assert C.RowSelection(chunk_size=2).rows_per_chunk(batch=3, heads=5, n=7) == 2
+    assert C.RowSelection().rows_per_chunk(batch=1, heads=9, n=8192) == 113  # 32 MiB / (9 · 8192 · 4 B)
