@@ -1,4 +1,4 @@
-"""Empirical lower estimates of Jacobian operator norms with JVPs and VJPs (torch.func); never certificates.
+"""Empirical lower estimates of Jacobian operator norms with JVPs and VJPs (autograd); never certificates.
 
 Block-∞ operator norm. For F: ℝ^{L×d_in} → ℝ^{L×d_out} with Jacobian blocks J_ij = ∂F_i/∂x_j,
 
@@ -30,6 +30,27 @@ TokenMap = Callable[[Tensor], Tensor]
 def _unit_per_token(D: Tensor, fallback: Tensor) -> Tensor:
     norms = torch.linalg.vector_norm(D, dim=-1, keepdim=True)
     return torch.where(norms > 0, D / norms.clamp_min(torch.finfo(D.dtype).tiny), fallback)
+
+
+def _linearize(f: TokenMap, X: Tensor) -> tuple[Tensor, Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
+    """(f(X), v ↦ J v, c ↦ Jᵀ c) with one forward graph, reverse mode only.
+
+    J v is the gradient with respect to c of ⟨Jᵀ c, v⟩ (double backward); this avoids forward-mode AD, whose
+    first use on scalar arithmetic costs a one-time import of the torch compiler stack.
+    """
+    leaf = X.detach().clone().requires_grad_(True)
+    with torch.enable_grad():
+        output = f(leaf)
+        probe = torch.zeros_like(output, requires_grad=True)
+        (transpose,) = torch.autograd.grad(output, leaf, probe, create_graph=True)
+
+    def jvp(v: Tensor) -> Tensor:
+        return torch.autograd.grad(transpose, probe, v, retain_graph=True)[0]
+
+    def vjp(c: Tensor) -> Tensor:
+        return torch.autograd.grad(output, leaf, c, retain_graph=True)[0]
+
+    return output.detach(), jvp, vjp
 
 
 def block_jacobian_norm_estimate(
@@ -76,21 +97,18 @@ def block_jacobian_norm_estimate(
         tiled = X.repeat(target.numel(), 1, 1)
         select = torch.nn.functional.one_hot(target, n_query).to(X.dtype).repeat_interleave(n_batch, dim=0)
         select = select[:, :, None]  # [probe, query, 1]
-        leaf = tiled.clone().requires_grad_(True)
-        with torch.enable_grad():
-            output = f(leaf)
+        output, jvp, vjp = _linearize(f, tiled)
         d_out = output.shape[-1]
         for _ in range(restarts):
             noise = torch.randn(tiled.shape, dtype=X.dtype, device=X.device, generator=generator)
             D = _unit_per_token(noise, noise)
             for step in range(iterations + 1):
-                w = (torch.func.jvp(f, (tiled,), (D,))[1] * select).sum(dim=1)  # [probe, d_out]
+                w = (jvp(D) * select).sum(dim=1)  # [probe, d_out]
                 value = torch.linalg.vector_norm(w, dim=-1).reshape(target.numel(), n_batch).amax(dim=0)
-                best = torch.maximum(best, value.detach())
+                best = torch.maximum(best, value)
                 if step == iterations:
                     break
-                (G,) = torch.autograd.grad(output, leaf, select * w[:, None, :], retain_graph=True)
-                D = _unit_per_token(G, D)
+                D = _unit_per_token(vjp(select * w[:, None, :]), D)
     if geometry == "rms":
         best = best * math.sqrt(X.shape[-1] / d_out)
     return best
@@ -111,14 +129,13 @@ def spectral_jacobian_norm_estimate(
     """
     if iterations < 1:
         raise ConfigError(f"iterations must be ≥ 1, got {iterations}")
-    X = X.detach()
-    _, vjp_fn = torch.func.vjp(f, X)
+    _, jvp, vjp = _linearize(f, X)
     v = torch.randn(X.shape, dtype=X.dtype, device=X.device, generator=generator)
     dims = tuple(range(1, X.ndim))
     best = torch.zeros(X.shape[0], dtype=X.dtype, device=X.device)
     for _ in range(iterations):
         v = v / torch.linalg.vector_norm(v, dim=dims, keepdim=True).clamp_min(torch.finfo(v.dtype).tiny)
-        w = torch.func.jvp(f, (X,), (v,))[1]
+        w = jvp(v)
         best = torch.maximum(best, torch.linalg.vector_norm(w, dim=tuple(range(1, w.ndim))))
-        v = vjp_fn(w)[0]
+        v = vjp(w)
     return best

@@ -18,8 +18,8 @@ dr = xᵀdx/(d r), so d(x/r) = dx/r − x xᵀdx/(d r³) and
     J_RMS(x) = diag(γ) (I − x̂x̂ᵀ/d)/r.
 
 ‖x̂‖² = d (r² − ε)/r², so I − x̂x̂ᵀ/d has eigenvalues 1 (d − 1 times, the complement of x̂) and ε/r² ∈ (0, 1]
-(direction x̂): it is a contraction, and ‖J_RMS(x)‖₂ ≤ ‖γ‖_∞/r(x) ≤ ‖γ‖_∞/√ε. As for LayerNorm the bound is
-attained up to the factor max over the projected directions of |γ|, and equals ‖γ‖_∞/r when γ is constant.
+(direction x̂): it is a contraction, and ‖J_RMS(x)‖₂ ≤ ‖γ‖_∞/r(x) ≤ ‖γ‖_∞/√ε. For both norms the bound is an
+equality when |γ| is constant and d ≥ 2 (a unit-eigenvalue direction exists).
 """
 
 from __future__ import annotations

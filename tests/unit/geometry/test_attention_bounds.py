@@ -91,19 +91,16 @@ def test_bound_holds_at_inputs_found_by_gradient_ascent() -> None:
         biases = AttentionBiases(q=inst["bq"][0], k=inst["bk"][0], v=inst["bv"][0], o=inst["bo"][0])
         f = lambda Z: mha_forward(Z, *W, tau=tau, mask=causal_mask(L), biases=biases).output  # noqa: B023,E731
         X = inst["X"].clone().requires_grad_(True)
-        D = torch.randn(L, 1, L, d, dtype=F64)
+        D = torch.randn(L, L, d, dtype=F64)  # probe i's direction for every input token
         for _ in range(20):
             D = (D / D.norm(dim=-1, keepdim=True).clamp_min(1e-30)).detach()  # keys a causal row never reads: 0
-            W_out = torch.func.vmap(lambda v: torch.func.jvp(f, (X,), (v,))[1])(D)  # noqa: B023
-            value = W_out[torch.arange(L), 0, torch.arange(L)].norm(dim=-1).amax()
-            (grad_x,) = torch.autograd.grad(value, X)
+            J = torch.autograd.functional.jacobian(lambda Z: f(Z)[0], X, create_graph=True)[:, :, 0]  # noqa: B023
+            images = torch.einsum("iokd,ikd->io", J, D)
+            (grad_x,) = torch.autograd.grad(images.norm(dim=-1).amax(), X)
             with torch.no_grad():
+                D = torch.einsum("iokd,io->ikd", J, images)  # block power step at the current X
                 X += 0.2 * grad_x / grad_x.norm().clamp_min(1e-12)
-                token_norm = X.norm(dim=-1, keepdim=True)
-                X *= torch.clamp(radius * math.sqrt(d) / token_norm, max=1.0)
-                D = torch.func.vmap(lambda c: torch.func.vjp(f, X)[1](c)[0])(  # noqa: B023
-                    torch.einsum("iq,ibe->ibqe", torch.eye(L, dtype=F64), W_out[torch.arange(L), :, torch.arange(L)])
-                )
+                X *= torch.clamp(radius * math.sqrt(d) / X.norm(dim=-1, keepdim=True), max=1.0)
         X = X.detach()
         estimate = block_jacobian_norm_estimate(f, X, iterations=30, restarts=2)
         local = mha_local_jacobian_upper_bound(X, *W, tau=tau, mask=causal_mask(L), biases=biases)

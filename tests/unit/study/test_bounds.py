@@ -76,3 +76,25 @@ def test_cli_bounds_reports_domain_errors(tmp_path) -> None:
     result = CliRunner().invoke(app, ["bounds", str(tmp_path / "absent.safetensors")])
     assert result.exit_code == 1
     assert "does not exist" in result.output
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_bound_model_on_an_own_gpt_adapter(norm: str) -> None:
+    """The adapter path: layer inputs from the real model; the reference block forward reproduces them."""
+    from attnsens.geometry.layers import block_forward
+    from attnsens.models import load
+    from attnsens.train.model import GPT, preset
+
+    torch.manual_seed(0)
+    adapter = load(GPT(preset("tiny", n_layer=2, d_model=24, n_head=2, vocab_size=50, max_positions=16, norm=norm)))
+    input_ids = torch.randint(0, 50, (1, 6), generator=torch.Generator().manual_seed(0))
+    inputs = adapter.layer_inputs(input_ids)
+    torch.testing.assert_close(
+        block_forward(inputs[0].block_input.double(), adapter.layers[0]), inputs[1].block_input.double(),
+        rtol=1e-4, atol=1e-5,
+    )  # fmt: skip
+    table = bound_model(adapter, input_ids, n_queries=3, iterations=5, compare_placements=False)
+    layer_rows = table[table["head"] == -1]
+    assert list(layer_rows["layer"]) == [0, 1]
+    assert (layer_rows["mha_jacobian_estimate"] <= layer_rows["mha_local_jacobian_upper_bound"]).all()
+    assert (layer_rows["block_jacobian_estimate"] <= layer_rows["residual_jacobian_upper_bound"]).all()

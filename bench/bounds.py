@@ -1,0 +1,140 @@
+"""Benchmark: tightness of the certified attention bounds and the time to bound a whole model.
+
+For each model, per layer: certified local bound / empirical estimate of the attention Jacobian's block-∞ norm
+(the θ-aware bound, MATH.md T4/T5; goal ≤ 10), beside the same ratio for the θ = 1 Lipschitz bound on the input
+ball, for the paper-form local bound ‖W_O‖ Σ_h(‖W_V‖ + θ̃Φ/τ), and for the length-dependent product of norms
+(θ replaced by n_keys/2). Then the time to compute every certified bound of the model (no estimates) beside the
+time of one forward pass that captures the layer inputs (ratio). Models: attnsens' own tiny GPT (random init)
+and SmolLM2-135M (``attnsens.models.load("smollm2")``, skipped if unavailable). Appends one JSON line per model
+to bench/results/bounds.jsonl.
+
+    .venv/bin/python bench/bounds.py [--seq-len 32] [--queries 6] [--iterations 12] [--threads 1]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from attnsens import geometry as G
+from attnsens.errors import InputError
+from attnsens.geometry.attention import biases_of, causal_mask
+from attnsens.provenance import provenance
+from attnsens.study.bounds import bound_model
+
+RESULTS = Path(__file__).resolve().parent / "results" / "bounds.jsonl"
+TEXT = (
+    "The quality of mercy is not strained; it droppeth as the gentle rain from heaven upon the place beneath. "
+    "It is twice blest: it blesseth him that gives and him that takes. 'Tis mightiest in the mightiest; it "
+    "becomes the throned monarch better than his crown. His sceptre shows the force of temporal power."
+)
+
+
+def tiny_gpt():
+    from attnsens.models import load
+    from attnsens.train.model import GPT, preset
+
+    torch.manual_seed(0)
+    return load(GPT(preset("tiny")))
+
+
+def smollm2():
+    from transformers.utils import logging as hf_logging
+
+    from attnsens.models import load
+
+    hf_logging.set_verbosity_error()
+    return load("smollm2")
+
+
+def certified_bounds_only(adapter, input_ids) -> float:
+    """Seconds to compute every layer's local and global attention bounds and block bounds (no estimates)."""
+    inputs = adapter.layer_inputs(input_ids)
+    start = time.perf_counter()
+    for layer, entry in zip(adapter.layers, inputs, strict=True):
+        attn = layer.attention
+        x = entry.attention_input.to(torch.float64)
+        mask = causal_mask(x.shape[1]) if attn.causal else None
+        G.mha_local_jacobian_upper_bound(x, attn.w_q, attn.w_k, attn.w_v, attn.w_o, tau=attn.tau, mask=mask,
+                                         biases=biases_of(attn), rotary=attn.rotary)  # fmt: skip
+        G.block_local_jacobian_upper_bound(entry.block_input, layer)
+        if layer.placement == "pre":
+            G.block_lipschitz_upper_bound(layer)
+    return time.perf_counter() - start
+
+
+def bench_model(name: str, adapter, args: argparse.Namespace) -> dict:
+    try:
+        input_ids = adapter.encode(TEXT, max_length=args.seq_len)
+    except InputError:  # a random-init own GPT has no tokenizer: seeded random tokens
+        generator = torch.Generator().manual_seed(0)
+        input_ids = torch.randint(0, adapter.spec.vocab_size, (1, args.seq_len), generator=generator)
+    start = time.perf_counter()
+    adapter.layer_inputs(input_ids)
+    forward_s = time.perf_counter() - start
+    certified_bounds_only(adapter, input_ids)  # warm-up: compiled θ kernels, first-use initialisation
+    bound_s = certified_bounds_only(adapter, input_ids)
+    start = time.perf_counter()
+    table = bound_model(adapter, input_ids, n_queries=args.queries, iterations=args.iterations,
+                        compare_placements=False, model_name=name)  # fmt: skip
+    full_s = time.perf_counter() - start
+    layers = table[table["head"] == -1]
+    estimate = layers["mha_jacobian_estimate"]
+    ratios = {
+        "theta_aware_local": (layers["mha_local_jacobian_upper_bound"] / estimate).tolist(),
+        "paper_form_local": (layers["mha_local_paper_form_upper_bound"] / estimate).tolist(),
+        "lipschitz_theta_1": (layers["mha_lipschitz_upper_bound"] / estimate).tolist(),
+        "length_dependent_naive": (layers["mha_length_dependent_upper_bound"] / estimate).tolist(),
+        "block_local": (layers["residual_jacobian_upper_bound"] / layers["block_jacobian_estimate"]).tolist(),
+    }
+    print(f"\n{name}: {len(layers)} layers, {input_ids.shape[1]} tokens")
+    print(f"{'layer':>5} {'θ̃ max':>7} {'estimate':>9} {'local/est':>10} {'paper/est':>10} {'θ=1 Lip/est':>12} "
+          f"{'naive/est':>10} {'block/est':>10}")  # fmt: skip
+    for i, row in enumerate(layers.to_dict("records")):
+        print(f"{row['layer']:>5} {row['theta_tilde']:>7.3f} {row['mha_jacobian_estimate']:>9.3g} "
+              f"{ratios['theta_aware_local'][i]:>10.2f} {ratios['paper_form_local'][i]:>10.2f} "
+              f"{ratios['lipschitz_theta_1'][i]:>12.2f} {ratios['length_dependent_naive'][i]:>10.2f} "
+              f"{ratios['block_local'][i]:>10.3g}")  # fmt: skip
+    medians = {k: statistics.median(v) for k, v in ratios.items()}
+    within_goal = sum(r <= 10 for r in ratios["theta_aware_local"])
+    print("median ratios: " + ", ".join(f"{k} {v:.2f}" for k, v in medians.items()))
+    print(f"θ-aware local bound within 10× of the estimate in {within_goal}/{len(layers)} layers")
+    print(f"time: certified bounds of all layers {bound_s:.3f} s vs one capturing forward {forward_s:.3f} s "
+          f"(ratio {bound_s / forward_s:.1f}); full table with estimates {full_s:.1f} s")  # fmt: skip
+    return {
+        "model": name, "n_layer": len(layers), "seq_len": int(input_ids.shape[1]), "ratios": ratios,
+        "median_ratios": medians, "layers_within_goal": within_goal, "bound_seconds": bound_s,
+        "forward_seconds": forward_s, "bound_over_forward": bound_s / forward_s, "table_seconds": full_s,
+        "queries": args.queries, "iterations": args.iterations, "threads": torch.get_num_threads(),
+    }  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seq-len", type=int, default=32)
+    parser.add_argument("--queries", type=int, default=6)
+    parser.add_argument("--iterations", type=int, default=12)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--models", default="tiny_gpt,smollm2")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    loaders = {"tiny_gpt": tiny_gpt, "smollm2": smollm2}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    for name in args.models.split(","):
+        try:
+            adapter = loaders[name]()
+        except Exception as err:  # a missing optional model must not stop the other benchmark
+            print(f"{name}: skipped ({type(err).__name__}: {err})")
+            continue
+        record = bench_model(name, adapter, args)
+        with RESULTS.open("a") as handle:
+            handle.write(json.dumps({"bench": "bounds", **record, "provenance": provenance()}) + "\n")
+
+
+if __name__ == "__main__":
+    main()
