@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from attnsens.errors import CheckpointError
 from attnsens.train.checkpoint import saved_steps
-from attnsens.train.data import DataConfig, prepare_data
+from attnsens.train.data import DataConfig, TokenData, prepare_data
 from attnsens.train.model import GPTConfig
 from attnsens.train.trainer import TrainConfig, Trainer, init_distributed
 
@@ -65,12 +65,14 @@ def train(
     callbacks: Sequence[object] = (),
     device: str | None = None,
     write_log: bool = True,
+    data: TokenData | None = None,
 ) -> TrainResult:
     """Train one seed into ``run_dir``; with ``resume`` continue from its latest checkpoint (bit-identical on CPU).
 
     Under torchrun (WORLD_SIZE > 1) every process calls this; rank 0 alone writes files. With ``write_log``
     the log is written as ``training.parquet`` and ``grad_norms.parquet`` (store schemas) in ``run_dir``.
-    Raises CheckpointError when ``run_dir`` already holds checkpoints and ``resume`` is False.
+    ``data`` skips reading and tokenizing the corpus (several seeds share one TokenData; the caller keeps its
+    tokenizer). Raises CheckpointError when ``run_dir`` already holds checkpoints and ``resume`` is False.
     """
     run_dir = Path(run_dir)
     init_distributed()
@@ -80,12 +82,13 @@ def train(
             f"{run_dir} already holds checkpoints {saved_steps(run_dir)}; pass --resume to continue that run "
             "or choose a new --out directory"
         )
-    if rank == 0:
-        data = prepare_data(data_config, run_dir)
-    if dist.is_initialized():
-        dist.barrier()
-    if rank != 0:
-        data = prepare_data(data_config, run_dir, save=False)
+    if data is None:
+        if rank == 0:
+            data = prepare_data(data_config, run_dir)
+        if dist.is_initialized():
+            dist.barrier()
+        if rank != 0:
+            data = prepare_data(data_config, run_dir, save=False)
     trainer = Trainer(model_config, train_config, data, run_dir, run_id=run_id, callbacks=callbacks, device=device)
     if resume:
         trainer.resume()

@@ -1,0 +1,57 @@
+"""``attnsens study``: train several seeds, audit every checkpoint, write Parquet and the HTML report."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from attnsens.cli.app import OutDirOption, app, console, domain_errors_exit
+
+
+@app.command()
+@domain_errors_exit
+def study(
+    out: OutDirOption,
+    config: Annotated[str, typer.Option("--config", help="GPT preset: tiny, small, medium or large.")] = "tiny",
+    seeds: Annotated[str, typer.Option("--seeds", help="Comma-separated seeds, one training run each.")] = "0,1,2",
+    steps: Annotated[int | None, typer.Option("--steps", min=1, help="Optimizer steps (preset default).")] = None,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", help="Blocks per step (preset default).")] = None,
+    norm: Annotated[str, typer.Option("--norm", help="Block variant: pre, post, deepnorm or none.")] = "pre",
+    data: Annotated[Path | None, typer.Option("--data", help="Text file or folder (default: Shakespeare).")] = None,
+    bounds: Annotated[bool, typer.Option("--bounds/--no-bounds", help="Certified bounds per checkpoint.")] = True,
+    device: Annotated[str | None, typer.Option("--device", help="cpu or cuda (default: cuda when present).")] = None,
+) -> None:
+    """Train every seed, audit every checkpoint (θ certificates, concentration, bounds), write the report.
+
+    Rerun the same command to resume an interrupted study. The last line printed is the report's path.
+    """
+    import torch.distributed as dist
+
+    from attnsens.errors import ConfigError
+    from attnsens.study.study import StudyConfig, run_study
+
+    try:
+        seed_list = tuple(int(s) for s in seeds.split(",") if s.strip())
+    except ValueError:
+        raise ConfigError(f"--seeds must be comma-separated integers such as 0,1,2, got {seeds!r}") from None
+    study_config = StudyConfig.from_preset(
+        config,
+        seeds=seed_list,
+        steps=steps,
+        norm=norm,
+        data=None if data is None else str(data),
+        batch_size=batch_size,
+        bounds=bounds,
+    )
+    is_writer = not dist.is_initialized() or dist.get_rank() == 0
+
+    def say(message: str) -> None:
+        if is_writer:
+            console.print(message, highlight=False, markup=False)
+
+    result = run_study(study_config, out, log=say, device=device)
+    if result.report is not None:
+        say(f"trained in {result.train_seconds:.0f} s, audited in {result.audit_seconds:.0f} s")
+        console.print(str(result.report), highlight=False, markup=False, soft_wrap=True)

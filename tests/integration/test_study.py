@@ -1,0 +1,124 @@
+"""The study pipeline end to end on a micro GPT: train seeds, audit checkpoints, Parquet, report, resume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from attnsens.cli import app
+from attnsens.errors import CheckpointError, ConfigError
+from attnsens.store import read_table
+from attnsens.store.query import query
+from attnsens.study.study import StudyConfig, run_study
+from attnsens.train.data import DataConfig
+from attnsens.train.model import GPTConfig
+from attnsens.train.trainer import TrainConfig
+from tests.unit.train.conftest import synthetic_text
+
+
+def micro_study(corpus: Path, **overrides: object) -> StudyConfig:
+    values = dict(
+        name="micro",
+        model=GPTConfig(vocab_size=300, n_layer=2, n_head=2, d_model=16, d_ff=24, max_positions=16),
+        train=TrainConfig(steps=4, batch_size=4, lr=3e-3, warmup_steps=2),
+        data=DataConfig(source=str(corpus), vocab_size=300, block_size=16, eval_sequences=3),
+        seeds=(0, 1),
+        audit_sequences=2,
+        rows_per_sequence=5,
+        min_query=4,
+        bound_tokens=8,
+        bound_queries=2,
+        bound_iterations=2,
+    )
+    return StudyConfig(**{**values, **overrides})
+
+
+class StopAt:
+    """A log sink that interrupts the study when a given message starts, as a kill would."""
+
+    def __init__(self, prefix: str | None) -> None:
+        self.prefix, self.lines = prefix, []
+
+    def __call__(self, message: str) -> None:
+        self.lines.append(message)
+        if self.prefix is not None and message.startswith(self.prefix):
+            raise KeyboardInterrupt
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("study_corpus") / "verse.txt"
+    path.write_text(synthetic_text(6000))
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_killed_study_resumes_without_loss_or_duplicates(corpus: Path, tmp_path: Path) -> None:
+    config = micro_study(corpus)
+    first = StopAt("seed 1 step 1:")
+    with pytest.raises(KeyboardInterrupt):
+        run_study(config, tmp_path, log=first)
+    before = {p: p.read_bytes() for p in (tmp_path / "rows").rglob("*.parquet")}
+    assert len(before) == 6  # seed 0: steps 0, 1, 2, 4; seed 1: steps 0, 1
+
+    second = StopAt(None)
+    result = run_study(config, tmp_path, log=second)
+    assert [line.split(":")[0] for line in second.lines] == [
+        "seed 0", "seed 1", "seed 1 step 2", "seed 1 step 4",
+    ]  # fmt: skip
+    assert all(path.read_bytes() == data for path, data in before.items())
+    assert result.report == tmp_path / "report.html" and result.report.stat().st_size > 10_000
+
+    counts = query(tmp_path, "SELECT seed, step, count(*) AS n FROM rows GROUP BY seed, step ORDER BY seed, step")
+    assert counts[["seed", "step"]].values.tolist() == [[s, t] for s in (0, 1) for t in (0, 1, 2, 4)]
+    assert set(counts["n"]) == {2 * 5 * 2 * 2}  # sequences × rows × layers × heads
+    duplicates = query(
+        tmp_path,
+        "SELECT count(*) AS n FROM (SELECT run_id, step, seed, layer, head, batch, query, count(*) AS c "
+        "FROM rows GROUP BY ALL HAVING c > 1)",
+    )
+    assert duplicates["n"].item() == 0
+    training = read_table(tmp_path / "training")
+    assert sorted(training["seed"].unique()) == [0, 1] and len(training) == 8
+    bounds = read_table(tmp_path / "bounds")
+    assert sorted(bounds["step"].unique()) == [0, 1, 2, 4]
+    summary = read_table(tmp_path / "summary")
+    layer_rows = summary[summary["head"] == -1]
+    assert len(layer_rows) == 2 * 4 * 2 and layer_rows["theta_lower_median"].between(0, 1).all()
+
+    third = StopAt(None)
+    run_study(config, tmp_path, log=third)
+    assert third.lines == ["seed 0: already trained (4 steps)", "seed 1: already trained (4 steps)"]
+
+
+def test_corrupted_checkpoint_and_changed_config_are_reported(corpus: Path, tmp_path: Path) -> None:
+    config = micro_study(corpus, seeds=(3,), bounds=False)
+    run_study(config, tmp_path)
+    assert not (tmp_path / "bounds").exists()
+    weights = tmp_path / "runs" / "seed=3" / "checkpoints" / "step_000002" / "model.safetensors"
+    raw = bytearray(weights.read_bytes())
+    raw[-3] ^= 0xFF
+    weights.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match=r"step_000002/model\.safetensors is corrupted"):
+        run_study(config, tmp_path)
+    with pytest.raises(ConfigError, match="different config"):
+        run_study(micro_study(corpus, seeds=(3, 4), bounds=False), tmp_path)
+
+
+def test_invalid_study_settings() -> None:
+    with pytest.raises(ConfigError, match="distinct"):
+        micro_study(Path("x"), seeds=(1, 1))
+    with pytest.raises(ConfigError, match="rows_per_sequence"):
+        micro_study(Path("x"), rows_per_sequence=13)
+    result = CliRunner().invoke(app, ["study", "--seeds", "0,x", "--out", "unused"])
+    assert result.exit_code == 1 and "comma-separated integers" in result.output
