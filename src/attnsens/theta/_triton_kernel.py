@@ -1,6 +1,6 @@
-"""Triton θ certificate: the one-pass stage of the cascade on the GPU, one program per row (THETA_ALGORITHMS.md §7).
+"""Triton θ certificate: the one-pass stage of the cascade on the GPU, a few rows per program (THETA_ALGORITHMS.md §7).
 
-Each program loads its row once, keeps it in registers and produces the same five per-row numbers as the CPU
+Each program loads its rows once, keeps them in registers and produces the same five per-row numbers as the CPU
 kernels (ŝ, p_max, d̂, d̂_lb, E; ``_numba_kernels`` docstring) plus the method and the validation status:
 
     sum, support size, p_max and the row quantum q      (float64 accumulation)
