@@ -21,6 +21,9 @@ NEAR_ONE = 0.9
 CLOSED_FORM_TOLERANCE = 1e-6
 """Largest |θ − 4m(s − m) − s(1 − s)| accepted for dominant rows (float64 rounding of stored rows)."""
 
+CONCENTRATION_MIN_RISE = 0.05
+"""Smallest relative rise of the median p_max (first → last checkpoint) that counts as concentration."""
+
 Status = Literal["agrees", "disagrees", "not measured"]
 
 
@@ -104,22 +107,25 @@ def _concentration(layer: pd.DataFrame | None) -> Finding:
     p_start, p_end = start["p_max_median"].mean(), end["p_max_median"].mean()
     h_start, h_end = start["entropy_mean"].mean(), end["entropy_mean"].mean()
     both = ((end["p_max_median"] > start["p_max_median"]) & (end["entropy_mean"] < start["entropy_mean"])).sum()
+    rise = (p_end - p_start) / p_start if p_start > 0 else float("inf")
     measured = (
         f"From checkpoint {first:,} to {last:,}, averaged over layers and seeds: median p_max "
-        f"{p_start:.3f} → {p_end:.3f}, mean entropy {h_start:.3f} → {h_end:.3f} nats; "
+        f"{p_start:.3f} → {p_end:.3f} ({rise:+.1%}), mean entropy {h_start:.3f} → {h_end:.3f} nats; "
         f"{both} of {len(end)} layers show both. "
     )
-    if p_end > p_start and h_end < h_start:
-        status: Status = "agrees"
-        measured += "Attention concentrated."
+    problems = []
+    if rise < CONCENTRATION_MIN_RISE:
+        problems.append(f"median p_max rose by less than {CONCENTRATION_MIN_RISE:.0%}")
+    if h_end >= h_start:
+        problems.append("entropy did not fall")
+    if 2 * both < len(end):
+        problems.append("fewer than half the layers concentrated")
+    if problems:
+        status: Status = "disagrees"
+        measured += "The measurement does not show concentration: " + "; ".join(problems) + "."
     else:
-        status = "disagrees"
-        moves = []
-        if p_end <= p_start:
-            moves.append("p_max did not rise")
-        if h_end >= h_start:
-            moves.append("entropy did not fall")
-        measured += "The measurement does not show concentration: " + " and ".join(moves) + "."
+        status = "agrees"
+        measured += "Attention concentrated."
     table = means.reset_index()
     table = table[table["step"].isin([first, last])].pivot(index="layer", columns="step")
     table.columns = [f"{'p_max' if c == 'p_max_median' else 'entropy'} @ {int(s):,}" for c, s in table.columns]

@@ -63,6 +63,9 @@ summary { cursor: pointer; font-size: 13.5px; color: var(--accent); }
 pre { font-size: 12px; background: var(--soft); padding: 10px 12px; border-radius: 4px; overflow-x: auto; }
 code { font-size: 0.92em; }
 .violation { color: var(--bad); font-weight: 700; }
+.config th { text-align: left; }
+.config td { text-align: left; white-space: normal; word-break: break-word; }
+.config td:first-child { white-space: nowrap; color: var(--muted); }
 """
 
 

@@ -89,11 +89,12 @@ def overview_section(data: RunData, omitted: list[str]) -> Section:
         "(MATH.md T1), so θ near 1 means attention is as sensitive as a softmax row can be.</p>"
         + definition_list(items)
     )
-    config = (data.manifest or {}).get("config")
+    config = _flatten((data.manifest or {}).get("config") or {})
     if config:
-        body += "<h3>Configuration</h3>" + table_html(
-            pd.DataFrame({"key": list(config), "value": [json.dumps(v, default=str) for v in config.values()]}),
-            max_rows=200,
+        body += (
+            f'<details class="config"><summary>Configuration ({len(config)} settings)</summary>'
+            + table_html(pd.DataFrame({"key": list(config), "value": list(config.values())}), max_rows=400)
+            + "</details>"
         )
     if provenance:
         body += (
@@ -103,6 +104,18 @@ def overview_section(data: RunData, omitted: list[str]) -> Section:
     if omitted:
         body += '<p class="note">Not in this run: ' + esc("; ".join(omitted)) + ".</p>"
     return Section(anchor="overview", title="Overview", body=body)
+
+
+def _flatten(config: dict, prefix: str = "") -> dict[str, str]:
+    """Nested config as dotted keys → JSON text of each leaf (``{"model": {"d_model": 16}}`` → model.d_model)."""
+    flat: dict[str, str] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, f"{name}."))
+        else:
+            flat[name] = value if isinstance(value, str) else json.dumps(value, default=str)
+    return flat
 
 
 def findings_section(findings: list[Finding]) -> Section:

@@ -36,6 +36,7 @@ STYLE: dict[str, Any] = {
     "xtick.labelsize": 8.5,
     "ytick.labelsize": 8.5,
     "lines.linewidth": 1.6,
+    "axes.formatter.useoffset": False,
     "svg.hashsalt": "attnsens",
     "svg.fonttype": "path",
     # Labels carry model and run names; a "$" in them must not be read as mathtext.

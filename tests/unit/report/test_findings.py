@@ -64,7 +64,15 @@ def test_reversed_training_is_reported_as_disagreeing(rows):
     reversed_steps = rows.assign(step=rows["step"].map({0: 100, 10: 10, 100: 0}))
     finding = _by_key(_data(reversed_steps))["concentration"]
     assert finding.status == "disagrees"
-    assert "p_max did not rise" in finding.measured and "entropy did not fall" in finding.measured
+    assert "p_max rose by less than 5%" in finding.measured and "entropy did not fall" in finding.measured
+
+
+def test_a_negligible_change_is_not_called_concentration(rows):
+    late = rows[rows["step"] == 100]
+    # the same rows at two checkpoints, with p_max nudged up by 1 % and entropy down by 1 %
+    nudged = late.assign(step=200, p_max=late["p_max"] * 1.01, entropy=late["entropy"] * 0.99)
+    finding = _by_key(_data(pd.concat([late, nudged], ignore_index=True)))["concentration"]
+    assert finding.status == "disagrees" and "(+1.0%)" in finding.measured
 
 
 def test_dominant_rows_off_the_closed_form_are_reported(rows):
