@@ -13,6 +13,8 @@ from fractions import Fraction
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("triton", reason="triton is not installed: the GPU θ kernel is tested under its interpreter")
 
@@ -131,6 +133,27 @@ def test_adversarial_families_contain_exact_theta(dtype: torch.dtype) -> None:
                     allowed += 8.0 * float(got["row_sum"][i]) * error_radius(row) + 8 * error_radius(row) ** 2
                 assert float(upper[i] - lower[i]) <= allowed, f"{label}: exact row too wide"
         assert_agrees_with_cpu(rows, [f"{name} L={length}" for name in families], tolerance=1.0)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    st.lists(st.lists(st.integers(0, 2**12), min_size=12, max_size=12), min_size=1, max_size=8),
+    st.integers(-30, 0),
+    st.sampled_from([torch.float32, torch.float64]),
+)
+def test_property_kernel_intervals_contain_theta_of_integer_rows(
+    ints: list[list[int]], scale: int, dtype: torch.dtype
+) -> None:
+    """Rows of small integers over a power of two making s ∈ (2^scale / 2, 2^scale] (ties, zeros, perfect
+    partitions, s ≤ 1 so that θ ≥ 0): every interval contains the exact θ."""
+    rows = torch.tensor(ints, dtype=torch.float64)
+    rows[:, 0] += 1.0
+    rows = rows / 2.0 ** torch.ceil(torch.log2(rows.sum(-1, keepdim=True))) * 2.0**scale
+    rows = rows.to(dtype)
+    got = kernel_only(rows)
+    lower, upper = theta_enclosure(got["row_sum"], got["d_found"], got["d_lb"], got["err"])
+    for i, row in enumerate(rows):
+        assert_sound(float(lower[i]), float(upper[i]), theta_fraction(row.tolist()), f"integer row {row.tolist()}")
 
 
 def test_dominant_and_uniform_long_rows_closed_forms() -> None:
