@@ -34,7 +34,14 @@ import torch
 from torch import Tensor
 
 from attnsens.errors import ConfigError, ShapeError
-from attnsens.geometry.attention import AttentionBiases, check_attention_shapes, expand_kv_heads, mha_forward
+from attnsens.geometry.attention import (
+    AttentionBiases,
+    AttentionForward,
+    apply_rotary,
+    check_attention_shapes,
+    expand_kv_heads,
+    mha_forward,
+)
 from attnsens.geometry.norms import Geometry, block_l2_norm, check_geometry, spectral_norm
 from attnsens.models.weights import RotaryConfig
 
@@ -131,6 +138,68 @@ def _combine_heads(per_head: Tensor, w_o: Tensor, w_o_head: Tensor) -> Tensor:
     return torch.minimum(stacked, blockwise)
 
 
+def _per_sequence(t: Tensor, batch: int, shared_ndim: int) -> Tensor:
+    """A weights-derived tensor, shared (``shared_ndim`` axes) or per sequence (one more), as per sequence."""
+    return t.expand(batch, *t.shape) if t.ndim == shared_ndim else t
+
+
+def _gain_factor(W: Tensor) -> Tensor:
+    """G with ‖Wᵀ v‖₂ = ‖G v‖₂ for every v: G = diag(S) Uᵀ from W = U S Vᵀ. ``[..., d_head, d_model]`` →
+    ``[..., rank, d_head]`` (float64)."""
+    U, S, _ = torch.linalg.svd(W.to(torch.float64), full_matrices=False)
+    return S[..., :, None] * U.transpose(-1, -2)
+
+
+def _rotation_matrices(n_pos: int, d_head: int, rotary: RotaryConfig, device: torch.device) -> Tensor:
+    """R_t ``[position, d_head, d_head]`` with apply_rotary(x)_t = R_t x_t."""
+    basis = torch.eye(d_head, dtype=torch.float64, device=device)[:, None, :].expand(d_head, n_pos, d_head)
+    return apply_rotary(basis, rotary).permute(1, 2, 0)
+
+
+def _score_spread(
+    fwd: AttentionForward, centre: Tensor, gain_q: Tensor, gain_k: Tensor, allowed: Tensor, rotary: RotaryConfig | None
+) -> Tensor:
+    """s_i = max_{j∈K(i)} (‖W_Qᵀ R_iᵀ (k̃_j − m_i)‖ + ‖W_Kᵀ R_jᵀ q̃_i‖): the exact norms of the two linear
+    functionals dx_i ↦ (R_i W_Q dx_i)·(k̃_j − m_i) and dx_j ↦ q̃_i·(R_j W_K dx_j) (module docstring, step 3).
+    ``[batch, head, query]``; with RoPE it materializes ``[batch, head, query, key, rank]``."""
+    if rotary is None:
+        keys = torch.einsum("bhre,bhke->bhkr", gain_q, fwd.keys)
+        centres = torch.einsum("bhre,bhqe->bhqr", gain_q, centre)
+        key_term = _masked_max_distance(keys, centres, allowed)
+        query_term = torch.linalg.vector_norm(torch.einsum("bhre,bhqe->bhqr", gain_k, fwd.queries), dim=-1)
+        return key_term + query_term
+    n_pos, d_head = fwd.keys.shape[-2], fwd.keys.shape[-1]
+    R = _rotation_matrices(n_pos, d_head, rotary, fwd.keys.device)
+    back_q = torch.einsum("bhrd,ied->bhire", gain_q, R)  # G_Q R_iᵀ
+    back_k = torch.einsum("bhrd,jed->bhjre", gain_k, R)  # G_K R_jᵀ
+    key_term = torch.linalg.vector_norm(
+        torch.einsum("bhire,bhje->bhijr", back_q, fwd.keys)
+        - torch.einsum("bhire,bhie->bhir", back_q, centre)[..., None, :],
+        dim=-1,
+    )
+    query_term = torch.linalg.vector_norm(torch.einsum("bhjre,bhie->bhijr", back_k, fwd.queries), dim=-1)
+    return (key_term + query_term).masked_fill(~allowed, 0.0).amax(dim=-1)
+
+
+def _projected_head_sum(
+    fwd: AttentionForward, Wv: Tensor, Wo: Tensor, b_v: Tensor | None, sensitivity_rate: Tensor, allowed: Tensor
+) -> Tensor:
+    """Σ_h [‖W_O^{(h)} W_V^h‖ + ‖dp_i^h‖₁ min_c max_j ‖W_O^{(h)}(v_j − c)‖]: the head sum with W_O applied per head
+    before the norms are taken, c ∈ {y_i^h, b_V}. ``[batch, query]``."""
+    n_head, d_head = fwd.values.shape[-3], fwd.values.shape[-1]
+    wo_heads = Wo.to(torch.float64).reshape(*Wo.shape[:-1], n_head, d_head).movedim(-2, -3)  # [b, h, d, e]
+    value_path = spectral_norm(wo_heads @ expand_kv_heads(Wv.to(torch.float64), n_head, -3))  # [b, h]
+    outputs = torch.einsum("bhde,bhke->bhkd", wo_heads, fwd.values)
+    centres = torch.einsum("bhde,bhqe->bhqd", wo_heads, fwd.head_outputs)
+    spread = _masked_max_distance(outputs, centres, allowed)
+    bias_centre = torch.zeros_like(centres)
+    if b_v is not None:
+        bias = _per_sequence(expand_kv_heads(b_v, n_head, -2), outputs.shape[0], 2)
+        bias_centre = torch.einsum("bhde,bhe->bhd", wo_heads, bias)[..., None, :].expand_as(centres)
+    spread = torch.minimum(spread, _masked_max_distance(outputs, bias_centre, allowed))
+    return (value_path[..., None] + sensitivity_rate * spread).sum(dim=-2)
+
+
 def _masked_max_distance(points: Tensor, centres: Tensor, allowed: Tensor) -> Tensor:
     """max_{j allowed for i} ‖points_j − centres_i‖: points ``[b, h, key, e]``, centres ``[b, h, query, e]``."""
     distances = torch.cdist(centres, points, compute_mode="donot_use_mm_for_euclid_dist")
@@ -200,13 +269,19 @@ def mha_local_jacobian_upper_bound(
     key_centre = torch.zeros_like(key_mean)
     if f64["k"] is not None and rotary is None:
         key_centre = expand_kv_heads(f64["k"], n_head, -2)[..., :, None, :].expand_as(key_mean)
-    key_spread = torch.minimum(
-        _masked_max_distance(fwd.keys, key_mean, allowed), _masked_max_distance(fwd.keys, key_centre, allowed)
+    batch = X.shape[0]
+    gain_q = _per_sequence(_gain_factor(Wq), batch, 3)
+    gain_k = _per_sequence(expand_kv_heads(_gain_factor(Wk), n_head, -3), batch, 3)
+    score_spread = torch.minimum(
+        _score_spread(fwd, key_mean, gain_q, gain_k, allowed, rotary),
+        _score_spread(fwd, key_centre, gain_q, gain_k, allowed, rotary),
     )
-    query_norm = torch.linalg.vector_norm(fwd.queries, dim=-1)
-    score_spread = norms.w_q[..., None] * key_spread + norms.w_k[..., None] * query_norm
-    per_row_head = norms.w_v[..., None] + theta_upper / tau * value_spread * score_spread  # [batch, head, query]
+    sensitivity_rate = theta_upper / tau * score_spread  # bounds ‖dp_i‖₁ per unit ‖dX‖
+    per_row_head = norms.w_v[..., None] + sensitivity_rate * value_spread  # [batch, head, query]
     row_bound = _combine_heads(per_row_head.transpose(-1, -2), norms.w_o[..., None], norms.w_o_head[..., None, :])
+    projected = _projected_head_sum(fwd, _per_sequence(Wv, batch, 3), _per_sequence(Wo, batch, 2), f64["v"],
+                                    sensitivity_rate, allowed)  # fmt: skip
+    row_bound = torch.minimum(row_bound, projected)
 
     radius_l2 = block_l2_norm(X.to(torch.float64))
     phi = _phi(norms, radius_l2, rotary)
