@@ -17,7 +17,7 @@ from torch import Tensor
 from attnsens.capture.selection import RowSelection
 from attnsens.capture.statistics import RowStats, row_statistics
 from attnsens.models.adapter import ModelAdapter
-from attnsens.models.attention import attention_rows, key_padding_mask_of
+from attnsens.models.attention import allowed_keys, attention_rows, key_padding_mask_of
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,6 +75,12 @@ def capture_row_statistics(
     positions = selection.query_positions(*input_ids.shape, device=input_ids.device)
     key_mask = key_padding_mask_of(attention_mask, input_ids)
     chunk_size = selection.rows_per_chunk(batch=input_ids.shape[0], heads=len(heads), n=input_ids.shape[1])
+    # Masks depend on positions only: built once, shared by every layer.
+    chunks = []
+    for start in range(0, positions.shape[1], chunk_size):
+        chunk = positions[:, start : start + chunk_size]
+        allowed, n_keys = allowed_keys(chunk, input_ids.shape[1], causal=model.spec.causal, key_padding_mask=key_mask)
+        chunks.append((chunk, allowed, rearrange(n_keys, "batch query -> batch 1 query").expand(-1, len(heads), -1)))
     kept: list[RowBlock] = []
     sink = on_block or kept.append
 
@@ -82,18 +88,8 @@ def capture_row_statistics(
         if layer not in layers:
             return
         query, key = query.detach(), key.detach()
-        for start in range(0, positions.shape[1], chunk_size):
-            chunk = positions[:, start : start + chunk_size]
-            probs, n_keys = attention_rows(
-                query,
-                key,
-                tau=tau,
-                query_positions=chunk,
-                heads=heads,
-                causal=model.spec.causal,
-                key_padding_mask=key_mask,
-            )
-            n_keys = rearrange(n_keys, "batch query -> batch 1 query").expand(probs.shape[:-1])
+        for chunk, allowed, n_keys in chunks:
+            probs = attention_rows(query, key, tau=tau, query_positions=chunk, allowed=allowed, heads=heads)
             sink(RowBlock(layer=layer, heads=heads, query_positions=chunk, stats=row_statistics(probs, n_keys=n_keys)))
             del probs
 

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from attnsens.errors import ConfigError, InputError, ShapeError
-from attnsens.models.attention import attention_rows, key_padding_mask_of
+from attnsens.models.attention import allowed_keys, attention_rows, key_padding_mask_of
 from attnsens.models.weights import LayerWeights, NormKind, Placement, RotaryConfig
 
 QueryKeyCallback = Callable[[int, Tensor, Tensor, float], None]
@@ -217,18 +217,18 @@ class ModelAdapter(ABC):
         with self.inference(), self.query_key_tap(keep):
             self.forward(input_ids, attention_mask)
         key_mask = key_padding_mask_of(attention_mask, input_ids)
+        chunks = []
+        for start in range(0, positions.shape[1], chunk_size):
+            chunk_positions = positions[:, start : start + chunk_size]
+            allowed, n_keys = allowed_keys(
+                chunk_positions, input_ids.shape[1], causal=self.spec.causal, key_padding_mask=key_mask
+            )
+            chunks.append((chunk_positions, allowed, n_keys))
         for layer in layer_list:
             query, key, tau = kept.pop(layer)
-            for start in range(0, positions.shape[1], chunk_size):
-                chunk_positions = positions[:, start : start + chunk_size]
-                probs, n_keys = attention_rows(
-                    query,
-                    key,
-                    tau=tau,
-                    query_positions=chunk_positions,
-                    heads=head_list,
-                    causal=self.spec.causal,
-                    key_padding_mask=key_mask,
+            for chunk_positions, allowed, n_keys in chunks:
+                probs = attention_rows(
+                    query, key, tau=tau, query_positions=chunk_positions, allowed=allowed, heads=head_list
                 )
                 yield AttentionChunk(
                     layer=layer, heads=head_list, query_positions=chunk_positions, probs=probs, n_keys=n_keys

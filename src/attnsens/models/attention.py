@@ -22,27 +22,23 @@ def attention_rows(
     *,
     tau: float,
     query_positions: Tensor,
+    allowed: Tensor | None,
     heads: Sequence[int] | None = None,
-    causal: bool,
-    key_padding_mask: Tensor | None = None,
-) -> tuple[Tensor, Tensor]:
+) -> Tensor:
     """Rows p = softmax(q_t · K^T / tau) over the allowed keys of each selected query position t, in float32.
 
-    Allowed keys: every non-padding key (bidirectional) or keys j ≤ t (causal). Query head h reads key head
-    ``h // (head / kv_head)`` (grouped-query attention).
+    Query head h reads key head ``h // (head / kv_head)`` (grouped-query attention).
 
     Args:
         query: [batch, head, n, d_head] queries after any rotary embedding.
         key: [batch, kv_head, n, d_head] keys after any rotary embedding.
         tau: softmax temperature (sqrt(d_head) for scaled dot-product attention).
         query_positions: [batch, query] 0-based positions of the rows to compute.
+        allowed: bool [batch, query, n] (or broadcastable) from :func:`allowed_keys`; None = every key.
         heads: 0-based query heads to compute (default: all).
-        causal: whether key j > t is masked.
-        key_padding_mask: optional bool [batch, n], True for real tokens.
 
     Returns:
-        ``(probs, n_keys)``: float32 probs [batch, len(heads), query, n] with masked keys exactly zero
-        (MATH.md §2.6), and n_keys [batch, query] the number of allowed keys of each row.
+        float32 probs [batch, len(heads), query, n] with masked keys exactly zero (MATH.md §2.6).
     """
     batch, n_head, n, d_head = query.shape
     n_kv = key.shape[1] if key.ndim == 4 else 0
@@ -52,7 +48,8 @@ def attention_rows(
             f"got query {tuple(query.shape)} and key {tuple(key.shape)}"
         )
     group = n_head // n_kv
-    q = _rows_of(query, query_positions)  # [batch, head, query, d_head]
+    # Scaling the few queries instead of the many scores saves a pass over [head, query, key].
+    q = _rows_of(query, query_positions).float() * (1.0 / tau)  # [batch, head, query, d_head]
     if heads is None or tuple(heads) == tuple(range(n_head)):
         # Grouped heads share one key tensor through broadcasting: no copy of the keys per query head.
         q = rearrange(q, "batch (kv group) query d_head -> batch kv group query d_head", kv=n_kv)
@@ -60,13 +57,10 @@ def attention_rows(
         scores = rearrange(torch.matmul(q.float(), k.float()), "batch kv group query key -> batch (kv group) query key")
     else:
         index = torch.as_tensor(list(heads), dtype=torch.long, device=query.device)
-        scores = torch.matmul(q[:, index].float(), key[:, index // group].float().transpose(-1, -2))
-    scores = scores.mul_(1.0 / tau)  # [batch, head, query, key]
-    allowed = _allowed_keys(query_positions, n, causal=causal, key_padding_mask=key_padding_mask)
-    if allowed is not None:
+        scores = torch.matmul(q[:, index], key[:, index // group].float().transpose(-1, -2))
+    if allowed is not None:  # scores: [batch, head, query, key]
         scores.masked_fill_(~rearrange(allowed, "batch query key -> batch 1 query key"), float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    return probs, _n_keys(query_positions, n, causal=causal, allowed=allowed, padded=key_padding_mask is not None)
+    return torch.softmax(scores, dim=-1)
 
 
 def _rows_of(query: Tensor, positions: Tensor) -> Tensor:
@@ -82,8 +76,15 @@ def _rows_of(query: Tensor, positions: Tensor) -> Tensor:
     return torch.gather(query, 2, index)
 
 
-def _allowed_keys(query_positions: Tensor, n: int, *, causal: bool, key_padding_mask: Tensor | None) -> Tensor | None:
-    """Bool [batch, query, key]: which keys each row may attend to (None: all of them)."""
+def allowed_keys(
+    query_positions: Tensor, n: int, *, causal: bool, key_padding_mask: Tensor | None = None
+) -> tuple[Tensor | None, Tensor]:
+    """Which keys each row may attend to: every non-padding key (bidirectional) or keys j ≤ t (causal).
+
+    Returns:
+        ``(allowed, n_keys)``: bool [batch, query, n] (None when every key is allowed) and the number of
+        allowed keys of each row, [batch, query].
+    """
     batch = query_positions.shape[0]
     allowed = None
     if causal:
@@ -92,15 +93,8 @@ def _allowed_keys(query_positions: Tensor, n: int, *, causal: bool, key_padding_
     if key_padding_mask is not None:
         padding = key_padding_mask.view(batch, 1, n)
         allowed = padding if allowed is None else allowed & padding
-    return allowed
-
-
-def _n_keys(query_positions: Tensor, n: int, *, causal: bool, allowed: Tensor | None, padded: bool) -> Tensor:
-    if padded:
-        return allowed.expand(query_positions.shape[0], query_positions.shape[1], n).sum(dim=-1)
-    if causal:
-        return query_positions + 1
-    return torch.full_like(query_positions, n)
+        return allowed, allowed.expand(batch, query_positions.shape[1], n).sum(dim=-1)
+    return allowed, query_positions + 1 if causal else torch.full_like(query_positions, n)
 
 
 def key_padding_mask_of(attention_mask: Tensor | None, input_ids: Tensor) -> Tensor | None:
