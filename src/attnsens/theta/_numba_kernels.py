@@ -21,6 +21,14 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from attnsens.theta._numba_partition import (
+    CKK_EXHAUSTED,
+    CKK_PERFECT,
+    complete_karmarkar_karp,
+    karmarkar_karp,
+    meet_in_the_middle,
+    support_values,
+)
 from attnsens.theta.methods import RowStatus, ThetaMethod
 
 UNIT_ROUNDOFF = 2.0**-53
@@ -47,11 +55,6 @@ _KK = int(ThetaMethod.KARMARKAR_KARP)
 _K_ATOM_14 = int(ThetaMethod.K_ATOM_RELAXATION_14)
 _CKK_PROVED = int(ThetaMethod.CKK_PROVED)
 _CKK_BUDGET = int(ThetaMethod.CKK_BUDGET)
-
-_CKK_EXHAUSTED = 0
-_CKK_PERFECT = 1
-_CKK_THRESHOLD = 2
-_CKK_OUT_OF_NODES = 3
 
 
 @njit(cache=True)
@@ -164,76 +167,6 @@ def _proves_perfect(d, q, e):
 
 
 @njit(cache=True)
-def _sorted_subset_sums(vals):
-    """All 2^m subset sums of ``vals`` in ascending order, by merge-doubling (no sort, O(2^m))."""
-    size_all = 1 << vals.size
-    out = np.empty(size_all)
-    tmp = np.empty(size_all)
-    out[0] = 0.0
-    size = 1
-    for v in vals:
-        i = 0
-        j = 0
-        k = 0
-        while i < size and j < size:
-            a = out[i]
-            b = out[j] + v
-            if a <= b:
-                tmp[k] = a
-                i += 1
-            else:
-                tmp[k] = b
-                j += 1
-            k += 1
-        while i < size:
-            tmp[k] = out[i]
-            i += 1
-            k += 1
-        while j < size:
-            tmp[k] = out[j] + v
-            j += 1
-            k += 1
-        out, tmp = tmp, out
-        size *= 2
-    return out
-
-
-@njit(cache=True)
-def _support(row, n):
-    vals = np.empty(n)
-    k = 0
-    for i in range(row.size):
-        x = np.float64(row[i])
-        if x > 0.0:
-            vals[k] = x
-            k += 1
-    return vals
-
-
-@njit(cache=True)
-def _meet_in_the_middle(row, n, t):
-    """d* = min_S |p(S) − t| over the n non-zeros: two sorted half-lists, one two-pointer sweep."""
-    vals = _support(row, n)
-    half = n // 2
-    a = _sorted_subset_sums(vals[:half])
-    b = _sorted_subset_sums(vals[half:])
-    i = 0
-    j = b.size - 1
-    best = np.inf
-    while i < a.size and j >= 0:
-        v = (a[i] + b[j]) - t
-        if v < 0.0:
-            best = min(best, -v)
-            i += 1
-        else:
-            best = min(best, v)
-            if v == 0.0:
-                break
-            j -= 1
-    return best
-
-
-@njit(cache=True)
 def _subset_sums_unsorted(top_v, sums):
     """sums[T] = Σ_{k ∈ T} top_v[k] for every bitmask T (doubling)."""
     sums[0] = 0.0
@@ -330,107 +263,6 @@ def _first_fit_targets(row, end, skip_sorted, targets, count):
 
 
 @njit(cache=True)
-def _karmarkar_karp(row, n):
-    """Largest differencing: repeatedly replace the two largest by their difference; d = final / 2."""
-    heap = _support(row, n)
-    size = n
-    for start in range(size // 2 - 1, -1, -1):
-        _sift_down(heap, start, size)
-    while size > 1:
-        a = heap[0]
-        heap[0] = heap[size - 1]
-        size -= 1
-        _sift_down(heap, 0, size)
-        heap[0] = a - heap[0]
-        _sift_down(heap, 0, size)
-    return 0.5 * heap[0]
-
-
-@njit(cache=True)
-def _sift_down(heap, i, size):
-    x = heap[i]
-    while True:
-        c = 2 * i + 1
-        if c >= size:
-            break
-        if c + 1 < size and heap[c + 1] > heap[c]:
-            c += 1
-        if heap[c] <= x:
-            break
-        heap[i] = heap[c]
-        i = c
-    heap[i] = x
-
-
-@njit(cache=True)
-def complete_karmarkar_karp(vals_desc, stop_diff, quantum_diff, budget):
-    """Complete Karmarkar–Karp (Korf 1998) on descending values; returns (best difference, outcome code).
-
-    Depth-first: at each node the two largest numbers go to different sets (difference, first) or the same set
-    (sum). A node whose largest number ≥ the sum of the rest is a leaf. The search stops when the best
-    difference is ≤ ``stop_diff`` (not a proof), ≤ ``quantum_diff`` (perfect-partition proof), after
-    ``budget`` nodes (not a proof), or when the tree is exhausted (proof). Lists live in a triangular workspace.
-    """
-    n = vals_desc.size
-    offsets = np.empty(n + 1, np.int64)
-    offsets[0] = 0
-    for k in range(n):
-        offsets[k + 1] = offsets[k] + (n - k)
-    work = np.empty(offsets[n])
-    work[:n] = vals_desc
-    choice = np.zeros(n, np.int8)
-    best = np.inf
-    nodes = 0
-    k = 0
-    while k >= 0:
-        m = n - k
-        base = offsets[k]
-        if choice[k] == 0:
-            if nodes >= budget:
-                return best, _CKK_OUT_OF_NODES
-            nodes += 1
-            x0 = work[base]
-            rest = 0.0
-            for i in range(1, m):
-                rest += work[base + i]
-            if x0 >= rest:
-                best = min(best, x0 - rest)
-                if best <= quantum_diff:
-                    return best, _CKK_PERFECT
-                if best <= stop_diff:
-                    return best, _CKK_THRESHOLD
-                k -= 1
-                continue
-            choice[k] = 1
-            v = x0 - work[base + 1]
-            dst = offsets[k + 1]
-            placed = False
-            for i in range(2, m):
-                y = work[base + i]
-                if not placed and v >= y:
-                    work[dst] = v
-                    dst += 1
-                    placed = True
-                work[dst] = y
-                dst += 1
-            if not placed:
-                work[dst] = v
-            k += 1
-            choice[k] = 0
-        elif choice[k] == 1:
-            choice[k] = 2
-            dst = offsets[k + 1]
-            work[dst] = work[base] + work[base + 1]
-            for i in range(2, m):
-                work[dst + i - 1] = work[base + i]
-            k += 1
-            choice[k] = 0
-        else:
-            k -= 1
-    return best, _CKK_EXHAUSTED
-
-
-@njit(cache=True)
 def _top_k(row, end, k_top):
     top_v = np.empty(k_top)
     top_i = np.empty(k_top, np.int64)
@@ -461,7 +293,7 @@ def _refine_row(row, n, s, q, e, end, stop_d, ckk_budget, ckk_max_support, top_v
     if d_found <= stop_d:
         return d_found, d_lb, _FF_SIXTEEN
 
-    d_found = min(d_found, _karmarkar_karp(row, n))
+    d_found = min(d_found, karmarkar_karp(row, n))
     if _proves_perfect(d_found, q, e):
         return d_found, d_found, _PERFECT
     if d_found <= stop_d:
@@ -479,11 +311,11 @@ def _refine_row(row, n, s, q, e, end, stop_d, ckk_budget, ckk_max_support, top_v
 
     if n > ckk_max_support:
         return d_found, d_lb, _CKK_BUDGET
-    vals = np.sort(_support(row, n))[::-1].copy()
+    vals = np.sort(support_values(row, n))[::-1].copy()
     quantum_diff = q if e == 0.0 else -1.0
     best_diff, outcome = complete_karmarkar_karp(vals, 2.0 * stop_d, quantum_diff, ckk_budget)
     d_found = min(d_found, 0.5 * best_diff)
-    if outcome == _CKK_EXHAUSTED or outcome == _CKK_PERFECT:
+    if outcome == CKK_EXHAUSTED or outcome == CKK_PERFECT:
         return 0.5 * best_diff, 0.5 * best_diff, _CKK_PROVED
     return d_found, d_lb, _CKK_BUDGET
 
@@ -613,14 +445,14 @@ def _certify_block(
             if n > MITM_CHEAP_SUPPORT and e == 0.0:
                 # Exact sums: a short CKK search often meets the perfect-partition rule long before the
                 # 2^(n/2) meet-in-the-middle would finish.
-                vals = np.sort(_support(x[r], n))[::-1].copy()
+                vals = np.sort(support_values(x[r], n))[::-1].copy()
                 best_diff, outcome = complete_karmarkar_karp(vals, -1.0, q, PERFECT_PROBE_NODES)
-                if outcome == _CKK_EXHAUSTED or outcome == _CKK_PERFECT:
+                if outcome == CKK_EXHAUSTED or outcome == CKK_PERFECT:
                     d_found[r] = 0.5 * best_diff
                     d_lb[r] = 0.5 * best_diff
                     method[r] = _CKK_PROVED
                     continue
-            d = _meet_in_the_middle(x[r], n, t)
+            d = meet_in_the_middle(x[r], n, t)
             d_found[r] = d
             d_lb[r] = d
             method[r] = _MITM

@@ -1,0 +1,187 @@
+"""Number-partitioning solvers used by the θ cascade (THETA_ALGORITHMS.md §3, §5), as numba functions.
+
+Each returns a bisection distance d = |p(S) − t| (or twice it, a set difference) computed from the row's stored
+values; the rounding model is the one of ``_numba_kernels``: every returned distance is within E of the real
+distance of the subset it describes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+CKK_EXHAUSTED = 0
+CKK_PERFECT = 1
+CKK_THRESHOLD = 2
+CKK_OUT_OF_NODES = 3
+
+
+@njit(cache=True)
+def _sorted_subset_sums(vals):
+    """All 2^m subset sums of ``vals`` in ascending order, by merge-doubling (no sort, O(2^m))."""
+    size_all = 1 << vals.size
+    out = np.empty(size_all)
+    tmp = np.empty(size_all)
+    out[0] = 0.0
+    size = 1
+    for v in vals:
+        i = 0
+        j = 0
+        k = 0
+        while i < size and j < size:
+            a = out[i]
+            b = out[j] + v
+            if a <= b:
+                tmp[k] = a
+                i += 1
+            else:
+                tmp[k] = b
+                j += 1
+            k += 1
+        while i < size:
+            tmp[k] = out[i]
+            i += 1
+            k += 1
+        while j < size:
+            tmp[k] = out[j] + v
+            j += 1
+            k += 1
+        out, tmp = tmp, out
+        size *= 2
+    return out
+
+
+@njit(cache=True)
+def support_values(row, n):
+    vals = np.empty(n)
+    k = 0
+    for i in range(row.size):
+        x = np.float64(row[i])
+        if x > 0.0:
+            vals[k] = x
+            k += 1
+    return vals
+
+
+@njit(cache=True)
+def meet_in_the_middle(row, n, t):
+    """d* = min_S |p(S) − t| over the n non-zeros: two sorted half-lists, one two-pointer sweep."""
+    vals = support_values(row, n)
+    half = n // 2
+    a = _sorted_subset_sums(vals[:half])
+    b = _sorted_subset_sums(vals[half:])
+    i = 0
+    j = b.size - 1
+    best = np.inf
+    while i < a.size and j >= 0:
+        v = (a[i] + b[j]) - t
+        if v < 0.0:
+            best = min(best, -v)
+            i += 1
+        else:
+            best = min(best, v)
+            if v == 0.0:
+                break
+            j -= 1
+    return best
+
+
+@njit(cache=True)
+def karmarkar_karp(row, n):
+    """Largest differencing: repeatedly replace the two largest by their difference; d = final / 2."""
+    heap = support_values(row, n)
+    size = n
+    for start in range(size // 2 - 1, -1, -1):
+        _sift_down(heap, start, size)
+    while size > 1:
+        a = heap[0]
+        heap[0] = heap[size - 1]
+        size -= 1
+        _sift_down(heap, 0, size)
+        heap[0] = a - heap[0]
+        _sift_down(heap, 0, size)
+    return 0.5 * heap[0]
+
+
+@njit(cache=True)
+def _sift_down(heap, i, size):
+    x = heap[i]
+    while True:
+        c = 2 * i + 1
+        if c >= size:
+            break
+        if c + 1 < size and heap[c + 1] > heap[c]:
+            c += 1
+        if heap[c] <= x:
+            break
+        heap[i] = heap[c]
+        i = c
+    heap[i] = x
+
+
+@njit(cache=True)
+def complete_karmarkar_karp(vals_desc, stop_diff, quantum_diff, budget):
+    """Complete Karmarkar–Karp (Korf 1998) on descending values; returns (best difference, outcome code).
+
+    Depth-first: at each node the two largest numbers go to different sets (difference, first) or the same set
+    (sum). A node whose largest number ≥ the sum of the rest is a leaf. The search stops when the best
+    difference is ≤ ``stop_diff`` (not a proof), ≤ ``quantum_diff`` (perfect-partition proof), after
+    ``budget`` nodes (not a proof), or when the tree is exhausted (proof). Lists live in a triangular workspace.
+    """
+    n = vals_desc.size
+    offsets = np.empty(n + 1, np.int64)
+    offsets[0] = 0
+    for k in range(n):
+        offsets[k + 1] = offsets[k] + (n - k)
+    work = np.empty(offsets[n])
+    work[:n] = vals_desc
+    choice = np.zeros(n, np.int8)
+    best = np.inf
+    nodes = 0
+    k = 0
+    while k >= 0:
+        m = n - k
+        base = offsets[k]
+        if choice[k] == 0:
+            if nodes >= budget:
+                return best, CKK_OUT_OF_NODES
+            nodes += 1
+            x0 = work[base]
+            rest = 0.0
+            for i in range(1, m):
+                rest += work[base + i]
+            if x0 >= rest:
+                best = min(best, x0 - rest)
+                if best <= quantum_diff:
+                    return best, CKK_PERFECT
+                if best <= stop_diff:
+                    return best, CKK_THRESHOLD
+                k -= 1
+                continue
+            choice[k] = 1
+            v = x0 - work[base + 1]
+            dst = offsets[k + 1]
+            placed = False
+            for i in range(2, m):
+                y = work[base + i]
+                if not placed and v >= y:
+                    work[dst] = v
+                    dst += 1
+                    placed = True
+                work[dst] = y
+                dst += 1
+            if not placed:
+                work[dst] = v
+            k += 1
+            choice[k] = 0
+        elif choice[k] == 1:
+            choice[k] = 2
+            dst = offsets[k + 1]
+            work[dst] = work[base] + work[base + 1]
+            for i in range(2, m):
+                work[dst + i - 1] = work[base + i]
+            k += 1
+            choice[k] = 0
+        else:
+            k -= 1
+    return best, CKK_EXHAUSTED
