@@ -10,9 +10,12 @@ Derivation (per query head h with key/value head g, row i, allowed keys K(i), pe
 2. Σ_j (dp_i)_j = 0, so ‖Σ_j (dp_i)_j v_j‖ ≤ ‖dp_i‖₁ · V_i with V_i = max_{j∈K(i)} ‖v_j − c‖ for any centre c;
    c = b_V shows the value bias cancels (V_i ≤ ‖W_V‖ R).
 3. J_τ 1 = 0, so du_i may be shifted by any constant: ‖dp_i‖₁ ≤ (θ(p_i)/τ) min_c ‖du_i − c1‖_∞ (T1).
-   Shifting by (R_i W_Q dx_i)·m: ‖du_i − c1‖_∞ ≤ s_i := ‖W_Q‖ max_{j∈K(i)} ‖k̃_j − m‖ + ‖W_K‖ ‖q_i‖.
-   Without RoPE, m = b_K removes the key bias (it is irrelevant); with RoPE the rotated bias R_j b_K depends on
-   j and cannot be removed: max_j ‖k̃_j‖ ≤ ‖W_K‖R + ‖b_K‖. The query bias always enters: ‖q_i‖ ≤ ‖W_Q‖R + ‖b_Q‖.
+   Shifting by (R_i W_Q dx_i)·m: |du_ij − c| ≤ ‖W_Qᵀ R_iᵀ(k̃_j − m)‖ + ‖W_Kᵀ R_jᵀ q̃_i‖ (the exact norms of the
+   two linear functionals of dx_i and dx_j), so ‖du_i − c1‖_∞ ≤ s_i := max_{j∈K(i)} of that sum
+   ≤ ‖W_Q‖ max_j ‖k̃_j − m‖ + ‖W_K‖ ‖q_i‖; m is the attention-weighted key mean or b_K (no RoPE) / 0 (RoPE),
+   whichever gives the smaller s_i. Without RoPE, m = b_K removes the key bias (it is irrelevant); with RoPE the
+   rotated bias R_j b_K depends on j and cannot be removed: max_j ‖k̃_j‖ ≤ ‖W_K‖R + ‖b_K‖. The query bias always
+   enters: ‖q_i‖ ≤ ‖W_Q‖R + ‖b_Q‖.
 
 Hence ‖dy_i^h‖ ≤ g_ih := ‖W_V‖ + (θ(p_i)/τ) V_i s_i ≤ ‖W_V‖ + (θ̃_h/τ) Φ_h with θ̃_h = max_i θ(p_i) and
 
@@ -20,8 +23,10 @@ Hence ‖dy_i^h‖ ≤ g_ih := ‖W_V‖ + (θ(p_i)/τ) V_i s_i ≤ ‖W_V‖ + 
 
 which is MATH.md T4's Φ_h^bias = ‖W_K‖‖W_V‖R(2‖W_Q‖R + ‖b_Q‖) without RoPE (corrected here for RoPE with a key
 bias). Heads combine through W_O: ‖dz_i‖ ≤ ‖W_O‖ Σ_h g_ih (the paper's form, T5), and also
-‖dz_i‖ ≤ ‖W_O‖ (Σ_h g_ih²)^{1/2} and ≤ Σ_h ‖W_O^{(h)}‖ g_ih; each is valid, the reported ``upper_bound`` is the
-smallest. Grouped-query attention changes nothing: each query head reads its own (shared) W_K^g, W_V^g.
+‖dz_i‖ ≤ ‖W_O‖ (Σ_h g_ih²)^{1/2}, ≤ Σ_h ‖W_O^{(h)}‖ g_ih, and, applying W_O^{(h)} before taking norms,
+≤ Σ_h [‖W_O^{(h)} W_V^h‖ + (θ(p_i)/τ) s_i min_c max_j ‖W_O^{(h)}(v_j − c)‖]; each is valid, the reported
+``upper_bound`` is the max over rows of the smallest. Grouped-query attention changes nothing: each query head
+reads its own (shared) W_K^g, W_V^g.
 The operator maps d_model → d_model tokens, so its value is the same in the RMS and ℓ2 block conventions.
 """
 
