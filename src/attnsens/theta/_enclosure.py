@@ -31,7 +31,8 @@ def theta_enclosure(
     """[θ_lo, θ_hi] ∋ θ = s − 4·d*² for every row; all arguments float64 of one shape.
 
     Returns:
-        (lower, upper), float64, with 0 ≤ lower ≤ θ ≤ upper ≤ s_hi (THETA_ALGORITHMS.md §1).
+        (lower, upper), float64, with lower ≤ θ ≤ upper ≤ s_hi (THETA_ALGORITHMS.md §1). lower is not clamped
+        at 0: θ < 0 is possible when s > 1 (a single atom of mass s has θ = s − s²).
     """
     has_err = err > 0
     s_lo = torch.where(has_err, _step_down(s_hat - err), s_hat)
@@ -46,4 +47,4 @@ def theta_enclosure(
     four_d_lo_sq = 4.0 * (d_lo * d_lo)
     raw_upper = s_hi - four_d_lo_sq
     upper = _step_up(raw_upper + 2.0 * UNIT_ROUNDOFF * (four_d_lo_sq + raw_upper.abs()))
-    return lower.clamp(min=0.0), torch.minimum(upper, s_hi)
+    return lower, torch.minimum(upper, s_hi)

@@ -53,6 +53,7 @@ _FF_ONE = int(ThetaMethod.FIRST_FIT_ONE_TARGET)
 _FF_SIXTEEN = int(ThetaMethod.FIRST_FIT_SIXTEEN_TARGETS)
 _KK = int(ThetaMethod.KARMARKAR_KARP)
 _K_ATOM_14 = int(ThetaMethod.K_ATOM_RELAXATION_14)
+_TOP14_ENDPOINT = int(ThetaMethod.TOP14_ENDPOINT)
 _CKK_PROVED = int(ThetaMethod.CKK_PROVED)
 _CKK_BUDGET = int(ThetaMethod.CKK_BUDGET)
 
@@ -307,7 +308,7 @@ def _refine_row(row, n, s, q, e, end, stop_d, ckk_budget, ckk_max_support, top_v
         return d_lb14, d_lb14, _K_ATOM_14
     d_lb = max(d_lb, d_lb14)
     if d_found <= stop_d:
-        return d_found, d_lb, _K_ATOM_14
+        return d_found, d_lb, _TOP14_ENDPOINT
 
     if n > ckk_max_support:
         return d_found, d_lb, _CKK_BUDGET
@@ -483,7 +484,10 @@ def _certify_block(
     for a in range(n_pending):
         j = pending[a]
         r = r0 + j
-        d = min(d_found[r], ff_d[a])
+        # A negative target means no top-8 subset T has t − p(T) ∈ [0, rest] (0 < d_lb ≤ err): the fill has no
+        # subset to extend and its result is meaningless.
+        fill_d = ff_d[a] if targets[j] >= 0.0 else np.inf
+        d = min(d_found[r], fill_d)
         if _proves_perfect(d, qs[j], err[r]):
             d_found[r] = d
             d_lb[r] = d

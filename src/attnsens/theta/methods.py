@@ -43,6 +43,9 @@ class ThetaMethod(IntEnum):
     """GPU kernel: tail prefix (original order), 8 best-fit rounds and the best single overshoot into the best top-8
     target (or, for rows that stay open, the 16 best) reached the threshold (THETA_ALGORITHMS.md §3 "pbf", §7)."""
 
+    TOP14_ENDPOINT = 13
+    """the best endpoint subset (T or T ∪ tail) of the top-14 relaxation reached the threshold (not exact)."""
+
     @property
     def is_exact(self) -> bool:
         """Whether this stage proves the optimal bisection."""

@@ -137,3 +137,30 @@ def test_meta_oracle_catches_a_wrong_exact_claim() -> None:
     claimed = 1.0 - 4.0 * d**2
     with pytest.raises(AssertionError):
         assert_certificate_sound(claimed, claimed, theta_fraction(row), "prefix claimed exact")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_row_sum_above_one_allows_negative_theta(backend: str) -> None:
+    """A single atom of mass s > 1 has θ = s − s² < 0; the interval must not be clamped at 0."""
+    row = torch.tensor([1.0005], dtype=torch.float64)
+    cert = certify(row, backend=backend)
+    assert_certificate_sound(float(cert.lower), float(cert.upper), theta_fraction(row.tolist()), "single atom s>1")
+    assert float(cert.upper) < 0.0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_relaxation_gap_within_rounding_radius_keeps_a_useful_lower_bound(backend: str) -> None:
+    """0 < d_lb ≤ E leaves no top-8 target; the fill must be skipped, not run against a target of −1."""
+    row = torch.tensor([0.51 + 2e-15, 0.3, 0.2] + [0.01 / 27] * 27, dtype=torch.float64)
+    values = [Fraction(v) for v in row.tolist()]
+    s = sum(values)
+    assert 2 * values[0] >= s  # a dominant atom by a margin below the rounding radius: θ = s − (2·p_max − s)²
+    theta = s - (2 * values[0] - s) ** 2
+    cert = certify(row, backend=backend, tolerance=1.0)
+    assert_certificate_sound(float(cert.lower), float(cert.upper), theta, "d_lb ≤ E row")
+    assert float(cert.lower) > 1.0
+
+
+def test_top14_endpoint_is_not_labelled_exact() -> None:
+    assert not ThetaMethod.TOP14_ENDPOINT.is_exact
+    assert ThetaMethod.K_ATOM_RELAXATION_14.is_exact
