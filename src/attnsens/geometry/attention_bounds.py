@@ -193,7 +193,9 @@ def _projected_head_sum(
     before the norms are taken, c ∈ {y_i^h, b_V}. ``[batch, query]``."""
     n_head, d_head = fwd.values.shape[-3], fwd.values.shape[-1]
     wo_heads = Wo.to(torch.float64).reshape(*Wo.shape[:-1], n_head, d_head).movedim(-2, -3)  # [b, h, d, e]
-    value_path = spectral_norm(wo_heads @ expand_kv_heads(Wv.to(torch.float64), n_head, -3))  # [b, h]
+    # ‖W_O^{(h)} W_V^h‖ = ‖R W_V^h‖ with W_O^{(h)} = Q R (Q has orthonormal columns): a d_head-row matrix.
+    triangular = torch.linalg.qr(wo_heads, mode="r").R
+    value_path = spectral_norm(triangular @ expand_kv_heads(Wv.to(torch.float64), n_head, -3))  # [b, h]
     outputs = torch.einsum("bhde,bhke->bhkd", wo_heads, fwd.values)
     centres = torch.einsum("bhde,bhqe->bhqd", wo_heads, fwd.head_outputs)
     spread = _masked_max_distance(outputs, centres, allowed)
