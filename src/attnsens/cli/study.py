@@ -22,16 +22,22 @@ def study(
     data: Annotated[Path | None, typer.Option("--data", help="Text file or folder (default: Shakespeare).")] = None,
     bounds: Annotated[bool, typer.Option("--bounds/--no-bounds", help="Certified bounds per checkpoint.")] = True,
     device: Annotated[str | None, typer.Option("--device", help="cpu or cuda (default: cuda when present).")] = None,
+    threads: Annotated[
+        int | None, typer.Option("--threads", min=1, help="CPU threads for torch (default: torch's choice).")
+    ] = None,
 ) -> None:
     """Train every seed, audit every checkpoint (θ certificates, concentration, bounds), write the report.
 
     Rerun the same command to resume an interrupted study. The last line printed is the report's path.
     """
+    import torch
     import torch.distributed as dist
 
     from attnsens.errors import ConfigError
     from attnsens.study.study import StudyConfig, run_study
 
+    if threads is not None:
+        torch.set_num_threads(threads)
     try:
         seed_list = tuple(int(s) for s in seeds.split(",") if s.strip())
     except ValueError:

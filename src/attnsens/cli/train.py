@@ -26,16 +26,22 @@ def train(
         bool, typer.Option("--resume", help="Continue the run in --out from its last checkpoint.")
     ] = False,
     device: Annotated[str | None, typer.Option("--device", help="cpu or cuda (default: cuda when present).")] = None,
+    threads: Annotated[
+        int | None, typer.Option("--threads", min=1, help="CPU threads for torch (default: torch's choice).")
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Train a GPT on text; checkpoints at steps 0, 1, 2, 4, … and the last. Multi-GPU/CPU: prefix with
     `torchrun --nproc_per_node=N --no-python`."""
+    import torch
     import torch.distributed as dist
 
     from attnsens.train.model import preset
     from attnsens.train.run import default_data_config, preset_train_config
     from attnsens.train.run import train as train_run
 
+    if threads is not None:
+        torch.set_num_threads(threads)
     model_config = preset(config, norm=norm)
     train_config = preset_train_config(
         config, steps=steps, seed=seed, batch_size=batch_size, lr=lr, warmup_steps=warmup

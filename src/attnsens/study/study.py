@@ -58,9 +58,9 @@ class StudyConfig:
     rows_per_sequence: int | None = 32
     min_query: int = 16
     bounds: bool = True
-    bound_tokens: int = 64
-    bound_queries: int = 4
-    bound_iterations: int = 8
+    bound_tokens: int = 32
+    bound_queries: int = 2
+    bound_iterations: int = 4
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
@@ -114,7 +114,7 @@ class StudyConfig:
 
 # Sized so that `attnsens study --config tiny --seeds 0,1,2` (make demo) finishes in minutes on 2 CPU cores.
 STUDY_DEFAULTS: dict[str, dict[str, Any]] = {
-    "tiny": {"steps": 256, "batch_size": 8},
+    "tiny": {"steps": 200, "batch_size": 8},
     "small": {"steps": 5000},
     "medium": {"steps": 5000},
     "large": {"steps": 5000},
@@ -217,6 +217,7 @@ def _train_seed(
         say(f"seed {seed}: already trained ({config.train.steps} steps)")
         return
     started = time.perf_counter()
+    progress = _CheckpointLog(seed, config.train.steps, say)
     result = train(
         config.model,
         replace(config.train, seed=seed),
@@ -227,6 +228,7 @@ def _train_seed(
         device=device,
         write_log=False,
         data=data,
+        callbacks=[progress] if rank == 0 else [],
     )
     if rank == 0:
         for table, unit in units.items():
@@ -236,6 +238,16 @@ def _train_seed(
             f"seed {seed}: trained {result.final_step} steps in {time.perf_counter() - started:.1f} s, "
             f"loss {last['loss']:.3f}, eval loss {last['eval_loss']:.3f}"
         )
+
+
+class _CheckpointLog:
+    """Trainer callback: one progress line per checkpoint written."""
+
+    def __init__(self, seed: int, steps: int, say: Log) -> None:
+        self.seed, self.steps, self.say, self.started = seed, steps, say, time.perf_counter()
+
+    def on_checkpoint(self, step: int, model: torch.nn.Module, path: Path) -> None:
+        self.say(f"seed {self.seed}: checkpoint {step}/{self.steps} ({time.perf_counter() - self.started:.1f} s)")
 
 
 def _audit_checkpoint(
