@@ -8,14 +8,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import torch  # noqa: E402
+import torch
 
 # Without a GPU the Triton θ kernel runs under Triton's interpreter; this must be set before anything
 # imports triton (torch itself may), so it lives here rather than in the kernel's test module.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pytest  # noqa: E402
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
