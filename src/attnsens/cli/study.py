@@ -55,7 +55,7 @@ def study(
 
     def say(message: str) -> None:
         if is_writer:
-            console.print(message, highlight=False, markup=False)
+            console.print(message, highlight=False, markup=False, soft_wrap=True)
 
     result = run_study(study_config, out, log=say, device=device)
     if result.report is not None:
