@@ -61,12 +61,14 @@ def trainer_loop(model_config, train_config: TrainConfig, data, callbacks: list)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="tiny")
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--monitor-every", type=int, default=50)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     args = parser.parse_args()
+    if args.steps < args.monitor_every:
+        parser.error(f"--steps ({args.steps}) must reach --monitor-every ({args.monitor_every}) so the monitor probes")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
 
