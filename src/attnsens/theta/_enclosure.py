@@ -43,6 +43,9 @@ def theta_enclosure(
     four_d_hi_sq = 4.0 * (d_hi * d_hi)
     raw_lower = s_lo - four_d_hi_sq
     lower = _step_down(raw_lower - 2.0 * UNIT_ROUNDOFF * (four_d_hi_sq + raw_lower.abs()))
+    # A perfect bisection (d̂ = 0, proved by an exact stage or found with error-free sums) leaves no arithmetic
+    # to round: θ = s exactly, so p = (½, ½) certifies θ = 1 with lower == upper.
+    lower = torch.where(d_hi == 0.0, s_lo, lower)
 
     four_d_lo_sq = 4.0 * (d_lo * d_lo)
     raw_upper = s_hi - four_d_lo_sq

@@ -164,3 +164,13 @@ def test_relaxation_gap_within_rounding_radius_keeps_a_useful_lower_bound(backen
 def test_top14_endpoint_is_not_labelled_exact() -> None:
     assert not ThetaMethod.TOP14_ENDPOINT.is_exact
     assert ThetaMethod.K_ATOM_RELAXATION_14.is_exact
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_perfect_bisection_certifies_theta_equal_to_the_row_sum(backend: str) -> None:
+    """d* = 0 with error-free sums leaves nothing to round: lower == upper == s (p = (½, ½) gives θ = 1)."""
+    rows = torch.tensor([[0.5, 0.5, 0.0, 0.0], [0.25, 0.25, 0.25, 0.25], [0.375, 0.125, 0.25, 0.25]])
+    cert = certify(rows, backend=backend)
+    assert cert.exact.all()
+    torch.testing.assert_close(cert.lower, torch.ones(3, dtype=torch.float64), rtol=0, atol=0)
+    torch.testing.assert_close(cert.upper, torch.ones(3, dtype=torch.float64), rtol=0, atol=0)
