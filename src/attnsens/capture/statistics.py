@@ -7,6 +7,8 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
+from attnsens._threads import keep_torch_threads
+
 
 @dataclass(frozen=True, kw_only=True)
 class RowStats:
@@ -85,7 +87,8 @@ def _row_moments(probs: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor,
         count = rows.shape[0]
         out = [torch.empty(count, dtype=dtype) for dtype in (torch.float32, torch.int64, *[torch.float64] * 3)]
         nonzero = torch.empty(count, dtype=torch.int64)
-        row_moments(rows, *(t.numpy() for t in out), nonzero.numpy())
+        with keep_torch_threads():
+            row_moments(rows, *(t.numpy() for t in out), nonzero.numpy())
         p_max, argmax, total, squares, entropy = out
         return (
             p_max.to(torch.float64).reshape(shape),

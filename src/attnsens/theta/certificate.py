@@ -16,6 +16,7 @@ from typing import Literal
 import einops
 import torch
 
+from attnsens._threads import keep_torch_threads
 from attnsens.errors import ConfigError, ShapeError
 from attnsens.theta._enclosure import theta_enclosure
 from attnsens.theta._validation import check_tensor, raise_for_status, row_status
@@ -258,9 +259,10 @@ def _certify_rows_numba(
     out["method"] = torch.zeros(n_rows, dtype=torch.int8)
     out["status"] = torch.zeros(n_rows, dtype=torch.int8)
     kernel = kernels.certify_rows if x.size >= PARALLEL_MIN_ELEMENTS else kernels.certify_rows_serial
-    kernel(
-        x, x.dtype.itemsize == 8, stop_distance, mitm_max_support, ckk_node_budget, ckk_max_support, check_sum,
-        tolerance, out["row_sum"].numpy(), out["p_max"].numpy(), out["d_found"].numpy(), out["d_lb"].numpy(),
-        out["err"].numpy(), out["method"].numpy(), out["status"].numpy(),
-    )  # fmt: skip
+    with keep_torch_threads():
+        kernel(
+            x, x.dtype.itemsize == 8, stop_distance, mitm_max_support, ckk_node_budget, ckk_max_support, check_sum,
+            tolerance, out["row_sum"].numpy(), out["p_max"].numpy(), out["d_found"].numpy(), out["d_lb"].numpy(),
+            out["err"].numpy(), out["method"].numpy(), out["status"].numpy(),
+        )  # fmt: skip
     return out
