@@ -50,17 +50,6 @@ def bare_loop(model_config, train_config: TrainConfig, data) -> float:
     return time.perf_counter() - start
 
 
-class KeepThreads:
-    """Callback after the monitor: numba's OpenMP layer (used by the θ engine) resets the process-wide OpenMP
-    thread count, which torch shares; put back the count the other loops run with so that only the probes differ."""
-
-    def __init__(self) -> None:
-        self.threads = torch.get_num_threads()
-
-    def on_step_end(self, step: int, model: torch.nn.Module, batch: torch.Tensor) -> None:
-        torch.set_num_threads(self.threads)
-
-
 def trainer_loop(model_config, train_config: TrainConfig, data, callbacks: list) -> float:
     with tempfile.TemporaryDirectory() as run_dir:
         trainer = Trainer(model_config, train_config, data, run_dir, callbacks=callbacks, device="cpu")
@@ -95,7 +84,7 @@ def main() -> None:
         timings["bare_loop"].append(bare_loop(model_config, train_config, data))
         timings["trainer"].append(trainer_loop(model_config, train_config, data, []))
         monitor = SensitivityMonitor(probe, every=args.monitor_every)
-        timings["trainer_with_monitor"].append(trainer_loop(model_config, train_config, data, [monitor, KeepThreads()]))
+        timings["trainer_with_monitor"].append(trainer_loop(model_config, train_config, data, [monitor]))
 
     tokens_per_s = {name: tokens / statistics.median(seconds) for name, seconds in timings.items()}
     baseline = tokens_per_s["bare_loop"]
