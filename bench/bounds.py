@@ -4,9 +4,9 @@ For each model, per layer: certified local bound / empirical estimate of the att
 (the θ-aware bound, MATH.md T4/T5; goal ≤ 10), beside the same ratio for the θ = 1 Lipschitz bound on the input
 ball, for the paper-form local bound ‖W_O‖ Σ_h(‖W_V‖ + θ̃Φ/τ), and for the length-dependent product of norms
 (θ replaced by n_keys/2). Then the time to compute every certified bound of the model (no estimates) beside the
-time of one forward pass that captures the layer inputs (ratio). Models: attnsens' own tiny GPT (random init)
-and SmolLM2-135M (``attnsens.models.load("smollm2")``, skipped if unavailable). Appends one JSON line per model
-to bench/results/bounds.jsonl.
+time of one forward pass that captures the layer inputs (ratio). Models: attnsens' own tiny GPT (random init,
+and trained for 200 steps on the default corpus) and SmolLM2-135M (``attnsens.models.load("smollm2")``, skipped
+if unavailable). Appends one JSON line per model to bench/results/bounds.jsonl.
 
     .venv/bin/python bench/bounds.py [--seq-len 32] [--queries 6] [--iterations 12] [--threads 1]
 """
@@ -41,6 +41,28 @@ def tiny_gpt():
 
     torch.manual_seed(0)
     return load(GPT(preset("tiny")))
+
+
+def tiny_gpt_trained():
+    """The tiny preset after 200 optimizer steps on the default corpus, with the run's own tokenizer."""
+    import tempfile
+
+    from tokenizers import Tokenizer
+
+    from attnsens.models import load
+    from attnsens.train.checkpoint import load_model_state
+    from attnsens.train.model import GPT, preset
+    from attnsens.train.run import default_data_config, preset_train_config, train
+
+    torch.manual_seed(0)
+    config = preset("tiny")
+    with tempfile.TemporaryDirectory() as run_dir:
+        result = train(config, preset_train_config("tiny", steps=200), default_data_config(config), run_dir,
+                       device="cpu", write_log=False)  # fmt: skip
+        model = GPT(config)
+        model.load_state_dict(load_model_state(run_dir, result.final_step))
+        tokenizer = Tokenizer.from_file(str(Path(run_dir) / "tokenizer.json"))
+    return load(model.eval(), tokenizer=tokenizer)
 
 
 def smollm2():
@@ -120,10 +142,10 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=6)
     parser.add_argument("--iterations", type=int, default=12)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--models", default="tiny_gpt,smollm2")
+    parser.add_argument("--models", default="tiny_gpt,tiny_gpt_trained,smollm2")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    loaders = {"tiny_gpt": tiny_gpt, "smollm2": smollm2}
+    loaders = {"tiny_gpt": tiny_gpt, "tiny_gpt_trained": tiny_gpt_trained, "smollm2": smollm2}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     for name in args.models.split(","):
         try:

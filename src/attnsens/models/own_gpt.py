@@ -115,5 +115,7 @@ class OwnGPTAdapter(ModelAdapter):
     def encode(self, text: str, *, max_length: int | None = None) -> Tensor:
         if self.tokenizer is None:
             raise InputError(f"model {self.name!r} has no tokenizer; pass token ids, or load(..., tokenizer=...)")
-        ids = torch.as_tensor(self.tokenizer.encode(text), dtype=torch.long)
+        encoded = self.tokenizer.encode(text)
+        # transformers tokenizers return a list of ids, `tokenizers.Tokenizer` an Encoding holding them.
+        ids = torch.as_tensor(getattr(encoded, "ids", encoded), dtype=torch.long)
         return ids[:max_length].unsqueeze(0) if max_length is not None else ids.unsqueeze(0)

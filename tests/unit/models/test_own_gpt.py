@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import attnsens.models as M
+from attnsens.errors import InputError
 from attnsens.train.model import GPT, GPTConfig
 
 
@@ -49,3 +50,15 @@ def test_post_ln_residual_sums_normalize_to_the_next_inputs(norm: str) -> None:
     )
     torch.testing.assert_close(ln(inputs[0].mlp_residual_sum, (21,), n2.gamma, n2.beta, n2.eps), inputs[1].block_input)
     assert adapter.spec.placement == "post"
+
+
+def test_encode_accepts_a_trained_tokenizers_tokenizer() -> None:
+    from attnsens.train.data import train_tokenizer
+
+    tokenizer = train_tokenizer(["to be or not to be, that is the question"] * 4, 300)
+    adapter = M.load(_gpt("pre"), tokenizer=tokenizer)
+    ids = adapter.encode("to be or not", max_length=3)
+    expected = tokenizer.encode("to be or not").ids[:3]
+    assert ids.tolist() == [expected]
+    with pytest.raises(InputError, match="no tokenizer"):
+        M.load(_gpt("pre")).encode("to be")
