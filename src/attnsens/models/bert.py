@@ -13,8 +13,8 @@ import torch
 
 from attnsens.models.adapter import ModelSpec
 from attnsens.models.gpt2 import layer_norm
-from attnsens.models.hf import HFAdapter, HookPoint, activation_of, split_bias, split_heads
-from attnsens.models.weights import AttentionWeights, LayerWeights, MLPWeights
+from attnsens.models.hf import HFAdapter, HookPoint, activation_of, copied, linear_mlp, split_bias, split_heads
+from attnsens.models.weights import AttentionWeights, LayerWeights
 
 
 class BertAdapter(HFAdapter):
@@ -62,7 +62,7 @@ class BertAdapter(HFAdapter):
             return split_heads(linear.weight.detach(), n_head).clone()
 
         def bias(linear: torch.nn.Linear) -> torch.Tensor | None:
-            return split_bias(None if linear.bias is None else linear.bias.detach().clone(), n_head)
+            return split_bias(copied(linear.bias), n_head)
 
         out = block.attention.output.dense
         attention = AttentionWeights(
@@ -73,18 +73,11 @@ class BertAdapter(HFAdapter):
             b_q=bias(attn.query),
             b_k=bias(attn.key),
             b_v=bias(attn.value),
-            b_o=None if out.bias is None else out.bias.detach().clone(),
+            b_o=copied(out.bias),
             tau=1.0 / attn.scaling,
             causal=self.spec.causal,
         )
-        mlp = MLPWeights(
-            kind="mlp",
-            activation=activation_of(self.base.config.hidden_act),
-            w_in=block.intermediate.dense.weight.detach().clone(),
-            b_in=block.intermediate.dense.bias.detach().clone(),
-            w_out=block.output.dense.weight.detach().clone(),
-            b_out=block.output.dense.bias.detach().clone(),
-        )
+        mlp = linear_mlp(block.intermediate.dense, block.output.dense, activation_of(self.base.config.hidden_act))
         return LayerWeights(
             index=index,
             placement="post",

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from attnsens.models.adapter import ModelSpec
-from attnsens.models.hf import HFAdapter, HookPoint, activation_of, split_bias, split_heads
+from attnsens.models.hf import HFAdapter, HookPoint, activation_of, copied, split_bias, split_heads
 from attnsens.models.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights
 
 
@@ -92,6 +92,6 @@ def layer_norm(module: torch.nn.Module) -> NormWeights:
     return NormWeights(
         kind="layernorm",
         gamma=module.weight.detach().clone(),
-        beta=None if bias is None else bias.detach().clone(),
+        beta=copied(bias),
         eps=float(module.eps),
     )

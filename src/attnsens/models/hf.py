@@ -18,7 +18,7 @@ from torch import Tensor
 from attnsens.errors import InputError, UnsupportedModelError
 from attnsens.models.adapter import ModelAdapter, ModelSpec, QueryKeyCallback
 from attnsens.models.hf_tap import hf_query_key_tap
-from attnsens.models.weights import Activation
+from attnsens.models.weights import Activation, MLPWeights
 
 HookPoint = tuple[torch.nn.Module, Literal["input", "output"], str]
 """(submodule, whether its input or its output is the tensor, LayerInputs field name)."""
@@ -89,6 +89,23 @@ def _register(
         record(layer, field, output[0] if isinstance(output, tuple) else output)
 
     return module.register_forward_hook(post_hook)
+
+
+def copied(tensor: Tensor | None) -> Tensor | None:
+    """A detached copy of a parameter (None stays None), so normalized weights never alias the module's."""
+    return None if tensor is None else tensor.detach().clone()
+
+
+def linear_mlp(up: torch.nn.Linear, down: torch.nn.Linear, activation: Activation) -> MLPWeights:
+    """MLPWeights of ``down(act(up(x)))`` built from two ``torch.nn.Linear`` layers."""
+    return MLPWeights(
+        kind="mlp",
+        activation=activation,
+        w_in=copied(up.weight),
+        b_in=copied(up.bias),
+        w_out=copied(down.weight),
+        b_out=copied(down.bias),
+    )
 
 
 def split_heads(weight: Tensor, n_head: int) -> Tensor:

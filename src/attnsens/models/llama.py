@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from attnsens.models.adapter import ModelSpec
-from attnsens.models.hf import HFAdapter, HookPoint, activation_of, split_bias, split_heads
+from attnsens.models.hf import HFAdapter, HookPoint, activation_of, copied, split_bias, split_heads
 from attnsens.models.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights, RotaryConfig
 
 
@@ -57,7 +57,7 @@ class LlamaAdapter(HFAdapter):
         s, attn, mlp = self.spec, block.self_attn, block.mlp
 
         def bias(linear: torch.nn.Linear, n: int) -> torch.Tensor | None:
-            return split_bias(None if linear.bias is None else linear.bias.detach().clone(), n)
+            return split_bias(copied(linear.bias), n)
 
         attention = AttentionWeights(
             w_q=split_heads(attn.q_proj.weight.detach(), s.n_head).clone(),
@@ -67,7 +67,7 @@ class LlamaAdapter(HFAdapter):
             b_q=bias(attn.q_proj, s.n_head),
             b_k=bias(attn.k_proj, s.n_kv_head),
             b_v=bias(attn.v_proj, s.n_kv_head),
-            b_o=None if attn.o_proj.bias is None else attn.o_proj.bias.detach().clone(),
+            b_o=copied(attn.o_proj.bias),
             tau=1.0 / attn.scaling,
             causal=True,
             rotary=s.rotary,
@@ -78,8 +78,8 @@ class LlamaAdapter(HFAdapter):
             w_in=mlp.up_proj.weight.detach().clone(),
             w_gate=mlp.gate_proj.weight.detach().clone(),
             w_out=mlp.down_proj.weight.detach().clone(),
-            b_in=None if mlp.up_proj.bias is None else mlp.up_proj.bias.detach().clone(),
-            b_out=None if mlp.down_proj.bias is None else mlp.down_proj.bias.detach().clone(),
+            b_in=copied(mlp.up_proj.bias),
+            b_out=copied(mlp.down_proj.bias),
         )
         return LayerWeights(
             index=index,

@@ -14,8 +14,8 @@ from einops import rearrange
 
 from attnsens.models.adapter import ModelSpec
 from attnsens.models.gpt2 import layer_norm
-from attnsens.models.hf import HFAdapter, HookPoint, activation_of
-from attnsens.models.weights import AttentionWeights, LayerWeights, MLPWeights, RotaryConfig
+from attnsens.models.hf import HFAdapter, HookPoint, activation_of, copied, linear_mlp
+from attnsens.models.weights import AttentionWeights, LayerWeights, RotaryConfig
 
 
 class NeoXAdapter(HFAdapter):
@@ -70,22 +70,15 @@ class NeoXAdapter(HFAdapter):
             w_k=w_k,
             w_v=w_v,
             w_o=dense.weight.detach().clone(),
-            b_q=None if biases[0] is None else biases[0].clone(),
-            b_k=None if biases[1] is None else biases[1].clone(),
-            b_v=None if biases[2] is None else biases[2].clone(),
-            b_o=None if dense.bias is None else dense.bias.detach().clone(),
+            b_q=copied(biases[0]),
+            b_k=copied(biases[1]),
+            b_v=copied(biases[2]),
+            b_o=copied(dense.bias),
             tau=1.0 / block.attention.scaling,
             causal=True,
             rotary=self.spec.rotary,
         )
-        mlp = MLPWeights(
-            kind="mlp",
-            activation=activation_of(self.base.config.hidden_act),
-            w_in=block.mlp.dense_h_to_4h.weight.detach().clone(),
-            b_in=block.mlp.dense_h_to_4h.bias.detach().clone(),
-            w_out=block.mlp.dense_4h_to_h.weight.detach().clone(),
-            b_out=block.mlp.dense_4h_to_h.bias.detach().clone(),
-        )
+        mlp = linear_mlp(block.mlp.dense_h_to_4h, block.mlp.dense_4h_to_h, activation_of(self.base.config.hidden_act))
         return LayerWeights(
             index=index,
             placement="pre",
