@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from attnsens.store import read_table
+from tests.integration.launch import run_torchrun_and_single
 from tests.unit.train.conftest import synthetic_text
 
 SCRIPT = textwrap.dedent(
@@ -32,25 +29,7 @@ def test_torchrun_study_matches_the_single_process_tables(tmp_path: Path) -> Non
     corpus.write_text(synthetic_text(6000))
     script = tmp_path / "study_micro.py"
     script.write_text(SCRIPT)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    launcher = subprocess.Popen(
-        [*torchrun, str(script), str(corpus), str(tmp_path / "ddp")],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        output, _ = launcher.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        os.killpg(launcher.pid, signal.SIGKILL)
-        raise
-    assert launcher.returncode == 0, output[-3000:]
-    subprocess.run(
-        [sys.executable, str(script), str(corpus), str(tmp_path / "single")], env=env, check=True, timeout=300
-    )
+    run_torchrun_and_single(script, corpus, tmp_path / "ddp", tmp_path / "single", timeout=300)
 
     assert (tmp_path / "ddp" / "report.html").exists()
     for table in ("rows", "summary", "training"):

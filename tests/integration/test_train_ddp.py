@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -15,6 +11,7 @@ import pytest
 import torch
 
 from attnsens.train.checkpoint import load_model_state
+from tests.integration.launch import run_torchrun_and_single
 from tests.unit.train.conftest import synthetic_text
 
 SCRIPT = textwrap.dedent(
@@ -43,25 +40,7 @@ def test_torchrun_two_processes_match_single_process(tmp_path: Path) -> None:
     corpus.write_text(synthetic_text(6000))
     script = tmp_path / "train_micro.py"
     script.write_text(SCRIPT)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    launcher = subprocess.Popen(
-        [*torchrun, str(script), str(corpus), str(tmp_path / "ddp")],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # so that a hang can be ended with the workers, not just the launcher
-    )
-    try:
-        output, _ = launcher.communicate(timeout=180)
-    except subprocess.TimeoutExpired:
-        os.killpg(launcher.pid, signal.SIGKILL)
-        raise
-    assert launcher.returncode == 0, output[-3000:]
-    subprocess.run(
-        [sys.executable, str(script), str(corpus), str(tmp_path / "single")], env=env, check=True, timeout=180
-    )
+    run_torchrun_and_single(script, corpus, tmp_path / "ddp", tmp_path / "single", timeout=180)
 
     ddp = pd.read_parquet(tmp_path / "ddp" / "training.parquet")
     single = pd.read_parquet(tmp_path / "single" / "training.parquet")
