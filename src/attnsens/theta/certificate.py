@@ -14,6 +14,7 @@ from types import ModuleType
 from typing import Literal
 
 import einops
+import numpy as np
 import torch
 
 from attnsens._threads import keep_torch_threads
@@ -254,6 +255,7 @@ def _certify_rows_numba(
     tolerance: float,
 ) -> dict[str, torch.Tensor]:
     x = rows.contiguous().numpy()
+    signed = np.dtype(f"int{8 * x.dtype.itemsize}")
     n_rows = x.shape[0]
     out = {name: torch.zeros(n_rows, dtype=torch.float64) for name in ("row_sum", "p_max", "d_found", "d_lb", "err")}
     out["method"] = torch.zeros(n_rows, dtype=torch.int8)
@@ -261,8 +263,9 @@ def _certify_rows_numba(
     kernel = kernels.certify_rows if x.size >= PARALLEL_MIN_ELEMENTS else kernels.certify_rows_serial
     with keep_torch_threads():
         kernel(
-            x, x.dtype.itemsize == 8, stop_distance, mitm_max_support, ckk_node_budget, ckk_max_support, check_sum,
-            tolerance, out["row_sum"].numpy(), out["p_max"].numpy(), out["d_found"].numpy(), out["d_lb"].numpy(),
-            out["err"].numpy(), out["method"].numpy(), out["status"].numpy(),
+            x, x.view(signed), signed.type(np.iinfo(signed).max), x.dtype.itemsize == 8, stop_distance,
+            mitm_max_support, ckk_node_budget, ckk_max_support, check_sum, tolerance, out["row_sum"].numpy(),
+            out["p_max"].numpy(), out["d_found"].numpy(), out["d_lb"].numpy(), out["err"].numpy(),
+            out["method"].numpy(), out["status"].numpy(),
         )  # fmt: skip
     return out

@@ -1,0 +1,189 @@
+"""Cascade stages shared by every row (top-K relaxation, perfect-partition test) and the refinement stages that
+run after the one-target first-fit: 16 targets, Karmarkar–Karp, top-14 relaxation, budgeted CKK
+(THETA_ALGORITHMS.md §3). Distances obey the rounding model of ``_numba_kernels``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from attnsens.theta._numba_partition import (
+    CKK_EXHAUSTED,
+    CKK_PERFECT,
+    complete_karmarkar_karp,
+    karmarkar_karp,
+    support_values,
+)
+from attnsens.theta._numba_scan import insert_top
+from attnsens.theta.methods import ThetaMethod
+
+K_LARGE = 14
+N_TARGETS = 16
+
+_PERFECT = int(ThetaMethod.PERFECT_PARTITION)
+_FF_SIXTEEN = int(ThetaMethod.FIRST_FIT_SIXTEEN_TARGETS)
+_KK = int(ThetaMethod.KARMARKAR_KARP)
+_K_ATOM_14 = int(ThetaMethod.K_ATOM_RELAXATION_14)
+_TOP14_ENDPOINT = int(ThetaMethod.TOP14_ENDPOINT)
+_CKK_PROVED = int(ThetaMethod.CKK_PROVED)
+_CKK_BUDGET = int(ThetaMethod.CKK_BUDGET)
+
+
+@njit(cache=True)
+def proves_perfect(d, q, e):
+    """With exact sums every 2·d(S) ≡ s/q (mod 2) in units of q, so 2d ≤ q is optimal."""
+    return e == 0.0 and 2.0 * d <= q
+
+
+@njit(cache=True)
+def _subset_sums_unsorted(top_v, sums):
+    """sums[T] = Σ_{k ∈ T} top_v[k] for every bitmask T (doubling)."""
+    sums[0] = 0.0
+    for k in range(top_v.size):
+        step = 1 << k
+        for j in range(step):
+            sums[step + j] = sums[j] + top_v[k]
+
+
+@njit(cache=True)
+def relaxation(top_v, rest, t, sums):
+    """Top-K relaxation (THETA_ALGORITHMS.md §1 "K-atom regime").
+
+    Returns (d_lb, d_endpoint, target): d_lb = min_T dist(t, [p(T), p(T) + rest]) ≤ d* (= d* when > 0);
+    d_endpoint = the best of the subsets T and T ∪ tail; target = t − p(T) ∈ [0, rest] closest to rest/2.
+    """
+    _subset_sums_unsorted(top_v, sums)
+    d_lb = np.inf
+    d_end = np.inf
+    target = -1.0
+    target_score = np.inf
+    half_rest = 0.5 * rest
+    for j in range(1 << top_v.size):
+        a = sums[j]
+        lo = a - t
+        hi = t - (a + rest)
+        d_end = min(d_end, abs(lo), abs(hi))
+        if lo > 0.0:
+            d_lb = min(d_lb, lo)
+        elif hi > 0.0:
+            d_lb = min(d_lb, hi)
+        else:
+            d_lb = 0.0
+            g = t - a
+            score = abs(g - half_rest)
+            if score < target_score:
+                target_score = score
+                target = g
+    return d_lb, d_end, target
+
+
+@njit(cache=True)
+def _best_targets(top_v, rest, t, sums, out_g):
+    """Fill ``out_g`` with the (up to) len(out_g) targets t − p(T) ∈ [0, rest] closest to rest/2; return count."""
+    _subset_sums_unsorted(top_v, sums)
+    m = out_g.size
+    score = np.full(m, np.inf)
+    count = 0
+    half_rest = 0.5 * rest
+    for j in range(1 << top_v.size):
+        a = sums[j]
+        if a <= t and t <= a + rest:
+            g = t - a
+            sc = abs(g - half_rest)
+            if count < m or sc < score[m - 1]:
+                k = min(count, m - 1)
+                while k > 0 and score[k - 1] > sc:
+                    score[k] = score[k - 1]
+                    out_g[k] = out_g[k - 1]
+                    k -= 1
+                score[k] = sc
+                out_g[k] = g
+                count = min(count + 1, m)
+    return count
+
+
+@njit(cache=True)
+def _first_fit_targets(row, end, skip_sorted, targets, count):
+    """First-fit of the tail (original order, ``skip_sorted`` indices left out) into each target capacity.
+
+    Returns the best d over targets: min(gap, e_min − gap) with gap = g − (filled mass) and e_min the smallest
+    element that did not fit (its addition overshoots by e_min − gap).
+    """
+    fill = np.zeros(count)
+    e_min = np.full(count, np.inf)
+    sp = 0
+    n_skip = skip_sorted.size
+    for i in range(end):
+        if sp < n_skip and i == skip_sorted[sp]:
+            sp += 1
+            continue
+        x = np.float64(row[i])
+        for m in range(count):  # branch-free: the loop over targets vectorises
+            c = fill[m] + x
+            fits = c <= targets[m]
+            e_min[m] = e_min[m] if fits else min(e_min[m], x)
+            fill[m] = c if fits else fill[m]
+    best = np.inf
+    for m in range(count):
+        gap = targets[m] - fill[m]
+        best = min(best, gap, e_min[m] - gap)
+    return best
+
+
+@njit(cache=True)
+def _top_k(row, end, k_top):
+    top_v = np.empty(k_top)
+    top_i = np.empty(k_top, np.int64)
+    for k in range(k_top):
+        top_v[k] = -1.0
+        top_i[k] = -1
+    for i in range(end):
+        x = np.float64(row[i])
+        if x > top_v[k_top - 1]:
+            insert_top(top_v, top_i, x, i)
+    return top_v, top_i
+
+
+@njit(cache=True)
+def refine_row(row, n, s, q, e, end, stop_d, ckk_budget, ckk_max_support, top_v, top_i, d_found, d_lb):
+    """Stages after the one-target first-fit: 16 targets, KK, top-14 relaxation, budgeted CKK.
+
+    Returns (d_found, d_lb, method).
+    """
+    t = 0.5 * s
+    rest = s - top_v.sum()
+    targets = np.empty(N_TARGETS)
+    count = _best_targets(top_v, rest, t, np.empty(1 << top_v.size), targets)
+    if count > 0:
+        d_found = min(d_found, _first_fit_targets(row, end, np.sort(top_i), targets, count))
+    if proves_perfect(d_found, q, e):
+        return d_found, d_found, _PERFECT
+    if d_found <= stop_d:
+        return d_found, d_lb, _FF_SIXTEEN
+
+    d_found = min(d_found, karmarkar_karp(row, n))
+    if proves_perfect(d_found, q, e):
+        return d_found, d_found, _PERFECT
+    if d_found <= stop_d:
+        return d_found, d_lb, _KK
+
+    k_large = min(K_LARGE, n)
+    top14_v, _ = _top_k(row, end, k_large)
+    d_lb14, d_end14, _ = relaxation(top14_v, s - top14_v.sum(), t, np.empty(1 << k_large))
+    d_found = min(d_found, d_end14)
+    if d_lb14 > e:
+        return d_lb14, d_lb14, _K_ATOM_14
+    d_lb = max(d_lb, d_lb14)
+    if d_found <= stop_d:
+        return d_found, d_lb, _TOP14_ENDPOINT
+
+    if n > ckk_max_support:
+        return d_found, d_lb, _CKK_BUDGET
+    vals = np.sort(support_values(row, n))[::-1].copy()
+    quantum_diff = q if e == 0.0 else -1.0
+    best_diff, outcome = complete_karmarkar_karp(vals, 2.0 * stop_d, quantum_diff, ckk_budget)
+    d_found = min(d_found, 0.5 * best_diff)
+    if outcome == CKK_EXHAUSTED or outcome == CKK_PERFECT:
+        return 0.5 * best_diff, 0.5 * best_diff, _CKK_PROVED
+    return d_found, d_lb, _CKK_BUDGET

@@ -1,0 +1,153 @@
+"""The one pass over a row that opens the θ cascade: sum, support, validity, quantum and the top-K atoms.
+
+Part of the numba kernels (``_numba_kernels`` holds the rounding model and the driver). Integer views of the
+rows make the support statistics vectorisable reductions; the top-K search reads only the entries that can
+belong to it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+from attnsens.theta.methods import RowStatus
+
+_OK = int(RowStatus.OK)
+_NON_FINITE = int(RowStatus.NON_FINITE)
+_NEGATIVE = int(RowStatus.NEGATIVE)
+_EMPTY = int(RowStatus.EMPTY)
+
+
+@njit(cache=True)
+def _lowest_bit(x):
+    """The weight 2^k of the lowest set mantissa bit of a positive float64 x (x is a multiple of it)."""
+    m, e = math.frexp(x)
+    mantissa = np.int64(m * 9007199254740992.0)
+    return math.ldexp(np.float64(mantissa & -mantissa), e - 53)
+
+
+@njit(cache=True)
+def insert_top(top_v, top_i, x, i):
+    """Insert value x (index i) into the descending top-K buffer; ties keep the earlier index first."""
+    j = top_v.size - 1
+    while j > 0 and top_v[j - 1] < x:
+        top_v[j] = top_v[j - 1]
+        top_i[j] = top_i[j - 1]
+        j -= 1
+    top_v[j] = x
+    top_i[j] = i
+
+
+@njit(cache=True)
+def _insert_top_branchless(top_v, top_i, x, i):
+    """``insert_top`` without branches: each slot keeps its entry, takes its upper neighbour's, or takes x."""
+    for j in range(top_v.size - 1, 0, -1):
+        keep = top_v[j] >= x
+        shift = top_v[j - 1] < x
+        top_v[j] = top_v[j] if keep else (top_v[j - 1] if shift else x)
+        top_i[j] = top_i[j] if keep else (top_i[j - 1] if shift else i)
+    take = top_v[0] < x
+    top_v[0] = x if take else top_v[0]
+    top_i[0] = i if take else top_i[0]
+
+
+@njit(cache=True, fastmath={"reassoc"})
+def _row_sum(row):
+    """Σ row in float64, in whatever order vectorises: the error radius E holds for every summation order."""
+    total = 0.0
+    for i in range(row.size):
+        total += np.float64(row[i])
+    return total
+
+
+@njit(cache=True)
+def _has_negative(row):
+    for i in range(row.size):
+        if row[i] < 0.0:
+            return True
+    return False
+
+
+@njit(cache=True)
+def _span_threshold(bits, first, end, k_top, no_positive):
+    """The smallest of the maxima of K equal slices of bits[first:end] (≤ 0 when a slice has no positive)."""
+    zero = no_positive - no_positive
+    width = (end - first + k_top - 1) // k_top
+    threshold = no_positive
+    for c in range(k_top):
+        start = min(end, first + c * width)
+        high = zero
+        for i in range(start, min(end, start + width)):
+            high = max(high, bits[i])
+        threshold = min(threshold, high)
+    return threshold
+
+
+@njit(cache=True)
+def scan_row(row, bits, no_positive, exact_quantum, top_v, top_i):
+    """Sum, support size, p_max, quantum q, end of support, validity, and the top-K values/indices of one row.
+
+    ``bits`` is the row reinterpreted as signed integers of its width: on non-negative floats integer order is
+    value order, so the support statistics are integer min/max/count reductions that vectorise, and −0.0 (a
+    negative bit pattern) is told apart from true negatives by ``_has_negative``. ``no_positive`` is the largest
+    integer of that width. ``top_v``/``top_i`` receive the K largest positive values in descending order (ties:
+    earlier index first; unused slots hold −1), found without a per-element insertion test: the support's span
+    is cut into K slices, and the smallest of the slice maxima is at most the K-th largest value, so only entries
+    at or above it are candidates (about 2.5·K on attention rows). Without ``exact_quantum`` the values are
+    float32 numbers, so the unit in the last place of the smallest positive entry divides all of them.
+    """
+    k_top = top_v.size
+    size = row.size
+    total = _row_sum(row)
+    zero = no_positive - no_positive
+    lowest = zero
+    smallest = no_positive
+    n = 0
+    end = 0
+    first = size
+    threshold = no_positive
+    width = (size + k_top - 1) // k_top
+    for c in range(k_top):
+        start = min(size, c * width)
+        stop = min(size, start + width)
+        high = zero
+        for i in range(start, stop):
+            v = bits[i]
+            positive = v > zero
+            high = max(high, v)
+            lowest = min(lowest, v)
+            smallest = min(smallest, v if positive else no_positive)
+            n += positive
+            first = min(first, i if positive else size)
+            end = max(end, i + 1 if positive else 0)
+        threshold = min(threshold, high)
+    if threshold <= zero and n > k_top:  # a slice without positives (causal or padded rows): cut the span
+        threshold = _span_threshold(bits, first, end, k_top, no_positive)
+    threshold = max(threshold, zero + 1)
+    for k in range(k_top):
+        top_v[k] = -1.0
+        top_i[k] = -1
+    for i in range(first, end):
+        if bits[i] >= threshold:
+            _insert_top_branchless(top_v, top_i, np.float64(row[i]), i)
+    p_max = max(top_v[0], 0.0)
+    status = _OK
+    if not math.isfinite(total):
+        status = _NON_FINITE
+    elif lowest < zero and _has_negative(row):
+        status = _NEGATIVE
+    elif n == 0:
+        status = _EMPTY
+    q = np.inf
+    if status == _OK:
+        if exact_quantum:
+            for i in range(end):
+                x = np.float64(row[i])
+                if x > 0.0:
+                    q = min(q, _lowest_bit(x))
+        else:
+            # float32 bits: biased exponent f ≥ 1 has ulp 2^(f − 150); subnormals (f = 0) have ulp 2^-149.
+            q = math.ldexp(1.0, max(np.int64(smallest) >> 23, 1) - 150)
+    return total, n, p_max, q, end, status

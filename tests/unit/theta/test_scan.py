@@ -1,0 +1,83 @@
+"""The one pass over a row (``_numba_scan.scan_row``): integer-view statistics and the thresholded top-K search
+against plain float loops written here."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from attnsens.theta import certify
+from attnsens.theta._numba_scan import scan_row
+from tests.unit.theta.rows import softmax_rows, with_zeros
+
+K = 8
+
+
+def scan(row: np.ndarray, exact_quantum: bool) -> tuple:
+    signed = np.dtype(f"int{8 * row.dtype.itemsize}")
+    top_v = np.empty(K)
+    top_i = np.empty(K, np.int64)
+    out = scan_row(row, row.view(signed), signed.type(np.iinfo(signed).max), exact_quantum, top_v, top_i)
+    return (*out, top_v, top_i)
+
+
+def reference_top(row: np.ndarray) -> tuple[list[float], list[int]]:
+    """The K largest positive entries, descending, ties by earlier index; padded with (−1, −1)."""
+    order = sorted((i for i in range(row.size) if row[i] > 0), key=lambda i: (-float(row[i]), i))[:K]
+    values = [float(row[i]) for i in order] + [-1.0] * (K - len(order))
+    return values, order + [-1] * (K - len(order))
+
+
+def reference_ulp_float32(value: float) -> float:
+    return math.ldexp(1.0, math.frexp(value)[1] - 24) if value >= 2.0**-126 else 2.0**-149
+
+
+ROWS = {
+    "softmax": softmax_rows(1, 1024, 2.0, seed=0)[0].numpy(),
+    "causal": with_zeros(softmax_rows(1, 300, 1.0, seed=1), 0.6, seed=1)[0].numpy(),
+    "odd length": softmax_rows(1, 37, 4.0, seed=2)[0].numpy(),
+    "shorter than K": np.array([0.5, 0.0, 0.25, 0.25], np.float32),
+    "ties": np.array([0.1] * 6 + [0.2] + [0.1] * 3 + [0.0] * 5, np.float32) / np.float32(1.1),
+    "one key": np.array([1.0], np.float32),
+    "window": np.concatenate([np.zeros(500), softmax_rows(1, 60, 1.0, seed=3)[0].numpy(), np.zeros(40)]),
+    "scattered zeros": with_zeros(softmax_rows(1, 512, 1.0, seed=4), 0.9, seed=4)[0].numpy(),
+    "subnormal entry": np.array([1.0 - 2.0**-24, 2.0**-24, 1e-40, 0.0], np.float32),
+}
+
+
+@pytest.mark.parametrize("name", list(ROWS))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_scan_matches_plain_loops(name: str, dtype: type) -> None:
+    row = ROWS[name].astype(dtype)
+    total, n, p_max, q, end, status, top_v, top_i = scan(row, exact_quantum=dtype == np.float64)
+    positive = [i for i in range(row.size) if row[i] > 0]
+    assert status == 0
+    assert n == len(positive) and end == positive[-1] + 1
+    assert abs(total - math.fsum(float(v) for v in row)) <= 2 * row.size * 2.0**-53
+    assert p_max == float(row.max())
+    values, indices = reference_top(row)
+    assert top_v.tolist() == values and top_i.tolist() == indices
+    if dtype == np.float32:
+        assert q == reference_ulp_float32(float(row[positive].min()))
+    for i in positive:  # q divides every entry
+        assert float(row[i]) / q == math.floor(float(row[i]) / q)
+
+
+def test_negative_zero_is_a_zero_and_a_negative_entry_is_flagged() -> None:
+    row = np.array([0.5, -0.0, 0.5, -0.0], np.float32)
+    total, n, *_, status, _, _ = scan(row, exact_quantum=False)
+    assert status == 0 and n == 2 and total == 1.0
+    for backend in ("numba", "torch"):
+        cert = certify(torch.tensor([[0.5, -0.0, 0.5]]), backend=backend)
+        assert float(cert.lower[0]) == 1.0 and bool(cert.exact[0])
+    row[1] = -(2.0**-30)
+    assert scan(row, exact_quantum=False)[5] == 2  # RowStatus.NEGATIVE
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_non_finite_entries_are_flagged(bad: float) -> None:
+    row = np.array([0.5, bad, 0.5], np.float32)
+    assert scan(row, exact_quantum=False)[5] == 1  # RowStatus.NON_FINITE
