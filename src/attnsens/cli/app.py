@@ -27,7 +27,6 @@ app = typer.Typer(
 )
 
 
-
 @app.callback()
 def _root() -> None:
     """Certified attention sensitivity: θ(p) certificates, bounds, audits, studies and influence."""

@@ -24,9 +24,11 @@ Hence ‖dy_i^h‖ ≤ g_ih := ‖W_V‖ + (θ(p_i)/τ) V_i s_i ≤ ‖W_V‖ + 
 which is MATH.md T4's Φ_h^bias = ‖W_K‖‖W_V‖R(2‖W_Q‖R + ‖b_Q‖) without RoPE (corrected here for RoPE with a key
 bias). Heads combine through W_O: ‖dz_i‖ ≤ ‖W_O‖ Σ_h g_ih (the paper's form, T5), and also
 ‖dz_i‖ ≤ ‖W_O‖ (Σ_h g_ih²)^{1/2}, ≤ Σ_h ‖W_O^{(h)}‖ g_ih, and, applying W_O^{(h)} before taking norms,
-≤ Σ_h [‖W_O^{(h)} W_V^h‖ + (θ(p_i)/τ) s_i min_c max_j ‖W_O^{(h)}(v_j − c)‖]; each is valid, the reported
-``upper_bound`` is the max over rows of the smallest. Grouped-query attention changes nothing: each query head
-reads its own (shared) W_K^g, W_V^g.
+≤ V_i + Σ_h min(σ^θ_ih, σ^Σ_ih): V_i bounds the value part of all heads together (≤ Σ_h ‖W_O^{(h)} W_V^h‖),
+σ^θ_ih = (θ(p_i)/τ) s_i min_c max_j ‖W_O^{(h)}(v_j − c)‖ is the θ form above and σ^Σ_ih the key-sum form, which
+weighs every key by p_ij instead of taking the worst key (both derived in ``attention_terms``). Each is valid;
+the reported ``upper_bound`` is the max over rows of the smallest, rounded outward by ``EVALUATION_ALLOWANCE``.
+Grouped-query attention changes nothing: each query head reads its own (shared) W_K^g, W_V^g.
 The operator maps d_model → d_model tokens, so its value is the same in the RMS and ℓ2 block conventions.
 """
 
@@ -39,16 +41,19 @@ import torch
 from torch import Tensor
 
 from attnsens.errors import ConfigError, ShapeError
+from attnsens.geometry import attention_terms as T
 from attnsens.geometry.attention import (
     AttentionBiases,
-    AttentionForward,
-    apply_rotary,
     check_attention_shapes,
     expand_kv_heads,
     mha_forward,
 )
 from attnsens.geometry.norms import Geometry, block_l2_norm, check_geometry, spectral_norm
 from attnsens.models.weights import RotaryConfig
+
+EVALUATION_ALLOWANCE = 1.0 + 2.0**-36
+"""Relative outward rounding of the local bound: covers the float64 error of its own evaluation (eigenvalues,
+distances, sums; a few hundred ulps at most) and is invisible at any printed precision."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -148,71 +153,6 @@ def _per_sequence(t: Tensor, batch: int, shared_ndim: int) -> Tensor:
     return t.expand(batch, *t.shape) if t.ndim == shared_ndim else t
 
 
-def _gain_factor(W: Tensor) -> Tensor:
-    """G with ‖Wᵀ v‖₂ = ‖G v‖₂ for every v: G = diag(S) Uᵀ from W = U S Vᵀ. ``[..., d_head, d_model]`` →
-    ``[..., rank, d_head]`` (float64)."""
-    U, S, _ = torch.linalg.svd(W.to(torch.float64), full_matrices=False)
-    return S[..., :, None] * U.transpose(-1, -2)
-
-
-def _rotation_matrices(n_pos: int, d_head: int, rotary: RotaryConfig, device: torch.device) -> Tensor:
-    """R_t ``[position, d_head, d_head]`` with apply_rotary(x)_t = R_t x_t."""
-    basis = torch.eye(d_head, dtype=torch.float64, device=device)[:, None, :].expand(d_head, n_pos, d_head)
-    return apply_rotary(basis, rotary).permute(1, 2, 0)
-
-
-def _score_spread(
-    fwd: AttentionForward, centre: Tensor, gain_q: Tensor, gain_k: Tensor, allowed: Tensor, rotary: RotaryConfig | None
-) -> Tensor:
-    """s_i = max_{j∈K(i)} (‖W_Qᵀ R_iᵀ (k̃_j − m_i)‖ + ‖W_Kᵀ R_jᵀ q̃_i‖): the exact norms of the two linear
-    functionals dx_i ↦ (R_i W_Q dx_i)·(k̃_j − m_i) and dx_j ↦ q̃_i·(R_j W_K dx_j) (module docstring, step 3).
-    ``[batch, head, query]``; with RoPE it materializes ``[batch, head, query, key, rank]``."""
-    if rotary is None:
-        keys = torch.einsum("bhre,bhke->bhkr", gain_q, fwd.keys)
-        centres = torch.einsum("bhre,bhqe->bhqr", gain_q, centre)
-        key_term = _masked_max_distance(keys, centres, allowed)
-        query_term = torch.linalg.vector_norm(torch.einsum("bhre,bhqe->bhqr", gain_k, fwd.queries), dim=-1)
-        return key_term + query_term
-    n_pos, d_head = fwd.keys.shape[-2], fwd.keys.shape[-1]
-    R = _rotation_matrices(n_pos, d_head, rotary, fwd.keys.device)
-    back_q = torch.einsum("bhrd,ied->bhire", gain_q, R)  # G_Q R_iᵀ
-    back_k = torch.einsum("bhrd,jed->bhjre", gain_k, R)  # G_K R_jᵀ
-    key_term = torch.linalg.vector_norm(
-        torch.einsum("bhire,bhje->bhijr", back_q, fwd.keys)
-        - torch.einsum("bhire,bhie->bhir", back_q, centre)[..., None, :],
-        dim=-1,
-    )
-    query_term = torch.linalg.vector_norm(torch.einsum("bhjre,bhie->bhijr", back_k, fwd.queries), dim=-1)
-    return (key_term + query_term).masked_fill(~allowed, 0.0).amax(dim=-1)
-
-
-def _projected_head_sum(
-    fwd: AttentionForward, Wv: Tensor, Wo: Tensor, b_v: Tensor | None, sensitivity_rate: Tensor, allowed: Tensor
-) -> Tensor:
-    """Σ_h [‖W_O^{(h)} W_V^h‖ + ‖dp_i^h‖₁ min_c max_j ‖W_O^{(h)}(v_j − c)‖]: the head sum with W_O applied per head
-    before the norms are taken, c ∈ {y_i^h, b_V}. ``[batch, query]``."""
-    n_head, d_head = fwd.values.shape[-3], fwd.values.shape[-1]
-    wo_heads = Wo.to(torch.float64).reshape(*Wo.shape[:-1], n_head, d_head).movedim(-2, -3)  # [b, h, d, e]
-    # ‖W_O^{(h)} W_V^h‖ = ‖R W_V^h‖ with W_O^{(h)} = Q R (Q has orthonormal columns): a d_head-row matrix.
-    triangular = torch.linalg.qr(wo_heads, mode="r").R
-    value_path = spectral_norm(triangular @ expand_kv_heads(Wv.to(torch.float64), n_head, -3))  # [b, h]
-    outputs = torch.einsum("bhde,bhke->bhkd", wo_heads, fwd.values)
-    centres = torch.einsum("bhde,bhqe->bhqd", wo_heads, fwd.head_outputs)
-    spread = _masked_max_distance(outputs, centres, allowed)
-    bias_centre = torch.zeros_like(centres)
-    if b_v is not None:
-        bias = _per_sequence(expand_kv_heads(b_v, n_head, -2), outputs.shape[0], 2)
-        bias_centre = torch.einsum("bhde,bhe->bhd", wo_heads, bias)[..., None, :].expand_as(centres)
-    spread = torch.minimum(spread, _masked_max_distance(outputs, bias_centre, allowed))
-    return (value_path[..., None] + sensitivity_rate * spread).sum(dim=-2)
-
-
-def _masked_max_distance(points: Tensor, centres: Tensor, allowed: Tensor) -> Tensor:
-    """max_{j allowed for i} ‖points_j − centres_i‖: points ``[b, h, key, e]``, centres ``[b, h, query, e]``."""
-    distances = torch.cdist(centres, points, compute_mode="donot_use_mm_for_euclid_dist")
-    return distances.masked_fill(~allowed, 0.0).amax(dim=-1)
-
-
 def mha_local_jacobian_upper_bound(
     X: Tensor,
     Wq: Tensor,
@@ -269,26 +209,36 @@ def mha_local_jacobian_upper_bound(
         else (expand_kv_heads(f64["v"], n_head, -2)[..., :, None, :].expand_as(fwd.head_outputs))
     )
     value_spread = torch.minimum(
-        _masked_max_distance(fwd.values, fwd.head_outputs, allowed),
-        _masked_max_distance(fwd.values, value_centre_bias, allowed),
+        T.masked_max_distance(fwd.values, fwd.head_outputs, allowed),
+        T.masked_max_distance(fwd.values, value_centre_bias, allowed),
     )
     key_mean = fwd.probabilities @ fwd.keys
     key_centre = torch.zeros_like(key_mean)
     if f64["k"] is not None and rotary is None:
         key_centre = expand_kv_heads(f64["k"], n_head, -2)[..., :, None, :].expand_as(key_mean)
     batch = X.shape[0]
-    gain_q = _per_sequence(_gain_factor(Wq), batch, 3)
-    gain_k = _per_sequence(expand_kv_heads(_gain_factor(Wk), n_head, -3), batch, 3)
+    gain_q = _per_sequence(T.gain_factor(Wq), batch, 3)
+    gain_k = _per_sequence(expand_kv_heads(T.gain_factor(Wk), n_head, -3), batch, 3)
+    rotations = None if rotary is None else T.rotation_matrices(X.shape[1], Wq.shape[-2], rotary, X.device)
+    query_norms = T.query_functional_norms(fwd, gain_k, rotations)
     score_spread = torch.minimum(
-        _score_spread(fwd, key_mean, gain_q, gain_k, allowed, rotary),
-        _score_spread(fwd, key_centre, gain_q, gain_k, allowed, rotary),
+        T.score_spread(fwd, key_mean, gain_q, query_norms, allowed, rotations),
+        T.score_spread(fwd, key_centre, gain_q, query_norms, allowed, rotations),
     )
     sensitivity_rate = theta_upper / tau * score_spread  # bounds ‖dp_i‖₁ per unit ‖dX‖
     per_row_head = norms.w_v[..., None] + sensitivity_rate * value_spread  # [batch, head, query]
     row_bound = _combine_heads(per_row_head.transpose(-1, -2), norms.w_o[..., None], norms.w_o_head[..., None, :])
-    projected = _projected_head_sum(fwd, _per_sequence(Wv, batch, 3), _per_sequence(Wo, batch, 2), f64["v"],
-                                    sensitivity_rate, allowed)  # fmt: skip
-    row_bound = torch.minimum(row_bound, projected)
+
+    # W_O applied per head before norms are taken: value part of all heads together, and per head the better
+    # of the θ form and the key-sum form of the sensitivity part (attention_terms).
+    out_factor = T.output_factor(_per_sequence(Wo, batch, 2), n_head)
+    theta_form = sensitivity_rate * T.output_spread(fwd, out_factor, f64["v"], allowed)
+    key_sum_form = T.key_sum_sensitivity(fwd, out_factor, gain_q, query_norms, rotations) / tau
+    head_value, joint_value = T.value_path_norms(_per_sequence(Wv, batch, 3), _per_sequence(Wo, batch, 2), out_factor)
+    value_part = T.joint_value_path(fwd.probabilities, head_value, joint_value)
+    projected = value_part + torch.minimum(theta_form, key_sum_form).sum(dim=-2)
+    # Both forms can be attained exactly (one-hot rows), so the float64 evaluation is rounded outward.
+    row_bound = torch.minimum(row_bound, projected) * EVALUATION_ALLOWANCE
 
     radius_l2 = block_l2_norm(X.to(torch.float64))
     phi = _phi(norms, radius_l2, rotary)

@@ -81,6 +81,19 @@ def _length_dependent_bound(local: G.MHALocalJacobianBound, n_keys: int, tau: fl
     return (norms.w_o * (norms.w_v + n_keys / 2 * local.phi / tau).sum(dim=-1)).amax()
 
 
+def _probe_queries(spaced: Tensor | None, row_bound: Tensor) -> Tensor | None:
+    """The estimator's output tokens: half of them the rows whose certified bound is largest (where the bound is
+    attained, so the tightness ratio compares like with like), the rest from the evenly spaced ``spaced``."""
+    if spaced is None:
+        return None
+    n = spaced.numel()
+    largest = row_bound.amax(dim=0).topk(min((n + 1) // 2, row_bound.shape[-1])).indices.cpu()
+    others = spaced[~torch.isin(spaced, largest)]
+    keep = min(n - largest.numel(), others.numel())
+    picks = torch.linspace(0, others.numel() - 1, keep).round().long() if keep > 0 else torch.zeros(0, dtype=torch.long)
+    return torch.unique(torch.cat([largest, others[picks]]))
+
+
 def _layer_records(
     layer: LayerWeights,
     entry: dict[str, Tensor],
@@ -105,6 +118,7 @@ def _layer_records(
     lipschitz = G.mha_lipschitz_upper_bound(
         *args, tau=attn.tau, radius_rms=radius_rms, d_model=attn.d_model, biases=biases_of(attn), rotary=attn.rotary
     )
+    queries = _probe_queries(queries, local.row_upper_bound)
     options = {"iterations": iterations, "restarts": restarts, "queries": queries, "geometry": geometry}
     attn_estimate = float(G.block_jacobian_norm_estimate(_attention_call(attn), x_attn, **options).amax())
     norms = local.norms
@@ -202,7 +216,8 @@ def bound_model(
         block_input: ``[batch, n, d_model]`` residual stream entering layer 0 (weights-only models; default: a
             seeded Gaussian stream of ``seq_len`` tokens with RMS 1 per token).
         geometry: ``"rms"`` or ``"l2"`` block-∞ convention of radii (operator norms agree).
-        n_queries: output tokens probed by the estimators (evenly spaced, last included; None = all).
+        n_queries: output tokens probed by the estimators (half at the rows with the largest certified bound, the
+            rest evenly spaced; None = all).
         iterations, restarts: estimator effort; compare_placements: also estimate pre- vs post-LN arrangements.
         on_layer: called with each layer index when its records are done (progress display).
 

@@ -180,3 +180,29 @@ def test_bad_arguments_raise() -> None:
         mha_local_jacobian_upper_bound(torch.randn(1, 2, 3), W, W, W, torch.randn(3, 2), tau=0.0)
     with pytest.raises(ShapeError):
         mha_lipschitz_upper_bound(W, W, W, torch.randn(3, 2), tau=1.0, radius_rms=1.0, d_model=4)
+
+
+def test_key_sum_form_is_never_looser_than_the_theta_form_on_two_key_rows() -> None:
+    """With two keys E_p‖v − y‖ = 2ε(1−ε)D ≤ θ · max_j ‖v_j − c‖ for every centre c (attention_terms)."""
+    from attnsens.geometry import attention_terms as T
+    from attnsens.geometry.attention import expand_kv_heads
+
+    n, tau = 500, 0.7
+    inst = _instances(n, 2, 3, 2, 1, 2, seed=11)
+    biases = AttentionBiases(q=inst["bq"], k=inst["bk"], v=inst["bv"])
+    X, Wq, Wk, Wv, Wo = (inst[k] for k in ("X", "Wq", "Wk", "Wv", "Wo"))
+    fwd = mha_forward(X, Wq, Wk, Wv, Wo, tau=tau, biases=biases)
+    allowed = fwd.allowed.expand_as(fwd.probabilities)
+    out_factor = T.output_factor(Wo, 2)
+    gain_q, gain_k = T.gain_factor(Wq), expand_kv_heads(T.gain_factor(Wk), 2, -3)
+    query_norms = T.query_functional_norms(fwd, gain_k, None)
+    key_centre = expand_kv_heads(inst["bk"], 2, -2)[..., None, :].expand_as(fwd.queries)
+    spread = torch.minimum(
+        T.score_spread(fwd, fwd.probabilities @ fwd.keys, gain_q, query_norms, allowed, None),
+        T.score_spread(fwd, key_centre, gain_q, query_norms, allowed, None),
+    )
+    theta = 4 * fwd.probabilities[..., 0] * fwd.probabilities[..., 1]  # θ of a two-atom row
+    theta_form = theta / tau * spread * T.output_spread(fwd, out_factor, inst["bv"], allowed)
+    key_sum_form = T.key_sum_sensitivity(fwd, out_factor, gain_q, query_norms, None) / tau
+    assert bool((key_sum_form <= theta_form * (1 + 1e-9) + 1e-300).all())
+    assert float((key_sum_form < 0.9 * theta_form).to(F64).mean()) > 0.1, "the key-sum form should often win"

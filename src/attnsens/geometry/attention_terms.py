@@ -1,0 +1,176 @@
+"""Per-row terms of the certified local attention bounds (``attention_bounds``), all float64, batched over
+``[batch, head, query]``.
+
+Two forms bound the sensitivity part W_O^(h) Σ_l v_l (dp_i)_l of one head's output at row i:
+
+θ form (``score_spread``, ``output_spread``): ‖dp_i‖₁ ≤ (θ(p_i)/τ) s_i, and the part is at most
+‖dp_i‖₁ min_c max_l ‖W_O^(h)(v_l − c)‖ (MATH.md T4 at one row).
+
+Key-sum form (``key_sum_sensitivity``). With A = diag(p_i) − p_i p_iᵀ, Σ_l v_l A_lm = p_m (v_m − y_i), so
+Σ_l v_l (dp_i)_l = (1/τ) Σ_m p_m (v_m − y_i) du_im with du_im = k̃_mᵀ R_i W_Q dx_i + q̃_iᵀ R_m W_K dx_m, i.e.
+
+    (1/τ) Σ_m p_m (v_m − y_i) (W_Kᵀ R_mᵀ q̃_i)ᵀ dx_m  +  (1/τ) C_i R_i W_Q dx_i,
+    C_i = Σ_m p_m (v_m − y_i)(k̃_m − κ)ᵀ  (any κ: Σ_m p_m (v_m − y_i) = 0).
+
+A map Σ_m B_m dx_m with ‖dx_m‖ ≤ 1 has norm at most Σ_m ‖B_m‖, so the part is at most
+(1/τ)[Σ_m p_m ‖W_O^(h)(v_m − y_i)‖ a_im + ‖W_O^(h) C_i R_i W_Q‖] with a_im = ‖W_Kᵀ R_mᵀ q̃_i‖. It weighs each
+key by its probability where the θ form takes the worst key twice, and is never looser on a two-atom row.
+
+Value part, all heads together (``joint_value_path``): Σ_h W_O^(h) Σ_m p^h_im W_V^h dx_m = Σ_m M_m dx_m with
+M_m = Σ_h p^h_im A_h, A_h = W_O^(h) W_V^h. For every w ≥ 0, ‖M_m‖ ≤ w ‖Σ_h A_h‖ + Σ_h |p^h_im − w| ‖A_h‖; the
+best w is 0 or one of the p^h_im (the bound is piecewise linear in w), and w = 0 gives the per-head sum Σ_h ‖A_h‖.
+
+Norms of maps into a head's output go through R_O^(h), the triangular factor of W_O^(h) = Q R_O^(h)
+(‖W_O^(h) z‖ = ‖R_O^(h) z‖); norms of maps out of W_Q, W_K through the gain factors G with ‖Wᵀv‖ = ‖G v‖
+(‖B W‖ = ‖B Gᵀ‖). Large intermediate tensors are built in query chunks of at most ``CHUNK_ELEMENTS`` entries.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from attnsens.geometry.attention import AttentionForward, apply_rotary, expand_kv_heads
+from attnsens.geometry.norms import spectral_norm
+from attnsens.models.weights import RotaryConfig
+
+CHUNK_ELEMENTS = 1 << 24
+
+
+def query_chunks(n_query: int, elements_per_query: int) -> list[slice]:
+    """Consecutive query slices whose intermediates stay under ``CHUNK_ELEMENTS`` entries."""
+    size = max(1, CHUNK_ELEMENTS // max(1, elements_per_query))
+    return [slice(start, min(n_query, start + size)) for start in range(0, n_query, size)]
+
+
+def gain_factor(W: Tensor) -> Tensor:
+    """G with ‖Wᵀ v‖₂ = ‖G v‖₂ for every v: G = diag(S) Uᵀ from W = U S Vᵀ. ``[..., d_head, d_model]`` →
+    ``[..., rank, d_head]`` (float64)."""
+    U, S, _ = torch.linalg.svd(W.to(torch.float64), full_matrices=False)
+    return S[..., :, None] * U.transpose(-1, -2)
+
+
+def output_factor(Wo: Tensor, n_head: int) -> Tensor:
+    """R_O^(h) ``[..., head, d_head, d_head]``: triangular factor of each head's W_O block (‖W_O^(h) z‖ = ‖R_O z‖)."""
+    d_head = Wo.shape[-1] // n_head
+    heads = Wo.to(torch.float64).reshape(*Wo.shape[:-1], n_head, d_head).movedim(-2, -3)
+    return torch.linalg.qr(heads, mode="r").R
+
+
+def rotation_matrices(n_pos: int, d_head: int, rotary: RotaryConfig, device: torch.device) -> Tensor:
+    """R_t ``[position, d_head, d_head]`` with apply_rotary(x)_t = R_t x_t."""
+    basis = torch.eye(d_head, dtype=torch.float64, device=device)[:, None, :].expand(d_head, n_pos, d_head)
+    return apply_rotary(basis, rotary).permute(1, 2, 0)
+
+
+def masked_max_distance(points: Tensor, centres: Tensor, allowed: Tensor) -> Tensor:
+    """max_{j allowed for i} ‖points_j − centres_i‖: points ``[b, h, key, e]``, centres ``[b, h, query, e]``."""
+    distances = torch.cdist(centres, points, compute_mode="donot_use_mm_for_euclid_dist")
+    return distances.masked_fill(~allowed, 0.0).amax(dim=-1)
+
+
+def query_functional_norms(fwd: AttentionForward, gain_k: Tensor, rotations: Tensor | None) -> Tensor:
+    """a_im = ‖W_Kᵀ R_mᵀ q̃_i‖, the norm of dx_m ↦ q̃_i·(R_m W_K dx_m): ``[b, h, query, key]``, or
+    ``[b, h, query, 1]`` without RoPE (then independent of m)."""
+    if rotations is None:
+        return torch.linalg.vector_norm(torch.einsum("bhre,bhqe->bhqr", gain_k, fwd.queries), dim=-1)[..., None]
+    back_k = torch.einsum("bhrd,med->bhmre", gain_k, rotations)  # G_K R_mᵀ
+    n_head, n_query, n_key = fwd.queries.shape[1], fwd.queries.shape[2], fwd.keys.shape[2]
+    parts = [
+        torch.linalg.vector_norm(torch.einsum("bhmre,bhqe->bhqmr", back_k, fwd.queries[:, :, rows]), dim=-1)
+        for rows in query_chunks(n_query, n_head * n_key * back_k.shape[-2])
+    ]
+    return torch.cat(parts, dim=2)
+
+
+def score_spread(
+    fwd: AttentionForward, centre: Tensor, gain_q: Tensor, query_norms: Tensor, allowed: Tensor,
+    rotations: Tensor | None,
+) -> Tensor:  # fmt: skip
+    """s_i = max_{m∈K(i)} (‖W_Qᵀ R_iᵀ (k̃_m − c_i)‖ + a_im): the exact norms of the two linear functionals
+    dx_i ↦ (R_i W_Q dx_i)·(k̃_m − c_i) and dx_m ↦ q̃_i·(R_m W_K dx_m) (``attention_bounds`` step 3). ``[b, h, query]``."""
+    if rotations is None:
+        keys = torch.einsum("bhre,bhke->bhkr", gain_q, fwd.keys)
+        centres = torch.einsum("bhre,bhqe->bhqr", gain_q, centre)
+        return masked_max_distance(keys, centres, allowed) + query_norms[..., 0]
+    back_q = torch.einsum("bhrd,qed->bhqre", gain_q, rotations)  # G_Q R_iᵀ
+    n_head, n_query, n_key = fwd.queries.shape[1], fwd.queries.shape[2], fwd.keys.shape[2]
+    parts = []
+    for rows in query_chunks(n_query, n_head * n_key * back_q.shape[-2]):
+        key_norms = torch.linalg.vector_norm(
+            torch.einsum("bhqre,bhme->bhqmr", back_q[:, :, rows], fwd.keys)
+            - torch.einsum("bhqre,bhqe->bhqr", back_q[:, :, rows], centre[:, :, rows])[..., None, :],
+            dim=-1,
+        )
+        spread = (key_norms + query_norms[:, :, rows]).masked_fill(~allowed[..., rows, :], 0.0)
+        parts.append(spread.amax(dim=-1))
+    return torch.cat(parts, dim=2)
+
+
+def output_spread(fwd: AttentionForward, out_factor: Tensor, b_v: Tensor | None, allowed: Tensor) -> Tensor:
+    """min_c max_{m∈K(i)} ‖W_O^(h)(v_m − c)‖ over c ∈ {y_i, b_V}: ``[b, h, query]``."""
+    outputs = torch.einsum("bhde,bhke->bhkd", out_factor, fwd.values)
+    centres = torch.einsum("bhde,bhqe->bhqd", out_factor, fwd.head_outputs)
+    spread = masked_max_distance(outputs, centres, allowed)
+    bias_centre = torch.zeros_like(centres)
+    if b_v is not None:
+        bias = expand_kv_heads(b_v, out_factor.shape[1], -2).expand(out_factor.shape[0], -1, -1)
+        bias_centre = torch.einsum("bhde,bhe->bhd", out_factor, bias)[..., None, :].expand_as(centres)
+    return torch.minimum(spread, masked_max_distance(outputs, bias_centre, allowed))
+
+
+def key_sum_sensitivity(
+    fwd: AttentionForward, out_factor: Tensor, gain_q: Tensor, query_norms: Tensor, rotations: Tensor | None
+) -> Tensor:
+    """τ × the key-sum bound of the sensitivity part (module docstring): Σ_m p_im ‖W_O^(h)(v_m − y_i)‖ a_im +
+    ‖W_O^(h) C_i R_i W_Q‖. ``[b, h, query]``."""
+    P = fwd.probabilities
+    outputs = torch.einsum("bhde,bhke->bhkd", out_factor, fwd.values)
+    centres = torch.einsum("bhde,bhqe->bhqd", out_factor, fwd.head_outputs)
+    distances = torch.cdist(centres, outputs, compute_mode="donot_use_mm_for_euclid_dist")
+    key_term = (P * query_norms * distances).sum(dim=-1)
+    # C_i = Σ_m p_im (v_m − μ_v)(k̃_m − μ_k)ᵀ − (y_i − μ_v)(k̄_i − μ_k)ᵀ, centred on the key means μ for accuracy
+    values = fwd.values - fwd.values.mean(dim=-2, keepdim=True)
+    keys = fwd.keys - fwd.keys.mean(dim=-2, keepdim=True)
+    outputs_c = P @ values
+    keys_mean = P @ keys
+    n_head, n_query, d_head = P.shape[1], P.shape[2], values.shape[-1]
+    parts = []
+    for rows in query_chunks(n_query, n_head * d_head * d_head * 4):
+        C = torch.einsum("bhqm,bhmd,bhme->bhqde", P[:, :, rows], values, keys)
+        C = C - outputs_c[:, :, rows, :, None] * keys_mean[:, :, rows, None, :]
+        M = torch.einsum("bhfd,bhqde->bhqfe", out_factor, C)
+        if rotations is not None:
+            M = M @ rotations[rows]
+        M = torch.einsum("bhqfe,bhre->bhqfr", M, gain_q)
+        parts.append(torch.linalg.matrix_norm(M, ord=2))
+    return key_term + torch.cat(parts, dim=2)
+
+
+def joint_value_path(P: Tensor, head_norms: Tensor, joint_norm: Tensor) -> Tensor:
+    """Σ_m min_{w≥0} (w ‖Σ_h A_h‖ + Σ_h |p^h_im − w| ‖A_h‖) (module docstring): ``[b, query]``.
+
+    Args:
+        P: ``[b, head, query, key]``; head_norms: ‖A_h‖ ``[b, head]``; joint_norm: ‖Σ_h A_h‖ ``[b]``.
+    """
+    n_head, n_query, n_key = P.shape[1], P.shape[2], P.shape[3]
+    per_head = head_norms[:, None, None, None, :]  # [b, 1, 1, 1, head]
+    parts = []
+    for rows in query_chunks(n_query, n_key * (n_head + 1) * n_head):
+        p = P[:, :, rows].permute(0, 2, 3, 1)  # [b, query, key, head]
+        weights = torch.cat([torch.zeros_like(p[..., :1]), p], dim=-1)  # candidate w: 0 and every p^h
+        cost = joint_norm[:, None, None, None] * weights + (
+            (p[..., None, :] - weights[..., :, None]).abs() * per_head
+        ).sum(dim=-1)
+        parts.append(cost.amin(dim=-1).sum(dim=-1))
+    return torch.cat(parts, dim=1)
+
+
+def value_path_norms(Wv: Tensor, Wo: Tensor, out_factor: Tensor) -> tuple[Tensor, Tensor]:
+    """(‖W_O^(h) W_V^h‖ ``[b, head]``, ‖Σ_h W_O^(h) W_V^h‖ ``[b]``) for weights ``[b, kv_head, d_head, d_model]``,
+    ``[b, d_model, head·d_head]``."""
+    n_head = out_factor.shape[1]
+    values = expand_kv_heads(Wv.to(torch.float64), n_head, -3)
+    per_head = spectral_norm(out_factor @ values)
+    joint = spectral_norm(Wo.to(torch.float64) @ values.flatten(-3, -2))
+    return per_head, joint
