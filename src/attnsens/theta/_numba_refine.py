@@ -46,36 +46,48 @@ def _subset_sums_unsorted(top_v, sums):
             sums[step + j] = sums[j] + top_v[k]
 
 
+@njit(cache=True, inline="always")
+def _relaxation_step(a, j, t, rest, half_rest, state):
+    """One subset sum a = p(T_j) folded into (d_lb, d_end, score, target, j_target); branch-free."""
+    d_lb, d_end, best_score, target, best_j = state
+    lo = a - t
+    hi = t - (a + rest)
+    d_end = min(d_end, min(abs(lo), abs(hi)))
+    d_lb = min(d_lb, lo if lo > 0.0 else (hi if hi > 0.0 else 0.0))
+    score = abs((t - a) - half_rest) if (lo <= 0.0 and hi <= 0.0) else np.inf
+    better = score < best_score
+    return (d_lb, d_end, score if better else best_score, (t - a) if better else target, j if better else best_j)
+
+
 @njit(cache=True)
 def relaxation(top_v, rest, t, sums):
     """Top-K relaxation (THETA_ALGORITHMS.md §1 "K-atom regime").
 
     Returns (d_lb, d_endpoint, target): d_lb = min_T dist(t, [p(T), p(T) + rest]) ≤ d* (= d* when > 0);
-    d_endpoint = the best of the subsets T and T ∪ tail; target = t − p(T) ∈ [0, rest] closest to rest/2.
+    d_endpoint = the best of the subsets T and T ∪ tail; target = t − p(T) ∈ [0, rest] closest to rest/2 (the
+    first such T in bitmask order). Four interleaved accumulators break the min chains; min is exact, so the
+    order changes nothing.
     """
     _subset_sums_unsorted(top_v, sums)
-    d_lb = np.inf
-    d_end = np.inf
-    target = -1.0
-    target_score = np.inf
     half_rest = 0.5 * rest
-    for j in range(1 << top_v.size):
-        a = sums[j]
-        lo = a - t
-        hi = t - (a + rest)
-        d_end = min(d_end, abs(lo), abs(hi))
-        if lo > 0.0:
-            d_lb = min(d_lb, lo)
-        elif hi > 0.0:
-            d_lb = min(d_lb, hi)
-        else:
-            d_lb = 0.0
-            g = t - a
-            score = abs(g - half_rest)
-            if score < target_score:
-                target_score = score
-                target = g
-    return d_lb, d_end, target
+    start = (np.inf, np.inf, np.inf, -1.0, -1)
+    s0 = s1 = s2 = s3 = start
+    count = 1 << top_v.size
+    quad_end = count - count % 4
+    for j in range(0, quad_end, 4):
+        s0 = _relaxation_step(sums[j], j, t, rest, half_rest, s0)
+        s1 = _relaxation_step(sums[j + 1], j + 1, t, rest, half_rest, s1)
+        s2 = _relaxation_step(sums[j + 2], j + 2, t, rest, half_rest, s2)
+        s3 = _relaxation_step(sums[j + 3], j + 3, t, rest, half_rest, s3)
+    for j in range(quad_end, count):
+        s0 = _relaxation_step(sums[j], j, t, rest, half_rest, s0)
+    best = s0
+    for lane in (s1, s2, s3):
+        if lane[2] < best[2] or (lane[2] == best[2] and lane[4] < best[4]):
+            best = lane
+    d_lb = min(min(s0[0], s1[0]), min(s2[0], s3[0]))
+    d_end = min(min(s0[1], s1[1]), min(s2[1], s3[1]))
+    return d_lb, d_end, best[3]
 
 
 @njit(cache=True)

@@ -71,6 +71,23 @@ def _has_negative(row):
 
 
 @njit(cache=True)
+def _support_end(bits, no_positive):
+    """1 + the index of the last entry that is not ±0.0 (0 for an all-zero row); whole 16-entry blocks first."""
+    zero = no_positive - no_positive
+    end = bits.size
+    while end >= 16:
+        seen = zero
+        for i in range(end - 16, end):
+            seen |= bits[i] & no_positive  # clears the sign bit: −0.0 reads as 0
+        if seen != zero:
+            break
+        end -= 16
+    while end > 0 and bits[end - 1] & no_positive == zero:
+        end -= 1
+    return end
+
+
+@njit(cache=True)
 def _span_threshold(bits, first, end, k_top, no_positive):
     """The smallest of the maxima of K equal slices of bits[first:end] (≤ 0 when a slice has no positive)."""
     zero = no_positive - no_positive
@@ -93,25 +110,25 @@ def scan_row(row, bits, no_positive, exact_quantum, top_v, top_i):
     value order, so the support statistics are integer min/max/count reductions that vectorise, and −0.0 (a
     negative bit pattern) is told apart from true negatives by ``_has_negative``. ``no_positive`` is the largest
     integer of that width. ``top_v``/``top_i`` receive the K largest positive values in descending order (ties:
-    earlier index first; unused slots hold −1), found without a per-element insertion test: the support's span
-    is cut into K slices, and the smallest of the slice maxima is at most the K-th largest value, so only entries
-    at or above it are candidates (about 2.5·K on attention rows). Without ``exact_quantum`` the values are
-    float32 numbers, so the unit in the last place of the smallest positive entry divides all of them.
+    earlier index first; unused slots hold −1), found without a per-element insertion test. Trailing ±0.0 (causal
+    and padded rows) are skipped first, so ``end`` is one past the last entry that is not ±0.0 and the other
+    passes read only [0, end). That span is cut into K slices; the smallest of the slice maxima is at most the
+    K-th largest value, so only entries at or above it are candidates (about 2.5·K on attention rows). Without
+    ``exact_quantum`` the values are float32 numbers, so the unit in the last place of the smallest positive
+    entry divides all of them.
     """
     k_top = top_v.size
-    size = row.size
-    total = _row_sum(row)
+    end = _support_end(bits, no_positive)
+    total = _row_sum(row[:end])  # the ±0.0 past ``end`` add exactly nothing
     zero = no_positive - no_positive
     lowest = zero
     smallest = no_positive
     n = 0
-    end = 0
-    first = size
     threshold = no_positive
-    width = (size + k_top - 1) // k_top
+    width = (end + k_top - 1) // k_top
     for c in range(k_top):
-        start = min(size, c * width)
-        stop = min(size, start + width)
+        start = min(end, c * width)
+        stop = min(end, start + width)
         high = zero
         for i in range(start, stop):
             v = bits[i]
@@ -120,10 +137,11 @@ def scan_row(row, bits, no_positive, exact_quantum, top_v, top_i):
             lowest = min(lowest, v)
             smallest = min(smallest, v if positive else no_positive)
             n += positive
-            first = min(first, i if positive else size)
-            end = max(end, i + 1 if positive else 0)
         threshold = min(threshold, high)
-    if threshold <= zero and n > k_top:  # a slice without positives (causal or padded rows): cut the span
+    first = 0
+    if threshold <= zero and n > k_top:  # a slice without positives (leading or scattered zeros): cut the span
+        while bits[first] <= zero:
+            first += 1
         threshold = _span_threshold(bits, first, end, k_top, no_positive)
     threshold = max(threshold, zero + 1)
     for k in range(k_top):
