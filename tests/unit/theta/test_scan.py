@@ -75,6 +75,10 @@ def test_negative_zero_is_a_zero_and_a_negative_entry_is_flagged() -> None:
         assert float(cert.lower[0]) == 1.0 and bool(cert.exact[0])
     row[1] = -(2.0**-30)
     assert scan(row, exact_quantum=False)[5] == 2  # RowStatus.NEGATIVE
+    tail = np.zeros(100, np.float32)
+    tail[:2] = 0.5
+    tail[-1] = -(2.0**-30)  # a negative entry after a run of zeros is still read
+    assert scan(tail, exact_quantum=False)[5] == 2
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
