@@ -30,7 +30,7 @@ from attnsens.theta._numba_partition import (
     support_values,
 )
 from attnsens.theta._numba_refine import proves_perfect, refine_row, relaxation
-from attnsens.theta._numba_scan import scan_row
+from attnsens.theta._numba_scan import scan_row, top_k
 from attnsens.theta.methods import RowStatus, ThetaMethod
 
 UNIT_ROUNDOFF = 2.0**-53
@@ -164,7 +164,7 @@ def _certify_block(
     n_pending = 0
     for j in range(nb):
         r = r0 + j
-        s, n, pmax, q, end, st = scan_row(x[r], bits[r], no_positive, exact_quantum, top_v[j], top_i[j])
+        s, n, pmax, q, end, st, threshold, first = scan_row(x[r], bits[r], no_positive, exact_quantum, K_SMALL)
         if st == _OK and check_sum and abs(s - 1.0) > tolerance:
             st = _BAD_SUM
         status[r] = st
@@ -200,6 +200,7 @@ def _certify_block(
             d_lb[r] = pmax - t
             method[r] = _DOMINANT
             continue
+        top_k(x[r], bits[r], threshold, first, end, top_v[j], top_i[j])
         k_small = min(K_SMALL, n)
         tv = top_v[j, :k_small]
         dl, d_end, g = relaxation(tv, s - tv.sum(), t, sums)

@@ -103,21 +103,23 @@ def _span_threshold(bits, first, end, k_top, no_positive):
 
 
 @njit(cache=True)
-def scan_row(row, bits, no_positive, exact_quantum, top_v, top_i):
-    """Sum, support size, p_max, quantum q, end of support, validity, and the top-K values/indices of one row.
+def scan_row(row, bits, no_positive, exact_quantum, k_top):
+    """Sum, support size, p_max, quantum q, end of support, validity, and the threshold and start of the top-K
+    search (``top_k``) of one row, in one vectorised pass.
 
     ``bits`` is the row reinterpreted as signed integers of its width: on non-negative floats integer order is
     value order, so the support statistics are integer min/max/count reductions that vectorise, and −0.0 (a
     negative bit pattern) is told apart from true negatives by ``_has_negative``. ``no_positive`` is the largest
-    integer of that width. ``top_v``/``top_i`` receive the K largest positive values in descending order (ties:
-    earlier index first; unused slots hold −1), found without a per-element insertion test. Trailing ±0.0 (causal
-    and padded rows) are skipped first, so ``end`` is one past the last entry that is not ±0.0 and the other
-    passes read only [0, end). That span is cut into K slices; the smallest of the slice maxima is at most the
-    K-th largest value, so only entries at or above it are candidates (about 2.5·K on attention rows). Without
+    integer of that width. Trailing ±0.0 (causal and padded rows) are skipped first, so ``end`` is one past the
+    last entry that is not ±0.0 and the pass reads only [0, end). That span is cut into K slices; the smallest
+    of the slice maxima is at most the K-th largest value, so only entries at or above it are top-K candidates
+    (about 2.5·K on attention rows), and p_max is found in the slice holding the largest maximum. Rows settled
+    by p_max alone (dominant atom) or by meet-in-the-middle never run the top-K search. Without
     ``exact_quantum`` the values are float32 numbers, so the unit in the last place of the smallest positive
     entry divides all of them.
+
+    Returns (ŝ, n, p_max, q, end, status, threshold, first).
     """
-    k_top = top_v.size
     end = _support_end(bits, no_positive)
     total = _row_sum(row[:end])  # the ±0.0 past ``end`` add exactly nothing
     zero = no_positive - no_positive
@@ -125,6 +127,8 @@ def scan_row(row, bits, no_positive, exact_quantum, top_v, top_i):
     smallest = no_positive
     n = 0
     threshold = no_positive
+    highest = zero
+    highest_slice = 0
     width = (end + k_top - 1) // k_top
     for c in range(k_top):
         start = min(end, c * width)
@@ -138,19 +142,20 @@ def scan_row(row, bits, no_positive, exact_quantum, top_v, top_i):
             smallest = min(smallest, v if positive else no_positive)
             n += positive
         threshold = min(threshold, high)
+        highest_slice = c if high > highest else highest_slice
+        highest = max(highest, high)
+    p_max = 0.0
+    if highest > zero:
+        i = highest_slice * width
+        while bits[i] != highest:
+            i += 1
+        p_max = np.float64(row[i])
     first = 0
     if threshold <= zero and n > k_top:  # a slice without positives (leading or scattered zeros): cut the span
         while bits[first] <= zero:
             first += 1
         threshold = _span_threshold(bits, first, end, k_top, no_positive)
     threshold = max(threshold, zero + 1)
-    for k in range(k_top):
-        top_v[k] = -1.0
-        top_i[k] = -1
-    for i in range(first, end):
-        if bits[i] >= threshold:
-            _insert_top_branchless(top_v, top_i, np.float64(row[i]), i)
-    p_max = max(top_v[0], 0.0)
     status = _OK
     if not math.isfinite(total):
         status = _NON_FINITE
@@ -168,4 +173,16 @@ def scan_row(row, bits, no_positive, exact_quantum, top_v, top_i):
         else:
             # float32 bits: biased exponent f ≥ 1 has ulp 2^(f − 150); subnormals (f = 0) have ulp 2^-149.
             q = math.ldexp(1.0, max(np.int64(smallest) >> 23, 1) - 150)
-    return total, n, p_max, q, end, status
+    return total, n, p_max, q, end, status, threshold, first
+
+
+@njit(cache=True)
+def top_k(row, bits, threshold, first, end, top_v, top_i):
+    """The K largest positive values of row[first:end] into ``top_v``/``top_i``, descending (ties: earlier index
+    first; unused slots −1), reading only entries whose bits are ≥ ``threshold`` (from ``scan_row``)."""
+    for k in range(top_v.size):
+        top_v[k] = -1.0
+        top_i[k] = -1
+    for i in range(first, end):
+        if bits[i] >= threshold:
+            _insert_top_branchless(top_v, top_i, np.float64(row[i]), i)

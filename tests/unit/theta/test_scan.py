@@ -1,5 +1,5 @@
-"""The one pass over a row (``_numba_scan.scan_row``): integer-view statistics and the thresholded top-K search
-against plain float loops written here."""
+"""The per-row pass (``_numba_scan.scan_row``) and the thresholded top-K search (``top_k``) against plain float
+loops written here."""
 
 from __future__ import annotations
 
@@ -10,17 +10,20 @@ import pytest
 import torch
 
 from attnsens.theta import certify
-from attnsens.theta._numba_scan import scan_row
+from attnsens.theta._numba_scan import scan_row, top_k
 from tests.unit.theta.rows import softmax_rows, with_zeros
 
 K = 8
 
 
 def scan(row: np.ndarray, exact_quantum: bool) -> tuple:
+    """scan_row then top_k, as the cascade runs them: (ŝ, n, p_max, q, end, status, top_v, top_i)."""
     signed = np.dtype(f"int{8 * row.dtype.itemsize}")
+    bits = row.view(signed)
+    *out, threshold, first = scan_row(row, bits, signed.type(np.iinfo(signed).max), exact_quantum, K)
     top_v = np.empty(K)
     top_i = np.empty(K, np.int64)
-    out = scan_row(row, row.view(signed), signed.type(np.iinfo(signed).max), exact_quantum, top_v, top_i)
+    top_k(row, bits, threshold, first, out[4], top_v, top_i)
     return (*out, top_v, top_i)
 
 
