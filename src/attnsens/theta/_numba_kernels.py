@@ -58,13 +58,37 @@ def _error_radius(s, n, q):
     return (2.0 * n + 16.0) * UNIT_ROUNDOFF * s * (1.0 + 2.0**-10)
 
 
+@njit(cache=True, inline="always")
+def _fit_step(v0, v1, v2, v3, g0, g1, g2, g3, state):
+    """One key of four first-fits: add it where it fits the target, else note the smallest key that overshot."""
+    c0, c1, c2, c3, e0, e1, e2, e3 = state
+    t0 = c0 + v0
+    t1 = c1 + v1
+    t2 = c2 + v2
+    t3 = c3 + v3
+    f0 = t0 <= g0
+    f1 = t1 <= g1
+    f2 = t2 <= g2
+    f3 = t3 <= g3
+    return (
+        t0 if f0 else c0, t1 if f1 else c1, t2 if f2 else c2, t3 if f3 else c3,
+        e0 if f0 else min(e0, v0), e1 if f1 else min(e1, v1), e2 if f2 else min(e2, v2), e3 if f3 else min(e3, v3),
+    )  # fmt: skip
+
+
+@njit(cache=True, inline="always")
+def _next_skip(index, stop):
+    return stop if index < 0 else index
+
+
 @njit(cache=True)
 def _first_fit_quad(x, rows, skip, targets, stop, out):
-    """One-target first-fit of four rows at once, state in registers, no data-dependent branches.
+    """One-target first-fit of four rows at once, state in registers, no data-dependent branches per key.
 
     A single first-fit is a chain of dependent add/compare steps (latency-bound); four independent chains
     overlap in the pipeline (THETA_ALGORITHMS.md §6 "TUNED"). ``skip[a]`` lists the row's top-K indices in
-    ascending order followed by −1; those keys read as 0, which always fits and changes nothing.
+    ascending order followed by −1; those keys read as 0, which always fits and changes nothing. The keys run in
+    segments between consecutive skipped indices of any of the four rows, so the inner loop carries no checks.
     """
     row0 = x[rows[0]]
     row1 = x[rows[1]]
@@ -74,51 +98,35 @@ def _first_fit_quad(x, rows, skip, targets, stop, out):
     g1 = targets[1]
     g2 = targets[2]
     g3 = targets[3]
-    c0 = 0.0
-    c1 = 0.0
-    c2 = 0.0
-    c3 = 0.0
-    e0 = np.inf
-    e1 = np.inf
-    e2 = np.inf
-    e3 = np.inf
+    state = (0.0, 0.0, 0.0, 0.0, np.inf, np.inf, np.inf, np.inf)
     k0 = 0
     k1 = 0
     k2 = 0
     k3 = 0
-    for i in range(stop):
-        v0 = np.float64(row0[i])
-        v1 = np.float64(row1[i])
-        v2 = np.float64(row2[i])
-        v3 = np.float64(row3[i])
-        if i == skip[0, k0]:
-            v0 = 0.0
-            k0 += 1
-        if i == skip[1, k1]:
-            v1 = 0.0
-            k1 += 1
-        if i == skip[2, k2]:
-            v2 = 0.0
-            k2 += 1
-        if i == skip[3, k3]:
-            v3 = 0.0
-            k3 += 1
-        t0 = c0 + v0
-        t1 = c1 + v1
-        t2 = c2 + v2
-        t3 = c3 + v3
-        f0 = t0 <= g0
-        f1 = t1 <= g1
-        f2 = t2 <= g2
-        f3 = t3 <= g3
-        e0 = e0 if f0 else min(e0, v0)
-        e1 = e1 if f1 else min(e1, v1)
-        e2 = e2 if f2 else min(e2, v2)
-        e3 = e3 if f3 else min(e3, v3)
-        c0 = t0 if f0 else c0
-        c1 = t1 if f1 else c1
-        c2 = t2 if f2 else c2
-        c3 = t3 if f3 else c3
+    i = 0
+    while i < stop:
+        s0 = _next_skip(skip[0, k0], stop)
+        s1 = _next_skip(skip[1, k1], stop)
+        s2 = _next_skip(skip[2, k2], stop)
+        s3 = _next_skip(skip[3, k3], stop)
+        segment_end = min(min(s0, s1), min(s2, s3))
+        for j in range(i, segment_end):
+            state = _fit_step(np.float64(row0[j]), np.float64(row1[j]), np.float64(row2[j]), np.float64(row3[j]),
+                              g0, g1, g2, g3, state)  # fmt: skip
+        if segment_end >= stop:
+            break
+        j = segment_end
+        v0 = 0.0 if s0 == j else np.float64(row0[j])
+        v1 = 0.0 if s1 == j else np.float64(row1[j])
+        v2 = 0.0 if s2 == j else np.float64(row2[j])
+        v3 = 0.0 if s3 == j else np.float64(row3[j])
+        k0 += s0 == j
+        k1 += s1 == j
+        k2 += s2 == j
+        k3 += s3 == j
+        state = _fit_step(v0, v1, v2, v3, g0, g1, g2, g3, state)
+        i = j + 1
+    c0, c1, c2, c3, e0, e1, e2, e3 = state
     out[0] = min(g0 - c0, e0 - (g0 - c0))
     out[1] = min(g1 - c1, e1 - (g1 - c1))
     out[2] = min(g2 - c2, e2 - (g2 - c2))
