@@ -53,9 +53,12 @@ def _sorted_subset_sums(vals):
 
 @njit(cache=True)
 def support_values(row, n):
+    """The n positive entries of ``row`` in key order (float64); stops at the n-th."""
     vals = np.empty(n)
     k = 0
     for i in range(row.size):
+        if k == n:
+            break
         x = np.float64(row[i])
         if x > 0.0:
             vals[k] = x
