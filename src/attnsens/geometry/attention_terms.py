@@ -34,7 +34,7 @@ from attnsens.geometry.attention import AttentionForward, apply_rotary, expand_k
 from attnsens.geometry.norms import spectral_norm
 from attnsens.models.weights import RotaryConfig
 
-CHUNK_ELEMENTS = 1 << 24
+CHUNK_ELEMENTS = 1 << 22
 
 
 def query_chunks(n_query: int, elements_per_query: int) -> list[slice]:
