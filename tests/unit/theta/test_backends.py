@@ -87,3 +87,23 @@ def test_import_does_not_load_heavy_modules() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_enclosure_is_the_same_in_numpy_and_in_torch() -> None:
+    """CPU certificates go through NumPy, other devices through torch: the float64 operations must agree bit for bit."""
+    import numpy as np
+
+    from attnsens.theta._enclosure import _enclosure
+
+    gen = torch.Generator().manual_seed(3)
+    s_hat = 1.0 + (torch.rand(4000, generator=gen, dtype=torch.float64) - 0.5) * 1e-6
+    d_found = torch.rand(4000, generator=gen, dtype=torch.float64) * 0.1
+    d_lb = d_found * torch.rand(4000, generator=gen, dtype=torch.float64)
+    err = torch.where(torch.rand(4000, generator=gen) < 0.5, torch.zeros(4000, dtype=torch.float64), 1e-13 * s_hat)
+    d_found[:10] = 0.0  # perfect bisections
+    d_lb[:10] = 0.0
+    by_torch = _enclosure(torch, s_hat, d_found, d_lb, err)
+    by_numpy = _enclosure(np, *(t.numpy() for t in (s_hat, d_found, d_lb, err)))
+    for a, b in zip(by_torch, by_numpy, strict=True):
+        assert torch.equal(a, torch.from_numpy(b))
+    assert bool((by_torch[0] <= by_torch[1]).all())
