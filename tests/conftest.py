@@ -26,6 +26,16 @@ settings.register_profile("thorough", max_examples=2000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
 
 
+@pytest.fixture
+def one_torch_thread():
+    """torch on one intra-op thread for the test (restored after): tiny tensors gain nothing from threads, and on a
+    busy 2-core machine spinning threads cost up to 10×."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(autouse=True)
 def _fixed_seed() -> None:
     torch.manual_seed(0)

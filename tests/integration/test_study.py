@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from attnsens.cli import app
@@ -17,6 +16,8 @@ from attnsens.train.data import DataConfig
 from attnsens.train.model import GPTConfig
 from attnsens.train.trainer import TrainConfig
 from tests.unit.train.conftest import synthetic_text
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def micro_study(corpus: Path, **overrides: object) -> StudyConfig:
@@ -53,14 +54,6 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("study_corpus") / "verse.txt"
     path.write_text(synthetic_text(6000))
     return path
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_killed_study_resumes_without_loss_or_duplicates(corpus: Path, tmp_path: Path) -> None:

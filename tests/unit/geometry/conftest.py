@@ -3,15 +3,9 @@ more than parallelism gains."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True)
-def _single_thread() -> Iterator[None]:
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+def _single_thread(one_torch_thread: None) -> None:
+    """Every test here uses the shared ``one_torch_thread`` fixture (tests/conftest.py)."""

@@ -6,7 +6,6 @@ import random
 from pathlib import Path
 
 import pytest
-import torch
 
 from attnsens.train.model import GPTConfig
 
@@ -20,12 +19,8 @@ def synthetic_text(n_words: int, seed: int = 0) -> str:
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    """Micro models gain nothing from intra-op threads, and on a busy 2-core machine spinning threads cost 10×."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+def _one_thread(one_torch_thread: None) -> None:
+    """Micro models gain nothing from intra-op threads (shared ``one_torch_thread`` fixture, tests/conftest.py)."""
 
 
 @pytest.fixture(scope="session")
