@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 from typer.testing import CliRunner
 
 import attnsens
 from attnsens import errors
 from attnsens.cli import app
+from tests.imports import modules_loaded_by
 
 
 def test_every_error_is_an_attnsens_value_error() -> None:
@@ -22,9 +20,7 @@ def test_every_error_is_an_attnsens_value_error() -> None:
 
 
 def test_import_is_lazy() -> None:
-    code = "import sys, attnsens; print('transformers' in sys.modules, 'numba' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.split() == ["False", "False"]
+    assert modules_loaded_by("attnsens", ("transformers", "numba")) == []
 
 
 def test_unknown_attribute_raises() -> None:

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
 import attnsens.models as M
 from attnsens.errors import FileFormatError, UnsupportedModelError
+from tests.imports import modules_loaded_by
 from tests.unit.models.tiny_models import tiny_model
 
 
@@ -67,6 +65,4 @@ def test_adapter_passes_through_and_checks_inputs() -> None:
 
 
 def test_importing_models_does_not_import_transformers() -> None:
-    code = "import sys, attnsens.models, attnsens.capture; print('transformers' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    assert modules_loaded_by("attnsens.models, attnsens.capture", ("transformers",)) == []

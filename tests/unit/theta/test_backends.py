@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from attnsens.theta import ThetaCertificate, ThetaMethod, certify
+from tests.imports import modules_loaded_by
 from tests.unit.theta.rows import softmax_rows, sums_error_free, with_zeros
 
 
@@ -79,14 +77,8 @@ def test_convenience_properties() -> None:
 
 
 def test_import_does_not_load_heavy_modules() -> None:
-    code = (
-        "import sys, attnsens.theta\n"
-        "heavy = [m for m in ('numba', 'transformers', 'pyarrow', 'duckdb', 'matplotlib', 'typer') "
-        "if m in sys.modules]\n"
-        "print(','.join(heavy))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == ""
+    heavy = ("numba", "transformers", "pyarrow", "duckdb", "matplotlib", "typer")
+    assert modules_loaded_by("attnsens.theta", heavy) == []
 
 
 def test_enclosure_is_the_same_in_numpy_and_in_torch() -> None:
