@@ -35,6 +35,8 @@ from pathlib import Path
 import psutil
 import torch
 
+from _jsonl import append_record
+
 RESULTS = Path(__file__).resolve().parent / "results" / "audit.jsonl"
 
 
@@ -239,9 +241,7 @@ def main() -> None:
     print(f"audit / eager+post-hoc time:             {record['audit_over_eager_posthoc_time']:.2f}")
     print(f"audit / eager+post-hoc peak extra memory: {record['audit_over_eager_posthoc_memory']:.3f}")
     print(f"monitor overhead at k={args.every}:              {100 * monitor['overhead']:.1f} %  (goal ≤ 10 %)")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    with RESULTS.open("a") as handle:
-        handle.write(json.dumps(record, default=str) + "\n")
+    append_record(RESULTS, record)
 
 
 if __name__ == "__main__":

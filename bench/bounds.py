@@ -14,13 +14,13 @@ if unavailable). Appends one JSON line per model to bench/results/bounds.jsonl.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
 
 import torch
 
+from _jsonl import append_record
 from attnsens import geometry as G
 from attnsens.errors import InputError
 from attnsens.geometry.attention import biases_of, causal_mask
@@ -146,7 +146,6 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     loaders = {"tiny_gpt": tiny_gpt, "tiny_gpt_trained": tiny_gpt_trained, "smollm2": smollm2}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
     for name in args.models.split(","):
         try:
             adapter = loaders[name]()
@@ -154,8 +153,7 @@ def main() -> None:
             print(f"{name}: skipped ({type(err).__name__}: {err})")
             continue
         record = bench_model(name, adapter, args)
-        with RESULTS.open("a") as handle:
-            handle.write(json.dumps({"bench": "bounds", **record, "provenance": provenance()}) + "\n")
+        append_record(RESULTS, {"bench": "bounds", **record, "provenance": provenance()})
 
 
 if __name__ == "__main__":

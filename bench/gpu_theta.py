@@ -22,13 +22,14 @@ appended to bench/results/gpu_theta.jsonl. Without CUDA it exits with status 2; 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from _jsonl import append_record
 
 RESULTS = Path(__file__).resolve().parent / "results" / "gpu_theta.jsonl"
 SIGMAS = (0.5, 1.0, 2.0, 4.0, 8.0)
@@ -238,9 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             "records": records,
             "provenance": provenance(),
         }
-        results.parent.mkdir(parents=True, exist_ok=True)
-        with results.open("a") as handle:
-            handle.write(json.dumps(line) + "\n")
+        append_record(results, line)
     unsound = sum(r["sample_violations"] for r in records)
     if unsound:
         print(f"{unsound} sampled rows contradict the CPU cascade: the kernel is unsound, see above", file=sys.stderr)

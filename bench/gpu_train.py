@@ -11,7 +11,6 @@ achieved FLOP/s by the chip's dense bf16 peak (``--peak-tflops``, default from t
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from _jsonl import append_record
 from attnsens.provenance import provenance
 from attnsens.train.data import DataConfig, TokenData
 from attnsens.train.model import GPT, preset
@@ -144,9 +144,7 @@ def main() -> None:
         "ratio_trainer": ratio,
         "provenance": provenance(),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    with RESULTS.open("a") as handle:
-        handle.write(json.dumps(record, default=str) + "\n")
+    append_record(RESULTS, record)
 
 
 if __name__ == "__main__":

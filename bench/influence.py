@@ -10,7 +10,6 @@ per sequence), with the ratio naive/measure; appends one JSON line to bench/resu
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from _jsonl import append_record
 from attnsens.influence import POSITION_KINDS, builtin_lnfree, certified_constant, fit_loglog_slope, measure
 from attnsens.influence.experiment import DEFAULT_LENGTHS
 from attnsens.provenance import provenance
@@ -96,9 +96,7 @@ def main() -> None:
         f"{measure_s:.2f} s; naive per-sample loop {naive_s:.2f} s; naive/measure = {naive_s / measure_s:.2f}×"
     )
     print(f"C = 10^{cert.log10_constant:.3f}, slope {fit.slope:.3f} [{fit.slope_ci[0]:.3f}, {fit.slope_ci[1]:.3f}]")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    with RESULTS.open("a") as handle:
-        handle.write(json.dumps(record, default=str) + "\n")
+    append_record(RESULTS, record)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ Prints a table and appends one JSON line to bench/results/theta.jsonl.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import signal
 import sys
@@ -23,6 +22,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 
+from _jsonl import append_record
 from attnsens.provenance import provenance
 from attnsens.theta import certify, exact
 
@@ -197,9 +197,7 @@ def main() -> None:
               f"{r['agree']!s:>6}")  # fmt: skip
     print("goal: speed-up ≥ 100× at equal exactness (≥: numberpartitioning stopped at the time limit)")
 
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    with RESULTS.open("a") as handle:
-        handle.write(json.dumps(record, default=str) + "\n")
+    append_record(RESULTS, record)
 
 
 if __name__ == "__main__":

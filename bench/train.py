@@ -10,7 +10,6 @@ and repeated, the median of each is reported, and the ratios trainer / bare loop
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from _jsonl import append_record
 from attnsens.capture import SensitivityMonitor
 from attnsens.provenance import provenance
 from attnsens.train.data import prepare_data
@@ -108,9 +108,7 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "provenance": provenance(),
     }
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    with RESULTS.open("a") as handle:
-        handle.write(json.dumps(record, default=str) + "\n")
+    append_record(RESULTS, record)
 
 
 if __name__ == "__main__":
