@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.unit.train.conftest import synthetic_text
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -15,11 +17,17 @@ def _env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
 
 
-def run_torchrun_and_single(script: Path, corpus: Path, ddp_out: Path, single_out: Path, *, timeout: float) -> None:
-    """``script CORPUS OUT`` under torchrun with 2 processes into ``ddp_out``, then alone into ``single_out``.
+def run_torchrun_and_single(source: str, work: Path, *, timeout: float) -> tuple[Path, Path]:
+    """Write ``source`` as a script taking ``CORPUS OUT`` and a synthetic corpus into ``work``, run the script
+    under torchrun with 2 processes into ``work/ddp``, then alone into ``work/single``; return both outputs.
 
     The launcher runs in its own session so that a hang is ended with its workers, not just the launcher.
     """
+    corpus = work / "verse.txt"
+    corpus.write_text(synthetic_text(6000))
+    script = work / "micro_script.py"
+    script.write_text(source)
+    ddp_out, single_out = work / "ddp", work / "single"
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     launcher = subprocess.Popen(
         [*torchrun, str(script), str(corpus), str(ddp_out)],
@@ -36,3 +44,4 @@ def run_torchrun_and_single(script: Path, corpus: Path, ddp_out: Path, single_ou
         raise
     assert launcher.returncode == 0, output[-3000:]
     subprocess.run([sys.executable, str(script), str(corpus), str(single_out)], env=_env(), check=True, timeout=timeout)
+    return ddp_out, single_out

@@ -12,7 +12,6 @@ import torch
 
 from attnsens.train.checkpoint import load_model_state
 from tests.integration.launch import run_torchrun_and_single
-from tests.unit.train.conftest import synthetic_text
 
 SCRIPT = textwrap.dedent(
     """
@@ -36,14 +35,10 @@ SCRIPT = textwrap.dedent(
 
 
 def test_torchrun_two_processes_match_single_process(tmp_path: Path) -> None:
-    corpus = tmp_path / "verse.txt"
-    corpus.write_text(synthetic_text(6000))
-    script = tmp_path / "train_micro.py"
-    script.write_text(SCRIPT)
-    run_torchrun_and_single(script, corpus, tmp_path / "ddp", tmp_path / "single", timeout=180)
+    ddp_dir, single_dir = run_torchrun_and_single(SCRIPT, tmp_path, timeout=180)
 
-    ddp = pd.read_parquet(tmp_path / "ddp" / "training.parquet")
-    single = pd.read_parquet(tmp_path / "single" / "training.parquet")
+    ddp = pd.read_parquet(ddp_dir / "training.parquet")
+    single = pd.read_parquet(single_dir / "training.parquet")
     torch.testing.assert_close(
         torch.tensor(ddp["loss"].values), torch.tensor(single["loss"].values), rtol=1e-4, atol=1e-5
     )
@@ -53,12 +48,12 @@ def test_torchrun_two_processes_match_single_process(tmp_path: Path) -> None:
         rtol=1e-4,
         atol=1e-6,
     )
-    final_ddp, final_single = load_model_state(tmp_path / "ddp", 6), load_model_state(tmp_path / "single", 6)
+    final_ddp, final_single = load_model_state(ddp_dir, 6), load_model_state(single_dir, 6)
     for name, tensor in final_single.items():
         torch.testing.assert_close(final_ddp[name], tensor, rtol=1e-4, atol=1e-5)
-    manifest = json.loads((tmp_path / "ddp" / "checkpoints" / "manifest.json").read_text())
+    manifest = json.loads((ddp_dir / "checkpoints" / "manifest.json").read_text())
     assert sorted(entry["step"] for entry in manifest.values()) == [0, 1, 2, 4, 6]
-    leftovers = [p.name for p in (tmp_path / "ddp" / "checkpoints").iterdir() if p.name.startswith(".")]
+    leftovers = [p.name for p in (ddp_dir / "checkpoints").iterdir() if p.name.startswith(".")]
     assert leftovers == []
 
 
