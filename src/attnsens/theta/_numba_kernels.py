@@ -246,7 +246,7 @@ def _certify_block(
             continue
         k_small = min(K_SMALL, ns[j])
         df, dl, m = refine_row(
-            x[r], ns[j], row_sum[r], qs[j], err[r], ends[j], stop_d, ckk_budget, ckk_max_support,
+            x[r], bits[r], ns[j], row_sum[r], qs[j], err[r], ends[j], stop_d, ckk_budget, ckk_max_support,
             top_v[j, :k_small], top_i[j, :k_small], d, d_lb[r],
         )  # fmt: skip
         d_found[r] = df

@@ -15,7 +15,7 @@ from attnsens.theta._numba_partition import (
     karmarkar_karp,
     support_values,
 )
-from attnsens.theta._numba_scan import insert_top
+from attnsens.theta._numba_scan import top_k
 from attnsens.theta.methods import ThetaMethod
 
 K_LARGE = 14
@@ -144,22 +144,9 @@ def _first_fit_targets(row, end, skip_sorted, targets, count):
 
 
 @njit(cache=True)
-def _top_k(row, end, k_top):
-    top_v = np.empty(k_top)
-    top_i = np.empty(k_top, np.int64)
-    for k in range(k_top):
-        top_v[k] = -1.0
-        top_i[k] = -1
-    for i in range(end):
-        x = np.float64(row[i])
-        if x > top_v[k_top - 1]:
-            insert_top(top_v, top_i, x, i)
-    return top_v, top_i
-
-
-@njit(cache=True)
-def refine_row(row, n, s, q, e, end, stop_d, ckk_budget, ckk_max_support, top_v, top_i, d_found, d_lb):
-    """Stages after the one-target first-fit: 16 targets, KK, top-14 relaxation, budgeted CKK.
+def refine_row(row, bits, n, s, q, e, end, stop_d, ckk_budget, ckk_max_support, top_v, top_i, d_found, d_lb):
+    """Stages after the one-target first-fit: 16 targets, KK, top-14 relaxation, budgeted CKK. ``bits`` is the row
+    as signed integers (``scan_row``).
 
     Returns (d_found, d_lb, method).
     """
@@ -181,7 +168,8 @@ def refine_row(row, n, s, q, e, end, stop_d, ckk_budget, ckk_max_support, top_v,
         return d_found, d_lb, _KK
 
     k_large = min(K_LARGE, n)
-    top14_v, _ = _top_k(row, end, k_large)
+    top14_v = np.empty(k_large)
+    top_k(row, bits, 1, 0, end, top14_v, np.empty(k_large, np.int64))  # every positive entry is a candidate
     d_lb14, d_end14, _ = relaxation(top14_v, s - top14_v.sum(), t, np.empty(1 << k_large))
     d_found = min(d_found, d_end14)
     if d_lb14 > e:

@@ -29,20 +29,9 @@ def _lowest_bit(x):
 
 
 @njit(cache=True)
-def insert_top(top_v, top_i, x, i):
-    """Insert value x (index i) into the descending top-K buffer; ties keep the earlier index first."""
-    j = top_v.size - 1
-    while j > 0 and top_v[j - 1] < x:
-        top_v[j] = top_v[j - 1]
-        top_i[j] = top_i[j - 1]
-        j -= 1
-    top_v[j] = x
-    top_i[j] = i
-
-
-@njit(cache=True)
-def _insert_top_branchless(top_v, top_i, x, i):
-    """``insert_top`` without branches: each slot keeps its entry, takes its upper neighbour's, or takes x."""
+def _insert_top(top_v, top_i, x, i):
+    """Insert x (index i) into the descending top-K buffer without branches: each slot keeps its entry, takes its
+    upper neighbour's, or takes x; ties keep the earlier index first."""
     for j in range(top_v.size - 1, 0, -1):
         keep = top_v[j] >= x
         shift = top_v[j - 1] < x
@@ -185,4 +174,4 @@ def top_k(row, bits, threshold, first, end, top_v, top_i):
         top_i[k] = -1
     for i in range(first, end):
         if bits[i] >= threshold:
-            _insert_top_branchless(top_v, top_i, np.float64(row[i]), i)
+            _insert_top(top_v, top_i, np.float64(row[i]), i)
