@@ -231,10 +231,12 @@ def mha_local_jacobian_upper_bound(
 
     # W_O applied per head before norms are taken: value part of all heads together, and per head the better
     # of the θ form and the key-sum form of the sensitivity part (attention_terms).
-    out_factor = T.output_factor(_per_sequence(Wo, batch, 2), n_head)
-    theta_form = sensitivity_rate * T.output_spread(fwd, out_factor, f64["v"], allowed)
-    key_sum_form = T.key_sum_sensitivity(fwd, out_factor, gain_q, query_norms, rotations) / tau
-    head_value, joint_value = T.value_path_norms(_per_sequence(Wv, batch, 3), _per_sequence(Wo, batch, 2), out_factor)
+    Wo_batched = _per_sequence(Wo, batch, 2)
+    out_factor = T.output_factor(Wo_batched, n_head)
+    outputs, distances = T.projected_values(fwd, out_factor)
+    theta_form = sensitivity_rate * T.output_spread(outputs, distances, out_factor, f64["v"], allowed)
+    key_sum_form = T.key_sum_sensitivity(fwd, distances, out_factor, gain_q, query_norms, rotations) / tau
+    head_value, joint_value = T.value_path_norms(_per_sequence(Wv, batch, 3), Wo_batched, out_factor)
     value_part = T.joint_value_path(fwd.probabilities, head_value, joint_value)
     projected = value_part + torch.minimum(theta_form, key_sum_form).sum(dim=-2)
     # Both forms can be attained exactly (one-hot rows), so the float64 evaluation is rounded outward.

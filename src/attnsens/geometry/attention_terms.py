@@ -107,27 +107,33 @@ def score_spread(
     return torch.cat(parts, dim=2)
 
 
-def output_spread(fwd: AttentionForward, out_factor: Tensor, b_v: Tensor | None, allowed: Tensor) -> Tensor:
-    """min_c max_{m∈K(i)} ‖W_O^(h)(v_m − c)‖ over c ∈ {y_i, b_V}: ``[b, h, query]``."""
+def projected_values(fwd: AttentionForward, out_factor: Tensor) -> tuple[Tensor, Tensor]:
+    """(R_O v_m ``[b, h, key, d]``, ‖W_O^(h)(v_m − y_i)‖ ``[b, h, query, key]``): each head's values and their
+    distances to its outputs seen through W_O^(h), shared by both forms of the sensitivity part."""
     outputs = torch.einsum("bhde,bhke->bhkd", out_factor, fwd.values)
     centres = torch.einsum("bhde,bhqe->bhqd", out_factor, fwd.head_outputs)
-    spread = masked_max_distance(outputs, centres, allowed)
-    bias_centre = torch.zeros_like(centres)
+    return outputs, torch.cdist(centres, outputs, compute_mode="donot_use_mm_for_euclid_dist")
+
+
+def output_spread(
+    outputs: Tensor, distances: Tensor, out_factor: Tensor, b_v: Tensor | None, allowed: Tensor
+) -> Tensor:
+    """min_c max_{m∈K(i)} ‖W_O^(h)(v_m − c)‖ over c ∈ {y_i, b_V}, from ``projected_values``: ``[b, h, query]``."""
+    spread = distances.masked_fill(~allowed, 0.0).amax(dim=-1)
+    bias_centre = outputs.new_zeros(*outputs.shape[:2], distances.shape[2], outputs.shape[-1])
     if b_v is not None:
         bias = expand_kv_heads(b_v, out_factor.shape[1], -2).expand(out_factor.shape[0], -1, -1)
-        bias_centre = torch.einsum("bhde,bhe->bhd", out_factor, bias)[..., None, :].expand_as(centres)
+        bias_centre = torch.einsum("bhde,bhe->bhd", out_factor, bias)[..., None, :].expand_as(bias_centre)
     return torch.minimum(spread, masked_max_distance(outputs, bias_centre, allowed))
 
 
 def key_sum_sensitivity(
-    fwd: AttentionForward, out_factor: Tensor, gain_q: Tensor, query_norms: Tensor, rotations: Tensor | None
-) -> Tensor:
+    fwd: AttentionForward, distances: Tensor, out_factor: Tensor, gain_q: Tensor, query_norms: Tensor,
+    rotations: Tensor | None,
+) -> Tensor:  # fmt: skip
     """τ × the key-sum bound of the sensitivity part (module docstring): Σ_m p_im ‖W_O^(h)(v_m − y_i)‖ a_im +
-    ‖W_O^(h) C_i R_i W_Q‖. ``[b, h, query]``."""
+    ‖W_O^(h) C_i R_i W_Q‖, with ``distances`` from ``projected_values``. ``[b, h, query]``."""
     P = fwd.probabilities
-    outputs = torch.einsum("bhde,bhke->bhkd", out_factor, fwd.values)
-    centres = torch.einsum("bhde,bhqe->bhqd", out_factor, fwd.head_outputs)
-    distances = torch.cdist(centres, outputs, compute_mode="donot_use_mm_for_euclid_dist")
     key_term = (P * query_norms * distances).sum(dim=-1)
     # C_i = Σ_m p_im (v_m − μ_v)(k̃_m − μ_k)ᵀ − (y_i − μ_v)(k̄_i − μ_k)ᵀ, centred on the key means μ for accuracy
     values = fwd.values - fwd.values.mean(dim=-2, keepdim=True)

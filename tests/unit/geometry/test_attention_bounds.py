@@ -202,7 +202,8 @@ def test_key_sum_form_is_never_looser_than_the_theta_form_on_two_key_rows() -> N
         T.score_spread(fwd, key_centre, gain_q, query_norms, allowed, None),
     )
     theta = 4 * fwd.probabilities[..., 0] * fwd.probabilities[..., 1]  # θ of a two-atom row
-    theta_form = theta / tau * spread * T.output_spread(fwd, out_factor, inst["bv"], allowed)
-    key_sum_form = T.key_sum_sensitivity(fwd, out_factor, gain_q, query_norms, None) / tau
+    outputs, distances = T.projected_values(fwd, out_factor)
+    theta_form = theta / tau * spread * T.output_spread(outputs, distances, out_factor, inst["bv"], allowed)
+    key_sum_form = T.key_sum_sensitivity(fwd, distances, out_factor, gain_q, query_norms, None) / tau
     assert bool((key_sum_form <= theta_form * (1 + 1e-9) + 1e-300).all())
     assert float((key_sum_form < 0.9 * theta_form).to(F64).mean()) > 0.1, "the key-sum form should often win"
