@@ -29,7 +29,7 @@ from attnsens.theta._numba_partition import (
     meet_in_the_middle,
     support_values,
 )
-from attnsens.theta._numba_refine import proves_perfect, refine_row, relaxation
+from attnsens.theta._numba_refine import proves_perfect, refine_row, relaxation, relaxation_scratch
 from attnsens.theta._numba_scan import scan_row, top_k
 from attnsens.theta.methods import RowStatus, ThetaMethod
 
@@ -163,7 +163,7 @@ def _certify_block(
     top_v = np.empty((ROW_BLOCK, K_SMALL))
     top_i = np.empty((ROW_BLOCK, K_SMALL), np.int64)
     skip = np.empty((ROW_BLOCK, K_SMALL), np.int64)
-    sums = np.empty(1 << K_SMALL)
+    scratch = relaxation_scratch(K_SMALL)
     ns = np.zeros(ROW_BLOCK, np.int64)
     ends = np.zeros(ROW_BLOCK, np.int64)
     qs = np.zeros(ROW_BLOCK)
@@ -211,7 +211,7 @@ def _certify_block(
         top_k(x[r], bits[r], threshold, first, end, top_v[j], top_i[j])
         k_small = min(K_SMALL, n)
         tv = top_v[j, :k_small]
-        dl, d_end, g = relaxation(tv, s - tv.sum(), t, sums)
+        dl, d_end, g = relaxation(tv, s - tv.sum(), t, scratch)
         if dl > e:
             d_found[r] = dl
             d_lb[r] = dl

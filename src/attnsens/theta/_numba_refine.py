@@ -20,6 +20,8 @@ from attnsens.theta.methods import ThetaMethod
 
 K_LARGE = 14
 N_TARGETS = 16
+_INF_BITS = 0x7FF0000000000000
+"""+inf as int64 bits: non-negative float64 values compare like these integers."""
 
 _PERFECT = int(ThetaMethod.PERFECT_PARTITION)
 _FF_SIXTEEN = int(ThetaMethod.FIRST_FIT_SIXTEEN_TARGETS)
@@ -46,48 +48,59 @@ def _subset_sums_unsorted(top_v, sums):
             sums[step + j] = sums[j] + top_v[k]
 
 
-@njit(cache=True, inline="always")
-def _relaxation_step(a, j, t, rest, half_rest, state):
-    """One subset sum a = p(T_j) folded into (d_lb, d_end, score, target, j_target); branch-free."""
-    d_lb, d_end, best_score, target, best_j = state
-    lo = a - t
-    hi = t - (a + rest)
-    d_end = min(d_end, min(abs(lo), abs(hi)))
-    d_lb = min(d_lb, lo if lo > 0.0 else (hi if hi > 0.0 else 0.0))
-    score = abs((t - a) - half_rest) if (lo <= 0.0 and hi <= 0.0) else np.inf
-    better = score < best_score
-    return (d_lb, d_end, score if better else best_score, (t - a) if better else target, j if better else best_j)
+@njit(cache=True)
+def relaxation_scratch(k):
+    """Work space of ``relaxation`` for K atoms (float64 [5, 2^K]; allocate once per block of rows)."""
+    return np.empty((5, 1 << k))
 
 
 @njit(cache=True)
-def relaxation(top_v, rest, t, sums):
+def _relaxation_terms(sums, t, rest, half_rest, end_d, lb_d, score):
+    """Per subset sum a = p(T): the endpoint distance, the relaxation distance and the target score (all ≥ 0)."""
+    for j in range(sums.size):
+        a = sums[j]
+        lo = a - t
+        hi = t - (a + rest)
+        end_d[j] = min(abs(lo), abs(hi))
+        lb_d[j] = lo if lo > 0.0 else (hi if hi > 0.0 else 0.0)
+        score[j] = abs((t - a) - half_rest) if (lo <= 0.0) & (hi <= 0.0) else np.inf
+
+
+@njit(cache=True)
+def _smallest(bits):
+    """min of int64 ``bits``: on non-negative float64 values integer order is value order (vectorises)."""
+    m = bits[0]
+    for j in range(1, bits.size):
+        m = min(m, bits[j])
+    return m
+
+
+@njit(cache=True)
+def relaxation(top_v, rest, t, scratch):
     """Top-K relaxation (THETA_ALGORITHMS.md §1 "K-atom regime").
 
     Returns (d_lb, d_endpoint, target): d_lb = min_T dist(t, [p(T), p(T) + rest]) ≤ d* (= d* when > 0);
     d_endpoint = the best of the subsets T and T ∪ tail; target = t − p(T) ∈ [0, rest] closest to rest/2 (the
-    first such T in bitmask order). Four interleaved accumulators break the min chains; min is exact, so the
-    order changes nothing.
+    first such T in bitmask order), −1 when there is none. ``scratch`` comes from ``relaxation_scratch(K)``.
+    The per-subset terms are written out and reduced as integers (their float64 values are ≥ 0), so both loops
+    vectorise; min is exact, so the order of the reduction changes nothing.
     """
-    _subset_sums_unsorted(top_v, sums)
-    half_rest = 0.5 * rest
-    start = (np.inf, np.inf, np.inf, -1.0, -1)
-    s0 = s1 = s2 = s3 = start
     count = 1 << top_v.size
-    quad_end = count - count % 4
-    for j in range(0, quad_end, 4):
-        s0 = _relaxation_step(sums[j], j, t, rest, half_rest, s0)
-        s1 = _relaxation_step(sums[j + 1], j + 1, t, rest, half_rest, s1)
-        s2 = _relaxation_step(sums[j + 2], j + 2, t, rest, half_rest, s2)
-        s3 = _relaxation_step(sums[j + 3], j + 3, t, rest, half_rest, s3)
-    for j in range(quad_end, count):
-        s0 = _relaxation_step(sums[j], j, t, rest, half_rest, s0)
-    best = s0
-    for lane in (s1, s2, s3):
-        if lane[2] < best[2] or (lane[2] == best[2] and lane[4] < best[4]):
-            best = lane
-    d_lb = min(min(s0[0], s1[0]), min(s2[0], s3[0]))
-    d_end = min(min(s0[1], s1[1]), min(s2[1], s3[1]))
-    return d_lb, d_end, best[3]
+    sums = scratch[0, :count]
+    _subset_sums_unsorted(top_v, sums)
+    _relaxation_terms(sums, t, rest, 0.5 * rest, scratch[1, :count], scratch[2, :count], scratch[3, :count])
+    bits = scratch.view(np.int64)
+    result = bits[4]
+    result[0] = _smallest(bits[1, :count])
+    result[1] = _smallest(bits[2, :count])
+    best_score = _smallest(bits[3, :count])
+    target = -1.0
+    if best_score < _INF_BITS:  # some T has t − p(T) ∈ [0, rest]
+        for j in range(count):
+            if bits[3, j] == best_score:
+                target = t - sums[j]
+                break
+    return scratch[4, 1], scratch[4, 0], target
 
 
 @njit(cache=True)
@@ -170,7 +183,7 @@ def refine_row(row, bits, n, s, q, e, end, stop_d, ckk_budget, ckk_max_support, 
     k_large = min(K_LARGE, n)
     top14_v = np.empty(k_large)
     top_k(row, bits, 1, 0, end, top14_v, np.empty(k_large, np.int64))  # every positive entry is a candidate
-    d_lb14, d_end14, _ = relaxation(top14_v, s - top14_v.sum(), t, np.empty(1 << k_large))
+    d_lb14, d_end14, _ = relaxation(top14_v, s - top14_v.sum(), t, relaxation_scratch(k_large))
     d_found = min(d_found, d_end14)
     if d_lb14 > e:
         return d_lb14, d_lb14, _K_ATOM_14
