@@ -38,6 +38,7 @@ K_SMALL = 8
 ROW_BLOCK = 8
 MITM_CHEAP_SUPPORT = 24
 PERFECT_PROBE_NODES = 2000
+FREEZE_EVERY = 32
 
 _OK = int(RowStatus.OK)
 _BAD_SUM = int(RowStatus.BAD_SUM)
@@ -81,14 +82,32 @@ def _next_skip(index, stop):
     return stop if index < 0 else index
 
 
+@njit(cache=True, inline="always")
+def _fill_distance(g, c, e):
+    """d of a first-fit's state: the filled subset (gap g − c) or it plus the smallest key that overshot."""
+    gap = g - c
+    return min(gap, e - gap)
+
+
+@njit(cache=True, inline="always")
+def _freeze(frozen, d, stop_d):
+    """A lane's result: fixed at the first check where d ≤ ``stop_d`` (∞ until then)."""
+    return d if frozen == np.inf and d <= stop_d else frozen
+
+
 @njit(cache=True)
-def _first_fit_quad(x, rows, skip, targets, stop, out):
+def _first_fit_quad(x, rows, skip, targets, stop, stop_d, out):
     """One-target first-fit of four rows at once, state in registers, no data-dependent branches per key.
 
     A single first-fit is a chain of dependent add/compare steps (latency-bound); four independent chains
     overlap in the pipeline (THETA_ALGORITHMS.md §6 "TUNED"). ``skip[a]`` lists the row's top-K indices in
     ascending order followed by −1; those keys read as 0, which always fits and changes nothing. The keys run in
     segments between consecutive skipped indices of any of the four rows, so the inner loop carries no checks.
+
+    Every ``FREEZE_EVERY`` keys each lane checks its distance d = min(gap, overshoot): the first d ≤ ``stop_d``
+    is that row's result (the subset filled so far, or it plus the smallest key that overshot), and the walk
+    ends once all four rows have one. Rows that never get there run to ``stop``. A row's result depends on its
+    own keys only, never on the rows it is grouped with.
     """
     row0 = x[rows[0]]
     row1 = x[rows[1]]
@@ -99,22 +118,35 @@ def _first_fit_quad(x, rows, skip, targets, stop, out):
     g2 = targets[2]
     g3 = targets[3]
     state = (0.0, 0.0, 0.0, 0.0, np.inf, np.inf, np.inf, np.inf)
+    f0 = f1 = f2 = f3 = np.inf
     k0 = 0
     k1 = 0
     k2 = 0
     k3 = 0
     i = 0
+    check = FREEZE_EVERY
     while i < stop:
         s0 = _next_skip(skip[0, k0], stop)
         s1 = _next_skip(skip[1, k1], stop)
         s2 = _next_skip(skip[2, k2], stop)
         s3 = _next_skip(skip[3, k3], stop)
-        segment_end = min(min(s0, s1), min(s2, s3))
+        segment_end = min(min(min(s0, s1), min(s2, s3)), check)
         for j in range(i, segment_end):
             state = _fit_step(np.float64(row0[j]), np.float64(row1[j]), np.float64(row2[j]), np.float64(row3[j]),
                               g0, g1, g2, g3, state)  # fmt: skip
         if segment_end >= stop:
             break
+        i = segment_end
+        if segment_end == check:
+            c0, c1, c2, c3, e0, e1, e2, e3 = state
+            f0 = _freeze(f0, _fill_distance(g0, c0, e0), stop_d)
+            f1 = _freeze(f1, _fill_distance(g1, c1, e1), stop_d)
+            f2 = _freeze(f2, _fill_distance(g2, c2, e2), stop_d)
+            f3 = _freeze(f3, _fill_distance(g3, c3, e3), stop_d)
+            if max(max(f0, f1), max(f2, f3)) < np.inf:
+                break
+            check += FREEZE_EVERY
+            continue
         j = segment_end
         v0 = 0.0 if s0 == j else np.float64(row0[j])
         v1 = 0.0 if s1 == j else np.float64(row1[j])
@@ -127,14 +159,14 @@ def _first_fit_quad(x, rows, skip, targets, stop, out):
         state = _fit_step(v0, v1, v2, v3, g0, g1, g2, g3, state)
         i = j + 1
     c0, c1, c2, c3, e0, e1, e2, e3 = state
-    out[0] = min(g0 - c0, e0 - (g0 - c0))
-    out[1] = min(g1 - c1, e1 - (g1 - c1))
-    out[2] = min(g2 - c2, e2 - (g2 - c2))
-    out[3] = min(g3 - c3, e3 - (g3 - c3))
+    out[0] = f0 if f0 < np.inf else _fill_distance(g0, c0, e0)
+    out[1] = f1 if f1 < np.inf else _fill_distance(g1, c1, e1)
+    out[2] = f2 if f2 < np.inf else _fill_distance(g2, c2, e2)
+    out[3] = f3 if f3 < np.inf else _fill_distance(g3, c3, e3)
 
 
 @njit(cache=True)
-def _interleaved_first_fit(x, r0, pending, n_pending, skip, targets, ends, out_d):
+def _interleaved_first_fit(x, r0, pending, n_pending, skip, targets, ends, stop_d, out_d):
     """One-target first-fit of the block's pending rows, four at a time (short groups repeat a row)."""
     rows = np.empty(4, np.int64)
     quad_skip = np.empty((4, K_SMALL + 1), np.int64)
@@ -149,7 +181,7 @@ def _interleaved_first_fit(x, r0, pending, n_pending, skip, targets, ends, out_d
             quad_skip[a, K_SMALL] = -1
             quad_targets[a] = targets[j]
             stop = max(stop, ends[j])
-        _first_fit_quad(x, rows, quad_skip, quad_targets, stop, quad_out)
+        _first_fit_quad(x, rows, quad_skip, quad_targets, stop, stop_d, quad_out)
         for a in range(min(4, n_pending - start)):
             out_d[start + a] = quad_out[a]
 
@@ -226,7 +258,7 @@ def _certify_block(
         n_pending += 1
 
     ff_d = np.empty(n_pending)
-    _interleaved_first_fit(x, r0, pending, n_pending, skip, targets, ends, ff_d)
+    _interleaved_first_fit(x, r0, pending, n_pending, skip, targets, ends, stop_d, ff_d)
 
     for a in range(n_pending):
         j = pending[a]

@@ -79,3 +79,24 @@ def test_dominant_atom_is_exact(row: torch.Tensor, m: float, backend: str) -> No
     if 2 * max(values) - s > 4 * error_radius(p):
         assert bool(cert.exact)
         assert int(cert.method) in (ThetaMethod.DOMINANT_ATOM, ThetaMethod.MEET_IN_THE_MIDDLE)
+
+
+def test_long_rows_do_not_depend_on_their_neighbours() -> None:
+    """First-fit walks four rows at once and stops early once all four are refined: every row's certificate must
+    still be its own — equal alone, in a batch, and in a shuffled batch (different groups of four)."""
+    gen = torch.Generator().manual_seed(7)
+    n_rows, n_keys = 96, 512
+    sigma = torch.tensor([0.5, 1.0, 2.0, 4.0]).repeat(n_rows // 4).unsqueeze(-1)
+    scores = torch.randn(n_rows, n_keys, generator=gen) * sigma
+    lengths = torch.randint(40, n_keys + 1, (n_rows,), generator=gen)
+    scores = scores.masked_fill(torch.arange(n_keys) >= lengths.unsqueeze(-1), -torch.inf)
+    batch = torch.softmax(scores, -1)
+    cert = certify(batch)
+    assert (cert.method == ThetaMethod.FIRST_FIT_ONE_TARGET).sum() > n_rows // 4  # the stage under test runs
+    order = torch.randperm(n_rows, generator=gen)
+    shuffled = certify(batch[order])
+    singles = [certify(row) for row in batch]
+    for name in ("lower", "upper", "method"):
+        mine = getattr(cert, name)
+        assert torch.equal(getattr(shuffled, name), mine[order])
+        assert torch.equal(torch.stack([getattr(single, name) for single in singles]), mine)
