@@ -29,7 +29,7 @@ from attnsens.theta._numba_partition import (
     meet_in_the_middle,
     support_values,
 )
-from attnsens.theta._numba_refine import proves_perfect, refine_row, relaxation, relaxation_scratch
+from attnsens.theta._numba_refine import FREEZE_EVERY, proves_perfect, refine_row, relaxation, relaxation_scratch
 from attnsens.theta._numba_scan import scan_row, top_k
 from attnsens.theta.methods import RowStatus, ThetaMethod
 
@@ -38,7 +38,6 @@ K_SMALL = 8
 ROW_BLOCK = 8
 MITM_CHEAP_SUPPORT = 24
 PERFECT_PROBE_NODES = 2000
-FREEZE_EVERY = 32
 
 _OK = int(RowStatus.OK)
 _BAD_SUM = int(RowStatus.BAD_SUM)

@@ -20,6 +20,8 @@ from attnsens.theta.methods import ThetaMethod
 
 K_LARGE = 14
 N_TARGETS = 16
+FREEZE_EVERY = 32
+"""First-fits check every this many keys whether their best distance is ≤ the stop distance, and stop if so."""
 _INF_BITS = 0x7FF0000000000000
 """+inf as int64 bits: non-negative float64 values compare like these integers."""
 
@@ -104,42 +106,65 @@ def relaxation(top_v, rest, t, scratch):
 
 
 @njit(cache=True)
-def _best_targets(top_v, rest, t, sums, out_g):
-    """Fill ``out_g`` with the (up to) len(out_g) targets t − p(T) ∈ [0, rest] closest to rest/2; return count."""
+def _best_targets(top_v, rest, t, scratch, out_g):
+    """Fill ``out_g`` with the (up to) m = len(out_g) targets t − p(T) ∈ [0, rest] closest to rest/2; return how
+    many. Ties go to the first T in bitmask order. ``scratch`` comes from ``relaxation_scratch(K)``.
+
+    The scores are the relaxation's (vectorised, compared as int64 bits). Cut the list of admissible T into m
+    runs: the largest of the runs' minima has at least m scores at or below it, so only those few are ranked.
+    """
+    count = 1 << top_v.size
+    sums = scratch[0, :count]
     _subset_sums_unsorted(top_v, sums)
+    _relaxation_terms(sums, t, rest, 0.5 * rest, scratch[1, :count], scratch[2, :count], scratch[3, :count])
+    score = scratch.view(np.int64)[3, :count]
+    admissible = scratch.view(np.int64)[4, :count]
+    n_admissible = 0
+    for j in range(count):  # branch-free compaction
+        admissible[n_admissible] = j
+        n_admissible += score[j] < _INF_BITS
     m = out_g.size
-    score = np.full(m, np.inf)
-    count = 0
-    half_rest = 0.5 * rest
-    for j in range(1 << top_v.size):
-        a = sums[j]
-        if a <= t and t <= a + rest:
-            g = t - a
-            sc = abs(g - half_rest)
-            if count < m or sc < score[m - 1]:
-                k = min(count, m - 1)
-                while k > 0 and score[k - 1] > sc:
-                    score[k] = score[k - 1]
-                    out_g[k] = out_g[k - 1]
-                    k -= 1
-                score[k] = sc
-                out_g[k] = g
-                count = min(count + 1, m)
-    return count
+    threshold = _INF_BITS
+    if n_admissible > m:
+        width = n_admissible // m
+        threshold = 0
+        for c in range(m):
+            low = _INF_BITS
+            for i in range(c * width, n_admissible if c == m - 1 else (c + 1) * width):
+                low = min(low, score[admissible[i]])
+            threshold = max(threshold, low)
+    best = np.empty(m, np.int64)
+    n_best = 0
+    for i in range(n_admissible):
+        j = admissible[i]
+        sc = score[j]
+        if sc <= threshold and (n_best < m or sc < best[m - 1]):
+            k = min(n_best, m - 1)
+            while k > 0 and best[k - 1] > sc:
+                best[k] = best[k - 1]
+                out_g[k] = out_g[k - 1]
+                k -= 1
+            best[k] = sc
+            out_g[k] = t - sums[j]
+            n_best = min(n_best + 1, m)
+    return n_best
 
 
 @njit(cache=True)
-def _first_fit_targets(row, end, skip_sorted, targets, count):
+def _first_fit_targets(row, end, skip_sorted, targets, count, stop_d):
     """First-fit of the tail (original order, ``skip_sorted`` indices left out) into each target capacity.
 
     Returns the best d over targets: min(gap, e_min − gap) with gap = g − (filled mass) and e_min the smallest
-    element that did not fit (its addition overshoots by e_min − gap).
+    element that did not fit (its addition overshoots by e_min − gap); the first such best ≤ ``stop_d`` at a
+    check every ``FREEZE_EVERY`` keys ends the walk.
     """
     fill = np.zeros(count)
     e_min = np.full(count, np.inf)
     sp = 0
     n_skip = skip_sorted.size
     for i in range(end):
+        if i > 0 and i % FREEZE_EVERY == 0 and _best_fill(targets, fill, e_min, count) <= stop_d:
+            break
         if sp < n_skip and i == skip_sorted[sp]:
             sp += 1
             continue
@@ -149,6 +174,11 @@ def _first_fit_targets(row, end, skip_sorted, targets, count):
             fits = c <= targets[m]
             e_min[m] = e_min[m] if fits else min(e_min[m], x)
             fill[m] = c if fits else fill[m]
+    return _best_fill(targets, fill, e_min, count)
+
+
+@njit(cache=True)
+def _best_fill(targets, fill, e_min, count):
     best = np.inf
     for m in range(count):
         gap = targets[m] - fill[m]
@@ -166,9 +196,9 @@ def refine_row(row, bits, n, s, q, e, end, stop_d, ckk_budget, ckk_max_support, 
     t = 0.5 * s
     rest = s - top_v.sum()
     targets = np.empty(N_TARGETS)
-    count = _best_targets(top_v, rest, t, np.empty(1 << top_v.size), targets)
+    count = _best_targets(top_v, rest, t, relaxation_scratch(top_v.size), targets)
     if count > 0:
-        d_found = min(d_found, _first_fit_targets(row, end, np.sort(top_i), targets, count))
+        d_found = min(d_found, _first_fit_targets(row, end, np.sort(top_i), targets, count, stop_d))
     if proves_perfect(d_found, q, e):
         return d_found, d_found, _PERFECT
     if d_found <= stop_d:
