@@ -218,7 +218,21 @@ def _certify_block(
         ns[j] = n
         ends[j] = end
         qs[j] = q
-        if n <= mitm_max:
+        if pmax - t > e:
+            d_found[r] = pmax - t
+            d_lb[r] = pmax - t
+            method[r] = _DOMINANT
+            continue
+        top_k(x[r], bits[r], threshold, first, end, top_v[j], top_i[j])
+        k_small = min(K_SMALL, n)
+        tv = top_v[j, :k_small]
+        dl, d_end, g = relaxation(tv, s - tv.sum(), t, scratch)
+        if dl > e:
+            d_found[r] = dl
+            d_lb[r] = dl
+            method[r] = _K_ATOM
+            continue
+        if n <= mitm_max:  # proved optimal: the cheap proofs above come first
             if n > MITM_CHEAP_SUPPORT and e == 0.0:
                 # Exact sums: a short CKK search often meets the perfect-partition rule long before the
                 # 2^(n/2) meet-in-the-middle would finish.
@@ -233,20 +247,6 @@ def _certify_block(
             d_found[r] = d
             d_lb[r] = d
             method[r] = _MITM
-            continue
-        if pmax - t > e:
-            d_found[r] = pmax - t
-            d_lb[r] = pmax - t
-            method[r] = _DOMINANT
-            continue
-        top_k(x[r], bits[r], threshold, first, end, top_v[j], top_i[j])
-        k_small = min(K_SMALL, n)
-        tv = top_v[j, :k_small]
-        dl, d_end, g = relaxation(tv, s - tv.sum(), t, scratch)
-        if dl > e:
-            d_found[r] = dl
-            d_lb[r] = dl
-            method[r] = _K_ATOM
             continue
         d_found[r] = d_end
         d_lb[r] = dl

@@ -28,15 +28,13 @@ def _sorted_subset_sums(vals):
         i = 0
         j = 0
         k = 0
-        while i < size and j < size:
+        while i < size and j < size:  # branch-free: which list advances is data, not control flow
             a = out[i]
             b = out[j] + v
-            if a <= b:
-                tmp[k] = a
-                i += 1
-            else:
-                tmp[k] = b
-                j += 1
+            take_a = a <= b
+            tmp[k] = a if take_a else b
+            i += take_a
+            j += not take_a
             k += 1
         while i < size:
             tmp[k] = out[i]
@@ -78,14 +76,12 @@ def meet_in_the_middle(row, n, t):
     best = np.inf
     while i < a.size and j >= 0:
         v = (a[i] + b[j]) - t
-        if v < 0.0:
-            best = min(best, -v)
-            i += 1
-        else:
-            best = min(best, v)
-            if v == 0.0:
-                break
-            j -= 1
+        if v == 0.0:
+            return 0.0
+        below = v < 0.0
+        best = min(best, abs(v))
+        i += below
+        j -= not below
     return best
 
 
