@@ -186,6 +186,18 @@ def _interleaved_first_fit(x, r0, pending, n_pending, skip, targets, ends, stop_
 
 
 @njit(cache=True)
+def _sort_into(values, out):
+    """out[:len(values)] = values in ascending order (insertion sort of at most K entries; no allocation)."""
+    for a in range(values.size):
+        v = values[a]
+        k = a
+        while k > 0 and out[k - 1] > v:
+            out[k] = out[k - 1]
+            k -= 1
+        out[k] = v
+
+
+@njit(cache=True)
 def _certify_block(
     x, bits, no_positive, r0, r1, exact_quantum, stop_d, mitm_max, ckk_budget, ckk_max_support, check_sum, tolerance,
     row_sum, p_max, d_found, d_lb, err, method, status,
@@ -251,7 +263,7 @@ def _certify_block(
         d_found[r] = d_end
         d_lb[r] = dl
         targets[j] = g
-        skip[j, :k_small] = np.sort(top_i[j, :k_small])
+        _sort_into(top_i[j, :k_small], skip[j])
         skip[j, k_small:] = -1  # the first-fit walks the sorted indices up to the first −1
         pending[n_pending] = j
         n_pending += 1
