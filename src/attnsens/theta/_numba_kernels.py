@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, parallel_chunksize, prange
 
 from attnsens.theta._numba_partition import (
     CKK_EXHAUSTED,
@@ -36,6 +36,10 @@ from attnsens.theta.methods import RowStatus, ThetaMethod
 UNIT_ROUNDOFF = 2.0**-53
 K_SMALL = 8
 ROW_BLOCK = 8
+CHUNK_BLOCKS = 16
+"""Threads take blocks of rows CHUNK_BLOCKS at a time as they finish (dynamic schedule): rows cost very different
+amounts (a causal head's short and long rows, the rare rows that need the late stages), and a core slowed by
+other work would otherwise hold up the whole call."""
 MITM_CHEAP_SUPPORT = 24
 PERFECT_PROBE_NODES = 2000
 
@@ -302,7 +306,8 @@ def certify_rows(
     x, bits, no_positive, exact_quantum, stop_d, mitm_max, ckk_budget, ckk_max_support, check_sum, tolerance,
     row_sum, p_max, d_found, d_lb, err, method, status,
 ):  # fmt: skip
-    """Run the cascade on every row of ``x`` [row, key] (float32 or float64, C-contiguous), in parallel.
+    """Run the cascade on every row of ``x`` [row, key] (float32 or float64, C-contiguous), in parallel (call it
+    through ``certify_rows_balanced``).
 
     Args:
         bits, no_positive: ``x`` viewed as signed integers of its width (int32 / int64), and that type's largest
@@ -326,6 +331,12 @@ def certify_rows(
             x, bits, no_positive, r0, r1, exact_quantum, stop_d, mitm_max, ckk_budget, ckk_max_support, check_sum,
             tolerance, row_sum, p_max, d_found, d_lb, err, method, status,
         )  # fmt: skip
+
+
+def certify_rows_balanced(*args):
+    """``certify_rows`` (same arguments) with threads taking ``CHUNK_BLOCKS`` blocks of rows at a time."""
+    with parallel_chunksize(CHUNK_BLOCKS):
+        certify_rows(*args)
 
 
 @njit(cache=True)

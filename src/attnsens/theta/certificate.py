@@ -260,7 +260,7 @@ def _certify_rows_numba(
     out = {name: torch.zeros(n_rows, dtype=torch.float64) for name in ("row_sum", "p_max", "d_found", "d_lb", "err")}
     out["method"] = torch.zeros(n_rows, dtype=torch.int8)
     out["status"] = torch.zeros(n_rows, dtype=torch.int8)
-    kernel = kernels.certify_rows if x.size >= PARALLEL_MIN_ELEMENTS else kernels.certify_rows_serial
+    kernel = kernels.certify_rows_balanced if x.size >= PARALLEL_MIN_ELEMENTS else kernels.certify_rows_serial
     with keep_torch_threads():
         kernel(
             x, x.view(signed), signed.type(np.iinfo(signed).max), x.dtype.itemsize == 8, stop_distance,
