@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attnsens.theta import ThetaMethod, certify
+from attnsens.theta.certificate import PARALLEL_MIN_ELEMENTS
 from tests.unit.theta.rows import error_radius
 
 BACKENDS = ("numba", "torch")
@@ -82,15 +83,17 @@ def test_dominant_atom_is_exact(row: torch.Tensor, m: float, backend: str) -> No
 
 
 def test_long_rows_do_not_depend_on_their_neighbours() -> None:
-    """First-fit walks four rows at once and stops early once all four are refined: every row's certificate must
-    still be its own — equal alone, in a batch, and in a shuffled batch (different groups of four)."""
+    """First-fit walks four rows at once and stops early once all four are refined, and large batches run on the
+    thread pool: every row's certificate must still be its own — equal alone (one thread), in a batch and in a
+    shuffled batch (threads and groups of four differ)."""
     gen = torch.Generator().manual_seed(7)
-    n_rows, n_keys = 96, 512
+    n_rows, n_keys = 160, 512
     sigma = torch.tensor([0.5, 1.0, 2.0, 4.0]).repeat(n_rows // 4).unsqueeze(-1)
     scores = torch.randn(n_rows, n_keys, generator=gen) * sigma
     lengths = torch.randint(40, n_keys + 1, (n_rows,), generator=gen)
     scores = scores.masked_fill(torch.arange(n_keys) >= lengths.unsqueeze(-1), -torch.inf)
     batch = torch.softmax(scores, -1)
+    assert batch.numel() >= PARALLEL_MIN_ELEMENTS > n_keys
     cert = certify(batch)
     assert (cert.method == ThetaMethod.FIRST_FIT_ONE_TARGET).sum() > n_rows // 4  # the stage under test runs
     order = torch.randperm(n_rows, generator=gen)
