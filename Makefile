@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.attnsens-installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-slow lint bench clean
+.PHONY: setup demo test test-slow lint bench clean clean-cache
 
 setup: $(STAMP)
 
@@ -38,5 +38,9 @@ lint: setup
 bench: setup
 	$(PY) bench/theta.py
 
-clean:
+clean: clean-cache
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis demo-output
+
+# numba caches compiled kernels per defining file; a kernel that calls an edited module keeps its stale copy.
+clean-cache:
+	find src -name '*.nbi' -delete -o -name '*.nbc' -delete

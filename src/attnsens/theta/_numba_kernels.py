@@ -10,9 +10,15 @@ operands are bounded by s, so its absolute error is at most (1.5·n + 13)·u·s 
 We use E = (2n + 16)·u·ŝ·(1 + 2^-10). When every value is an integer multiple of a power-of-two quantum q and
 ŝ ≤ 2^52·q, every partial sum and difference is an exact float64, so E = 0.
 
-The per-row pass lives in ``_numba_scan``, the shared and late stages in ``_numba_refine``; this module holds
-the driver. Rows are processed in blocks of ``ROW_BLOCK``; the one-target first-fit, a chain of dependent add/compare
-steps, runs interleaved over the block's rows so that the chains overlap in the pipeline.
+Order of the cascade per row: scan (``_numba_scan``); dominant atom; top-8 relaxation; meet-in-the-middle for
+short rows; one-target first-fit; then in ``_numba_refine``: 16-target first-fit, Karmarkar–Karp, greedy split
+with best exchanges, top-14 relaxation, budgeted CKK. This module holds the driver. Rows are processed in blocks
+of ``ROW_BLOCK``; the one-target first-fit, a chain of dependent add/compare steps, runs interleaved over the
+block's rows so that the chains overlap in the pipeline.
+
+numba's on-disk cache (``cache=True``) checks only the file that defines each function: after editing
+``_numba_scan``, ``_numba_refine`` or ``_numba_partition``, ``make clean-cache`` (or touching this file) makes
+the driver recompile with the new stages.
 """
 
 from __future__ import annotations

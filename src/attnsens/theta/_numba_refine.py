@@ -14,12 +14,14 @@ from attnsens.theta._numba_partition import (
     complete_karmarkar_karp,
     karmarkar_karp,
     support_values,
+    swap_descent,
 )
 from attnsens.theta._numba_scan import top_k
 from attnsens.theta.methods import ThetaMethod
 
 K_LARGE = 14
 N_TARGETS = 16
+SWAP_ROUNDS = 8
 FREEZE_EVERY = 32
 """First-fits check every this many keys whether their best distance is ≤ the stop distance, and stop if so."""
 _INF_BITS = 0x7FF0000000000000
@@ -30,6 +32,7 @@ _FF_SIXTEEN = int(ThetaMethod.FIRST_FIT_SIXTEEN_TARGETS)
 _KK = int(ThetaMethod.KARMARKAR_KARP)
 _K_ATOM_14 = int(ThetaMethod.K_ATOM_RELAXATION_14)
 _TOP14_ENDPOINT = int(ThetaMethod.TOP14_ENDPOINT)
+_SWAP = int(ThetaMethod.SWAP_DESCENT)
 _CKK_PROVED = int(ThetaMethod.CKK_PROVED)
 _CKK_BUDGET = int(ThetaMethod.CKK_BUDGET)
 
@@ -188,8 +191,8 @@ def _best_fill(targets, fill, e_min, count):
 
 @njit(cache=True)
 def refine_row(row, bits, n, s, q, e, end, stop_d, ckk_budget, ckk_max_support, top_v, top_i, d_found, d_lb):
-    """Stages after the one-target first-fit: 16 targets, KK, top-14 relaxation, budgeted CKK. ``bits`` is the row
-    as signed integers (``scan_row``).
+    """Stages after the one-target first-fit: 16 targets, KK, greedy split with best exchanges, top-14 relaxation,
+    budgeted CKK. ``bits`` is the row as signed integers (``scan_row``).
 
     Returns (d_found, d_lb, method).
     """
@@ -210,6 +213,13 @@ def refine_row(row, bits, n, s, q, e, end, stop_d, ckk_budget, ckk_max_support, 
     if d_found <= stop_d:
         return d_found, d_lb, _KK
 
+    vals = np.sort(support_values(row, n))[::-1].copy()
+    d_found = min(d_found, swap_descent(vals, t, stop_d, SWAP_ROUNDS))
+    if proves_perfect(d_found, q, e):
+        return d_found, d_found, _PERFECT
+    if d_found <= stop_d:
+        return d_found, d_lb, _SWAP
+
     k_large = min(K_LARGE, n)
     top14_v = np.empty(k_large)
     top_k(row, bits, 1, 0, end, top14_v, np.empty(k_large, np.int64))  # every positive entry is a candidate
@@ -223,7 +233,6 @@ def refine_row(row, bits, n, s, q, e, end, stop_d, ckk_budget, ckk_max_support, 
 
     if n > ckk_max_support:
         return d_found, d_lb, _CKK_BUDGET
-    vals = np.sort(support_values(row, n))[::-1].copy()
     quantum_diff = q if e == 0.0 else -1.0
     best_diff, outcome = complete_karmarkar_karp(vals, 2.0 * stop_d, quantum_diff, ckk_budget)
     d_found = min(d_found, 0.5 * best_diff)

@@ -46,6 +46,10 @@ class ThetaMethod(IntEnum):
 
     TOP14_ENDPOINT = 13
     """the best endpoint subset (T or T ∪ tail) of the top-14 relaxation reached the threshold (not exact)."""
+    SWAP_DESCENT = 14
+    """a greedy split improved by best single exchanges (one value in, one out) reached the threshold; it is what
+    settles near-uniform rows (e.g. attention at initialisation), where first-fit and Karmarkar–Karp end about half
+    a key from s/2."""
 
     @property
     def is_exact(self) -> bool:
