@@ -86,36 +86,28 @@ def meet_in_the_middle(row, n, t):
 
 
 @njit(cache=True)
-def karmarkar_karp(row, n):
-    """Largest differencing: repeatedly replace the two largest by their difference; d = final / 2."""
-    heap = support_values(row, n)
-    size = n
-    for start in range(size // 2 - 1, -1, -1):
-        _sift_down(heap, start, size)
-    while size > 1:
-        a = heap[0]
-        heap[0] = heap[size - 1]
-        size -= 1
-        _sift_down(heap, 0, size)
-        heap[0] = a - heap[0]
-        _sift_down(heap, 0, size)
-    return 0.5 * heap[0]
+def karmarkar_karp(vals_desc):
+    """Largest differencing: repeatedly replace the two largest by their difference; d = final / 2.
 
-
-@njit(cache=True)
-def _sift_down(heap, i, size):
-    x = heap[i]
-    while True:
-        c = 2 * i + 1
-        if c >= size:
-            break
-        if c + 1 < size and heap[c + 1] > heap[c]:
-            c += 1
-        if heap[c] <= x:
-            break
-        heap[i] = heap[c]
-        i = c
-    heap[i] = x
+    The values stay sorted in a sliding window of a 2n buffer: the two largest leave from the front, and their
+    difference — usually small — is inserted from the back, so each step moves only the few values below it.
+    Every step subtracts the same two numbers a heap would, so the result is the same.
+    """
+    n = vals_desc.size
+    buf = np.empty(2 * n)
+    buf[:n] = vals_desc
+    start = 0
+    end = n
+    while end - start > 1:
+        d = buf[start] - buf[start + 1]
+        start += 2
+        k = end
+        while k > start and buf[k - 1] < d:
+            buf[k] = buf[k - 1]
+            k -= 1
+        buf[k] = d
+        end += 1
+    return 0.5 * buf[start]
 
 
 @njit(cache=True)

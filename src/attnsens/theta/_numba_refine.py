@@ -207,13 +207,13 @@ def refine_row(row, bits, n, s, q, e, end, stop_d, ckk_budget, ckk_max_support, 
     if d_found <= stop_d:
         return d_found, d_lb, _FF_SIXTEEN
 
-    d_found = min(d_found, karmarkar_karp(row, n))
+    vals = np.sort(support_values(row, n))[::-1].copy()  # descending, shared by KK, exchanges and CKK
+    d_found = min(d_found, karmarkar_karp(vals))
     if proves_perfect(d_found, q, e):
         return d_found, d_found, _PERFECT
     if d_found <= stop_d:
         return d_found, d_lb, _KK
 
-    vals = np.sort(support_values(row, n))[::-1].copy()
     d_found = min(d_found, swap_descent(vals, t, stop_d, SWAP_ROUNDS))
     if proves_perfect(d_found, q, e):
         return d_found, d_found, _PERFECT
