@@ -3,8 +3,9 @@
 Same mathematics and the same rounding model as ``_numba_kernels`` (its module docstring): exact
 meet-in-the-middle for small supports, dominant atom, top-8 relaxation (exact when d_lb > 0, else the upper
 bound), first-fit of the tail in original order into the 16 best top-8 targets (a loop over key columns,
-vectorised over rows), then greedy balancing in descending order (LPT). No Karmarkar–Karp and no CKK, so
-intervals can be wider than the numba path's, never unsound.
+vectorised over rows), then greedy balancing in descending order (LPT) refined by best single exchanges, and
+plain LPT for what is left. No Karmarkar–Karp and no CKK, so intervals can be wider than the numba path's,
+never unsound.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from attnsens.theta.methods import ThetaMethod
 UNIT_ROUNDOFF = 2.0**-53
 K_SMALL = 8
 N_TARGETS = 16
+SWAP_ROUNDS = 8
 MITM_CHUNK_ELEMENTS = 1 << 22
 
 
@@ -71,6 +73,7 @@ def certify_rows_torch(
 
     heuristics = (
         (ThetaMethod.FIRST_FIT_SIXTEEN_TARGETS, lambda i: _first_fit(x[i], top_i[i], sums[i], t[i], rest[i])),
+        (ThetaMethod.SWAP_DESCENT, lambda i: _greedy_with_exchanges(x[i], t[i], stop_distance)),
         (ThetaMethod.SORTED_GREEDY, lambda i: _sorted_greedy(x[i])),
     )
     for stage, (code, heuristic) in enumerate(heuristics):
@@ -177,3 +180,52 @@ def _sorted_greedy(x: torch.Tensor) -> torch.Tensor:
         side_a = torch.where(to_a, side_a + column, side_a)
         side_b = torch.where(to_a, side_b, side_b + column)
     return 0.5 * (side_a - side_b).abs()
+
+
+def _greedy_with_exchanges(x: torch.Tensor, t: torch.Tensor, stop_distance: float) -> torch.Tensor:
+    """LPT split, then up to ``SWAP_ROUNDS`` best single exchanges per row (``_numba_partition.swap_descent``).
+
+    Returns d = |p(S) − t| of the final subset of every row, p(S) one float64 sum of S's values. The best pair
+    (a ∈ S, b ∉ S) with b − a closest to the gap is found by searching each a + gap among the sorted values
+    outside S (entries not available on a side are parked at ±∞, so they never pair).
+    """
+    values = x.sort(-1, descending=True).values
+    in_s = torch.zeros_like(values, dtype=torch.bool)
+    side_a = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
+    side_b = torch.zeros_like(side_a)
+    for j, column in enumerate(values.unbind(-1)):
+        to_a = side_a <= side_b
+        in_s[:, j] = to_a
+        side_a = torch.where(to_a, side_a + column, side_a)
+        side_b = torch.where(to_a, side_b, side_b + column)
+    rows = torch.arange(x.shape[0], device=x.device)
+    d = torch.zeros_like(side_a)
+    for round_ in range(SWAP_ROUNDS + 1):
+        gap = t - torch.where(in_s, values, 0.0).sum(-1)
+        d = gap.abs()
+        open_rows = d > stop_distance
+        if round_ == SWAP_ROUNDS or not bool(open_rows.any()):
+            break
+        outside, where_out = torch.where(in_s, torch.inf, values).sort(-1)
+        wanted = torch.where(in_s, values + gap.unsqueeze(-1), torch.nan).contiguous()
+        upper = torch.searchsorted(outside, torch.nan_to_num(wanted, nan=-torch.inf)).clamp(max=values.shape[-1] - 1)
+        best_miss = d.clone()
+        best_a = torch.full_like(rows, -1)
+        best_b = torch.full_like(rows, -1)
+        for candidate in (upper - 1).clamp(min=0), upper:
+            b_values = outside.gather(-1, candidate)
+            miss = (gap.unsqueeze(-1) - (b_values - values)).abs()
+            miss = torch.where(in_s & torch.isfinite(b_values), miss, torch.inf)
+            row_miss, a = miss.min(-1)
+            better = open_rows & (row_miss < best_miss)
+            best_miss = torch.where(better, row_miss, best_miss)
+            best_a = torch.where(better, a, best_a)
+            best_b = torch.where(
+                better, where_out.gather(-1, candidate.gather(-1, a.unsqueeze(-1))).squeeze(-1), best_b
+            )
+        moving = torch.nonzero(best_a >= 0).flatten()
+        if moving.numel() == 0:
+            break
+        in_s[moving, best_a[moving]] = False
+        in_s[moving, best_b[moving]] = True
+    return d

@@ -45,11 +45,12 @@ def test_exchanges_close_the_gap_that_greedy_leaves_on_near_uniform_values() -> 
     assert swap_descent(vals, t, STOP, 8) <= STOP
 
 
+@pytest.mark.parametrize("backend", ["numba", "torch"])
 @pytest.mark.parametrize("length", [41, 117, 128, 301])
-def test_near_uniform_rows_reach_float32_resolution(length: int) -> None:
+def test_near_uniform_rows_reach_float32_resolution(length: int, backend: str) -> None:
     """Attention at initialisation: every row certified to 2^-25 without the budgeted CKK, inside θ ≤ s."""
     rows = near_uniform_rows(64, length, 0.1, seed=length)
-    cert = certify(rows)
+    cert = certify(rows, backend=backend)
     assert bool((cert.width <= 2.0**-25).all())
     assert bool((cert.lower <= cert.row_sum).all())
     methods = {ThetaMethod(int(m)) for m in cert.method}
