@@ -32,10 +32,10 @@ from attnsens.theta._numba_partition import (
     CKK_EXHAUSTED,
     CKK_PERFECT,
     complete_karmarkar_karp,
+    descending_support,
     meet_in_the_middle,
-    support_values,
 )
-from attnsens.theta._numba_refine import FREEZE_EVERY, proves_perfect, refine_row, relaxation, relaxation_scratch
+from attnsens.theta._numba_refine import FREEZE_EVERY, refine_row, relaxation, relaxation_scratch, settled
 from attnsens.theta._numba_scan import scan_row, top_k
 from attnsens.theta.methods import RowStatus, ThetaMethod
 
@@ -258,7 +258,7 @@ def _certify_block(
             if n > MITM_CHEAP_SUPPORT and e == 0.0:
                 # Exact sums: a short CKK search often meets the perfect-partition rule long before the
                 # 2^(n/2) meet-in-the-middle would finish.
-                vals = np.sort(support_values(x[r], n))[::-1].copy()
+                vals = descending_support(x[r], n)
                 best_diff, outcome = complete_karmarkar_karp(vals, -1.0, q, PERFECT_PROBE_NODES)
                 if outcome == CKK_EXHAUSTED or outcome == CKK_PERFECT:
                     d_found[r] = 0.5 * best_diff
@@ -288,19 +288,16 @@ def _certify_block(
         # subset to extend and its result is meaningless.
         fill_d = ff_d[a] if targets[j] >= 0.0 else np.inf
         d = min(d_found[r], fill_d)
-        if proves_perfect(d, qs[j], err[r]):
+        stage = settled(d, qs[j], err[r], stop_d, _FF_ONE)
+        if stage:
             d_found[r] = d
-            d_lb[r] = d
-            method[r] = _PERFECT
-            continue
-        if d <= stop_d:
-            d_found[r] = d
-            method[r] = _FF_ONE
+            d_lb[r] = d if stage == _PERFECT else d_lb[r]
+            method[r] = stage
             continue
         k_small = min(K_SMALL, ns[j])
         df, dl, m = refine_row(
             x[r], bits[r], ns[j], row_sum[r], qs[j], err[r], ends[j], stop_d, ckk_budget, ckk_max_support,
-            top_v[j, :k_small], top_i[j, :k_small], d, d_lb[r],
+            top_v[j, :k_small], skip[j, :k_small], scratch, d, d_lb[r],
         )  # fmt: skip
         d_found[r] = df
         d_lb[r] = dl

@@ -65,6 +65,12 @@ def support_values(row, n):
 
 
 @njit(cache=True)
+def descending_support(row, n):
+    """The n positive entries of ``row`` as float64, largest first (the order KK, CKK and exchanges read)."""
+    return np.sort(support_values(row, n))[::-1].copy()
+
+
+@njit(cache=True)
 def meet_in_the_middle(row, n, t):
     """d* = min_S |p(S) − t| over the n non-zeros: two sorted half-lists, one two-pointer sweep."""
     vals = support_values(row, n)

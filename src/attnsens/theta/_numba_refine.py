@@ -12,8 +12,8 @@ from attnsens.theta._numba_partition import (
     CKK_EXHAUSTED,
     CKK_PERFECT,
     complete_karmarkar_karp,
+    descending_support,
     karmarkar_karp,
-    support_values,
     swap_descent,
 )
 from attnsens.theta._numba_scan import top_k
@@ -41,6 +41,15 @@ _CKK_BUDGET = int(ThetaMethod.CKK_BUDGET)
 def proves_perfect(d, q, e):
     """With exact sums every 2·d(S) ≡ s/q (mod 2) in units of q, so 2d ≤ q is optimal."""
     return e == 0.0 and 2.0 * d <= q
+
+
+@njit(cache=True)
+def settled(d, q, e, stop_d, code):
+    """The method that ends refinement at distance d, or 0 to go on: PERFECT when 2d ≤ q proves d optimal, else
+    ``code`` (the stage that found d) once d ≤ ``stop_d``."""
+    if proves_perfect(d, q, e):
+        return _PERFECT
+    return code if d <= stop_d else 0
 
 
 @njit(cache=True)
@@ -72,6 +81,16 @@ def _relaxation_terms(sums, t, rest, half_rest, end_d, lb_d, score):
 
 
 @njit(cache=True)
+def _subset_terms(top_v, t, rest, scratch):
+    """Fill ``scratch`` rows 0–3 for every bitmask T of the K atoms: p(T) and its ``_relaxation_terms``; returns 2^K."""
+    count = 1 << top_v.size
+    _subset_sums_unsorted(top_v, scratch[0, :count])
+    _relaxation_terms(scratch[0, :count], t, rest, 0.5 * rest, scratch[1, :count], scratch[2, :count],
+                      scratch[3, :count])  # fmt: skip
+    return count
+
+
+@njit(cache=True)
 def _smallest(bits):
     """min of int64 ``bits``: on non-negative float64 values integer order is value order (vectorises)."""
     m = bits[0]
@@ -90,10 +109,8 @@ def relaxation(top_v, rest, t, scratch):
     The per-subset terms are written out and reduced as integers (their float64 values are ≥ 0), so both loops
     vectorise; min is exact, so the order of the reduction changes nothing.
     """
-    count = 1 << top_v.size
+    count = _subset_terms(top_v, t, rest, scratch)
     sums = scratch[0, :count]
-    _subset_sums_unsorted(top_v, sums)
-    _relaxation_terms(sums, t, rest, 0.5 * rest, scratch[1, :count], scratch[2, :count], scratch[3, :count])
     bits = scratch.view(np.int64)
     result = bits[4]
     result[0] = _smallest(bits[1, :count])
@@ -116,10 +133,8 @@ def _best_targets(top_v, rest, t, scratch, out_g):
     The scores are the relaxation's (vectorised, compared as int64 bits). Cut the list of admissible T into m
     runs: the largest of the runs' minima has at least m scores at or below it, so only those few are ranked.
     """
-    count = 1 << top_v.size
+    count = _subset_terms(top_v, t, rest, scratch)
     sums = scratch[0, :count]
-    _subset_sums_unsorted(top_v, sums)
-    _relaxation_terms(sums, t, rest, 0.5 * rest, scratch[1, :count], scratch[2, :count], scratch[3, :count])
     score = scratch.view(np.int64)[3, :count]
     admissible = scratch.view(np.int64)[4, :count]
     n_admissible = 0
@@ -190,35 +205,34 @@ def _best_fill(targets, fill, e_min, count):
 
 
 @njit(cache=True)
-def refine_row(row, bits, n, s, q, e, end, stop_d, ckk_budget, ckk_max_support, top_v, top_i, d_found, d_lb):
+def refine_row(
+    row, bits, n, s, q, e, end, stop_d, ckk_budget, ckk_max_support, top_v, skip_sorted, scratch, d_found, d_lb
+):  # fmt: skip
     """Stages after the one-target first-fit: 16 targets, KK, greedy split with best exchanges, top-14 relaxation,
-    budgeted CKK. ``bits`` is the row as signed integers (``scan_row``).
+    budgeted CKK. ``bits`` is the row as signed integers (``scan_row``), ``skip_sorted`` the top-K indices in
+    ascending order, ``scratch`` from ``relaxation_scratch(K)``.
 
     Returns (d_found, d_lb, method).
     """
     t = 0.5 * s
-    rest = s - top_v.sum()
     targets = np.empty(N_TARGETS)
-    count = _best_targets(top_v, rest, t, relaxation_scratch(top_v.size), targets)
+    count = _best_targets(top_v, s - top_v.sum(), t, scratch, targets)
     if count > 0:
-        d_found = min(d_found, _first_fit_targets(row, end, np.sort(top_i), targets, count, stop_d))
-    if proves_perfect(d_found, q, e):
-        return d_found, d_found, _PERFECT
-    if d_found <= stop_d:
-        return d_found, d_lb, _FF_SIXTEEN
+        d_found = min(d_found, _first_fit_targets(row, end, skip_sorted, targets, count, stop_d))
+    stage = settled(d_found, q, e, stop_d, _FF_SIXTEEN)
+    if stage:
+        return d_found, d_found if stage == _PERFECT else d_lb, stage
 
-    vals = np.sort(support_values(row, n))[::-1].copy()  # descending, shared by KK, exchanges and CKK
+    vals = descending_support(row, n)  # shared by KK, exchanges and CKK
     d_found = min(d_found, karmarkar_karp(vals))
-    if proves_perfect(d_found, q, e):
-        return d_found, d_found, _PERFECT
-    if d_found <= stop_d:
-        return d_found, d_lb, _KK
+    stage = settled(d_found, q, e, stop_d, _KK)
+    if stage:
+        return d_found, d_found if stage == _PERFECT else d_lb, stage
 
     d_found = min(d_found, swap_descent(vals, t, stop_d, SWAP_ROUNDS))
-    if proves_perfect(d_found, q, e):
-        return d_found, d_found, _PERFECT
-    if d_found <= stop_d:
-        return d_found, d_lb, _SWAP
+    stage = settled(d_found, q, e, stop_d, _SWAP)
+    if stage:
+        return d_found, d_found if stage == _PERFECT else d_lb, stage
 
     k_large = min(K_LARGE, n)
     top14_v = np.empty(k_large)
