@@ -171,14 +171,22 @@ def _first_fit(
     return torch.where(usable, d, torch.full_like(d, torch.inf)).amin(-1)
 
 
-def _sorted_greedy(x: torch.Tensor) -> torch.Tensor:
-    """Descending order, each value to the lighter side (LPT): d = |A − B|/2 ≤ ‖p‖₂ / 2 (MATH.md T2(c))."""
-    side_a = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
+def _lpt_split(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each value of the descending ``values`` [row, key] to the lighter side (LPT): (in first side, A, B)."""
+    in_s = torch.zeros_like(values, dtype=torch.bool)
+    side_a = torch.zeros(values.shape[0], dtype=values.dtype, device=values.device)
     side_b = torch.zeros_like(side_a)
-    for column in x.sort(-1, descending=True).values.unbind(-1):
+    for j, column in enumerate(values.unbind(-1)):
         to_a = side_a <= side_b
+        in_s[:, j] = to_a
         side_a = torch.where(to_a, side_a + column, side_a)
         side_b = torch.where(to_a, side_b, side_b + column)
+    return in_s, side_a, side_b
+
+
+def _sorted_greedy(x: torch.Tensor) -> torch.Tensor:
+    """Descending order, each value to the lighter side (LPT): d = |A − B|/2 ≤ ‖p‖₂ / 2 (MATH.md T2(c))."""
+    _, side_a, side_b = _lpt_split(x.sort(-1, descending=True).values)
     return 0.5 * (side_a - side_b).abs()
 
 
@@ -190,16 +198,7 @@ def _greedy_with_exchanges(x: torch.Tensor, t: torch.Tensor, stop_distance: floa
     outside S (entries not available on a side are parked at ±∞, so they never pair).
     """
     values = x.sort(-1, descending=True).values
-    in_s = torch.zeros_like(values, dtype=torch.bool)
-    side_a = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device)
-    side_b = torch.zeros_like(side_a)
-    for j, column in enumerate(values.unbind(-1)):
-        to_a = side_a <= side_b
-        in_s[:, j] = to_a
-        side_a = torch.where(to_a, side_a + column, side_a)
-        side_b = torch.where(to_a, side_b, side_b + column)
-    rows = torch.arange(x.shape[0], device=x.device)
-    d = torch.zeros_like(side_a)
+    in_s, _, _ = _lpt_split(values)
     for round_ in range(SWAP_ROUNDS + 1):
         gap = t - torch.where(in_s, values, 0.0).sum(-1)
         d = gap.abs()
@@ -207,11 +206,11 @@ def _greedy_with_exchanges(x: torch.Tensor, t: torch.Tensor, stop_distance: floa
         if round_ == SWAP_ROUNDS or not bool(open_rows.any()):
             break
         outside, where_out = torch.where(in_s, torch.inf, values).sort(-1)
-        wanted = torch.where(in_s, values + gap.unsqueeze(-1), torch.nan).contiguous()
-        upper = torch.searchsorted(outside, torch.nan_to_num(wanted, nan=-torch.inf)).clamp(max=values.shape[-1] - 1)
+        wanted = torch.where(in_s, values + gap.unsqueeze(-1), -torch.inf).contiguous()
+        upper = torch.searchsorted(outside, wanted).clamp(max=values.shape[-1] - 1)
         best_miss = d.clone()
-        best_a = torch.full_like(rows, -1)
-        best_b = torch.full_like(rows, -1)
+        best_a = torch.full_like(d, -1, dtype=torch.long)
+        best_b = torch.full_like(best_a, -1)
         for candidate in (upper - 1).clamp(min=0), upper:
             b_values = outside.gather(-1, candidate)
             miss = (gap.unsqueeze(-1) - (b_values - values)).abs()
