@@ -20,6 +20,9 @@ from attnsens.errors import ConfigError, InputError, ShapeError
 from attnsens.models.attention import allowed_keys, attention_rows, key_padding_mask_of
 from attnsens.models.weights import LayerWeights, NormKind, Placement, RotaryConfig
 
+OUTPUT_FIELDS = ("attention_output", "mlp_output", "block_output")
+"""What ``layer_output_taps`` reports for every layer."""
+
 QueryKeyCallback = Callable[[int, Tensor, Tensor, float], None]
 """``on_query_key(layer, query [batch, head, query, d_head], key [batch, kv_head, key, d_head], tau)``."""
 
@@ -131,6 +134,15 @@ class ModelAdapter(ABC):
         """While active, report each layer's residual tensors to ``record(layer, field, tensor)``.
 
         ``field`` is one of the LayerInputs field names.
+        """
+
+    @abstractmethod
+    def layer_output_taps(self, record: Callable[[int, str, Tensor], None]) -> contextlib.AbstractContextManager[None]:
+        """While active, report each layer's own outputs to ``record(layer, field, tensor)``.
+
+        ``field`` is one of :data:`OUTPUT_FIELDS`: the attention sublayer's output (after W_O and its bias, before
+        the residual sum), the MLP's output (likewise) and the block's output. The weights-fidelity gate
+        (models/fidelity.py) compares them with the reference forward of the normalized weights.
         """
 
     def encode(self, text: str, *, max_length: int | None = None) -> Tensor:

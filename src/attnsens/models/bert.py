@@ -51,6 +51,10 @@ class BertAdapter(HFAdapter):
             (block.output.LayerNorm, "input", "mlp_residual_sum"),
         ]
 
+    def output_modules(self, layer: int) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
+        block = self.base.encoder.layer[layer]
+        return block.attention.output.dense, block.output.dense, block
+
     def read_layers(self) -> list[LayerWeights]:
         return [self._layer(i, block) for i, block in enumerate(self.base.encoder.layer)]
 

@@ -16,7 +16,7 @@ from einops import rearrange
 from torch import Tensor
 
 from attnsens.errors import InputError, UnsupportedModelError
-from attnsens.models.adapter import ModelAdapter, ModelSpec, QueryKeyCallback
+from attnsens.models.adapter import OUTPUT_FIELDS, ModelAdapter, ModelSpec, QueryKeyCallback
 from attnsens.models.hf_tap import hf_query_key_tap
 from attnsens.models.weights import Activation, MLPWeights
 
@@ -49,6 +49,15 @@ class HFAdapter(ModelAdapter):
         """Where the LayerInputs fields of ``layer`` can be read."""
         raise NotImplementedError
 
+    def output_modules(self, layer: int) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
+        """The modules whose outputs are the attention sublayer's output (after W_O), the MLP's and the block's."""
+        raise NotImplementedError
+
+    def output_hook_points(self, layer: int) -> list[HookPoint]:
+        """Where the attention, MLP and block outputs of ``layer`` can be read (adapter.OUTPUT_FIELDS)."""
+        modules = self.output_modules(layer)
+        return [(module, "output", field) for module, field in zip(modules, OUTPUT_FIELDS, strict=True)]
+
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> None:
         self.base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
 
@@ -56,11 +65,19 @@ class HFAdapter(ModelAdapter):
         implementation = self.base.config._attn_implementation or "eager"
         return hf_query_key_tap(self.attention_modules(), implementation, on_query_key)
 
+    def layer_input_taps(self, record: Callable[[int, str, Tensor], None]) -> contextlib.AbstractContextManager[None]:
+        return self._taps(self.hook_points, record)
+
+    def layer_output_taps(self, record: Callable[[int, str, Tensor], None]) -> contextlib.AbstractContextManager[None]:
+        return self._taps(self.output_hook_points, record)
+
     @contextlib.contextmanager
-    def layer_input_taps(self, record: Callable[[int, str, Tensor], None]) -> Iterator[None]:
+    def _taps(
+        self, points: Callable[[int], list[HookPoint]], record: Callable[[int, str, Tensor], None]
+    ) -> Iterator[None]:
         handles = []
         for layer in range(self.spec.n_layer):
-            for module, where, field in self.hook_points(layer):
+            for module, where, field in points(layer):
                 handles.append(_register(module, where, layer, field, record))
         try:
             yield

@@ -50,6 +50,10 @@ class LlamaAdapter(HFAdapter):
             (block.post_attention_layernorm, "output", "mlp_input"),
         ]
 
+    def output_modules(self, layer: int) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
+        block = self.base.layers[layer]
+        return block.self_attn, block.mlp, block
+
     def read_layers(self) -> list[LayerWeights]:
         return [self._layer(i, block) for i, block in enumerate(self.base.layers)]
 

@@ -1,9 +1,11 @@
 """Certified bounds of a whole model, layer by layer and head by head, beside empirical estimates.
 
-``bound_model(model, input_ids)`` evaluates, for every layer, the quantities of MATH.md A4 and T4–T8 and returns a
-pandas DataFrame whose columns follow the ``bounds`` table of ``attnsens.store.schema`` (head = −1 rows hold
-layer-level quantities). Inputs come from the model adapter (``layer_inputs``) or, for bare ``LayerWeights``, from
-a residual stream propagated with the reference forward of ``attnsens.geometry.layers``.
+``bound_model(model, input_ids)`` first passes an adapter's normalized weights through the weights-fidelity gate
+(``attnsens.models.fidelity``, on ``input_ids`` or on seeded probe tokens), then evaluates, for every layer, the
+quantities of MATH.md A4 and T4–T8 and returns a pandas DataFrame whose columns follow the ``bounds`` table of
+``attnsens.store.schema`` (head = −1 rows hold layer-level quantities). Inputs come from the model adapter (the
+gated forward pass) or, for bare ``LayerWeights``, from a residual stream propagated with the reference forward of
+``attnsens.geometry.layers``.
 
 Head rows: projection norms, Φ_h, θ̃_h and ``mha_local_jacobian_upper_bound`` = ‖W_O^{(h)}‖(‖W_V^h‖ + θ̃_h Φ_h/τ),
 a certified bound of the Jacobian of head h's own contribution. Layer rows: the certified local bound of the whole
@@ -39,6 +41,7 @@ from attnsens import geometry as G
 from attnsens.errors import FileFormatError, InputError
 from attnsens.geometry.attention import biases_of, causal_mask
 from attnsens.geometry.layers import attention_sublayer, mlp_forward, norm_forward, synthetic_block_input
+from attnsens.models.fidelity import check_weights_fidelity
 from attnsens.models.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights, RotaryConfig
 
 FORMAT_KEY = "attnsens.layers"
@@ -223,13 +226,19 @@ def bound_model(
 
     Returns:
         DataFrame with the ``bounds`` table's columns (MATH.md A4, T4–T8); certified columns end in ``_upper_bound``.
+
+    Raises:
+        WeightsFidelityError when an adapter's normalized weights do not reproduce the model's own blocks.
     """
     G.norms.check_geometry(geometry)
     layers = list(model) if isinstance(model, list | tuple) else list(model.layers)
     if not layers:
         raise InputError("the model has no layers to bound; pass a model or a non-empty list of LayerWeights")
+    if not isinstance(model, list | tuple):
+        # The gate: bounds of an adapter rest only on weights that reproduce the model (models/fidelity.py).
+        checked = check_weights_fidelity(model, input_ids)
     if input_ids is not None and not isinstance(model, list | tuple):
-        entries = [vars(e) for e in model.layer_inputs(input_ids)]
+        entries = [vars(e) for e in checked]
     else:
         if block_input is None:
             block_input = synthetic_block_input(layers[0].attention.d_model, seq_len)

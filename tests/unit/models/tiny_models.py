@@ -62,11 +62,11 @@ def tiny_model(family: str, *, attn_implementation: str = "sdpa", seed: int = 0)
         model = BertModel(config, add_pooling_layer=False)
     else:
         raise ValueError(family)
-    _spread_weights(model)
+    spread_weights(model)
     return model.eval()
 
 
-def _spread_weights(model: torch.nn.Module) -> None:
+def spread_weights(model: torch.nn.Module) -> None:
     # Default init (std 0.02) gives almost uniform attention; larger weights give rows with structure
     # (dominant atoms, sinks) so that comparisons exercise more than the uniform case.
     with torch.no_grad():
