@@ -42,12 +42,16 @@ def norm_forward(x: Tensor, norm: NormWeights) -> Tensor:
 
 
 def mlp_forward(x: Tensor, mlp: MLPWeights) -> Tensor:
-    """W_out act(W_in x + b_in) + b_out, or gated W_out (act(W_gate x) ⊙ (W_in x + b_in)) + b_out (MATH.md §2.7)."""
+    """W_out act(W_in x + b_in) + b_out, or gated W_out (act(W_gate x + b_gate) ⊙ (W_in x + b_in)) + b_out
+    (MATH.md §2.7)."""
     hidden = x @ mlp.w_in.to(x.dtype).T
     if mlp.b_in is not None:
         hidden = hidden + mlp.b_in.to(x.dtype)
     if mlp.kind == "gated":
-        hidden = activation(mlp.activation, x @ mlp.w_gate.to(x.dtype).T) * hidden
+        gate = x @ mlp.w_gate.to(x.dtype).T
+        if mlp.b_gate is not None:
+            gate = gate + mlp.b_gate.to(x.dtype)
+        hidden = activation(mlp.activation, gate) * hidden
     else:
         hidden = activation(mlp.activation, hidden)
     out = hidden @ mlp.w_out.to(x.dtype).T

@@ -1,4 +1,5 @@
-"""Llama family (HF ``LlamaModel``; SmolLM2): pre-RMSNorm, rotate-half RoPE, grouped-query attention, gated SiLU MLP.
+"""Llama family (HF ``LlamaModel``; SmolLM2): pre-RMSNorm, rotate-half RoPE (every
+transformers RoPE type of ``RotaryConfig``), grouped-query attention, gated SiLU MLP (optional biases).
 
 The normalized weights are read from the loaded HF module. A GGUF checkpoint stores q/k rows permuted for
 llama.cpp's interleaved rotary; transformers undoes that permutation while loading, so the module's
@@ -12,8 +13,18 @@ from typing import Any
 import torch
 
 from attnsens.models.adapter import ModelSpec
-from attnsens.models.hf import HFAdapter, HookPoint, activation_of, copied, split_bias, split_heads
-from attnsens.models.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights, RotaryConfig
+from attnsens.models.hf import (
+    HFAdapter,
+    HookPoint,
+    activation_of,
+    copied,
+    rotary_of,
+    rotary_temperature,
+    spec_rotary,
+    split_bias,
+    split_heads,
+)
+from attnsens.models.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights
 
 
 class LlamaAdapter(HFAdapter):
@@ -33,7 +44,7 @@ class LlamaAdapter(HFAdapter):
             placement="pre",
             norm="rmsnorm",
             causal=True,
-            rotary=RotaryConfig(base=float(config.rope_parameters["rope_theta"]), rotary_dim=d_head),
+            rotary=spec_rotary(config, d_head),
         )
 
     def blocks(self) -> list[torch.nn.Module]:
@@ -59,6 +70,7 @@ class LlamaAdapter(HFAdapter):
 
     def _layer(self, index: int, block: torch.nn.Module) -> LayerWeights:
         s, attn, mlp = self.spec, block.self_attn, block.mlp
+        rotary = rotary_of(self.base.config, s.d_head)
 
         def bias(linear: torch.nn.Linear, n: int) -> torch.Tensor | None:
             return split_bias(copied(linear.bias), n)
@@ -72,9 +84,9 @@ class LlamaAdapter(HFAdapter):
             b_k=bias(attn.k_proj, s.n_kv_head),
             b_v=bias(attn.v_proj, s.n_kv_head),
             b_o=copied(attn.o_proj.bias),
-            tau=1.0 / attn.scaling,
+            tau=rotary_temperature(attn.scaling, rotary, self.base.rotary_emb, s.d_head),
             causal=True,
-            rotary=s.rotary,
+            rotary=rotary,
         )
         gated = MLPWeights(
             kind="gated",
@@ -84,6 +96,7 @@ class LlamaAdapter(HFAdapter):
             w_out=mlp.down_proj.weight.detach().clone(),
             b_in=copied(mlp.up_proj.bias),
             b_out=copied(mlp.down_proj.bias),
+            b_gate=copied(mlp.gate_proj.bias),
         )
         return LayerWeights(
             index=index,

@@ -17,7 +17,7 @@ Jacobian norm at the actual input and tightness ratios; the FFN, T7 block, local
 bounds; LayerNorm condition statistics (T6). All norms in the block-∞ convention named in the ``norm`` column.
 
 Weight file layout (``save_layer_weights`` / ``load_layer_weights``, safetensors): tensors
-``layers.{i}.attention.{w_q,w_k,w_v,w_o,b_q,b_k,b_v,b_o}``, ``layers.{i}.mlp.{w_in,w_out,b_in,b_out,w_gate}``,
+``layers.{i}.attention.{w_q,w_k,w_v,w_o,b_q,b_k,b_v,b_o}``, ``layers.{i}.mlp.{w_in,w_out,b_in,b_out,w_gate,b_gate}``,
 ``layers.{i}.{attn_norm,mlp_norm}.{gamma,beta}`` (absent = None; shapes as in ``attnsens.models.weights``), and
 the metadata key ``attnsens.layers``: a JSON list with, per layer, ``placement``, ``tau``, ``causal``,
 ``mlp_kind``, ``activation``, ``norm_kind``, ``norm_eps`` ([attn, mlp]), ``residual_scale``,
@@ -272,7 +272,7 @@ def bound_model(
 
 _TENSORS = {
     "attention": ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o"),
-    "mlp": ("w_in", "w_out", "b_in", "b_out", "w_gate"),
+    "mlp": ("w_in", "w_out", "b_in", "b_out", "w_gate", "b_gate"),
     "attn_norm": ("gamma", "beta"),
     "mlp_norm": ("gamma", "beta"),
 }

@@ -18,50 +18,31 @@ VOCAB = 53
 FAMILIES = ("gpt2", "gpt_neox", "llama", "bert")
 
 
-def tiny_model(family: str, *, attn_implementation: str = "sdpa", seed: int = 0) -> torch.nn.Module:
-    """A random-init model of ``family`` in eval mode: 2 layers, d_head 5 or 7, GQA 6:2 for Llama."""
-    torch.manual_seed(seed)
-    common = {"vocab_size": VOCAB, "attn_implementation": attn_implementation}
-    if family == "gpt2":
-        config = GPT2Config(n_layer=2, n_head=3, n_embd=21, n_positions=41, bos_token_id=0, eos_token_id=0, **common)
-        model = GPT2LMHeadModel(config)
-    elif family == "gpt_neox":
-        config = GPTNeoXConfig(
-            num_hidden_layers=2,
-            num_attention_heads=3,
-            hidden_size=30,
-            intermediate_size=37,
-            max_position_embeddings=41,
-            rotary_pct=0.4,
-            bos_token_id=0,
-            eos_token_id=0,
-            **common,
-        )
-        model = GPTNeoXModel(config)
-    elif family == "llama":
-        config = LlamaConfig(
-            num_hidden_layers=2,
-            num_attention_heads=6,
-            num_key_value_heads=2,
-            hidden_size=6 * 6,
-            intermediate_size=37,
-            max_position_embeddings=41,
-            rope_theta=500.0,
-            **common,
-        )
-        model = LlamaForCausalLM(config)
-    elif family == "bert":
-        config = BertConfig(
-            num_hidden_layers=2,
-            num_attention_heads=3,
-            hidden_size=21,
-            intermediate_size=37,
-            max_position_embeddings=41,
-            **common,
-        )
-        model = BertModel(config, add_pooling_layer=False)
-    else:
+CONFIGS = {
+    "gpt2": (GPT2Config, GPT2LMHeadModel, {"n_layer": 2, "n_head": 3, "n_embd": 21, "n_positions": 41,
+                                           "bos_token_id": 0, "eos_token_id": 0}),
+    "gpt_neox": (GPTNeoXConfig, GPTNeoXModel, {"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 30,
+                                               "intermediate_size": 37, "max_position_embeddings": 41,
+                                               "rotary_pct": 0.4, "bos_token_id": 0, "eos_token_id": 0}),
+    "llama": (LlamaConfig, LlamaForCausalLM, {"num_hidden_layers": 2, "num_attention_heads": 6,
+                                              "num_key_value_heads": 2, "hidden_size": 6 * 6,
+                                              "intermediate_size": 37, "max_position_embeddings": 41,
+                                              "rope_theta": 500.0}),
+    "bert": (BertConfig, BertModel, {"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 21,
+                                     "intermediate_size": 37, "max_position_embeddings": 41}),
+}  # fmt: skip
+"""family → (config class, model class, config keywords): 2 layers, d_head 5, 6 or 7, GQA 6:2 for Llama."""
+
+
+def tiny_model(family: str, *, attn_implementation: str = "sdpa", seed: int = 0, **config: object) -> torch.nn.Module:
+    """A random-init model of ``family`` in eval mode with realistic weight scales; ``config`` overrides keywords."""
+    if family not in CONFIGS:
         raise ValueError(family)
+    torch.manual_seed(seed)
+    config_class, model_class, keywords = CONFIGS[family]
+    settings = config_class(**{**keywords, **config}, vocab_size=VOCAB, attn_implementation=attn_implementation)
+    extra = {"add_pooling_layer": False} if family == "bert" else {}
+    model = model_class(settings, **extra)
     spread_weights(model)
     return model.eval()
 
