@@ -58,9 +58,16 @@ def biases_of(weights: AttentionWeights) -> AttentionBiases:
     return AttentionBiases(q=weights.b_q, k=weights.b_k, v=weights.b_v, o=weights.b_o)
 
 
-def causal_mask(n_query: int, device: torch.device | None = None) -> Tensor:
-    """Boolean ``[query, key]`` mask, True where key ≤ query (allowed)."""
-    return torch.ones(n_query, n_query, dtype=torch.bool, device=device).tril()
+def causal_mask(n_query: int, device: torch.device | None = None, *, window: int | None = None) -> Tensor:
+    """Boolean ``[query, key]`` mask, True where key ≤ query (allowed), and query − key < window when given
+    (a sliding window of ``window`` keys, the query's own included)."""
+    allowed = torch.ones(n_query, n_query, dtype=torch.bool, device=device).tril()
+    return allowed if window is None else allowed.triu(-(window - 1))
+
+
+def attention_mask_of(weights: AttentionWeights, n_query: int, device: torch.device | None = None) -> Tensor | None:
+    """The ``[query, key]`` mask of an attention sublayer: causal (windowed when ``sliding_window``) or None."""
+    return causal_mask(n_query, device, window=weights.sliding_window) if weights.causal else None
 
 
 def rotary_inverse_frequencies(rotary: RotaryConfig, n_positions: int, device: torch.device | None = None) -> Tensor:

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from attnsens.errors import ConfigError
-from attnsens.geometry.attention import biases_of, causal_mask
+from attnsens.geometry.attention import attention_mask_of, biases_of
 from attnsens.geometry.attention_bounds import mha_lipschitz_upper_bound, mha_local_jacobian_upper_bound
 from attnsens.geometry.jacobians import norm_jacobian_spectral_norm_upper_bound
 from attnsens.geometry.layers import activation, norm_forward
@@ -218,7 +218,7 @@ def block_lipschitz_upper_bound(layer: LayerWeights, *, input_radius_rms: float 
 
 
 def _attention_local(x: Tensor, attention: AttentionWeights) -> Tensor:
-    mask = causal_mask(x.shape[1], x.device) if attention.causal else None
+    mask = attention_mask_of(attention, x.shape[1], x.device)
     return mha_local_jacobian_upper_bound(
         x,
         attention.w_q,

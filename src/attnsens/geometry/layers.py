@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from attnsens.errors import ConfigError
-from attnsens.geometry.attention import biases_of, causal_mask, mha_forward
+from attnsens.geometry.attention import attention_mask_of, biases_of, mha_forward
 from attnsens.models.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights
 
 
@@ -61,7 +61,7 @@ def mlp_forward(x: Tensor, mlp: MLPWeights) -> Tensor:
 def attention_sublayer(x: Tensor, attention: AttentionWeights) -> Tensor:
     """MHA(x) for ``x: [batch, query, d_model]`` with the weights' mask, biases, rotary and temperature."""
     dt = x.dtype
-    mask = causal_mask(x.shape[1], x.device) if attention.causal else None
+    mask = attention_mask_of(attention, x.shape[1], x.device)
     biases = biases_of(attention)
     cast = {k: (None if t is None else t.to(dt)) for k, t in vars(biases).items()}
     return mha_forward(

@@ -145,6 +145,10 @@ class ModelAdapter(ABC):
         (models/fidelity.py) compares them with the reference forward of the normalized weights.
         """
 
+    def attention_window(self, layer: int) -> int | None:
+        """The sliding window of ``layer``'s attention (keys t − window < j ≤ t), None for full attention."""
+        return None
+
     def encode(self, text: str, *, max_length: int | None = None) -> Tensor:
         """Token ids ``[1, n]`` of ``text`` with the model's tokenizer (truncated to ``max_length``)."""
         raise InputError(f"model {self.name!r} has no tokenizer; pass token ids instead of text")
@@ -229,16 +233,19 @@ class ModelAdapter(ABC):
         with self.inference(), self.query_key_tap(keep):
             self.forward(input_ids, attention_mask)
         key_mask = key_padding_mask_of(attention_mask, input_ids)
-        chunks = []
-        for start in range(0, positions.shape[1], chunk_size):
-            chunk_positions = positions[:, start : start + chunk_size]
-            allowed, n_keys = allowed_keys(
-                chunk_positions, input_ids.shape[1], causal=self.spec.causal, key_padding_mask=key_mask
-            )
-            chunks.append((chunk_positions, allowed, n_keys))
+        chunks = {}  # per sliding window (None = full attention): the chunks' positions and masks
+        for window in {self.attention_window(layer) for layer in layer_list}:
+            chunks[window] = []
+            for start in range(0, positions.shape[1], chunk_size):
+                chunk_positions = positions[:, start : start + chunk_size]
+                allowed, n_keys = allowed_keys(
+                    chunk_positions, input_ids.shape[1], causal=self.spec.causal, key_padding_mask=key_mask,
+                    window=window,
+                )  # fmt: skip
+                chunks[window].append((chunk_positions, allowed, n_keys))
         for layer in layer_list:
             query, key, tau = kept.pop(layer)
-            for chunk_positions, allowed, n_keys in chunks:
+            for chunk_positions, allowed, n_keys in chunks[self.attention_window(layer)]:
                 probs = attention_rows(
                     query, key, tau=tau, query_positions=chunk_positions, allowed=allowed, heads=head_list
                 )

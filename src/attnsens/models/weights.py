@@ -117,8 +117,13 @@ class AttentionWeights:
     tau: float
     causal: bool
     rotary: RotaryConfig | None = None
+    sliding_window: int | None = None  # causal only: query t sees keys t − window < j ≤ t (Mistral, Qwen2, Phi-3)
 
     def __post_init__(self) -> None:
+        if self.sliding_window is not None and (not self.causal or self.sliding_window < 1):
+            raise ConfigError(
+                f"sliding_window={self.sliding_window} needs causal attention and a window of at least 1 key"
+            )
         if self.w_q.ndim != 3 or self.w_k.ndim != 3 or self.w_v.ndim != 3:
             raise ShapeError(
                 "w_q, w_k, w_v must be [head, d_head, d_model]; got "
@@ -179,6 +184,7 @@ class AttentionWeights:
             tau=self.tau,
             causal=self.causal,
             rotary=self.rotary,
+            sliding_window=self.sliding_window,
         )
 
 

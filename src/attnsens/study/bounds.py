@@ -21,7 +21,8 @@ Weight file layout (``save_layer_weights`` / ``load_layer_weights``, safetensors
 ``layers.{i}.{attn_norm,mlp_norm}.{gamma,beta}`` (absent = None; shapes as in ``attnsens.models.weights``), and
 the metadata key ``attnsens.layers``: a JSON list with, per layer, ``placement``, ``tau``, ``causal``,
 ``mlp_kind``, ``activation``, ``norm_kind``, ``norm_eps`` ([attn, mlp]), ``residual_scale``,
-``parallel_residual`` and ``rotary`` (null or {base, rotary_dim, interleaved}).
+``parallel_residual``, ``rotary`` (null or the fields of ``RotaryConfig``) and ``sliding_window`` (null or an int;
+absent in older files).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from torch import Tensor
 
 from attnsens import geometry as G
 from attnsens.errors import FileFormatError, InputError
-from attnsens.geometry.attention import biases_of, causal_mask
+from attnsens.geometry.attention import attention_mask_of, biases_of
 from attnsens.geometry.layers import attention_sublayer, mlp_forward, norm_forward, synthetic_block_input
 from attnsens.models.fidelity import check_weights_fidelity
 from attnsens.models.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights, RotaryConfig
@@ -109,7 +110,7 @@ def _layer_records(
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     attn = layer.attention
     x_attn = entry["attention_input"].to(torch.float64)
-    mask = causal_mask(x_attn.shape[1]) if attn.causal else None
+    mask = attention_mask_of(attn, x_attn.shape[1])
     args = (attn.w_q, attn.w_k, attn.w_v, attn.w_o)
     local = G.mha_local_jacobian_upper_bound(
         x_attn, *args, tau=attn.tau, mask=mask, biases=biases_of(attn), rotary=attn.rotary, geometry=geometry
@@ -298,7 +299,7 @@ def save_layer_weights(layers: Sequence[LayerWeights], path: str | os.PathLike[s
             "norm_kind": None if layer.attn_norm is None else layer.attn_norm.kind,
             "norm_eps": [None if n is None else n.eps for n in (layer.attn_norm, layer.mlp_norm)],
             "residual_scale": layer.residual_scale, "parallel_residual": layer.parallel_residual,
-            "rotary": None if rotary is None else vars(rotary),
+            "rotary": None if rotary is None else vars(rotary), "sliding_window": layer.attention.sliding_window,
         })  # fmt: skip
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -346,6 +347,7 @@ def _layer_from(tensors: dict[str, Tensor], i: int, cfg: dict[str, Any]) -> Laye
 
     attention = AttentionWeights(
         **{n: get("attention", n) for n in _TENSORS["attention"]}, tau=cfg["tau"], causal=cfg["causal"],
+        sliding_window=cfg.get("sliding_window"),
         rotary=None if cfg["rotary"] is None else RotaryConfig(**cfg["rotary"]),
     )  # fmt: skip
     mlp = MLPWeights(kind=cfg["mlp_kind"], activation=cfg["activation"], **{n: get("mlp", n) for n in _TENSORS["mlp"]})
