@@ -31,7 +31,6 @@ import torch
 from torch import Tensor
 
 from attnsens.errors import WeightsFidelityError
-from attnsens.geometry.layers import attention_sublayer, block_forward, mlp_forward, norm_forward
 from attnsens.models.adapter import LayerInputs, ModelAdapter
 from attnsens.models.weights import LayerWeights
 
@@ -89,6 +88,9 @@ def tolerance_of(dtype: torch.dtype) -> float:
 
 def _comparisons(layer: LayerWeights, seen: dict[str, Tensor]) -> dict[str, tuple[Callable[[], Tensor], Tensor]]:
     """field → (reference thunk, the model's tensor), all reference inputs taken from the model's own tensors."""
+    # Imported here: attnsens.geometry imports attnsens.models.weights, which loads this package first.
+    from attnsens.geometry.layers import attention_sublayer, block_forward, mlp_forward, norm_forward
+
     x, a_in, m_in = seen["block_input"], seen["attention_input"], seen["mlp_input"]
     a_out, m_out, y = seen["attention_output"], seen["mlp_output"], seen["block_output"]
     checks: dict[str, tuple[Callable[[], Tensor], Tensor]] = {
@@ -117,6 +119,7 @@ def weights_fidelity(
         The layer inputs of that forward pass and one :class:`FieldFidelity` per (layer, field); nothing raised.
     """
     input_ids = adapter.check_input_ids(probe_input_ids(adapter) if input_ids is None else input_ids)
+    layers = adapter.layers  # first: an adapter that refuses a model's weights does so before any hook is placed
     found: dict[int, dict[str, Tensor]] = {i: {} for i in range(adapter.spec.n_layer)}
 
     def record(layer: int, field: str, tensor: Tensor) -> None:
@@ -124,7 +127,6 @@ def weights_fidelity(
 
     with adapter.inference(), adapter.layer_input_taps(record), adapter.layer_output_taps(record):
         adapter.forward(input_ids, None)
-    layers = adapter.layers
     limit = tolerance_of(layers[0].attention.w_q.dtype) if tolerance is None else tolerance
     results = []
     with torch.no_grad():

@@ -75,10 +75,19 @@ class HFAdapter(ModelAdapter):
     def _taps(
         self, points: Callable[[int], list[HookPoint]], record: Callable[[int, str, Tensor], None]
     ) -> Iterator[None]:
+        # Some families (OPT) run their MLP on [batch·n, d_model]; every field is reported as [batch, n, d_model].
+        shapes: dict[int, torch.Size] = {}
+
+        def as_block_shape(layer: int, field: str, tensor: Tensor) -> None:
+            if tensor.ndim == 2:
+                tensor = tensor.reshape(*shapes[layer][:-1], tensor.shape[-1])
+            record(layer, field, tensor)
+
         handles = []
-        for layer in range(self.spec.n_layer):
+        for layer, block in enumerate(self.blocks()):
+            handles.append(_register(block, "input", layer, "", lambda i, _f, t: shapes.__setitem__(i, t.shape)))
             for module, where, field in points(layer):
-                handles.append(_register(module, where, layer, field, record))
+                handles.append(_register(module, where, layer, field, as_block_shape))
         try:
             yield
         finally:

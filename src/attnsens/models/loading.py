@@ -24,9 +24,12 @@ AliasLoader = Callable[..., ModelAdapter] | str
 FAMILIES: dict[str, str] = {
     "gpt2": "attnsens.models.gpt2:GPT2Adapter",
     "gpt_neox": "attnsens.models.neox:NeoXAdapter",
-    "llama": "attnsens.models.llama:LlamaAdapter",
+    "llama": "attnsens.models.decoder:DecoderAdapter",
     "bert": "attnsens.models.bert:BertAdapter",
-}
+    **{family: "attnsens.models.decoder:DecoderAdapter" for family in (
+        "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2", "opt",
+    )},
+}  # fmt: skip
 """transformers ``model_type`` → ``module:AdapterClass``."""
 
 ALIASES: dict[str, AliasLoader] = {}

@@ -6,18 +6,40 @@ import torch
 from transformers import (
     BertConfig,
     BertModel,
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    GemmaConfig,
+    GemmaForCausalLM,
     GPT2Config,
     GPT2LMHeadModel,
     GPTNeoXConfig,
     GPTNeoXModel,
     LlamaConfig,
     LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Olmo2Config,
+    Olmo2ForCausalLM,
+    OPTConfig,
+    OPTForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 
 VOCAB = 53
 FAMILIES = ("gpt2", "gpt_neox", "llama", "bert")
+DECODER_FAMILIES = ("mistral", "qwen2", "gemma", "phi3", "opt", "opt_post")
+"""Families bounded through the declarative decoder table (models/decoder.py); sliding windows of 5 keys."""
+REFUSED_FAMILIES = ("qwen3", "gemma2", "olmo2")
+"""Families whose rows are audited but whose blocks the geometry cannot bound yet."""
 
 
+_GQA = {"num_hidden_layers": 2, "num_attention_heads": 6, "num_key_value_heads": 2, "hidden_size": 6 * 6,
+        "intermediate_size": 37, "max_position_embeddings": 41}  # fmt: skip
 CONFIGS = {
     "gpt2": (GPT2Config, GPT2LMHeadModel, {"n_layer": 2, "n_head": 3, "n_embd": 21, "n_positions": 41,
                                            "bos_token_id": 0, "eos_token_id": 0}),
@@ -30,6 +52,22 @@ CONFIGS = {
                                               "rope_theta": 500.0}),
     "bert": (BertConfig, BertModel, {"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 21,
                                      "intermediate_size": 37, "max_position_embeddings": 41}),
+    "mistral": (MistralConfig, MistralForCausalLM, {**_GQA, "sliding_window": 5}),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM, {**_GQA, "use_sliding_window": True, "sliding_window": 5,
+                                              "max_window_layers": 1}),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, {**_GQA, "head_dim": 6}),
+    "gemma": (GemmaConfig, GemmaForCausalLM, {**_GQA, "head_dim": 8}),
+    "gemma2": (Gemma2Config, Gemma2ForCausalLM, {**_GQA, "head_dim": 8, "sliding_window": 5}),
+    "phi3": (Phi3Config, Phi3ForCausalLM, {**_GQA, "sliding_window": 5, "pad_token_id": 0, "bos_token_id": 0,
+                                           "eos_token_id": 0}),
+    "olmo2": (Olmo2Config, Olmo2ForCausalLM, {**_GQA, "pad_token_id": 0}),
+    "opt": (OPTConfig, OPTForCausalLM, {"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 21,
+                                        "ffn_dim": 37, "max_position_embeddings": 41, "word_embed_proj_dim": 21,
+                                        "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 0}),
+    "opt_post": (OPTConfig, OPTForCausalLM, {"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 21,
+                                             "ffn_dim": 37, "max_position_embeddings": 41,
+                                             "word_embed_proj_dim": 21, "do_layer_norm_before": False,
+                                             "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 0}),
 }  # fmt: skip
 """family → (config class, model class, config keywords): 2 layers, d_head 5, 6 or 7, GQA 6:2 for Llama."""
 
