@@ -94,6 +94,16 @@ def test_rows_match_eager_attention_with_sliding_windows_and_qk_norm(family: str
     assert n_keys == {i: WINDOWS.get(family, [None, None])[i] or IDS.shape[1] for i in range(2)}
 
 
+def test_softcapped_attention_rows_are_refused_not_recomputed_wrongly() -> None:
+    adapter = M.load(_model("gemma2"))
+    with pytest.raises(UnsupportedModelError, match="softcap=50"):
+        list(adapter.stream_attention(IDS))
+    uncapped = tiny_model("gemma2", attn_implementation="eager", attn_logit_softcapping=None)
+    reference = eager_attentions(uncapped, IDS)
+    for chunk in M.load(uncapped).stream_attention(IDS):
+        torch.testing.assert_close(chunk.probs, reference[chunk.layer], rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("family", ["mistral", "phi3", "opt_post"])
 def test_bounds_of_decoder_families_hold(family: str) -> None:
     table = bound_model(M.load(_model(family)), IDS[:1], n_queries=4, iterations=8)
