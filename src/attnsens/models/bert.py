@@ -1,4 +1,5 @@
-"""BERT (HF ``BertModel``; all-MiniLM-L6-v2): post-LayerNorm, bidirectional, learned positions.
+"""BERT (HF ``BertModel``; all-MiniLM-L6-v2) and the encoders with its block layout (RoBERTa, XLM-RoBERTa,
+CamemBERT, ELECTRA): post-LayerNorm, bidirectional, learned positions.
 
 Block: A = LN1(X + Attn(X)), Y = LN2(A + MLP(A)). The sums entering the norms are read as the inputs of
 ``attention.output.LayerNorm`` and ``output.LayerNorm``. The embedding LayerNorm before layer 0 is not part

@@ -124,8 +124,7 @@ class DecoderAdapter(HFAdapter):
     """Any family of :data:`LAYOUTS`; ``family`` is the transformers ``model_type``."""
 
     def __init__(self, module: torch.nn.Module, *, name: str, tokenizer: Any = None) -> None:
-        self.family = module.base_model.config.model_type
-        self.layout = layout_of(self.family)
+        self.layout = layout_of(module.base_model.config.model_type)
         super().__init__(module, name=name, tokenizer=tokenizer)
 
     @classmethod

@@ -29,6 +29,7 @@ class HFAdapter(ModelAdapter):
 
     def __init__(self, module: torch.nn.Module, *, name: str, tokenizer: Any = None) -> None:
         self.base = module.base_model
+        self.family = self.base.config.model_type  # one adapter may serve several model types (loading.FAMILIES)
         super().__init__(module, name=name, spec=self.spec_of(self.base.config))
         self.tokenizer = tokenizer
 

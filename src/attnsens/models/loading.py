@@ -26,6 +26,7 @@ FAMILIES: dict[str, str] = {
     "gpt_neox": "attnsens.models.neox:NeoXAdapter",
     "llama": "attnsens.models.decoder:DecoderAdapter",
     "bert": "attnsens.models.bert:BertAdapter",
+    **{family: "attnsens.models.bert:BertAdapter" for family in ("roberta", "xlm-roberta", "camembert", "electra")},
     **{family: "attnsens.models.decoder:DecoderAdapter" for family in (
         "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2", "opt",
     )},

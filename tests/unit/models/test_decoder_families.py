@@ -13,7 +13,14 @@ from attnsens.capture import RowSelection, capture_row_statistics
 from attnsens.errors import UnsupportedModelError, WeightsFidelityError
 from attnsens.models.fidelity import FIELDS
 from attnsens.study.bounds import bound_model
-from tests.unit.models.tiny_models import DECODER_FAMILIES, REFUSED_FAMILIES, VOCAB, eager_attentions, tiny_model
+from tests.unit.models.tiny_models import (
+    DECODER_FAMILIES,
+    ENCODER_FAMILIES,
+    REFUSED_FAMILIES,
+    VOCAB,
+    eager_attentions,
+    tiny_model,
+)
 
 IDS = torch.randint(2, VOCAB, (2, 13), generator=torch.Generator().manual_seed(7))
 WINDOWS = {"mistral": [5, 5], "qwen2": [None, 5], "phi3": [5, 5], "gemma": [None, None], "opt": [None, None],
@@ -110,3 +117,14 @@ def test_bounds_of_decoder_families_hold(family: str) -> None:
     layer_rows = table[table["head"] == -1]
     assert (layer_rows["mha_jacobian_estimate"] <= layer_rows["mha_local_jacobian_upper_bound"]).all()
     assert (layer_rows["block_jacobian_estimate"] <= layer_rows["residual_jacobian_upper_bound"]).all()
+
+
+@pytest.mark.parametrize("family", ENCODER_FAMILIES)
+def test_bert_layout_encoders_pass_the_gate_and_refuse_a_dropped_bias(family: str) -> None:
+    adapter = M.load(tiny_model(family))
+    assert (adapter.family, adapter.spec.placement, adapter.spec.causal) == (family, "post", False)
+    _, results = M.weights_fidelity(adapter, IDS)
+    assert max(r.relative_error for r in results) < 1e-5
+    _set(adapter, 1, "mlp", b_in=None)
+    with pytest.raises(WeightsFidelityError, match=f"{family} .*layer 1 mlp"):
+        M.check_weights_fidelity(adapter, IDS)

@@ -6,6 +6,8 @@ import torch
 from transformers import (
     BertConfig,
     BertModel,
+    ElectraConfig,
+    ElectraModel,
     Gemma2Config,
     Gemma2ForCausalLM,
     GemmaConfig,
@@ -28,6 +30,8 @@ from transformers import (
     Qwen2ForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    RobertaConfig,
+    RobertaModel,
 )
 
 VOCAB = 53
@@ -36,6 +40,8 @@ DECODER_FAMILIES = ("mistral", "qwen2", "gemma", "phi3", "opt", "opt_post")
 """Families bounded through the declarative decoder table (models/decoder.py); sliding windows of 5 keys."""
 REFUSED_FAMILIES = ("qwen3", "gemma2", "olmo2")
 """Families whose rows are audited but whose blocks the geometry cannot bound yet."""
+ENCODER_FAMILIES = ("roberta", "electra")
+"""Encoders read by the BERT adapter."""
 
 
 _GQA = {"num_hidden_layers": 2, "num_attention_heads": 6, "num_key_value_heads": 2, "hidden_size": 6 * 6,
@@ -52,6 +58,12 @@ CONFIGS = {
                                               "rope_theta": 500.0}),
     "bert": (BertConfig, BertModel, {"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 21,
                                      "intermediate_size": 37, "max_position_embeddings": 41}),
+    "roberta": (RobertaConfig, RobertaModel, {"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 21,
+                                              "intermediate_size": 37, "max_position_embeddings": 43,
+                                              "pad_token_id": 1}),
+    "electra": (ElectraConfig, ElectraModel, {"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 21,
+                                              "embedding_size": 13, "intermediate_size": 37,
+                                              "max_position_embeddings": 41}),
     "mistral": (MistralConfig, MistralForCausalLM, {**_GQA, "sliding_window": 5}),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, {**_GQA, "use_sliding_window": True, "sliding_window": 5,
                                               "max_window_layers": 1}),
@@ -79,7 +91,7 @@ def tiny_model(family: str, *, attn_implementation: str = "sdpa", seed: int = 0,
     torch.manual_seed(seed)
     config_class, model_class, keywords = CONFIGS[family]
     settings = config_class(**{**keywords, **config}, vocab_size=VOCAB, attn_implementation=attn_implementation)
-    extra = {"add_pooling_layer": False} if family == "bert" else {}
+    extra = {"add_pooling_layer": False} if family in ("bert", "roberta") else {}
     model = model_class(settings, **extra)
     spread_weights(model)
     return model.eval()
