@@ -1,12 +1,12 @@
 """Decoder families read from one declarative table (:data:`LAYOUTS`): Llama (SmolLM2), Mistral, Qwen2, Gemma,
-Phi-3 and OPT, plus the families whose blocks the geometry cannot bound yet (Qwen3, Gemma 2/3, OLMo 2), which are
-refused by name.
+Phi-3, OPT and GPT-J, plus the families whose blocks the geometry cannot bound yet (Qwen3, Gemma 2/3, OLMo 2),
+which are refused by name.
 
 A :class:`DecoderLayout` says where a family keeps each part of a block and what it does differently: fused
 projections (Phi-3's ``qkv_proj`` = [q; k; v] rows, ``gate_up_proj`` = [gate; up] rows), Gemma's RMSNorm scale
-(1 + w), a plain MLP (OPT's fc1/fc2), the query scaling folded into q_proj (OPT), where a sliding window is read,
-and what makes a block unboundable. Everything else — GQA, every RoPE type (``hf.rotary_of``), biases, the
-yarn/longrope attention factor folded into τ — is common.
+(1 + w), a plain MLP (OPT's fc1/fc2), the query scaling folded into q_proj (OPT), GPT-J's parallel residual and
+interleaved rotary, where a sliding window is read, and what makes a block unboundable. Everything else — GQA,
+every RoPE type (``hf.rotary_of``), biases, the yarn/longrope attention factor folded into τ — is common.
 
 A GGUF Llama checkpoint stores q/k rows permuted for llama.cpp's interleaved rotary; transformers undoes that
 permutation while loading, so ``q_proj``/``k_proj`` are already in the rotate-half layout RotaryConfig uses.
@@ -34,7 +34,7 @@ from attnsens.models.hf import (
     split_bias,
     split_heads,
 )
-from attnsens.models.weights import AttentionWeights, LayerWeights, MLPWeights, NormKind, NormWeights
+from attnsens.models.weights import AttentionWeights, LayerWeights, MLPWeights, NormKind, NormWeights, RotaryConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,7 +58,8 @@ class DecoderLayout:
     norm: NormKind = "rmsnorm"
     gamma_offset: float = 0.0  # Gemma's RMSNorm multiplies by (1 + weight)
     activation: str = "hidden_act"  # config attribute naming the MLP activation
-    rotary: bool = True
+    rotary: Literal["rope_parameters", "gptj", "none"] = "rope_parameters"  # gptj: base 10⁴, pairs, rotary_dim
+    parallel_residual: bool = False  # X + Attn(N1(X)) + MLP(N2(X)) (GPT-J: N1 = N2 = ln_1)
     query_scaled_in_projection: bool = False  # OPT: q = scaling·q_proj(x), the attention function gets scaling 1
     window: Literal["none", "config", "module"] = "none"  # where a sliding window is read
     refused: tuple[tuple[str, str], ...] = ()  # ("block.<attr>" or "config.<attr>" present and not None, why)
@@ -107,8 +108,22 @@ LAYOUTS: dict[str, DecoderLayout] = {
         mlp_norm="final_layer_norm",
         norm="layernorm",
         activation="activation_function",
-        rotary=False,
+        rotary="none",
         query_scaled_in_projection=True,
+    ),
+    "gptj": DecoderLayout(
+        blocks="h",
+        attention="attn",
+        o="out_proj",
+        up="mlp.fc_in",
+        gate=None,
+        down="mlp.fc_out",
+        attn_norm="ln_1",
+        mlp_norm="ln_1",
+        norm="layernorm",
+        activation="activation_function",
+        rotary="gptj",
+        parallel_residual=True,
     ),
 }
 """transformers ``model_type`` → layout; ``loading.FAMILIES`` maps each of these to :class:`DecoderAdapter`."""
@@ -143,7 +158,7 @@ class DecoderAdapter(HFAdapter):
             placement=placement,
             norm=layout.norm,
             causal=not getattr(config, "use_bidirectional_attention", False),
-            rotary=spec_rotary(config, d_head) if layout.rotary else None,
+            rotary=_rotary(layout, config, d_head, refuse=False),
         )
 
     def blocks(self) -> list[torch.nn.Module]:
@@ -203,9 +218,9 @@ class DecoderAdapter(HFAdapter):
         tau = 1.0 / scaling
         if lay.query_scaled_in_projection:
             w_q, b_q, tau = w_q * scaling, None if b_q is None else b_q * scaling, 1.0
-        rotary = rotary_of(config, s.d_head) if lay.rotary else None
+        rotary = _rotary(lay, config, s.d_head, refuse=True)
         if rotary is not None:
-            tau = rotary_temperature(1.0 / tau, rotary, self.base.rotary_emb, s.d_head)
+            tau = rotary_temperature(1.0 / tau, rotary, getattr(self.base, "rotary_emb", None), s.d_head)
         out = getattr(attn, lay.o)
         attention = AttentionWeights(
             w_q=split_heads(w_q, s.n_head),
@@ -228,6 +243,7 @@ class DecoderAdapter(HFAdapter):
             mlp=self._mlp(block),
             attn_norm=self._norm(getattr(block, lay.attn_norm)),
             mlp_norm=self._norm(getattr(block, lay.mlp_norm)),
+            parallel_residual=lay.parallel_residual,
         )
 
     def _projections(self, attn: torch.nn.Module) -> tuple[Tensor, ...]:
@@ -272,6 +288,16 @@ class DecoderAdapter(HFAdapter):
         if self.layout.norm == "layernorm":
             return layer_norm(module)
         return rms_norm(module, gamma_offset=self.layout.gamma_offset)
+
+
+def _rotary(layout: DecoderLayout, config: Any, d_head: int, *, refuse: bool) -> RotaryConfig | None:
+    """The layout's rotary: from ``rope_parameters`` (refusing unknown types when ``refuse``), GPT-J's fixed
+    interleaved RoPE on the first ``rotary_dim`` dimensions, or None."""
+    if layout.rotary == "gptj":
+        return RotaryConfig(base=10000.0, rotary_dim=config.rotary_dim or d_head, interleaved=True)
+    if layout.rotary == "rope_parameters":
+        return rotary_of(config, d_head) if refuse else spec_rotary(config, d_head)
+    return None
 
 
 def layout_of(model_type: str) -> DecoderLayout:

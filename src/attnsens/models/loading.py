@@ -28,7 +28,7 @@ FAMILIES: dict[str, str] = {
     "bert": "attnsens.models.bert:BertAdapter",
     **{family: "attnsens.models.bert:BertAdapter" for family in ("roberta", "xlm-roberta", "camembert", "electra")},
     **{family: "attnsens.models.decoder:DecoderAdapter" for family in (
-        "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2", "opt",
+        "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2", "opt", "gptj",
     )},
 }  # fmt: skip
 """transformers ``model_type`` → ``module:AdapterClass``."""

@@ -24,7 +24,7 @@ from tests.unit.models.tiny_models import (
 
 IDS = torch.randint(2, VOCAB, (2, 13), generator=torch.Generator().manual_seed(7))
 WINDOWS = {"mistral": [5, 5], "qwen2": [None, 5], "phi3": [5, 5], "gemma": [None, None], "opt": [None, None],
-           "opt_post": [None, None]}  # fmt: skip
+           "opt_post": [None, None], "gptj": [None, None]}  # fmt: skip
 
 
 def _model(family: str) -> torch.nn.Module:
@@ -57,6 +57,12 @@ MUTATIONS = {
     ),
     "opt: query scaling not folded": (
         "opt", 0, "attention", lambda a: _set(a, 0, "attention", tau=a.layers[0].attention.tau * 2.0)
+    ),
+    "gptj: sequential residual": (
+        "gptj", 0, "mlp_norm", lambda a: a.layers.__setitem__(0, replace(a.layers[0], parallel_residual=False))
+    ),
+    "gptj: rotate halves": ("gptj", 1, "attention", lambda a: _set(
+        a, 1, "attention", rotary=replace(a.layers[1].attention.rotary, interleaved=False))
     ),
     "opt_post: drop the second norm's bias": ("opt_post", 1, "mlp_norm", lambda a: _set(a, 1, "mlp_norm", beta=None)),
 }  # fmt: skip

@@ -14,6 +14,8 @@ from transformers import (
     GemmaForCausalLM,
     GPT2Config,
     GPT2LMHeadModel,
+    GPTJConfig,
+    GPTJForCausalLM,
     GPTNeoXConfig,
     GPTNeoXModel,
     LlamaConfig,
@@ -36,7 +38,7 @@ from transformers import (
 
 VOCAB = 53
 FAMILIES = ("gpt2", "gpt_neox", "llama", "bert")
-DECODER_FAMILIES = ("mistral", "qwen2", "gemma", "phi3", "opt", "opt_post")
+DECODER_FAMILIES = ("mistral", "qwen2", "gemma", "phi3", "opt", "opt_post", "gptj")
 """Families bounded through the declarative decoder table (models/decoder.py); sliding windows of 5 keys."""
 REFUSED_FAMILIES = ("qwen3", "gemma2", "olmo2")
 """Families whose rows are audited but whose blocks the geometry cannot bound yet."""
@@ -64,6 +66,8 @@ CONFIGS = {
     "electra": (ElectraConfig, ElectraModel, {"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 21,
                                               "embedding_size": 13, "intermediate_size": 37,
                                               "max_position_embeddings": 41}),
+    "gptj": (GPTJConfig, GPTJForCausalLM, {"n_layer": 2, "n_head": 3, "n_embd": 24, "n_inner": 37, "rotary_dim": 4,
+                                           "n_positions": 41, "bos_token_id": 0, "eos_token_id": 0}),
     "mistral": (MistralConfig, MistralForCausalLM, {**_GQA, "sliding_window": 5}),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, {**_GQA, "use_sliding_window": True, "sliding_window": 5,
                                               "max_window_layers": 1}),
