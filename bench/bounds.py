@@ -93,6 +93,11 @@ FAMILY_CONFIGS = {
     "phi3": ("Phi3Config", "Phi3Model", {**_DECODER, "pad_token_id": 0}),
     "opt": ("OPTConfig", "OPTModel", {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64,
                                       "ffn_dim": 96, "max_position_embeddings": 64, "word_embed_proj_dim": 64}),
+    "gptj": ("GPTJConfig", "GPTJModel", {"n_layer": 2, "n_head": 4, "n_embd": 64, "n_inner": 96, "rotary_dim": 8,
+                                         "n_positions": 64}),
+    "roberta": ("RobertaConfig", "RobertaModel", {"num_hidden_layers": 2, "num_attention_heads": 4,
+                                                  "hidden_size": 64, "intermediate_size": 96,
+                                                  "max_position_embeddings": 66}),
     "bert": ("BertConfig", "BertModel", {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64,
                                          "intermediate_size": 96, "max_position_embeddings": 64}),
 }  # fmt: skip
