@@ -37,9 +37,16 @@ from attnsens.models.weights import LayerWeights
 FIELDS = ("attn_norm", "attention", "mlp_norm", "mlp", "block")
 """The sub-outputs the gate compares, in forward order."""
 
-DEFAULT_TOLERANCE: dict[torch.dtype, float] = {torch.float64: 1e-9, torch.float32: 1e-4}
-"""Largest accepted relative error per model float type; 16-bit types get :data:`HALF_TOLERANCE`."""
-HALF_TOLERANCE = 2e-2
+DEFAULT_TOLERANCE: dict[torch.dtype, float] = {
+    # transformers computes RoPE tables in float32 even for float64 models (relative error ~2e-7 measured)
+    torch.float64: 1e-6,
+    torch.float32: 1e-4,
+    torch.float16: 1e-2,
+    torch.bfloat16: 3e-2,  # measured up to 1.1e-2 on tiny random-init models (one bfloat16 rounding is 3.9e-3)
+}
+"""Largest accepted relative error per model float type (structural mismatches give 5e-2 to 1.5)."""
+HALF_TOLERANCE = 3e-2
+"""Tolerance of any other float type."""
 
 PROBE_LENGTH = 16
 

@@ -113,3 +113,13 @@ def test_relative_error_scale_and_edge_cases() -> None:
     assert relative_error(y, torch.zeros(1, 2, 2)) == 1.0  # a zero output is measured on the reference's scale
     assert relative_error(y, torch.full_like(y, float("nan"))) == float("inf")
     assert relative_error(y, y[:, :1]) == float("inf")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
+def test_the_gate_accepts_other_float_types_and_still_refuses_a_dropped_bias(dtype: torch.dtype) -> None:
+    adapter = M.load(tiny_model("llama", attention_bias=True), dtype=dtype)
+    _, results = M.weights_fidelity(adapter, IDS)
+    assert all(r.passed for r in results), max(results, key=lambda r: r.relative_error)
+    _mutated(adapter, 1, **{"attention.b_v": None})
+    with pytest.raises(WeightsFidelityError, match="layer 1 attention"):
+        M.check_weights_fidelity(adapter, IDS)
