@@ -6,6 +6,8 @@ import torch
 from transformers import (
     BertConfig,
     BertModel,
+    DistilBertConfig,
+    DistilBertModel,
     ElectraConfig,
     ElectraModel,
     Gemma2Config,
@@ -39,11 +41,11 @@ from transformers import (
 VOCAB = 53
 FAMILIES = ("gpt2", "gpt_neox", "llama", "bert")
 DECODER_FAMILIES = ("mistral", "qwen2", "gemma", "phi3", "opt", "opt_post", "gptj")
-"""Families bounded through the declarative decoder table (models/decoder.py); sliding windows of 5 keys."""
+"""Families bounded through the declarative decoder table (models/layouts.py); sliding windows of 5 keys."""
 REFUSED_FAMILIES = ("qwen3", "gemma2", "olmo2")
 """Families whose rows are audited but whose blocks the geometry cannot bound yet."""
-ENCODER_FAMILIES = ("roberta", "electra")
-"""Encoders read by the BERT adapter."""
+ENCODER_FAMILIES = ("roberta", "electra", "distilbert")
+"""Encoders read by the BERT adapter (RoBERTa, ELECTRA) and by the layout table (DistilBERT)."""
 
 
 _GQA = {"num_hidden_layers": 2, "num_attention_heads": 6, "num_key_value_heads": 2, "hidden_size": 6 * 6,
@@ -68,6 +70,8 @@ CONFIGS = {
                                               "max_position_embeddings": 41}),
     "gptj": (GPTJConfig, GPTJForCausalLM, {"n_layer": 2, "n_head": 3, "n_embd": 24, "n_inner": 37, "rotary_dim": 4,
                                            "n_positions": 41, "bos_token_id": 0, "eos_token_id": 0}),
+    "distilbert": (DistilBertConfig, DistilBertModel, {"n_layers": 2, "n_heads": 3, "dim": 21, "hidden_dim": 37,
+                                                       "max_position_embeddings": 41}),
     "mistral": (MistralConfig, MistralForCausalLM, {**_GQA, "sliding_window": 5}),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, {**_GQA, "use_sliding_window": True, "sliding_window": 5,
                                               "max_window_layers": 1}),

@@ -1,5 +1,6 @@
-"""Decoder families of the declarative table (models/decoder.py): the gate passes on each, mutations are refused,
-families the geometry cannot bound are refused by name while their rows stay auditable."""
+"""Families of the declarative layout table (models/layouts.py) and the BERT-layout encoders: the gate passes on
+each, mutations are refused, families the geometry cannot bound are refused by name while their rows stay
+auditable."""
 
 from __future__ import annotations
 
@@ -126,7 +127,7 @@ def test_bounds_of_decoder_families_hold(family: str) -> None:
 
 
 @pytest.mark.parametrize("family", ENCODER_FAMILIES)
-def test_bert_layout_encoders_pass_the_gate_and_refuse_a_dropped_bias(family: str) -> None:
+def test_encoders_pass_the_gate_and_refuse_a_dropped_bias(family: str) -> None:
     adapter = M.load(tiny_model(family))
     assert (adapter.family, adapter.spec.placement, adapter.spec.causal) == (family, "post", False)
     _, results = M.weights_fidelity(adapter, IDS)

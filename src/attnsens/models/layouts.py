@@ -1,8 +1,8 @@
-"""Decoder families read from one declarative table (:data:`LAYOUTS`): Llama (SmolLM2), Mistral, Qwen2, Gemma,
-Phi-3, OPT and GPT-J, plus the families whose blocks the geometry cannot bound yet (Qwen3, Gemma 2/3, OLMo 2),
-which are refused by name.
+"""Families read from one declarative table (:data:`LAYOUTS`): the decoders Llama (SmolLM2), Mistral, Qwen2,
+Gemma, Phi-3, OPT and GPT-J, the encoder DistilBERT, plus the families whose blocks the geometry cannot bound
+yet (Qwen3, Gemma 2/3, OLMo 2), which are refused by name.
 
-A :class:`DecoderLayout` says where a family keeps each part of a block and what it does differently: fused
+A :class:`BlockLayout` says where a family keeps each part of a block and what it does differently: fused
 projections (Phi-3's ``qkv_proj`` = [q; k; v] rows, ``gate_up_proj`` = [gate; up] rows), Gemma's RMSNorm scale
 (1 + w), a plain MLP (OPT's fc1/fc2), the query scaling folded into q_proj (OPT), GPT-J's parallel residual and
 interleaved rotary, where a sliding window is read, and what makes a block unboundable. Everything else — GQA,
@@ -38,8 +38,8 @@ from attnsens.models.weights import AttentionWeights, LayerWeights, MLPWeights, 
 
 
 @dataclass(frozen=True, kw_only=True)
-class DecoderLayout:
-    """Where one decoder family keeps the parts of a block (attribute names) and its departures from Llama."""
+class BlockLayout:
+    """Where one family keeps the parts of a block (attribute names) and its departures from Llama."""
 
     blocks: str = "layers"  # attribute of the base model (dotted) holding the blocks
     attention: str = "self_attn"
@@ -60,19 +60,21 @@ class DecoderLayout:
     activation: str = "hidden_act"  # config attribute naming the MLP activation
     rotary: Literal["rope_parameters", "gptj", "none"] = "rope_parameters"  # gptj: base 10⁴, pairs, rotary_dim
     parallel_residual: bool = False  # X + Attn(N1(X)) + MLP(N2(X)) (GPT-J: N1 = N2 = ln_1)
+    post_norm: bool = False  # post-LN blocks always (DistilBERT); OPT reads do_layer_norm_before instead
+    causal: bool = True  # False: bidirectional encoder; Gemma's use_bidirectional_attention also turns it off
     query_scaled_in_projection: bool = False  # OPT: q = scaling·q_proj(x), the attention function gets scaling 1
     window: Literal["none", "config", "module"] = "none"  # where a sliding window is read
     refused: tuple[tuple[str, str], ...] = ()  # ("block.<attr>" or "config.<attr>" present and not None, why)
 
 
 _UNBOUNDED_QK_NORM = "QK-norm (RMSNorm of queries and keys) has no certified bound in attnsens.geometry yet"
-LAYOUTS: dict[str, DecoderLayout] = {
-    "llama": DecoderLayout(),
-    "mistral": DecoderLayout(window="config"),
-    "qwen2": DecoderLayout(window="module"),
-    "qwen3": DecoderLayout(window="module", refused=(("block.self_attn.q_norm", _UNBOUNDED_QK_NORM),)),
-    "gemma": DecoderLayout(gamma_offset=1.0),
-    "gemma2": DecoderLayout(
+LAYOUTS: dict[str, BlockLayout] = {
+    "llama": BlockLayout(),
+    "mistral": BlockLayout(window="config"),
+    "qwen2": BlockLayout(window="module"),
+    "qwen3": BlockLayout(window="module", refused=(("block.self_attn.q_norm", _UNBOUNDED_QK_NORM),)),
+    "gemma": BlockLayout(gamma_offset=1.0),
+    "gemma2": BlockLayout(
         gamma_offset=1.0,
         activation="hidden_activation",
         window="module",
@@ -81,7 +83,7 @@ LAYOUTS: dict[str, DecoderLayout] = {
             ("config.attn_logit_softcapping", "the attention logit softcap has no certified bound yet"),
         ),
     ),
-    "gemma3_text": DecoderLayout(
+    "gemma3_text": BlockLayout(
         gamma_offset=1.0,
         activation="hidden_activation",
         window="module",
@@ -90,14 +92,14 @@ LAYOUTS: dict[str, DecoderLayout] = {
             ("block.pre_feedforward_layernorm", "sandwich norms (a norm after each sublayer) are not in LayerWeights"),
         ),
     ),
-    "phi3": DecoderLayout(qkv="qkv_proj", gate_up="mlp.gate_up_proj", window="config"),
-    "olmo2": DecoderLayout(
+    "phi3": BlockLayout(qkv="qkv_proj", gate_up="mlp.gate_up_proj", window="config"),
+    "olmo2": BlockLayout(
         refused=(
             ("block.self_attn.q_norm", _UNBOUNDED_QK_NORM),
             ("block.post_feedforward_layernorm", "norms after each sublayer (x + N(F(x))) are not in LayerWeights"),
         ),
     ),
-    "opt": DecoderLayout(
+    "opt": BlockLayout(
         blocks="decoder.layers",
         o="out_proj",
         mlp="fc2",
@@ -111,7 +113,7 @@ LAYOUTS: dict[str, DecoderLayout] = {
         rotary="none",
         query_scaled_in_projection=True,
     ),
-    "gptj": DecoderLayout(
+    "gptj": BlockLayout(
         blocks="h",
         attention="attn",
         o="out_proj",
@@ -125,8 +127,27 @@ LAYOUTS: dict[str, DecoderLayout] = {
         rotary="gptj",
         parallel_residual=True,
     ),
+    "distilbert": BlockLayout(
+        blocks="transformer.layer",
+        attention="attention",
+        q="q_lin",
+        k="k_lin",
+        v="v_lin",
+        o="out_lin",
+        mlp="ffn",
+        up="ffn.lin1",
+        gate=None,
+        down="ffn.lin2",
+        attn_norm="sa_layer_norm",
+        mlp_norm="output_layer_norm",
+        norm="layernorm",
+        activation="activation",
+        rotary="none",
+        post_norm=True,
+        causal=False,
+    ),
 }
-"""transformers ``model_type`` → layout; ``loading.FAMILIES`` maps each of these to :class:`DecoderAdapter`."""
+"""transformers ``model_type`` → layout; ``loading.FAMILIES`` maps each of these to :class:`LayoutAdapter`."""
 
 
 def _get(root: Any, path: str) -> Any:
@@ -135,7 +156,7 @@ def _get(root: Any, path: str) -> Any:
     return root
 
 
-class DecoderAdapter(HFAdapter):
+class LayoutAdapter(HFAdapter):
     """Any family of :data:`LAYOUTS`; ``family`` is the transformers ``model_type``."""
 
     def __init__(self, module: torch.nn.Module, *, name: str, tokenizer: Any = None) -> None:
@@ -146,7 +167,7 @@ class DecoderAdapter(HFAdapter):
     def spec_of(cls, config: Any) -> ModelSpec:
         layout = layout_of(config.model_type)
         d_head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        placement = "pre" if getattr(config, "do_layer_norm_before", True) else "post"
+        placement = "post" if layout.post_norm or not getattr(config, "do_layer_norm_before", True) else "pre"
         return ModelSpec(
             n_layer=config.num_hidden_layers,
             n_head=config.num_attention_heads,
@@ -157,7 +178,7 @@ class DecoderAdapter(HFAdapter):
             vocab_size=config.vocab_size,
             placement=placement,
             norm=layout.norm,
-            causal=not getattr(config, "use_bidirectional_attention", False),
+            causal=layout.causal and not getattr(config, "use_bidirectional_attention", False),
             rotary=_rotary(layout, config, d_head, refuse=False),
         )
 
@@ -290,7 +311,7 @@ class DecoderAdapter(HFAdapter):
         return rms_norm(module, gamma_offset=self.layout.gamma_offset)
 
 
-def _rotary(layout: DecoderLayout, config: Any, d_head: int, *, refuse: bool) -> RotaryConfig | None:
+def _rotary(layout: BlockLayout, config: Any, d_head: int, *, refuse: bool) -> RotaryConfig | None:
     """The layout's rotary: from ``rope_parameters`` (refusing unknown types when ``refuse``), GPT-J's fixed
     interleaved RoPE on the first ``rotary_dim`` dimensions, or None."""
     if layout.rotary == "gptj":
@@ -300,9 +321,9 @@ def _rotary(layout: DecoderLayout, config: Any, d_head: int, *, refuse: bool) ->
     return None
 
 
-def layout_of(model_type: str) -> DecoderLayout:
+def layout_of(model_type: str) -> BlockLayout:
     if model_type not in LAYOUTS:
-        raise UnsupportedModelError(f"no decoder layout for {model_type!r}; known: {', '.join(LAYOUTS)}")
+        raise UnsupportedModelError(f"no block layout for {model_type!r}; known: {', '.join(LAYOUTS)}")
     return LAYOUTS[model_type]
 
 
