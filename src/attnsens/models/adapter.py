@@ -1,9 +1,10 @@
 """The model adapter: one object per loaded model exposing normalized weights, layer inputs and attention rows.
 
-Family modules (gpt2, neox, llama, bert, own_gpt) subclass :class:`ModelAdapter` and supply three things: the
-normalized :class:`~attnsens.models.weights.LayerWeights`, a forward pass, and a *query/key tap* — a context
-manager that calls ``on_query_key(layer, query, key, tau)`` with every layer's queries and keys (after any rotary
-embedding) while the model runs. Everything else (streaming rows, layer inputs) is written once here.
+Family modules (gpt2, neox, bert, layouts, own_gpt) subclass :class:`ModelAdapter` and supply: the normalized
+:class:`~attnsens.models.weights.LayerWeights`, a forward pass, a *query/key tap* — a context manager that calls
+``on_query_key(layer, query, key, tau)`` with every layer's queries and keys (after any rotary embedding) while
+the model runs — and taps on each layer's inputs and outputs, which the weights-fidelity gate (models/fidelity.py)
+compares with the reference forward. Everything else (streaming rows, layer inputs) is written once here.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""Shared base of the Hugging Face transformers adapters (GPT-2, GPT-NeoX, Llama, BERT).
+"""Shared base of the Hugging Face transformers adapters (GPT-2, GPT-NeoX, BERT and the layout table).
 
 A family subclass names its blocks, its attention modules (the ones that call the attention function) and the
-submodules whose inputs/outputs are the layer inputs; it converts parameters in ``read_layers``. Forward passes,
-tokenization and the query/key tap (models/hf_tap.py) are common.
+submodules whose inputs/outputs are the layer inputs and outputs; it converts parameters in ``read_layers``.
+Forward passes, tokenization, the query/key tap (models/hf_tap.py) and the reading of ``rope_parameters``
+(:func:`rotary_of`) are common.
 """
 
 from __future__ import annotations
