@@ -58,8 +58,10 @@ def test_chunk_size_does_not_change_results_and_bounds_peak_rows(monkeypatch) ->
     small = _concat(C.capture_row_statistics(adapter, ids, selection=C.RowSelection(chunk_size=4)))
     assert max(shapes) == (2, 6, 4, 23) and len(shapes) == 2 * 6  # one [batch, head, chunk, key] block at a time
     whole = _concat(C.capture_row_statistics(adapter, ids, selection=C.RowSelection(chunk_size=23)))
+    # Rows are recomputed in float32, and a GEMM of 4 query rows may round differently from one of 23 on some
+    # CPUs (different kernels by shape): results agree to a few float32 ulps, not bit for bit.
     for name in small:
-        torch.testing.assert_close(small[name], whole[name], msg=name)
+        torch.testing.assert_close(small[name], whole[name], rtol=1e-6, atol=1e-6, msg=name)
 
 
 def test_selection_layers_heads_and_range() -> None:
