@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from attnsens.errors import ConfigError
+from attnsens.store.lock import writes_run_folder
 from attnsens.train.checkpoint import load_model_state, saved_steps, verify_checkpoint
 from attnsens.train.data import DataConfig, TokenData, prepare_data
 from attnsens.train.model import GPT, GPTConfig, preset
@@ -137,6 +138,7 @@ def unit_paths(seed: int, step: int, *, bounds: bool = True) -> dict[str, str]:
     return {table: f"{table}/seed={seed}/step={step:06d}.parquet" for table in tables}
 
 
+@writes_run_folder("out_dir", "study")
 def run_study(
     config: StudyConfig, out_dir: str | Path, *, log: Log | None = None, device: str | None = None
 ) -> StudyResult:

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from attnsens.errors import CheckpointError
+from attnsens.store.lock import writes_run_folder
 from attnsens.train.checkpoint import saved_steps
 from attnsens.train.data import DataConfig, TokenData, prepare_data
 from attnsens.train.model import GPTConfig
@@ -54,6 +55,7 @@ def default_data_config(model_config: GPTConfig, **overrides: object) -> DataCon
     return DataConfig(**values)
 
 
+@writes_run_folder("run_dir", "train")
 def train(
     model_config: GPTConfig,
     train_config: TrainConfig,
