@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from attnsens.cli import app
-from attnsens.errors import RunIntegrityError
+from attnsens.errors import FileFormatError, RunIntegrityError
 from attnsens.report import build_report
 from attnsens.store import manifest as manifest_module
 from attnsens.store.query import query
@@ -120,3 +120,23 @@ def test_a_folder_without_manifest_is_read_and_reported_unverified(pristine, tmp
     check = verify_run(loose)
     assert check.ok and not check.has_manifest
     assert "Unverified" in build_report(loose).read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        (lambda m: {**m, "units": []}, "'units' is list"),
+        (lambda m: {**m, "units": {"../../../../etc/passwd": {"sha256": "0" * 64}}}, "not a relative path inside"),
+        (lambda m: {**m, "units": {"/etc/passwd": {"sha256": "0" * 64}}}, "not a relative path inside"),
+        (lambda m: {**m, "units": {ROWS_10: {"table": "rows"}}}, "has sha256 None"),
+        (lambda m: {**m, "units": {ROWS_10: {**m["units"][ROWS_10], "num_rows": "9"}}}, "num_rows '9'"),
+    ],
+)
+def test_a_malformed_manifest_is_refused_before_any_file_is_opened(run, monkeypatch, edit, named):
+    payload = json.loads((run / "manifest.json").read_text())
+    (run / "manifest.json").write_text(json.dumps(edit(payload)))
+    monkeypatch.setattr("attnsens.store.verify.sha256_file", lambda path: pytest.fail(f"hashed {path}"))
+    with pytest.raises(FileFormatError, match=f"is malformed: .*{named}.*; restore it"):
+        verify_run(run)
+    result = runner.invoke(app, ["report", str(run)])
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
