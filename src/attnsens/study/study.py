@@ -32,7 +32,7 @@ import torch.distributed as dist
 
 from attnsens.errors import ConfigError
 from attnsens.store.lock import writes_run_folder
-from attnsens.train.checkpoint import load_model_state, saved_steps, verify_checkpoint
+from attnsens.train.checkpoint import load_model_state, model_hashes, prune_deleted, saved_steps, verify_checkpoint
 from attnsens.train.data import DataConfig, TokenData, prepare_data
 from attnsens.train.model import GPT, GPTConfig, preset
 from attnsens.train.run import default_data_config, preset_train_config, train
@@ -155,14 +155,20 @@ def run_study(
     init_distributed()
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     manifest = Manifest.open(out, config=config.describe())
+    discarded = {}
     for seed in config.seeds:
+        # A checkpoint whose directory the user deleted is rebuilt by training; the others must be intact.
+        discarded[seed] = prune_deleted(_seed_dir(out, seed)) if rank == 0 else {}
         for step in saved_steps(_seed_dir(out, seed)):
             verify_checkpoint(_seed_dir(out, seed), step)
     data = _shared_data(config, out, rank)
 
     started = time.perf_counter()
     for seed in config.seeds:
+        before = {**discarded[seed], **model_hashes(_seed_dir(out, seed))}
         _train_seed(config, out, seed, data, manifest, rank=rank, device=device, say=say)
+        if rank == 0:
+            _forget_stale_audits(config, seed, before, model_hashes(_seed_dir(out, seed)), manifest)
     train_seconds = time.perf_counter() - started
 
     started = time.perf_counter()
@@ -214,7 +220,7 @@ def _train_seed(
     import pandas as pd
 
     units = {"training": f"training/seed={seed}.parquet", "grad_norms": f"grad_norms/seed={seed}.parquet"}
-    finished = config.train.steps in saved_steps(_seed_dir(out, seed))
+    finished = set(config.train.checkpoint_schedule) <= set(saved_steps(_seed_dir(out, seed)))
     if finished and all(manifest.is_done(unit) for unit in units.values()):
         say(f"seed {seed}: already trained ({config.train.steps} steps)")
         return
@@ -240,6 +246,16 @@ def _train_seed(
             f"seed {seed}: trained {result.final_step} steps in {time.perf_counter() - started:.1f} s, "
             f"loss {last['loss']:.3f}, eval loss {last['eval_loss']:.3f}"
         )
+
+
+def _forget_stale_audits(
+    config: StudyConfig, seed: int, before: dict[int, str], after: dict[int, str], manifest: Any
+) -> None:
+    """Unrecord the audit units of checkpoints that retraining changed (bit-identical on CPU, so only on GPU)."""
+    for step, digest in before.items():
+        if after.get(step) not in (None, digest):
+            for unit in unit_paths(seed, step, bounds=config.bounds).values():
+                manifest.forget(unit)
 
 
 class _CheckpointLog:
