@@ -296,8 +296,9 @@ def _audit_checkpoint(
             compare_placements=False,
             run_id=config.name,
             model_name=result.rows["model"].iloc[0],
+            step=step,
+            seed=seed,
         )
-        bounds["step"], bounds["seed"] = step, seed
         manifest.write_unit(units["bounds"], bounds, schema="bounds", metadata=metadata)
     layer = result.layer_summary()
     say(
