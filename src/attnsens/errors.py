@@ -35,6 +35,10 @@ class RunIntegrityError(FileFormatError):
     """A run folder disagrees with its manifest: missing, changed, misplaced, unreadable or extra unit files."""
 
 
+class OutputWriteError(FileFormatError):
+    """A result could not be written (disk full, read-only folder); the folder is left as it was."""
+
+
 class RunLockedError(AttnsensError):
     """Another process is writing the run folder (it holds the folder's lock)."""
 

@@ -51,13 +51,18 @@ def writer_lock(
 
     Raises RunLockedError naming the holder when another live process holds it. Re-entrant within a process.
     """
+    from attnsens.store.parquet import output_write_error
+
     directory = Path(run_dir).resolve()
     if directory in _HELD:
         yield directory
         return
-    directory.mkdir(parents=True, exist_ok=True)
     path = directory / LOCK_NAME
-    handle = open(path, "a+")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a+")
+    except OSError as err:
+        raise output_write_error(path, err) from None
     try:
         previous = _acquire(handle, directory)
         if previous and previous.get("pid") != os.getpid():

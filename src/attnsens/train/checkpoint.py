@@ -35,6 +35,7 @@ from torch import Tensor
 
 from attnsens.errors import CheckpointError
 from attnsens.store.manifest import sha256_file
+from attnsens.store.parquet import atomic_write, output_write_error
 
 MANIFEST = "manifest.json"
 TENSOR_FILES = ("model.safetensors", "optimizer.safetensors", "rng.safetensors")
@@ -152,16 +153,20 @@ def save_checkpoint(
 ) -> Path:
     """Write checkpoint ``step`` atomically and register its file hashes. Returns its directory."""
     root = checkpoint_dir(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
     name = checkpoint_name(step)
     final, staging = root / name, root / f".{name}.tmp"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
-    save_file({k: v.detach().contiguous().cpu() for k, v in model_state.items()}, staging / "model.safetensors")
     tensors, hyperparameters = _split_optimizer_state(optimizer.state_dict())
-    save_file(tensors, staging / "optimizer.safetensors")
-    save_file(_rng_state(), staging / "rng.safetensors")
-    (staging / "state.json").write_text(json.dumps({**state, "step": step, "optimizer": hyperparameters}) + "\n")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+        save_file({k: v.detach().contiguous().cpu() for k, v in model_state.items()}, staging / "model.safetensors")
+        save_file(tensors, staging / "optimizer.safetensors")
+        save_file(_rng_state(), staging / "rng.safetensors")
+        (staging / "state.json").write_text(json.dumps({**state, "step": step, "optimizer": hyperparameters}) + "\n")
+    except Exception as err:  # OSError, or safetensors' own error wrapping one (disk full, read-only folder)
+        shutil.rmtree(staging, ignore_errors=True)
+        raise output_write_error(staging, err) from None
     files = {path.name: sha256_file(path) for path in sorted(staging.iterdir())}
     shutil.rmtree(final, ignore_errors=True)
     os.replace(staging, final)
@@ -172,10 +177,8 @@ def save_checkpoint(
 
 
 def _write_manifest(run_dir: str | Path, manifest: dict[str, dict[str, Any]]) -> None:
-    root = checkpoint_dir(run_dir)
-    staged_manifest = root / f".{MANIFEST}.tmp"
-    staged_manifest.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    os.replace(staged_manifest, root / MANIFEST)
+    text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
+    atomic_write(checkpoint_dir(run_dir) / MANIFEST, lambda tmp: Path(tmp).write_text(text))
 
 
 def verify_checkpoint(run_dir: str | Path, step: int) -> Path:

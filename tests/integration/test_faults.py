@@ -1,0 +1,168 @@
+"""Fault tests on real processes: kill -9 at random moments during train, study and audit, two writers on one
+folder, a checkpoint deleted as the error advises, and a full or read-only output folder (tmpfs).
+
+Every rerun after a kill must end with exactly the units of an uninterrupted run: the same unit files, the same
+values bit for bit on CPU (measured wall times aside), the same checkpoint weights, and no temporary files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from attnsens.cli import app
+from attnsens.store.lock import read_holder
+from attnsens.store.verify import verify_run
+from attnsens.train.checkpoint import model_hashes
+from tests.unit.train.conftest import synthetic_text
+
+REPO = Path(__file__).resolve().parents[2]
+KINDS = ("train", "study", "audit")
+TIMING_COLUMNS = {"wall_time_s"}
+
+
+def _env() -> dict[str, str]:
+    python_path = os.pathsep.join([str(REPO / "src"), str(REPO)])
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": python_path, "HF_HUB_OFFLINE": "1"}
+
+
+def start(kind: str, corpus: Path, out: Path) -> tuple[subprocess.Popen, float]:
+    """Start a fault_worker and wait for its ``ready``; return the process and the time it became ready."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.integration.fault_worker", kind, str(corpus), str(out)],
+        env=_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert process.stdout.readline().strip() == "ready", process.stderr.read()
+    return process, time.perf_counter()
+
+
+def finish(kind: str, corpus: Path, out: Path) -> tuple[float, str]:
+    """Run a worker to the end; return the seconds after ``ready`` and its stderr."""
+    process, ready = start(kind, corpus, out)
+    _, stderr = process.communicate(timeout=600)
+    assert process.returncode == 0, stderr[-3000:]
+    return time.perf_counter() - ready, stderr
+
+
+def contents(out: Path) -> dict[str, object]:
+    """Every result of a run folder in comparable form: Parquet units without metadata or timings, the
+    manifest's unit list, checkpoint weight hashes; and the temporary files, which must be none."""
+    found: dict[str, object] = {}
+    for path in sorted(out.rglob("*.parquet")):
+        table = pq.read_table(path).replace_schema_metadata(None)
+        found[path.relative_to(out).as_posix()] = table.drop_columns(
+            [c for c in table.column_names if c in TIMING_COLUMNS]
+        )
+    for manifest in sorted(out.rglob("checkpoints/manifest.json")):
+        found[manifest.parent.relative_to(out).as_posix()] = model_hashes(manifest.parent.parent)
+    if (out / "manifest.json").exists():
+        found["units"] = sorted(json.loads((out / "manifest.json").read_text())["units"])
+    found["temporaries"] = sorted(p.relative_to(out).as_posix() for p in out.rglob("*.tmp"))
+    return found
+
+
+def assert_same(resumed: dict[str, object], reference: dict[str, object]) -> None:
+    assert resumed.keys() == reference.keys()
+    for key, value in reference.items():
+        other = resumed[key]
+        assert other.equals(value) if hasattr(value, "equals") else other == value, key
+    assert resumed["temporaries"] == []
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("fault_corpus") / "verse.txt"
+    path.write_text(synthetic_text(6000))
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, float]]:
+    """Each kind run once without interruption: its folder and the seconds its work took."""
+    runs = {}
+    for kind in KINDS:
+        out = tmp_path_factory.mktemp(f"reference_{kind}") / "out"
+        seconds, _ = finish(kind, corpus, out)
+        runs[kind] = (out, seconds)
+    return runs
+
+
+def kill_and_resume(kind: str, fraction: float, corpus: Path, out: Path, reference: dict) -> None:
+    reference_dir, seconds = reference[kind]
+    process, ready = start(kind, corpus, out)
+    time.sleep(max(0.0, ready + fraction * seconds - time.perf_counter()))
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=60)
+    assert process.returncode == -signal.SIGKILL, "the writer finished before it could be killed"
+    held = read_holder(out) if out.exists() else None
+    _, stderr = finish(kind, corpus, out)
+    if held is not None:
+        assert f"pid {process.pid}" in stderr and "no longer running" in stderr
+    assert_same(contents(out), contents(reference_dir))
+    assert verify_run(out).ok or not (out / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_killed_writer_resumes_to_the_uninterrupted_result(kind, corpus, tmp_path, reference) -> None:
+    fraction = random.Random(f"kill-{kind}").uniform(0.3, 0.8)
+    kill_and_resume(kind, fraction, corpus, tmp_path / "out", reference)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("moment", range(8))
+def test_kill_sweep(kind, moment, corpus, tmp_path, reference) -> None:
+    fraction = random.Random(f"sweep-{kind}-{moment}").uniform(0.0, 1.0)
+    kill_and_resume(kind, fraction, corpus, tmp_path / "out", reference)
+
+
+def test_a_second_writer_is_refused_while_the_first_runs(corpus, tmp_path, reference) -> None:
+    out = tmp_path / "out"
+    first, _ = start("study", corpus, out)
+    try:
+        deadline = time.perf_counter() + 60
+        while read_holder(out) is None:
+            assert time.perf_counter() < deadline and first.poll() is None, "the study never took its lock"
+            time.sleep(0.05)
+        for command in (["study"], ["train"], ["audit", "minilm", "--seq-len", "8", "--corpus", "shakespeare"]):
+            result = CliRunner().invoke(app, [*command, "--out", str(out)])
+            assert result.exit_code == 1, result.output
+            assert len(result.output.strip().splitlines()) == 1
+            assert (
+                f"is being written by pid {first.pid} on host" in result.output and "(attnsens study" in result.output
+            )
+        readers = CliRunner().invoke(app, ["verify", str(out)])
+        assert "is being written" not in readers.output  # readers never need the lock
+    finally:
+        _, stderr = first.communicate(timeout=600)
+    assert first.returncode == 0, stderr[-3000:]
+    assert_same(contents(out), contents(reference["study"][0]))
+
+
+def test_a_checkpoint_deleted_as_advised_is_rebuilt_with_its_rows(corpus, tmp_path, reference) -> None:
+    out = shutil.copytree(reference["study"][0], tmp_path / "out")
+    weights = out / "runs" / "seed=1" / "checkpoints" / "step_000002" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-2] + b"!!")
+    (out / "rows" / "seed=1" / "step=000002.parquet").unlink()
+    from attnsens.errors import CheckpointError
+    from attnsens.study.study import run_study
+    from tests.integration.test_study import micro_study
+
+    with pytest.raises(CheckpointError, match="corrupted") as raised:
+        run_study(micro_study(corpus), out, device="cpu")
+    advice = str(raised.value)
+    assert "delete " in advice and "rerun" in advice
+    shutil.rmtree(advice.split("delete ")[1].split(" and rerun")[0])
+    finish("study", corpus, out)
+    assert_same(contents(out), contents(reference["study"][0]))
