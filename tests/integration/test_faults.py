@@ -166,3 +166,28 @@ def test_a_checkpoint_deleted_as_advised_is_rebuilt_with_its_rows(corpus, tmp_pa
     shutil.rmtree(advice.split("delete ")[1].split(" and rerun")[0])
     finish("study", corpus, out)
     assert_same(contents(out), contents(reference["study"][0]))
+
+
+def test_a_full_or_read_only_folder_is_named_and_left_as_it_was(corpus, tmp_path) -> None:
+    mount = tmp_path / "tmpfs"
+    mount.mkdir()
+    script = 'mount -t tmpfs -o size=1m tmpfs "$1" && exec "$2" -m tests.integration.disk_worker "$1" "$3" "$4"'
+    command = ["unshare", "-Urm", "sh", "-c", script, "_", str(mount), sys.executable, str(corpus), str(tmp_path)]
+    try:
+        done = subprocess.run(command, env=_env(), cwd=REPO, capture_output=True, text=True, timeout=600)
+    except FileNotFoundError:
+        pytest.skip("unshare is not installed: a private tmpfs cannot be mounted here")
+    if done.returncode != 0 and "mount" in done.stderr and "disk_worker" not in done.stderr:
+        pytest.skip(f"cannot mount a private tmpfs here ({done.stderr.strip()[:200]})")
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "cannot write b.parquet in" in seen["unit_error"] and "No space left on device" in seen["unit_error"]
+    assert seen["unit_folder_unchanged"]
+    assert "cannot write step_" in seen["train_error"] and "/train/checkpoints'" in seen["train_error"]
+    assert seen["checkpoints"] and seen["checkpoints_verify"] and seen["temporaries"] == []
+    (train, report, report_elsewhere, query) = seen["read_only"]
+    assert train[0] == 1 and len(train[1]) == 1 and "Read-only file system" in train[1][0] and "/ro'" in train[1][0]
+    assert report[0] == 1 and len(report[1]) == 1 and "cannot write report.html" in report[1][0]
+    assert report_elsewhere[0] == 0 and (tmp_path / "report.html").is_file()
+    assert query == [0, ["n", "10"]]
+    assert seen["read_only_unchanged"]

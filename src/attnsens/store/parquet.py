@@ -149,8 +149,8 @@ def output_write_error(target: Path, err: BaseException) -> OutputWriteError:
     """One line naming the folder that refused a write and what to do about it."""
     reason = err.strerror if isinstance(err, OSError) and err.strerror else " ".join(str(err).split())
     return OutputWriteError(
-        f"cannot write {target.name} in {str(target.parent)!r} ({reason}); the folder is as it was before this "
-        "file: free some space or make it writable, then rerun the same command (or choose another --out)"
+        f"cannot write {target.name} in {str(target.parent)!r} ({reason}); the folder is left as it was before "
+        "this write: free some space or make it writable, then rerun the same command (or choose another --out)"
     )
 
 

@@ -35,7 +35,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from attnsens.errors import RunIntegrityError
+from attnsens.errors import OutputWriteError, RunIntegrityError
 from attnsens.store.manifest import MANIFEST_NAME, Manifest, sha256_file
 from attnsens.store.parquet import atomic_write
 
@@ -239,5 +239,5 @@ class _HashCache:
         if not self.changed:
             return
         text = json.dumps(self.entries, sort_keys=True)
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, OutputWriteError):
             atomic_write(self.path, lambda tmp: Path(tmp).write_text(text))

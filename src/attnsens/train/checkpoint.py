@@ -166,7 +166,7 @@ def save_checkpoint(
         (staging / "state.json").write_text(json.dumps({**state, "step": step, "optimizer": hyperparameters}) + "\n")
     except Exception as err:  # OSError, or safetensors' own error wrapping one (disk full, read-only folder)
         shutil.rmtree(staging, ignore_errors=True)
-        raise output_write_error(staging, err) from None
+        raise output_write_error(final, err) from None
     files = {path.name: sha256_file(path) for path in sorted(staging.iterdir())}
     shutil.rmtree(final, ignore_errors=True)
     os.replace(staging, final)
