@@ -74,8 +74,10 @@ def audit(
         AuditResult with the rows and summary tables (attnsens.store.schema ROWS / SUMMARY).
     """
     from attnsens.store import Manifest, read_table, summarize_rows
+    from attnsens.study.finite import check_finite_module
 
     adapter = load(model)
+    check_finite_module(adapter.module, name=adapter.name)
     selection = selection or RowSelection()
     sequences = _sequences(adapter, tokens, seq_len=seq_len, n_sequences=n_sequences)
     layers = adapter.select_layers(selection.layers)

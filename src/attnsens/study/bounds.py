@@ -244,9 +244,15 @@ def bound_model(
         DataFrame with the ``bounds`` table's columns (MATH.md A4, T4–T8); certified columns end in ``_upper_bound``.
     """
     G.norms.check_geometry(geometry)
+    from attnsens.study.finite import check_finite_layers, check_finite_module
+
+    name = model_name or getattr(model, "name", "layers")
+    if not isinstance(model, list | tuple):
+        check_finite_module(model.module, name=name)
     layers = list(model) if isinstance(model, list | tuple) else list(model.layers)
     if not layers:
         raise InputError("the model has no layers to bound; pass a model or a non-empty list of LayerWeights")
+    check_finite_layers(layers, name=name)
     if input_ids is not None and not isinstance(model, list | tuple):
         entries = [vars(e) for e in model.layer_inputs(input_ids)]
     else:
@@ -258,10 +264,16 @@ def bound_model(
     queries = None if n_queries is None else torch.linspace(0, n_tokens - 1, min(n_queries, n_tokens)).round().long()
     records, ln_ratios, branches = [], [], []
     for layer, entry in zip(layers, entries, strict=True):
-        rows, extra = _layer_records(
-            layer, entry, geometry=geometry, queries=queries, iterations=iterations, restarts=restarts,
-            compare_placements=compare_placements, key=(run_id, seed, step),
-        )  # fmt: skip
+        try:
+            rows, extra = _layer_records(
+                layer, entry, geometry=geometry, queries=queries, iterations=iterations, restarts=restarts,
+                compare_placements=compare_placements, key=(run_id, seed, step),
+            )  # fmt: skip
+        except torch.linalg.LinAlgError as err:
+            raise InputError(
+                f"layer {layer.index} of {name}: a norm or decomposition of its weights failed "
+                f"({' '.join(str(err).split())[:120]}); check that layer's weights (degenerate or corrupted)"
+            ) from None
         ln_ratios.append(extra["ln_ratio_max"])
         branches.append(max(extra["branch_upper_bound"], 0.0))
         rows[-1]["ln_only_product_upper_bound"] = float(G.ln_only_product_upper_bound(torch.tensor(ln_ratios))[-1])
@@ -271,7 +283,7 @@ def bound_model(
             )
         placement = "deepnorm" if layer.placement == "post" and layer.residual_scale != 1.0 else layer.placement
         for row in rows:
-            row.update(run_id=run_id, model=model_name or getattr(model, "name", "layers"), step=step, seed=seed,
+            row.update(run_id=run_id, model=name, step=step, seed=seed,
                        layer=layer.index, norm=f"block_{geometry}",
                        norm_placement={"pre": "pre_ln", "post": "post_ln"}.get(placement, placement))  # fmt: skip
         records.extend(rows)
