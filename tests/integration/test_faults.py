@@ -119,6 +119,24 @@ def test_a_killed_writer_resumes_to_the_uninterrupted_result(kind, corpus, tmp_p
     kill_and_resume(kind, fraction, corpus, tmp_path / "out", reference)
 
 
+def test_a_study_killed_during_its_audits_gives_bit_identical_bounds(corpus, tmp_path, reference) -> None:
+    """The resumed process audits with a different history of torch's global generator than the uninterrupted
+    one; the bounds estimates must not notice (they draw from generators keyed by run, seed, step and layer)."""
+    out = tmp_path / "out"
+    process, _ = start("study", corpus, out)
+    deadline = time.perf_counter() + 300
+    while not (out / "bounds" / "seed=0" / "step=000001.parquet").exists():
+        assert time.perf_counter() < deadline and process.poll() is None, "the study never reached its audits"
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.communicate(timeout=60)
+    assert not (out / "bounds" / "seed=1" / "step=000004.parquet").exists()
+    finish("study", corpus, out)
+    resumed, uninterrupted = contents(out), contents(reference["study"][0])
+    assert resumed["bounds/seed=1/step=000004.parquet"].equals(uninterrupted["bounds/seed=1/step=000004.parquet"])
+    assert_same(resumed, uninterrupted)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("moment", range(8))
