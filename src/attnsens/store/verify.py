@@ -128,7 +128,7 @@ def verify_run(run_dir: str | os.PathLike[str], *, rehash: bool = False) -> RunC
         raise FileFormatError(f"run directory {str(root)!r} does not exist; pass the --out directory of a run")
     on_disk = _parquet_units(root)
     if not (root / MANIFEST_NAME).exists():
-        problems = [_unreadable(unit, err) for unit in on_disk if (err := _footer_error(root / unit))]
+        problems = [_unreadable(unit) for unit in on_disk if not _readable(root / unit)]
         return RunCheck(root, has_manifest=False, verified=0, problems=tuple(problems))
     manifest = Manifest.load(root)
     cache = _HashCache(root, enabled=not rehash)
@@ -142,8 +142,8 @@ def verify_run(run_dir: str | os.PathLike[str], *, rehash: bool = False) -> RunC
             if cache.sha256(file, unit) != entry["sha256"]:
                 problems.append(Problem(unit, "changed", "sha256 differs from the manifest"))
             continue
-        if err := _footer_error(file):
-            problems.append(_unreadable(unit, err))
+        if not _readable(file):
+            problems.append(_unreadable(unit))
             continue
         if wrong := _key_mismatch(file, unit):
             problems.append(Problem(unit, "misplaced", wrong))
@@ -151,8 +151,8 @@ def verify_run(run_dir: str | os.PathLike[str], *, rehash: bool = False) -> RunC
             problems.append(Problem(unit, "changed", "sha256 differs from the manifest"))
     for unit in on_disk:
         if unit not in manifest.units:
-            err = _footer_error(root / unit)
-            problems.append(_unreadable(unit, err) if err else Problem(unit, "extra", "not in the manifest"))
+            readable = _readable(root / unit)
+            problems.append(Problem(unit, "extra", "not in the manifest") if readable else _unreadable(unit))
     cache.save()
     verified = len(manifest.units) - sum(1 for p in problems if p.kind != "extra")
     return RunCheck(root, has_manifest=True, verified=verified, problems=tuple(problems), rebuild=_rebuild(manifest))
@@ -167,17 +167,18 @@ def _parquet_units(root: Path) -> list[str]:
     return units
 
 
-def _footer_error(file: Path) -> str | None:
+def _readable(file: Path) -> bool:
+    """Whether the file has a Parquet footer that parses (a truncated file has none)."""
     try:
         pq.read_metadata(file)
-    except (OSError, pa.ArrowException) as err:
-        return " ".join(str(err).split())[:80]
-    return None
+    except (OSError, pa.ArrowException):
+        return False
+    return True
 
 
-def _unreadable(unit: str, err: str) -> Problem:
+def _unreadable(unit: str) -> Problem:
     table = unit.split("/", 1)[0] if "/" in unit else Path(unit).stem
-    return Problem(unit, "unreadable", f"cannot read table {table!r}: truncated or not Parquet: {err}")
+    return Problem(unit, "unreadable", f"cannot read table {table!r}: truncated or not Parquet")
 
 
 def _key_mismatch(file: Path, unit: str) -> str | None:
