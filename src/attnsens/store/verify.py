@@ -182,27 +182,38 @@ def _unreadable(unit: str) -> Problem:
 
 
 def _key_mismatch(file: Path, unit: str) -> str | None:
-    """``holds step 4`` when the unit's records disagree with a ``step=``/``seed=``/``sequence=`` part of its path."""
+    """``holds step 4, …`` when the unit's records disagree with a ``step=``/``seed=``/``sequence=`` part of its
+    path. Row-group statistics (min = max = the key) settle it without reading data; otherwise the key columns
+    are read."""
     wanted = {}
     for part in unit.split("/"):
         if match := _KEY_PART.match(part):
             wanted[_KEYS[match.group(1)]] = int(match.group(2))
-    if not wanted:
-        return None
-    schema_names = set(pq.read_schema(file).names)
-    columns = [c for c in wanted if c in schema_names]
-    if not columns:
+    metadata = pq.read_metadata(file)
+    names = [metadata.schema.column(i).path for i in range(metadata.num_columns)]  # leaf columns, by path
+    columns = [c for c in wanted if c in names]
+    unsettled = [c for c in columns if not _statistics_show(metadata, names.index(c), wanted[c])]
+    if not unsettled:
         return None
     try:
-        table = pq.read_table(file, columns=columns)
+        table = pq.read_table(file, columns=unsettled)
     except (OSError, pa.ArrowException) as err:
-        return f"cannot read its {', '.join(columns)} columns ({' '.join(str(err).split())[:60]})"
-    for column in columns:
+        return f"cannot read its {', '.join(unsettled)} columns ({' '.join(str(err).split())[:60]})"
+    for column in unsettled:
         values = sorted(set(table.column(column).to_pylist()) - {None})
         if values and values != [wanted[column]]:
             shown = ", ".join(str(v) for v in values[:3]) + (" …" if len(values) > 3 else "")
             return f"holds {column} {shown}, its path says {wanted[column]}"
     return None
+
+
+def _statistics_show(metadata: pq.FileMetaData, index: int, value: int) -> bool:
+    """True iff every row group's statistics prove that column ``index`` holds only ``value``."""
+    for group in range(metadata.num_row_groups):
+        stats = metadata.row_group(group).column(index).statistics
+        if stats is None or not stats.has_min_max or stats.min != value or stats.max != value:
+            return False
+    return True
 
 
 def _rebuild(manifest: Manifest) -> str:
