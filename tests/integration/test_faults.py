@@ -101,8 +101,11 @@ def progress(out: Path) -> int:
     """Finished pieces of work in a run folder: Parquet units and checkpoint directories."""
     if not out.exists():
         return 0
-    units = [p for p in out.rglob("*.parquet") if not p.name.startswith(".")]
-    return len(units) + sum(1 for p in out.rglob("step_*") if p.is_dir())
+    try:
+        units = [p for p in out.rglob("*.parquet") if not p.name.startswith(".")]
+        return len(units) + sum(1 for p in out.rglob("step_*") if p.is_dir())
+    except FileNotFoundError:  # a staging directory renamed while we looked: count again next time
+        return -1
 
 
 def kill_and_resume(kind: str, rng: random.Random, corpus: Path, out: Path, reference: dict) -> bool:
