@@ -143,15 +143,15 @@ def test_a_study_killed_during_its_audits_gives_bit_identical_bounds(corpus, tmp
     out = tmp_path / "out"
     process = start("study", corpus, out)
     deadline = time.perf_counter() + 300
-    while not (out / "bounds" / "seed=0" / "step=000001.parquet").exists():
+    while not (out / "bounds" / "placement=pre" / "seed=0" / "step=000001.parquet").exists():
         assert time.perf_counter() < deadline and process.poll() is None, "the study never reached its audits"
         time.sleep(0.02)
     process.send_signal(signal.SIGKILL)
     process.communicate(timeout=60)
-    assert not (out / "bounds" / "seed=1" / "step=000004.parquet").exists()
+    assert not (out / "bounds" / "placement=pre" / "seed=1" / "step=000004.parquet").exists()
     finish("study", corpus, out)
     resumed, uninterrupted = contents(out), contents(reference["study"])
-    assert resumed["bounds/seed=1/step=000004.parquet"].equals(uninterrupted["bounds/seed=1/step=000004.parquet"])
+    assert resumed["bounds/placement=pre/seed=1/step=000004.parquet"].equals(uninterrupted["bounds/placement=pre/seed=1/step=000004.parquet"])
     assert_same(resumed, uninterrupted)
 
 
@@ -187,9 +187,9 @@ def test_a_second_writer_is_refused_while_the_first_runs(corpus, tmp_path, refer
 
 def test_a_checkpoint_deleted_as_advised_is_rebuilt_with_its_rows(corpus, tmp_path, reference) -> None:
     out = shutil.copytree(reference["study"], tmp_path / "out")
-    weights = out / "runs" / "seed=1" / "checkpoints" / "step_000002" / "model.safetensors"
+    weights = out / "runs" / "placement=pre" / "seed=1" / "checkpoints" / "step_000002" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-2] + b"!!")
-    (out / "rows" / "seed=1" / "step=000002.parquet").unlink()
+    (out / "rows" / "placement=pre" / "seed=1" / "step=000002.parquet").unlink()
     from attnsens.errors import CheckpointError
     from attnsens.study.study import run_study
     from tests.integration.test_study import micro_study
