@@ -24,6 +24,10 @@ def verify(
     from attnsens.store.verify import verify_run
 
     check = verify_run(run_dir, rehash=rehash)
+    if not check.has_manifest and not any(run_dir.rglob("*.parquet")):
+        from attnsens.errors import FileFormatError
+
+        raise FileFormatError(f"{str(run_dir)!r} holds no manifest.json and no Parquet files; pass the --out of a run")
     if as_json:
         print_json({
             "run_dir": str(check.run_dir), "has_manifest": check.has_manifest, "verified": check.verified,

@@ -120,6 +120,10 @@ def test_a_folder_without_manifest_is_read_and_reported_unverified(pristine, tmp
     check = verify_run(loose)
     assert check.ok and not check.has_manifest
     assert "Unverified" in build_report(loose).read_text(encoding="utf-8")
+    assert "not verified" in runner.invoke(app, ["verify", str(loose)]).output
+    (tmp_path / "nothing").mkdir()
+    nothing = runner.invoke(app, ["verify", str(tmp_path / "nothing")])
+    assert nothing.exit_code == 1 and "no manifest.json and no Parquet files" in nothing.output
 
 
 @pytest.mark.parametrize(
