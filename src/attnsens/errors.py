@@ -31,6 +31,18 @@ class FileFormatError(AttnsensError):
     """A file is missing, unreadable, or does not hold what was asked for."""
 
 
+class RunIntegrityError(FileFormatError):
+    """A run folder disagrees with its manifest: missing, changed, misplaced, unreadable or extra unit files."""
+
+
+class OutputWriteError(FileFormatError):
+    """A result could not be written (disk full, read-only folder); the folder is left as it was."""
+
+
+class RunLockedError(AttnsensError):
+    """Another process is writing the run folder (it holds the folder's lock)."""
+
+
 class UnsupportedModelError(AttnsensError):
     """A model family or layout that attnsens has no adapter for."""
 

@@ -38,6 +38,10 @@ error_console = Console(stderr=True)
 # Options defined once and reused by every command that takes them.
 JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
 OutDirOption = Annotated[Path, typer.Option("--out", help="Directory to write results into.")]
+ForceOption = Annotated[
+    bool,
+    typer.Option("--force", help="Read a run folder that fails its manifest check (the problems are listed)."),
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -54,6 +58,15 @@ def domain_errors_exit(func: F) -> F:
             raise typer.Exit(code=1) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def warn_unverified(check: Any) -> None:
+    """One yellow line on stderr when a forced read goes ahead on a folder that failed its check."""
+    if check is not None and not check.ok:
+        error_console.print(
+            f"[bold yellow]warning:[/] read with --force: {check.problem_list()}",
+            markup=True, highlight=False, soft_wrap=True,
+        )  # fmt: skip
 
 
 def print_json(payload: Any) -> None:

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
-from attnsens.cli.app import JsonOption, app, console, domain_errors_exit
+from attnsens.cli.app import ForceOption, JsonOption, app, console, domain_errors_exit, warn_unverified
 
 
 @app.command()
@@ -20,16 +20,21 @@ def query(
     as_json: JsonOption = False,
     as_csv: Annotated[bool, typer.Option("--csv", help="Print CSV instead of a table.")] = False,
     max_rows: Annotated[int, typer.Option("--max-rows", min=1, help="Rows shown in the table view.")] = 50,
+    force: ForceOption = False,
 ) -> None:
-    """Run SQL over the run's tables and print the result."""
+    """Run SQL over the run's tables (after checking them against the run's manifest) and print the result."""
     from rich.table import Table
 
     from attnsens.errors import QueryError
     from attnsens.store.query import query as run_query
+    from attnsens.store.verify import verify_run
 
     if as_json and as_csv:
         raise QueryError("choose one of --json and --csv")
-    frame = run_query(run_dir, sql)
+    check = verify_run(run_dir)
+    if force:
+        warn_unverified(check)
+    frame = run_query(run_dir, sql, force=force, check=check)
     if as_json:
         sys.stdout.write(frame.to_json(orient="records", indent=2, double_precision=15) + "\n")
         return

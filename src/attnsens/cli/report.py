@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from attnsens.cli.app import app, console, domain_errors_exit
+from attnsens.cli.app import ForceOption, app, console, domain_errors_exit, warn_unverified
 
 
 @app.command()
@@ -17,9 +17,13 @@ def report(
     out: Annotated[
         Path | None, typer.Option("--out", help="HTML file to write (default: RUN_DIR/report.html).")
     ] = None,
+    force: ForceOption = False,
 ) -> None:
-    """Write the HTML report of a run; the last line printed is its path."""
+    """Write the HTML report of a run (after checking it against its manifest); the last line printed is its path."""
     from attnsens.report import build_report
+    from attnsens.store.verify import verify_run
 
-    path = build_report(run_dir, out=out)
+    if force:
+        warn_unverified(verify_run(run_dir))
+    path = build_report(run_dir, out=out, force=force)
     console.print(str(path), highlight=False, soft_wrap=True)

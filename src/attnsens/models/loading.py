@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -163,7 +164,14 @@ def _from_pretrained(
             + f"; give a local path, a .gguf file or an alias ({', '.join(sorted(ALIASES))})"
         ) from None
     adapter_type = adapter_class(config.model_type)
-    module = AutoModel.from_pretrained(source, dtype=dtype, **extra)
+    try:
+        module = AutoModel.from_pretrained(source, dtype=dtype, **extra)
+    except pickle.UnpicklingError:
+        # transformers reads pickled weights with torch.load(weights_only=True), which refuses arbitrary objects.
+        raise FileFormatError(
+            f"cannot load the weights of {name!r}: its pickled checkpoint holds objects other than tensors, so it "
+            "was not loaded (torch.load with weights_only); convert it to safetensors with a tool you trust"
+        ) from None
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **extra)
     except (OSError, ValueError, TypeError):

@@ -19,6 +19,7 @@ from attnsens.store.manifest import MANIFEST_NAME
 from attnsens.store.parquet import read_metadata
 from attnsens.store.query import connect
 from attnsens.store.summary import ALL_HEADS, summarize_rows
+from attnsens.store.verify import RunCheck, verify_run
 
 SCATTER_SAMPLE_ROWS = 20_000
 """Rows below half their mass (p_max < s/2) sampled for the θ-vs-p_max figure; every dominant row is added."""
@@ -87,12 +88,19 @@ class RunData:
     baselines: pd.DataFrame | None = None
     certificates: CertificateQuality | None = None
     overview: dict[str, Any] = field(default_factory=dict)
+    check: RunCheck | None = None
 
 
-def load_run(run_dir: str | Path) -> RunData:
-    """Read the run's tables for the report. FileFormatError if the directory is missing or holds no tables."""
+def load_run(run_dir: str | Path, *, force: bool = False) -> RunData:
+    """Read the run's tables for the report, after checking the folder against its manifest.
+
+    Raises RunIntegrityError when the check fails and ``force`` is False (with ``force`` the check's problems
+    travel in ``RunData.check`` to the report's banner); FileFormatError if the directory is missing or holds
+    no tables.
+    """
     root = Path(run_dir)
-    connection, tables = connect(root)
+    check = verify_run(root)
+    connection, tables = connect(root, force=force, check=check)
     try:
 
         def table(name: str, order: str) -> pd.DataFrame | None:
@@ -126,6 +134,7 @@ def load_run(run_dir: str | Path) -> RunData:
             run_kinds=_run_kinds(cells, training),
             baselines=table("baselines", "run_id, name"),
             certificates=certificates,
+            check=check,
         )
         return _with_overview(data, connection, tables)
     finally:

@@ -1,7 +1,9 @@
 """``build_report(run_dir)``: one self-contained HTML file regenerated from a run's results store.
 
 The file embeds every figure as a data URI and inlines its CSS; it loads nothing from the network and runs no
-script. Sections whose table is missing from the run are left out and listed in the overview.
+script. Sections whose table is missing from the run are left out and listed in the overview. A report of a run
+folder that failed its manifest check (built with ``force``) opens with a red banner listing every missing,
+changed, misplaced, unreadable or extra unit; a folder without a manifest gets a note that it is unverified.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from attnsens.report.sections import (
     training_section,
 )
 from attnsens.store.parquet import atomic_write
+from attnsens.store.verify import RunCheck
 
 REPORT_NAME = "report.html"
 
@@ -84,19 +87,40 @@ def render_report(data: RunData) -> str:
             omitted.append(note)
     head = [overview_section(data, omitted), findings_section(data, evaluate_findings(data))]
     everything = head + sections
+    banner = [integrity_banner(data.check)] if data.check is not None else []
     models = data.overview.get("model") or ["attnsens run"]
     title = "attnsens report — " + ", ".join(str(m) for m in models[:3]) + (" …" if len(models) > 3 else "")
     created = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     subtitle = f"Run directory <code>{esc(data.run_dir)}</code> · generated {esc(created)}"
-    return page(title, subtitle, [(s.anchor, s.title) for s in everything], [s.html() for s in everything])
+    return page(title, subtitle, [(s.anchor, s.title) for s in everything], banner + [s.html() for s in everything])
 
 
-def build_report(run_dir: str | os.PathLike[str], *, out: str | os.PathLike[str] | None = None) -> Path:
+def integrity_banner(check: RunCheck) -> str:
+    """A banner naming what the report could not verify ("" for a verified folder)."""
+    if check.ok and check.has_manifest:
+        return ""
+    if check.ok:
+        return f'<div class="note" role="note">Unverified: {esc(check.summary())}.</div>'
+    items = "".join(
+        f"<li><b>{esc(kind)}</b>: {esc(', '.join(p.describe() for p in problems))}</li>"
+        for kind, problems in check.by_kind().items()
+    )
+    return (
+        '<div class="integrity-banner" role="alert"><b>This report was built with --force from a run folder that '
+        f"failed its manifest check.</b> Its figures and tables leave out missing and unreadable units and include "
+        f"units that could not be verified:<ul>{items}</ul>Fix: {esc(check.message())}</div>"
+    )
+
+
+def build_report(
+    run_dir: str | os.PathLike[str], *, out: str | os.PathLike[str] | None = None, force: bool = False
+) -> Path:
     """Write the HTML report of ``run_dir`` atomically to ``out`` (default ``RUN_DIR/report.html``); return its path.
 
-    Raises FileFormatError when the directory is missing or holds no Parquet tables.
+    Raises RunIntegrityError when the folder fails its manifest check (``force`` writes the report anyway, with
+    a banner); FileFormatError when the directory is missing or holds no Parquet tables.
     """
-    data = load_run(run_dir)
+    data = load_run(run_dir, force=force)
     document = render_report(data)
     target = Path(out) if out is not None else Path(run_dir) / REPORT_NAME
     atomic_write(target, lambda tmp: Path(tmp).write_text(document, encoding="utf-8"))

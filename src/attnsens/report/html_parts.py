@@ -54,6 +54,9 @@ td:first-child, th:first-child { text-align: left; }
          background: var(--na); }
 .badge.agrees { background: var(--good); }
 .badge.disagrees { background: var(--bad); }
+.integrity-banner { font-size: 14px; color: #fff; background: var(--bad); padding: 10px 16px; border-radius: 4px;
+                    margin: 10px 0 4px; font-family: "Inter", "Helvetica Neue", "DejaVu Sans", Arial, sans-serif; }
+.integrity-banner ul { margin: 6px 0; }
 .note { font-size: 13px; color: var(--muted); background: var(--soft); padding: 8px 12px; border-radius: 4px; }
 dl { display: grid; grid-template-columns: max-content 1fr; gap: 3px 18px; font-size: 13.5px; margin: 10px 0; }
 dt { color: var(--muted); }

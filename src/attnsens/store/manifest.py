@@ -5,6 +5,10 @@ holds (e.g. ``rows/seed=0/step=000100.parquet``). It is recorded in the manifest
 complete, so a rerun of an interrupted job skips units that are recorded *and* whose file still has the
 recorded hash, and redoes the others: nothing is lost and nothing is duplicated.
 
+The manifest is validated on every read (:func:`manifest_problem`): ``config``, ``provenance`` and ``units``
+objects, and per unit a relative path inside the run directory (no ``..``, no absolute path), a 64-hex
+``sha256`` and optional ``table``/``num_rows``. Nothing outside the run directory is ever opened or hashed.
+
 Several processes (e.g. torchrun ranks) may record units into the same manifest: every update re-reads the
 file under an exclusive lock and replaces it atomically.
 
@@ -22,6 +26,7 @@ import datetime as _dt
 import hashlib
 import json
 import os
+import re
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -37,6 +42,7 @@ from attnsens.store.schema import TableSchema
 
 MANIFEST_NAME = "manifest.json"
 _FORMAT = 1
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def sha256_file(path: str | os.PathLike[str], *, chunk_bytes: int = 1 << 20) -> str:
@@ -158,6 +164,15 @@ class Manifest:
             _store(self.path, payload)
         self._payload = payload
 
+    def forget(self, unit: str | os.PathLike[str]) -> None:
+        """Unrecord ``unit`` (its results no longer hold), so that a rerun recomputes it; its file stays."""
+        key = self._key(unit)
+        with _locked(self.run_dir):
+            payload = _load(self.path) or self._payload
+            if payload["units"].pop(key, None) is not None:
+                _store(self.path, payload)
+        self._payload = payload
+
     def write_unit(
         self,
         unit: str | os.PathLike[str],
@@ -210,7 +225,34 @@ def _load(path: Path) -> dict[str, Any] | None:
         raise FileFormatError(f"cannot read {str(path)!r} ({err}); restore it or start a new run directory") from None
     if not isinstance(payload, dict) or payload.get("format") != _FORMAT or "units" not in payload:
         raise FileFormatError(f"{str(path)!r} is not an attnsens manifest (format {_FORMAT}); check the directory")
+    problem = manifest_problem(payload)
+    if problem is not None:
+        raise FileFormatError(
+            f"{str(path)!r} is malformed: {problem}; restore it, or move the run directory aside and rerun"
+        )
     return payload
+
+
+def manifest_problem(payload: dict[str, Any]) -> str | None:
+    """What is wrong with a parsed run manifest (None when it fits the layout of the module docstring)."""
+    for name in ("config", "provenance", "units"):
+        if not isinstance(payload.get(name), dict):
+            return f"{name!r} is {type(payload.get(name)).__name__}, not an object"
+    if not isinstance(payload.get("scopes", {}), dict):
+        return "'scopes' is not an object"
+    for key, entry in payload["units"].items():
+        parts = key.split("/")
+        if key.startswith("/") or "\\" in key or ":" in parts[0] or any(p in ("", ".", "..") for p in parts):
+            return f"unit {key!r} is not a relative path inside the run directory"
+        if not isinstance(entry, dict):
+            return f"unit {key!r} has a {type(entry).__name__} entry, not an object"
+        if not isinstance(entry.get("sha256"), str) or not _SHA256.match(entry["sha256"]):
+            return f"unit {key!r} has sha256 {entry.get('sha256')!r}, not 64 hex digits"
+        if not isinstance(entry.get("table"), str | None):
+            return f"unit {key!r} has table {entry.get('table')!r}, not a name"
+        if entry.get("num_rows") is not None and type(entry["num_rows"]) is not int:
+            return f"unit {key!r} has num_rows {entry['num_rows']!r}, not an integer"
+    return None
 
 
 def _store(path: Path, payload: dict[str, Any]) -> None:

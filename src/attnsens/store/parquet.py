@@ -3,6 +3,8 @@
 A file is either the old one or the complete new one, never a mix: the data go to a hidden temporary file in
 the same directory, are flushed to disk (fsync), then renamed over the target (``os.replace`` is atomic on
 POSIX and Windows). Temporary names start with ``.`` and end with ``.tmp``, so readers never pick them up.
+A write that fails (disk full, read-only folder) removes its temporary file and raises OutputWriteError, one
+line naming the folder: the folder is exactly as it was before the write began.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from attnsens.errors import FileFormatError, InputError
+from attnsens.errors import FileFormatError, InputError, OutputWriteError
 from attnsens.provenance import provenance
 from attnsens.store.schema import TableSchema, get_schema
 
@@ -120,19 +122,36 @@ def write_parquet(
 
 
 def atomic_write(target: Path, write: Any) -> None:
-    """Call ``write(tmp_path)``, fsync, and rename over ``target``; on any failure remove the temporary file."""
-    target.parent.mkdir(parents=True, exist_ok=True)
+    """Call ``write(tmp_path)``, fsync, and rename over ``target``; on any failure remove the temporary file.
+
+    Raises OutputWriteError (naming the folder) when the file system refuses the write.
+    """
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise output_write_error(target, err) from None
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         write(tmp)
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
+    except BaseException as err:
+        with contextlib.suppress(OSError):
             tmp.unlink()
+        if isinstance(err, OSError):
+            raise output_write_error(target, err) from None
         raise
     _fsync_dir(target.parent)
+
+
+def output_write_error(target: Path, err: BaseException) -> OutputWriteError:
+    """One line naming the folder that refused a write and what to do about it."""
+    reason = err.strerror if isinstance(err, OSError) and err.strerror else " ".join(str(err).split())
+    return OutputWriteError(
+        f"cannot write {target.name} in {str(target.parent)!r} ({reason}); the folder is left as it was before "
+        "this write: free some space or make it writable, then rerun the same command (or choose another --out)"
+    )
 
 
 def _fsync_dir(directory: Path) -> None:

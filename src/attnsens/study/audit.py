@@ -20,6 +20,7 @@ from torch import Tensor
 from attnsens.capture import RowBlock, RowSelection, capture_row_statistics
 from attnsens.errors import InputError
 from attnsens.models import ModelAdapter, load
+from attnsens.store.lock import writes_run_folder
 
 ProgressCallback = Callable[[int, int], None]
 """``progress(done, total)`` in units of (sequence, layer) pairs."""
@@ -41,6 +42,7 @@ class AuditResult:
         return self.summary[self.summary["head"] == ALL_HEADS].reset_index(drop=True)
 
 
+@writes_run_folder("out_dir", "audit")
 def audit(
     model: Any,
     tokens: Tensor | str,
@@ -72,8 +74,10 @@ def audit(
         AuditResult with the rows and summary tables (attnsens.store.schema ROWS / SUMMARY).
     """
     from attnsens.store import Manifest, read_table, summarize_rows
+    from attnsens.study.finite import check_finite_module
 
     adapter = load(model)
+    check_finite_module(adapter.module, name=adapter.name)
     selection = selection or RowSelection()
     sequences = _sequences(adapter, tokens, seq_len=seq_len, n_sequences=n_sequences)
     layers = adapter.select_layers(selection.layers)

@@ -44,6 +44,7 @@ from attnsens.geometry.attention import attention_mask_of, biases_of
 from attnsens.geometry.layers import attention_sublayer, mlp_forward, norm_forward, synthetic_block_input
 from attnsens.models.fidelity import check_weights_fidelity
 from attnsens.models.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights, RotaryConfig
+from attnsens.seeding import derived_generator
 
 FORMAT_KEY = "attnsens.layers"
 
@@ -107,6 +108,7 @@ def _layer_records(
     iterations: int,
     restarts: int,
     compare_placements: bool,
+    key: tuple[Any, ...],
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     attn = layer.attention
     x_attn = entry["attention_input"].to(torch.float64)
@@ -124,7 +126,16 @@ def _layer_records(
     )
     queries = _probe_queries(queries, local.row_upper_bound)
     options = {"iterations": iterations, "restarts": restarts, "queries": queries, "geometry": geometry}
-    attn_estimate = float(G.block_jacobian_norm_estimate(_attention_call(attn), x_attn, **options).amax())
+
+    def generator(estimator: str) -> torch.Generator:
+        # Each estimator draws its own stream keyed by (run, seed, step, layer): a resumed study repeats it exactly.
+        return derived_generator(*key, layer.index, estimator, device=x_attn.device)
+
+    attn_estimate = float(
+        G.block_jacobian_norm_estimate(
+            _attention_call(attn), x_attn, **options, generator=generator("attention")
+        ).amax()
+    )
     norms = local.norms
     gamma = layer.attn_norm.gamma if layer.attn_norm is not None else None
     beta = layer.attn_norm.beta if layer.attn_norm is not None else None
@@ -156,7 +167,9 @@ def _layer_records(
         block = G.block_lipschitz_upper_bound(layer, input_radius_rms=float(G.block_rms_norm(block_input).amax()))
     block_local = float(G.block_local_jacobian_upper_bound(block_input, layer).amax())
     block_estimate = float(
-        G.block_jacobian_norm_estimate(lambda z: G.block_forward(z, layer), block_input, **options).amax()
+        G.block_jacobian_norm_estimate(
+            lambda z: G.block_forward(z, layer), block_input, **options, generator=generator("block")
+        ).amax()
     )
     local_bound = float(local.upper_bound.amax())
     layer_row: dict[str, Any] = {
@@ -190,7 +203,9 @@ def _layer_records(
         layer_row["ln_condition_fraction"] = float(condition.satisfied_fraction)
         layer_row["ln_contraction_ratio_median"] = float(condition.ratio_median)
         if compare_placements:
-            estimates = G.residual_jacobian_estimates(block_input, layer, iterations=iterations, queries=queries)
+            estimates = G.residual_jacobian_estimates(
+                block_input, layer, iterations=iterations, queries=queries, generator=generator("placements")
+            )
             layer_row["pre_ln_residual_jacobian_estimate"] = float(estimates.pre_ln_estimate.amax())
             layer_row["post_ln_residual_jacobian_estimate"] = float(estimates.post_ln_estimate.amax())
             layer_row["branch_jacobian_estimate"] = float(estimates.pre_ln_branch_estimate.amax())
@@ -210,6 +225,8 @@ def bound_model(
     compare_placements: bool = True,
     run_id: str = "bounds",
     model_name: str | None = None,
+    step: int = 0,
+    seed: int = 0,
     on_layer: Callable[[int], None] | None = None,
 ) -> pd.DataFrame:
     """Per layer and head: projection norms, Φ_h, θ̃_h, certified local and global bounds, estimates, ratios.
@@ -223,6 +240,8 @@ def bound_model(
         n_queries: output tokens probed by the estimators (half at the rows with the largest certified bound, the
             rest evenly spaced; None = all).
         iterations, restarts: estimator effort; compare_placements: also estimate pre- vs post-LN arrangements.
+        run_id, step, seed: identifiers stored in every record; with the layer they also seed each estimator's
+            own generator (``attnsens.seeding``), so the estimates never depend on torch's global generator.
         on_layer: called with each layer index when its records are done (progress display).
 
     Returns:
@@ -232,9 +251,15 @@ def bound_model(
         WeightsFidelityError when an adapter's normalized weights do not reproduce the model's own blocks.
     """
     G.norms.check_geometry(geometry)
+    from attnsens.study.finite import check_finite_layers, check_finite_module
+
+    name = model_name or getattr(model, "name", "layers")
+    if not isinstance(model, list | tuple):
+        check_finite_module(model.module, name=name)
     layers = list(model) if isinstance(model, list | tuple) else list(model.layers)
     if not layers:
         raise InputError("the model has no layers to bound; pass a model or a non-empty list of LayerWeights")
+    check_finite_layers(layers, name=name)
     if not isinstance(model, list | tuple):
         # The gate: bounds of an adapter rest only on weights that reproduce the model (models/fidelity.py).
         checked = check_weights_fidelity(model, input_ids)
@@ -249,10 +274,16 @@ def bound_model(
     queries = None if n_queries is None else torch.linspace(0, n_tokens - 1, min(n_queries, n_tokens)).round().long()
     records, ln_ratios, branches = [], [], []
     for layer, entry in zip(layers, entries, strict=True):
-        rows, extra = _layer_records(
-            layer, entry, geometry=geometry, queries=queries, iterations=iterations, restarts=restarts,
-            compare_placements=compare_placements,
-        )  # fmt: skip
+        try:
+            rows, extra = _layer_records(
+                layer, entry, geometry=geometry, queries=queries, iterations=iterations, restarts=restarts,
+                compare_placements=compare_placements, key=(run_id, seed, step),
+            )  # fmt: skip
+        except torch.linalg.LinAlgError as err:
+            raise InputError(
+                f"layer {layer.index} of {name}: a norm or decomposition of its weights failed "
+                f"({' '.join(str(err).split())[:120]}); check that layer's weights (degenerate or corrupted)"
+            ) from None
         ln_ratios.append(extra["ln_ratio_max"])
         branches.append(max(extra["branch_upper_bound"], 0.0))
         rows[-1]["ln_only_product_upper_bound"] = float(G.ln_only_product_upper_bound(torch.tensor(ln_ratios))[-1])
@@ -262,7 +293,7 @@ def bound_model(
             )
         placement = "deepnorm" if layer.placement == "post" and layer.residual_scale != 1.0 else layer.placement
         for row in rows:
-            row.update(run_id=run_id, model=model_name or getattr(model, "name", "layers"), step=0, seed=0,
+            row.update(run_id=run_id, model=name, step=step, seed=seed,
                        layer=layer.index, norm=f"block_{geometry}",
                        norm_placement={"pre": "pre_ln", "post": "post_ln"}.get(placement, placement))  # fmt: skip
         records.extend(rows)

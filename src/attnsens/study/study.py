@@ -38,7 +38,8 @@ import torch
 import torch.distributed as dist
 
 from attnsens.errors import ConfigError
-from attnsens.train.checkpoint import load_model_state, saved_steps, verify_checkpoint
+from attnsens.store.lock import writes_run_folder
+from attnsens.train.checkpoint import load_model_state, model_hashes, prune_deleted, saved_steps, verify_checkpoint
 from attnsens.train.data import DataConfig, TokenData, prepare_data
 from attnsens.train.model import GPT, GPTConfig, preset
 from attnsens.train.run import default_data_config, preset_train_config, train
@@ -178,6 +179,7 @@ def reference_paths(alias: str) -> dict[str, str]:
 BASELINES_UNIT = "baselines/baselines.parquet"
 
 
+@writes_run_folder("out_dir", "study")
 def run_study(
     config: StudyConfig, out_dir: str | Path, *, log: Log | None = None, device: str | None = None
 ) -> StudyResult:
@@ -195,7 +197,10 @@ def run_study(
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     manifest = Manifest.open(out, config=config.describe())
     runs = [(placement, seed) for placement in config.placements for seed in config.seeds]
+    discarded = {}
     for placement, seed in runs:
+        # A checkpoint whose directory the user deleted is rebuilt by training; the others must be intact.
+        discarded[placement, seed] = prune_deleted(_seed_dir(out, placement, seed)) if rank == 0 else {}
         for step in saved_steps(_seed_dir(out, placement, seed)):
             verify_checkpoint(_seed_dir(out, placement, seed), step)
     data = _shared_data(config, out, rank)
@@ -204,7 +209,11 @@ def run_study(
 
     started = time.perf_counter()
     for placement, seed in runs:
+        before = {**discarded[placement, seed], **model_hashes(_seed_dir(out, placement, seed))}
         _train_seed(config, out, placement, seed, data, manifest, rank=rank, device=device, say=say)
+        if rank == 0:
+            after = model_hashes(_seed_dir(out, placement, seed))
+            _forget_stale_audits(config, placement, seed, before, after, manifest)
     train_seconds = time.perf_counter() - started
 
     started = time.perf_counter()
@@ -263,7 +272,7 @@ def _train_seed(
     units = {table: f"{table}/placement={placement}/seed={seed}.parquet" for table in ("training", "grad_norms")}
     run_dir = _seed_dir(out, placement, seed)
     label = f"{placement} seed {seed}"
-    finished = config.train.steps in saved_steps(run_dir)
+    finished = set(config.train.checkpoint_schedule) <= set(saved_steps(run_dir))
     if finished and all(manifest.is_done(unit) for unit in units.values()):
         say(f"{label}: already trained ({config.train.steps} steps)")
         return
@@ -289,6 +298,16 @@ def _train_seed(
             f"{label}: trained {result.final_step} steps in {time.perf_counter() - started:.1f} s, "
             f"loss {last['loss']:.3f}, eval loss {last['eval_loss']:.3f}"
         )
+
+
+def _forget_stale_audits(
+    config: StudyConfig, placement: str, seed: int, before: dict[int, str], after: dict[int, str], manifest: Any
+) -> None:
+    """Unrecord the audit units of checkpoints that retraining changed (bit-identical on CPU, so only on GPU)."""
+    for step, digest in before.items():
+        if after.get(step) not in (None, digest):
+            for unit in unit_paths(placement, seed, step, bounds=config.bounds).values():
+                manifest.forget(unit)
 
 
 class _CheckpointLog:
@@ -337,8 +356,9 @@ def _audit_checkpoint(
             compare_placements=False,
             run_id=run_id,
             model_name=result.rows["model"].iloc[0],
+            step=step,
+            seed=seed,
         )
-        bounds["step"], bounds["seed"] = step, seed
         manifest.write_unit(units["bounds"], bounds, schema="bounds", metadata=metadata)
     layer = result.layer_summary()
     say(

@@ -12,12 +12,19 @@ A checkpoint directory is written under a temporary name and renamed into place,
 (also replaced atomically), so a crash leaves either a complete registered checkpoint or an unregistered
 directory that the next save overwrites. Loading checks every file against the manifest: a changed byte is a
 CheckpointError, as is a manifest that records the same model weights under two steps (a copied checkpoint).
+
+The manifest is validated on every read: entries named ``step_NNNNNN`` whose integer ``step`` matches the
+name, and ``files`` whose names are the plain file names above (nothing outside the checkpoint directory is
+ever opened) with 64-hex sha256 values. Every error names the fix, and the fix rebuilds: a deleted checkpoint
+directory is dropped from the manifest on the next run (:func:`prune_deleted`), and training resumes from the
+last good checkpoint before the first gap in the schedule (``Trainer.resume``), rewriting the later ones.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -28,9 +35,13 @@ from torch import Tensor
 
 from attnsens.errors import CheckpointError
 from attnsens.store.manifest import sha256_file
+from attnsens.store.parquet import atomic_write, output_write_error
 
 MANIFEST = "manifest.json"
 TENSOR_FILES = ("model.safetensors", "optimizer.safetensors", "rng.safetensors")
+CHECKPOINT_FILES = (*TENSOR_FILES, "state.json")
+_NAME = re.compile(r"^step_(\d{6,})$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def checkpoint_steps(max_steps: int) -> list[int]:
@@ -61,9 +72,70 @@ def read_manifest(run_dir: str | Path) -> dict[str, dict[str, Any]]:
     if not path.exists():
         return {}
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"checkpoint manifest {path} is not valid JSON ({err}); restore it or rerun") from None
+        payload = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        payload, problem = None, f"is not valid JSON ({err})"
+    else:
+        problem = _manifest_problem(payload)
+    if problem is not None:
+        raise CheckpointError(
+            f"checkpoint manifest {path} {problem}; restore it, or delete {checkpoint_dir(run_dir)} and rerun to "
+            "retrain this run from the start"
+        )
+    return payload
+
+
+def _manifest_problem(payload: Any) -> str | None:
+    """What is wrong with a parsed checkpoint manifest (None when it fits the layout of the module docstring)."""
+    if not isinstance(payload, dict):
+        return f"holds a JSON {type(payload).__name__}, not an object of checkpoints"
+    for name, entry in payload.items():
+        match = _NAME.match(name)
+        if match is None:
+            return f"has an entry {name!r} that is not a checkpoint name like 'step_000008'"
+        if not isinstance(entry, dict) or not isinstance(entry.get("files"), dict):
+            return f"has an entry {name!r} without a 'files' object"
+        step = entry.get("step")
+        if type(step) is not int or step != int(match.group(1)):
+            return f"has an entry {name!r} whose step is {step!r}, not the integer {int(match.group(1))}"
+        for file_name, digest in entry["files"].items():
+            if file_name not in CHECKPOINT_FILES:
+                return f"has an entry {name!r} naming a file {file_name!r} (allowed: {', '.join(CHECKPOINT_FILES)})"
+            if not isinstance(digest, str) or not _SHA256.match(digest):
+                return f"has an entry {name!r} whose sha256 of {file_name} is {digest!r}, not 64 hex digits"
+        if "model.safetensors" not in entry["files"]:
+            return f"has an entry {name!r} that lists no model.safetensors"
+    return None
+
+
+def prune_deleted(run_dir: str | Path) -> dict[int, str]:
+    """Drop the manifest entries whose checkpoint directory was deleted; return their steps → model sha256.
+
+    Deleting a checkpoint's directory is how a user discards it; the next run then rebuilds it.
+    """
+    manifest = read_manifest(run_dir)
+    gone = {name: e for name, e in manifest.items() if not (checkpoint_dir(run_dir) / name).is_dir()}
+    if gone:
+        _write_manifest(run_dir, {name: e for name, e in manifest.items() if name not in gone})
+    return {entry["step"]: entry["files"]["model.safetensors"] for entry in gone.values()}
+
+
+def model_hashes(run_dir: str | Path) -> dict[int, str]:
+    """The registered checkpoints' steps → sha256 of their model weights."""
+    return {entry["step"]: entry["files"]["model.safetensors"] for entry in read_manifest(run_dir).values()}
+
+
+def resume_step(run_dir: str | Path, schedule: list[int] | tuple[int, ...]) -> int | None:
+    """The checkpoint to resume from: the last one before the first scheduled step that is missing below the
+    latest checkpoint (so a deleted checkpoint is rebuilt), else the latest; None to start from scratch."""
+    steps = [s for s in saved_steps(run_dir) if (checkpoint_dir(run_dir) / checkpoint_name(s)).is_dir()]
+    if not steps:
+        return None
+    gaps = [s for s in schedule if s < steps[-1] and s not in steps]
+    if not gaps:
+        return steps[-1]
+    before = [s for s in steps if s < gaps[0]]
+    return before[-1] if before else None
 
 
 def saved_steps(run_dir: str | Path) -> list[int]:
@@ -81,25 +153,32 @@ def save_checkpoint(
 ) -> Path:
     """Write checkpoint ``step`` atomically and register its file hashes. Returns its directory."""
     root = checkpoint_dir(run_dir)
-    root.mkdir(parents=True, exist_ok=True)
     name = checkpoint_name(step)
     final, staging = root / name, root / f".{name}.tmp"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
-    save_file({k: v.detach().contiguous().cpu() for k, v in model_state.items()}, staging / "model.safetensors")
     tensors, hyperparameters = _split_optimizer_state(optimizer.state_dict())
-    save_file(tensors, staging / "optimizer.safetensors")
-    save_file(_rng_state(), staging / "rng.safetensors")
-    (staging / "state.json").write_text(json.dumps({**state, "step": step, "optimizer": hyperparameters}) + "\n")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+        save_file({k: v.detach().contiguous().cpu() for k, v in model_state.items()}, staging / "model.safetensors")
+        save_file(tensors, staging / "optimizer.safetensors")
+        save_file(_rng_state(), staging / "rng.safetensors")
+        (staging / "state.json").write_text(json.dumps({**state, "step": step, "optimizer": hyperparameters}) + "\n")
+    except Exception as err:  # OSError, or safetensors' own error wrapping one (disk full, read-only folder)
+        shutil.rmtree(staging, ignore_errors=True)
+        raise output_write_error(final, err) from None
     files = {path.name: sha256_file(path) for path in sorted(staging.iterdir())}
     shutil.rmtree(final, ignore_errors=True)
     os.replace(staging, final)
     manifest = read_manifest(run_dir)
     manifest[name] = {"step": step, "files": files}
-    staged_manifest = root / f".{MANIFEST}.tmp"
-    staged_manifest.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    os.replace(staged_manifest, root / MANIFEST)
+    _write_manifest(run_dir, manifest)
     return final
+
+
+def _write_manifest(run_dir: str | Path, manifest: dict[str, dict[str, Any]]) -> None:
+    text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
+    atomic_write(checkpoint_dir(run_dir) / MANIFEST, lambda tmp: Path(tmp).write_text(text))
 
 
 def verify_checkpoint(run_dir: str | Path, step: int) -> Path:
@@ -109,37 +188,59 @@ def verify_checkpoint(run_dir: str | Path, step: int) -> Path:
     if name not in manifest:
         raise CheckpointError(
             f"no checkpoint for step {step} in {checkpoint_dir(run_dir) / MANIFEST} "
-            f"(registered steps: {saved_steps(run_dir)}); pick one of those or rerun training"
+            f"(registered steps: {saved_steps(run_dir)}); pick one of those, or rerun the training command "
+            "(with --resume for attnsens train) to rebuild the missing checkpoints"
         )
     _check_duplicates(run_dir, manifest)
     directory = checkpoint_dir(run_dir) / name
     for file_name, expected in manifest[name]["files"].items():
         path = directory / file_name
-        if not path.exists():
-            raise CheckpointError(f"checkpoint file {path} is missing; delete {directory} and rerun to rebuild it")
+        if not path.is_file():
+            raise CheckpointError(f"checkpoint file {path} is missing; {_rebuild(directory)}")
         actual = sha256_file(path)
         if actual != expected:
             raise CheckpointError(
                 f"checkpoint file {path} is corrupted: sha256 {actual[:12]}… != manifest {expected[:12]}…; "
-                f"delete {directory} (and its manifest entry) and rerun to rebuild it"
+                f"{_rebuild(directory)}"
             )
     return directory
 
 
+def _rebuild(directory: Path) -> str:
+    return f"delete {directory} and rerun: training resumes from the last good checkpoint and rebuilds it"
+
+
+def _tensors(path: Path) -> dict[str, Tensor]:
+    """The tensors of a verified checkpoint file; CheckpointError when its content is not safetensors."""
+    try:
+        return load_file(path)
+    except Exception as err:  # safetensors raises its own error types for a broken header
+        raise CheckpointError(
+            f"checkpoint file {path} is not readable safetensors ({type(err).__name__}: {err}); {_rebuild(path.parent)}"
+        ) from None
+
+
 def load_model_state(run_dir: str | Path, step: int) -> dict[str, Tensor]:
     """The verified model parameters of checkpoint ``step`` (CPU tensors, state_dict names)."""
-    return load_file(verify_checkpoint(run_dir, step) / "model.safetensors")
+    return _tensors(verify_checkpoint(run_dir, step) / "model.safetensors")
 
 
 def load_checkpoint(run_dir: str | Path, step: int) -> dict[str, Any]:
     """Everything in verified checkpoint ``step``: model, optimizer (a state_dict), rng, state."""
     directory = verify_checkpoint(run_dir, step)
-    state = json.loads((directory / "state.json").read_text())
-    optimizer = _join_optimizer_state(load_file(directory / "optimizer.safetensors"), state.pop("optimizer"))
+    moments = _tensors(directory / "optimizer.safetensors")
+    try:
+        state = json.loads((directory / "state.json").read_text())
+        optimizer = _join_optimizer_state(moments, state.pop("optimizer"))
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
+        raise CheckpointError(
+            f"checkpoint {directory} has an unusable state.json or optimizer state ({type(err).__name__}: {err}); "
+            f"{_rebuild(directory)}"
+        ) from None
     return {
-        "model": load_file(directory / "model.safetensors"),
+        "model": _tensors(directory / "model.safetensors"),
         "optimizer": optimizer,
-        "rng": load_file(directory / "rng.safetensors"),
+        "rng": _tensors(directory / "rng.safetensors"),
         "state": state,
     }
 
@@ -189,6 +290,7 @@ def _check_duplicates(run_dir: str | Path, manifest: dict[str, dict[str, Any]]) 
         if digest in seen:
             raise CheckpointError(
                 f"checkpoints {seen[digest]} and {name} in {checkpoint_dir(run_dir)} hold identical model weights "
-                "(a duplicated checkpoint); delete the copy and its manifest entry, then rerun"
+                f"(a duplicated checkpoint); delete the copy ({checkpoint_dir(run_dir) / name} if it was copied from "
+                f"{seen[digest]}) and rerun: training resumes from the last good checkpoint and rebuilds it"
             )
         seen[digest] = name

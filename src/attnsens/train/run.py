@@ -9,6 +9,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from attnsens.errors import CheckpointError
+from attnsens.store.lock import writes_run_folder
 from attnsens.train.checkpoint import saved_steps
 from attnsens.train.data import DataConfig, TokenData, prepare_data
 from attnsens.train.model import GPTConfig
@@ -55,6 +56,7 @@ def default_data_config(model_config: GPTConfig, **overrides: object) -> DataCon
     return DataConfig(**values)
 
 
+@writes_run_folder("run_dir", "train")
 def train(
     model_config: GPTConfig,
     train_config: TrainConfig,
@@ -71,7 +73,8 @@ def train(
     """Train one seed into ``run_dir``; with ``resume`` continue from its latest checkpoint (bit-identical on CPU).
 
     Under torchrun (WORLD_SIZE > 1) every process calls this; rank 0 alone writes files. With ``write_log``
-    the log is written as ``training.parquet`` and ``grad_norms.parquet`` (store schemas) in ``run_dir``.
+    the log is written as ``training.parquet`` and ``grad_norms.parquet`` (store schemas) in ``run_dir`` and
+    recorded in its ``manifest.json``.
     ``data`` skips reading and tokenizing the corpus (several seeds share one TokenData; the caller keeps its
     tokenizer). Raises CheckpointError when ``run_dir`` already holds checkpoints and ``resume`` is False.
     """
@@ -97,13 +100,13 @@ def train(
     if write_log and trainer.is_writer:
         import pandas as pd
 
-        from attnsens.store import write_parquet
+        from attnsens.store import Manifest
 
+        # Recorded in the run's manifest, so that report and query verify them like any other unit.
+        manifest = Manifest.open(run_dir)
         metadata = {"model_config": asdict(model_config), "train_config": asdict(train_config)}
-        write_parquet(pd.DataFrame(log["training"]), run_dir / TRAINING_FILE, schema="training", metadata=metadata)
-        write_parquet(
-            pd.DataFrame(log["grad_norms"]), run_dir / GRAD_NORMS_FILE, schema="grad_norms", metadata=metadata
-        )
+        manifest.write_unit(TRAINING_FILE, pd.DataFrame(log["training"]), schema="training", metadata=metadata)
+        manifest.write_unit(GRAD_NORMS_FILE, pd.DataFrame(log["grad_norms"]), schema="grad_norms", metadata=metadata)
     return TrainResult(
         run_dir=run_dir,
         final_step=trainer.step,

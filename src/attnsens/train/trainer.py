@@ -31,9 +31,10 @@ from attnsens.errors import CheckpointError, ConfigError
 from attnsens.train.checkpoint import (
     checkpoint_steps,
     load_checkpoint,
+    prune_deleted,
     restore_rng,
+    resume_step,
     save_checkpoint,
-    saved_steps,
 )
 from attnsens.train.data import TokenData
 from attnsens.train.model import GPT, GPTConfig
@@ -181,11 +182,17 @@ class Trainer:
         }
 
     def resume(self) -> bool:
-        """Load the latest registered checkpoint of ``run_dir``; False when there is none."""
-        steps = saved_steps(self.run_dir)
-        if not steps:
+        """Load the checkpoint to continue from; False when there is none (training starts from scratch).
+
+        That is the latest registered checkpoint, unless a scheduled one below it is missing (its directory was
+        deleted): then the last one before the gap, so the run rebuilds every checkpoint after it.
+        """
+        if self.is_writer:
+            prune_deleted(self.run_dir)
+        step = resume_step(self.run_dir, self.train_config.checkpoint_schedule)
+        if step is None:
             return False
-        checkpoint = load_checkpoint(self.run_dir, steps[-1])
+        checkpoint = load_checkpoint(self.run_dir, step)
         state = checkpoint["state"]
         recorded = {key: state[key] for key in self._describe()}
         if recorded != _jsonable(self._describe()):

@@ -1,0 +1,189 @@
+"""One writer per run folder: ``train``, ``study`` and ``audit`` hold an exclusive lock on their ``--out``.
+
+The lock is ``RUN/.writer.lock``: an advisory ``flock`` held for the whole command, and the holder's pid, host,
+command and start time written into the file so that a refused writer can name it. The operating system drops
+a flock when its process dies, however it dies, so a lock left by a killed process (a file naming a pid, no
+flock) is taken over at once, with a note naming the dead holder. Readers (``report``, ``query``, ``verify``)
+never take the lock: they only read files that writers replace atomically.
+
+Taking the lock also removes what killed writers left behind: temporary files and staging directories named
+``.<name>.tmp`` or ``.<name>.<pid>.tmp`` anywhere in the folder, except those of a process that is still running
+(e.g. a report being written next to the run).
+
+Under torchrun only rank 0 takes the lock; the other ranks of the same job write through it. Without ``fcntl``
+(Windows) the pid in the file is the lock: a live pid on this host refuses, any other is taken over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import functools
+import inspect
+import json
+import os
+import re
+import shutil
+import socket
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+from attnsens.errors import RunLockedError
+
+LOCK_NAME = ".writer.lock"
+_TEMPORARY = re.compile(r"^\..+?(?:\.(\d+))?\.tmp$")
+_HELD: set[Path] = set()
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _note(message: str) -> None:
+    sys.stderr.write(f"note: {message}\n")
+
+
+@contextlib.contextmanager
+def writer_lock(
+    run_dir: str | os.PathLike[str], *, command: str, note: Callable[[str], None] = _note
+) -> Iterator[Path]:
+    """Hold the exclusive writer lock of ``run_dir`` (created if needed) for the ``with`` block.
+
+    Raises RunLockedError naming the holder when another live process holds it. Re-entrant within a process.
+    """
+    from attnsens.store.parquet import output_write_error
+
+    directory = Path(run_dir).resolve()
+    if directory in _HELD:
+        yield directory
+        return
+    path = directory / LOCK_NAME
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a+")
+    except OSError as err:
+        raise output_write_error(path, err) from None
+    try:
+        previous = _acquire(handle, directory)
+        if previous and previous.get("pid") != os.getpid():
+            note(f"took over the lock of {directory}: {_describe(previous)} is no longer running")
+        record = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "command": command,
+            "started_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        }
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps(record) + "\n")
+        handle.flush()
+        remove_leftovers(directory)
+        _HELD.add(directory)
+        try:
+            yield directory
+        finally:
+            _HELD.discard(directory)
+            handle.seek(0)
+            handle.truncate()
+            handle.flush()
+    finally:
+        handle.close()
+
+
+def writes_run_folder(parameter: str, command: str) -> Callable[[F], F]:
+    """Decorator: the call holds :func:`writer_lock` on its ``parameter`` argument (when that is not None)."""
+
+    def decorate(func: F) -> F:
+        signature = inspect.signature(func)
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            folder = signature.bind(*args, **kwargs).arguments.get(parameter)
+            if folder is None or int(os.environ.get("RANK", "0")) != 0:
+                return func(*args, **kwargs)
+            with writer_lock(folder, command=command):
+                return func(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
+
+
+def remove_leftovers(run_dir: Path) -> list[Path]:
+    """Remove the temporary files and staging directories of dead writers below ``run_dir``; return them."""
+    removed = []
+    for path in sorted(run_dir.rglob(".*.tmp"), key=lambda p: len(p.parts), reverse=True):
+        match = _TEMPORARY.match(path.name)
+        if match is None:
+            continue
+        if match.group(1) is not None and _alive(int(match.group(1))):
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+        removed.append(path)
+    return removed
+
+
+def read_holder(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The record in ``run_dir``'s lock file (None when there is none or it is empty)."""
+    try:
+        return _parse((Path(run_dir) / LOCK_NAME).read_text())
+    except OSError:
+        return None
+
+
+def _acquire(handle: Any, directory: Path) -> dict[str, Any] | None:
+    """Take the lock or raise RunLockedError; return the record a previous holder left in the file."""
+    handle.seek(0)
+    try:
+        import fcntl
+    except ImportError:
+        previous = _parse(handle.read())
+        if previous and previous.get("host") == socket.gethostname() and _alive(int(previous.get("pid", -1))):
+            raise RunLockedError(_refusal(directory, previous)) from None
+        return previous
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise RunLockedError(_refusal(directory, _parse(handle.read()))) from None
+    handle.seek(0)
+    return _parse(handle.read())
+
+
+def _refusal(directory: Path, holder: dict[str, Any] | None) -> str:
+    who = _describe(holder) if holder else "another process"
+    return f"{directory} is being written by {who}; wait for it to finish or choose another --out directory"
+
+
+def _describe(record: dict[str, Any]) -> str:
+    return (
+        f"pid {record.get('pid')} on host {record.get('host')} "
+        f"(attnsens {record.get('command')}, started {record.get('started_utc')})"
+    )
+
+
+def _parse(text: str) -> dict[str, Any] | None:
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True

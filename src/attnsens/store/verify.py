@@ -1,0 +1,255 @@
+"""Check a run folder against its manifest before anything reads it (``report``, ``query``, ``attnsens verify``).
+
+Four kinds of problem are found, each named by its unit (the file's path relative to the run folder):
+
+- ``missing``: recorded in the manifest, no file on disk;
+- ``changed``: the file's sha256 differs from the recorded one (overwritten, flipped bytes, edited manifest);
+- ``misplaced``: the file's ``step``/``seed`` (or ``batch`` for ``sequence=``) values disagree with the key in
+  its path, e.g. step 4's rows copied over ``rows/seed=0/step=000008.parquet``;
+- ``unreadable``: not a readable Parquet file (truncated, not Parquet); such a file is never handed to DuckDB;
+- ``extra``: a Parquet file under the folder that the manifest does not record.
+
+A folder without ``manifest.json`` (``attnsens bounds --out``, hand-made folders) has nothing to compare with:
+only readability is checked, and the check says the folder is unverified.
+
+Hash cache rule: a file's sha256 is kept in ``.hash-cache.json`` in the run folder together with its size,
+mtime, ctime and inode (``os.stat``). A file whose four values all equal the cached ones is taken to still have
+the cached sha256 and is not read again; any other file is hashed. Every write of a file changes its ctime
+(which no user tool can set back) and attnsens replaces files by rename (a new inode), so a cached hash is
+stale only if the file system's clock or metadata are tampered with. ``verify_run(..., rehash=True)`` and
+``attnsens verify --rehash`` ignore the cache. Readers write the cache atomically and without a lock; a folder
+they cannot write to is simply hashed every time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from attnsens.errors import OutputWriteError, RunIntegrityError
+from attnsens.store.manifest import MANIFEST_NAME, Manifest, sha256_file
+from attnsens.store.parquet import atomic_write
+
+CACHE_NAME = ".hash-cache.json"
+KINDS = ("missing", "changed", "misplaced", "unreadable", "extra")
+# Path keys and the column that must hold the key's value in every record of the unit.
+_KEYS = {"step": "step", "seed": "seed", "sequence": "batch"}
+_KEY_PART = re.compile(r"^(step|seed|sequence)=(\d+)(?:\.parquet)?$")
+_LISTED = 3
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One unit that cannot be trusted: its path (relative to the run folder), the kind and what was seen."""
+
+    unit: str
+    kind: str
+    detail: str = ""
+
+    def describe(self) -> str:
+        return f"{self.unit} ({self.detail})" if self.detail else self.unit
+
+
+@dataclass(frozen=True)
+class RunCheck:
+    """The result of :func:`verify_run`."""
+
+    run_dir: Path
+    has_manifest: bool
+    verified: int
+    problems: tuple[Problem, ...] = ()
+    rebuild: str = field(default="", compare=False)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def unreadable(self) -> frozenset[Path]:
+        """Files that must not be read (they would fail inside DuckDB)."""
+        return frozenset(self.run_dir / p.unit for p in self.problems if p.kind == "unreadable")
+
+    def by_kind(self) -> dict[str, list[Problem]]:
+        found: dict[str, list[Problem]] = {}
+        for problem in self.problems:
+            found.setdefault(problem.kind, []).append(problem)
+        return {kind: found[kind] for kind in KINDS if kind in found}
+
+    def problem_list(self) -> str:
+        """``1 missing (a), 2 changed (b: ..., c)`` with at most three units named per kind."""
+        parts = []
+        for kind, problems in self.by_kind().items():
+            named = ", ".join(p.describe() for p in problems[:_LISTED]) + (" …" if len(problems) > _LISTED else "")
+            parts.append(f"{len(problems)} {kind} ({named})")
+        return ", ".join(parts)
+
+    def message(self) -> str:
+        """One line: what is wrong and the fix (rebuild with the writing command, or read anyway with --force)."""
+        fixes = []
+        if any(p.kind != "extra" for p in self.problems):
+            fixes.append(f"rebuild with {self.rebuild}" if self.has_manifest else "rewrite or remove the bad files")
+        if any(p.kind == "extra" for p in self.problems):
+            fixes.append("remove the extra files")
+        where = "does not match its manifest" if self.has_manifest else "holds unreadable files"
+        return (
+            f"run folder {str(self.run_dir)!r} {where}: {self.problem_list()}; "
+            f"{' or '.join(fixes)}, or pass --force to read it anyway"
+        )
+
+    def raise_if_bad(self) -> None:
+        if not self.ok:
+            raise RunIntegrityError(self.message())
+
+    def summary(self) -> str:
+        """One line for a clean folder."""
+        if not self.has_manifest:
+            return f"{str(self.run_dir)!r} has no {MANIFEST_NAME}: its files are readable but not verified"
+        return f"{str(self.run_dir)!r}: {self.verified} unit(s) match {MANIFEST_NAME}"
+
+
+def verify_run(run_dir: str | os.PathLike[str], *, rehash: bool = False) -> RunCheck:
+    """Check every unit of ``run_dir`` against its manifest (module docstring); never raises for bad units.
+
+    Raises FileFormatError when the folder does not exist or its manifest is malformed.
+    """
+    from attnsens.errors import FileFormatError
+
+    root = Path(run_dir)
+    if not root.is_dir():
+        raise FileFormatError(f"run directory {str(root)!r} does not exist; pass the --out directory of a run")
+    on_disk = _parquet_units(root)
+    if not (root / MANIFEST_NAME).exists():
+        problems = [_unreadable(unit) for unit in on_disk if not _readable(root / unit)]
+        return RunCheck(root, has_manifest=False, verified=0, problems=tuple(problems))
+    manifest = Manifest.load(root)
+    cache = _HashCache(root, enabled=not rehash)
+    problems: list[Problem] = []
+    for unit, entry in sorted(manifest.units.items()):
+        file = root / unit
+        if not file.is_file():
+            problems.append(Problem(unit, "missing"))
+            continue
+        if file.suffix != ".parquet":
+            if cache.sha256(file, unit) != entry["sha256"]:
+                problems.append(Problem(unit, "changed", "sha256 differs from the manifest"))
+            continue
+        if not _readable(file):
+            problems.append(_unreadable(unit))
+            continue
+        if wrong := _key_mismatch(file, unit):
+            problems.append(Problem(unit, "misplaced", wrong))
+        elif cache.sha256(file, unit) != entry["sha256"]:
+            problems.append(Problem(unit, "changed", "sha256 differs from the manifest"))
+    for unit in on_disk:
+        if unit not in manifest.units:
+            readable = _readable(root / unit)
+            problems.append(Problem(unit, "extra", "not in the manifest") if readable else _unreadable(unit))
+    cache.save()
+    verified = len(manifest.units) - sum(1 for p in problems if p.kind != "extra")
+    return RunCheck(root, has_manifest=True, verified=verified, problems=tuple(problems), rebuild=_rebuild(manifest))
+
+
+def _parquet_units(root: Path) -> list[str]:
+    units = []
+    for path in sorted(root.rglob("*.parquet")):
+        parts = path.relative_to(root).parts
+        if not any(part.startswith(".") for part in parts) and path.is_file():
+            units.append("/".join(parts))
+    return units
+
+
+def _readable(file: Path) -> bool:
+    """Whether the file has a Parquet footer that parses (a truncated file has none)."""
+    try:
+        pq.read_metadata(file)
+    except (OSError, pa.ArrowException):
+        return False
+    return True
+
+
+def _unreadable(unit: str) -> Problem:
+    table = unit.split("/", 1)[0] if "/" in unit else Path(unit).stem
+    return Problem(unit, "unreadable", f"cannot read table {table!r}: truncated or not Parquet")
+
+
+def _key_mismatch(file: Path, unit: str) -> str | None:
+    """``holds step 4, …`` when the unit's records disagree with a ``step=``/``seed=``/``sequence=`` part of its
+    path. Row-group statistics (min = max = the key) settle it without reading data; otherwise the key columns
+    are read."""
+    wanted = {}
+    for part in unit.split("/"):
+        if match := _KEY_PART.match(part):
+            wanted[_KEYS[match.group(1)]] = int(match.group(2))
+    metadata = pq.read_metadata(file)
+    names = [metadata.schema.column(i).path for i in range(metadata.num_columns)]  # leaf columns, by path
+    columns = [c for c in wanted if c in names]
+    unsettled = [c for c in columns if not _statistics_show(metadata, names.index(c), wanted[c])]
+    if not unsettled:
+        return None
+    try:
+        table = pq.read_table(file, columns=unsettled)
+    except (OSError, pa.ArrowException) as err:
+        return f"cannot read its {', '.join(unsettled)} columns ({' '.join(str(err).split())[:60]})"
+    for column in unsettled:
+        values = sorted(set(table.column(column).to_pylist()) - {None})
+        if values and values != [wanted[column]]:
+            shown = ", ".join(str(v) for v in values[:3]) + (" …" if len(values) > 3 else "")
+            return f"holds {column} {shown}, its path says {wanted[column]}"
+    return None
+
+
+def _statistics_show(metadata: pq.FileMetaData, index: int, value: int) -> bool:
+    """True iff every row group's statistics prove that column ``index`` holds only ``value``."""
+    for group in range(metadata.num_row_groups):
+        stats = metadata.row_group(group).column(index).statistics
+        if stats is None or not stats.has_min_max or stats.min != value or stats.max != value:
+            return False
+    return True
+
+
+def _rebuild(manifest: Manifest) -> str:
+    """The command that wrote the folder, from the manifest's provenance, or a description of it."""
+    argv = [str(a) for a in manifest.provenance.get("argv") or []]
+    if argv and Path(argv[0]).name == "attnsens" and len(argv) > 1:
+        return f"`{shlex.join(['attnsens', *argv[1:]])}`"
+    return f"the command that wrote it (attnsens study/audit … --out {shlex.quote(str(manifest.run_dir))})"
+
+
+class _HashCache:
+    """sha256 by (size, mtime, ctime, inode), persisted in the run folder (rule in the module docstring)."""
+
+    def __init__(self, root: Path, *, enabled: bool) -> None:
+        self.path, self.enabled, self.changed = root / CACHE_NAME, enabled, False
+        self.entries: dict[str, Any] = {}
+        if enabled:
+            with contextlib.suppress(OSError, ValueError):
+                loaded = json.loads(self.path.read_text())
+                if isinstance(loaded, dict):
+                    self.entries = loaded
+
+    def sha256(self, file: Path, unit: str) -> str:
+        info = file.stat()
+        stamp = [info.st_size, info.st_mtime_ns, info.st_ctime_ns, info.st_ino]
+        entry = self.entries.get(unit)
+        if self.enabled and isinstance(entry, dict) and entry.get("stat") == stamp and "sha256" in entry:
+            return str(entry["sha256"])
+        digest = sha256_file(file)
+        self.entries[unit] = {"stat": stamp, "sha256": digest}
+        self.changed = True
+        return digest
+
+    def save(self) -> None:
+        if not self.changed:
+            return
+        text = json.dumps(self.entries, sort_keys=True)
+        with contextlib.suppress(OSError, OutputWriteError):
+            atomic_write(self.path, lambda tmp: Path(tmp).write_text(text))

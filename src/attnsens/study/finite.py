@@ -1,0 +1,54 @@
+"""Non-finite weights are found before any forward pass and named by layer and parameter.
+
+A NaN or ±Inf weight makes every attention row downstream NaN; the θ engine would then reject "row 0" of
+some tensor, which says nothing about the cause. ``audit``, ``bounds`` and the study check the weights first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable, Sequence
+
+import torch
+from torch import Tensor
+
+from attnsens.errors import InputError
+from attnsens.models.weights import LayerWeights
+
+# Block containers of the supported families: GPT-2 ``h.3.``, Llama/BERT ``layers.3.``/``layer.3.``, own GPT
+# ``blocks.3.``.
+_LAYER = re.compile(r"(?:^|\.)(?:h|layers|layer|blocks)\.(\d+)\.")
+
+
+def check_finite_module(module: torch.nn.Module, *, name: str) -> None:
+    """Raise InputError naming the first parameter of ``module`` (and its layer) that holds NaN or ±Inf."""
+    _check(module.named_parameters(), name)
+
+
+def check_finite_layers(layers: Sequence[LayerWeights], *, name: str) -> None:
+    """Raise InputError naming the first normalized weight (``layers.{i}.{part}.{tensor}``) with NaN or ±Inf."""
+    named = []
+    for layer in layers:
+        for part in ("attention", "mlp", "attn_norm", "mlp_norm"):
+            weights = getattr(layer, part)
+            if weights is None:
+                continue
+            for field in dataclasses.fields(weights):
+                value = getattr(weights, field.name)
+                if isinstance(value, Tensor):
+                    named.append((f"layers.{layer.index}.{part}.{field.name}", value))
+    _check(named, name)
+
+
+def _check(named: Iterable[tuple[str, Tensor]], model: str) -> None:
+    for parameter, tensor in named:
+        if not tensor.is_floating_point() or bool(torch.isfinite(tensor).all()):
+            continue
+        nan, inf = int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
+        match = _LAYER.search(parameter)
+        where = f"layer {match.group(1)}, " if match else ""
+        raise InputError(
+            f"{model} has non-finite weights: {where}parameter {parameter!r} {tuple(tensor.shape)} holds {nan} NaN "
+            f"and {inf} ±Inf values; restore the weights (reload the model, or retrain from a good checkpoint)"
+        )

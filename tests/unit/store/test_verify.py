@@ -1,0 +1,146 @@
+"""Verified reads: report, query and `attnsens verify` name every unit that disagrees with the manifest."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from typer.testing import CliRunner
+
+from attnsens.cli import app
+from attnsens.errors import FileFormatError, RunIntegrityError
+from attnsens.report import build_report
+from attnsens.store import manifest as manifest_module
+from attnsens.store.query import query
+from attnsens.store.verify import CACHE_NAME, verify_run
+from tests.unit.store.synthetic import SEEDS, STEPS, write_synthetic_run
+
+runner = CliRunner()
+ROWS_10 = "rows/seed=1/step=000010.parquet"
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    return write_synthetic_run(tmp_path_factory.mktemp("pristine"))
+
+
+@pytest.fixture
+def run(pristine, tmp_path):
+    return shutil.copytree(pristine, tmp_path / "run")
+
+
+def _counts(run_dir, **options):
+    return query(run_dir, "SELECT seed, step FROM rows GROUP BY ALL ORDER BY ALL", **options).values.tolist()
+
+
+def test_a_clean_folder_verifies_and_reads(run):
+    check = verify_run(run)
+    assert check.ok and check.verified == 6 * 2 + 4
+    assert len(_counts(run)) == len(SEEDS) * len(STEPS)
+    result = runner.invoke(app, ["verify", str(run)])
+    assert result.exit_code == 0 and "16 unit(s) match manifest.json" in result.output
+
+
+def test_a_deleted_unit_stops_report_and_query_until_forced(run):
+    (run / ROWS_10).unlink()
+    with pytest.raises(RunIntegrityError, match=rf"1 missing \({ROWS_10}\).*--force"):
+        query(run, "SELECT 1")
+    with pytest.raises(RunIntegrityError, match="missing"):
+        build_report(run)
+    assert [1, 10] not in _counts(run, force=True)
+    text = build_report(run, force=True).read_text(encoding="utf-8")
+    banner = text.split('class="integrity-banner"')[1].split("</div>")[0]
+    assert "missing" in banner and ROWS_10 in banner
+
+
+def test_a_unit_copied_over_another_is_named_with_what_it_holds(run):
+    shutil.copyfile(run / "rows/seed=1/step=000000.parquet", run / ROWS_10)
+    check = verify_run(run)
+    assert [(p.unit, p.kind) for p in check.problems] == [(ROWS_10, "misplaced")]
+    assert "holds step 0, its path says 10" in check.message()
+
+
+def test_an_edited_hash_in_the_manifest_is_a_changed_unit(run):
+    payload = json.loads((run / "manifest.json").read_text())
+    payload["units"][ROWS_10]["sha256"] = "0" * 64
+    (run / "manifest.json").write_text(json.dumps(payload))
+    with pytest.raises(RunIntegrityError, match=rf"1 changed \({ROWS_10} \(sha256 differs"):
+        query(run, "SELECT 1")
+
+
+def test_a_truncated_unit_is_named_and_does_not_block_other_tables(run):
+    unit = run / "summary/seed=0/step=000100.parquet"
+    unit.write_bytes(unit.read_bytes()[:100])
+    with pytest.raises(RunIntegrityError, match=r"1 unreadable \(summary/seed=0/step=000100\.parquet \(cannot read"):
+        query(run, "SELECT count(*) FROM rows")
+    assert len(_counts(run, force=True)) == len(SEEDS) * len(STEPS)
+    summary = query(run, "SELECT DISTINCT seed, step FROM summary", force=True)
+    assert len(summary) == len(SEEDS) * len(STEPS) - 1
+
+
+def test_an_extra_file_is_named(run):
+    shutil.copyfile(run / ROWS_10, run / "rows/seed=1/step=000011.parquet")
+    check = verify_run(run)
+    assert [(p.unit, p.kind) for p in check.problems] == [("rows/seed=1/step=000011.parquet", "extra")]
+    assert "remove the extra files" in check.message()
+
+
+def test_hashes_are_cached_by_stat_and_a_rewrite_is_rehashed(run, monkeypatch):
+    verify_run(run)
+    assert (run / CACHE_NAME).is_file()
+    hashed = []
+    real = manifest_module.sha256_file
+    monkeypatch.setattr("attnsens.store.verify.sha256_file", lambda path: hashed.append(path) or real(path))
+    assert verify_run(run).ok and hashed == []
+    (run / ROWS_10).write_bytes((run / ROWS_10).read_bytes())  # new ctime: the cached hash no longer applies
+    assert verify_run(run).ok and hashed == [run / ROWS_10]
+    hashed.clear()
+    assert verify_run(run, rehash=True).ok and len(hashed) == 16
+
+
+def test_cli_names_each_problem_and_the_fix_and_forced_reads_warn(run):
+    (run / ROWS_10).unlink()
+    result = runner.invoke(app, ["verify", str(run)])
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    assert lines[0].split() == ["missing", ROWS_10]
+    assert lines[-1].startswith("error:") and "--force" in lines[-1] and len(lines) == 2
+    refused = runner.invoke(app, ["query", str(run), "SELECT 1"])
+    assert refused.exit_code == 1 and len(refused.output.strip().splitlines()) == 1 and ROWS_10 in refused.output
+    forced = runner.invoke(app, ["report", str(run), "--force"])
+    assert forced.exit_code == 0 and "warning: read with --force: 1 missing" in forced.output
+    as_json = runner.invoke(app, ["verify", str(run), "--json"])
+    assert as_json.exit_code == 1 and json.loads(as_json.output)["problems"][0]["kind"] == "missing"
+
+
+def test_a_folder_without_manifest_is_read_and_reported_unverified(pristine, tmp_path):
+    loose = tmp_path / "loose"
+    shutil.copytree(pristine / "bounds", loose / "bounds")
+    check = verify_run(loose)
+    assert check.ok and not check.has_manifest
+    assert "Unverified" in build_report(loose).read_text(encoding="utf-8")
+    assert "not verified" in runner.invoke(app, ["verify", str(loose)]).output
+    (tmp_path / "nothing").mkdir()
+    nothing = runner.invoke(app, ["verify", str(tmp_path / "nothing")])
+    assert nothing.exit_code == 1 and "no manifest.json and no Parquet files" in nothing.output
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        (lambda m: {**m, "units": []}, "'units' is list"),
+        (lambda m: {**m, "units": {"../../../../etc/passwd": {"sha256": "0" * 64}}}, "not a relative path inside"),
+        (lambda m: {**m, "units": {"/etc/passwd": {"sha256": "0" * 64}}}, "not a relative path inside"),
+        (lambda m: {**m, "units": {ROWS_10: {"table": "rows"}}}, "has sha256 None"),
+        (lambda m: {**m, "units": {ROWS_10: {**m["units"][ROWS_10], "num_rows": "9"}}}, "num_rows '9'"),
+    ],
+)
+def test_a_malformed_manifest_is_refused_before_any_file_is_opened(run, monkeypatch, edit, named):
+    payload = json.loads((run / "manifest.json").read_text())
+    (run / "manifest.json").write_text(json.dumps(edit(payload)))
+    monkeypatch.setattr("attnsens.store.verify.sha256_file", lambda path: pytest.fail(f"hashed {path}"))
+    with pytest.raises(FileFormatError, match=f"is malformed: .*{named}.*; restore it"):
+        verify_run(run)
+    result = runner.invoke(app, ["report", str(run)])
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
