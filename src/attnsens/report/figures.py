@@ -90,7 +90,7 @@ def _cell_figure(
                 log_scale(ax)
             elif scale == "count":
                 log_scale(ax, linthresh=1.0)
-                ax.set_ylim(bottom=0)
+                ax.set_ylim(0, max(2.0, float(frame[column].max()) * 1.5))
             if ylim is not None:
                 ax.set_ylim(*ylim)
             if hline is not None:

@@ -72,6 +72,12 @@ CLAIMS = {
     ),
 }
 
+SHORT_CLAIMS = {
+    "theta": "median θ lower bound near 1",
+    "concentration": "attention concentrates",
+    "dominant": "dominant-atom minority on 4m(1−m)",
+}
+
 
 def evaluate_findings(data: RunData) -> list[Finding]:
     """The three findings for every run of ``data`` (one run_id each: a placement, a pretrained reference)."""
@@ -144,7 +150,7 @@ def theta_finding(cells: pd.DataFrame, *, run_id: str) -> Finding:
                 f"Without sink and early rows, {len(core_below)} of {len(core)} cells are still below {NEAR_ONE} "
                 f"(lowest {core['theta_lower_median'].min():.4f})."
             )
-    table = _layer_table(cells, "theta_lower_median", "median θ_lb")
+    table = _layer_table(cells, {"theta_lower_median": "median θ_lb"}, subsets=("all", "core"))
     return Finding(
         key="theta",
         run_id=run_id,
@@ -153,8 +159,8 @@ def theta_finding(cells: pd.DataFrame, *, run_id: str) -> Finding:
         measured=measured,
         table=table,
         table_caption=(
-            "Per layer: median θ lower bound at the first and last checkpoint (mean over seeds, [min, max] over "
-            "seeds), all rows and core rows."
+            "Per layer: median θ lower bound, first → last checkpoint (means over seeds; [min, max] over seeds at "
+            "the last), all rows and core rows (no sinks, no early rows)."
         ),
     )
 
@@ -206,10 +212,12 @@ def concentration_finding(cells: pd.DataFrame, *, run_id: str, pretrained: bool)
     else:
         status = "not observed"
         measured += "Fewer than half the layers pass the threshold."
-    table = _layer_table(cells, "p_max_n_median", "p_max·n", subsets=("all",))
-    entropy = _layer_table(cells, "normalized_entropy_mean", "norm. entropy", subsets=("all",))
-    n_eff = _layer_table(cells, "n_eff_fraction_mean", "n_eff/n", subsets=("all",))
-    table = table.merge(entropy, on="layer").merge(n_eff, on="layer")
+    metrics = {
+        "p_max_n_median": "p_max·n",
+        "normalized_entropy_mean": "norm. entropy",
+        "n_eff_fraction_mean": "n_eff/n",
+    }
+    table = _layer_table(cells, metrics)
     return Finding(
         key="concentration",
         run_id=run_id,
@@ -218,8 +226,8 @@ def concentration_finding(cells: pd.DataFrame, *, run_id: str, pretrained: bool)
         measured=measured,
         table=table,
         table_caption=(
-            f"Per layer at checkpoints {first:,} and {last:,}: median p_max·n, mean normalized entropy and mean "
-            "n_eff / n (all uniform = 1), mean over seeds with [min, max]."
+            f"Per layer, checkpoint {first:,} → {last:,}: median p_max·n, mean normalized entropy and mean "
+            "n_eff / n (uniform attention has 1 for all three); means over seeds, [min, max] over seeds at the last."
         ),
     )
 
@@ -290,20 +298,23 @@ def dominant_finding(cells: pd.DataFrame, data: RunData, *, run_id: str) -> Find
     )
 
 
-def _layer_table(
-    cells: pd.DataFrame, column: str, label: str, *, subsets: tuple[str, ...] = ("all", "core")
-) -> pd.DataFrame:
-    """Per layer: mean [min, max] over seeds of ``column`` at the first and last checkpoint, per subset."""
+def _layer_table(cells: pd.DataFrame, metrics: dict[str, str], *, subsets: tuple[str, ...] = ("all",)) -> pd.DataFrame:
+    """Per layer and metric: 'first → last [min, max]', the means over seeds at the first and last checkpoint
+    and the seed range at the last; one column per (metric, subset)."""
     steps = sorted(int(s) for s in cells["step"].unique())
-    ends = sorted({steps[0], steps[-1]})
+    first, last = steps[0], steps[-1]
     table = pd.DataFrame({"layer": sorted(int(x) for x in cells["layer"].unique())})
     for subset in subsets:
         part = cells[cells["subset"] == subset]
-        for step in ends:
-            values = part[part["step"] == step].groupby("layer")[column]
-            text = {int(k): _spread(v) for k, v in values}
-            name = f"{label} @ {step:,}" + ("" if subsets == ("all",) else f" ({subset})")
-            table[name] = table["layer"].map(text)
+        for column, label in metrics.items():
+            start = part[part["step"] == first].groupby("layer")[column].mean()
+            end = part[part["step"] == last].groupby("layer")[column]
+            text = {}
+            for layer, values in end:
+                arrow = "" if first == last else f"{_fmt(start.get(layer, float('nan')))} → "
+                text[int(layer)] = arrow + _spread(values)
+            name = label if subsets == ("all",) else f"{label} ({subset})"
+            table[name] = table["layer"].map(text).fillna("–")
     return table
 
 
@@ -326,7 +337,8 @@ def _per_layer(means: pd.Series, groups: object, unit: str) -> str:
 def _fmt(value: float) -> str:
     if value != value:  # NaN
         return "–"
-    return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+    text = f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+    return text[1:] if text.startswith("-") and float(text) == 0 else text  # no "-0.000"
 
 
 def _percent(fraction: float | None) -> str:

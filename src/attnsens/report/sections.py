@@ -16,7 +16,14 @@ from attnsens.errors import InputError
 from attnsens.report import figures, figures_bounds
 from attnsens.report.cells import EARLY_KEYS
 from attnsens.report.data import RunData
-from attnsens.report.findings import CLAIMS, CONCENTRATION_FACTOR, ENTROPY_DROP, NEAR_ONE, TRIVIAL_P_MAX, Finding
+from attnsens.report.findings import (
+    CONCENTRATION_FACTOR,
+    ENTROPY_DROP,
+    NEAR_ONE,
+    SHORT_CLAIMS,
+    TRIVIAL_P_MAX,
+    Finding,
+)
 from attnsens.report.html_parts import definition_list, esc, figure_html, table_html
 from attnsens.store.summary import ALL_HEADS
 
@@ -142,7 +149,7 @@ def findings_section(data: RunData, findings: list[Finding]) -> Section:
     keys = list(dict.fromkeys(f.key for f in findings))
     status = {(f.run_id, f.key): f.status for f in findings}
     verdicts = pd.DataFrame(
-        {"finding": [CLAIMS.get(key, key) for key in keys]}
+        {"finding": [SHORT_CLAIMS.get(key, key) for key in keys]}
         | {(run or "run"): [status.get((run, key), "") for key in keys] for run in runs}
     )
     intro = (

@@ -143,14 +143,24 @@ def _symlog(value: float, linthresh: float) -> float:
 def log_scale(ax: Axes, axis: str = "y", *, base: float = 10, linthresh: float | None = None) -> None:
     """A log (or, with ``linthresh``, symmetric-log) axis whose tick labels are plain text such as 0.02 or 1e+04.
 
-    The report style turns mathtext off (run names may contain "$"), so matplotlib's default log labels would
-    print as raw ``$\\mathdefault{…}$`` strings; minor ticks stay unlabelled.
+    Call it after plotting: data spanning less than a factor of 10 stay on a linear axis, where a log axis would
+    label a single tick. The report style turns mathtext off (run names may contain "$"), so matplotlib's default
+    log labels would print as raw mathtext source; minor ticks stay unlabelled.
     """
-    from matplotlib.ticker import FuncFormatter, NullFormatter
+    from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    limits = ax.dataLim.intervaly if axis == "y" else ax.dataLim.intervalx
+    low, high = (float(v) for v in limits)
+    narrow = linthresh is None and (low <= 0 or not np.isfinite(low) or high / low < 10)
+    if narrow and low > 0:
+        target.set_major_locator(MaxNLocator(nbins=5))
+        target.set_major_formatter(FuncFormatter(lambda value, _position: f"{value:.4g}"))
+        return
     scale = {"base": base} if linthresh is None else {"base": base, "linthresh": linthresh, "linscale": 0.5}
     (ax.set_yscale if axis == "y" else ax.set_xscale)("log" if linthresh is None else "symlog", **scale)
-    target = ax.yaxis if axis == "y" else ax.xaxis
+    if base == 10 and linthresh is None:
+        target.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if high / low < 1e3 else (1.0,)))
     target.set_major_formatter(FuncFormatter(lambda value, _position: f"{value:g}"))
     target.set_minor_formatter(NullFormatter())
 
