@@ -27,33 +27,74 @@ app = typer.Typer(
 )
 
 
+def _print_version(requested: bool) -> None:
+    if requested:
+        import attnsens
+
+        sys.stdout.write(f"attnsens {attnsens.__version__}\n")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+    ] = False,
+) -> None:
     """Certified attention sensitivity: θ(p) certificates, bounds, audits, studies and influence."""
 
 
-console = Console()
-error_console = Console(stderr=True)
+# Markup off: paths, model names and messages are printed literally (a path may contain "[/]"); styled
+# pieces are built as rich Text.
+console = Console(markup=False, highlight=False)
+error_console = Console(stderr=True, markup=False, highlight=False)
 
 # Options defined once and reused by every command that takes them.
 JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
 OutDirOption = Annotated[Path, typer.Option("--out", help="Directory to write results into.")]
+ModelArgument = Annotated[
+    str,
+    typer.Argument(
+        help="Model: alias (smollm2, minilm, builtin:lnfree), a run, checkpoint or study folder written by "
+        "attnsens train/study, a local path, .gguf file or hub id."
+    ),
+]
+StepOption = Annotated[
+    int | None,
+    typer.Option("--step", min=0, help="Checkpoint step of a training run or study (default: the last one)."),
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def domain_errors_exit(func: F) -> F:
-    """Turn an AttnsensError into one red line on stderr and exit code 1 (no traceback)."""
+    """Turn an AttnsensError into one red line on stderr and exit code 1 (no traceback).
+
+    A file-system error that no command turned into an AttnsensError (a full disk, a vanished folder) is
+    reported the same way, naming the file.
+    """
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
         except AttnsensError as err:
-            error_console.print(f"[bold red]error:[/] {err}", markup=True, highlight=False, soft_wrap=True)
-            raise typer.Exit(code=1) from None
+            print_error(str(err))
+            raise typer.Exit(code=1) from err
+        except OSError as err:
+            where = f" ({err.filename})" if err.filename else ""
+            print_error(f"{err.strerror or err}{where}; check the path, its permissions and the free space")
+            raise typer.Exit(code=1) from err
 
     return wrapper  # type: ignore[return-value]
+
+
+def print_error(message: str) -> None:
+    """One red ``error:`` line on stderr; ``message`` is printed literally."""
+    from rich.text import Text
+
+    error_console.print(Text.assemble(("error:", "bold red"), " ", message.replace("\n", " ")), soft_wrap=True)
 
 
 def print_json(payload: Any) -> None:

@@ -7,64 +7,72 @@ from typing import Annotated
 
 import typer
 
-from attnsens.cli.app import JsonOption, OutDirOption, app, console, domain_errors_exit, print_json
+from attnsens.cli.app import JsonOption, ModelArgument, StepOption, app, console, domain_errors_exit, print_json
 
 
 @app.command()
 @domain_errors_exit
 def audit(
-    model: Annotated[str, typer.Argument(help="Model: alias (smollm2, minilm), local path, .gguf file or hub id.")],
-    out: OutDirOption,
-    seq_len: Annotated[int, typer.Option("--seq-len", min=1, help="Tokens per audited sequence.")],
+    model: ModelArgument,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Run directory for the results (default: a new folder under runs/).")
+    ] = None,
+    seq_len: Annotated[
+        int | None,
+        typer.Option("--seq-len", min=1, help="Tokens per audited sequence (default: the text, up to the context)."),
+    ] = None,
     text: Annotated[Path | None, typer.Option("--text", help="UTF-8 text file to audit.")] = None,
     corpus: Annotated[str | None, typer.Option("--corpus", help="Built-in corpus to audit: shakespeare.")] = None,
     batch: Annotated[int, typer.Option("--batch", min=1, help="Number of sequences audited.")] = 1,
     sample: Annotated[
         int | None, typer.Option("--sample", min=1, help="Query positions sampled per sequence (default: all rows).")
     ] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the position sample.")] = 0,
+    seed: Annotated[
+        int | None,
+        typer.Option("--seed", help="Seed of the position sample; for a study folder also the run audited."),
+    ] = None,
+    step: StepOption = None,
     trust_remote_code: Annotated[
         bool, typer.Option("--trust-remote-code", help="Allow model code from the hub to run (off by default).")
     ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Audit attention rows: θ certificates, p_max, entropy per row; per-layer summary table."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from transformers.utils import logging as hf_logging
-
     from attnsens.capture import RowSelection
+    from attnsens.cli.inputs import check_out_dir, default_out_dir, load_model, saved_checkpoint
+    from attnsens.cli.progress import ProgressReport
     from attnsens.errors import InputError
-    from attnsens.models import load
     from attnsens.study.audit import audit as run_audit
+    from attnsens.study.audit import split_sequences
+    from attnsens.train.saved import study_seeds
 
-    # The command prints its own progress; transformers' load bars and length warnings would interleave.
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+    out = default_out_dir("audit", model) if out is None else out
+    check_out_dir(out)
     source = _read_source(text, corpus)
     if not source.strip():
         raise InputError(f"the text of {text or corpus} is empty; give a file or corpus with some text")
-    adapter = load(model, trust_remote_code=trust_remote_code)
-    selection = RowSelection(sample_per_sequence=sample, seed=seed)
-    with Progress(
-        TextColumn("auditing"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("layers"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-        disable=as_json,
-    ) as bar:
-        task = bar.add_task("audit", total=None)
+    run_seed = seed if study_seeds(Path(model)) else None
+    saved = saved_checkpoint(model, step, run_seed)
+    if seq_len is not None:
+        _check_context(model, saved, seq_len)
+    adapter = load_model(model, saved, trust_remote_code=trust_remote_code)
+    if seq_len is None:
+        seq_len = min(adapter.spec.max_positions, split_sequences(adapter, source, n_sequences=1).shape[1])
+    sequences = split_sequences(adapter, source, seq_len=seq_len, n_sequences=batch)
+    if len(sequences) < batch:
+        raise InputError(
+            f"the text gives {len(sequences)} sequence(s) of {seq_len} tokens, fewer than --batch {batch}; "
+            f"use --batch {len(sequences)}, a shorter --seq-len or more text"
+        )
+    with ProgressReport("auditing", "layers", enabled=not as_json) as report:
         result = run_audit(
             adapter,
-            source,
-            seq_len=seq_len,
-            n_sequences=batch,
-            selection=selection,
+            sequences,
+            selection=RowSelection(sample_per_sequence=sample, seed=seed or 0),
             out_dir=out,
-            seed=seed,
-            progress=lambda done, total: bar.update(task, completed=done, total=total),
+            step=0 if saved is None else saved.step,
+            seed=(seed or 0) if saved is None else saved.seed,
+            progress=report.update,
         )
     layers = result.layer_summary()
     if as_json:
@@ -72,6 +80,7 @@ def audit(
             {
                 "model": adapter.name,
                 "out": str(out),
+                "seq_len": seq_len,
                 "n_rows": len(result.rows),
                 "layers": layers.drop(columns=["run_id", "model", "step", "seed", "head"]).to_dict("records"),
             }
@@ -80,18 +89,27 @@ def audit(
     _print_table(adapter.name, layers, len(result.rows), out)
 
 
+def _check_context(model: str, saved: object, seq_len: int) -> None:
+    """Refuse a --seq-len beyond the model's context from its configuration, before the weights load."""
+    from attnsens.errors import InputError
+    from attnsens.models.loading import context_length
+
+    context = context_length(model) if saved is None else saved.context_length()  # type: ignore[attr-defined]
+    if context is not None and seq_len > context:
+        raise InputError(
+            f"--seq-len {seq_len} exceeds the context of {model!r} ({context} positions); "
+            f"use --seq-len {context} or less"
+        )
+
+
 def _read_source(text: Path | None, corpus: str | None) -> str:
-    from attnsens.errors import FileFormatError, InputError
+    from attnsens.cli.inputs import read_text_file
+    from attnsens.errors import InputError
 
     if (text is None) == (corpus is None):
         raise InputError("give exactly one of --text FILE and --corpus shakespeare")
     if text is not None:
-        if not text.is_file():
-            raise FileFormatError(f"text file {str(text)!r} does not exist; check the path")
-        try:
-            return text.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as err:
-            raise FileFormatError(f"cannot read {str(text)!r} as UTF-8 text ({err}); give a UTF-8 text file") from None
+        return read_text_file(text)
     if corpus != "shakespeare":
         raise InputError(f"unknown corpus {corpus!r}; the built-in corpus is 'shakespeare'")
     from attnsens.train.data import read_documents
@@ -115,4 +133,4 @@ def _print_table(name: str, layers: object, n_rows: int, out: Path) -> None:
             f"{record.entropy_mean:.3f}",
         )
     console.print(table)
-    console.print(f"{n_rows} rows written to {out}/rows, summary to {out}/summary", highlight=False)
+    console.print(f"{n_rows} rows written to {out}/rows, summary to {out}/summary")
