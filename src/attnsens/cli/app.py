@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -98,15 +99,30 @@ def print_error(message: str) -> None:
 
 
 def print_json(payload: Any) -> None:
-    """Write ``payload`` as JSON on stdout (no rich markup, safe to pipe)."""
-    sys.stdout.write(json.dumps(payload, indent=2, default=_json_default) + "\n")
+    """Write ``payload`` as strict JSON on stdout (NaN and ±Inf become null; no rich markup, safe to pipe)."""
+    sys.stdout.write(json.dumps(jsonable(payload), indent=2, allow_nan=False) + "\n")
 
 
-def _json_default(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
+    """``value`` with numpy/torch scalars and arrays, paths and non-finite floats made JSON-ready (NaN → None).
+
+    >>> jsonable({"x": float("nan"), "y": [1.5, float("inf")]})
+    {'x': None, 'y': [1.5, None]}
+    """
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
     if isinstance(value, Path):
         return str(value)
-    if hasattr(value, "item"):
-        return value.item()
+    if isinstance(value, str | bool | int) or value is None:
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
     if hasattr(value, "tolist"):
-        return value.tolist()
+        return jsonable(value.tolist())
+    if hasattr(value, "item"):
+        return jsonable(value.item())
+    if str(value) in ("NaT", "<NA>"):  # pandas' missing values
+        return None
     raise TypeError(f"cannot serialise {type(value).__name__} to JSON")

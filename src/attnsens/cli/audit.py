@@ -39,7 +39,7 @@ def audit(
 ) -> None:
     """Audit attention rows: θ certificates, p_max, entropy per row; per-layer summary table."""
     from attnsens.capture import RowSelection
-    from attnsens.cli.inputs import check_out_dir, default_out_dir, load_model, saved_checkpoint
+    from attnsens.cli.inputs import check_context, check_out_dir, default_out_dir, load_model, saved_checkpoint
     from attnsens.cli.progress import ProgressReport
     from attnsens.errors import InputError
     from attnsens.study.audit import audit as run_audit
@@ -54,7 +54,7 @@ def audit(
     run_seed = seed if study_seeds(Path(model)) else None
     saved = saved_checkpoint(model, step, run_seed)
     if seq_len is not None:
-        _check_context(model, saved, seq_len)
+        check_context(model, saved, seq_len)
     adapter = load_model(model, saved, trust_remote_code=trust_remote_code)
     if seq_len is None:
         seq_len = min(adapter.spec.max_positions, split_sequences(adapter, source, n_sequences=1).shape[1])
@@ -87,19 +87,6 @@ def audit(
         )
         return
     _print_table(adapter.name, layers, len(result.rows), out)
-
-
-def _check_context(model: str, saved: object, seq_len: int) -> None:
-    """Refuse a --seq-len beyond the model's context from its configuration, before the weights load."""
-    from attnsens.errors import InputError
-    from attnsens.models.loading import context_length
-
-    context = context_length(model) if saved is None else saved.context_length()  # type: ignore[attr-defined]
-    if context is not None and seq_len > context:
-        raise InputError(
-            f"--seq-len {seq_len} exceeds the context of {model!r} ({context} positions); "
-            f"use --seq-len {context} or less"
-        )
 
 
 def _read_source(text: Path | None, corpus: str | None) -> str:

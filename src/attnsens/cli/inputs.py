@@ -107,6 +107,19 @@ def saved_checkpoint(model: str, step: int | None, seed: int | None) -> Any:
     return found
 
 
+def check_context(model: str, saved: Any, seq_len: int) -> None:
+    """Refuse a --seq-len beyond the model's context, read from its configuration before the weights load."""
+    from attnsens.errors import InputError
+    from attnsens.models.loading import context_length
+
+    context = context_length(model) if saved is None else saved.context_length()
+    if context is not None and seq_len > context:
+        raise InputError(
+            f"--seq-len {seq_len} exceeds the context of {model!r} ({context} positions); "
+            f"use --seq-len {context} or less"
+        )
+
+
 def load_model(model: str, saved: Any = None, *, trust_remote_code: bool = False) -> Any:
     """The adapter of a MODEL argument: ``saved`` (from ``saved_checkpoint``) when given, else ``models.load``."""
     from transformers.utils import logging as hf_logging
