@@ -19,7 +19,11 @@ def report(
     ] = None,
 ) -> None:
     """Write the HTML report of a run; the last line printed is its path."""
+    from attnsens.cli.inputs import check_out_file, writing
     from attnsens.report import build_report
 
-    path = build_report(run_dir, out=out)
-    console.print(str(path), highlight=False, soft_wrap=True)
+    if out is not None:
+        check_out_file(out, example="report.html")
+    with writing(out or run_dir / "report.html"):
+        path = build_report(run_dir, out=out)
+    console.print(str(path), soft_wrap=True)

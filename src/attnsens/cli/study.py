@@ -33,15 +33,18 @@ def study(
     import torch
     import torch.distributed as dist
 
+    from attnsens.cli.inputs import check_device, check_out_dir
     from attnsens.errors import ConfigError
     from attnsens.study.study import StudyConfig, run_study
 
+    check_device(device)
+    check_out_dir(out)
     if threads is not None:
         torch.set_num_threads(threads)
     try:
         seed_list = tuple(int(s) for s in seeds.split(",") if s.strip())
-    except ValueError:
-        raise ConfigError(f"--seeds must be comma-separated integers such as 0,1,2, got {seeds!r}") from None
+    except ValueError as err:
+        raise ConfigError(f"--seeds must be comma-separated integers such as 0,1,2, got {seeds!r}") from err
     study_config = StudyConfig.from_preset(
         config,
         seeds=seed_list,
@@ -55,9 +58,9 @@ def study(
 
     def say(message: str) -> None:
         if is_writer:
-            console.print(message, highlight=False, markup=False, soft_wrap=True)
+            console.print(message, soft_wrap=True)
 
     result = run_study(study_config, out, log=say, device=device)
     if result.report is not None:
         say(f"trained in {result.train_seconds:.0f} s, audited in {result.audit_seconds:.0f} s")
-        console.print(str(result.report), highlight=False, markup=False, soft_wrap=True)
+        console.print(str(result.report), soft_wrap=True)

@@ -37,15 +37,19 @@ def theta(
     """Certified interval for θ(p) = 4·max_S p(S)(1 − p(S)) of every attention row, with a summary."""
     import time
 
+    from attnsens.cli.inputs import check_out_file, writing
     from attnsens.theta import certify
 
+    if out is not None:
+        check_out_file(out, example="rows.parquet")
     p = load_tensor(file, key)
     start = time.perf_counter()
     cert = certify(p, dim, precision=precision, normalize=normalize, tolerance=tolerance)  # type: ignore[arg-type]
     summary = summarize(cert, seconds=time.perf_counter() - start)
     summary.update(file=str(file), key=key, dim=dim, precision=precision, shape=list(p.shape))
     if out is not None:
-        write_rows(cert, out, summary)
+        with writing(out):
+            write_rows(cert, out, summary)
         summary["out"] = str(out)
     if as_json:
         print_json(summary)
@@ -55,6 +59,8 @@ def theta(
 
 def load_tensor(path: Path, key: str | None) -> torch.Tensor:
     """The tensor stored in ``path`` (``key`` selects one of several); FileFormatError if there is none."""
+    import pickle
+
     import numpy as np
     import torch
 
@@ -71,8 +77,14 @@ def load_tensor(path: Path, key: str | None) -> torch.Tensor:
             loaded = load_file(str(path))
         else:
             loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise FileFormatError(
+            f"{path} holds pickled Python objects, which attnsens does not run (torch.load weights_only=True); "
+            "save tensors only: torch.save(tensor) or a dict of tensors, or a .safetensors file"
+        ) from err
     except Exception as err:
-        raise FileFormatError(f"cannot read {path} ({type(err).__name__}: {err}); is it a saved tensor?") from None
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise FileFormatError(f"cannot read {path} ({type(err).__name__}: {reason}); is it a saved tensor?") from err
     if isinstance(loaded, dict):
         tensors = {k: v for k, v in loaded.items() if isinstance(v, torch.Tensor)}
         if key is None and len(tensors) == 1:
@@ -84,6 +96,10 @@ def load_tensor(path: Path, key: str | None) -> torch.Tensor:
         raise FileFormatError(f"{path} holds a single tensor, not a named collection; drop --key {key}")
     if not isinstance(loaded, torch.Tensor):
         raise FileFormatError(f"{path} holds a {type(loaded).__name__}, not a tensor; save a torch tensor or array")
+    if loaded.layout != torch.strided:
+        raise FileFormatError(
+            f"{path} holds a {str(loaded.layout).removeprefix('torch.')} tensor; save it dense (tensor.to_dense())"
+        )
     return loaded
 
 

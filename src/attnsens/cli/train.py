@@ -36,10 +36,13 @@ def train(
     import torch
     import torch.distributed as dist
 
+    from attnsens.cli.inputs import check_device, check_out_dir
     from attnsens.train.model import preset
     from attnsens.train.run import default_data_config, preset_train_config
     from attnsens.train.run import train as train_run
 
+    check_device(device)
+    check_out_dir(out)
     if threads is not None:
         torch.set_num_threads(threads)
     model_config = preset(config, norm=norm)
