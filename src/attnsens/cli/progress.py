@@ -39,9 +39,10 @@ class ProgressReport:
         self._task: Any = None
         self._started = time.perf_counter()
         self._last_line: float | None = None
+        self._baseline = 0
 
     def __enter__(self) -> ProgressReport:
-        self._started = time.perf_counter()
+        self.restart(0)
         if self.enabled and self.console.is_terminal:
             from rich.progress import (
                 BarColumn,
@@ -74,6 +75,12 @@ class ProgressReport:
         if self._bar is not None:
             self._bar.stop()
 
+    def restart(self, done: int) -> None:
+        """Count ETA and rates from now, ``done`` units being finished already (a resumed run)."""
+        self._started, self._baseline = time.perf_counter(), done
+        if self._bar is not None:
+            self._bar.reset(self._task, completed=done)
+
     def update(self, done: int, total: int | None = None, detail: str = "") -> None:
         """``done`` of ``total`` units finished; ``detail`` (e.g. ``loss 4.21``) is shown beside the count."""
         if not self.enabled:
@@ -89,8 +96,8 @@ class ProgressReport:
         elapsed = now - self._started
         parts = [f"{self.label}: {done}" + (f"/{total}" if total is not None else "") + f" {self.unit}"]
         parts.append(f"{format_duration(elapsed)} elapsed")
-        if total is not None and 0 < done < total:
-            parts.append(f"ETA {format_duration(elapsed * (total - done) / done)}")
+        if total is not None and self._baseline < done < total:
+            parts.append(f"ETA {format_duration(elapsed * (total - done) / (done - self._baseline))}")
         if detail:
             parts.append(detail)
         self.console.print(", ".join(parts), soft_wrap=True)
