@@ -6,6 +6,7 @@ command functions so that ``attnsens --help`` stays fast.
 
 from __future__ import annotations
 
+import decimal
 import functools
 import json
 import math
@@ -40,7 +41,9 @@ def _print_version(requested: bool) -> None:
 def _root(
     version: Annotated[
         bool,
-        typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit."),
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, metavar="", help="Print the version and exit."
+        ),
     ] = False,
 ) -> None:
     """Certified attention sensitivity: θ(p) certificates, bounds, audits, studies and influence."""
@@ -51,8 +54,15 @@ def _root(
 console = Console(markup=False, highlight=False)
 error_console = Console(stderr=True, markup=False, highlight=False)
 
+
+def flag(*names: str, help: str) -> Any:
+    """An on/off option shown without a value in the help (typer would print ``<bool>`` after it, which reads as
+    if ``--json true`` were accepted)."""
+    return typer.Option(*names, help=help, metavar="")
+
+
 # Options defined once and reused by every command that takes them.
-JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
+JsonOption = Annotated[bool, flag("--json", help="Print machine-readable JSON instead of tables.")]
 OutDirOption = Annotated[Path, typer.Option("--out", help="Directory to write results into.")]
 ModelArgument = Annotated[
     str,
@@ -125,4 +135,8 @@ def jsonable(value: Any) -> Any:
         return jsonable(value.item())
     if str(value) in ("NaT", "<NA>"):  # pandas' missing values
         return None
+    if hasattr(value, "isoformat"):  # dates and times (query results)
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):  # DuckDB DECIMAL
+        return jsonable(float(value))
     raise TypeError(f"cannot serialise {type(value).__name__} to JSON")

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from attnsens.cli.app import JsonOption, ModelArgument, StepOption, app, console, domain_errors_exit, print_json
+from attnsens.cli.app import JsonOption, ModelArgument, StepOption, app, console, domain_errors_exit, flag, print_json
 
 
 @app.command()
@@ -33,7 +33,7 @@ def audit(
     ] = None,
     step: StepOption = None,
     trust_remote_code: Annotated[
-        bool, typer.Option("--trust-remote-code", help="Allow model code from the hub to run (off by default).")
+        bool, flag("--trust-remote-code", help="Allow model code from the hub to run (off by default).")
     ] = False,
     as_json: JsonOption = False,
 ) -> None:

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from attnsens.cli.app import OutDirOption, app, console, domain_errors_exit
+from attnsens.cli.app import OutDirOption, app, console, domain_errors_exit, flag
 
 
 @app.command()
@@ -20,7 +20,7 @@ def study(
     batch_size: Annotated[int | None, typer.Option("--batch-size", help="Blocks per step (preset default).")] = None,
     norm: Annotated[str, typer.Option("--norm", help="Block variant: pre, post, deepnorm or none.")] = "pre",
     data: Annotated[Path | None, typer.Option("--data", help="Text file or folder (default: Shakespeare).")] = None,
-    bounds: Annotated[bool, typer.Option("--bounds/--no-bounds", help="Certified bounds per checkpoint.")] = True,
+    bounds: Annotated[bool, flag("--bounds/--no-bounds", help="Certified bounds per checkpoint.")] = True,
     device: Annotated[str | None, typer.Option("--device", help="cpu or cuda (default: cuda when present).")] = None,
     threads: Annotated[
         int | None, typer.Option("--threads", min=1, help="CPU threads for torch (default: torch's choice).")

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from attnsens.cli.app import JsonOption, app, console, domain_errors_exit, print_json
+from attnsens.cli.app import JsonOption, app, console, domain_errors_exit, flag, print_json
 from attnsens.errors import FileFormatError
 
 if TYPE_CHECKING:
@@ -29,7 +29,7 @@ def theta(
     precision: Annotated[str, typer.Option("--precision", help="Stop refining at float32 or float64 resolution.")] = (
         "float32"
     ),
-    normalize: Annotated[bool, typer.Option("--normalize", help="Renormalise rows instead of checking sums.")] = False,
+    normalize: Annotated[bool, flag("--normalize", help="Renormalise rows instead of checking sums.")] = False,
     tolerance: Annotated[float, typer.Option("--tolerance", help="Largest accepted |row sum − 1|.")] = 1e-3,
     as_json: JsonOption = False,
     out: Annotated[Path | None, typer.Option("--out", help="Write per-row results to this Parquet file.")] = None,

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from attnsens.cli.app import JsonOption, OutDirOption, app, console, domain_errors_exit, print_json
+from attnsens.cli.app import JsonOption, OutDirOption, app, console, domain_errors_exit, flag, print_json
 
 if TYPE_CHECKING:
     from attnsens.cli.progress import ProgressReport
@@ -28,9 +28,7 @@ def train(
     data: Annotated[Path | None, typer.Option("--data", help="Text file or folder (default: Shakespeare).")] = None,
     resume: Annotated[
         bool,
-        typer.Option(
-            "--resume", help="Continue the run in --out from its last checkpoint; with a larger --steps, train on."
-        ),
+        flag("--resume", help="Continue the run in --out from its last checkpoint; with a larger --steps, train on."),
     ] = False,
     device: Annotated[str | None, typer.Option("--device", help="cpu or cuda (default: cuda when present).")] = None,
     threads: Annotated[
