@@ -102,7 +102,7 @@ def certify(
     *,
     precision: Precision = "float32",
     normalize: bool = False,
-    tolerance: float = 1e-3,
+    tolerance: float | None = None,
     backend: Backend = "auto",
 ) -> ThetaCertificate:
     """Certified interval for θ(p) = s − 4·min_S (p(S) − s/2)² of every attention row of ``p`` along ``dim``.
@@ -115,7 +115,8 @@ def certify(
         precision: "float32" stops refining at d ≤ 2^-13.5 (θ fixed to float32 resolution, width ≤ 2^-25),
             "float64" at d ≤ 2^-28.
         normalize: renormalise each row by its float64 sum instead of checking it.
-        tolerance: largest accepted |s − 1| when ``normalize`` is False.
+        tolerance: largest accepted |s − 1| when ``normalize`` is False; default ``default_sum_tolerance(p.dtype)``
+            (1e-3 for float32/float64, 2^-9 for float16, 2^-6 for bfloat16).
         backend: "auto" (triton on CUDA tensors and numba on CPU tensors when importable, torch otherwise),
             "numba", "torch" or "triton" (CUDA tensors; CPU tensors under ``TRITON_INTERPRET=1``).
 
@@ -128,12 +129,29 @@ def certify(
     """
     if precision not in STOP_DISTANCE:
         raise ConfigError(f"precision={precision!r} is not one of {sorted(STOP_DISTANCE)}")
+    if tolerance is None:
+        tolerance = default_sum_tolerance(p.dtype) if isinstance(p, torch.Tensor) else 1e-3
     cert, _ = run_cascade(
         p, dim, stop_distance=STOP_DISTANCE[precision], mitm_max_support=MITM_MAX_SUPPORT,
         ckk_node_budget=CKK_NODE_BUDGET, ckk_max_support=CKK_MAX_SUPPORT, normalize=normalize,
         tolerance=tolerance, backend=backend,
     )  # fmt: skip
     return cert
+
+
+def default_sum_tolerance(dtype: torch.dtype) -> float:
+    """Default largest accepted |s − 1| of rows stored in ``dtype``: max(10^-3, 4u), u its unit roundoff.
+
+    Rounding each entry to ``dtype`` moves the row sum by up to u·s, and a softmax evaluated in ``dtype`` by a few
+    u more, so real bfloat16 (u = 2^-8) and float16 (u = 2^-11) attention rows sum to 1 only within a few u. The
+    tolerance only decides which rows are accepted: the certificate is for the stored values whatever their sum.
+
+    >>> [default_sum_tolerance(dtype) for dtype in (torch.bfloat16, torch.float16, torch.float32)]
+    [0.015625, 0.001953125, 0.001]
+    """
+    if not dtype.is_floating_point:
+        return 1e-3
+    return max(1e-3, 4 * torch.finfo(dtype).eps / 2)
 
 
 def run_cascade(

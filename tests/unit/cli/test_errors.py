@@ -181,3 +181,22 @@ def test_json_is_strict_with_nan() -> None:
 
     text = json.dumps(jsonable({"a": float("nan"), "b": np.float32("inf"), "c": np.array([1.0, np.nan])}))
     assert json.loads(text) == {"a": None, "b": None, "c": [1.0, None]}
+
+
+def test_rows_along_the_wrong_axis_get_the_dim_hint(tmp_path: Path) -> None:
+    path = tmp_path / "transposed.pt"
+    torch.save(torch.softmax(torch.randn(2, 7, 7) * 3, -1).transpose(-1, -2).contiguous(), path)
+    message = _one_line_error(["theta", str(path)])
+    assert message.startswith(f"the rows of {path} along --dim -1 do not sum to 1 (off by up to ")
+    assert message.endswith("those along axis 1 do; pass --dim 1 (or --normalize to certify renormalised rows "
+                            "along --dim -1)")  # fmt: skip
+
+
+def test_row_sum_advice_speaks_flags(tmp_path: Path) -> None:
+    path = tmp_path / "scaled.pt"
+    torch.save(torch.full((3, 4), 0.2525, dtype=torch.float64), path)
+    assert _one_line_error(["theta", str(path)]) == (
+        "row 0 (index (0,) of the leading shape (3,), key axis --dim -1) sums to 1.01, off 1 by 0.01 > --tolerance "
+        "0.001: pass --normalize (normalize=True in Python) to certify the renormalised row, or a larger --tolerance "
+        "(2 more invalid rows)"
+    )

@@ -71,3 +71,16 @@ def test_version_flag_and_module_entry_point() -> None:
     assert result.exit_code == 0 and result.stdout.strip() == f"attnsens {attnsens.__version__}"
     module = subprocess.run([sys.executable, "-m", "attnsens", "--version"], capture_output=True, text=True)
     assert module.returncode == 0 and module.stdout.strip() == f"attnsens {attnsens.__version__}"
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_low_precision_attention_certifies_with_the_default_tolerance(tmp_path: Path, dtype: str) -> None:
+    import torch
+
+    probabilities = torch.softmax(torch.randn(4, 2, 64, 64) * 4, -1).to(getattr(torch, dtype))
+    if dtype == "bfloat16":
+        assert float((probabilities.double().sum(-1) - 1).abs().max()) > 1e-3  # the old fixed tolerance refused it
+    torch.save(probabilities, tmp_path / "attention.pt")
+    result = runner.invoke(app, ["theta", str(tmp_path / "attention.pt"), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["rows"] == 4 * 2 * 64
