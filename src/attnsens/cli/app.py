@@ -140,3 +140,21 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, decimal.Decimal):  # DuckDB DECIMAL
         return jsonable(float(value))
     raise TypeError(f"cannot serialise {type(value).__name__} to JSON")
+
+
+def format_float(value: float, *, wide: bool = False) -> str:
+    """6 significant digits, plus those that separate ``value`` from its nearest integer; all of them if ``wide``.
+
+    >>> format_float(0.12345678), format_float(0.99999987), format_float(1.0), format_float(0.99999987, wide=True)
+    ('0.123457', '0.99999987', '1', '0.99999987')
+    """
+    if wide or not math.isfinite(value):
+        return repr(value)
+    distance = abs(value - round(value))
+    digits = 6
+    if 0 < distance < 1e-5 * max(1.0, abs(value)):
+        whole = len(str(abs(round(value))))
+        digits = whole + 3 + math.ceil(-math.log10(distance))
+        if digits >= 16:  # beyond float64's resolution: the shortest text that reads back as the value
+            return repr(value)
+    return f"{value:.{digits}g}"

@@ -7,7 +7,17 @@ from typing import Annotated
 
 import typer
 
-from attnsens.cli.app import JsonOption, ModelArgument, StepOption, app, console, domain_errors_exit, flag, print_json
+from attnsens.cli.app import (
+    JsonOption,
+    ModelArgument,
+    StepOption,
+    app,
+    console,
+    domain_errors_exit,
+    flag,
+    format_float,
+    print_json,
+)
 
 
 @app.command()
@@ -32,6 +42,15 @@ def audit(
         typer.Option("--seed", help="Seed of the position sample; for a study folder also the run audited."),
     ] = None,
     step: StepOption = None,
+    layers: Annotated[
+        str | None, typer.Option("--layers", help="Comma-separated 0-based layers to audit (default: all).")
+    ] = None,
+    heads: Annotated[
+        str | None, typer.Option("--heads", help="Comma-separated 0-based heads to audit (default: all).")
+    ] = None,
+    per_head: Annotated[
+        bool, flag("--per-head", help="Print the per-(layer, head) table, not only per layer.")
+    ] = False,
     trust_remote_code: Annotated[
         bool, flag("--trust-remote-code", help="Allow model code from the hub to run (off by default).")
     ] = False,
@@ -48,6 +67,7 @@ def audit(
 
     out = default_out_dir("audit", model) if out is None else out
     check_out_dir(out)
+    layer_list, head_list = _indices(layers, "--layers"), _indices(heads, "--heads")
     source = _read_source(text, corpus)
     if not source.strip():
         raise InputError(f"the text of {text or corpus} is empty; give a file or corpus with some text")
@@ -56,6 +76,8 @@ def audit(
     if seq_len is not None:
         check_context(model, saved, seq_len)
     adapter = load_model(model, saved, trust_remote_code=trust_remote_code)
+    _check_indices(layer_list, adapter.spec.n_layer, "--layers", "layers")
+    _check_indices(head_list, adapter.spec.n_head, "--heads", "heads")
     if seq_len is None:
         seq_len = min(adapter.spec.max_positions, split_sequences(adapter, source, n_sequences=1).shape[1])
     sequences = split_sequences(adapter, source, seq_len=seq_len, n_sequences=batch)
@@ -68,25 +90,53 @@ def audit(
         result = run_audit(
             adapter,
             sequences,
-            selection=RowSelection(sample_per_sequence=sample, seed=seed or 0),
+            selection=RowSelection(layers=layer_list, heads=head_list, sample_per_sequence=sample, seed=seed or 0),
             out_dir=out,
             step=0 if saved is None else saved.step,
             seed=(seed or 0) if saved is None else saved.seed,
             progress=report.update,
         )
-    layers = result.layer_summary()
+    identity = ["run_id", "model", "step", "seed"]
+    per_layer = result.layer_summary()
     if as_json:
-        print_json(
-            {
-                "model": adapter.name,
-                "out": str(out),
-                "seq_len": seq_len,
-                "n_rows": len(result.rows),
-                "layers": layers.drop(columns=["run_id", "model", "step", "seed", "head"]).to_dict("records"),
-            }
-        )
+        payload = {
+            "model": adapter.name,
+            "out": str(out),
+            "seq_len": seq_len,
+            "n_rows": len(result.rows),
+            "layers": per_layer.drop(columns=[*identity, "head"]).to_dict("records"),
+        }
+        if per_head:
+            head_rows = result.summary[result.summary["head"] >= 0]
+            payload["heads"] = head_rows.drop(columns=identity).to_dict("records")
+        print_json(payload)
         return
-    _print_table(adapter.name, layers, len(result.rows), out)
+    if per_head:
+        _print_table(adapter.name, result.summary[result.summary["head"] >= 0], by_head=True)
+    _print_table(adapter.name, per_layer, by_head=False)
+    console.print(f"{len(result.rows)} rows written to {out}/rows, summary to {out}/summary", soft_wrap=True)
+
+
+def _indices(text: str | None, flag_name: str) -> tuple[int, ...] | None:
+    from attnsens.errors import InputError
+
+    if text is None:
+        return None
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError as err:
+        raise InputError(f"{flag_name} must be comma-separated 0-based indices such as 0,2, got {text!r}") from err
+    if not values:
+        raise InputError(f"{flag_name} {text!r} names no index; give comma-separated indices such as 0,2")
+    return values
+
+
+def _check_indices(values: tuple[int, ...] | None, count: int, flag_name: str, what: str) -> None:
+    from attnsens.errors import InputError
+
+    outside = [v for v in values or () if not 0 <= v < count]
+    if outside:
+        raise InputError(f"{flag_name} {outside} outside the model's {count} {what}; use indices 0 to {count - 1}")
 
 
 def _read_source(text: Path | None, corpus: str | None) -> str:
@@ -104,20 +154,21 @@ def _read_source(text: Path | None, corpus: str | None) -> str:
     return "\n\n".join(read_documents(None))
 
 
-def _print_table(name: str, layers: object, n_rows: int, out: Path) -> None:
+def _print_table(name: str, summary: object, *, by_head: bool) -> None:
     from rich.table import Table
 
-    table = Table(title=f"attention audit of {name}", header_style="bold")
-    for column in ("layer", "rows", "median θ lower bound", "dominant fraction", "median p_max", "mean entropy (nats)"):
+    keys = ("layer", "head") if by_head else ("layer",)
+    title = f"attention audit of {name}" + (", per head" if by_head else "")
+    table = Table(title=title, header_style="bold")
+    for column in (*keys, "rows", "median θ lower bound", "dominant fraction", "median p_max", "mean entropy (nats)"):
         table.add_column(column, justify="right")
-    for record in layers.itertuples(index=False):  # type: ignore[attr-defined]
+    for record in summary.itertuples(index=False):  # type: ignore[attr-defined]
         table.add_row(
-            str(record.layer),
+            *(str(getattr(record, key)) for key in keys),
             str(record.n_rows),
-            f"{record.theta_lower_median:.4f}",
+            format_float(record.theta_lower_median),
             f"{record.fraction_dominant:.3f}",
             f"{record.p_max_median:.4f}",
             f"{record.entropy_mean:.3f}",
         )
     console.print(table)
-    console.print(f"{n_rows} rows written to {out}/rows, summary to {out}/summary")

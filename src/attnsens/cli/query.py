@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -11,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from attnsens.cli.app import JsonOption, app, console, domain_errors_exit, flag
+from attnsens.cli.app import JsonOption, app, console, domain_errors_exit, flag, format_float
 
 
 @app.command()
@@ -59,24 +58,6 @@ def query(
     console.print(
         f"{len(frame)} row(s)" + (f", {hidden} not shown (use --max-rows, --csv or --json)" if hidden > 0 else "")
     )
-
-
-def format_float(value: float, *, wide: bool = False) -> str:
-    """6 significant digits, plus those that separate ``value`` from its nearest integer; all of them if ``wide``.
-
-    >>> format_float(0.12345678), format_float(0.99999987), format_float(1.0), format_float(0.99999987, wide=True)
-    ('0.123457', '0.99999987', '1', '0.99999987')
-    """
-    if wide or not math.isfinite(value):
-        return repr(value)
-    distance = abs(value - round(value))
-    digits = 6
-    if 0 < distance < 1e-5 * max(1.0, abs(value)):
-        whole = len(str(abs(round(value))))
-        digits = whole + 3 + math.ceil(-math.log10(distance))
-        if digits >= 16:  # beyond float64's resolution: the shortest text that reads back as the value
-            return repr(value)
-    return f"{value:.{digits}g}"
 
 
 def _cell(value: object, *, wide: bool) -> Text:
