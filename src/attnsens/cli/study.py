@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -31,9 +32,9 @@ def study(
     Rerun the same command to resume an interrupted study. The last line printed is the report's path.
     """
     import torch
-    import torch.distributed as dist
 
     from attnsens.cli.inputs import check_device, check_out_dir
+    from attnsens.cli.progress import ProgressReport
     from attnsens.errors import ConfigError
     from attnsens.study.study import StudyConfig, run_study
 
@@ -54,13 +55,35 @@ def study(
         batch_size=batch_size,
         bounds=bounds,
     )
-    is_writer = not dist.is_initialized() or dist.get_rank() == 0
+    # torchrun sets RANK before the process group exists (run_study joins it).
+    is_writer = int(os.environ.get("RANK", "0")) == 0
 
     def say(message: str) -> None:
         if is_writer:
             console.print(message, soft_wrap=True)
 
-    result = run_study(study_config, out, log=say, device=device)
+    with ProgressReport("training", "steps", enabled=is_writer) as report:
+        result = run_study(
+            study_config, out, log=say, device=device, callbacks=[SeedProgress(report, study_config.train.steps)]
+        )
     if result.report is not None:
         say(f"trained in {result.train_seconds:.0f} s, audited in {result.audit_seconds:.0f} s")
         console.print(str(result.report), soft_wrap=True)
+
+
+class SeedProgress:
+    """Trainer callback for a study: the training progress of each seed in turn (loss, tokens/s, ETA)."""
+
+    def __init__(self, report: Any, steps: int) -> None:
+        self.report, self.steps = report, steps
+        self.seed: int | None = None
+        self.current: Any = None
+
+    def on_record(self, record: dict[str, Any]) -> None:
+        if record["seed"] != self.seed:
+            from attnsens.cli.train import TrainingProgress
+
+            self.seed = record["seed"]
+            self.report.label = f"seed {self.seed}: training"
+            self.current = TrainingProgress(self.report, self.steps)
+        self.current.on_record(record)

@@ -22,7 +22,7 @@ each seed trains with DDP and the (seed, checkpoint) audits are shared out among
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -138,9 +138,17 @@ def unit_paths(seed: int, step: int, *, bounds: bool = True) -> dict[str, str]:
 
 
 def run_study(
-    config: StudyConfig, out_dir: str | Path, *, log: Log | None = None, device: str | None = None
+    config: StudyConfig,
+    out_dir: str | Path,
+    *,
+    log: Log | None = None,
+    device: str | None = None,
+    callbacks: Sequence[object] = (),
 ) -> StudyResult:
     """Train every seed, audit every checkpoint, write the Parquet tables and ``report.html``; resumable.
+
+    ``callbacks`` are trainer callbacks (``attnsens.train.trainer``) added to every seed's training on rank 0,
+    e.g. a progress display reading ``on_record``.
 
     Returns: StudyResult with the report path (None on ranks other than 0 under torchrun).
     Raises: CheckpointError when a registered checkpoint fails its sha256 check; ConfigError when ``out_dir``
@@ -160,7 +168,7 @@ def run_study(
 
     started = time.perf_counter()
     for seed in config.seeds:
-        _train_seed(config, out, seed, data, manifest, rank=rank, device=device, say=say)
+        _train_seed(config, out, seed, data, manifest, rank=rank, device=device, say=say, callbacks=callbacks)
     train_seconds = time.perf_counter() - started
 
     started = time.perf_counter()
@@ -208,6 +216,7 @@ def _train_seed(
     rank: int,
     device: str | None,
     say: Log,
+    callbacks: Sequence[object] = (),
 ) -> None:
     import pandas as pd
 
@@ -228,7 +237,7 @@ def _train_seed(
         device=device,
         write_log=False,
         data=data,
-        callbacks=[progress] if rank == 0 else [],
+        callbacks=[progress, *callbacks] if rank == 0 else [],
     )
     if rank == 0:
         for table, unit in units.items():

@@ -15,10 +15,10 @@ from attnsens.cli.progress import ProgressReport, format_duration
 runner = CliRunner()
 
 
-def _report(interval: float) -> tuple[ProgressReport, io.StringIO]:
+def _report(interval: float, unit: str = "layers") -> tuple[ProgressReport, io.StringIO]:
     sink = io.StringIO()
     console = Console(file=sink, force_terminal=False, markup=False, highlight=False, width=200)
-    return ProgressReport("bounding", "layers", console=console, interval=interval), sink
+    return ProgressReport("bounding", unit, console=console, interval=interval), sink
 
 
 def test_plain_lines_first_last_and_eta() -> None:
@@ -69,3 +69,18 @@ def test_bounds_and_audit_report_layers(run_dir: Path, text_file: Path, tmp_path
                                  "--out", str(tmp_path / "a")])  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "auditing: 4/4 layers, " in result.stderr
+
+
+def test_study_reports_each_seed_training(tmp_path: Path, text_file: Path) -> None:
+    from attnsens.cli.study import SeedProgress
+    from attnsens.study.study import run_study
+    from tests.integration.test_study import micro_study
+
+    report, sink = _report(interval=0.0, unit="steps")
+    with report:
+        run_study(micro_study(text_file, bounds=False), tmp_path / "study", callbacks=[SeedProgress(report, 4)])
+    lines = sink.getvalue().splitlines()
+    for seed in (0, 1):
+        ours = [line for line in lines if line.startswith(f"seed {seed}: training: ")]
+        assert [line.split(",")[0] for line in ours] == [f"seed {seed}: training: {s}/4 steps" for s in (1, 2, 3, 4)]
+        assert "loss " in ours[-1] and "tokens/s" in ours[-1]
