@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from attnsens.cli.app import JsonOption, StepOption, app, console, domain_errors_exit, print_json
+from attnsens.cli.app import JsonOption, StepOption, app, console, domain_errors_exit, flag, print_json
 
 SAMPLE_TEXT = (
     "The quality of mercy is not strained; it droppeth as the gentle rain from heaven upon the place beneath. "
@@ -62,6 +62,14 @@ def bounds(
     geometry: Annotated[str, typer.Option("--geometry", help="Block norm convention: rms or l2.")] = "rms",
     queries: Annotated[int, typer.Option("--queries", min=1, help="Output tokens probed by the estimators.")] = 8,
     iterations: Annotated[int, typer.Option("--iterations", min=1, help="Estimator ascent steps.")] = 10,
+    placements: Annotated[
+        bool,
+        flag(
+            "--placements/--no-placements",
+            help="Also estimate the block under the pre-LN and the post-LN arrangement of its weights (T8; "
+            "about half of the estimator time).",
+        ),
+    ] = True,
     step: StepOption = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Run of a study folder (its training seed).")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Directory to write bounds.parquet into.")] = None,
@@ -94,7 +102,7 @@ def bounds(
     with ProgressReport("bounding", "layers", enabled=not as_json) as report:
         table = bound_model(
             target, input_ids, seq_len=seq_len, geometry=geometry, n_queries=queries, iterations=iterations,
-            model_name=name, on_layer=lambda layer: report.update(layer + 1, n_layer),
+            compare_placements=placements, model_name=name, on_layer=lambda layer: report.update(layer + 1, n_layer),
         )  # fmt: skip
     if saved is not None:
         table["step"], table["seed"] = saved.step, saved.seed
@@ -109,6 +117,12 @@ def bounds(
         print_json({"model": name, "norm": f"block_{geometry}", "records": table.to_dict("records")})
         return
     _print_table(name, layers, geometry)
+    console.print(
+        f"estimator budget: block power ascent, 1 random start × {iterations} steps at {queries} output token(s) "
+        f"per Jacobian, pre/post-LN comparison {'on' if placements else 'off'}; higher --queries/--iterations give "
+        "tighter (larger) estimates and take longer, --no-placements saves about half the time.",
+        soft_wrap=True,
+    )
     if out is not None:
         console.print(f"bounds written to {Path(out) / 'bounds.parquet'}")
 

@@ -63,7 +63,7 @@ def read_manifest(run_dir: str | Path) -> dict[str, dict[str, Any]]:
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as err:
-        raise CheckpointError(f"checkpoint manifest {path} is not valid JSON ({err}); restore it or rerun") from None
+        raise CheckpointError(f"checkpoint manifest {path} is not valid JSON ({err}); restore it or rerun") from err
 
 
 def saved_steps(run_dir: str | Path) -> list[int]:
