@@ -85,15 +85,14 @@ def bounds(
     check_geometry(geometry)
     if out is not None:
         check_out_dir(out)
-    saved = None
-    if model.endswith(".safetensors") and not Path(model).name == "model.safetensors":
+    saved = saved_checkpoint(model, step, seed)
+    if saved is None and model.endswith(".safetensors"):
         if text is not None:
             raise InputError(f"{model} holds layer weights only (no tokenizer); drop --text or give a full model")
         target, input_ids, name = load_layer_weights(model), None, Path(model).name
         n_layer = len(target)
     else:
         source = SAMPLE_TEXT if text is None else read_text_file(text)
-        saved = saved_checkpoint(model, step, seed)
         check_context(model, saved, seq_len)
         target = load_model(model, saved)
         input_ids, name, n_layer = target.encode(source, max_length=seq_len), target.name, len(target.layers)
