@@ -80,7 +80,7 @@ def load(
     text = str(model)
     device = "cpu" if device is None else device
     dtype = torch.float32 if dtype is None else dtype
-    if text in ALIASES:
+    if text in ALIASES and step is None and seed is None:
         loader = ALIASES[text]
         if isinstance(loader, str):
             module_name, function_name = loader.split(":")

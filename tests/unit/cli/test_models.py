@@ -76,6 +76,8 @@ def test_python_load_accepts_the_same_paths(run_dir, study_dir) -> None:
         A.models.load(study_dir)
     with pytest.raises(CheckpointError, match="not step 2"):
         A.models.load(run_dir / "checkpoints" / "step_000001", step=2)
+    with pytest.raises(FileFormatError, match="step and seed select a checkpoint"):
+        A.models.load("builtin:lnfree", step=1)
 
 
 def test_corrupted_checkpoint_is_refused(run_dir, tmp_path, text_file) -> None:
