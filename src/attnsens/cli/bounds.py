@@ -60,8 +60,15 @@ def bounds(
     ] = None,
     seq_len: Annotated[int, typer.Option("--seq-len", min=2, help="Tokens of the evaluated sequence.")] = 32,
     geometry: Annotated[str, typer.Option("--geometry", help="Block norm convention: rms or l2.")] = "rms",
-    queries: Annotated[int, typer.Option("--queries", min=1, help="Output tokens probed by the estimators.")] = 8,
-    iterations: Annotated[int, typer.Option("--iterations", min=1, help="Estimator ascent steps.")] = 10,
+    queries: Annotated[
+        int,
+        typer.Option(
+            "--queries", min=1, help="Output tokens probed by the estimators (time grows in proportion; more: tighter)."
+        ),
+    ] = 4,
+    iterations: Annotated[
+        int, typer.Option("--iterations", min=1, help="Estimator ascent steps (time grows in proportion).")
+    ] = 5,
     placements: Annotated[
         bool,
         flag(
@@ -135,7 +142,7 @@ def _print_table(name: str, layers: object, geometry: str) -> None:
         for record in layers.to_dict("records")  # type: ignore[attr-defined]
     ]
     title = f"certified bounds of {name} (block_{geometry} norm)"
-    table = Table(title=title, header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(title=title, header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 0), pad_edge=False)
     for index, (title, _) in enumerate(COLUMNS):
         # Numbers never shrink to "…": a narrow terminal wraps the headers instead.
         table.add_column(title, justify="right", min_width=max([len(r[index]) for r in rows] + [1]))

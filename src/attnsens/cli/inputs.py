@@ -99,9 +99,10 @@ def saved_checkpoint(model: str, step: int | None, seed: int | None) -> Any:
 
     found = find_checkpoint(model, step=step, seed=seed)
     if found is None and (step is not None or seed is not None):
-        flags = " and ".join(f for f, v in (("--step", step), ("--seed", seed)) if v is not None)
+        given = [f for f, v in (("--step", step), ("--seed", seed)) if v is not None]
+        flags, verb = " and ".join(given), "select" if len(given) > 1 else "selects"
         raise FileFormatError(
-            f"{flags} select a checkpoint of a run or study written by attnsens train/study, and {model!r} is "
+            f"{flags} {verb} a checkpoint of a run or study written by attnsens train/study, and {model!r} is "
             f"neither; drop {flags} or give such a folder"
         )
     return found

@@ -62,7 +62,7 @@ def test_step_on_a_model_that_is_no_run(text_file, tmp_path) -> None:
     result = _audit("builtin:lnfree", text_file, tmp_path / "out", "--step", "1")
     assert result.exit_code == 1
     assert result.output.strip() == (
-        "error: --step select a checkpoint of a run or study written by attnsens train/study, and "
+        "error: --step selects a checkpoint of a run or study written by attnsens train/study, and "
         "'builtin:lnfree' is neither; drop --step or give such a folder"
     )
 
