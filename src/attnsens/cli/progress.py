@@ -54,7 +54,7 @@ class ProgressReport:
             )
 
             self._bar = Progress(
-                TextColumn(self.label),
+                TextColumn("{task.description}", markup=False),
                 BarColumn(),
                 MofNCompleteColumn(),
                 TextColumn(self.unit),
@@ -86,7 +86,7 @@ class ProgressReport:
         if not self.enabled:
             return
         if self._bar is not None:
-            self._bar.update(self._task, completed=done, total=total, detail=detail)
+            self._bar.update(self._task, completed=done, total=total, detail=detail, description=self.label)
             return
         now = time.perf_counter()
         finished = total is not None and done >= total

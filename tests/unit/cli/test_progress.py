@@ -84,3 +84,12 @@ def test_study_reports_each_seed_training(tmp_path: Path, text_file: Path) -> No
         ours = [line for line in lines if line.startswith(f"seed {seed}: training: ")]
         assert [line.split(",")[0] for line in ours] == [f"seed {seed}: training: {s}/4 steps" for s in (1, 2, 3, 4)]
         assert "loss " in ours[-1] and "tokens/s" in ours[-1]
+
+
+def test_terminal_bar_shows_label_and_detail_literally() -> None:
+    sink = io.StringIO()
+    console = Console(file=sink, force_terminal=True, width=120)
+    with ProgressReport("training", "steps", console=console) as report:
+        report.label = "seed 1: training"
+        report.update(4, 10, detail="loss [1.0]")
+    assert "seed 1: training" in sink.getvalue() and "loss [1.0]" in sink.getvalue()
