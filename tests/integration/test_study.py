@@ -58,7 +58,7 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_killed_study_resumes_without_loss_or_duplicates(corpus: Path, tmp_path: Path) -> None:
     config = micro_study(corpus)
-    first = StopAt("seed 1 step 1:")
+    first = StopAt("pre seed 1 step 1:")
     with pytest.raises(KeyboardInterrupt):
         run_study(config, tmp_path, log=first)
     before = {p: p.read_bytes() for p in (tmp_path / "rows").rglob("*.parquet")}
@@ -67,7 +67,7 @@ def test_killed_study_resumes_without_loss_or_duplicates(corpus: Path, tmp_path:
     second = StopAt(None)
     result = run_study(config, tmp_path, log=second)
     assert [line.split(":")[0] for line in second.lines] == [
-        "seed 0", "seed 1", "seed 1 step 2", "seed 1 step 4",
+        "pre seed 0", "pre seed 1", "pre seed 1 step 2", "pre seed 1 step 4",
     ]  # fmt: skip
     assert all(path.read_bytes() == data for path, data in before.items())
     assert result.report == tmp_path / "report.html" and result.report.stat().st_size > 10_000
@@ -91,14 +91,14 @@ def test_killed_study_resumes_without_loss_or_duplicates(corpus: Path, tmp_path:
 
     third = StopAt(None)
     run_study(config, tmp_path, log=third)
-    assert third.lines == ["seed 0: already trained (4 steps)", "seed 1: already trained (4 steps)"]
+    assert third.lines == ["pre seed 0: already trained (4 steps)", "pre seed 1: already trained (4 steps)"]
 
 
 def test_corrupted_checkpoint_and_changed_config_are_reported(corpus: Path, tmp_path: Path) -> None:
     config = micro_study(corpus, seeds=(3,), bounds=False)
     run_study(config, tmp_path)
     assert not (tmp_path / "bounds").exists()
-    weights = tmp_path / "runs" / "seed=3" / "checkpoints" / "step_000002" / "model.safetensors"
+    weights = tmp_path / "runs" / "placement=pre" / "seed=3" / "checkpoints" / "step_000002" / "model.safetensors"
     raw = bytearray(weights.read_bytes())
     raw[-3] ^= 0xFF
     weights.write_bytes(bytes(raw))
@@ -115,3 +115,38 @@ def test_invalid_study_settings() -> None:
         micro_study(Path("x"), rows_per_sequence=13)
     result = CliRunner().invoke(app, ["study", "--seeds", "0,x", "--out", "unused"])
     assert result.exit_code == 1 and "comma-separated integers" in result.output
+
+
+def test_placements_side_by_side_with_baselines_and_a_pretrained_reference(
+    corpus: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tokenizers import Tokenizer
+
+    from attnsens.models import loading
+    from attnsens.models.own_gpt import OwnGPTAdapter
+    from attnsens.train.model import GPT
+
+    reference_model = GPTConfig(vocab_size=300, n_layer=3, n_head=2, d_model=16, d_ff=24, max_positions=32)
+
+    def reference(**_: object) -> OwnGPTAdapter:
+        tokenizer = Tokenizer.from_file(str(tmp_path / "data" / "tokenizer.json"))
+        return OwnGPTAdapter(GPT(reference_model), name="micro-reference", tokenizer=tokenizer)
+
+    monkeypatch.setitem(loading.ALIASES, "micro-reference", reference)
+    config = micro_study(corpus, placements=("pre", "post"), seeds=(0,), reference="micro-reference")
+    run_study(config, tmp_path)
+    assert (tmp_path / "runs" / "placement=post" / "seed=0" / "checkpoints").is_dir()
+    per_run = query(tmp_path, "SELECT run_id, step, count(*) AS n FROM rows GROUP BY ALL ORDER BY ALL")
+    trained = per_run[per_run["run_id"] != "reference-micro-reference"]
+    assert trained[["run_id", "step"]].values.tolist() == [
+        [run, step] for run in ("micro-post", "micro-pre") for step in (0, 1, 2, 4)
+    ]
+    reference_rows = per_run[per_run["run_id"] == "reference-micro-reference"]
+    assert reference_rows["step"].tolist() == [0] and reference_rows["n"].item() == 2 * 5 * 3 * 2
+    placements = query(tmp_path, "SELECT DISTINCT run_id, norm_placement FROM bounds WHERE head = -1 ORDER BY 1")
+    assert placements.values.tolist() == [["micro-post", "post_ln"], ["micro-pre", "pre_ln"]]
+    baselines = read_table(tmp_path / "baselines").set_index(["run_id", "name"])
+    unigram, bigram = baselines.loc[("micro", "unigram"), "eval_loss"], baselines.loc[("micro", "bigram"), "eval_loss"]
+    assert 0 < bigram < unigram  # a bigram fitted on the text beats its unigram
+    sizes = baselines.xs("model", level="name")["n_parameters"]
+    assert sizes["micro-pre"] == sum(p.numel() for p in GPT(config.model_for("pre")).parameters())

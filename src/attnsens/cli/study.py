@@ -19,7 +19,18 @@ def study(
     seeds: Annotated[str, typer.Option("--seeds", help="Comma-separated seeds, one training run each.")] = "0,1,2",
     steps: Annotated[int | None, typer.Option("--steps", min=1, help="Optimizer steps (preset default).")] = None,
     batch_size: Annotated[int | None, typer.Option("--batch-size", help="Blocks per step (preset default).")] = None,
-    norm: Annotated[str, typer.Option("--norm", help="Block variant: pre, post, deepnorm or none.")] = "pre",
+    placements: Annotated[
+        str,
+        typer.Option(
+            "--placements",
+            "--norm",
+            help="Comma-separated block variants trained side by side: pre, post, deepnorm, none.",
+        ),
+    ] = "pre",
+    reference: Annotated[
+        str | None,
+        typer.Option("--reference", help="Pretrained model audited on the same text as the trained end (smollm2)."),
+    ] = None,
     data: Annotated[Path | None, typer.Option("--data", help="Text file or folder (default: Shakespeare).")] = None,
     bounds: Annotated[bool, flag("--bounds/--no-bounds", help="Certified bounds per checkpoint.")] = True,
     device: Annotated[str | None, typer.Option("--device", help="cpu or cuda (default: cuda when present).")] = None,
@@ -46,11 +57,13 @@ def study(
         seed_list = tuple(int(s) for s in seeds.split(",") if s.strip())
     except ValueError as err:
         raise ConfigError(f"--seeds must be comma-separated integers such as 0,1,2, got {seeds!r}") from err
+    placement_list = tuple(p.strip() for p in placements.split(",") if p.strip())
     study_config = StudyConfig.from_preset(
         config,
         seeds=seed_list,
         steps=steps,
-        norm=norm,
+        placements=placement_list,
+        reference=reference,
         data=None if data is None else str(data),
         batch_size=batch_size,
         bounds=bounds,
@@ -72,18 +85,20 @@ def study(
 
 
 class SeedProgress:
-    """Trainer callback for a study: the training progress of each seed in turn (loss, tokens/s, ETA)."""
+    """Trainer callback for a study: the training progress of each run (placement, seed) in turn (loss, tokens/s,
+    ETA)."""
 
     def __init__(self, report: Any, steps: int) -> None:
         self.report, self.steps = report, steps
-        self.seed: int | None = None
+        self.run: tuple[str, int] | None = None
         self.current: Any = None
 
     def on_record(self, record: dict[str, Any]) -> None:
-        if record["seed"] != self.seed:
+        run = (record["run_id"], record["seed"])
+        if run != self.run:
             from attnsens.cli.train import TrainingProgress
 
-            self.seed = record["seed"]
-            self.report.label = f"seed {self.seed}: training"
+            self.run = run
+            self.report.label = f"{record['run_id']} seed {record['seed']}: training"
             self.current = TrainingProgress(self.report, self.steps)
         self.current.on_record(record)

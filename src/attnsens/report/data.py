@@ -14,12 +14,14 @@ from typing import Any
 import pandas as pd
 
 from attnsens.errors import FileFormatError
+from attnsens.report.cells import layer_cells
 from attnsens.store.manifest import MANIFEST_NAME
 from attnsens.store.parquet import read_metadata
 from attnsens.store.query import connect
 from attnsens.store.summary import ALL_HEADS, summarize_rows
 
 SCATTER_SAMPLE_ROWS = 20_000
+"""Rows below half their mass (p_max < s/2) sampled for the θ-vs-p_max figure; every dominant row is added."""
 _CHECKPOINT_TABLES = ("rows", "summary", "bounds")
 
 # θ of a dominant row with stored sum s is s − 4(p_max − s/2)² = 4 p_max (s − p_max) + s (1 − s)
@@ -48,8 +50,26 @@ class DominantCheck:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CertificateQuality:
+    """Per run_id: exact share, float32-resolution share and width quantiles (``summary``); rows per stage."""
+
+    summary: pd.DataFrame
+    methods: pd.DataFrame
+
+
+FLOAT32_RESOLUTION = 2.0**-25
+"""The default certification target: an interval no wider than this is exact at float32 resolution."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class RunData:
-    """The tables of one run as DataFrames (None where the run has no such table)."""
+    """The tables of one run directory as DataFrames (None where the run has no such table).
+
+    ``cells``: per-(run_id, step, seed, layer) aggregates over all rows and over the core rows (report.cells);
+    ``dominant_checks``: the closed-form check of dominant rows per run_id; ``run_kinds``: what each run_id is
+    (``"training"``, ``"checkpoint"`` or ``"pretrained"``, see _run_kinds); ``baselines``: the study's n-gram
+    baselines and parameter counts.
+    """
 
     run_dir: Path
     tables: tuple[str, ...]
@@ -61,6 +81,11 @@ class RunData:
     grad_norms: pd.DataFrame | None
     bounds: pd.DataFrame | None
     influence: pd.DataFrame | None
+    cells: pd.DataFrame | None = None
+    dominant_checks: dict[str, DominantCheck] = field(default_factory=dict)
+    run_kinds: dict[str, str] = field(default_factory=dict)
+    baselines: pd.DataFrame | None = None
+    certificates: CertificateQuality | None = None
     overview: dict[str, Any] = field(default_factory=dict)
 
 
@@ -76,14 +101,15 @@ def load_run(run_dir: str | Path) -> RunData:
             return connection.execute(f'SELECT * FROM "{name}" ORDER BY {order}').df()
 
         summary = table("summary", "run_id, step, seed, layer, head")
-        rows_sample, dominant = None, None
+        rows_sample, dominant, cells, checks, certificates = None, None, None, {}, None
         if "rows" in tables:
+            certificates = _certificate_quality(connection)
             summary = _with_layer_records(summary, connection)
-            rows_sample = connection.execute(
-                "SELECT p_max, theta_lower, theta_upper, dominant, row_sum FROM rows "
-                f"USING SAMPLE reservoir({SCATTER_SAMPLE_ROWS} ROWS) REPEATABLE (0)"
-            ).df()
+            rows_sample = _scatter_rows(connection)
             dominant = _dominant_check(connection)
+            checks = _dominant_checks(connection)
+            cells = layer_cells(connection)
+        training = table("training", "run_id, seed, step")
         data = RunData(
             run_dir=root,
             tables=tuple(tables),
@@ -91,10 +117,15 @@ def load_run(run_dir: str | Path) -> RunData:
             summary=summary,
             rows_sample=rows_sample,
             dominant=dominant,
-            training=table("training", "run_id, seed, step"),
+            training=training,
             grad_norms=table("grad_norms", "run_id, seed, step, layer"),
             bounds=table("bounds", "run_id, step, seed, layer, head"),
             influence=table("influence", "run_id, model, position_kind, n"),
+            cells=cells,
+            dominant_checks=checks,
+            run_kinds=_run_kinds(cells, training),
+            baselines=table("baselines", "run_id, name"),
+            certificates=certificates,
         )
         return _with_overview(data, connection, tables)
     finally:
@@ -110,13 +141,15 @@ def _with_layer_records(summary: pd.DataFrame | None, connection: Any) -> pd.Dat
     return computed if summary is None else pd.concat([summary, computed], ignore_index=True)
 
 
-def _dominant_check(connection: Any) -> DominantCheck:
-    record = connection.execute(
-        "SELECT count(*), count(*) FILTER (WHERE dominant), "
-        "avg(CAST(theta_exact AS DOUBLE)) FILTER (WHERE dominant), "
-        f"max(abs(theta_lower - {_DOMINANT_THETA_SQL})) FILTER (WHERE dominant), "
-        f"max(abs(theta_upper - {_DOMINANT_THETA_SQL})) FILTER (WHERE dominant) FROM rows"
-    ).fetchone()
+_DOMINANT_CHECK_SQL = (
+    "count(*), count(*) FILTER (WHERE dominant), "
+    "avg(CAST(theta_exact AS DOUBLE)) FILTER (WHERE dominant), "
+    f"max(abs(theta_lower - {_DOMINANT_THETA_SQL})) FILTER (WHERE dominant), "
+    f"max(abs(theta_upper - {_DOMINANT_THETA_SQL})) FILTER (WHERE dominant)"
+)
+
+
+def _check(record: tuple) -> DominantCheck:
     return DominantCheck(
         n_rows=int(record[0]),
         n_dominant=int(record[1]),
@@ -124,6 +157,60 @@ def _dominant_check(connection: Any) -> DominantCheck:
         max_abs_deviation_lower=record[3],
         max_abs_deviation_upper=record[4],
     )
+
+
+def _dominant_check(connection: Any) -> DominantCheck:
+    return _check(connection.execute(f"SELECT {_DOMINANT_CHECK_SQL} FROM rows").fetchone())
+
+
+def _dominant_checks(connection: Any) -> dict[str, DominantCheck]:
+    records = connection.execute(f"SELECT run_id, {_DOMINANT_CHECK_SQL} FROM rows GROUP BY run_id").fetchall()
+    return {str(record[0]): _check(record[1:]) for record in records}
+
+
+def _scatter_rows(connection: Any) -> pd.DataFrame:
+    """Every dominant row and a fixed-seed reservoir sample of the others, for the θ-vs-p_max figure."""
+    columns = "run_id, p_max, theta_lower, theta_upper, dominant, row_sum"
+    dominant = connection.execute(f"SELECT {columns} FROM rows WHERE dominant").df()
+    others = connection.execute(
+        f"SELECT {columns} FROM (SELECT {columns} FROM rows WHERE NOT dominant) "
+        f"USING SAMPLE reservoir({SCATTER_SAMPLE_ROWS} ROWS) REPEATABLE (0)"
+    ).df()
+    return pd.concat([others, dominant], ignore_index=True)
+
+
+def _certificate_quality(connection: Any) -> CertificateQuality:
+    from attnsens.theta import ThetaMethod
+
+    width = "(theta_upper - theta_lower)"
+    summary = connection.execute(
+        "SELECT run_id AS run, count(*) AS rows, avg(CAST(theta_exact AS DOUBLE)) AS exact, "
+        f'avg(CAST({width} <= {FLOAT32_RESOLUTION!r} AS DOUBLE)) AS "width ≤ 2^-25", '
+        f'median({width}) AS "median width", quantile_cont({width}, 0.99) AS "99 % width", '
+        f'max({width}) AS "max width" FROM rows GROUP BY run_id ORDER BY run_id'
+    ).df()
+    methods = connection.execute(
+        "SELECT run_id AS run, theta_method AS code, count(*) AS rows, avg(CAST(theta_exact AS DOUBLE)) AS exact, "
+        f'max({width}) AS "max width" FROM rows GROUP BY ALL ORDER BY run_id, code'
+    ).df()
+    names = {int(m): m.name.lower().replace("_", " ") for m in ThetaMethod}
+    methods.insert(2, "stage", [names.get(int(code), f"code {int(code)}") for code in methods["code"]])
+    return CertificateQuality(summary=summary, methods=methods.drop(columns="code"))
+
+
+def _run_kinds(cells: pd.DataFrame | None, training: pd.DataFrame | None) -> dict[str, str]:
+    """Per run_id: ``training`` (a training log or several audited checkpoints), ``checkpoint`` (one step > 0
+    without a log) or ``pretrained`` (a static model, recorded as step 0, audited once)."""
+    if cells is None:
+        return {}
+    trained = set() if training is None else {str(r) for r in training["run_id"].unique()}
+    kinds = {}
+    for run, steps in cells.groupby("run_id")["step"]:
+        if str(run) in trained or steps.nunique() > 1:
+            kinds[str(run)] = "training"
+        else:
+            kinds[str(run)] = "pretrained" if int(steps.iloc[0]) == 0 else "checkpoint"
+    return kinds
 
 
 def _read_manifest(root: Path) -> dict[str, Any] | None:

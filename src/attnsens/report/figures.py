@@ -20,8 +20,10 @@ from attnsens.report.style import (
     finish,
     layer_axis,
     layer_colors,
+    log_scale,
     require_columns,
-    series,
+    run_colors,
+    seed_band,
     step_axis,
     styled,
 )
@@ -41,125 +43,99 @@ def layer_records(summary: pd.DataFrame, what: str) -> pd.DataFrame:
     return pooled
 
 
-@styled
-def theta_lower_by_step_figure(summary: pd.DataFrame) -> Figure:
-    """Median θ lower bound per layer vs checkpoint step: median line and 25–75 % band, one line per seed.
+_CELL_COLUMNS = ("run_id", "step", "seed", "layer", "subset")
 
-    With a single checkpoint the x axis is the layer instead (one point per layer, bars = interquartile range).
+
+def _all_rows(cells: pd.DataFrame, columns: tuple[str, ...], what: str) -> pd.DataFrame:
+    """The ``subset == "all"`` cells of a layer_cells frame, with ``columns`` present."""
+    frame = require_columns(cells, (*_CELL_COLUMNS, *columns), what)
+    return frame[frame["subset"] == "all"]
+
+
+def _cell_figure(
+    cells: pd.DataFrame,
+    metrics: tuple[tuple[str, str, str], ...],
+    what: str,
+    *,
+    ylim: tuple[float, float] | None = None,
+    hline: float | None = None,
+) -> Figure:
+    """Layer cells drawn per metric: over checkpoints (one panel per metric and run, one line per layer with
+    its seed band), or, with a single checkpoint per run, against the layer (one line per run).
+
+    ``metrics``: (column, axis label, scale) with scale "linear", "log" or "count" (symlog, zero shown).
     """
-    pooled = layer_records(summary, "theta_lower_by_step_figure")
-    require_columns(pooled, ("theta_lower_median", "theta_lower_q25", "theta_lower_q75"), "theta figure")
-    steps = sorted(pooled["step"].unique())
-    low = float(min(pooled["theta_lower_q25"].min(), pooled["theta_lower_median"].min()))
-    y_min = max(0.0, min(0.9, low - 0.05))
-    if len(steps) == 1:
-        fig = Figure(figsize=(8.5, 3.4), layout="constrained")
-        ax = fig.add_subplot()
-        for label, color, part in series(pooled):
-            part = part.sort_values("layer")
-            err = np.vstack(
-                [
-                    part["theta_lower_median"] - part["theta_lower_q25"],
-                    part["theta_lower_q75"] - part["theta_lower_median"],
-                ]
-            )
-            ax.errorbar(
-                part["layer"],
-                part["theta_lower_median"],
-                yerr=err,
-                marker="o",
-                ms=4,
-                capsize=2,
-                color=color,
-                label=label,
-            )
-        layer_axis(ax)
-        ax.set_ylabel("median θ lower bound")
-        ax.set_ylim(y_min, 1.02)
-        ax.axhline(1.0, color=MUTED, lw=0.8, ls=":")
-        ax.legend(loc="lower left")
-        return finish(fig, f"θ lower bound per layer (checkpoint {steps[0]:,})")
-    layers = sorted(pooled["layer"].unique())
-    ncols = min(len(layers), 4 if len(layers) <= 16 else 6)
-    nrows = -(-len(layers) // ncols)
-    fig = Figure(figsize=(10.5, 0.6 + 2.0 * nrows), layout="constrained")
-    axes = fig.subplots(nrows, ncols, sharex=True, sharey=True, squeeze=False)
-    for ax in axes.flat[len(layers) :]:
-        ax.set_visible(False)
-    for ax, layer in zip(axes.flat, layers, strict=False):
-        for label, color, part in series(pooled[pooled["layer"] == layer]):
-            part = part.sort_values("step")
-            ax.fill_between(
-                part["step"], part["theta_lower_q25"], part["theta_lower_q75"], color=color, alpha=0.18, lw=0
-            )
-            ax.plot(part["step"], part["theta_lower_median"], color=color, marker="o", ms=2.5, label=label)
-        ax.axhline(1.0, color=MUTED, lw=0.8, ls=":")
-        ax.set_title(f"layer {layer}", loc="left")
-        step_axis(ax, steps, max_labels=4 if ncols > 4 else 5)
-        ax.set_ylim(y_min, 1.02)
-        if not ax.get_subplotspec().is_last_row():
-            ax.set_xlabel("")
-    for ax in axes[:, 0]:
-        ax.set_ylabel("θ lower bound")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside upper right", ncols=max(1, len(labels)))
-    return fig
-
-
-def _trend(ax, pooled: pd.DataFrame, column: str, ylabel: str) -> None:
-    """One line per layer (mean over seeds) against checkpoint step."""
-    colors = layer_colors(pooled["layer"].unique())
-    means = pooled.groupby(["layer", "step"], as_index=False)[column].mean()
-    for layer, part in means.groupby("layer"):
-        ax.plot(part["step"], part[column], color=colors[int(layer)], marker="o", ms=2.5)
-    step_axis(ax, pooled["step"].unique())
-    ax.set_ylabel(ylabel)
-
-
-def _per_layer(ax, pooled: pd.DataFrame, column: str, ylabel: str) -> None:
-    for label, color, part in series(pooled):
-        part = part.sort_values("layer")
-        ax.plot(part["layer"], part[column], color=color, marker="o", ms=3.5, label=label)
-    layer_axis(ax)
-    ax.set_ylabel(ylabel)
-
-
-@styled
-def concentration_figure(summary: pd.DataFrame) -> Figure:
-    """Median p_max and mean entropy (nats) per layer vs checkpoint step; concentration = p_max up, entropy down."""
-    pooled = layer_records(summary, "concentration_figure")
-    require_columns(pooled, ("p_max_median", "entropy_mean"), "concentration_figure")
-    fig = Figure(figsize=(10.5, 3.3), layout="constrained")
-    axes = fig.subplots(1, 2)
-    if pooled["step"].nunique() == 1:
-        _per_layer(axes[0], pooled, "p_max_median", "median p_max")
-        _per_layer(axes[1], pooled, "entropy_mean", "mean entropy (nats)")
-        axes[0].legend()
+    frame = _all_rows(cells, tuple(m[0] for m in metrics), what)
+    runs = sorted(frame["run_id"].unique())
+    trend = frame.groupby("run_id")["step"].nunique().max() > 1
+    columns = runs if trend else [None]
+    fig = Figure(figsize=(10.5, 0.5 + 2.6 * len(metrics)), layout="constrained")
+    axes = fig.subplots(len(metrics), len(columns), squeeze=False, sharex="col" if trend else "all")
+    colors = layer_colors(frame["layer"].unique())
+    by_run = run_colors(runs)
+    for row, (column, label, scale) in enumerate(metrics):
+        for col, run in enumerate(columns):
+            ax = axes[row, col]
+            if trend:
+                part = frame[frame["run_id"] == run]
+                for layer, lines in part.groupby("layer"):
+                    seed_band(ax, lines, "step", column, color=colors[int(layer)], label=f"layer {int(layer)}")
+                step_axis(ax, part["step"].unique(), max_labels=5)
+                ax.set_title(f"{run}", loc="left")
+            else:
+                for name, part in frame.groupby("run_id"):
+                    seed_band(ax, part, "layer", column, color=by_run[str(name)], label=str(name), ms=3.5)
+                layer_axis(ax)
+            if scale == "log":
+                log_scale(ax)
+            elif scale == "count":
+                log_scale(ax, linthresh=1.0)
+                ax.set_ylim(bottom=0)
+            if ylim is not None:
+                ax.set_ylim(*ylim)
+            if hline is not None:
+                ax.axhline(hline, color=MUTED, lw=0.8, ls=":")
+            if col == 0:
+                ax.set_ylabel(label)
+            if row < len(metrics) - 1:
+                ax.set_xlabel("")
+    if trend:
+        add_layer_colorbar(fig, axes, frame["layer"].unique())
     else:
-        _trend(axes[0], pooled, "p_max_median", "median p_max")
-        _trend(axes[1], pooled, "entropy_mean", "mean entropy (nats)")
-        add_layer_colorbar(fig, axes, pooled["layer"].unique())
-    axes[0].set_title("largest weight p_max", loc="left")
-    axes[1].set_title("entropy", loc="left")
+        axes[0, 0].legend(loc="best")
     return fig
 
 
 @styled
-def dominant_fraction_figure(summary: pd.DataFrame) -> Figure:
-    """Fraction of dominant-atom rows (p_max ≥ 1/2) per layer vs checkpoint step."""
-    pooled = layer_records(summary, "dominant_fraction_figure")
-    require_columns(pooled, ("fraction_dominant",), "dominant_fraction_figure")
-    fig = Figure(figsize=(8.5, 3.3), layout="constrained")
-    ax = fig.add_subplot()
-    if pooled["step"].nunique() == 1:
-        _per_layer(ax, pooled, "fraction_dominant", "fraction of dominant rows")
-        ax.legend()
-    else:
-        _trend(ax, pooled, "fraction_dominant", "fraction of dominant rows")
-        add_layer_colorbar(fig, ax, pooled["layer"].unique())
-    ax.set_ylim(0, max(0.55, float(pooled["fraction_dominant"].max()) * 1.1))
-    ax.axhline(0.5, color=MUTED, lw=0.8, ls=":")
-    return fig
+def theta_lower_by_step_figure(cells: pd.DataFrame) -> Figure:
+    """Median θ lower bound per layer (all heads pooled) against checkpoint step, per run, with seed bands.
+
+    Args:
+        cells: attnsens.report.cells.layer_cells frame. With one checkpoint per run the x axis is the layer.
+    """
+    frame = _all_rows(cells, ("theta_lower_median",), "theta_lower_by_step_figure")
+    low = max(0.0, min(0.9, float(frame["theta_lower_median"].min()) - 0.05))
+    metrics = (("theta_lower_median", "median θ lower bound", "linear"),)
+    return _cell_figure(frame, metrics, "theta figure", ylim=(low, 1.01), hline=1.0)
+
+
+@styled
+def concentration_figure(cells: pd.DataFrame) -> Figure:
+    """Concentration relative to uniform attention: median p_max·n (log) and mean normalized entropy per layer."""
+    metrics = (
+        ("p_max_n_median", "median p_max·n (uniform = 1)", "log"),
+        ("normalized_entropy_mean", "mean normalized entropy", "linear"),
+    )
+    return _cell_figure(cells, metrics, "concentration_figure")
+
+
+@styled
+def dominant_fraction_figure(cells: pd.DataFrame) -> Figure:
+    """Number of dominant-atom rows (p_max ≥ s/2) per layer cell on a symmetric-log count axis (zero visible)."""
+    frame = _all_rows(cells, ("n_dominant", "n_rows"), "dominant_fraction_figure")
+    per_cell = int(frame["n_rows"].max())
+    metrics = (("n_dominant", f"dominant rows (of ≤ {per_cell:,} per cell)", "count"),)
+    return _cell_figure(frame, metrics, "dominant_fraction_figure")
 
 
 def theta_envelope_lower_bound(m: np.ndarray) -> np.ndarray:
@@ -169,14 +145,17 @@ def theta_envelope_lower_bound(m: np.ndarray) -> np.ndarray:
 
 @styled
 def theta_vs_pmax_figure(rows: pd.DataFrame, *, max_points: int = 20_000, seed: int = 0) -> Figure:
-    """θ lower bound vs p_max for sampled rows, with the envelope g(m) and the exact curve 4m(1 − m) on m ≥ 1/2.
+    """θ lower bound vs p_max: every dominant row and up to ``max_points`` others, with the envelope g(m) and the
+    exact curve 4m(1 − m) on m ≥ 1/2, zoomed to the range of the rows.
 
     Tests two facts: a certificate is at least the floor g(p_max) (A2 takes the best of subsets that attain it), so
     no point may fall below the dashed curve; dominant rows (m ≥ 1/2) must lie on 4m(1 − m) exactly (T2(a)).
     """
     frame = require_columns(rows, ("p_max", "theta_lower", "dominant"), "theta_vs_pmax_figure")
-    if len(frame) > max_points:
-        frame = frame.sample(n=max_points, random_state=seed)
+    dominant_rows = frame["dominant"].astype(bool)
+    others = frame[~dominant_rows]
+    if len(others) > max_points:  # every dominant row is kept; the others are thinned
+        frame = pd.concat([others.sample(n=max_points, random_state=seed), frame[dominant_rows]])
     fig = Figure(figsize=(6.8, 4.6), layout="constrained")
     ax = fig.add_subplot()
     dominant = frame["dominant"].astype(bool).to_numpy()
@@ -208,11 +187,14 @@ def theta_vs_pmax_figure(rows: pd.DataFrame, *, max_points: int = 20_000, seed: 
         lw=0,
         zorder=2,
         color="#b8610a",
-        label=f"dominant rows ({dominant.sum():,})",
+        label=f"dominant rows (all {dominant.sum():,})",
         rasterized=True,
     )
-    ax.set_xlim(0, 1.0)
-    ax.set_ylim(-0.02, 1.04)
+    # Zoomed to the rows: near-uniform attention lives at small m and θ close to 1.
+    right = min(1.0, max(0.05, float(frame["p_max"].max()) * 1.08))
+    bottom = max(-0.02, min(0.9, float(frame["theta_lower"].min()) - 0.03))
+    ax.set_xlim(0, right)
+    ax.set_ylim(bottom, 1.0 + 0.06 * (1.0 - bottom))
     ax.set_xlabel("p_max = m")
     ax.set_ylabel("θ lower bound")
     ax.legend(loc="lower left")

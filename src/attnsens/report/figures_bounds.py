@@ -18,8 +18,10 @@ from attnsens.report.style import (
     finish,
     layer_axis,
     layer_colors,
+    log_scale,
     require_columns,
-    series,
+    run_colors,
+    seed_band,
     step_axis,
     styled,
 )
@@ -33,24 +35,51 @@ _BOUND_LINES = (
 
 
 @styled
-def training_figure(training: pd.DataFrame) -> Figure:
-    """Training loss, global gradient ℓ2 norm (before clipping) and learning rate vs step, one line per seed."""
-    frame = require_columns(training, ("step", "seed", "loss", "grad_norm_global", "lr"), "training_figure")
-    fig = Figure(figsize=(10.5, 3.1), layout="constrained")
+def training_figure(training: pd.DataFrame, baselines: pd.DataFrame | None = None) -> Figure:
+    """Loss (training, and eval at checkpoints beside the n-gram baselines), global gradient ℓ2 norm before
+    clipping (log) and learning rate against step, per run, with the band spanning the seeds.
+
+    Args:
+        training: the store's training table.
+        baselines: optional baselines table (eval loss of unigram / bigram models, parameter counts).
+    """
+    frame = require_columns(training, ("run_id", "step", "seed", "loss", "grad_norm_global", "lr"), "training_figure")
+    fig = Figure(figsize=(10.5, 3.3), layout="constrained")
     axes = fig.subplots(1, 3)
-    panels = (
-        ("loss", "loss (nats/token)", "linear"),
-        ("grad_norm_global", "gradient ℓ2 norm", "log"),
-        ("lr", "learning rate", "linear"),
-    )
-    for ax, (column, label, scale) in zip(axes, panels, strict=True):
-        for name, color, part in series(frame):
-            part = part.sort_values("step")
-            ax.plot(part["step"], part[column], color=color, label=name, lw=1.3)
-        ax.set_yscale(scale)
-        ax.set_title(label, loc="left")
+    colors = run_colors(frame["run_id"].unique())
+    sizes = {}
+    if baselines is not None and "n_parameters" in baselines:
+        sizes = {r.run_id: int(r.n_parameters) for r in baselines.dropna(subset=["n_parameters"]).itertuples()}
+    for run, part in frame.groupby("run_id"):
+        color = colors[str(run)]
+        size = f", {sizes[run] / 1e6:.2f}M params" if run in sizes else ""
+        seed_band(axes[0], part, "step", "loss", color=color, label=f"{run} train{size}", marker=None, lw=1.1)
+        evaluated = part.dropna(subset=["eval_loss"]) if "eval_loss" in part else part.iloc[:0]
+        if not evaluated.empty:
+            seed_band(axes[0], evaluated, "step", "eval_loss", color=color, label=f"{run} eval", ls=":", ms=3)
+        seed_band(axes[1], part, "step", "grad_norm_global", color=color, label=str(run), marker=None, lw=1.1)
+        seed_band(axes[2], part, "step", "lr", color=color, label=str(run), marker=None, lw=1.1)
+    if baselines is not None and "eval_loss" in baselines:
+        for record in baselines.dropna(subset=["eval_loss"]).itertuples():
+            axes[0].axhline(record.eval_loss, color=MUTED, lw=0.9, ls="--")
+            axes[0].annotate(
+                f"{record.name} {record.eval_loss:.2f}",
+                (1.0, record.eval_loss),
+                xycoords=("axes fraction", "data"),
+                ha="right",
+                va="bottom",
+                fontsize=7.5,
+                color=MUTED,
+            )
+    log_scale(axes[1])
+    tokens = frame.groupby("step")["tokens_seen"].max() if "tokens_seen" in frame else None
+    for ax, title in zip(axes, ("loss (nats/token)", "gradient ℓ2 norm", "learning rate"), strict=True):
+        ax.set_title(title, loc="left")
         ax.set_xlabel("step")
-    axes[0].legend()
+    if tokens is not None and not tokens.empty and tokens.index.max() > 0:
+        per_step = float(tokens.iloc[-1]) / float(tokens.index.max())
+        axes[0].set_xlabel(f"step ({per_step:,.0f} tokens each; {tokens.iloc[-1]:,.0f} seen in all)")
+    axes[0].legend(fontsize=7.5)
     return fig
 
 
@@ -70,7 +99,7 @@ def grad_norms_figure(grad_norms: pd.DataFrame) -> Figure:
     for ax, group in zip(axes.flat, groups, strict=False):
         for layer, part in means[means["group"] == group].groupby("layer"):
             ax.plot(part["step"], part["grad_norm"], color=colors[int(layer)], lw=1.1)
-        ax.set_yscale("log")
+        log_scale(ax)
         ax.set_title(str(group), loc="left")
         ax.set_xlabel("step")
     add_layer_colorbar(fig, axes, frame["layer"].unique())
@@ -99,7 +128,7 @@ def bounds_figure(bounds: pd.DataFrame, *, step: int | None = None) -> Figure:
     axes = fig.subplots(1, 2)
     for column, label, color, style in present:
         axes[0].plot(per_layer["layer"], per_layer[column], color=color, ls=style, marker="o", ms=3.5, label=label)
-    axes[0].set_yscale("log")
+    log_scale(axes[0])
     layer_axis(axes[0])
     axes[0].set_ylabel("operator norm (block norm)")
     axes[0].set_title("attention Jacobian: bounds vs measurement", loc="left")
@@ -132,7 +161,7 @@ def norm_products_figure(bounds: pd.DataFrame) -> Figure:
         ax.plot(part["step"], part["quartic_norm_product"], color=colors[int(layer)], marker="o", ms=2.5)
     if worst["step"].nunique() > 1:
         step_axis(ax, worst["step"].unique())
-    ax.set_yscale("log")
+    log_scale(ax)
     ax.set_ylabel("max over heads")
     add_layer_colorbar(fig, ax, worst["layer"].unique())
     return fig
@@ -203,14 +232,78 @@ def influence_figure(influence: pd.DataFrame) -> Figure:
         axes[1].plot(n, n * measured, color=color, marker="o", ms=3.5, label=f"max, {name}")
         axes[1].plot(n, n * part["influence_median"], color=color, ls=":", lw=1.2, label=f"median, {name}")
     for ax in axes:
-        ax.set_xscale("log", base=2)
+        log_scale(ax, "x", base=2)
         ax.set_xlabel("sequence length n")
-    axes[0].set_yscale("log")
+    log_scale(axes[0])
     axes[0].set_ylabel("‖Δy_n‖₂")
     axes[0].set_title("influence vs length", loc="left")
     axes[0].legend(fontsize=7.5)
-    axes[1].set_yscale("log")
+    log_scale(axes[1])
     axes[1].set_ylabel("n · ‖Δy_n‖₂")
     axes[1].set_title("n · influence (flat = Θ(1/n))", loc="left")
     axes[1].legend(fontsize=7.5)
+    return fig
+
+
+_BOUND_CHAIN = (
+    ("mha_length_dependent_upper_bound", "length-dependent (θ → n/2)", MUTED, ":"),
+    ("mha_lipschitz_upper_bound", "length-independent (θ̃ = 1)", MUTED, "--"),
+    ("mha_local_paper_form_upper_bound", "paper form with measured θ̃ (gain from θ)", "#e9a03b", "-"),
+    ("mha_local_jacobian_upper_bound", "key-sum form with measured θ̃ (gain from key sums)", ACCENT, "-"),
+    ("mha_jacobian_estimate", "empirical Jacobian norm (lower estimate)", "#1f5fa8", "-"),
+)
+
+
+@styled
+def bounds_by_step_figure(bounds: pd.DataFrame) -> Figure:
+    """The chain of attention bounds against checkpoint step, one panel per run: each certified form (median over
+    layers, mean over seeds) beside the empirical Jacobian norm, so each form's gain over the previous one shows.
+    """
+    frame = require_columns(bounds, ("run_id", "step", "seed", "layer", "head"), "bounds_by_step_figure")
+    layer = frame[frame["head"] == ALL_HEADS]
+    present = [line for line in _BOUND_CHAIN if line[0] in layer and layer[line[0]].notna().any()]
+    if layer.empty or not present or layer["step"].nunique() < 2:
+        raise InputError("bounds_by_step_figure needs layer-level bound records at two or more checkpoints")
+    runs = sorted(layer["run_id"].unique())
+    fig = Figure(figsize=(10.5, 3.6), layout="constrained")
+    axes = fig.subplots(1, len(runs), squeeze=False, sharey=True)[0]
+    for ax, run in zip(axes, runs, strict=True):
+        part = layer[layer["run_id"] == run]
+        per_seed = part.groupby(["step", "seed"])[[line[0] for line in present]].median().reset_index()
+        for column, label, color, style in present:
+            seed_band(ax, per_seed, "step", column, color=color, label=label, ls=style)
+        step_axis(ax, part["step"].unique(), max_labels=5)
+        log_scale(ax)
+        ax.set_title(str(run), loc="left")
+    axes[0].set_ylabel("operator norm, median over layers")
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center", ncols=3, fontsize=7.5)
+    return fig
+
+
+@styled
+def residual_jacobian_figure(bounds: pd.DataFrame) -> Figure:
+    """Residual-stream Jacobian per layer at the last checkpoint, one line per run (placement): the certified
+    bound (dashed) and the empirical estimate (solid); pre-LN carries the identity, so its norm stays near ≥ 1."""
+    frame = require_columns(
+        bounds,
+        ("run_id", "step", "layer", "head", "residual_jacobian_upper_bound", "residual_jacobian_estimate"),
+        "residual_jacobian_figure",
+    )
+    layer = frame[(frame["head"] == ALL_HEADS) & frame["residual_jacobian_estimate"].notna()]
+    if layer.empty:
+        raise InputError("residual_jacobian_figure needs layer-level residual Jacobian records")
+    fig = Figure(figsize=(8.5, 3.4), layout="constrained")
+    ax = fig.add_subplot()
+    colors = run_colors(layer["run_id"].unique())
+    for run, part in layer.groupby("run_id"):
+        last = part[part["step"] == part["step"].max()]
+        color = colors[str(run)]
+        step = int(part["step"].max())
+        seed_band(ax, last, "layer", "residual_jacobian_estimate", color=color, label=f"{run} estimate (step {step:,})")
+        seed_band(ax, last, "layer", "residual_jacobian_upper_bound", color=color, label=f"{run} bound", ls="--")
+    ax.axhline(1.0, color=MUTED, lw=0.8, ls=":")
+    log_scale(ax)
+    layer_axis(ax)
+    ax.set_ylabel("‖∂X_{k+1}/∂X_k‖ (block norm)")
+    ax.legend(fontsize=7.5)
     return fig

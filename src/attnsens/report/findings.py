@@ -1,37 +1,61 @@
-"""The paper's three findings (MATH.md §9.1, §9.6), each evaluated on the measured data of a run.
+"""The paper's three findings (MATH.md §9.1, §9.6), each judged on the measured data of every run.
 
-Nothing here assumes an outcome: every sentence is built from the numbers, and a finding the data contradict
-is reported as "disagrees" with the numbers that contradict it. The thresholds that turn numbers into a
-verdict are the constants below and are printed with each finding.
+Nothing here assumes an outcome: every sentence is built from the numbers. Each verdict states its threshold
+and the effect size relative to uniform attention (p_max·n, normalized entropy, n_eff / n), with the spread
+over seeds. A verdict is one of:
+
+* ``agrees`` — the data show the claimed effect beyond its threshold;
+* ``disagrees`` — the data contradict it (the numbers that do are named);
+* ``not observed`` — the effect the claim describes is absent or below its threshold (e.g. no dominant rows);
+* ``trivially implied`` — the claim holds, but follows from small p_max alone (θ ≥ s − p_max²), so it says
+  nothing about the model;
+* ``not measured`` — the run lacks the data.
+
+Every finding is computed over all audited rows and again over the core rows (no attention sinks, no early
+positions; attnsens.report.cells), and both are printed: a verdict driven by sinks says so.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
 import pandas as pd
 
+from attnsens.report.cells import EARLY_KEYS
 from attnsens.report.data import RunData
-from attnsens.store.summary import ALL_HEADS
 
 NEAR_ONE = 0.9
 """A median θ lower bound at or above this counts as "near 1" (‖J‖∞→1 within 10 % of its maximum 1/τ)."""
 
+TRIVIAL_P_MAX = math.sqrt(1.0 - NEAR_ONE)
+"""Below this median p_max, θ ≥ s − p_max² ≥ NEAR_ONE holds for any row: "near 1" is then trivially implied."""
+
 CLOSED_FORM_TOLERANCE = 1e-6
 """Largest |θ − 4m(s − m) − s(1 − s)| accepted for dominant rows (float64 rounding of stored rows)."""
 
-CONCENTRATION_MIN_RISE = 0.05
-"""Smallest relative rise of the median p_max (first → last checkpoint) that counts as concentration."""
+CONCENTRATION_FACTOR = 2.0
+"""A layer concentrates when its median p_max·n grows at least this many times, first → last checkpoint …"""
 
-Status = Literal["agrees", "disagrees", "not measured"]
+ENTROPY_DROP = 0.05
+"""… and its mean normalized entropy falls by at least this much (absolute; uniform attention has 1)."""
+
+DOMINANT_MIN_FRACTION = 0.01
+"""Dominant-atom rows "appear" when at least this fraction of the rows (last checkpoint) has p_max ≥ s/2."""
+
+MAJORITY = 0.5
+"""A (layer, checkpoint, seed) cell whose dominant fraction reaches this is a majority, not a minority."""
+
+Status = Literal["agrees", "disagrees", "not observed", "trivially implied", "not measured"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class Finding:
-    """One claim of the paper, the verdict of the data, and what was measured (plain text, not yet escaped)."""
+    """One claim of the paper, the verdict of one run's data, and what was measured (plain text)."""
 
     key: str
+    run_id: str
     claim: str
     status: Status
     measured: str
@@ -39,163 +63,284 @@ class Finding:
     table_caption: str | None = None
 
 
+CLAIMS = {
+    "theta": "The median θ lower-bound certificate stays near 1 in every layer and at every checkpoint.",
+    "concentration": "Attention concentrates substantially during training (p_max rises, entropy falls).",
+    "dominant": (
+        "A minority of rows enters the dominant-atom regime (p_max ≥ 1/2), and those rows sit exactly on "
+        "θ = 4p_max(1−p_max)."
+    ),
+}
+
+
 def evaluate_findings(data: RunData) -> list[Finding]:
-    """The three findings for ``data``: θ near 1, concentration increases, dominant rows are a minority on 4m(1−m)."""
-    layer = _layer_records(data.summary)
-    return [_theta_near_one(layer), _concentration(layer), _dominant(layer, data)]
+    """The three findings for every run of ``data`` (one run_id each: a placement, a pretrained reference)."""
+    cells = data.cells
+    if cells is None or cells.empty:
+        return [
+            Finding(key=key, run_id="", claim=claim, status="not measured", measured="This run has no audited rows.")
+            for key, claim in CLAIMS.items()
+        ]
+    findings = []
+    for run_id, part in cells.groupby("run_id", sort=True):
+        pretrained = data.run_kinds.get(str(run_id)) == "pretrained"
+        findings += [
+            theta_finding(part, run_id=str(run_id)),
+            concentration_finding(part, run_id=str(run_id), pretrained=pretrained),
+            dominant_finding(part, data, run_id=str(run_id)),
+        ]
+    return findings
 
 
-def _layer_records(summary: pd.DataFrame | None) -> pd.DataFrame | None:
-    if summary is None or summary.empty:
-        return None
-    pooled = summary[summary["head"] == ALL_HEADS]
-    return pooled if not pooled.empty else None
+def _subset(cells: pd.DataFrame, name: str) -> pd.DataFrame:
+    return cells[cells["subset"] == name]
 
 
-def _theta_near_one(layer: pd.DataFrame | None) -> Finding:
-    claim = "The median θ lower-bound certificate is near 1 in every layer and at every checkpoint."
-    if layer is None:
-        return Finding(key="theta", claim=claim, status="not measured", measured="This run has no audited rows.")
-    worst = layer.loc[layer["theta_lower_median"].idxmin()]
-    below = layer[layer["theta_lower_median"] < NEAR_ONE]
-    cells = len(layer)
-    where = f"layer {int(worst['layer'])}, checkpoint {int(worst['step']):,}, seed {int(worst['seed'])}"
+def _where(cell: pd.Series) -> str:
+    return f"layer {int(cell['layer'])}, step {int(cell['step']):,}, seed {int(cell['seed'])}"
+
+
+def theta_finding(cells: pd.DataFrame, *, run_id: str) -> Finding:
+    """θ near 1: every cell's median θ lower bound ≥ NEAR_ONE; trivially implied where median p_max is small."""
+    every, core = _subset(cells, "all"), _subset(cells, "core")
+    worst = every.loc[every["theta_lower_median"].idxmin()]
+    below = every[every["theta_lower_median"] < NEAR_ONE]
+    informative = every[every["p_max_median"] > TRIVIAL_P_MAX]
+    n = len(every)
     measured = (
-        f"Lowest median θ lower bound over {cells} (layer, checkpoint, seed) cells: "
-        f"{worst['theta_lower_median']:.4f} ({where}); overall median of the medians "
-        f"{layer['theta_lower_median'].median():.4f}. "
+        f"Threshold: median θ lower bound ≥ {NEAR_ONE} in each of {n} (layer, checkpoint, seed) cells. "
+        f"Lowest: {worst['theta_lower_median']:.4f} ({_where(worst)}, median p_max {worst['p_max_median']:.3f}, "
+        f"p_max·n {worst['p_max_n_median']:.2f}). "
     )
+    core_below = core[core["theta_lower_median"] < NEAR_ONE]
     if below.empty:
-        status: Status = "agrees"
-        measured += f"Every cell is ≥ {NEAR_ONE}, so in each at least half the rows certify θ ≥ {NEAR_ONE} (T2(f))."
+        if informative.empty:
+            status: Status = "trivially implied"
+            measured += (
+                f"Every cell is ≥ {NEAR_ONE}, but in every cell the median p_max is ≤ {TRIVIAL_P_MAX:.3f}, where "
+                f"θ ≥ s − p_max² ≥ {NEAR_ONE} holds for any row (largest median p_max "
+                f"{every['p_max_median'].max():.3f}): the certificate adds nothing to what p_max alone implies."
+            )
+        else:
+            status = "agrees"
+            measured += (
+                f"Every cell is ≥ {NEAR_ONE}; in {len(informative)} of {n} the median p_max exceeds "
+                f"{TRIVIAL_P_MAX:.3f}, so there θ near 1 is a property of the model, not implied by small p_max "
+                f"(largest median p_max {every['p_max_median'].max():.3f})."
+            )
     else:
         status = "disagrees"
         layers = sorted(int(x) for x in below["layer"].unique())
-        measured += (
-            f"{len(below)} of {cells} cells fall below {NEAR_ONE} (layers {_compact(layers)}); "
-            "the measurement does not support 'near 1 everywhere'."
-        )
-    table = layer.pivot_table(index="layer", columns="step", values="theta_lower_median", aggfunc="min")
-    table.columns = [f"step {int(c):,}" for c in table.columns]
+        measured += f"{len(below)} of {n} cells fall below {NEAR_ONE} (layers {_compact(layers)}). "
+        if core.empty:
+            measured += "No core rows (all are sink or early rows)."
+        elif core_below.empty:
+            measured += (
+                f"Without sink rows (argmax at key 0) and early rows (< {EARLY_KEYS} keys) every cell is ≥ "
+                f"{NEAR_ONE} (lowest {core['theta_lower_median'].min():.4f}): the low medians come from those rows."
+            )
+        else:
+            measured += (
+                f"Without sink and early rows, {len(core_below)} of {len(core)} cells are still below {NEAR_ONE} "
+                f"(lowest {core['theta_lower_median'].min():.4f})."
+            )
+    table = _layer_table(cells, "theta_lower_median", "median θ_lb")
     return Finding(
         key="theta",
-        claim=claim,
-        status=status,
-        measured=measured,
-        table=table.reset_index(),
-        table_caption="Median θ lower bound per layer and checkpoint (worst seed).",
-    )
-
-
-def _concentration(layer: pd.DataFrame | None) -> Finding:
-    claim = (
-        "Attention concentrates during training: p_max rises and entropy falls from the first to the last checkpoint."
-    )
-    if layer is None:
-        return Finding(key="concentration", claim=claim, status="not measured", measured="No audited rows.")
-    steps = sorted(int(s) for s in layer["step"].unique())
-    if len(steps) < 2:
-        return Finding(
-            key="concentration",
-            claim=claim,
-            status="not measured",
-            measured=f"Only one checkpoint (step {steps[0]:,}) was audited; a trend needs two or more.",
-        )
-    first, last = steps[0], steps[-1]
-    means = layer.groupby(["step", "layer"])[["p_max_median", "entropy_mean"]].mean()
-    start, end = means.loc[first], means.loc[last]
-    p_start, p_end = start["p_max_median"].mean(), end["p_max_median"].mean()
-    h_start, h_end = start["entropy_mean"].mean(), end["entropy_mean"].mean()
-    both = ((end["p_max_median"] > start["p_max_median"]) & (end["entropy_mean"] < start["entropy_mean"])).sum()
-    rise = (p_end - p_start) / p_start if p_start > 0 else float("inf")
-    measured = (
-        f"From checkpoint {first:,} to {last:,}, averaged over layers and seeds: median p_max "
-        f"{p_start:.3f} → {p_end:.3f} ({rise:+.1%}), mean entropy {h_start:.3f} → {h_end:.3f} nats; "
-        f"{both} of {len(end)} layers show both. "
-    )
-    problems = []
-    if rise < CONCENTRATION_MIN_RISE:
-        problems.append(f"median p_max rose by less than {CONCENTRATION_MIN_RISE:.0%}")
-    if h_end >= h_start:
-        problems.append("entropy did not fall")
-    if 2 * both < len(end):
-        problems.append("fewer than half the layers concentrated")
-    if problems:
-        status: Status = "disagrees"
-        measured += "The measurement does not show concentration: " + "; ".join(problems) + "."
-    else:
-        status = "agrees"
-        measured += "Attention concentrated."
-    table = means.reset_index()
-    table = table[table["step"].isin([first, last])].pivot(index="layer", columns="step")
-    table.columns = [f"{'p_max' if c == 'p_max_median' else 'entropy'} @ {int(s):,}" for c, s in table.columns]
-    return Finding(
-        key="concentration",
-        claim=claim,
-        status=status,
-        measured=measured,
-        table=table.reset_index(),
-        table_caption="Median p_max and mean entropy (nats) per layer, first and last checkpoint (mean over seeds).",
-    )
-
-
-def _dominant(layer: pd.DataFrame | None, data: RunData) -> Finding:
-    claim = (
-        "A minority of rows is in the dominant-atom regime (p_max ≥ 1/2), "
-        "and those rows sit exactly on θ = 4p_max(1−p_max)."
-    )
-    check = data.dominant
-    if check is None and layer is None:
-        return Finding(key="dominant", claim=claim, status="not measured", measured="No audited rows.")
-    if check is not None:
-        fraction, n_text = check.fraction_dominant, f"{check.n_dominant:,} of {check.n_rows:,} rows"
-    else:
-        weights = layer["n_rows"]
-        fraction = float((layer["fraction_dominant"] * weights).sum() / weights.sum())
-        n_text = f"{int(weights.sum()):,} rows"
-    measured = f"Dominant-atom rows: {fraction:.1%} ({n_text})"
-    problems = []
-    if fraction >= 0.5:
-        problems.append("they are not a minority")
-    table = None
-    if layer is not None:
-        per_step = layer.assign(weighted=layer["fraction_dominant"] * layer["n_rows"]).groupby("step")
-        shares = per_step["weighted"].sum() / per_step["n_rows"].sum()
-        if len(shares) > 1:
-            measured += (
-                f"; {shares.iloc[0]:.1%} at checkpoint {int(shares.index[0]):,}, "
-                f"{shares.iloc[-1]:.1%} at {int(shares.index[-1]):,}"
-            )
-        majority = shares[shares >= 0.5]
-        if fraction < 0.5 and not majority.empty:
-            problems.append(f"they are a majority at checkpoint(s) {', '.join(f'{int(s):,}' for s in majority.index)}")
-        table = layer.pivot_table(index="layer", columns="step", values="fraction_dominant", aggfunc="mean")
-        table.columns = [f"step {int(c):,}" for c in table.columns]
-        table = table.reset_index()
-    measured += ". "
-    if check is None:
-        measured += "The closed form could not be checked: the run has no per-row table."
-    elif check.n_dominant == 0:
-        measured += "There are no dominant rows, so the closed form has nothing to check."
-    else:
-        deviation = check.max_abs_deviation_lower
-        measured += (
-            f"Largest |θ lower bound − 4m(s−m) − s(1−s)| over dominant rows (s = stored row sum; = 4m(1−m) for s = 1): "
-            f"{deviation:.2e}; {check.fraction_exact_among_dominant:.1%} of them are certified exact."
-        )
-        if deviation > CLOSED_FORM_TOLERANCE:
-            problems.append(f"their θ lower bound departs from 4m(1−m) by up to {deviation:.2e}")
-    if problems:
-        measured += " The measurement disagrees: " + "; ".join(problems) + "."
-    status: Status = "disagrees" if problems else "agrees"
-    return Finding(
-        key="dominant",
-        claim=claim,
+        run_id=run_id,
+        claim=CLAIMS["theta"],
         status=status,
         measured=measured,
         table=table,
-        table_caption="Fraction of dominant-atom rows per layer and checkpoint (mean over seeds).",
+        table_caption=(
+            "Per layer: median θ lower bound at the first and last checkpoint (mean over seeds, [min, max] over "
+            "seeds), all rows and core rows."
+        ),
     )
+
+
+def concentration_finding(cells: pd.DataFrame, *, run_id: str, pretrained: bool) -> Finding:
+    """Concentration: per layer, p_max·n up by CONCENTRATION_FACTOR and normalized entropy down by ENTROPY_DROP."""
+    every = _subset(cells, "all")
+    steps = sorted(int(s) for s in every["step"].unique())
+    if pretrained or len(steps) < 2:
+        what = "a pretrained model" if pretrained else f"one checkpoint (step {steps[0]:,})"
+        level = every.agg({"p_max_n_median": "median", "normalized_entropy_mean": "mean"})
+        return Finding(
+            key="concentration",
+            run_id=run_id,
+            claim=CLAIMS["concentration"],
+            status="not measured",
+            measured=(
+                f"This run is {what}: there is no training trajectory. Its level, relative to uniform attention: "
+                f"median p_max·n {level['p_max_n_median']:.2f} (uniform 1), mean normalized entropy "
+                f"{level['normalized_entropy_mean']:.3f} (uniform 1)."
+            ),
+        )
+    first, last = steps[0], steps[-1]
+    per_seed = every[every["step"].isin([first, last])].pivot_table(
+        index=["layer", "seed"],
+        columns="step",
+        values=["p_max_n_median", "normalized_entropy_mean", "n_eff_fraction_mean"],
+    )
+    growth = (per_seed[("p_max_n_median", last)] / per_seed[("p_max_n_median", first)]).groupby("layer")
+    drop = (per_seed[("normalized_entropy_mean", first)] - per_seed[("normalized_entropy_mean", last)]).groupby("layer")
+    factor, fall = growth.mean(), drop.mean()
+    concentrated = (factor >= CONCENTRATION_FACTOR) & (fall >= ENTROPY_DROP)
+    spread = (factor <= 1 / CONCENTRATION_FACTOR) | (fall <= -ENTROPY_DROP)
+    n_layers = len(factor)
+    lowest_entropy = every[every["step"] == last].groupby("layer")["normalized_entropy_mean"].mean()
+    measured = (
+        f"Threshold: a layer concentrates when its median p_max·n grows ≥ {CONCENTRATION_FACTOR:g}× and its mean "
+        f"normalized entropy falls by ≥ {ENTROPY_DROP} from checkpoint {first:,} to {last:,} (mean over seeds). "
+        f"p_max·n growth per layer: {_per_layer(factor, growth, '×')}; normalized entropy fall: "
+        f"{_per_layer(fall, drop, '')}; lowest mean normalized entropy at {last:,}: "
+        f"{lowest_entropy.min():.3f} (layer {int(lowest_entropy.idxmin())}). "
+        f"{int(concentrated.sum())} of {n_layers} layers concentrate. "
+    )
+    if 2 * concentrated.sum() >= n_layers:
+        status: Status = "agrees"
+    elif 2 * spread.sum() >= n_layers:
+        status = "disagrees"
+        measured += f"{int(spread.sum())} layers spread out instead (p_max·n falls or entropy rises)."
+    else:
+        status = "not observed"
+        measured += "Fewer than half the layers pass the threshold."
+    table = _layer_table(cells, "p_max_n_median", "p_max·n", subsets=("all",))
+    entropy = _layer_table(cells, "normalized_entropy_mean", "norm. entropy", subsets=("all",))
+    n_eff = _layer_table(cells, "n_eff_fraction_mean", "n_eff/n", subsets=("all",))
+    table = table.merge(entropy, on="layer").merge(n_eff, on="layer")
+    return Finding(
+        key="concentration",
+        run_id=run_id,
+        claim=CLAIMS["concentration"],
+        status=status,
+        measured=measured,
+        table=table,
+        table_caption=(
+            f"Per layer at checkpoints {first:,} and {last:,}: median p_max·n, mean normalized entropy and mean "
+            "n_eff / n (all uniform = 1), mean over seeds with [min, max]."
+        ),
+    )
+
+
+def dominant_finding(cells: pd.DataFrame, data: RunData, *, run_id: str) -> Finding:
+    """Dominant minority: ≥ DOMINANT_MIN_FRACTION of rows at the last checkpoint, < MAJORITY in every cell."""
+    every, core = _subset(cells, "all"), _subset(cells, "core")
+    last = int(every["step"].max())
+    total, dominant = int(every["n_rows"].sum()), int(every["n_dominant"].sum())
+    at_last = every[every["step"] == last]
+    last_fraction = at_last["n_dominant"].sum() / at_last["n_rows"].sum()
+    sinks = int(every["n_dominant_sink"].sum())
+    cell_fraction = every["n_dominant"] / every["n_rows"]
+    majority = every[cell_fraction >= MAJORITY]
+    measured = (
+        f"Thresholds: dominant rows appear when ≥ {DOMINANT_MIN_FRACTION:.0%} of the rows at the last checkpoint "
+        f"have p_max ≥ s/2, and are a minority when below {MAJORITY:.0%} in every (layer, checkpoint, seed) cell. "
+        f"Dominant rows: {_count(dominant, total)} overall, {_percent(last_fraction)} at checkpoint {last:,}; "
+        f"largest cell fraction {_percent(cell_fraction.max())}. "
+    )
+    problems: list[str] = []
+    if dominant:
+        core_dominant = int(core["n_dominant"].sum())
+        measured += (
+            f"{_count(sinks, dominant)} of them put their largest weight on key 0 (a sink); without sink and early "
+            f"rows {_count(core_dominant, int(core['n_rows'].sum()))} rows are dominant. "
+        )
+        check = data.dominant_checks.get(run_id)
+        if check is not None and check.n_dominant:
+            deviation = check.max_abs_deviation_lower
+            measured += (
+                f"Largest |θ lower bound − (4m(s−m) + s(1−s))| over dominant rows: {deviation:.2e} (tolerance "
+                f"{CLOSED_FORM_TOLERANCE:g}); {_percent(check.fraction_exact_among_dominant)} are certified exact. "
+            )
+            if deviation > CLOSED_FORM_TOLERANCE:
+                problems.append(f"their θ lower bound departs from 4m(1−m) by up to {deviation:.2e}")
+    if not majority.empty:
+        layers = sorted(int(x) for x in majority["layer"].unique())
+        problems.append(
+            f"they are a majority in {len(majority)} of {len(every)} cells (layers {_compact(layers)}, "
+            f"{_count(int(majority['n_dominant_sink'].sum()), int(majority['n_dominant'].sum()))} of those rows "
+            "are sink rows)"
+        )
+    if problems:
+        status: Status = "disagrees"
+        measured += "The measurement disagrees: " + "; ".join(problems) + "."
+    elif dominant == 0:
+        status = "not observed"
+        measured += "There are no dominant rows."
+    elif last_fraction < DOMINANT_MIN_FRACTION:
+        status = "not observed"
+        measured += f"Only a trace at the last checkpoint, below the {DOMINANT_MIN_FRACTION:.0%} threshold."
+    else:
+        status = "agrees"
+        measured += "A dominant minority is present and on the closed form."
+    table = every.assign(fraction=cell_fraction).pivot_table(
+        index="layer", columns="step", values="fraction", aggfunc="mean"
+    )
+    table.columns = [f"step {int(c):,}" for c in table.columns]
+    return Finding(
+        key="dominant",
+        run_id=run_id,
+        claim=CLAIMS["dominant"],
+        status=status,
+        measured=measured,
+        table=table.reset_index(),
+        table_caption="Fraction of dominant-atom rows per layer and checkpoint (mean over seeds), all rows.",
+    )
+
+
+def _layer_table(
+    cells: pd.DataFrame, column: str, label: str, *, subsets: tuple[str, ...] = ("all", "core")
+) -> pd.DataFrame:
+    """Per layer: mean [min, max] over seeds of ``column`` at the first and last checkpoint, per subset."""
+    steps = sorted(int(s) for s in cells["step"].unique())
+    ends = sorted({steps[0], steps[-1]})
+    table = pd.DataFrame({"layer": sorted(int(x) for x in cells["layer"].unique())})
+    for subset in subsets:
+        part = cells[cells["subset"] == subset]
+        for step in ends:
+            values = part[part["step"] == step].groupby("layer")[column]
+            text = {int(k): _spread(v) for k, v in values}
+            name = f"{label} @ {step:,}" + ("" if subsets == ("all",) else f" ({subset})")
+            table[name] = table["layer"].map(text)
+    return table
+
+
+def _spread(values: pd.Series) -> str:
+    """'mean [min, max]' over seeds, or the one value."""
+    if len(values) == 1:
+        return _fmt(values.iloc[0])
+    return f"{_fmt(values.mean())} [{_fmt(values.min())}, {_fmt(values.max())}]"
+
+
+def _per_layer(means: pd.Series, groups: object, unit: str) -> str:
+    lows, highs = groups.min(), groups.max()  # type: ignore[attr-defined]
+    parts = []
+    for layer, value in means.items():
+        spread = "" if lows[layer] == highs[layer] else f" [{_fmt(lows[layer])}, {_fmt(highs[layer])}]"
+        parts.append(f"L{int(layer)} {_fmt(value)}{unit}{spread}")
+    return ", ".join(parts)
+
+
+def _fmt(value: float) -> str:
+    if value != value:  # NaN
+        return "–"
+    return f"{value:.3f}" if abs(value) < 10 else f"{value:.1f}"
+
+
+def _percent(fraction: float | None) -> str:
+    """A fraction as a percentage that never rounds a non-zero value to 0 (0.0213 %, not 0.0 %)."""
+    if fraction is None or fraction != fraction:
+        return "–"
+    if fraction == 0:
+        return "0 %"
+    percent = 100 * fraction
+    return f"{percent:.3g} %" if percent < 1 else f"{percent:.1f} %"
+
+
+def _count(part: int, whole: int) -> str:
+    return f"{part:,} of {whole:,} ({_percent(part / whole if whole else float('nan'))})"
 
 
 def _compact(values: list[int]) -> str:

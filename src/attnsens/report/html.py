@@ -16,6 +16,7 @@ from attnsens.report.html_parts import esc, page
 from attnsens.report.sections import (
     Section,
     bounds_section,
+    certificates_section,
     concentration_section,
     dominant_section,
     findings_section,
@@ -23,6 +24,7 @@ from attnsens.report.sections import (
     influence_section,
     layernorm_section,
     overview_section,
+    placements_section,
     scatter_section,
     theta_section,
     training_section,
@@ -30,6 +32,12 @@ from attnsens.report.sections import (
 from attnsens.store.parquet import atomic_write
 
 REPORT_NAME = "report.html"
+
+
+def _compares_placements(data: RunData) -> bool:
+    """True when the bounds table holds residual Jacobians of more than one run (e.g. pre- and post-LN)."""
+    bounds = data.bounds
+    return bounds is not None and "residual_jacobian_estimate" in bounds and bounds["run_id"].nunique() > 1
 
 
 def render_report(data: RunData) -> str:
@@ -52,12 +60,14 @@ def render_report(data: RunData) -> str:
             (scatter_section,),
         ),
         (has_summary, "", (heads_section,)),
+        (data.certificates is not None, "", (certificates_section,)),
         (
             data.training is not None and not data.training.empty,
             "training curves (no training table)",
             (training_section,),
         ),
         (data.bounds is not None and not data.bounds.empty, "certified bounds (no bounds table)", (bounds_section,)),
+        (_compares_placements(data), "", (placements_section,)),
         (has_ln, "LayerNorm condition (no ln_condition_fraction in the bounds table)", (layernorm_section,)),
         (
             data.influence is not None and not data.influence.empty,
@@ -72,7 +82,7 @@ def render_report(data: RunData) -> str:
             sections.extend(build(data) for build in builders)
         elif note:
             omitted.append(note)
-    head = [overview_section(data, omitted), findings_section(evaluate_findings(data))]
+    head = [overview_section(data, omitted), findings_section(data, evaluate_findings(data))]
     everything = head + sections
     models = data.overview.get("model") or ["attnsens run"]
     title = "attnsens report — " + ", ".join(str(m) for m in models[:3]) + (" …" if len(models) > 3 else "")

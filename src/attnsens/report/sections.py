@@ -14,8 +14,9 @@ from matplotlib.figure import Figure
 
 from attnsens.errors import InputError
 from attnsens.report import figures, figures_bounds
+from attnsens.report.cells import EARLY_KEYS
 from attnsens.report.data import RunData
-from attnsens.report.findings import Finding
+from attnsens.report.findings import CLAIMS, CONCENTRATION_FACTOR, ENTROPY_DROP, NEAR_ONE, TRIVIAL_P_MAX, Finding
 from attnsens.report.html_parts import definition_list, esc, figure_html, table_html
 from attnsens.store.summary import ALL_HEADS
 
@@ -67,10 +68,17 @@ def _figure(build: Callable[[], Figure], caption: str, *, title: str, fmt_: str 
 def overview_section(data: RunData, omitted: list[str]) -> Section:
     info = data.overview
     items = []
-    for label, key in (("model", "model"), ("run", "run_id"), ("seeds", "seed"), ("checkpoints", "step")):
+    static = bool(data.run_kinds) and set(data.run_kinds.values()) == {"pretrained"}
+    fields = (("model", "model"), ("run", "run_id")) + (() if static else (("seeds", "seed"), ("checkpoints", "step")))
+    for label, key in fields:
         values = info.get(key)
         if values:
             items.append((label, esc(", ".join(f"{v:,}" if isinstance(v, int) else str(v) for v in values))))
+    if data.run_kinds and data.cells is not None:
+        items.append(("runs", esc("; ".join(run_label(data, run) for run in sorted(data.run_kinds)))))
+    if data.baselines is not None and not data.baselines.empty:
+        sizes = data.baselines.dropna(subset=["n_parameters"])
+        items += [(f"parameters, {r.run_id}", esc(f"{int(r.n_parameters):,}")) for r in sizes.itertuples()]
     if "layers" in info:
         items.append(("layers × heads", esc(f"{info['layers']} × {info.get('heads', '?')}")))
     if "training_steps" in info:
@@ -118,85 +126,115 @@ def _flatten(config: dict, prefix: str = "") -> dict[str, str]:
     return flat
 
 
-def findings_section(findings: list[Finding]) -> Section:
-    cards = []
-    for finding in findings:
-        table = table_html(finding.table, caption=finding.table_caption) if finding.table is not None else ""
-        cards.append(
-            f'<div class="finding {esc(finding.status.replace(" ", "-"))}">'
-            f'<p><span class="badge {esc(finding.status.replace(" ", "-"))}">{esc(finding.status)}</span>'
-            f'<span class="claim">Paper: {esc(finding.claim)}</span></p>'
-            f"<p>Measured: {esc(finding.measured)}</p>{table}</div>"
-        )
-    intro = (
-        "<p>The paper's three empirical findings, each checked against this run's data. The verdict comes from "
-        "the numbers shown, with the thresholds stated; nothing here is assumed.</p>"
+def run_label(data: RunData, run_id: str) -> str:
+    """'tiny-pre (training run, seeds 0–2)' or 'reference-smollm2 (pretrained model)'."""
+    kind = data.run_kinds.get(run_id, "training")
+    if kind == "pretrained":
+        return f"{run_id} (pretrained model)"
+    seeds = sorted(int(s) for s in data.cells.loc[data.cells["run_id"] == run_id, "seed"].unique())
+    seed_text = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {', '.join(map(str, seeds))}"
+    what = "training run" if kind == "training" else "one checkpoint"
+    return f"{run_id} ({what}, {seed_text})"
+
+
+def findings_section(data: RunData, findings: list[Finding]) -> Section:
+    runs = list(dict.fromkeys(f.run_id for f in findings))
+    keys = list(dict.fromkeys(f.key for f in findings))
+    status = {(f.run_id, f.key): f.status for f in findings}
+    verdicts = pd.DataFrame(
+        {"finding": [CLAIMS.get(key, key) for key in keys]}
+        | {(run or "run"): [status.get((run, key), "") for key in keys] for run in runs}
     )
-    return Section(anchor="findings", title="Findings, as measured", body=intro + "".join(cards))
+    intro = (
+        "<p>The paper's three empirical findings, checked against each run's data: every placement trained "
+        "here and, where present, the pretrained reference. Each verdict comes from the numbers shown, with its "
+        "threshold and effect size; <em>not observed</em> means the effect is absent or below threshold, "
+        "<em>trivially implied</em> that the claim follows from small p_max alone. Every finding is also computed "
+        f"without attention-sink rows (argmax at key 0) and early rows (fewer than {EARLY_KEYS} keys).</p>"
+    )
+    body = intro + table_html(verdicts, caption="Verdict per finding and run.")
+    for run in runs:
+        cards = []
+        for finding in (f for f in findings if f.run_id == run):
+            table = table_html(finding.table, caption=finding.table_caption) if finding.table is not None else ""
+            status = esc(finding.status.replace(" ", "-"))
+            cards.append(
+                f'<div class="finding {status}">'
+                f'<p><span class="badge {status}">{esc(finding.status)}</span>'
+                f'<span class="claim">Paper: {esc(finding.claim)}</span></p>'
+                f"<p>Measured: {esc(finding.measured)}</p>{table}</div>"
+            )
+        heading = esc(run_label(data, run)) if run else "this run"
+        body += f"<h3>{heading}</h3>" + "".join(cards)
+    return Section(anchor="findings", title="Findings, as measured", body=body)
 
 
 def _has_trend(data: RunData) -> bool:
-    """True when more than one checkpoint was audited, so figures are drawn against the step."""
-    return data.summary is not None and data.summary["step"].nunique() > 1
+    """True when some run has more than one audited checkpoint, so figures are drawn against the step."""
+    return data.cells is not None and bool((data.cells.groupby("run_id")["step"].nunique() > 1).any())
+
+
+def _trend_and_static(data: RunData) -> list[tuple[str, pd.DataFrame]]:
+    """The cells split into training runs (drawn over checkpoints) and static ones (drawn per layer)."""
+    cells = data.cells
+    static = {run for run, kind in data.run_kinds.items() if kind != "training"}
+    parts = [
+        ("training runs", cells[~cells["run_id"].isin(static)]),
+        ("pretrained and single-checkpoint runs", cells[cells["run_id"].isin(static)]),
+    ]
+    return [(label, part) for label, part in parts if not part.empty]
+
+
+def _cell_figures(data: RunData, build: Callable[[pd.DataFrame], Figure], caption: str, title: str) -> str:
+    """One figure per kind of run present (training runs over checkpoints, static runs per layer)."""
+    parts = _trend_and_static(data)
+    return "".join(
+        _figure(lambda part=part: build(part), f"{caption} ({label}.)" if len(parts) > 1 else caption, title=title)
+        for label, part in parts
+    )
 
 
 def theta_section(data: RunData) -> Section:
-    axis = (
-        "against the checkpoint step (symmetric-log axis, step 0 included); shaded band: 25–75 % of rows"
-        if _has_trend(data)
-        else "at the single audited checkpoint; bars: 25–75 % of rows"
-    )
     caption = (
-        f"Median over audited rows of the certified θ lower bound, per layer with all heads pooled, {axis}; one "
-        "line per seed. Dotted line: θ = 1, the largest possible value. Tests the claim that the median "
-        "certificate stays near 1 in every layer and at every checkpoint; since the certificate is a lower bound, "
-        "half the rows have a true θ at least the plotted median (MATH.md T2(f))."
+        "Median over audited rows of the certified θ lower bound, per layer with all heads pooled: for training "
+        "runs against the checkpoint step (symmetric-log axis, step 0 included), one panel per run, one line per "
+        "layer (colour: depth), the band spanning the seeds; for a pretrained model against the layer. Dotted "
+        "line: θ = 1, the largest possible value. Since the certificate is a lower bound, half the rows have a "
+        "true θ at least the plotted median (MATH.md T2(f)). Read it with the concentration figure: while the "
+        f"median p_max is below {TRIVIAL_P_MAX:.3f}, θ ≥ 1 − p_max² ≥ {NEAR_ONE} holds for any row."
     )
-    # Many small panels are lighter as PNG than as SVG.
-    many_layers = data.overview.get("layers", 0) > 12
-    body = _figure(
-        lambda: figures.theta_lower_by_step_figure(data.summary),
-        caption,
-        title="θ lower bound by layer",
-        fmt_="png" if many_layers else "svg",
-    )
+    body = _cell_figures(data, figures.theta_lower_by_step_figure, caption, "θ lower bound by layer")
     return Section(anchor="theta", title="θ lower bound per layer and checkpoint", body=body)
 
 
 def concentration_section(data: RunData) -> Section:
-    if _has_trend(data):
-        caption = (
-            "Median largest attention weight p_max and mean Shannon entropy (nats) per layer (colour: depth), "
-            "averaged over seeds, against checkpoint step. Tests the claim that attention concentrates during "
-            "training (p_max rising, entropy falling) — and, read with the θ figure, whether it does so while θ "
-            "stays near 1, which is possible because θ only sees the largest atom (θ ≥ 1 − p_max² for "
-            "p_max ≤ 1/3, MATH.md §7)."
-        )
-    else:
-        caption = (
-            "Median largest attention weight p_max and mean Shannon entropy (nats) per layer, one line per seed. "
-            "With a single checkpoint there is no training trend to test; read with the θ figure, it shows how "
-            "concentrated attention can be while θ stays near 1 (θ ≥ 1 − p_max² for p_max ≤ 1/3, MATH.md §7)."
-        )
-    body = _figure(lambda: figures.concentration_figure(data.summary), caption, title="Concentration")
+    caption = (
+        "Concentration relative to uniform attention over the row's n keys: median p_max·n (log axis; 1 = uniform, "
+        "n = all mass on one key) and mean normalized entropy H/log n (1 = uniform), per layer, all heads pooled; "
+        "bands span the seeds. The concentration finding asks for p_max·n to grow at least "
+        f"{CONCENTRATION_FACTOR:g}× and normalized entropy to fall by {ENTROPY_DROP} or more."
+    )
+    body = _cell_figures(data, figures.concentration_figure, caption, "Concentration")
     return Section(anchor="concentration", title="Attention concentration", body=body)
 
 
 def dominant_section(data: RunData) -> Section:
-    where = "against checkpoint step" if _has_trend(data) else "at the single audited checkpoint"
     caption = (
-        f"Fraction of rows with a dominant atom (p_max ≥ half the row's mass) per layer {where}. Only rows with "
-        "p_max > 1/3 can have θ < 8/9; tests the claim that dominant rows are a minority (dotted line: 1/2). "
-        "Early positions and attention sinks on token 0 raise this fraction (MATH.md §7)."
+        "Number of rows with a dominant atom (p_max ≥ half the row's mass) per layer cell, on a symmetric-log "
+        "count axis so that zero and a handful of rows are both visible. Attention sinks on key 0 and early "
+        "positions raise it (the findings give the counts without them, MATH.md §7)."
     )
-    body = _figure(lambda: figures.dominant_fraction_figure(data.summary), caption, title="Dominant-atom rows")
+    body = _cell_figures(data, figures.dominant_fraction_figure, caption, "Dominant-atom rows")
     return Section(anchor="dominant", title="Dominant-atom rows", body=body)
 
 
 def scatter_section(data: RunData) -> Section:
-    shown = len(data.rows_sample) if data.rows_sample is not None else 0
+    sample = data.rows_sample
+    n_dominant = int(sample["dominant"].sum()) if sample is not None else 0
+    shown = len(sample) - n_dominant if sample is not None else 0
     caption = (
-        f"θ lower bound against p_max for {shown:,} rows sampled uniformly (fixed seed) from the rows table. Dashed: "
+        f"θ lower bound against p_max: every dominant row ({n_dominant:,}) and {shown:,} of the others, sampled "
+        "uniformly with a fixed seed; the axes are zoomed to where the rows are. Dashed: "
         "the envelope max(4m(1−m), 1−m²), a floor every row must respect (MATH.md T2(b)); red: the exact value "
         "4m(1−m) for m ≥ 1/2 (T2(a)). Tests that dominant rows sit exactly on the red curve and that no row falls "
         "below the envelope."
@@ -217,10 +255,13 @@ def heads_section(data: RunData) -> Section:
 
 def training_section(data: RunData) -> Section:
     caption = (
-        "Training loss, global gradient ℓ2 norm before clipping (log scale) and learning rate against step, one line "
-        "per seed: the context in which the attention statistics above were measured."
+        "Training loss (solid) and held-out eval loss at the checkpoints (dotted) beside count-based baselines "
+        "scored on the same eval batch (dashed: unigram, and the best Dirichlet-smoothed bigram), the global "
+        "gradient ℓ2 norm before clipping (log scale) and the learning rate against step, per run with the band "
+        "spanning the seeds: the context in which the attention statistics above were measured. A model below "
+        "the bigram line has learned more than which token follows which."
     )
-    body = _figure(lambda: figures_bounds.training_figure(data.training), caption, title="Training")
+    body = _figure(lambda: figures_bounds.training_figure(data.training, data.baselines), caption, title="Training")
     if data.grad_norms is not None and not data.grad_norms.empty:
         body += _figure(
             lambda: figures_bounds.grad_norms_figure(data.grad_norms),
@@ -241,7 +282,18 @@ def bounds_section(data: RunData) -> Section:
         "distribution-aware bound (MATH.md T4/T5) gains over the worst case and how tight it is."
     )
     body = _figure(lambda: figures_bounds.bounds_figure(bounds), caption, title="Certified bounds")
+    if bounds["step"].nunique() > 1:
+        body += _figure(
+            lambda: figures_bounds.bounds_by_step_figure(bounds),
+            "The chain of certified attention bounds over training, median over layers (band: seeds), one panel "
+            "per run. From top to bottom each form keeps what the one above proves and adds one ingredient: θ "
+            "replaced by n/2 (no θ at all); θ̃ = 1 (length-independent, MATH.md T5); the paper's form with the "
+            "measured θ̃ (the gain from θ); the key-sum form (the gain from bounding the score sensitivity by key "
+            "sums, MATH.md T4). The solid blue line is the autograd estimate every bound must stay above.",
+            title="Certified bounds over checkpoints",
+        )
     body += _soundness(bounds)
+    body += _vacuous(bounds)
     layer = bounds[bounds["head"] == ALL_HEADS]
     if not layer.empty:
         last = layer[layer["step"] == layer["step"].max()]
@@ -287,6 +339,96 @@ def _soundness(bounds: pd.DataFrame) -> str:
     return f"<p>Soundness: in all {checked:,} recorded pairs the empirical estimate is below its certified bound.</p>"
 
 
+VACUOUS_FACTOR = 100.0
+"""A certified bound more than this many times its empirical estimate is flagged as vacuous in practice."""
+
+
+def _vacuous(bounds: pd.DataFrame) -> str:
+    """A note naming the certified bounds that exceed their estimate by more than VACUOUS_FACTOR."""
+    layer = bounds[bounds["head"] == ALL_HEADS]
+    notes = []
+    for bound, estimate in _BOUND_PAIRS:
+        if bound not in layer or estimate not in layer:
+            continue
+        both = layer[[bound, estimate]].dropna()
+        both = both[both[estimate] > 0]
+        if both.empty:
+            continue
+        ratio = both[bound] / both[estimate]
+        share = float((ratio > VACUOUS_FACTOR).mean())
+        if share > 0:
+            notes.append(
+                f"{bound} exceeds {estimate} by more than {VACUOUS_FACTOR:g}× in {share:.0%} of layer records "
+                f"(median ratio {ratio.median():.3g}×, largest {ratio.max():.3g}×)"
+            )
+    if not notes:
+        return f"<p>No certified bound exceeds its estimate by more than {VACUOUS_FACTOR:g}×.</p>"
+    return (
+        '<p class="note">Vacuous in practice (true, but too loose to say anything): '
+        + esc("; ".join(notes))
+        + ". Such bounds compound worst cases of every sublayer (MATH.md T7); read the local attention bound "
+        "instead.</p>"
+    )
+
+
+def placements_section(data: RunData) -> Section:
+    """Pre-LN against Post-LN: residual-stream Jacobians, θ and concentration per placement (MATH.md T8)."""
+    bounds, cells = data.bounds, data.cells
+    body = (
+        "<p>The paper's structural distinction: a pre-LN block adds its branch to the identity, so its residual "
+        "Jacobian is I + J_branch and stays ≥ 1 − ‖J_branch‖; a post-LN block normalizes after the sum, has no "
+        "identity term, and its Jacobian is whatever the LayerNorm projection leaves (MATH.md T6, T8). Both "
+        "placements below were trained with the same seeds, data order and optimizer.</p>"
+    )
+    body += _figure(
+        lambda: figures_bounds.residual_jacobian_figure(bounds),
+        "Residual-stream Jacobian norm ‖∂X_{k+1}/∂X_k‖ per layer at the last checkpoint, per placement: "
+        "certified bound (dashed) and autograd estimate (solid), bands over seeds. Dotted: 1.",
+        title="Residual Jacobian by placement",
+    )
+    records = []
+    for run in sorted(bounds["run_id"].unique()):
+        layer = bounds[(bounds["run_id"] == run) & (bounds["head"] == ALL_HEADS)]
+        last = layer[layer["step"] == layer["step"].max()]
+        first = layer[layer["step"] == layer["step"].min()]
+        run_cells = cells[(cells["run_id"] == run) & (cells["subset"] == "all")] if cells is not None else None
+        end = run_cells[run_cells["step"] == run_cells["step"].max()] if run_cells is not None else None
+        records.append(
+            {
+                "run": run,
+                "placement": ", ".join(sorted(str(v) for v in last["norm_placement"].dropna().unique())),
+                "residual estimate @ first": first["residual_jacobian_estimate"].median(),
+                "residual estimate @ last": last["residual_jacobian_estimate"].median(),
+                "residual bound @ last": last["residual_jacobian_upper_bound"].median(),
+                "LN condition @ last": last["ln_condition_fraction"].mean(),
+                "median θ_lb @ last": None if end is None or end.empty else end["theta_lower_median"].median(),
+                "p_max·n @ last": None if end is None or end.empty else end["p_max_n_median"].median(),
+            }
+        )
+    body += table_html(
+        pd.DataFrame(records),
+        caption=(
+            "Per placement, medians over layers (and seeds) of the layer-level records at the first and last "
+            "checkpoint; LN condition = fraction of tokens whose LayerNorm input meets the projection lemma's "
+            "contraction condition (T6)."
+        ),
+    )
+    return Section(anchor="placements", title="Pre-LN and Post-LN side by side", body=body)
+
+
+def certificates_section(data: RunData) -> Section:
+    """How good the θ certificates are: exact fraction, interval widths and the stage that settled each row."""
+    quality = data.certificates
+    caption = (
+        "Per run: the share of rows whose θ is proved exact, the share certified to float32 resolution "
+        "(width ≤ 2^-25) and width quantiles of [θ_lower, θ_upper]; then the cascade stage that settled the rows."
+    )
+    body = table_html(quality.summary, caption=caption) + table_html(
+        quality.methods, caption="Rows per run and settling stage (attnsens.theta.ThetaMethod)."
+    )
+    return Section(anchor="certificates", title="Certificate quality", body=body)
+
+
 def layernorm_section(data: RunData) -> Section:
     caption = (
         "Fraction of audited tokens whose LayerNorm input meets the contraction condition of the projection lemma "
@@ -294,6 +436,23 @@ def layernorm_section(data: RunData) -> Section:
         "test it; this is the measurement."
     )
     body = _figure(lambda: figures_bounds.ln_condition_figure(data.bounds), caption, title="LayerNorm condition")
+    layer = data.bounds[(data.bounds["head"] == ALL_HEADS) & data.bounds["ln_condition_fraction"].notna()]
+    sentences = []
+    for run, part in layer.groupby("run_id"):
+        last = part[part["step"] == part["step"].max()]
+        share = float(last["ln_condition_fraction"].mean())
+        verdict = (
+            "the LayerNorm contracts on almost every token, so its Jacobian bound is below 1 there"
+            if share >= 0.9
+            else "the condition fails on most tokens, so the LayerNorm can amplify and the lemma gives no contraction"
+            if share < 0.5
+            else "the condition holds on part of the tokens only"
+        )
+        sentences.append(
+            f"{run}: at checkpoint {int(last['step'].max()):,}, {share:.0%} of tokens meet it (mean over layers and "
+            f"seeds; median ‖γ‖∞/σ {last['ln_contraction_ratio_median'].median():.3g}) — {verdict}."
+        )
+    body += "<p>" + esc(" ".join(sentences)) + "</p>"
     return Section(anchor="layernorm", title="LayerNorm condition", body=body)
 
 

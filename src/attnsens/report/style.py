@@ -119,6 +119,10 @@ def step_axis(ax: Axes, steps: Sequence[int], *, max_labels: int = 8) -> None:
         ax.set_xscale("symlog", linthresh=min(positive), linscale=0.6)
     ax.set_xlabel("checkpoint step")
     if len(unique) > 12:
+        from matplotlib.ticker import FuncFormatter, NullFormatter
+
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _position: f"{value:,.0f}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
         return
     where = np.array([_symlog(s, min(positive)) if symlog else float(s) for s in unique])
     gap = (where[-1] - where[0]) / max(max_labels - 1, 1)
@@ -134,6 +138,34 @@ def step_axis(ax: Axes, steps: Sequence[int], *, max_labels: int = 8) -> None:
 def _symlog(value: float, linthresh: float) -> float:
     """Position of ``value`` on a symlog axis (linear below linthresh, logarithmic above), up to scale."""
     return value / linthresh if value <= linthresh else 1.0 + np.log10(value / linthresh)
+
+
+def log_scale(ax: Axes, axis: str = "y", *, base: float = 10, linthresh: float | None = None) -> None:
+    """A log (or, with ``linthresh``, symmetric-log) axis whose tick labels are plain text such as 0.02 or 1e+04.
+
+    The report style turns mathtext off (run names may contain "$"), so matplotlib's default log labels would
+    print as raw ``$\\mathdefault{…}$`` strings; minor ticks stay unlabelled.
+    """
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    scale = {"base": base} if linthresh is None else {"base": base, "linthresh": linthresh, "linscale": 0.5}
+    (ax.set_yscale if axis == "y" else ax.set_xscale)("log" if linthresh is None else "symlog", **scale)
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    target.set_major_formatter(FuncFormatter(lambda value, _position: f"{value:g}"))
+    target.set_minor_formatter(NullFormatter())
+
+
+def run_colors(runs: Sequence[str]) -> dict[str, str]:
+    """One colour per run_id (placement or reference), stable in sorted order."""
+    return {run: SEED_COLORS[i % len(SEED_COLORS)] for i, run in enumerate(sorted(set(runs)))}
+
+
+def seed_band(ax: Axes, frame: pd.DataFrame, x: str, y: str, *, color: str, label: str, **line: Any) -> None:
+    """Mean over seeds of ``y`` against ``x`` as a line, with the band from the smallest to the largest seed."""
+    stats = frame.groupby(x)[y].agg(["mean", "min", "max"]).sort_index()
+    if "seed" in frame and frame["seed"].nunique() > 1:
+        ax.fill_between(stats.index, stats["min"], stats["max"], color=color, alpha=0.18, lw=0)
+    ax.plot(stats.index, stats["mean"], color=color, label=label, **{"marker": "o", "ms": 2.5, **line})
 
 
 def layer_axis(ax: Axes) -> None:

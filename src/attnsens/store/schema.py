@@ -243,7 +243,25 @@ INFLUENCE = TableSchema(
     key=("run_id", "model", "n", "position_kind"),
 )
 
-TABLES: dict[str, TableSchema] = {t.name: t for t in (ROWS, SUMMARY, BOUNDS, TRAINING, GRAD_NORMS, INFLUENCE)}
+BASELINES = TableSchema(
+    name="baselines",
+    doc=(
+        "What a study's eval loss is judged against, and the size of each trained model: count-based n-gram "
+        "baselines scored on the same evaluation batch (name 'unigram' / 'bigram', run_id = study name) and one "
+        "record per placement run_id with name 'model' and its parameter count."
+    ),
+    columns=(
+        _RUN_ID,
+        _c("name", _STR, "'unigram', 'bigram' or 'model'"),
+        _f("eval_loss", "baseline cross-entropy on the evaluation batch in nats per token (null for 'model')"),
+        _c("n_parameters", _I64, "parameter count of the run's model (null for baselines)", nullable=True),
+    ),
+    key=("run_id", "name"),
+)
+
+TABLES: dict[str, TableSchema] = {
+    t.name: t for t in (ROWS, SUMMARY, BOUNDS, TRAINING, GRAD_NORMS, INFLUENCE, BASELINES)
+}
 
 
 def get_schema(name_or_schema: str | TableSchema) -> TableSchema:

@@ -2,15 +2,22 @@
 
 Run directory layout::
 
-    manifest.json                              study config, provenance, every finished unit file + sha256
-    data/tokenizer.json, data/data.json        one tokenizer and evaluation batch shared by all seeds
-    runs/seed=S/checkpoints/...                safetensors checkpoints with their sha256 manifest
-    training/seed=S.parquet                    loss, lr, global gradient norm per step      (store table training)
-    grad_norms/seed=S.parquet                  per-layer, per-group gradient norms          (grad_norms)
-    rows/seed=S/step=NNNNNN.parquet            every audited attention row of a checkpoint  (rows)
-    summary/seed=S/step=NNNNNN.parquet         per-(layer, head) aggregates                 (summary)
-    bounds/seed=S/step=NNNNNN.parquet          weight norms and certified bounds            (bounds)
+    manifest.json                                  study config, provenance, every finished unit + sha256
+    data/tokenizer.json, data/data.json            one tokenizer and evaluation batch shared by every run
+    baselines/baselines.parquet                    unigram / bigram eval loss, parameter counts   (baselines)
+    runs/placement=P/seed=S/checkpoints/...        safetensors checkpoints with their sha256 manifest
+    training/placement=P/seed=S.parquet            loss, lr, global gradient norm per step         (training)
+    grad_norms/placement=P/seed=S.parquet          per-layer, per-group gradient norms             (grad_norms)
+    rows/placement=P/seed=S/step=NNNNNN.parquet    every audited attention row of a checkpoint     (rows)
+    summary/placement=P/seed=S/step=NNNNNN.parquet per-(layer, head) aggregates                    (summary)
+    bounds/placement=P/seed=S/step=NNNNNN.parquet  weight norms and certified bounds               (bounds)
+    rows/reference=NAME.parquet, summary/...       the pretrained reference model on the same text
     report.html
+
+P is a residual-block placement (``pre``, ``post``, ...): every placement trains every seed on the same data
+order, so the two differ only in where the LayerNorms sit. Each placement is its own ``run_id``
+(``<name>-<placement>``); the reference model's run_id is ``reference-<alias>`` (step 0, seed 0: a pretrained
+model, not a checkpoint).
 
 Every unit file is written atomically and recorded in the manifest, so a killed study rerun with the same
 command continues where it stopped: training resumes from each seed's last checkpoint (bit-identical on CPU)
@@ -44,15 +51,19 @@ Log = Callable[[str], None]
 class StudyConfig:
     """What to train (model, optimizer, data, seeds) and how to audit each checkpoint.
 
-    The audit reads the first ``audit_sequences`` blocks of the fixed evaluation batch and samples
-    ``rows_per_sequence`` query positions t ≥ ``min_query`` in each (MATH.md §9.4: rows with few keys are
-    trivially dominant); the bounds use the first ``bound_tokens`` tokens of one evaluation block.
+    ``placements`` are the residual-block variants trained side by side (default: ``model.norm`` alone); each
+    trains every seed. The audit reads the first ``audit_sequences`` blocks of the fixed evaluation batch and
+    samples ``rows_per_sequence`` query positions t ≥ ``min_query`` in each (MATH.md §9.4: rows with few keys
+    are trivially dominant); the bounds use the first ``bound_tokens`` tokens of one evaluation block.
+    ``reference`` names a pretrained model (an alias of attnsens.models.load, e.g. ``smollm2``) audited on the
+    text of the same evaluation blocks, re-tokenized with its own tokenizer: the trained end of the spectrum.
     """
 
     name: str
     model: GPTConfig
     train: TrainConfig
     data: DataConfig
+    placements: tuple[str, ...] | None = None
     seeds: tuple[int, ...] = (0, 1, 2)
     audit_sequences: int = 4
     rows_per_sequence: int | None = 32
@@ -61,9 +72,16 @@ class StudyConfig:
     bound_tokens: int = 32
     bound_queries: int = 2
     bound_iterations: int = 4
+    reference: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
+        placements = (self.model.norm,) if self.placements is None else tuple(self.placements)
+        object.__setattr__(self, "placements", placements)
+        if not placements or len(set(placements)) != len(placements):
+            raise ConfigError(f"placements must be distinct and non-empty, got {placements}")
+        for placement in placements:
+            replace(self.model, norm=placement)  # GPTConfig validates the name
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ConfigError(f"seeds must be distinct and non-empty, got {self.seeds}")
         if not 1 <= self.audit_sequences <= self.data.eval_sequences:
@@ -90,12 +108,12 @@ class StudyConfig:
         *,
         seeds: tuple[int, ...] = (0, 1, 2),
         steps: int | None = None,
-        norm: str = "pre",
+        placements: tuple[str, ...] = ("pre",),
         data: str | None = None,
         **overrides: Any,
     ) -> StudyConfig:
-        """The study of a GPT preset; ``tiny`` defaults are sized for ``make demo`` (3 seeds on 2 CPU cores)."""
-        model = preset(name, norm=norm)
+        """The study of a GPT preset; ``tiny`` defaults are sized for ``make demo`` (2 CPU cores, minutes)."""
+        model = preset(name, norm=placements[0])
         defaults = STUDY_DEFAULTS.get(name, STUDY_DEFAULTS["tiny"])
         train_config = preset_train_config(
             name,
@@ -105,7 +123,22 @@ class StudyConfig:
             warmup_steps=overrides.pop("warmup_steps", None),
         )
         data_config = default_data_config(model, source=data)
-        return cls(name=f"{name}-{norm}", model=model, train=train_config, data=data_config, seeds=seeds, **overrides)
+        return cls(
+            name=name,
+            model=model,
+            train=train_config,
+            data=data_config,
+            placements=placements,
+            seeds=seeds,
+            **overrides,
+        )
+
+    def run_id(self, placement: str) -> str:
+        """The run_id of one placement's runs in every table: ``<name>-<placement>``."""
+        return f"{self.name}-{placement}"
+
+    def model_for(self, placement: str) -> GPTConfig:
+        return replace(self.model, norm=placement)
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready record of the whole configuration (stored in the manifest; a rerun must match it)."""
@@ -114,7 +147,7 @@ class StudyConfig:
 
 # Sized so that `attnsens study --config tiny --seeds 0,1,2` (make demo) finishes in minutes on 2 CPU cores.
 STUDY_DEFAULTS: dict[str, dict[str, Any]] = {
-    "tiny": {"steps": 200, "batch_size": 8},
+    "tiny": {"steps": 400, "batch_size": 16},
     "small": {"steps": 5000},
     "medium": {"steps": 5000},
     "large": {"steps": 5000},
@@ -131,10 +164,18 @@ class StudyResult:
     audit_seconds: float
 
 
-def unit_paths(seed: int, step: int, *, bounds: bool = True) -> dict[str, str]:
-    """The per-(seed, checkpoint) unit files of the audit, by table."""
+def unit_paths(placement: str, seed: int, step: int, *, bounds: bool = True) -> dict[str, str]:
+    """The per-(placement, seed, checkpoint) unit files of the audit, by table."""
     tables = ("rows", "summary", "bounds") if bounds else ("rows", "summary")
-    return {table: f"{table}/seed={seed}/step={step:06d}.parquet" for table in tables}
+    return {table: f"{table}/placement={placement}/seed={seed}/step={step:06d}.parquet" for table in tables}
+
+
+def reference_paths(alias: str) -> dict[str, str]:
+    """The unit files of the pretrained reference model's audit, by table."""
+    return {table: f"{table}/reference={alias}.parquet" for table in ("rows", "summary")}
+
+
+BASELINES_UNIT = "baselines/baselines.parquet"
 
 
 def run_study(
@@ -161,24 +202,33 @@ def run_study(
     init_distributed()
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     manifest = Manifest.open(out, config=config.describe())
-    for seed in config.seeds:
-        for step in saved_steps(_seed_dir(out, seed)):
-            verify_checkpoint(_seed_dir(out, seed), step)
+    runs = [(placement, seed) for placement in config.placements for seed in config.seeds]
+    for placement, seed in runs:
+        for step in saved_steps(_seed_dir(out, placement, seed)):
+            verify_checkpoint(_seed_dir(out, placement, seed), step)
     data = _shared_data(config, out, rank)
+    if rank == 0 and not manifest.is_done(BASELINES_UNIT):
+        manifest.write_unit(BASELINES_UNIT, baselines_frame(config, data), schema="baselines")
 
     started = time.perf_counter()
-    for seed in config.seeds:
-        _train_seed(config, out, seed, data, manifest, rank=rank, device=device, say=say, callbacks=callbacks)
+    for placement, seed in runs:
+        _train_seed(
+            config, out, placement, seed, data, manifest, rank=rank, device=device, say=say, callbacks=callbacks
+        )
     train_seconds = time.perf_counter() - started
 
     started = time.perf_counter()
     eval_inputs = data.eval_batch()[0][: config.audit_sequences]
-    tasks = [(seed, step) for seed in config.seeds for step in config.train.checkpoint_schedule]
-    for index, (seed, step) in enumerate(tasks):
+    tasks = [(p, seed, step) for p, seed in runs for step in config.train.checkpoint_schedule]
+    for index, (placement, seed, step) in enumerate(tasks):
         manifest.refresh()
-        units = unit_paths(seed, step, bounds=config.bounds).values()
+        units = unit_paths(placement, seed, step, bounds=config.bounds).values()
         if index % world == rank and not all(manifest.is_done(unit) for unit in units):
-            _audit_checkpoint(config, out, seed, step, eval_inputs, manifest, say=say)
+            _audit_checkpoint(config, out, placement, seed, step, eval_inputs, manifest, say=say)
+    if config.reference is not None and rank == 0:
+        units = reference_paths(config.reference).values()
+        if not all(manifest.is_done(unit) for unit in units):
+            _audit_reference(config, out, eval_inputs, manifest, say=say)
     if dist.is_initialized():
         dist.barrier()
     audit_seconds = time.perf_counter() - started
@@ -191,8 +241,8 @@ def run_study(
     return StudyResult(out_dir=out, report=report, train_seconds=train_seconds, audit_seconds=audit_seconds)
 
 
-def _seed_dir(out: Path, seed: int) -> Path:
-    return out / "runs" / f"seed={seed}"
+def _seed_dir(out: Path, placement: str, seed: int) -> Path:
+    return out / "runs" / f"placement={placement}" / f"seed={seed}"
 
 
 def _shared_data(config: StudyConfig, out: Path, rank: int) -> TokenData:
@@ -209,6 +259,7 @@ def _shared_data(config: StudyConfig, out: Path, rank: int) -> TokenData:
 def _train_seed(
     config: StudyConfig,
     out: Path,
+    placement: str,
     seed: int,
     data: TokenData,
     manifest: Any,
@@ -220,20 +271,22 @@ def _train_seed(
 ) -> None:
     import pandas as pd
 
-    units = {"training": f"training/seed={seed}.parquet", "grad_norms": f"grad_norms/seed={seed}.parquet"}
-    finished = config.train.steps in saved_steps(_seed_dir(out, seed))
+    units = {table: f"{table}/placement={placement}/seed={seed}.parquet" for table in ("training", "grad_norms")}
+    run_dir = _seed_dir(out, placement, seed)
+    label = f"{placement} seed {seed}"
+    finished = config.train.steps in saved_steps(run_dir)
     if finished and all(manifest.is_done(unit) for unit in units.values()):
-        say(f"seed {seed}: already trained ({config.train.steps} steps)")
+        say(f"{label}: already trained ({config.train.steps} steps)")
         return
     started = time.perf_counter()
-    progress = _CheckpointLog(seed, config.train.steps, say)
+    progress = _CheckpointLog(label, config.train.steps, say)
     result = train(
-        config.model,
+        config.model_for(placement),
         replace(config.train, seed=seed),
         config.data,
-        _seed_dir(out, seed),
+        run_dir,
         resume=True,
-        run_id=config.name,
+        run_id=config.run_id(placement),
         device=device,
         write_log=False,
         data=data,
@@ -244,7 +297,7 @@ def _train_seed(
             manifest.write_unit(unit, pd.DataFrame(getattr(result, table)), schema=table)
         last = result.training[-1]
         say(
-            f"seed {seed}: trained {result.final_step} steps in {time.perf_counter() - started:.1f} s, "
+            f"{label}: trained {result.final_step} steps in {time.perf_counter() - started:.1f} s, "
             f"loss {last['loss']:.3f}, eval loss {last['eval_loss']:.3f}"
         )
 
@@ -252,28 +305,36 @@ def _train_seed(
 class _CheckpointLog:
     """Trainer callback: one progress line per checkpoint written."""
 
-    def __init__(self, seed: int, steps: int, say: Log) -> None:
-        self.seed, self.steps, self.say, self.started = seed, steps, say, time.perf_counter()
+    def __init__(self, label: str, steps: int, say: Log) -> None:
+        self.label, self.steps, self.say, self.started = label, steps, say, time.perf_counter()
 
     def on_checkpoint(self, step: int, model: torch.nn.Module, path: Path) -> None:
-        self.say(f"seed {self.seed}: checkpoint {step}/{self.steps} ({time.perf_counter() - self.started:.1f} s)")
+        self.say(f"{self.label}: checkpoint {step}/{self.steps} ({time.perf_counter() - self.started:.1f} s)")
 
 
 def _audit_checkpoint(
-    config: StudyConfig, out: Path, seed: int, step: int, eval_inputs: torch.Tensor, manifest: Any, *, say: Log
+    config: StudyConfig,
+    out: Path,
+    placement: str,
+    seed: int,
+    step: int,
+    eval_inputs: torch.Tensor,
+    manifest: Any,
+    *,
+    say: Log,
 ) -> None:
-    from attnsens.capture import RowSelection
     from attnsens.models import load
     from attnsens.study.audit import audit
 
     started = time.perf_counter()
-    model = GPT(config.model)
-    model.load_state_dict(load_model_state(_seed_dir(out, seed), step))
+    run_dir = _seed_dir(out, placement, seed)
+    model = GPT(config.model_for(placement))
+    model.load_state_dict(load_model_state(run_dir, step))
     model.eval()
-    selection = RowSelection(query_start=config.min_query, sample_per_sequence=config.rows_per_sequence, seed=0)
-    result = audit(model, eval_inputs, selection=selection, run_id=config.name, step=step, seed=seed)
-    units = unit_paths(seed, step, bounds=config.bounds)
-    metadata = {"checkpoint": f"runs/seed={seed}/checkpoints/step_{step:06d}"}
+    run_id = config.run_id(placement)
+    result = audit(model, eval_inputs, selection=_selection(config), run_id=run_id, step=step, seed=seed)
+    units = unit_paths(placement, seed, step, bounds=config.bounds)
+    metadata = {"checkpoint": f"{run_dir.relative_to(out).as_posix()}/checkpoints/step_{step:06d}"}
     manifest.write_unit(units["rows"], result.rows, schema="rows", metadata=metadata)
     manifest.write_unit(units["summary"], result.summary, schema="summary", metadata=metadata)
     if config.bounds:
@@ -285,13 +346,73 @@ def _audit_checkpoint(
             n_queries=config.bound_queries,
             iterations=config.bound_iterations,
             compare_placements=False,
-            run_id=config.name,
+            run_id=run_id,
             model_name=result.rows["model"].iloc[0],
         )
         bounds["step"], bounds["seed"] = step, seed
         manifest.write_unit(units["bounds"], bounds, schema="bounds", metadata=metadata)
     layer = result.layer_summary()
     say(
-        f"seed {seed} step {step}: {len(result.rows)} rows, median θ lower bound per layer "
+        f"{placement} seed {seed} step {step}: {len(result.rows)} rows, median θ lower bound per layer "
         f"{', '.join(f'{v:.3f}' for v in layer['theta_lower_median'])} ({time.perf_counter() - started:.1f} s)"
     )
+
+
+def _selection(config: StudyConfig) -> Any:
+    from attnsens.capture import RowSelection
+
+    return RowSelection(query_start=config.min_query, sample_per_sequence=config.rows_per_sequence, seed=0)
+
+
+def _audit_reference(config: StudyConfig, out: Path, eval_inputs: torch.Tensor, manifest: Any, *, say: Log) -> None:
+    """Audit the pretrained reference on the text of the audited evaluation blocks, in its own tokens.
+
+    Each block is decoded with the study's tokenizer and encoded with the reference's (special tokens such as
+    BOS added as its tokenizer adds them); every sequence is cut to the shortest one so the batch is
+    rectangular, and the same query positions are sampled as for the trained runs.
+    """
+    from attnsens.models import load
+    from attnsens.study.audit import audit
+
+    from tokenizers import Tokenizer
+
+    started = time.perf_counter()
+    adapter = load(config.reference)
+    tokenizer = Tokenizer.from_file(str(out / "data" / "tokenizer.json"))
+    texts = [tokenizer.decode(block.tolist()) for block in eval_inputs]
+    encoded = [adapter.encode(text, max_length=adapter.spec.max_positions)[0] for text in texts]
+    length = min(len(ids) for ids in encoded)
+    if length <= config.min_query:
+        raise ConfigError(
+            f"the reference {config.reference!r} tokenizes the audited text into {length} tokens, too few for "
+            f"min_query={config.min_query}; lower min_query or audit longer blocks"
+        )
+    sequences = torch.stack([ids[:length] for ids in encoded])
+    per_sequence = min(config.rows_per_sequence or length, length - config.min_query)
+    selection = replace(_selection(config), sample_per_sequence=per_sequence)
+    result = audit(adapter, sequences, selection=selection, run_id=f"reference-{config.reference}", step=0, seed=0)
+    units = reference_paths(config.reference)
+    metadata = {"reference": config.reference, "tokens_per_sequence": length}
+    manifest.write_unit(units["rows"], result.rows, schema="rows", metadata=metadata)
+    manifest.write_unit(units["summary"], result.summary, schema="summary", metadata=metadata)
+    say(
+        f"reference {config.reference}: {len(result.rows)} rows over {len(texts)} sequences of {length} tokens "
+        f"({time.perf_counter() - started:.1f} s)"
+    )
+
+
+def baselines_frame(config: StudyConfig, data: TokenData) -> Any:
+    """The baselines table: unigram and bigram eval loss on the evaluation batch, and each placement's size."""
+    import pandas as pd
+
+    from attnsens.train.data import ngram_eval_losses
+
+    losses = ngram_eval_losses(data)
+    records = [
+        {"run_id": config.name, "name": name, "eval_loss": loss, "n_parameters": None} for name, loss in losses.items()
+    ]
+    for placement in config.placements:
+        with torch.device("meta"):
+            size = sum(p.numel() for p in GPT(config.model_for(placement)).parameters())
+        records.append({"run_id": config.run_id(placement), "name": "model", "eval_loss": None, "n_parameters": size})
+    return pd.DataFrame(records)

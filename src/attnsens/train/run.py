@@ -29,10 +29,11 @@ class TrainResult:
     grad_norms: list[dict]
 
 
-# Optimization defaults per preset: tiny trains on a CPU in minutes; the GPT-2 sizes follow MATH.md §9.3
+# Optimization defaults per preset: tiny trains on a CPU in about a minute and gets well past the bigram
+# baseline with heads that concentrate (tuned for the study's demo); the GPT-2 sizes follow MATH.md §9.3
 # (the batch is counted in blocks of max_positions tokens: 512 × 1024 ≈ 0.5M tokens).
 TRAIN_DEFAULTS: dict[str, dict[str, object]] = {
-    "tiny": {"batch_size": 16, "lr": 1e-3, "warmup_steps": 20},
+    "tiny": {"batch_size": 16, "lr": 3e-3, "warmup_steps": 40},
     "small": {"batch_size": 512, "lr": 6e-4, "warmup_steps": 2000},
     "medium": {"batch_size": 512, "lr": 3e-4, "warmup_steps": 2000},
     "large": {"batch_size": 512, "lr": 2.5e-4, "warmup_steps": 2000},

@@ -23,6 +23,7 @@ from attnsens.report import (
 )
 from attnsens.report.figures import theta_envelope_lower_bound
 from attnsens.report.figures_bounds import loglog_slope
+from attnsens.report.cells import layer_cells_of
 from attnsens.store import summarize_rows
 from tests.unit.store.synthetic import N_LAYERS, bounds_frame, influence_frame, rows_frame, training_frames
 
@@ -34,6 +35,7 @@ def frames():
     return {
         "rows": rows,
         "summary": summarize_rows(rows),
+        "cells": layer_cells_of(rows),
         "training": training,
         "grad_norms": grad_norms,
         "bounds": bounds_frame(),
@@ -53,9 +55,9 @@ def _plotted_points(fig: Figure) -> int:
 
 
 CASES = [
-    (theta_lower_by_step_figure, "summary"),
-    (concentration_figure, "summary"),
-    (dominant_fraction_figure, "summary"),
+    (theta_lower_by_step_figure, "cells"),
+    (concentration_figure, "cells"),
+    (dominant_fraction_figure, "cells"),
     (theta_vs_pmax_figure, "rows"),
     (layer_head_heatmap_figure, "summary"),
     (training_figure, "training"),
@@ -77,9 +79,9 @@ def test_figure_shows_data(frames, function, table):
 @pytest.mark.parametrize(
     ("function", "table"),
     [
-        (theta_lower_by_step_figure, "summary"),
-        (concentration_figure, "summary"),
-        (dominant_fraction_figure, "summary"),
+        (theta_lower_by_step_figure, "cells"),
+        (concentration_figure, "cells"),
+        (dominant_fraction_figure, "cells"),
         (bounds_figure, "bounds"),
         (ln_condition_figure, "bounds"),
     ],
@@ -91,14 +93,33 @@ def test_single_checkpoint_is_drawn_per_layer(frames, function, table):
     assert any(ax.get_xlabel() == "layer" for ax in fig.axes)
 
 
-def test_theta_figure_has_one_panel_per_layer_and_a_line_per_seed(frames):
-    fig = theta_lower_by_step_figure(frames["summary"])
-    panels = [ax for ax in fig.axes if ax.get_visible() and ax.get_title(loc="left").startswith("layer")]
-    assert len(panels) == N_LAYERS
-    assert all(len(ax.get_lines()) == 2 + 1 for ax in panels)  # two seeds and the θ = 1 reference line
-    # median lines carry exactly the summary medians of that layer
-    layer0 = frames["summary"].query("layer == 0 and head == -1 and seed == 0").sort_values("step")
-    np.testing.assert_allclose(panels[0].get_lines()[0].get_ydata(), layer0["theta_lower_median"])
+def test_theta_figure_has_one_panel_per_run_and_a_seed_band_per_layer(frames):
+    cells = frames["cells"]
+    two_runs = pd.concat([cells, cells.assign(run_id="run-b")], ignore_index=True)
+    fig = theta_lower_by_step_figure(two_runs)
+    panels = [ax for ax in fig.axes if ax.get_title(loc="left") in ("run-a", "run-b")]
+    assert len(panels) == 2
+    assert all(len(ax.get_lines()) == N_LAYERS + 1 for ax in panels)  # one line per layer and θ = 1
+    assert all(len(ax.collections) == N_LAYERS for ax in panels)  # a band over the two seeds per layer
+    # each line is the mean over seeds of the layer's median, the band spans the seeds
+    layer0 = cells.query("layer == 0 and subset == 'all'").groupby("step")["theta_lower_median"]
+    np.testing.assert_allclose(panels[0].get_lines()[0].get_ydata(), layer0.mean())
+    band = panels[0].collections[0].get_paths()[0].vertices[:, 1]
+    assert band.min() == pytest.approx(layer0.min().min()) and band.max() == pytest.approx(layer0.max().max())
+
+
+def test_log_axes_label_ticks_in_plain_text(frames):
+    for fig in (training_figure(frames["training"]), concentration_figure(frames["cells"])):
+        fig.canvas.draw()
+        labels = [t.get_text() for ax in fig.axes for t in ax.get_yticklabels() + ax.get_xticklabels()]
+        assert labels and not any("$" in label or "mathdefault" in label for label in labels)
+
+
+def test_scatter_keeps_every_dominant_row(frames):
+    rows = frames["rows"]
+    fig = theta_vs_pmax_figure(rows, max_points=50)
+    dominant = next(c for c in fig.axes[0].collections if "dominant" in c.get_label())
+    assert len(dominant.get_offsets()) == int(rows["dominant"].sum()) > 50
 
 
 def test_scatter_reference_curves_are_the_envelope_and_the_exact_form(frames):
@@ -115,7 +136,7 @@ def test_scatter_reference_curves_are_the_envelope_and_the_exact_form(frames):
 def test_scatter_subsamples_deterministically(frames):
     first = theta_vs_pmax_figure(frames["rows"], max_points=500)
     second = theta_vs_pmax_figure(frames["rows"], max_points=500)
-    assert sum(len(c.get_offsets()) for c in first.axes[0].collections) == 500
+    assert len(first.axes[0].collections[0].get_offsets()) == 500
     np.testing.assert_array_equal(
         first.axes[0].collections[0].get_offsets(), second.axes[0].collections[0].get_offsets()
     )
@@ -137,8 +158,8 @@ def test_loglog_slope_recovers_a_power_law():
 def test_missing_columns_and_missing_levels_are_named(frames):
     with pytest.raises(InputError, match="theta_lower"):
         theta_vs_pmax_figure(frames["rows"].drop(columns=["theta_lower"]))
-    with pytest.raises(InputError, match="head = -1"):
-        theta_lower_by_step_figure(frames["summary"].query("head >= 0"))
+    with pytest.raises(InputError, match="subset"):
+        theta_lower_by_step_figure(frames["summary"])
     with pytest.raises(InputError, match="non-empty"):
         training_figure(frames["training"].iloc[:0])
 
@@ -157,9 +178,9 @@ def test_figures_write_no_files_and_keep_global_style(frames, tmp_path, monkeypa
 def test_names_with_markup_and_dollars_are_drawn_literally(frames):
     import io
 
-    summary = frames["summary"]
-    odd = summary.assign(model='gpt $\\undefined{$ <b>"odd"</b>', run_id="other")
-    fig = theta_lower_by_step_figure(pd.concat([summary, odd], ignore_index=True))
-    labels = fig.legends[0].get_texts()
+    cells = frames["cells"].query("step == 0")
+    odd = cells.assign(run_id='gpt $\\undefined{$ <b>"odd"</b>')
+    fig = theta_lower_by_step_figure(pd.concat([cells, odd], ignore_index=True))
+    labels = fig.axes[0].get_legend().get_texts()
     assert any('$\\undefined{$ <b>"odd"</b>' in t.get_text() for t in labels)
     fig.savefig(io.BytesIO(), format="svg")
