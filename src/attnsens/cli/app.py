@@ -71,6 +71,10 @@ ModelArgument = Annotated[
         "attnsens train/study, a local path, .gguf file or hub id."
     ),
 ]
+PlacementOption = Annotated[
+    str | None,
+    typer.Option("--placement", help="Block placement of a study's run (pre, post, ...) when it trained several."),
+]
 StepOption = Annotated[
     int | None,
     typer.Option("--step", min=0, help="Checkpoint step of a training run or study (default: the last one)."),

@@ -10,6 +10,7 @@ import typer
 from attnsens.cli.app import (
     JsonOption,
     ModelArgument,
+    PlacementOption,
     StepOption,
     app,
     console,
@@ -42,6 +43,7 @@ def audit(
         typer.Option("--seed", help="Seed of the position sample; for a study folder also the run audited."),
     ] = None,
     step: StepOption = None,
+    placement: PlacementOption = None,
     layers: Annotated[
         str | None, typer.Option("--layers", help="Comma-separated 0-based layers to audit (default: all).")
     ] = None,
@@ -63,7 +65,7 @@ def audit(
     from attnsens.errors import InputError
     from attnsens.study.audit import audit as run_audit
     from attnsens.study.audit import split_sequences
-    from attnsens.train.saved import study_seeds
+    from attnsens.train.saved import study_runs
 
     out = default_out_dir("audit", model) if out is None else out
     check_out_dir(out)
@@ -71,8 +73,8 @@ def audit(
     source = _read_source(text, corpus)
     if not source.strip():
         raise InputError(f"the text of {text or corpus} is empty; give a file or corpus with some text")
-    run_seed = seed if study_seeds(Path(model)) else None
-    saved = saved_checkpoint(model, step, run_seed)
+    run_seed = seed if study_runs(Path(model)) else None
+    saved = saved_checkpoint(model, step, run_seed, placement)
     if seq_len is not None:
         check_context(model, saved, seq_len)
     adapter = load_model(model, saved, trust_remote_code=trust_remote_code)

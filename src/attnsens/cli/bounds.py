@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from attnsens.cli.app import JsonOption, StepOption, app, console, domain_errors_exit, flag, print_json
+from attnsens.cli.app import JsonOption, PlacementOption, StepOption, app, console, domain_errors_exit, flag, print_json
 
 SAMPLE_TEXT = (
     "The quality of mercy is not strained; it droppeth as the gentle rain from heaven upon the place beneath. "
@@ -78,6 +78,7 @@ def bounds(
         ),
     ] = True,
     step: StepOption = None,
+    placement: PlacementOption = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Run of a study folder (its training seed).")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Directory to write bounds.parquet into.")] = None,
     as_json: JsonOption = False,
@@ -92,7 +93,7 @@ def bounds(
     check_geometry(geometry)
     if out is not None:
         check_out_dir(out)
-    saved = saved_checkpoint(model, step, seed)
+    saved = saved_checkpoint(model, step, seed, placement)
     if saved is None and model.endswith(".safetensors"):
         if text is not None:
             raise InputError(f"{model} holds layer weights only (no tokenizer); drop --text or give a full model")

@@ -93,13 +93,13 @@ def check_device(device: str | None) -> None:
         raise ConfigError(f"--device {device!r} is not supported; use cpu, cuda or cuda:N")
 
 
-def saved_checkpoint(model: str, step: int | None, seed: int | None) -> Any:
-    """The SavedCheckpoint ``model`` names (attnsens.train.saved), or None; a step or seed needs one."""
+def saved_checkpoint(model: str, step: int | None, seed: int | None, placement: str | None = None) -> Any:
+    """The SavedCheckpoint ``model`` names (attnsens.train.saved), or None; a step, seed or placement needs one."""
     from attnsens.train.saved import find_checkpoint
 
-    found = find_checkpoint(model, step=step, seed=seed)
-    if found is None and (step is not None or seed is not None):
-        given = [f for f, v in (("--step", step), ("--seed", seed)) if v is not None]
+    found = find_checkpoint(model, step=step, seed=seed, placement=placement)
+    given = [f for f, v in (("--step", step), ("--seed", seed), ("--placement", placement)) if v is not None]
+    if found is None and given:
         flags, verb = " and ".join(given), "select" if len(given) > 1 else "selects"
         raise FileFormatError(
             f"{flags} {verb} a checkpoint of a run or study written by attnsens train/study, and {model!r} is "

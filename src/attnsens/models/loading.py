@@ -48,6 +48,7 @@ def load(
     tokenizer: Any = None,
     step: int | None = None,
     seed: int | None = None,
+    placement: str | None = None,
 ) -> ModelAdapter:
     """Wrap ``model`` in the adapter of its family.
 
@@ -61,8 +62,8 @@ def load(
             moved or cast only when these are given (in place, as ``Module.to`` does); a model read from disk
             defaults to the CPU and float32.
         tokenizer: optional tokenizer for ``encode`` when ``model`` is an object.
-        step, seed: the checkpoint of a training run (default: its last) and the seed of a study's run
-            (needed when the study trained several).
+        step, seed, placement: the checkpoint of a training run (default: its last); the seed and block
+            placement of a study's run (needed while they leave several runs).
 
     Raises:
         UnsupportedModelError for an unknown family or model object, FileFormatError for a path or id that
@@ -80,7 +81,8 @@ def load(
     text = str(model)
     device = "cpu" if device is None else device
     dtype = torch.float32 if dtype is None else dtype
-    if text in ALIASES and step is None and seed is None:
+    selects = step is not None or seed is not None or placement is not None
+    if text in ALIASES and not selects:
         loader = ALIASES[text]
         if isinstance(loader, str):
             module_name, function_name = loader.split(":")
@@ -89,13 +91,13 @@ def load(
     path = Path(text).expanduser()
     from attnsens.train.saved import find_checkpoint
 
-    saved = find_checkpoint(path, step=step, seed=seed)
+    saved = find_checkpoint(path, step=step, seed=seed, placement=placement)
     if saved is not None:
         return saved.load(device=device, dtype=dtype)
-    if step is not None or seed is not None:
+    if selects:
         raise FileFormatError(
-            f"{text!r} is not a run, checkpoint or study written by attnsens train/study; step and seed select "
-            "a checkpoint of one of those"
+            f"{text!r} is not a run, checkpoint or study written by attnsens train/study; step, seed and "
+            "placement select a checkpoint of one of those"
         )
     if path.suffix == ".gguf":
         if not path.is_file():

@@ -4,8 +4,9 @@ Accepted paths (``attnsens.models.load`` and every CLI command that takes a MODE
 
 * a training run ``runs/x`` (its ``checkpoints/manifest.json``): the last checkpoint, or ``step``;
 * a checkpoint folder ``runs/x/checkpoints/step_000200`` or its ``model.safetensors``;
-* a study folder (``runs/seed=S/checkpoints``): the run of ``seed`` (optional when the study has one seed),
-  and a seed's run folder ``study/runs/seed=S`` itself.
+* a study folder (``runs/placement=P/seed=S/checkpoints``, or ``runs/seed=S/...`` of older studies): the run of
+  ``seed`` and ``placement`` (either may be left out while it leaves one run), and a run folder
+  ``study/runs/placement=P/seed=S`` itself.
 
 Every checkpoint is checked against its sha256 manifest before it is read. The tokenizer travels with the
 weights: ``tokenizer.json`` of the run, or the study's shared ``data/tokenizer.json``.
@@ -26,6 +27,7 @@ from attnsens.train.checkpoint import MANIFEST, checkpoint_dir, checkpoint_name,
 
 _STEP_FOLDER = re.compile(r"step_(\d{6,})")
 _SEED_FOLDER = re.compile(r"seed=(-?\d+)")
+_PLACEMENT_FOLDER = re.compile(r"placement=(\w+)")
 
 
 @dataclass(frozen=True)
@@ -61,11 +63,13 @@ class SavedCheckpoint:
         return OwnGPTAdapter(model.to(device=device, dtype=dtype).eval(), name=self.name, tokenizer=tokenizer)
 
 
-def find_checkpoint(path: str | Path, *, step: int | None = None, seed: int | None = None) -> SavedCheckpoint | None:
+def find_checkpoint(
+    path: str | Path, *, step: int | None = None, seed: int | None = None, placement: str | None = None
+) -> SavedCheckpoint | None:
     """The checkpoint ``path`` names (see the module docstring), or None when ``path`` is no run or study.
 
-    Raises CheckpointError for a step the run never saved and FileFormatError for a seed the study lacks or a
-    study of several seeds without ``seed``.
+    Raises CheckpointError for a step the run never saved and FileFormatError for a (placement, seed) the study
+    lacks, or a study of several runs without the ``seed`` / ``placement`` that picks one.
     """
     path = Path(path).expanduser()
     if path.is_file() and path.name == "model.safetensors" and (path.parent / "state.json").is_file():
@@ -78,29 +82,56 @@ def find_checkpoint(path: str | Path, *, step: int | None = None, seed: int | No
         return _in_run(path.parent.parent, folder_step, seed)
     if (checkpoint_dir(path) / MANIFEST).is_file():
         return _in_run(path, step, seed)
-    seeds = study_seeds(path)
-    if not seeds:
+    runs = study_runs(path)
+    if not runs:
         return None
-    if seed is None:
-        if len(seeds) > 1:
-            raise FileFormatError(f"study {path} holds the runs of seeds {seeds}; choose one with --seed (seed=)")
-        seed = seeds[0]
-    if seed not in seeds:
-        raise FileFormatError(f"study {path} has no run of seed {seed}; its seeds are {seeds}")
-    return _in_run(path / "runs" / f"seed={seed}", step, seed)
+    chosen = {
+        key: run_dir
+        for key, run_dir in runs.items()
+        if (seed is None or key[1] == seed) and (placement is None or key[0] == placement)
+    }
+    if len(chosen) != 1:
+        placements = any(p is not None for p, _ in runs)
+        available = ", ".join(f"seed {s}" if p is None else f"{p} seed {s}" for p, s in runs)
+        asked = ", ".join(
+            part for part in (placement and f"placement {placement}", seed is not None and f"seed {seed}") if part
+        )
+        problem = f"has no run of {asked}" if not chosen else "holds several runs" + (f" of {asked}" if asked else "")
+        how = "--seed S and --placement P (seed=, placement=)" if placements else "--seed S (seed=)"
+        raise FileFormatError(f"study {path} {problem} (runs: {available}); choose one with {how}")
+    ((_, seed), run_dir), *_ = chosen.items()
+    return _in_run(run_dir, step, seed)
 
 
-def study_seeds(path: Path) -> list[int]:
-    """Training seeds of the study in ``path`` (runs/seed=S with checkpoints), ascending; [] for no study."""
+def study_runs(path: Path) -> dict[tuple[str | None, int], Path]:
+    """The training runs of the study in ``path`` by (placement, seed): ``runs/placement=P/seed=S`` (placement
+    None for the older ``runs/seed=S``); {} when ``path`` holds no study."""
     runs = path / "runs"
     if not runs.is_dir():
-        return []
-    seeds = []
-    for child in runs.iterdir():
-        match = _SEED_FOLDER.fullmatch(child.name)
-        if match and (checkpoint_dir(child) / MANIFEST).is_file():
-            seeds.append(int(match.group(1)))
-    return sorted(seeds)
+        return {}
+    found: dict[tuple[str | None, int], Path] = {}
+    for child in sorted(runs.iterdir()):
+        placement_match = _PLACEMENT_FOLDER.fullmatch(child.name)
+        seed_dirs = sorted(child.iterdir()) if placement_match and child.is_dir() else [child]
+        for seed_dir in seed_dirs:
+            match = _SEED_FOLDER.fullmatch(seed_dir.name)
+            if match and (checkpoint_dir(seed_dir) / MANIFEST).is_file():
+                placement = placement_match.group(1) if placement_match else None
+                found[placement, int(match.group(1))] = seed_dir
+    return dict(sorted(found.items(), key=lambda item: (item[0][0] or "", item[0][1])))
+
+
+def _study_of(run_dir: Path) -> tuple[Path, str | None] | None:
+    """(study folder, placement) of a run folder inside a study, or None for a stand-alone run."""
+    if not _SEED_FOLDER.fullmatch(run_dir.name):
+        return None
+    parent = run_dir.parent
+    if parent.name == "runs":
+        return parent.parent, None
+    match = _PLACEMENT_FOLDER.fullmatch(parent.name)
+    if match and parent.parent.name == "runs":
+        return parent.parent.parent, match.group(1)
+    return None
 
 
 def _in_run(run_dir: Path, step: int | None, seed: int | None) -> SavedCheckpoint:
@@ -116,15 +147,18 @@ def _in_run(run_dir: Path, step: int | None, seed: int | None) -> SavedCheckpoin
         state = json.loads(state_path.read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise CheckpointError(f"cannot read {state_path} ({err}); delete the checkpoint and rerun training") from err
-    seed_match = _SEED_FOLDER.fullmatch(run_dir.name)
-    study = run_dir.parent.parent if seed_match and run_dir.parent.name == "runs" else None
+    study = _study_of(run_dir)
     if seed is None:
-        seed = int(state["train_config"]["seed"])
+        # A study's tables name a run by its folder's seed (the same as the one it was trained with).
+        folder_seed = _SEED_FOLDER.fullmatch(run_dir.name) if study is not None else None
+        seed = int(folder_seed.group(1) if folder_seed else state["train_config"]["seed"])
     candidates = [run_dir / "tokenizer.json"]
+    label = run_dir.name
     if study is not None:
-        candidates.append(study / "data" / "tokenizer.json")
+        folder, placement = study
+        candidates.append(folder / "data" / "tokenizer.json")
+        label = f"{folder.name}/{placement + '/' if placement else ''}seed={seed}"
     tokenizer = next((candidate for candidate in candidates if candidate.is_file()), None)
-    label = f"{study.name}/seed={seed}" if study is not None else run_dir.name
     return SavedCheckpoint(
         run_dir=run_dir,
         step=step,

@@ -36,12 +36,30 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory, text_file: Path) -> Path:
     return out
 
 
+def _study(root: Path, run_dir: Path, runs: list[str]) -> Path:
+    for relative in runs:
+        shutil.copytree(run_dir / "checkpoints", root / "runs" / relative / "checkpoints")
+    (root / "data").mkdir()
+    shutil.copy(run_dir / "tokenizer.json", root / "data" / "tokenizer.json")
+    return root
+
+
 @pytest.fixture(scope="session")
 def study_dir(tmp_path_factory: pytest.TempPathFactory, run_dir: Path) -> Path:
-    """The layout ``attnsens study`` writes (runs/seed=S/checkpoints, data/tokenizer.json) for seeds 0 and 1."""
-    out = tmp_path_factory.mktemp("study") / "tiny"
-    for seed in (0, 1):
-        shutil.copytree(run_dir / "checkpoints", out / "runs" / f"seed={seed}" / "checkpoints")
-    (out / "data").mkdir()
-    shutil.copy(run_dir / "tokenizer.json", out / "data" / "tokenizer.json")
-    return out
+    """The layout ``attnsens study`` writes (runs/placement=P/seed=S/checkpoints, data/tokenizer.json): pre-LN,
+    seeds 0 and 1."""
+    return _study(tmp_path_factory.mktemp("study") / "tiny", run_dir, ["placement=pre/seed=0", "placement=pre/seed=1"])
+
+
+@pytest.fixture(scope="session")
+def placements_study_dir(tmp_path_factory: pytest.TempPathFactory, run_dir: Path) -> Path:
+    """A study of two placements (pre, post) of seed 0."""
+    return _study(
+        tmp_path_factory.mktemp("study") / "sides", run_dir, ["placement=pre/seed=0", "placement=post/seed=0"]
+    )
+
+
+@pytest.fixture(scope="session")
+def legacy_study_dir(tmp_path_factory: pytest.TempPathFactory, run_dir: Path) -> Path:
+    """The older study layout runs/seed=S/checkpoints."""
+    return _study(tmp_path_factory.mktemp("study") / "old", run_dir, ["seed=0", "seed=4"])

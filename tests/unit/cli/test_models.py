@@ -42,7 +42,7 @@ def test_audit_reads_a_training_run(run_dir, text_file, tmp_path, where, extra, 
 def test_audit_reads_a_study_with_seed(study_dir, text_file, tmp_path) -> None:
     result = _audit(str(study_dir), text_file, tmp_path / "out", "--seed", "1", "--step", "2")
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["model"] == "tiny/seed=1@2"
+    assert json.loads(result.stdout)["model"] == "tiny/pre/seed=1@2"
     assert set(A.store.read_table(tmp_path / "out" / "rows")["seed"]) == {1}
 
 
@@ -50,7 +50,8 @@ def test_study_without_seed_and_unknown_step_are_one_line_errors(study_dir, run_
     result = _audit(str(study_dir), text_file, tmp_path / "a")
     assert result.exit_code == 1
     assert result.output.strip() == (
-        f"error: study {study_dir} holds the runs of seeds [0, 1]; choose one with --seed (seed=)"
+        f"error: study {study_dir} holds several runs (runs: pre seed 0, pre seed 1); choose one with --seed S and "
+        "--placement P (seed=, placement=)"
     )
     result = _audit(str(run_dir), text_file, tmp_path / "b", "--step", "7")
     assert result.exit_code == 1
@@ -71,13 +72,36 @@ def test_python_load_accepts_the_same_paths(run_dir, study_dir) -> None:
     adapter = A.models.load(str(run_dir), step=1)
     assert adapter.name == "micro@1" and adapter.family == "own_gpt"
     assert adapter.encode("the king").shape[0] == 1  # the run's tokenizer travels with it
-    assert A.models.load(study_dir, seed=0).name == "tiny/seed=0@2"
+    assert A.models.load(study_dir, seed=0).name == "tiny/pre/seed=0@2"
     with pytest.raises(FileFormatError, match="choose one with --seed"):
         A.models.load(study_dir)
     with pytest.raises(CheckpointError, match="not step 2"):
         A.models.load(run_dir / "checkpoints" / "step_000001", step=2)
-    with pytest.raises(FileFormatError, match="step and seed select a checkpoint"):
+    with pytest.raises(FileFormatError, match="step, seed and placement select a checkpoint"):
         A.models.load("builtin:lnfree", step=1)
+
+
+def test_study_placements_and_the_older_layout(placements_study_dir, legacy_study_dir) -> None:
+    assert A.models.load(placements_study_dir, placement="post").name == "sides/post/seed=0@2"
+    with pytest.raises(FileFormatError, match=r"holds several runs of seed 0 \(runs: post seed 0, pre seed 0\)"):
+        A.models.load(placements_study_dir, seed=0)
+    with pytest.raises(FileFormatError, match=r"has no run of placement deepnorm \(runs: post seed 0, pre seed 0\)"):
+        A.models.load(placements_study_dir, placement="deepnorm")
+    assert A.models.load(legacy_study_dir, seed=4).name == "old/seed=4@2"
+    with pytest.raises(
+        FileFormatError, match=r"has no run of seed 1 \(runs: seed 0, seed 4\); choose one with --seed S"
+    ):
+        A.models.load(legacy_study_dir, seed=1)
+    run = A.models.load(placements_study_dir / "runs" / "placement=pre" / "seed=0", step=1)
+    assert run.name == "sides/pre/seed=0@1" and run.tokenizer is not None  # the study's shared tokenizer
+
+
+def test_bounds_on_a_study_run_by_placement(placements_study_dir) -> None:
+    args = ["--placement", "pre", "--step", "1", "--seq-len", "6", "--queries", "1", "--iterations", "1"]
+    result = runner.invoke(app, ["bounds", str(placements_study_dir), *args, "--no-placements", "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["model"] == "sides/pre/seed=0@1" and {r["step"] for r in payload["records"]} == {1}
 
 
 def test_corrupted_checkpoint_is_refused(run_dir, tmp_path, text_file) -> None:

@@ -81,8 +81,9 @@ def test_study_reports_each_seed_training(tmp_path: Path, text_file: Path) -> No
         run_study(micro_study(text_file, bounds=False), tmp_path / "study", callbacks=[SeedProgress(report, 4)])
     lines = sink.getvalue().splitlines()
     for seed in (0, 1):
-        ours = [line for line in lines if line.startswith(f"seed {seed}: training: ")]
-        assert [line.split(",")[0] for line in ours] == [f"seed {seed}: training: {s}/4 steps" for s in (1, 2, 3, 4)]
+        label = f"micro-pre seed {seed}: training"
+        ours = [line for line in lines if line.startswith(f"{label}: ")]
+        assert [line.split(",")[0] for line in ours] == [f"{label}: {s}/4 steps" for s in (1, 2, 3, 4)]
         assert "loss " in ours[-1] and "tokens/s" in ours[-1]
 
 
