@@ -95,6 +95,56 @@ class ThetaCertificate:
     def __len__(self) -> int:
         return len(self.lower)
 
+    def __repr__(self) -> str:
+        """One line: shape, range of the lower bounds, exact fraction, widest interval (never the tensors)."""
+        n_rows = self.lower.numel()
+        summary = f"shape={tuple(self.shape)}"
+        if n_rows > 0:
+            lower = self.lower.detach().flatten()
+            summary += (
+                f", lower∈[{float(lower.min()):.9g}, {float(lower.max()):.9g}], "
+                f"exact={float(self.exact.float().mean()):.1%}, max_width={float(self.width.max()):.3g}"
+            )
+        return f"ThetaCertificate({summary}, device={self.lower.device.type})"
+
+    def to_pandas(self, axes: tuple[str, ...] | None = None):  # -> pandas.DataFrame
+        """One record per row: its index along each leading axis, then theta_lower, theta_upper, theta_exact,
+        theta_method (int8 ``ThetaMethod`` code), row_sum, p_max and dominant, named as in the audit's rows table.
+
+        Args:
+            axes: names of the leading axes; default the last ``ndim`` of ``("batch", "head", "query")`` (a
+                [batch, head, query, key] attention tensor), ``axis_0, axis_1, …`` beyond three.
+
+        >>> import torch
+        >>> table = certify(torch.tensor([[[0.5, 0.5], [0.25, 0.75]]])).to_pandas()
+        >>> table[["head", "query", "theta_lower", "theta_exact"]]
+           head  query  theta_lower  theta_exact
+        0     0      0         1.00         True
+        1     0      1         0.75         True
+        """
+        import pandas as pd
+
+        ndim = len(self.shape)
+        if axes is None:
+            axes = ("batch", "head", "query")[3 - ndim :] if ndim <= 3 else tuple(f"axis_{i}" for i in range(ndim))
+        if len(axes) != ndim:
+            raise ShapeError(
+                f"got {len(axes)} axis names for the {ndim} leading axes {tuple(self.shape)}; name each of them"
+            )
+        index = np.indices(tuple(self.shape)).reshape(ndim, -1) if ndim > 0 else np.zeros((0, 1), dtype=np.int64)
+        columns = {name: index[i] for i, name in enumerate(axes)}
+        values = {
+            "theta_lower": self.lower,
+            "theta_upper": self.upper,
+            "theta_exact": self.exact,
+            "theta_method": self.method,
+            "row_sum": self.row_sum,
+            "p_max": self.p_max,
+            "dominant": self.dominant,
+        }
+        columns.update({name: tensor.detach().flatten().cpu().numpy() for name, tensor in values.items()})
+        return pd.DataFrame(columns)
+
 
 def certify(
     p: torch.Tensor,
