@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -30,6 +29,7 @@ def influence(
 ) -> None:
     """Inverse-length influence (MATH.md §10): measured ‖Δy_n‖, certified C/n, TV and the log–log slope."""
     from attnsens.cli.inputs import check_out_dir, load_model
+    from attnsens.cli.progress import ProgressReport
     from attnsens.influence.experiment import run_influence
 
     grid = _parse_lengths(lengths)
@@ -37,8 +37,8 @@ def influence(
         check_out_dir(out)
     adapter = load_model(model)
     _check_memory(grid, adapter)
-    with contextlib.nullcontext() if as_json else console.status("measuring influence"):
-        result = run_influence(adapter, grid, name=model, n_samples=samples, seed=seed)
+    with ProgressReport("measuring influence", "lengths", enabled=not as_json) as report:
+        result = run_influence(adapter, grid, name=model, n_samples=samples, seed=seed, progress=report.update)
     if out is not None:
         from attnsens.cli.inputs import writing
 

@@ -94,3 +94,9 @@ def test_terminal_bar_shows_label_and_detail_literally() -> None:
         report.label = "seed 1: training"
         report.update(4, 10, detail="loss [1.0]")
     assert "seed 1: training" in sink.getvalue() and "loss [1.0]" in sink.getvalue()
+
+
+def test_influence_reports_each_length() -> None:
+    result = runner.invoke(app, ["influence", "--lengths", "8,16,32", "--samples", "1"])
+    assert result.exit_code == 0, result.output
+    assert "measuring influence: 3/3 lengths, " in result.stderr and "log–log slope" in result.stdout
