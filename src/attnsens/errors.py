@@ -41,3 +41,20 @@ class CheckpointError(AttnsensError):
 
 class QueryError(AttnsensError):
     """A SQL query over a run's results failed (syntax, unknown table or column)."""
+
+
+class WeightsFidelityError(AttnsensError):
+    """Normalized weights do not reproduce the model's own block output: no bound may rest on them."""
+
+    def __init__(
+        self, *, family: str, layer: int, field: str, relative_error: float, tolerance: float, model: str = ""
+    ) -> None:
+        self.family, self.layer, self.field = family, layer, field
+        self.relative_error, self.tolerance = relative_error, tolerance
+        named = f" ({model})" if model else ""
+        super().__init__(
+            f"weights-fidelity gate: {family}{named} layer {layer} {field}: the normalized weights give relative "
+            f"error {relative_error:.3g} against the model's own output (tolerance {tolerance:.1g}); the "
+            f"{family} adapter misses a feature of this model (rope scaling, a bias, a norm variant), so no bound "
+            f"is computed; report the model's config to attnsens"
+        )

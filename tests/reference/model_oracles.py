@@ -71,10 +71,11 @@ def attention_plain(x: Tensor, a: dict, *, positions_rotary: tuple[float, int] |
 
 
 def mlp_plain(x: Tensor, m: dict) -> Tensor:
-    """w_out act(w_in x + b_in) + b_out, or gated w_out (act(w_gate x) ⊙ (w_in x + b_in)) + b_out."""
+    """w_out act(w_in x + b_in) + b_out, or gated w_out (act(w_gate x + b_gate) ⊙ (w_in x + b_in)) + b_out."""
     hidden = x @ m["w_in"].T + (0 if m["b_in"] is None else m["b_in"])
     if m["w_gate"] is not None:
-        hidden = activation_plain(m["activation"], x @ m["w_gate"].T) * hidden
+        gate = x @ m["w_gate"].T + (0 if m.get("b_gate") is None else m["b_gate"])
+        hidden = activation_plain(m["activation"], gate) * hidden
     else:
         hidden = activation_plain(m["activation"], hidden)
     out = hidden @ m["w_out"].T

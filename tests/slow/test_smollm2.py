@@ -64,3 +64,10 @@ def test_cli_audit_on_smollm2(smollm2, tmp_path, monkeypatch) -> None:
     )
     assert result.exit_code == 0, result.output
     assert "median θ lower bound" in result.output
+
+
+def test_the_shipped_weights_pass_the_fidelity_gate(smollm2) -> None:
+    ids = smollm2.encode("The quality of mercy is not strained; it droppeth as the gentle rain from heaven")
+    _, results = M.weights_fidelity(smollm2, ids)
+    assert len(results) == 30 * 5
+    assert max(r.relative_error for r in results) < 1e-5  # measured 1.7e-6 (layer 8 attention)

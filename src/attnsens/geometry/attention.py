@@ -13,6 +13,7 @@ depends on j, so it no longer cancels by softmax shift invariance (see ``attenti
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import einops
@@ -57,9 +58,60 @@ def biases_of(weights: AttentionWeights) -> AttentionBiases:
     return AttentionBiases(q=weights.b_q, k=weights.b_k, v=weights.b_v, o=weights.b_o)
 
 
-def causal_mask(n_query: int, device: torch.device | None = None) -> Tensor:
-    """Boolean ``[query, key]`` mask, True where key ≤ query (allowed)."""
-    return torch.ones(n_query, n_query, dtype=torch.bool, device=device).tril()
+def causal_mask(n_query: int, device: torch.device | None = None, *, window: int | None = None) -> Tensor:
+    """Boolean ``[query, key]`` mask, True where key ≤ query (allowed), and query − key < window when given
+    (a sliding window of ``window`` keys, the query's own included)."""
+    allowed = torch.ones(n_query, n_query, dtype=torch.bool, device=device).tril()
+    return allowed if window is None else allowed.triu(-(window - 1))
+
+
+def attention_mask_of(weights: AttentionWeights, n_query: int, device: torch.device | None = None) -> Tensor | None:
+    """The ``[query, key]`` mask of an attention sublayer: causal (windowed when ``sliding_window``) or None."""
+    return causal_mask(n_query, device, window=weights.sliding_window) if weights.causal else None
+
+
+def rotary_inverse_frequencies(rotary: RotaryConfig, n_positions: int, device: torch.device | None = None) -> Tensor:
+    """The float64 inverse frequencies ω_i, i < rotary_dim/2, of a sequence of ``n_positions`` tokens.
+
+    Default RoPE has ω_i = base^(−2i/d) (d = rotary_dim); the scaled types of ``RotaryConfig`` change only the
+    ω_i (dynamic and longrope depending on n), following transformers' ``modeling_rope_utils``. Position t rotates
+    pair i by the angle t·ω_i, so any ω gives an orthogonal R_t and the bounds of this package hold unchanged.
+    """
+    dim = rotary.rotary_dim
+    exponent = torch.arange(0, dim, 2, dtype=torch.float64, device=device) / dim
+    kind, factor, context = rotary.rope_type, rotary.factor, rotary.original_max_positions
+    base = rotary.base
+    if kind == "dynamic":
+        n = max(n_positions, context)
+        base = base * (factor * n / context - (factor - 1)) ** (dim / (dim - 2))
+    inv_freq = base**-exponent
+    if kind == "linear":
+        return inv_freq / factor
+    if kind == "longrope":
+        scales = rotary.long_factor if n_positions > context else rotary.short_factor
+        return inv_freq / torch.tensor(scales, dtype=torch.float64, device=device)
+    if kind == "llama3":
+        wavelength = 2 * math.pi / inv_freq
+        low, high = context / rotary.low_freq_factor, context / rotary.high_freq_factor
+        scaled = torch.where(wavelength > low, inv_freq / factor, inv_freq)
+        smooth = (context / wavelength - rotary.low_freq_factor) / (rotary.high_freq_factor - rotary.low_freq_factor)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelength >= high) & (wavelength <= low)
+        return torch.where(medium, smoothed, scaled)
+    if kind == "yarn":
+        # dimension index at which a frequency makes `rotations` full turns over the pretraining context
+        def dimension_of(rotations: float) -> float:
+            return dim * math.log(context / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+        low, high = dimension_of(rotary.beta_fast), dimension_of(rotary.beta_slow)
+        if rotary.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = ((torch.arange(dim // 2, dtype=torch.float64, device=device) - low) / (high - low)).clamp(0, 1)
+        return inv_freq / factor * ramp + inv_freq * (1 - ramp)
+    return inv_freq
 
 
 def apply_rotary(x: Tensor, rotary: RotaryConfig) -> Tensor:
@@ -73,8 +125,7 @@ def apply_rotary(x: Tensor, rotary: RotaryConfig) -> Tensor:
     dim = rotary.rotary_dim
     if dim % 2 or dim > d_head:
         raise ShapeError(f"rotary_dim must be even and ≤ d_head ({d_head}), got {dim}")
-    exponent = torch.arange(0, dim, 2, dtype=torch.float64, device=x.device) / dim
-    inv_freq = rotary.base**-exponent
+    inv_freq = rotary_inverse_frequencies(rotary, n_pos, x.device)
     angle = torch.arange(n_pos, dtype=torch.float64, device=x.device)[:, None] * inv_freq[None, :]
     cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
     rotating, passing = x[..., :dim], x[..., dim:]

@@ -5,13 +5,14 @@ gelu (erf) 1.128905 at z = √2 (gelu'' = φ(z)(2 − z²)); gelu_tanh 1.128994 
 is below the true maximum 1.1289931 and so not a valid Lipschitz constant —; relu 1; silu 1.099840 at z ≈ 2.3994.
 Every one also satisfies |act(z)| ≤ |z| (act(z) = z·s(z) with s(z) ∈ [0, 1]).
 
-Gated maps φ(x) = W_out (a(g) ⊙ u) with g = W_gate x, u = W_in x + b_in (SwiGLU when a = silu) are not globally
+Gated maps φ(x) = W_out (a(g) ⊙ u) with g = W_gate x + b_gate, u = W_in x + b_in (SwiGLU when a = silu) are not globally
 Lipschitz (the product is quadratic). Their Jacobian is W_out [diag(a'(g) ⊙ u) W_gate + diag(a(g)) W_in], so
 
     ‖Dφ(x)‖₂ ≤ ‖W_out‖ (Lip(a) max_k |u_k| ‖W_gate‖ + max_k |a(g_k)| ‖W_in‖),
 
-and on the ball {‖x‖₂ ≤ R}: |u_k| ≤ ‖w_in,k‖ R + |b_in,k| and |a(g_k)| ≤ |g_k| ≤ ‖w_gate,k‖ R (row norms), giving
-Lip(φ on the ball) ≤ ‖W_out‖ (Lip(a) ‖W_gate‖ max_k(‖w_in,k‖R + |b_in,k|) + ‖W_in‖ R max_k ‖w_gate,k‖)
+and on the ball {‖x‖₂ ≤ R}: |u_k| ≤ ‖w_in,k‖ R + |b_in,k| and |a(g_k)| ≤ |g_k| ≤ ‖w_gate,k‖ R + |b_gate,k| (row
+norms, Cauchy–Schwarz), giving
+Lip(φ on the ball) ≤ ‖W_out‖ (Lip(a) ‖W_gate‖ max_k(‖w_in,k‖R + |b_in,k|) + ‖W_in‖ max_k(‖w_gate,k‖R + |b_gate,k|))
 (the ball is convex, so the sup of the Jacobian norm is a Lipschitz constant). Tokenwise maps have the same
 constant in the block-∞ norm (ℓ2 per token).
 
@@ -31,7 +32,7 @@ import torch
 from torch import Tensor
 
 from attnsens.errors import ConfigError
-from attnsens.geometry.attention import biases_of, causal_mask
+from attnsens.geometry.attention import attention_mask_of, biases_of
 from attnsens.geometry.attention_bounds import mha_lipschitz_upper_bound, mha_local_jacobian_upper_bound
 from attnsens.geometry.jacobians import norm_jacobian_spectral_norm_upper_bound
 from attnsens.geometry.layers import activation, norm_forward
@@ -72,7 +73,8 @@ def ffn_lipschitz_upper_bound(mlp: MLPWeights, *, radius_l2: float | Tensor | No
     R = torch.as_tensor(radius_l2, dtype=torch.float64)
     b_in = torch.zeros(()) if mlp.b_in is None else mlp.b_in.to(torch.float64).abs()
     up_max = (_rows_l2(mlp.w_in) * R[..., None] + b_in).amax(dim=-1)
-    gate_max = _rows_l2(mlp.w_gate).amax() * R
+    b_gate = torch.zeros(()) if mlp.b_gate is None else mlp.b_gate.to(torch.float64).abs()
+    gate_max = (_rows_l2(mlp.w_gate) * R[..., None] + b_gate).amax(dim=-1)
     return w_out * (lip * spectral_norm(mlp.w_gate) * up_max + w_in * gate_max)
 
 
@@ -89,7 +91,9 @@ def ffn_local_jacobian_upper_bound(x: Tensor, mlp: MLPWeights) -> Tensor:
     x64 = x.detach().to(torch.float64)
     w_in = mlp.w_in.to(torch.float64)
     up = x64 @ w_in.T + (0.0 if mlp.b_in is None else mlp.b_in.to(torch.float64))
-    pre = x64 @ mlp.w_gate.to(torch.float64).T if mlp.kind == "gated" else up
+    pre = up
+    if mlp.kind == "gated":
+        pre = x64 @ mlp.w_gate.to(torch.float64).T + (0.0 if mlp.b_gate is None else mlp.b_gate.to(torch.float64))
     pre = pre.requires_grad_(True)
     with torch.enable_grad():
         (slope,) = torch.autograd.grad(activation(mlp.activation, pre).sum(), pre)
@@ -214,7 +218,7 @@ def block_lipschitz_upper_bound(layer: LayerWeights, *, input_radius_rms: float 
 
 
 def _attention_local(x: Tensor, attention: AttentionWeights) -> Tensor:
-    mask = causal_mask(x.shape[1], x.device) if attention.causal else None
+    mask = attention_mask_of(attention, x.shape[1], x.device)
     return mha_local_jacobian_upper_bound(
         x,
         attention.w_q,

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from attnsens.errors import ConfigError
-from attnsens.geometry.attention import biases_of, causal_mask, mha_forward
+from attnsens.geometry.attention import attention_mask_of, biases_of, mha_forward
 from attnsens.models.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights
 
 
@@ -42,12 +42,16 @@ def norm_forward(x: Tensor, norm: NormWeights) -> Tensor:
 
 
 def mlp_forward(x: Tensor, mlp: MLPWeights) -> Tensor:
-    """W_out act(W_in x + b_in) + b_out, or gated W_out (act(W_gate x) ⊙ (W_in x + b_in)) + b_out (MATH.md §2.7)."""
+    """W_out act(W_in x + b_in) + b_out, or gated W_out (act(W_gate x + b_gate) ⊙ (W_in x + b_in)) + b_out
+    (MATH.md §2.7)."""
     hidden = x @ mlp.w_in.to(x.dtype).T
     if mlp.b_in is not None:
         hidden = hidden + mlp.b_in.to(x.dtype)
     if mlp.kind == "gated":
-        hidden = activation(mlp.activation, x @ mlp.w_gate.to(x.dtype).T) * hidden
+        gate = x @ mlp.w_gate.to(x.dtype).T
+        if mlp.b_gate is not None:
+            gate = gate + mlp.b_gate.to(x.dtype)
+        hidden = activation(mlp.activation, gate) * hidden
     else:
         hidden = activation(mlp.activation, hidden)
     out = hidden @ mlp.w_out.to(x.dtype).T
@@ -57,7 +61,7 @@ def mlp_forward(x: Tensor, mlp: MLPWeights) -> Tensor:
 def attention_sublayer(x: Tensor, attention: AttentionWeights) -> Tensor:
     """MHA(x) for ``x: [batch, query, d_model]`` with the weights' mask, biases, rotary and temperature."""
     dt = x.dtype
-    mask = causal_mask(x.shape[1], x.device) if attention.causal else None
+    mask = attention_mask_of(attention, x.shape[1], x.device)
     biases = biases_of(attention)
     cast = {k: (None if t is None else t.to(dt)) for k, t in vars(biases).items()}
     return mha_forward(

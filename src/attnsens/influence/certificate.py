@@ -45,6 +45,8 @@ from attnsens.influence.constants import BlockConstants, HeadOutput, block_const
 from attnsens.influence.inputs import certificate_inputs
 from attnsens.influence.recursion import LayerBounds, LogPolynomial, log_poly_at, run_recursion
 from attnsens.models.adapter import ModelAdapter
+from attnsens.models.fidelity import check_weights_fidelity
+from attnsens.models.loading import load
 from attnsens.models.weights import LayerWeights, NormWeights
 from attnsens.train.model import GPT
 
@@ -271,11 +273,18 @@ def certified_constant(
     Returns:
         An InfluenceCertificate; ``applicable`` is False (with ``reasons``) for models outside the theorem's
         assumptions, whose ``log10_constant`` is then indicative only (MATH.md §10, §10.6).
+
+    Raises:
+        WeightsFidelityError when a model's normalized weights do not reproduce its blocks (models/fidelity.py).
     """
     if head_output not in ("ov", "split"):
         raise ConfigError(f"head_output must be 'ov' or 'split', got {head_output!r}")
-    if isinstance(model, ModelAdapter) and not isinstance(model.module, GPT):
-        return _adapter_certificate(model)
+    if isinstance(model, GPT):
+        model = load(model)
+    if isinstance(model, ModelAdapter):
+        check_weights_fidelity(model)
+        if not isinstance(model.module, GPT):
+            return _adapter_certificate(model)
     inputs = certificate_inputs(model, token_embedding=token_embedding, positions=positions, unembedding=unembedding)
     reasons, norm_factors, final_norm_factor, worst_norm = _norm_reasons(inputs.layers, inputs.final_norm)
     reasons += _structure_reasons(inputs.layers)

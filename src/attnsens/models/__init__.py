@@ -1,8 +1,9 @@
 """Models (C3): adapters from model objects to normalized weights, layer inputs and streamed attention rows.
 
-    import attnsens as A
-    model = A.models.load("smollm2")           # or "minilm", a transformers model, a path, attnsens' GPT
+    import attnsens.models as M
+    model = M.load("smollm2")                  # or "minilm", a transformers model, a path, attnsens' GPT
     model.layers[0].attention.w_q.shape        # [head, d_head, d_model]
+    M.check_weights_fidelity(model)            # the gate: raises WeightsFidelityError unless they reproduce it
     for chunk in model.stream_attention(model.encode("To be, or not to be")):
         chunk.probs                            # [batch, head, query, key] float32
 
@@ -12,6 +13,7 @@ Importing this package loads torch only; transformers is imported when a model i
 from __future__ import annotations
 
 from attnsens.models.adapter import AttentionChunk, LayerInputs, ModelAdapter, ModelSpec
+from attnsens.models.fidelity import FieldFidelity, check_weights_fidelity, weights_fidelity
 from attnsens.models.loading import ALIASES, FAMILIES, load, register_alias, supported_families
 from attnsens.models.weights import (
     AttentionWeights,
@@ -26,6 +28,7 @@ __all__ = [
     "FAMILIES",
     "AttentionChunk",
     "AttentionWeights",
+    "FieldFidelity",
     "LayerInputs",
     "LayerWeights",
     "MLPWeights",
@@ -33,7 +36,9 @@ __all__ = [
     "ModelSpec",
     "NormWeights",
     "RotaryConfig",
+    "check_weights_fidelity",
     "load",
     "register_alias",
     "supported_families",
+    "weights_fidelity",
 ]

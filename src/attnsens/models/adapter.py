@@ -1,9 +1,10 @@
 """The model adapter: one object per loaded model exposing normalized weights, layer inputs and attention rows.
 
-Family modules (gpt2, neox, llama, bert, own_gpt) subclass :class:`ModelAdapter` and supply three things: the
-normalized :class:`~attnsens.models.weights.LayerWeights`, a forward pass, and a *query/key tap* — a context
-manager that calls ``on_query_key(layer, query, key, tau)`` with every layer's queries and keys (after any rotary
-embedding) while the model runs. Everything else (streaming rows, layer inputs) is written once here.
+Family modules (gpt2, neox, bert, layouts, own_gpt) subclass :class:`ModelAdapter` and supply: the normalized
+:class:`~attnsens.models.weights.LayerWeights`, a forward pass, a *query/key tap* — a context manager that calls
+``on_query_key(layer, query, key, tau)`` with every layer's queries and keys (after any rotary embedding) while
+the model runs — and taps on each layer's inputs and outputs, which the weights-fidelity gate (models/fidelity.py)
+compares with the reference forward. Everything else (streaming rows, layer inputs) is written once here.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from torch import Tensor
 from attnsens.errors import ConfigError, InputError, ShapeError
 from attnsens.models.attention import allowed_keys, attention_rows, key_padding_mask_of
 from attnsens.models.weights import LayerWeights, NormKind, Placement, RotaryConfig
+
+OUTPUT_FIELDS = ("attention_output", "mlp_output", "block_output")
+"""What ``layer_output_taps`` reports for every layer."""
 
 QueryKeyCallback = Callable[[int, Tensor, Tensor, float], None]
 """``on_query_key(layer, query [batch, head, query, d_head], key [batch, kv_head, key, d_head], tau)``."""
@@ -133,6 +137,19 @@ class ModelAdapter(ABC):
         ``field`` is one of the LayerInputs field names.
         """
 
+    @abstractmethod
+    def layer_output_taps(self, record: Callable[[int, str, Tensor], None]) -> contextlib.AbstractContextManager[None]:
+        """While active, report each layer's own outputs to ``record(layer, field, tensor)``.
+
+        ``field`` is one of :data:`OUTPUT_FIELDS`: the attention sublayer's output (after W_O and its bias, before
+        the residual sum), the MLP's output (likewise) and the block's output. The weights-fidelity gate
+        (models/fidelity.py) compares them with the reference forward of the normalized weights.
+        """
+
+    def attention_window(self, layer: int) -> int | None:
+        """The sliding window of ``layer``'s attention (keys t − window < j ≤ t), None for full attention."""
+        return None
+
     def encode(self, text: str, *, max_length: int | None = None) -> Tensor:
         """Token ids ``[1, n]`` of ``text`` with the model's tokenizer (truncated to ``max_length``)."""
         raise InputError(f"model {self.name!r} has no tokenizer; pass token ids instead of text")
@@ -217,16 +234,19 @@ class ModelAdapter(ABC):
         with self.inference(), self.query_key_tap(keep):
             self.forward(input_ids, attention_mask)
         key_mask = key_padding_mask_of(attention_mask, input_ids)
-        chunks = []
-        for start in range(0, positions.shape[1], chunk_size):
-            chunk_positions = positions[:, start : start + chunk_size]
-            allowed, n_keys = allowed_keys(
-                chunk_positions, input_ids.shape[1], causal=self.spec.causal, key_padding_mask=key_mask
-            )
-            chunks.append((chunk_positions, allowed, n_keys))
+        chunks = {}  # per sliding window (None = full attention): the chunks' positions and masks
+        for window in {self.attention_window(layer) for layer in layer_list}:
+            chunks[window] = []
+            for start in range(0, positions.shape[1], chunk_size):
+                chunk_positions = positions[:, start : start + chunk_size]
+                allowed, n_keys = allowed_keys(
+                    chunk_positions, input_ids.shape[1], causal=self.spec.causal, key_padding_mask=key_mask,
+                    window=window,
+                )  # fmt: skip
+                chunks[window].append((chunk_positions, allowed, n_keys))
         for layer in layer_list:
             query, key, tau = kept.pop(layer)
-            for chunk_positions, allowed, n_keys in chunks:
+            for chunk_positions, allowed, n_keys in chunks[self.attention_window(layer)]:
                 probs = attention_rows(
                     query, key, tau=tau, query_positions=chunk_positions, allowed=allowed, heads=head_list
                 )

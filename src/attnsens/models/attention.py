@@ -77,9 +77,15 @@ def _rows_of(query: Tensor, positions: Tensor) -> Tensor:
 
 
 def allowed_keys(
-    query_positions: Tensor, n: int, *, causal: bool, key_padding_mask: Tensor | None = None
+    query_positions: Tensor,
+    n: int,
+    *,
+    causal: bool,
+    key_padding_mask: Tensor | None = None,
+    window: int | None = None,
 ) -> tuple[Tensor | None, Tensor]:
-    """Which keys each row may attend to: every non-padding key (bidirectional) or keys j ≤ t (causal).
+    """Which keys each row may attend to: every non-padding key (bidirectional) or keys j ≤ t (causal), and
+    with a sliding ``window`` (causal only) only keys t − window < j ≤ t.
 
     Returns:
         ``(allowed, n_keys)``: bool [batch, query, n] (None when every key is allowed) and the number of
@@ -90,11 +96,22 @@ def allowed_keys(
     if causal:
         keys = torch.arange(n, device=query_positions.device)
         allowed = keys.view(1, 1, n) <= query_positions.unsqueeze(-1)
+        if window is not None:
+            allowed = allowed & (keys.view(1, 1, n) > query_positions.unsqueeze(-1) - window)
+            return _with_padding(allowed, key_padding_mask, batch, query_positions.shape[1], n)
     if key_padding_mask is not None:
         padding = key_padding_mask.view(batch, 1, n)
         allowed = padding if allowed is None else allowed & padding
         return allowed, allowed.expand(batch, query_positions.shape[1], n).sum(dim=-1)
     return allowed, query_positions + 1 if causal else torch.full_like(query_positions, n)
+
+
+def _with_padding(
+    allowed: Tensor, key_padding_mask: Tensor | None, batch: int, rows: int, n: int
+) -> tuple[Tensor, Tensor]:
+    if key_padding_mask is not None:
+        allowed = allowed & key_padding_mask.view(batch, 1, n)
+    return allowed, allowed.expand(batch, rows, n).sum(dim=-1)
 
 
 def key_padding_mask_of(attention_mask: Tensor | None, input_ids: Tensor) -> Tensor | None:

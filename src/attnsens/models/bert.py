@@ -1,4 +1,5 @@
-"""BERT (HF ``BertModel``; all-MiniLM-L6-v2): post-LayerNorm, bidirectional, learned positions.
+"""BERT (HF ``BertModel``; all-MiniLM-L6-v2) and the encoders with its block layout (RoBERTa, XLM-RoBERTa,
+CamemBERT, ELECTRA): post-LayerNorm, bidirectional, learned positions.
 
 Block: A = LN1(X + Attn(X)), Y = LN2(A + MLP(A)). The sums entering the norms are read as the inputs of
 ``attention.output.LayerNorm`` and ``output.LayerNorm``. The embedding LayerNorm before layer 0 is not part
@@ -50,6 +51,10 @@ class BertAdapter(HFAdapter):
             (block.intermediate, "input", "mlp_input"),
             (block.output.LayerNorm, "input", "mlp_residual_sum"),
         ]
+
+    def output_modules(self, layer: int) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
+        block = self.base.encoder.layer[layer]
+        return block.attention.output.dense, block.output.dense, block
 
     def read_layers(self) -> list[LayerWeights]:
         return [self._layer(i, block) for i, block in enumerate(self.base.encoder.layer)]

@@ -47,6 +47,10 @@ class GPT2Adapter(HFAdapter):
             (block.ln_2, "output", "mlp_input"),
         ]
 
+    def output_modules(self, layer: int) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
+        block = self.base.h[layer]
+        return block.attn, block.mlp, block
+
     def read_layers(self) -> list[LayerWeights]:
         return [self._layer(i, block) for i, block in enumerate(self.base.h)]
 

@@ -1,8 +1,9 @@
-"""Shared base of the Hugging Face transformers adapters (GPT-2, GPT-NeoX, Llama, BERT).
+"""Shared base of the Hugging Face transformers adapters (GPT-2, GPT-NeoX, BERT and the layout table).
 
 A family subclass names its blocks, its attention modules (the ones that call the attention function) and the
-submodules whose inputs/outputs are the layer inputs; it converts parameters in ``read_layers``. Forward passes,
-tokenization and the query/key tap (models/hf_tap.py) are common.
+submodules whose inputs/outputs are the layer inputs and outputs; it converts parameters in ``read_layers``.
+Forward passes, tokenization, the query/key tap (models/hf_tap.py) and the reading of ``rope_parameters``
+(:func:`rotary_of`) are common.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from einops import rearrange
 from torch import Tensor
 
 from attnsens.errors import InputError, UnsupportedModelError
-from attnsens.models.adapter import ModelAdapter, ModelSpec, QueryKeyCallback
+from attnsens.models.adapter import OUTPUT_FIELDS, ModelAdapter, ModelSpec, QueryKeyCallback
 from attnsens.models.hf_tap import hf_query_key_tap
-from attnsens.models.weights import Activation, MLPWeights
+from attnsens.models.weights import ROPE_TYPES, Activation, MLPWeights, RotaryConfig
 
 HookPoint = tuple[torch.nn.Module, Literal["input", "output"], str]
 """(submodule, whether its input or its output is the tensor, LayerInputs field name)."""
@@ -29,6 +30,7 @@ class HFAdapter(ModelAdapter):
 
     def __init__(self, module: torch.nn.Module, *, name: str, tokenizer: Any = None) -> None:
         self.base = module.base_model
+        self.family = self.base.config.model_type  # one adapter may serve several model types (loading.FAMILIES)
         super().__init__(module, name=name, spec=self.spec_of(self.base.config))
         self.tokenizer = tokenizer
 
@@ -49,6 +51,15 @@ class HFAdapter(ModelAdapter):
         """Where the LayerInputs fields of ``layer`` can be read."""
         raise NotImplementedError
 
+    def output_modules(self, layer: int) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
+        """The modules whose outputs are the attention sublayer's output (after W_O), the MLP's and the block's."""
+        raise NotImplementedError
+
+    def output_hook_points(self, layer: int) -> list[HookPoint]:
+        """Where the attention, MLP and block outputs of ``layer`` can be read (adapter.OUTPUT_FIELDS)."""
+        modules = self.output_modules(layer)
+        return [(module, "output", field) for module, field in zip(modules, OUTPUT_FIELDS, strict=True)]
+
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> None:
         self.base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
 
@@ -56,12 +67,29 @@ class HFAdapter(ModelAdapter):
         implementation = self.base.config._attn_implementation or "eager"
         return hf_query_key_tap(self.attention_modules(), implementation, on_query_key)
 
+    def layer_input_taps(self, record: Callable[[int, str, Tensor], None]) -> contextlib.AbstractContextManager[None]:
+        return self._taps(self.hook_points, record)
+
+    def layer_output_taps(self, record: Callable[[int, str, Tensor], None]) -> contextlib.AbstractContextManager[None]:
+        return self._taps(self.output_hook_points, record)
+
     @contextlib.contextmanager
-    def layer_input_taps(self, record: Callable[[int, str, Tensor], None]) -> Iterator[None]:
+    def _taps(
+        self, points: Callable[[int], list[HookPoint]], record: Callable[[int, str, Tensor], None]
+    ) -> Iterator[None]:
+        # Some families (OPT) run their MLP on [batch·n, d_model]; every field is reported as [batch, n, d_model].
+        shapes: dict[int, torch.Size] = {}
+
+        def as_block_shape(layer: int, field: str, tensor: Tensor) -> None:
+            if tensor.ndim == 2:
+                tensor = tensor.reshape(*shapes[layer][:-1], tensor.shape[-1])
+            record(layer, field, tensor)
+
         handles = []
-        for layer in range(self.spec.n_layer):
-            for module, where, field in self.hook_points(layer):
-                handles.append(_register(module, where, layer, field, record))
+        for layer, block in enumerate(self.blocks()):
+            handles.append(_register(block, "input", layer, "", lambda i, _f, t: shapes.__setitem__(i, t.shape)))
+            for module, where, field in points(layer):
+                handles.append(_register(module, where, layer, field, as_block_shape))
         try:
             yield
         finally:
@@ -116,6 +144,77 @@ def split_heads(weight: Tensor, n_head: int) -> Tensor:
 def split_bias(bias: Tensor | None, n_head: int) -> Tensor | None:
     """An ``[n_head * d_head]`` bias as ``[head, d_head]`` (None stays None)."""
     return None if bias is None else rearrange(bias, "(head d_head) -> head d_head", head=n_head)
+
+
+def rotary_of(config: Any, d_head: int) -> RotaryConfig:
+    """The RotaryConfig of a transformers config's ``rope_parameters`` (every RoPE type of ``ROPE_TYPES``).
+
+    Raises:
+        UnsupportedModelError naming a RoPE type attnsens does not reproduce.
+    """
+    rope = dict(config.rope_parameters)
+    kind = rope.get("rope_type", "default")
+    if kind not in ROPE_TYPES:
+        raise UnsupportedModelError(
+            f"RoPE type {kind!r} of {config.model_type} is not supported; supported: {', '.join(ROPE_TYPES)}"
+        )
+    context = rope.get("original_max_position_embeddings")
+    if kind == "dynamic":
+        context = config.max_position_embeddings  # transformers' dynamic NTK scales from the config's context
+    factor = rope.get("factor")
+    if factor is None:
+        factor = config.max_position_embeddings / context if kind in ("yarn", "longrope") else 1.0
+    optional = {
+        key: rope[name]
+        for key, name in (
+            ("low_freq_factor", "low_freq_factor"),
+            ("high_freq_factor", "high_freq_factor"),
+            ("short_factor", "short_factor"),
+            ("long_factor", "long_factor"),
+        )
+        if rope.get(name) is not None
+    }
+    return RotaryConfig(
+        base=float(rope["rope_theta"]),
+        rotary_dim=int(d_head * rope.get("partial_rotary_factor", 1.0)),
+        rope_type=kind,
+        factor=float(factor),
+        original_max_positions=None if context is None else int(context),
+        beta_fast=float(rope.get("beta_fast") or 32.0),
+        beta_slow=float(rope.get("beta_slow") or 1.0),
+        truncate=bool(rope.get("truncate", True)),
+        **optional,
+    )
+
+
+def spec_rotary(config: Any, d_head: int) -> RotaryConfig:
+    """The ModelSpec's rotary: :func:`rotary_of`, or default RoPE where that refuses the type.
+
+    Attention rows of any RoPE type can be audited (they come from the model itself); only the normalized
+    weights (``read_layers``, which calls :func:`rotary_of`) refuse a type attnsens cannot reproduce.
+    """
+    try:
+        return rotary_of(config, d_head)
+    except UnsupportedModelError:
+        rope = config.rope_parameters
+        dim = int(d_head * rope.get("partial_rotary_factor", 1.0))
+        return RotaryConfig(base=float(rope["rope_theta"]), rotary_dim=dim)
+
+
+def rotary_temperature(scaling: float, rotary: RotaryConfig, rotary_module: torch.nn.Module, d_head: int) -> float:
+    """τ of a rotary attention whose cos/sin carry the factor m = ``rotary_module.attention_scaling`` (yarn,
+    longrope): q and k both scale by m on the rotating dimensions, so on a fully rotating head τ = 1/(scaling m²).
+
+    Raises:
+        UnsupportedModelError when m ≠ 1 on a partially rotating head (not a temperature change).
+    """
+    m = float(getattr(rotary_module, "attention_scaling", 1.0))
+    if m != 1.0 and rotary.rotary_dim != d_head:
+        raise UnsupportedModelError(
+            f"RoPE {rotary.rope_type!r} with attention factor {m:.4g} on {rotary.rotary_dim} of {d_head} head "
+            f"dimensions is not supported (it is a temperature change only when every dimension rotates)"
+        )
+    return 1.0 / (scaling * m * m)
 
 
 def activation_of(name: str) -> Activation:

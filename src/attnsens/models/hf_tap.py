@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnsens.errors import UnsupportedModelError
 from attnsens.models.adapter import QueryKeyCallback
 
 # id(attention module) -> (layer, callback) for every tapped module in the process.
@@ -73,6 +74,13 @@ def _make_wrapper(implementation: str, replaced: Any) -> Callable[..., Any]:
         entry = _TAPPED.get(id(module))
         if entry is not None:
             layer, callback = entry
+            if kwargs.get("softcap") is not None:
+                # Rows are recomputed as softmax(q·k/τ); a softcapped model's are softmax(c·tanh(q·k/(τc))).
+                raise UnsupportedModelError(
+                    f"{type(module).__name__} caps its attention logits (softcap={kwargs['softcap']}); attnsens "
+                    f"cannot recompute its rows yet; load the model with attn_logit_softcapping=None to audit it "
+                    f"without the cap"
+                )
             scaling = kwargs.get("scaling")
             if scaling is None:
                 scaling = query.shape[-1] ** -0.5

@@ -24,9 +24,13 @@ AliasLoader = Callable[..., ModelAdapter] | str
 FAMILIES: dict[str, str] = {
     "gpt2": "attnsens.models.gpt2:GPT2Adapter",
     "gpt_neox": "attnsens.models.neox:NeoXAdapter",
-    "llama": "attnsens.models.llama:LlamaAdapter",
+    "llama": "attnsens.models.layouts:LayoutAdapter",
     "bert": "attnsens.models.bert:BertAdapter",
-}
+    **{family: "attnsens.models.bert:BertAdapter" for family in ("roberta", "xlm-roberta", "camembert", "electra")},
+    **{family: "attnsens.models.layouts:LayoutAdapter" for family in (
+        "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2", "opt", "gptj", "distilbert",
+    )},
+}  # fmt: skip
 """transformers ``model_type`` → ``module:AdapterClass``."""
 
 ALIASES: dict[str, AliasLoader] = {}

@@ -14,8 +14,17 @@ from einops import rearrange
 
 from attnsens.models.adapter import ModelSpec
 from attnsens.models.gpt2 import layer_norm
-from attnsens.models.hf import HFAdapter, HookPoint, activation_of, copied, linear_mlp
-from attnsens.models.weights import AttentionWeights, LayerWeights, RotaryConfig
+from attnsens.models.hf import (
+    HFAdapter,
+    HookPoint,
+    activation_of,
+    copied,
+    linear_mlp,
+    rotary_of,
+    rotary_temperature,
+    spec_rotary,
+)
+from attnsens.models.weights import AttentionWeights, LayerWeights
 
 
 class NeoXAdapter(HFAdapter):
@@ -35,7 +44,7 @@ class NeoXAdapter(HFAdapter):
             placement="pre",
             norm="layernorm",
             causal=True,
-            rotary=_rotary(config, d_head),
+            rotary=spec_rotary(config, d_head),
         )
 
     def blocks(self) -> list[torch.nn.Module]:
@@ -52,6 +61,10 @@ class NeoXAdapter(HFAdapter):
             (block.post_attention_layernorm, "output", "mlp_input"),
         ]
 
+    def output_modules(self, layer: int) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
+        block = self.base.layers[layer]
+        return block.attention, block.mlp, block
+
     def read_layers(self) -> list[LayerWeights]:
         return [self._layer(i, block) for i, block in enumerate(self.base.layers)]
 
@@ -65,6 +78,7 @@ class NeoXAdapter(HFAdapter):
         if qkv.bias is not None:
             biases = rearrange(qkv.bias.detach(), "(head three d_head) -> three head d_head", head=n_head, three=3)
         dense = block.attention.dense
+        rotary = rotary_of(self.base.config, self.spec.d_head)
         attention = AttentionWeights(
             w_q=w_q,
             w_k=w_k,
@@ -74,9 +88,9 @@ class NeoXAdapter(HFAdapter):
             b_k=copied(biases[1]),
             b_v=copied(biases[2]),
             b_o=copied(dense.bias),
-            tau=1.0 / block.attention.scaling,
+            tau=rotary_temperature(block.attention.scaling, rotary, self.base.rotary_emb, self.spec.d_head),
             causal=True,
-            rotary=self.spec.rotary,
+            rotary=rotary,
         )
         mlp = linear_mlp(block.mlp.dense_h_to_4h, block.mlp.dense_4h_to_h, activation_of(self.base.config.hidden_act))
         return LayerWeights(
@@ -88,12 +102,3 @@ class NeoXAdapter(HFAdapter):
             mlp_norm=layer_norm(block.post_attention_layernorm),
             parallel_residual=bool(block.use_parallel_residual),
         )
-
-
-def _rotary(config: Any, d_head: int) -> RotaryConfig:
-    rope = config.rope_parameters
-    return RotaryConfig(
-        base=float(rope["rope_theta"]),
-        rotary_dim=int(d_head * rope.get("partial_rotary_factor", 1.0)),
-        interleaved=False,
-    )

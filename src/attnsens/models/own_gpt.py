@@ -1,7 +1,8 @@
 """attnsens' own GPT (``attnsens.train.model.GPT``): read through its TransformerLens-style hook points.
 
 Queries and keys come from ``blocks.{i}.attn.hook_q`` / ``hook_k``; the layer inputs from ``hook_resid_pre``,
-``attn.hook_input`` and ``mlp.hook_input``. For post-LN and DeepNorm blocks the sums entering the norms,
+``attn.hook_input`` and ``mlp.hook_input``; the layer outputs from ``hook_attn_out``, ``hook_mlp_out`` and
+``hook_resid_post``. For post-LN and DeepNorm blocks the sums entering the norms,
 α X + F(X), are rebuilt from the block input and the sublayer outputs (``hook_attn_out``, ``hook_mlp_out``).
 """
 
@@ -106,6 +107,23 @@ class OwnGPTAdapter(ModelAdapter):
                     block.hook_attn_out.register_forward_hook(residual_sum("attention_residual_sum", "block_input"))
                 )
                 handles.append(block.hook_mlp_out.register_forward_hook(residual_sum("mlp_residual_sum", "mlp_input")))
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    @contextlib.contextmanager
+    def layer_output_taps(self, record: Callable[[int, str, Tensor], None]) -> Iterator[None]:
+        points = {"attention_output": "hook_attn_out", "mlp_output": "hook_mlp_out", "block_output": "hook_resid_post"}
+        handles = []
+        for layer, block in enumerate(self.module.blocks):
+            for field, name in points.items():
+
+                def hook(_m: Any, _a: Any, out: Tensor, layer: int = layer, field: str = field) -> None:
+                    record(layer, field, out)
+
+                handles.append(getattr(block, name).register_forward_hook(hook))
         try:
             yield
         finally:

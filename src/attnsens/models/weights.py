@@ -26,13 +26,62 @@ Activation = Literal["gelu", "gelu_tanh", "relu", "silu"]
 MLPKind = Literal["mlp", "gated"]
 
 
+RopeType = Literal["default", "linear", "dynamic", "yarn", "llama3", "longrope"]
+ROPE_TYPES: tuple[str, ...] = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
+
+
 @dataclass(frozen=True, kw_only=True)
 class RotaryConfig:
-    """Rotary position embedding applied to queries and keys (after projection, before the scores)."""
+    """Rotary position embedding applied to queries and keys (after projection, before the scores).
+
+    ``rope_type`` and the fields after it choose the inverse frequencies ω_i (transformers' ``rope_parameters``;
+    computed by ``attnsens.geometry.attention.rotary_inverse_frequencies``). Every type only changes the
+    frequencies, so the map stays a rotation per position. The cos/sin scale of yarn and longrope (their
+    "attention factor" m) is not part of this config: on a fully rotating head it multiplies every score by m²,
+    and adapters fold it into the temperature (τ/m²).
+
+    * ``linear``: ω_i / factor. ``dynamic``: NTK base base·(factor·n'/P − (factor − 1))^(d/(d−2)) with
+      n' = max(n, P), P = ``original_max_positions``. ``yarn``: a ramp between ω_i and ω_i / factor over the
+      dimensions whose rotation count in P lies between ``beta_slow`` and ``beta_fast``. ``llama3``: ω_i / factor
+      for wavelengths above P / low_freq_factor, ω_i below P / high_freq_factor, smoothed in between.
+      ``longrope``: ω_i / long_factor_i when n > P, else ω_i / short_factor_i.
+    """
 
     base: float
     rotary_dim: int  # number of leading dimensions of each head that rotate (d_head for Llama, less for NeoX)
     interleaved: bool = False  # False: rotate halves (GPT-NeoX/Llama "rotate_half"); True: rotate pairs (GPT-J)
+    rope_type: RopeType = "default"
+    factor: float = 1.0
+    original_max_positions: int | None = None  # P above: the pretraining context (dynamic: max positions)
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    truncate: bool = True  # yarn: round the ramp's ends outwards
+    short_factor: tuple[float, ...] | None = None  # longrope, rotary_dim / 2 values
+    long_factor: tuple[float, ...] | None = None  # longrope
+
+    def __post_init__(self) -> None:
+        if self.rope_type not in ROPE_TYPES:
+            raise ConfigError(f"rope_type {self.rope_type!r} is not supported; supported: {', '.join(ROPE_TYPES)}")
+        if not self.base > 0 or not self.factor > 0:
+            raise ConfigError(f"rotary base and factor must be > 0, got base={self.base}, factor={self.factor}")
+        if self.rope_type in ("dynamic", "yarn", "llama3", "longrope") and not (self.original_max_positions or 0) > 0:
+            raise ConfigError(f"rope_type {self.rope_type!r} needs original_max_positions > 0")
+        if self.rope_type == "llama3" and not self.high_freq_factor > self.low_freq_factor > 0:
+            raise ConfigError(
+                f"llama3 rope needs high_freq_factor > low_freq_factor > 0, got {self.high_freq_factor}, "
+                f"{self.low_freq_factor}"
+            )
+        for name in ("short_factor", "long_factor"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, tuple(float(v) for v in value))  # JSON gives lists
+        if self.rope_type == "longrope":
+            half = self.rotary_dim // 2
+            sizes = [None if v is None else len(v) for v in (self.short_factor, self.long_factor)]
+            if sizes != [half, half]:
+                raise ConfigError(f"longrope needs short_factor and long_factor of {half} values, got sizes {sizes}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,8 +117,13 @@ class AttentionWeights:
     tau: float
     causal: bool
     rotary: RotaryConfig | None = None
+    sliding_window: int | None = None  # causal only: query t sees keys t − window < j ≤ t (Mistral, Qwen2, Phi-3)
 
     def __post_init__(self) -> None:
+        if self.sliding_window is not None and (not self.causal or self.sliding_window < 1):
+            raise ConfigError(
+                f"sliding_window={self.sliding_window} needs causal attention and a window of at least 1 key"
+            )
         if self.w_q.ndim != 3 or self.w_k.ndim != 3 or self.w_v.ndim != 3:
             raise ShapeError(
                 "w_q, w_k, w_v must be [head, d_head, d_model]; got "
@@ -130,12 +184,14 @@ class AttentionWeights:
             tau=self.tau,
             causal=self.causal,
             rotary=self.rotary,
+            sliding_window=self.sliding_window,
         )
 
 
 @dataclass(frozen=True, kw_only=True)
 class MLPWeights:
-    """Positionwise map: ``w_out @ act(w_in @ x + b_in) + b_out`` or gated ``w_out @ (act(w_gate x) ⊙ (w_in x))``."""
+    """Positionwise map: ``w_out @ act(w_in x + b_in) + b_out`` or gated
+    ``w_out @ (act(w_gate x + b_gate) ⊙ (w_in x + b_in)) + b_out``."""
 
     kind: MLPKind
     activation: Activation
@@ -144,6 +200,7 @@ class MLPWeights:
     b_in: Tensor | None = None  # [d_ff]
     b_out: Tensor | None = None  # [d_model]
     w_gate: Tensor | None = None  # [d_ff, d_model], gated kind only
+    b_gate: Tensor | None = None  # [d_ff], gated kind only (Llama's mlp_bias=True)
 
     def __post_init__(self) -> None:
         d_ff, d_model = self.w_in.shape
@@ -153,6 +210,10 @@ class MLPWeights:
             raise ConfigError(f"w_gate must be given exactly when kind == 'gated' (kind={self.kind!r})")
         if self.w_gate is not None and self.w_gate.shape != self.w_in.shape:
             raise ShapeError(f"w_gate shape {tuple(self.w_gate.shape)} != w_in shape {tuple(self.w_in.shape)}")
+        if self.b_gate is not None and (self.w_gate is None or self.b_gate.shape != (d_ff,)):
+            raise ShapeError(
+                f"b_gate must be [{d_ff}] beside a w_gate, got {tuple(self.b_gate.shape)} (kind={self.kind!r})"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,9 +1,11 @@
 """Certified bounds of a whole model, layer by layer and head by head, beside empirical estimates.
 
-``bound_model(model, input_ids)`` evaluates, for every layer, the quantities of MATH.md A4 and T4–T8 and returns a
-pandas DataFrame whose columns follow the ``bounds`` table of ``attnsens.store.schema`` (head = −1 rows hold
-layer-level quantities). Inputs come from the model adapter (``layer_inputs``) or, for bare ``LayerWeights``, from
-a residual stream propagated with the reference forward of ``attnsens.geometry.layers``.
+``bound_model(model, input_ids)`` first passes an adapter's normalized weights through the weights-fidelity gate
+(``attnsens.models.fidelity``, on ``input_ids`` or on seeded probe tokens), then evaluates, for every layer, the
+quantities of MATH.md A4 and T4–T8 and returns a pandas DataFrame whose columns follow the ``bounds`` table of
+``attnsens.store.schema`` (head = −1 rows hold layer-level quantities). Inputs come from the model adapter (the
+gated forward pass) or, for bare ``LayerWeights``, from a residual stream propagated with the reference forward of
+``attnsens.geometry.layers``.
 
 Head rows: projection norms, Φ_h, θ̃_h and ``mha_local_jacobian_upper_bound`` = ‖W_O^{(h)}‖(‖W_V^h‖ + θ̃_h Φ_h/τ),
 a certified bound of the Jacobian of head h's own contribution. Layer rows: the certified local bound of the whole
@@ -15,11 +17,12 @@ Jacobian norm at the actual input and tightness ratios; the FFN, T7 block, local
 bounds; LayerNorm condition statistics (T6). All norms in the block-∞ convention named in the ``norm`` column.
 
 Weight file layout (``save_layer_weights`` / ``load_layer_weights``, safetensors): tensors
-``layers.{i}.attention.{w_q,w_k,w_v,w_o,b_q,b_k,b_v,b_o}``, ``layers.{i}.mlp.{w_in,w_out,b_in,b_out,w_gate}``,
+``layers.{i}.attention.{w_q,w_k,w_v,w_o,b_q,b_k,b_v,b_o}``, ``layers.{i}.mlp.{w_in,w_out,b_in,b_out,w_gate,b_gate}``,
 ``layers.{i}.{attn_norm,mlp_norm}.{gamma,beta}`` (absent = None; shapes as in ``attnsens.models.weights``), and
 the metadata key ``attnsens.layers``: a JSON list with, per layer, ``placement``, ``tau``, ``causal``,
 ``mlp_kind``, ``activation``, ``norm_kind``, ``norm_eps`` ([attn, mlp]), ``residual_scale``,
-``parallel_residual`` and ``rotary`` (null or {base, rotary_dim, interleaved}).
+``parallel_residual``, ``rotary`` (null or the fields of ``RotaryConfig``) and ``sliding_window`` (null or an int;
+absent in older files).
 """
 
 from __future__ import annotations
@@ -37,8 +40,9 @@ from torch import Tensor
 
 from attnsens import geometry as G
 from attnsens.errors import FileFormatError, InputError
-from attnsens.geometry.attention import biases_of, causal_mask
+from attnsens.geometry.attention import attention_mask_of, biases_of
 from attnsens.geometry.layers import attention_sublayer, mlp_forward, norm_forward, synthetic_block_input
+from attnsens.models.fidelity import check_weights_fidelity
 from attnsens.models.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights, RotaryConfig
 
 FORMAT_KEY = "attnsens.layers"
@@ -106,7 +110,7 @@ def _layer_records(
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     attn = layer.attention
     x_attn = entry["attention_input"].to(torch.float64)
-    mask = causal_mask(x_attn.shape[1]) if attn.causal else None
+    mask = attention_mask_of(attn, x_attn.shape[1])
     args = (attn.w_q, attn.w_k, attn.w_v, attn.w_o)
     local = G.mha_local_jacobian_upper_bound(
         x_attn, *args, tau=attn.tau, mask=mask, biases=biases_of(attn), rotary=attn.rotary, geometry=geometry
@@ -223,13 +227,19 @@ def bound_model(
 
     Returns:
         DataFrame with the ``bounds`` table's columns (MATH.md A4, T4–T8); certified columns end in ``_upper_bound``.
+
+    Raises:
+        WeightsFidelityError when an adapter's normalized weights do not reproduce the model's own blocks.
     """
     G.norms.check_geometry(geometry)
     layers = list(model) if isinstance(model, list | tuple) else list(model.layers)
     if not layers:
         raise InputError("the model has no layers to bound; pass a model or a non-empty list of LayerWeights")
+    if not isinstance(model, list | tuple):
+        # The gate: bounds of an adapter rest only on weights that reproduce the model (models/fidelity.py).
+        checked = check_weights_fidelity(model, input_ids)
     if input_ids is not None and not isinstance(model, list | tuple):
-        entries = [vars(e) for e in model.layer_inputs(input_ids)]
+        entries = [vars(e) for e in checked]
     else:
         if block_input is None:
             block_input = synthetic_block_input(layers[0].attention.d_model, seq_len)
@@ -263,7 +273,7 @@ def bound_model(
 
 _TENSORS = {
     "attention": ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o"),
-    "mlp": ("w_in", "w_out", "b_in", "b_out", "w_gate"),
+    "mlp": ("w_in", "w_out", "b_in", "b_out", "w_gate", "b_gate"),
     "attn_norm": ("gamma", "beta"),
     "mlp_norm": ("gamma", "beta"),
 }
@@ -289,7 +299,7 @@ def save_layer_weights(layers: Sequence[LayerWeights], path: str | os.PathLike[s
             "norm_kind": None if layer.attn_norm is None else layer.attn_norm.kind,
             "norm_eps": [None if n is None else n.eps for n in (layer.attn_norm, layer.mlp_norm)],
             "residual_scale": layer.residual_scale, "parallel_residual": layer.parallel_residual,
-            "rotary": None if rotary is None else vars(rotary),
+            "rotary": None if rotary is None else vars(rotary), "sliding_window": layer.attention.sliding_window,
         })  # fmt: skip
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -337,6 +347,7 @@ def _layer_from(tensors: dict[str, Tensor], i: int, cfg: dict[str, Any]) -> Laye
 
     attention = AttentionWeights(
         **{n: get("attention", n) for n in _TENSORS["attention"]}, tau=cfg["tau"], causal=cfg["causal"],
+        sliding_window=cfg.get("sliding_window"),
         rotary=None if cfg["rotary"] is None else RotaryConfig(**cfg["rotary"]),
     )  # fmt: skip
     mlp = MLPWeights(kind=cfg["mlp_kind"], activation=cfg["activation"], **{n: get("mlp", n) for n in _TENSORS["mlp"]})

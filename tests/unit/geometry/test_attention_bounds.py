@@ -22,6 +22,7 @@ from tests.reference.jacobian_oracles import (
 
 F64 = torch.float64
 ROPE = RotaryConfig(base=10.0, rotary_dim=2)
+YARN = RotaryConfig(base=10.0, rotary_dim=2, rope_type="yarn", factor=4.0, original_max_positions=3)
 
 
 def _instances(n: int, n_query: int, d_model: int, n_head: int, n_kv: int, d_head: int, seed: int) -> dict:
@@ -57,7 +58,8 @@ def _bounds(inst: dict, *, tau: float, mask, rotary):
 
 
 @pytest.mark.parametrize(
-    ("n_kv", "causal", "rotary"), [(2, False, None), (1, True, None), (2, True, ROPE), (1, False, ROPE)]
+    ("n_kv", "causal", "rotary"),
+    [(2, False, None), (1, True, None), (2, True, ROPE), (1, False, ROPE), (1, True, YARN)],
 )
 def test_estimate_below_local_below_paper_form_below_global_on_random_instances(n_kv, causal, rotary) -> None:
     n, L, tau = 1000, 4, 0.9

@@ -39,9 +39,10 @@ def test_gelu_tanh_constant_of_the_spec_is_too_small() -> None:
     assert float(slope) > 1.12899
 
 
-@pytest.mark.parametrize("gated", [False, True])
-def test_ffn_bounds_hold_at_estimated_worst_inputs(gated: bool) -> None:
-    layer = tiny_layers("pre", gated=gated, norm="rmsnorm" if gated else "layernorm", seed=3)[0]
+@pytest.mark.parametrize(("gated", "gate_bias"), [(False, False), (True, False), (True, True)])
+def test_ffn_bounds_hold_at_estimated_worst_inputs(gated: bool, gate_bias: bool) -> None:
+    kwargs = {"gated": gated, "gate_bias": gate_bias, "norm": "rmsnorm" if gated else "layernorm"}
+    layer = tiny_layers("pre", **kwargs, seed=3)[0]
     radius_rms = 2.0
     bound = ffn_lipschitz_upper_bound(layer.mlp, radius_l2=radius_rms * math.sqrt(10))
     X = synthetic_block_input(10, 9, batch=3, rms=radius_rms, seed=5)

@@ -22,6 +22,7 @@ def tiny_layers(
     norm: str = "layernorm",
     rotary: bool = False,
     biases: bool = True,
+    gate_bias: bool = False,
     seed: int = 0,
     dtype: torch.dtype = torch.float64,
 ) -> list[LayerWeights]:
@@ -46,8 +47,10 @@ def tiny_layers(
         mlp = MLPWeights(
             kind="gated" if gated else "mlp", activation="silu" if gated else "gelu_tanh",
             w_in=r(d_ff, d_model, scale=s), w_out=r(d_model, d_ff, scale=1 / math.sqrt(d_ff)),
-            b_in=None if gated or not biases else r(d_ff, scale=0.1), b_out=r(d_model, scale=0.1) if biases else None,
+            b_in=r(d_ff, scale=0.1) if biases and (gate_bias or not gated) else None,
+            b_out=r(d_model, scale=0.1) if biases else None,
             w_gate=r(d_ff, d_model, scale=s) if gated else None,
+            b_gate=r(d_ff, scale=0.5) if gated and gate_bias else None,
         )  # fmt: skip
 
         def make_norm() -> NormWeights | None:

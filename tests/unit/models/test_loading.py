@@ -12,10 +12,10 @@ from tests.unit.models.tiny_models import tiny_model
 
 
 def test_unknown_family_lists_the_supported_ones() -> None:
-    from transformers import GPTJConfig, GPTJModel
+    from transformers import BloomConfig, BloomModel
 
-    model = GPTJModel(GPTJConfig(n_layer=1, n_head=2, n_embd=8, rotary_dim=2, vocab_size=11, n_positions=7))
-    with pytest.raises(UnsupportedModelError, match=r"'gptj'.*gpt2, gpt_neox, llama, bert"):
+    model = BloomModel(BloomConfig(n_layer=1, n_head=2, hidden_size=8, vocab_size=11))
+    with pytest.raises(UnsupportedModelError, match=r"'bloom'.*gpt2, gpt_neox, llama, bert"):
         M.load(model)
 
 

@@ -6,67 +6,106 @@ import torch
 from transformers import (
     BertConfig,
     BertModel,
+    DistilBertConfig,
+    DistilBertModel,
+    ElectraConfig,
+    ElectraModel,
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    GemmaConfig,
+    GemmaForCausalLM,
     GPT2Config,
     GPT2LMHeadModel,
+    GPTJConfig,
+    GPTJForCausalLM,
     GPTNeoXConfig,
     GPTNeoXModel,
     LlamaConfig,
     LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Olmo2Config,
+    Olmo2ForCausalLM,
+    OPTConfig,
+    OPTForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+    RobertaConfig,
+    RobertaModel,
 )
 
 VOCAB = 53
 FAMILIES = ("gpt2", "gpt_neox", "llama", "bert")
+DECODER_FAMILIES = ("mistral", "qwen2", "gemma", "phi3", "opt", "opt_post", "gptj")
+"""Families bounded through the declarative decoder table (models/layouts.py); sliding windows of 5 keys."""
+REFUSED_FAMILIES = ("qwen3", "gemma2", "olmo2")
+"""Families whose rows are audited but whose blocks the geometry cannot bound yet."""
+ENCODER_FAMILIES = ("roberta", "electra", "distilbert")
+"""Encoders read by the BERT adapter (RoBERTa, ELECTRA) and by the layout table (DistilBERT)."""
 
 
-def tiny_model(family: str, *, attn_implementation: str = "sdpa", seed: int = 0) -> torch.nn.Module:
-    """A random-init model of ``family`` in eval mode: 2 layers, d_head 5 or 7, GQA 6:2 for Llama."""
-    torch.manual_seed(seed)
-    common = {"vocab_size": VOCAB, "attn_implementation": attn_implementation}
-    if family == "gpt2":
-        config = GPT2Config(n_layer=2, n_head=3, n_embd=21, n_positions=41, bos_token_id=0, eos_token_id=0, **common)
-        model = GPT2LMHeadModel(config)
-    elif family == "gpt_neox":
-        config = GPTNeoXConfig(
-            num_hidden_layers=2,
-            num_attention_heads=3,
-            hidden_size=30,
-            intermediate_size=37,
-            max_position_embeddings=41,
-            rotary_pct=0.4,
-            bos_token_id=0,
-            eos_token_id=0,
-            **common,
-        )
-        model = GPTNeoXModel(config)
-    elif family == "llama":
-        config = LlamaConfig(
-            num_hidden_layers=2,
-            num_attention_heads=6,
-            num_key_value_heads=2,
-            hidden_size=6 * 6,
-            intermediate_size=37,
-            max_position_embeddings=41,
-            rope_theta=500.0,
-            **common,
-        )
-        model = LlamaForCausalLM(config)
-    elif family == "bert":
-        config = BertConfig(
-            num_hidden_layers=2,
-            num_attention_heads=3,
-            hidden_size=21,
-            intermediate_size=37,
-            max_position_embeddings=41,
-            **common,
-        )
-        model = BertModel(config, add_pooling_layer=False)
-    else:
+_GQA = {"num_hidden_layers": 2, "num_attention_heads": 6, "num_key_value_heads": 2, "hidden_size": 6 * 6,
+        "intermediate_size": 37, "max_position_embeddings": 41}  # fmt: skip
+CONFIGS = {
+    "gpt2": (GPT2Config, GPT2LMHeadModel, {"n_layer": 2, "n_head": 3, "n_embd": 21, "n_positions": 41,
+                                           "bos_token_id": 0, "eos_token_id": 0}),
+    "gpt_neox": (GPTNeoXConfig, GPTNeoXModel, {"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 30,
+                                               "intermediate_size": 37, "max_position_embeddings": 41,
+                                               "rotary_pct": 0.4, "bos_token_id": 0, "eos_token_id": 0}),
+    "llama": (LlamaConfig, LlamaForCausalLM, {"num_hidden_layers": 2, "num_attention_heads": 6,
+                                              "num_key_value_heads": 2, "hidden_size": 6 * 6,
+                                              "intermediate_size": 37, "max_position_embeddings": 41,
+                                              "rope_theta": 500.0}),
+    "bert": (BertConfig, BertModel, {"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 21,
+                                     "intermediate_size": 37, "max_position_embeddings": 41}),
+    "roberta": (RobertaConfig, RobertaModel, {"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 21,
+                                              "intermediate_size": 37, "max_position_embeddings": 43,
+                                              "pad_token_id": 1}),
+    "electra": (ElectraConfig, ElectraModel, {"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 21,
+                                              "embedding_size": 13, "intermediate_size": 37,
+                                              "max_position_embeddings": 41}),
+    "gptj": (GPTJConfig, GPTJForCausalLM, {"n_layer": 2, "n_head": 3, "n_embd": 24, "n_inner": 37, "rotary_dim": 4,
+                                           "n_positions": 41, "bos_token_id": 0, "eos_token_id": 0}),
+    "distilbert": (DistilBertConfig, DistilBertModel, {"n_layers": 2, "n_heads": 3, "dim": 21, "hidden_dim": 37,
+                                                       "max_position_embeddings": 41}),
+    "mistral": (MistralConfig, MistralForCausalLM, {**_GQA, "sliding_window": 5}),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM, {**_GQA, "use_sliding_window": True, "sliding_window": 5,
+                                              "max_window_layers": 1}),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, {**_GQA, "head_dim": 6}),
+    "gemma": (GemmaConfig, GemmaForCausalLM, {**_GQA, "head_dim": 8}),
+    "gemma2": (Gemma2Config, Gemma2ForCausalLM, {**_GQA, "head_dim": 8, "sliding_window": 5}),
+    "phi3": (Phi3Config, Phi3ForCausalLM, {**_GQA, "sliding_window": 5, "pad_token_id": 0, "bos_token_id": 0,
+                                           "eos_token_id": 0}),
+    "olmo2": (Olmo2Config, Olmo2ForCausalLM, {**_GQA, "pad_token_id": 0}),
+    "opt": (OPTConfig, OPTForCausalLM, {"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 21,
+                                        "ffn_dim": 37, "max_position_embeddings": 41, "word_embed_proj_dim": 21,
+                                        "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 0}),
+    "opt_post": (OPTConfig, OPTForCausalLM, {"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 21,
+                                             "ffn_dim": 37, "max_position_embeddings": 41,
+                                             "word_embed_proj_dim": 21, "do_layer_norm_before": False,
+                                             "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 0}),
+}  # fmt: skip
+"""family → (config class, model class, config keywords): 2 layers, d_head 5, 6 or 7, GQA 6:2 for Llama."""
+
+
+def tiny_model(family: str, *, attn_implementation: str = "sdpa", seed: int = 0, **config: object) -> torch.nn.Module:
+    """A random-init model of ``family`` in eval mode with realistic weight scales; ``config`` overrides keywords."""
+    if family not in CONFIGS:
         raise ValueError(family)
-    _spread_weights(model)
+    torch.manual_seed(seed)
+    config_class, model_class, keywords = CONFIGS[family]
+    settings = config_class(**{**keywords, **config}, vocab_size=VOCAB, attn_implementation=attn_implementation)
+    extra = {"add_pooling_layer": False} if family in ("bert", "roberta") else {}
+    model = model_class(settings, **extra)
+    spread_weights(model)
     return model.eval()
 
 
-def _spread_weights(model: torch.nn.Module) -> None:
+def spread_weights(model: torch.nn.Module) -> None:
     # Default init (std 0.02) gives almost uniform attention; larger weights give rows with structure
     # (dominant atoms, sinks) so that comparisons exercise more than the uniform case.
     with torch.no_grad():

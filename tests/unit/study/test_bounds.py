@@ -98,3 +98,30 @@ def test_bound_model_on_an_own_gpt_adapter(norm: str) -> None:
     assert list(layer_rows["layer"]) == [0, 1]
     assert (layer_rows["mha_jacobian_estimate"] <= layer_rows["mha_local_jacobian_upper_bound"]).all()
     assert (layer_rows["block_jacobian_estimate"] <= layer_rows["residual_jacobian_upper_bound"]).all()
+
+
+def _saved_with_tokenizer(model: torch.nn.Module, directory) -> str:
+    """``model`` saved with a word-level tokenizer over its vocabulary, loadable by ``attnsens bounds DIR``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(model.config.vocab_size)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="w0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="w0").save_pretrained(directory)
+    model.save_pretrained(directory)
+    return str(directory)
+
+
+def test_cli_bounds_gates_a_model_directory(tmp_path) -> None:
+    from tests.unit.models.tiny_models import tiny_model
+
+    text = tmp_path / "text.txt"
+    text.write_text(" ".join(f"w{i % 50}" for i in range(3, 40)), encoding="utf-8")
+    args = ["--text", str(text), "--seq-len", "12", "--queries", "2", "--iterations", "3", "--json"]
+    bounded = CliRunner().invoke(app, ["bounds", _saved_with_tokenizer(tiny_model("mistral"), tmp_path / "m"), *args])
+    assert bounded.exit_code == 0, bounded.output
+    assert [r["layer"] for r in json.loads(bounded.output)["records"] if r["head"] == -1] == [0, 1]
+    refused = CliRunner().invoke(app, ["bounds", _saved_with_tokenizer(tiny_model("qwen3"), tmp_path / "q"), *args])
+    assert refused.exit_code == 1
+    assert "QK-norm" in refused.output and "Traceback" not in refused.output

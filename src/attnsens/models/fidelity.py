@@ -1,0 +1,175 @@
+"""The weights-fidelity gate: normalized weights must reproduce the model's own blocks before anything is bounded.
+
+A certified bound is a statement about the function the normalized ``LayerWeights`` define; it says something
+about the model only if that function is the model's. The gate runs the model once on real tokens with taps on
+every layer's inputs and outputs, evaluates the reference forward (``attnsens.geometry.layers``) of each layer's
+normalized weights on the inputs the model actually saw, and compares sub-output by sub-output:
+
+==============  ===========================================  ==================================================
+field           reference (float64, from the captured input)  model's own tensor
+==============  ===========================================  ==================================================
+``attn_norm``   N1 of the block input (pre) or of αX + A       the attention input (pre) or the MLP input (post)
+``attention``   Attn(attention input)                         the attention sublayer's output
+``mlp_norm``    N2 of X + A (pre; X when parallel) or αY + F   the MLP input (pre) or the block output (post)
+``mlp``         MLP(MLP input)                                the MLP's output
+``block``       the whole block on the block input            the block output
+==============  ===========================================  ==================================================
+
+Each comparison is a relative error max_t ‖ref_t − out_t‖₂ / max_t ‖out_t‖₂ over all tokens; a value above the
+tolerance of the model's float type raises :class:`~attnsens.errors.WeightsFidelityError` naming the family, the
+layer and the field. Checking on the captured sub-inputs (not a propagated stream) localises a mismatch to the
+sublayer that causes it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+import torch
+from torch import Tensor
+
+from attnsens.errors import WeightsFidelityError
+from attnsens.models.adapter import LayerInputs, ModelAdapter
+from attnsens.models.weights import LayerWeights
+
+FIELDS = ("attn_norm", "attention", "mlp_norm", "mlp", "block")
+"""The sub-outputs the gate compares, in forward order."""
+
+DEFAULT_TOLERANCE: dict[torch.dtype, float] = {
+    # transformers computes RoPE tables in float32 even for float64 models (relative error ~2e-7 measured)
+    torch.float64: 1e-6,
+    torch.float32: 1e-4,
+    torch.float16: 1e-2,
+    torch.bfloat16: 3e-2,  # measured up to 1.1e-2 on tiny random-init models (one bfloat16 rounding is 3.9e-3)
+}
+"""Largest accepted relative error per model float type (structural mismatches give 5e-2 to 1.5)."""
+HALF_TOLERANCE = 3e-2
+"""Tolerance of any other float type."""
+
+PROBE_LENGTH = 16
+
+
+@dataclass(frozen=True, kw_only=True)
+class FieldFidelity:
+    """One comparison of the gate: ``relative_error`` of ``field`` in ``layer`` against ``tolerance``."""
+
+    layer: int
+    field: str
+    relative_error: float
+    tolerance: float
+
+    @property
+    def passed(self) -> bool:
+        return self.relative_error <= self.tolerance
+
+
+def probe_input_ids(adapter: ModelAdapter, length: int = PROBE_LENGTH) -> Tensor:
+    """Seeded token ids ``[1, n]`` (n = min(length, context)) for gating a model when no tokens are given."""
+    n = max(1, min(length, adapter.spec.max_positions))
+    generator = torch.Generator().manual_seed(0)
+    return torch.randint(0, adapter.spec.vocab_size, (1, n), generator=generator)
+
+
+def relative_error(reference: Tensor, observed: Tensor) -> float:
+    """max over tokens of ‖reference − observed‖₂ divided by the largest token norm of ``observed`` (of
+    ``reference`` when ``observed`` is zero); inf for mismatched shapes or non-finite values."""
+    reference, observed = reference.to(torch.float64), observed.to(torch.float64)
+    if reference.shape != observed.shape:
+        return math.inf
+    scale = torch.linalg.vector_norm(observed, dim=-1).amax()
+    if scale == 0:
+        scale = torch.linalg.vector_norm(reference, dim=-1).amax()
+    error = torch.linalg.vector_norm(reference - observed, dim=-1).amax()
+    if error == 0:
+        return 0.0
+    value = float(error / scale) if scale > 0 else math.inf
+    return value if math.isfinite(value) else math.inf
+
+
+def tolerance_of(dtype: torch.dtype) -> float:
+    """The gate's default tolerance for a model whose weights are ``dtype``."""
+    return DEFAULT_TOLERANCE.get(dtype, HALF_TOLERANCE)
+
+
+def _comparisons(layer: LayerWeights, seen: dict[str, Tensor]) -> dict[str, tuple[Callable[[], Tensor], Tensor]]:
+    """field → (reference thunk, the model's tensor), all reference inputs taken from the model's own tensors."""
+    # Imported here: attnsens.geometry imports attnsens.models.weights, which loads this package first.
+    from attnsens.geometry.layers import attention_sublayer, block_forward, mlp_forward, norm_forward
+
+    x, a_in, m_in = seen["block_input"], seen["attention_input"], seen["mlp_input"]
+    a_out, m_out, y = seen["attention_output"], seen["mlp_output"], seen["block_output"]
+    checks: dict[str, tuple[Callable[[], Tensor], Tensor]] = {
+        "attention": (lambda: attention_sublayer(a_in, layer.attention), a_out),
+        "mlp": (lambda: mlp_forward(m_in, layer.mlp), m_out),
+        "block": (lambda: block_forward(x, layer), y),
+    }
+    alpha = layer.residual_scale
+    if layer.placement == "pre":
+        mid = x if layer.parallel_residual else x + a_out
+        checks["attn_norm"] = (lambda: norm_forward(x, layer.attn_norm), a_in)
+        checks["mlp_norm"] = (lambda: norm_forward(mid, layer.mlp_norm), m_in)
+    elif layer.placement == "post":
+        checks["attn_norm"] = (lambda: norm_forward(alpha * a_in + a_out, layer.attn_norm), m_in)
+        checks["mlp_norm"] = (lambda: norm_forward(alpha * m_in + m_out, layer.mlp_norm), y)
+    return {field: checks[field] for field in FIELDS if field in checks}
+
+
+def weights_fidelity(
+    adapter: ModelAdapter, input_ids: Tensor | None = None, *, tolerance: float | None = None
+) -> tuple[list[LayerInputs], list[FieldFidelity]]:
+    """Run the model once on ``input_ids`` (default: :func:`probe_input_ids`) and compare every layer's
+    normalized weights with the model's own sub-outputs (module docstring).
+
+    Returns:
+        The layer inputs of that forward pass and one :class:`FieldFidelity` per (layer, field); nothing raised.
+    """
+    input_ids = adapter.check_input_ids(probe_input_ids(adapter) if input_ids is None else input_ids)
+    layers = adapter.layers  # first: an adapter that refuses a model's weights does so before any hook is placed
+    found: dict[int, dict[str, Tensor]] = {i: {} for i in range(adapter.spec.n_layer)}
+
+    def record(layer: int, field: str, tensor: Tensor) -> None:
+        found[layer][field] = tensor.detach()
+
+    with adapter.inference(), adapter.layer_input_taps(record), adapter.layer_output_taps(record):
+        adapter.forward(input_ids, None)
+    limit = tolerance_of(layers[0].attention.w_q.dtype) if tolerance is None else tolerance
+    results = []
+    with torch.no_grad():
+        for layer, seen in zip(layers, (found[i] for i in range(len(layers))), strict=True):
+            f64 = {name: t.to(torch.float64) for name, t in seen.items()}
+            for field, (reference, observed) in _comparisons(layer, f64).items():
+                error = relative_error(reference(), observed)
+                results.append(FieldFidelity(layer=layer.index, field=field, relative_error=error, tolerance=limit))
+    names = {f.name for f in fields(LayerInputs)}
+    inputs = [
+        LayerInputs(layer=i, **{k: v for k, v in found[i].items() if k in names}) for i in range(adapter.spec.n_layer)
+    ]
+    return inputs, results
+
+
+def check_weights_fidelity(
+    adapter: ModelAdapter, input_ids: Tensor | None = None, *, tolerance: float | None = None
+) -> list[LayerInputs]:
+    """The gate: :func:`weights_fidelity`, raising on the first (layer, field) in forward order that fails.
+
+    Returns:
+        The layer inputs of the checked forward pass (what a bound on ``input_ids`` then uses).
+
+    Raises:
+        WeightsFidelityError naming the family, layer, field and relative error; UnsupportedModelError when the
+        adapter already knows it cannot read the model's weights.
+    """
+    inputs, results = weights_fidelity(adapter, input_ids, tolerance=tolerance)
+    for result in results:
+        if not result.passed:
+            raise WeightsFidelityError(
+                family=adapter.family,
+                layer=result.layer,
+                field=result.field,
+                relative_error=result.relative_error,
+                tolerance=result.tolerance,
+                model=adapter.name,
+            )
+    return inputs

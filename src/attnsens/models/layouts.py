@@ -1,0 +1,337 @@
+"""Families read from one declarative table (:data:`LAYOUTS`): the decoders Llama (SmolLM2), Mistral, Qwen2,
+Gemma, Phi-3, OPT and GPT-J, the encoder DistilBERT, plus the families whose blocks the geometry cannot bound
+yet (Qwen3, Gemma 2/3, OLMo 2), which are refused by name.
+
+A :class:`BlockLayout` says where a family keeps each part of a block and what it does differently: fused
+projections (Phi-3's ``qkv_proj`` = [q; k; v] rows, ``gate_up_proj`` = [gate; up] rows), Gemma's RMSNorm scale
+(1 + w), a plain MLP (OPT's fc1/fc2), the query scaling folded into q_proj (OPT), GPT-J's parallel residual and
+interleaved rotary, where a sliding window is read, and what makes a block unboundable. Everything else — GQA,
+every RoPE type (``hf.rotary_of``), biases, the yarn/longrope attention factor folded into τ — is common.
+
+A GGUF Llama checkpoint stores q/k rows permuted for llama.cpp's interleaved rotary; transformers undoes that
+permutation while loading, so ``q_proj``/``k_proj`` are already in the rotate-half layout RotaryConfig uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from attnsens.errors import UnsupportedModelError
+from attnsens.models.adapter import ModelSpec
+from attnsens.models.gpt2 import layer_norm
+from attnsens.models.hf import (
+    HFAdapter,
+    HookPoint,
+    activation_of,
+    copied,
+    rotary_of,
+    rotary_temperature,
+    spec_rotary,
+    split_bias,
+    split_heads,
+)
+from attnsens.models.weights import AttentionWeights, LayerWeights, MLPWeights, NormKind, NormWeights, RotaryConfig
+
+
+@dataclass(frozen=True, kw_only=True)
+class BlockLayout:
+    """Where one family keeps the parts of a block (attribute names) and its departures from Llama."""
+
+    blocks: str = "layers"  # attribute of the base model (dotted) holding the blocks
+    attention: str = "self_attn"
+    q: str = "q_proj"
+    k: str = "k_proj"
+    v: str = "v_proj"
+    o: str = "o_proj"
+    qkv: str | None = None  # fused [q; k; v] projection replacing q, k, v
+    mlp: str = "mlp"  # the module whose output is the MLP's output
+    up: str = "mlp.up_proj"
+    gate: str | None = "mlp.gate_proj"  # None: plain MLP down(act(up x))
+    down: str = "mlp.down_proj"
+    gate_up: str | None = None  # fused [gate; up] projection replacing gate and up
+    attn_norm: str = "input_layernorm"
+    mlp_norm: str = "post_attention_layernorm"
+    norm: NormKind = "rmsnorm"
+    gamma_offset: float = 0.0  # Gemma's RMSNorm multiplies by (1 + weight)
+    activation: str = "hidden_act"  # config attribute naming the MLP activation
+    rotary: Literal["rope_parameters", "gptj", "none"] = "rope_parameters"  # gptj: base 10⁴, pairs, rotary_dim
+    parallel_residual: bool = False  # X + Attn(N1(X)) + MLP(N2(X)) (GPT-J: N1 = N2 = ln_1)
+    post_norm: bool = False  # post-LN blocks always (DistilBERT); OPT reads do_layer_norm_before instead
+    causal: bool = True  # False: bidirectional encoder; Gemma's use_bidirectional_attention also turns it off
+    query_scaled_in_projection: bool = False  # OPT: q = scaling·q_proj(x), the attention function gets scaling 1
+    window: Literal["none", "config", "module"] = "none"  # where a sliding window is read
+    refused: tuple[tuple[str, str], ...] = ()  # ("block.<attr>" or "config.<attr>" present and not None, why)
+
+
+_UNBOUNDED_QK_NORM = "QK-norm (RMSNorm of queries and keys) has no certified bound in attnsens.geometry yet"
+LAYOUTS: dict[str, BlockLayout] = {
+    "llama": BlockLayout(),
+    "mistral": BlockLayout(window="config"),
+    "qwen2": BlockLayout(window="module"),
+    "qwen3": BlockLayout(window="module", refused=(("block.self_attn.q_norm", _UNBOUNDED_QK_NORM),)),
+    "gemma": BlockLayout(gamma_offset=1.0),
+    "gemma2": BlockLayout(
+        gamma_offset=1.0,
+        activation="hidden_activation",
+        window="module",
+        refused=(
+            ("block.pre_feedforward_layernorm", "sandwich norms (a norm after each sublayer) are not in LayerWeights"),
+            ("config.attn_logit_softcapping", "the attention logit softcap has no certified bound yet"),
+        ),
+    ),
+    "gemma3_text": BlockLayout(
+        gamma_offset=1.0,
+        activation="hidden_activation",
+        window="module",
+        refused=(
+            ("block.self_attn.q_norm", _UNBOUNDED_QK_NORM),
+            ("block.pre_feedforward_layernorm", "sandwich norms (a norm after each sublayer) are not in LayerWeights"),
+        ),
+    ),
+    "phi3": BlockLayout(qkv="qkv_proj", gate_up="mlp.gate_up_proj", window="config"),
+    "olmo2": BlockLayout(
+        refused=(
+            ("block.self_attn.q_norm", _UNBOUNDED_QK_NORM),
+            ("block.post_feedforward_layernorm", "norms after each sublayer (x + N(F(x))) are not in LayerWeights"),
+        ),
+    ),
+    "opt": BlockLayout(
+        blocks="decoder.layers",
+        o="out_proj",
+        mlp="fc2",
+        up="fc1",
+        gate=None,
+        down="fc2",
+        attn_norm="self_attn_layer_norm",
+        mlp_norm="final_layer_norm",
+        norm="layernorm",
+        activation="activation_function",
+        rotary="none",
+        query_scaled_in_projection=True,
+    ),
+    "gptj": BlockLayout(
+        blocks="h",
+        attention="attn",
+        o="out_proj",
+        up="mlp.fc_in",
+        gate=None,
+        down="mlp.fc_out",
+        attn_norm="ln_1",
+        mlp_norm="ln_1",
+        norm="layernorm",
+        activation="activation_function",
+        rotary="gptj",
+        parallel_residual=True,
+    ),
+    "distilbert": BlockLayout(
+        blocks="transformer.layer",
+        attention="attention",
+        q="q_lin",
+        k="k_lin",
+        v="v_lin",
+        o="out_lin",
+        mlp="ffn",
+        up="ffn.lin1",
+        gate=None,
+        down="ffn.lin2",
+        attn_norm="sa_layer_norm",
+        mlp_norm="output_layer_norm",
+        norm="layernorm",
+        activation="activation",
+        rotary="none",
+        post_norm=True,
+        causal=False,
+    ),
+}
+"""transformers ``model_type`` → layout; ``loading.FAMILIES`` maps each of these to :class:`LayoutAdapter`."""
+
+
+def _get(root: Any, path: str) -> Any:
+    for name in path.split("."):
+        root = getattr(root, name, None)
+    return root
+
+
+class LayoutAdapter(HFAdapter):
+    """Any family of :data:`LAYOUTS`; ``family`` is the transformers ``model_type``."""
+
+    def __init__(self, module: torch.nn.Module, *, name: str, tokenizer: Any = None) -> None:
+        self.layout = layout_of(module.base_model.config.model_type)
+        super().__init__(module, name=name, tokenizer=tokenizer)
+
+    @classmethod
+    def spec_of(cls, config: Any) -> ModelSpec:
+        layout = layout_of(config.model_type)
+        d_head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        placement = "post" if layout.post_norm or not getattr(config, "do_layer_norm_before", True) else "pre"
+        return ModelSpec(
+            n_layer=config.num_hidden_layers,
+            n_head=config.num_attention_heads,
+            n_kv_head=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+            d_model=config.hidden_size,
+            d_head=d_head,
+            max_positions=config.max_position_embeddings,
+            vocab_size=config.vocab_size,
+            placement=placement,
+            norm=layout.norm,
+            causal=layout.causal and not getattr(config, "use_bidirectional_attention", False),
+            rotary=_rotary(layout, config, d_head, refuse=False),
+        )
+
+    def blocks(self) -> list[torch.nn.Module]:
+        return list(_get(self.base, self.layout.blocks))
+
+    def attention_modules(self) -> list[torch.nn.Module]:
+        return [getattr(block, self.layout.attention) for block in self.blocks()]
+
+    def attention_window(self, layer: int) -> int | None:
+        if self.layout.window == "config":
+            return getattr(self.base.config, "sliding_window", None)
+        if self.layout.window == "module":
+            return getattr(self.attention_modules()[layer], "sliding_window", None)
+        return None
+
+    def hook_points(self, layer: int) -> list[HookPoint]:
+        block, lay = self.blocks()[layer], self.layout
+        first_mlp = _get(block, lay.gate_up or lay.up)
+        if self.spec.placement == "pre":
+            return [
+                (block, "input", "block_input"),
+                (getattr(block, lay.attn_norm), "output", "attention_input"),
+                (getattr(block, lay.mlp_norm), "output", "mlp_input"),
+            ]
+        return [
+            (block, "input", "block_input"),
+            (getattr(block, lay.attention), "input", "attention_input"),
+            (getattr(block, lay.attn_norm), "input", "attention_residual_sum"),
+            (first_mlp, "input", "mlp_input"),
+            (getattr(block, lay.mlp_norm), "input", "mlp_residual_sum"),
+        ]
+
+    def output_modules(self, layer: int) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
+        block = self.blocks()[layer]
+        return getattr(block, self.layout.attention), _get(block, self.layout.mlp), block
+
+    def read_layers(self) -> list[LayerWeights]:
+        for index, block in enumerate(self.blocks()):
+            self._refuse_unbounded(index, block)
+        return [self._layer(i, block) for i, block in enumerate(self.blocks())]
+
+    def _refuse_unbounded(self, index: int, block: torch.nn.Module) -> None:
+        roots = {"block": block, "config": self.base.config}
+        for path, reason in self.layout.refused:
+            root, _, rest = path.partition(".")
+            if _get(roots[root], rest) is not None:
+                raise UnsupportedModelError(
+                    f"{self.family} layer {index}: {reason} ({path.replace('block.', '')}); attnsens audits its "
+                    f"attention rows but refuses to bound it"
+                )
+
+    def _layer(self, index: int, block: torch.nn.Module) -> LayerWeights:
+        s, lay, config = self.spec, self.layout, self.base.config
+        attn = getattr(block, lay.attention)
+        w_q, w_k, w_v, b_q, b_k, b_v = self._projections(attn)
+        scaling = float(getattr(attn, "scaling", s.d_head**-0.5))
+        tau = 1.0 / scaling
+        if lay.query_scaled_in_projection:
+            w_q, b_q, tau = w_q * scaling, None if b_q is None else b_q * scaling, 1.0
+        rotary = _rotary(lay, config, s.d_head, refuse=True)
+        if rotary is not None:
+            tau = rotary_temperature(1.0 / tau, rotary, getattr(self.base, "rotary_emb", None), s.d_head)
+        out = getattr(attn, lay.o)
+        attention = AttentionWeights(
+            w_q=split_heads(w_q, s.n_head),
+            w_k=split_heads(w_k, s.n_kv_head),
+            w_v=split_heads(w_v, s.n_kv_head),
+            w_o=out.weight.detach().clone(),
+            b_q=split_bias(b_q, s.n_head),
+            b_k=split_bias(b_k, s.n_kv_head),
+            b_v=split_bias(b_v, s.n_kv_head),
+            b_o=copied(out.bias),
+            tau=tau,
+            causal=s.causal,
+            rotary=rotary,
+            sliding_window=self.attention_window(index),
+        )
+        return LayerWeights(
+            index=index,
+            placement=s.placement,
+            attention=attention,
+            mlp=self._mlp(block),
+            attn_norm=self._norm(getattr(block, lay.attn_norm)),
+            mlp_norm=self._norm(getattr(block, lay.mlp_norm)),
+            parallel_residual=lay.parallel_residual,
+        )
+
+    def _projections(self, attn: torch.nn.Module) -> tuple[Tensor, ...]:
+        """w_q, w_k, w_v [out, d_model] and their biases (None when absent), split from a fused qkv if need be."""
+        s = self.spec
+        if self.layout.qkv is None:
+            linears = [getattr(attn, name) for name in (self.layout.q, self.layout.k, self.layout.v)]
+            weights = [linear.weight.detach().clone() for linear in linears]
+            return (*weights, *(copied(linear.bias) for linear in linears))
+        fused = getattr(attn, self.layout.qkv)
+        sizes = [s.n_head * s.d_head, s.n_kv_head * s.d_head, s.n_kv_head * s.d_head]
+        weights = [w.clone() for w in fused.weight.detach().split(sizes, dim=0)]
+        biases = [None] * 3 if fused.bias is None else [b.clone() for b in fused.bias.detach().split(sizes)]
+        return (*weights, *biases)
+
+    def _mlp(self, block: torch.nn.Module) -> MLPWeights:
+        lay = self.layout
+        activation = activation_of(getattr(self.base.config, lay.activation))
+        down = _get(block, lay.down)
+        if lay.gate_up is not None:
+            fused = _get(block, lay.gate_up)
+            w_gate, w_in = (w.clone() for w in fused.weight.detach().chunk(2, dim=0))
+            b_gate, b_in = (None, None) if fused.bias is None else (b.clone() for b in fused.bias.detach().chunk(2))
+        else:
+            up = _get(block, lay.up)
+            w_in, b_in = up.weight.detach().clone(), copied(up.bias)
+            gate = None if lay.gate is None else _get(block, lay.gate)
+            w_gate = None if gate is None else gate.weight.detach().clone()
+            b_gate = None if gate is None else copied(gate.bias)
+        return MLPWeights(
+            kind="mlp" if w_gate is None else "gated",
+            activation=activation,
+            w_in=w_in,
+            b_in=b_in,
+            w_gate=w_gate,
+            b_gate=b_gate,
+            w_out=down.weight.detach().clone(),
+            b_out=copied(down.bias),
+        )
+
+    def _norm(self, module: torch.nn.Module) -> NormWeights:
+        if self.layout.norm == "layernorm":
+            return layer_norm(module)
+        return rms_norm(module, gamma_offset=self.layout.gamma_offset)
+
+
+def _rotary(layout: BlockLayout, config: Any, d_head: int, *, refuse: bool) -> RotaryConfig | None:
+    """The layout's rotary: from ``rope_parameters`` (refusing unknown types when ``refuse``), GPT-J's fixed
+    interleaved RoPE on the first ``rotary_dim`` dimensions, or None."""
+    if layout.rotary == "gptj":
+        return RotaryConfig(base=10000.0, rotary_dim=config.rotary_dim or d_head, interleaved=True)
+    if layout.rotary == "rope_parameters":
+        return rotary_of(config, d_head) if refuse else spec_rotary(config, d_head)
+    return None
+
+
+def layout_of(model_type: str) -> BlockLayout:
+    if model_type not in LAYOUTS:
+        raise UnsupportedModelError(f"no block layout for {model_type!r}; known: {', '.join(LAYOUTS)}")
+    return LAYOUTS[model_type]
+
+
+def rms_norm(module: torch.nn.Module, *, gamma_offset: float = 0.0) -> NormWeights:
+    """NormWeights of an HF RMSNorm: γ = offset + ``weight``, eps from ``variance_epsilon`` or ``eps``."""
+    eps = getattr(module, "variance_epsilon", None)
+    eps = module.eps if eps is None else eps
+    gamma = module.weight.detach().clone()
+    if gamma_offset:
+        gamma = gamma + gamma_offset
+    return NormWeights(kind="rmsnorm", gamma=gamma, beta=None, eps=float(eps))

@@ -1,0 +1,137 @@
+"""Families of the declarative layout table (models/layouts.py) and the BERT-layout encoders: the gate passes on
+each, mutations are refused, families the geometry cannot bound are refused by name while their rows stay
+auditable."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+import attnsens.models as M
+from attnsens.capture import RowSelection, capture_row_statistics
+from attnsens.errors import UnsupportedModelError, WeightsFidelityError
+from attnsens.models.fidelity import FIELDS
+from attnsens.study.bounds import bound_model
+from tests.unit.models.tiny_models import (
+    DECODER_FAMILIES,
+    ENCODER_FAMILIES,
+    REFUSED_FAMILIES,
+    VOCAB,
+    eager_attentions,
+    tiny_model,
+)
+
+IDS = torch.randint(2, VOCAB, (2, 13), generator=torch.Generator().manual_seed(7))
+WINDOWS = {"mistral": [5, 5], "qwen2": [None, 5], "phi3": [5, 5], "gemma": [None, None], "opt": [None, None],
+           "opt_post": [None, None], "gptj": [None, None]}  # fmt: skip
+
+
+def _model(family: str) -> torch.nn.Module:
+    return tiny_model(family, attn_implementation="eager" if family == "gemma2" else "sdpa")
+
+
+@pytest.mark.parametrize("family", DECODER_FAMILIES)
+def test_every_decoder_family_passes_the_gate(family: str) -> None:
+    adapter = M.load(_model(family))
+    assert adapter.family == family.removesuffix("_post")
+    assert [layer.attention.sliding_window for layer in adapter.layers] == WINDOWS[family]
+    _, results = M.weights_fidelity(adapter, IDS)
+    assert {r.field for r in results} == set(FIELDS)
+    assert max(r.relative_error for r in results) < 1e-5
+
+
+def _set(adapter: M.ModelAdapter, layer: int, part: str, **changes) -> None:
+    weights = adapter.layers[layer]
+    adapter.layers[layer] = replace(weights, **{part: replace(getattr(weights, part), **changes)})
+
+
+MUTATIONS = {
+    "mistral: no sliding window": ("mistral", 1, "attention", lambda a: _set(a, 1, "attention", sliding_window=None)),
+    "qwen2: drop the key bias": ("qwen2", 0, "attention", lambda a: _set(a, 0, "attention", b_k=None)),
+    "gemma: γ without the 1 + w offset": (
+        "gemma", 1, "attn_norm", lambda a: _set(a, 1, "attn_norm", gamma=a.layers[1].attn_norm.gamma - 1.0)
+    ),
+    "phi3: gate and up halves swapped": (
+        "phi3", 0, "mlp", lambda a: _set(a, 0, "mlp", w_in=a.layers[0].mlp.w_gate, w_gate=a.layers[0].mlp.w_in)
+    ),
+    "opt: query scaling not folded": (
+        "opt", 0, "attention", lambda a: _set(a, 0, "attention", tau=a.layers[0].attention.tau * 2.0)
+    ),
+    "gptj: sequential residual": (
+        "gptj", 0, "mlp_norm", lambda a: a.layers.__setitem__(0, replace(a.layers[0], parallel_residual=False))
+    ),
+    "gptj: rotate halves": ("gptj", 1, "attention", lambda a: _set(
+        a, 1, "attention", rotary=replace(a.layers[1].attention.rotary, interleaved=False))
+    ),
+    "opt_post: drop the second norm's bias": ("opt_post", 1, "mlp_norm", lambda a: _set(a, 1, "mlp_norm", beta=None)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", MUTATIONS)
+def test_the_gate_refuses_mutated_decoder_weights(name: str) -> None:
+    family, layer, field, mutate = MUTATIONS[name]
+    adapter = M.load(_model(family))
+    mutate(adapter)
+    with pytest.raises(WeightsFidelityError) as caught:
+        M.check_weights_fidelity(adapter, IDS)
+    assert (caught.value.family, caught.value.layer, caught.value.field) == (adapter.family, layer, field)
+
+
+REASONS = {"qwen3": "QK-norm", "olmo2": "QK-norm", "gemma2": "sandwich norms"}
+
+
+@pytest.mark.parametrize("family", REFUSED_FAMILIES)
+def test_unboundable_families_are_refused_by_name(family: str) -> None:
+    adapter = M.load(_model(family))
+    with pytest.raises(UnsupportedModelError, match=f"{family} layer 0: {REASONS[family]}"):
+        bound_model(adapter, IDS[:1])
+    with pytest.raises(UnsupportedModelError, match=REASONS[family]):
+        M.check_weights_fidelity(adapter)
+
+
+@pytest.mark.parametrize("family", ["mistral", "qwen2", "qwen3", "olmo2", "phi3"])
+def test_rows_match_eager_attention_with_sliding_windows_and_qk_norm(family: str) -> None:
+    model = _model(family)
+    adapter = M.load(model)
+    reference = eager_attentions(model, IDS)
+    for chunk in adapter.stream_attention(IDS, chunk_size=6):
+        index = chunk.query_positions[:, None, :, None].expand(-1, len(chunk.heads), -1, IDS.shape[1])
+        expected = torch.gather(reference[chunk.layer], 2, index)
+        torch.testing.assert_close(chunk.probs, expected, rtol=1e-5, atol=1e-6)
+        window = adapter.attention_window(chunk.layer)
+        if window is not None:
+            assert int(chunk.n_keys.max()) == window
+    blocks = capture_row_statistics(adapter, IDS, selection=RowSelection(chunk_size=6))
+    n_keys = {block.layer: int(block.stats.n_keys.max()) for block in blocks}
+    assert n_keys == {i: WINDOWS.get(family, [None, None])[i] or IDS.shape[1] for i in range(2)}
+
+
+def test_softcapped_attention_rows_are_refused_not_recomputed_wrongly() -> None:
+    adapter = M.load(_model("gemma2"))
+    with pytest.raises(UnsupportedModelError, match="softcap=50"):
+        list(adapter.stream_attention(IDS))
+    uncapped = tiny_model("gemma2", attn_implementation="eager", attn_logit_softcapping=None)
+    reference = eager_attentions(uncapped, IDS)
+    for chunk in M.load(uncapped).stream_attention(IDS):
+        torch.testing.assert_close(chunk.probs, reference[chunk.layer], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["mistral", "phi3", "opt_post"])
+def test_bounds_of_decoder_families_hold(family: str) -> None:
+    table = bound_model(M.load(_model(family)), IDS[:1], n_queries=4, iterations=8)
+    layer_rows = table[table["head"] == -1]
+    assert (layer_rows["mha_jacobian_estimate"] <= layer_rows["mha_local_jacobian_upper_bound"]).all()
+    assert (layer_rows["block_jacobian_estimate"] <= layer_rows["residual_jacobian_upper_bound"]).all()
+
+
+@pytest.mark.parametrize("family", ENCODER_FAMILIES)
+def test_encoders_pass_the_gate_and_refuse_a_dropped_bias(family: str) -> None:
+    adapter = M.load(tiny_model(family))
+    assert (adapter.family, adapter.spec.placement, adapter.spec.causal) == (family, "post", False)
+    _, results = M.weights_fidelity(adapter, IDS)
+    assert max(r.relative_error for r in results) < 1e-5
+    _set(adapter, 1, "mlp", b_in=None)
+    with pytest.raises(WeightsFidelityError, match=f"{family} .*layer 1 mlp"):
+        M.check_weights_fidelity(adapter, IDS)
