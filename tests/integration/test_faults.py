@@ -151,7 +151,9 @@ def test_a_study_killed_during_its_audits_gives_bit_identical_bounds(corpus, tmp
     assert not (out / "bounds" / "placement=pre" / "seed=1" / "step=000004.parquet").exists()
     finish("study", corpus, out)
     resumed, uninterrupted = contents(out), contents(reference["study"])
-    assert resumed["bounds/placement=pre/seed=1/step=000004.parquet"].equals(uninterrupted["bounds/placement=pre/seed=1/step=000004.parquet"])
+    assert resumed["bounds/placement=pre/seed=1/step=000004.parquet"].equals(
+        uninterrupted["bounds/placement=pre/seed=1/step=000004.parquet"]
+    )
     assert_same(resumed, uninterrupted)
 
 

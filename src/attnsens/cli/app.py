@@ -6,8 +6,10 @@ command functions so that ``attnsens --help`` stays fast.
 
 from __future__ import annotations
 
+import decimal
 import functools
 import json
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -27,58 +29,149 @@ app = typer.Typer(
 )
 
 
+def _print_version(requested: bool) -> None:
+    if requested:
+        import attnsens
+
+        sys.stdout.write(f"attnsens {attnsens.__version__}\n")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, metavar="", help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
     """Certified attention sensitivity: θ(p) certificates, bounds, audits, studies and influence."""
 
 
-console = Console()
-error_console = Console(stderr=True)
+# Markup off: paths, model names and messages are printed literally (a path may contain "[/]"); styled
+# pieces are built as rich Text.
+console = Console(markup=False, highlight=False)
+error_console = Console(stderr=True, markup=False, highlight=False)
+
+
+def flag(*names: str, help: str) -> Any:
+    """An on/off option shown without a value in the help (typer would print ``<bool>`` after it, which reads as
+    if ``--json true`` were accepted)."""
+    return typer.Option(*names, help=help, metavar="")
+
 
 # Options defined once and reused by every command that takes them.
-JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON instead of tables.")]
+JsonOption = Annotated[bool, flag("--json", help="Print machine-readable JSON instead of tables.")]
 OutDirOption = Annotated[Path, typer.Option("--out", help="Directory to write results into.")]
 ForceOption = Annotated[
     bool,
     typer.Option("--force", help="Read a run folder that fails its manifest check (the problems are listed)."),
+]
+ModelArgument = Annotated[
+    str,
+    typer.Argument(
+        help="Model: alias (smollm2, minilm, builtin:lnfree), a run, checkpoint or study folder written by "
+        "attnsens train/study, a local path, .gguf file or hub id."
+    ),
+]
+PlacementOption = Annotated[
+    str | None,
+    typer.Option("--placement", help="Block placement of a study's run (pre, post, ...) when it trained several."),
+]
+StepOption = Annotated[
+    int | None,
+    typer.Option("--step", min=0, help="Checkpoint step of a training run or study (default: the last one)."),
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def domain_errors_exit(func: F) -> F:
-    """Turn an AttnsensError into one red line on stderr and exit code 1 (no traceback)."""
+    """Turn an AttnsensError into one red line on stderr and exit code 1 (no traceback).
+
+    A file-system error that no command turned into an AttnsensError (a full disk, a vanished folder) is
+    reported the same way, naming the file.
+    """
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
         except AttnsensError as err:
-            error_console.print(f"[bold red]error:[/] {err}", markup=True, highlight=False, soft_wrap=True)
-            raise typer.Exit(code=1) from None
+            print_error(str(err))
+            raise typer.Exit(code=1) from err
+        except OSError as err:
+            where = f" ({err.filename})" if err.filename else ""
+            print_error(f"{err.strerror or err}{where}; check the path, its permissions and the free space")
+            raise typer.Exit(code=1) from err
 
     return wrapper  # type: ignore[return-value]
 
 
+def print_error(message: str) -> None:
+    """One red ``error:`` line on stderr; ``message`` is printed literally."""
+    from rich.text import Text
+
+    error_console.print(Text.assemble(("error:", "bold red"), " ", message.replace("\n", " ")), soft_wrap=True)
+
+
 def warn_unverified(check: Any) -> None:
     """One yellow line on stderr when a forced read goes ahead on a folder that failed its check."""
+    from rich.text import Text
+
     if check is not None and not check.ok:
-        error_console.print(
-            f"[bold yellow]warning:[/] read with --force: {check.problem_list()}",
-            markup=True, highlight=False, soft_wrap=True,
-        )  # fmt: skip
+        message = f"read with --force: {check.problem_list()}"
+        error_console.print(Text.assemble(("warning:", "bold yellow"), " ", message), soft_wrap=True)
 
 
 def print_json(payload: Any) -> None:
-    """Write ``payload`` as JSON on stdout (no rich markup, safe to pipe)."""
-    sys.stdout.write(json.dumps(payload, indent=2, default=_json_default) + "\n")
+    """Write ``payload`` as strict JSON on stdout (NaN and ±Inf become null; no rich markup, safe to pipe)."""
+    sys.stdout.write(json.dumps(jsonable(payload), indent=2, allow_nan=False) + "\n")
 
 
-def _json_default(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
+    """``value`` with numpy/torch scalars and arrays, paths and non-finite floats made JSON-ready (NaN → None).
+
+    >>> jsonable({"x": float("nan"), "y": [1.5, float("inf")]})
+    {'x': None, 'y': [1.5, None]}
+    """
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
     if isinstance(value, Path):
         return str(value)
-    if hasattr(value, "item"):
-        return value.item()
+    if isinstance(value, str | bool | int) or value is None:
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
     if hasattr(value, "tolist"):
-        return value.tolist()
+        return jsonable(value.tolist())
+    if hasattr(value, "item"):
+        return jsonable(value.item())
+    if str(value) in ("NaT", "<NA>"):  # pandas' missing values
+        return None
+    if hasattr(value, "isoformat"):  # dates and times (query results)
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal):  # DuckDB DECIMAL
+        return jsonable(float(value))
     raise TypeError(f"cannot serialise {type(value).__name__} to JSON")
+
+
+def format_float(value: float, *, wide: bool = False) -> str:
+    """6 significant digits, plus those that separate ``value`` from its nearest integer; all of them if ``wide``.
+
+    >>> format_float(0.12345678), format_float(0.99999987), format_float(1.0), format_float(0.99999987, wide=True)
+    ('0.123457', '0.99999987', '1', '0.99999987')
+    """
+    if wide or not math.isfinite(value):
+        return repr(value)
+    distance = abs(value - round(value))
+    digits = 6
+    if 0 < distance < 1e-5 * max(1.0, abs(value)):
+        whole = len(str(abs(round(value))))
+        digits = whole + 3 + math.ceil(-math.log10(distance))
+        if digits >= 16:  # beyond float64's resolution: the shortest text that reads back as the value
+            return repr(value)
+    return f"{value:.{digits}g}"

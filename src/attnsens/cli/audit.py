@@ -7,91 +7,148 @@ from typing import Annotated
 
 import typer
 
-from attnsens.cli.app import JsonOption, OutDirOption, app, console, domain_errors_exit, print_json
+from attnsens.cli.app import (
+    JsonOption,
+    ModelArgument,
+    PlacementOption,
+    StepOption,
+    app,
+    console,
+    domain_errors_exit,
+    flag,
+    format_float,
+    print_json,
+)
 
 
 @app.command()
 @domain_errors_exit
 def audit(
-    model: Annotated[str, typer.Argument(help="Model: alias (smollm2, minilm), local path, .gguf file or hub id.")],
-    out: OutDirOption,
-    seq_len: Annotated[int, typer.Option("--seq-len", min=1, help="Tokens per audited sequence.")],
+    model: ModelArgument,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Run directory for the results (default: a new folder under runs/).")
+    ] = None,
+    seq_len: Annotated[
+        int | None,
+        typer.Option("--seq-len", min=1, help="Tokens per audited sequence (default: the text, up to the context)."),
+    ] = None,
     text: Annotated[Path | None, typer.Option("--text", help="UTF-8 text file to audit.")] = None,
     corpus: Annotated[str | None, typer.Option("--corpus", help="Built-in corpus to audit: shakespeare.")] = None,
     batch: Annotated[int, typer.Option("--batch", min=1, help="Number of sequences audited.")] = 1,
     sample: Annotated[
         int | None, typer.Option("--sample", min=1, help="Query positions sampled per sequence (default: all rows).")
     ] = None,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the position sample.")] = 0,
+    seed: Annotated[
+        int | None,
+        typer.Option("--seed", help="Seed of the position sample; for a study folder also the run audited."),
+    ] = None,
+    step: StepOption = None,
+    placement: PlacementOption = None,
+    layers: Annotated[
+        str | None, typer.Option("--layers", help="Comma-separated 0-based layers to audit (default: all).")
+    ] = None,
+    heads: Annotated[
+        str | None, typer.Option("--heads", help="Comma-separated 0-based heads to audit (default: all).")
+    ] = None,
+    per_head: Annotated[
+        bool, flag("--per-head", help="Print the per-(layer, head) table, not only per layer.")
+    ] = False,
     trust_remote_code: Annotated[
-        bool, typer.Option("--trust-remote-code", help="Allow model code from the hub to run (off by default).")
+        bool, flag("--trust-remote-code", help="Allow model code from the hub to run (off by default).")
     ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Audit attention rows: θ certificates, p_max, entropy per row; per-layer summary table."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from transformers.utils import logging as hf_logging
-
     from attnsens.capture import RowSelection
+    from attnsens.cli.inputs import check_context, check_out_dir, default_out_dir, load_model, saved_checkpoint
+    from attnsens.cli.progress import ProgressReport
     from attnsens.errors import InputError
-    from attnsens.models import load
     from attnsens.study.audit import audit as run_audit
+    from attnsens.study.audit import split_sequences
+    from attnsens.train.saved import study_runs
 
-    # The command prints its own progress; transformers' load bars and length warnings would interleave.
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+    out = default_out_dir("audit", model) if out is None else out
+    check_out_dir(out)
+    layer_list, head_list = _indices(layers, "--layers"), _indices(heads, "--heads")
     source = _read_source(text, corpus)
     if not source.strip():
         raise InputError(f"the text of {text or corpus} is empty; give a file or corpus with some text")
-    adapter = load(model, trust_remote_code=trust_remote_code)
-    selection = RowSelection(sample_per_sequence=sample, seed=seed)
-    with Progress(
-        TextColumn("auditing"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("layers"),
-        TimeElapsedColumn(),
-        console=console,
-        transient=True,
-        disable=as_json,
-    ) as bar:
-        task = bar.add_task("audit", total=None)
+    run_seed = seed if study_runs(Path(model)) else None
+    saved = saved_checkpoint(model, step, run_seed, placement)
+    if seq_len is not None:
+        check_context(model, saved, seq_len)
+    adapter = load_model(model, saved, trust_remote_code=trust_remote_code)
+    _check_indices(layer_list, adapter.spec.n_layer, "--layers", "layers")
+    _check_indices(head_list, adapter.spec.n_head, "--heads", "heads")
+    if seq_len is None:
+        seq_len = min(adapter.spec.max_positions, split_sequences(adapter, source, n_sequences=1).shape[1])
+    sequences = split_sequences(adapter, source, seq_len=seq_len, n_sequences=batch)
+    if len(sequences) < batch:
+        raise InputError(
+            f"the text gives {len(sequences)} sequence(s) of {seq_len} tokens, fewer than --batch {batch}; "
+            f"use --batch {len(sequences)}, a shorter --seq-len or more text"
+        )
+    with ProgressReport("auditing", "layers", enabled=not as_json) as report:
         result = run_audit(
             adapter,
-            source,
-            seq_len=seq_len,
-            n_sequences=batch,
-            selection=selection,
+            sequences,
+            selection=RowSelection(layers=layer_list, heads=head_list, sample_per_sequence=sample, seed=seed or 0),
             out_dir=out,
-            seed=seed,
-            progress=lambda done, total: bar.update(task, completed=done, total=total),
+            step=0 if saved is None else saved.step,
+            seed=(seed or 0) if saved is None else saved.seed,
+            progress=report.update,
         )
-    layers = result.layer_summary()
+    identity = ["run_id", "model", "step", "seed"]
+    per_layer = result.layer_summary()
     if as_json:
-        print_json(
-            {
-                "model": adapter.name,
-                "out": str(out),
-                "n_rows": len(result.rows),
-                "layers": layers.drop(columns=["run_id", "model", "step", "seed", "head"]).to_dict("records"),
-            }
-        )
+        payload = {
+            "model": adapter.name,
+            "out": str(out),
+            "seq_len": seq_len,
+            "n_rows": len(result.rows),
+            "layers": per_layer.drop(columns=[*identity, "head"]).to_dict("records"),
+        }
+        if per_head:
+            head_rows = result.summary[result.summary["head"] >= 0]
+            payload["heads"] = head_rows.drop(columns=identity).to_dict("records")
+        print_json(payload)
         return
-    _print_table(adapter.name, layers, len(result.rows), out)
+    if per_head:
+        _print_table(adapter.name, result.summary[result.summary["head"] >= 0], by_head=True)
+    _print_table(adapter.name, per_layer, by_head=False)
+    console.print(f"{len(result.rows)} rows written to {out}/rows, summary to {out}/summary", soft_wrap=True)
+
+
+def _indices(text: str | None, flag_name: str) -> tuple[int, ...] | None:
+    from attnsens.errors import InputError
+
+    if text is None:
+        return None
+    try:
+        values = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError as err:
+        raise InputError(f"{flag_name} must be comma-separated 0-based indices such as 0,2, got {text!r}") from err
+    if not values:
+        raise InputError(f"{flag_name} {text!r} names no index; give comma-separated indices such as 0,2")
+    return values
+
+
+def _check_indices(values: tuple[int, ...] | None, count: int, flag_name: str, what: str) -> None:
+    from attnsens.errors import InputError
+
+    outside = [v for v in values or () if not 0 <= v < count]
+    if outside:
+        raise InputError(f"{flag_name} {outside} outside the model's {count} {what}; use indices 0 to {count - 1}")
 
 
 def _read_source(text: Path | None, corpus: str | None) -> str:
-    from attnsens.errors import FileFormatError, InputError
+    from attnsens.cli.inputs import read_text_file
+    from attnsens.errors import InputError
 
     if (text is None) == (corpus is None):
         raise InputError("give exactly one of --text FILE and --corpus shakespeare")
     if text is not None:
-        if not text.is_file():
-            raise FileFormatError(f"text file {str(text)!r} does not exist; check the path")
-        try:
-            return text.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as err:
-            raise FileFormatError(f"cannot read {str(text)!r} as UTF-8 text ({err}); give a UTF-8 text file") from None
+        return read_text_file(text)
     if corpus != "shakespeare":
         raise InputError(f"unknown corpus {corpus!r}; the built-in corpus is 'shakespeare'")
     from attnsens.train.data import read_documents
@@ -99,20 +156,21 @@ def _read_source(text: Path | None, corpus: str | None) -> str:
     return "\n\n".join(read_documents(None))
 
 
-def _print_table(name: str, layers: object, n_rows: int, out: Path) -> None:
+def _print_table(name: str, summary: object, *, by_head: bool) -> None:
     from rich.table import Table
 
-    table = Table(title=f"attention audit of {name}", header_style="bold")
-    for column in ("layer", "rows", "median θ lower bound", "dominant fraction", "median p_max", "mean entropy (nats)"):
+    keys = ("layer", "head") if by_head else ("layer",)
+    title = f"attention audit of {name}" + (", per head" if by_head else "")
+    table = Table(title=title, header_style="bold")
+    for column in (*keys, "rows", "median θ lower bound", "dominant fraction", "median p_max", "mean entropy (nats)"):
         table.add_column(column, justify="right")
-    for record in layers.itertuples(index=False):  # type: ignore[attr-defined]
+    for record in summary.itertuples(index=False):  # type: ignore[attr-defined]
         table.add_row(
-            str(record.layer),
+            *(str(getattr(record, key)) for key in keys),
             str(record.n_rows),
-            f"{record.theta_lower_median:.4f}",
+            format_float(record.theta_lower_median),
             f"{record.fraction_dominant:.3f}",
             f"{record.p_max_median:.4f}",
             f"{record.entropy_mean:.3f}",
         )
     console.print(table)
-    console.print(f"{n_rows} rows written to {out}/rows, summary to {out}/summary", highlight=False)

@@ -15,7 +15,7 @@ from typing import Annotated
 
 import typer
 
-from attnsens.cli.app import JsonOption, app, console, domain_errors_exit, print_json
+from attnsens.cli.app import JsonOption, PlacementOption, StepOption, app, console, domain_errors_exit, flag, print_json
 
 SAMPLE_TEXT = (
     "The quality of mercy is not strained; it droppeth as the gentle rain from heaven upon the place beneath. "
@@ -24,16 +24,24 @@ SAMPLE_TEXT = (
 )
 
 COLUMNS = (
-    ("layer", "layer", "{:d}"),
-    ("θ̃ max", "theta_tilde", "{:.3f}"),
-    ("local bound", "mha_local_jacobian_upper_bound", "{:.3g}"),
-    ("estimate", "mha_jacobian_estimate", "{:.3g}"),
-    ("ratio", "tightness_ratio", "{:.2f}"),
-    ("Lipschitz (θ=1)", "mha_lipschitz_upper_bound", "{:.3g}"),
-    ("FFN Lip", "ffn_lipschitz_upper_bound", "{:.3g}"),
-    ("block local", "residual_jacobian_upper_bound", "{:.3g}"),
-    ("block est.", "block_jacobian_estimate", "{:.3g}"),
-    ("LN cond.", "ln_condition_fraction", "{:.2f}"),
+    ("layer", "layer"),
+    ("θ̃ max", "theta_tilde"),
+    ("MHA bound", "mha_local_jacobian_upper_bound"),
+    ("MHA est.", "mha_jacobian_estimate"),
+    ("ratio", "tightness_ratio"),
+    ("MHA Lip", "mha_lipschitz_upper_bound"),
+    ("FFN Lip", "ffn_lipschitz_upper_bound"),
+    ("block bound", "residual_jacobian_upper_bound"),
+    ("block est.", "block_jacobian_estimate"),
+    ("LN cond.", "ln_condition_fraction"),
+)
+"""(title, column of the bounds table) of the terminal table; every number is shown with 3 significant digits."""
+
+LEGEND = (
+    "Jacobian norms ({norm}) at the text's tokens, 3 significant digits. bound: certified upper bound; est.: "
+    "autograd lower estimate; ratio = MHA bound / MHA est. (1 = tight); θ̃ max: largest per-head θ̃; MHA Lip: "
+    "length-independent Lipschitz bound (θ = 1) on the input ball; FFN Lip: the FFN's; LN cond.: fraction of "
+    "tokens meeting the LayerNorm condition (T6); —: not applicable."
 )
 
 
@@ -41,74 +49,111 @@ COLUMNS = (
 @domain_errors_exit
 def bounds(
     model: Annotated[
-        str, typer.Argument(help="Model alias/path/hub id, or a .safetensors file of the attnsens layer layout.")
+        str,
+        typer.Argument(
+            help="Model alias, run/checkpoint/study folder, path or hub id, or a .safetensors file of the "
+            "attnsens layer layout."
+        ),
     ],
-    text: Annotated[Path | None, typer.Option("--text", help="UTF-8 text file for the local bounds.")] = None,
-    seq_len: Annotated[int, typer.Option("--seq-len", min=1, help="Tokens of the evaluated sequence.")] = 32,
+    text: Annotated[
+        Path | None, typer.Option("--text", help="UTF-8 text file for the local bounds (default: a sample text).")
+    ] = None,
+    seq_len: Annotated[int, typer.Option("--seq-len", min=2, help="Tokens of the evaluated sequence.")] = 32,
     geometry: Annotated[str, typer.Option("--geometry", help="Block norm convention: rms or l2.")] = "rms",
-    queries: Annotated[int, typer.Option("--queries", min=1, help="Output tokens probed by the estimators.")] = 8,
-    iterations: Annotated[int, typer.Option("--iterations", min=1, help="Estimator ascent steps.")] = 10,
+    queries: Annotated[
+        int,
+        typer.Option(
+            "--queries", min=1, help="Output tokens probed by the estimators (time grows in proportion; more: tighter)."
+        ),
+    ] = 4,
+    iterations: Annotated[
+        int, typer.Option("--iterations", min=1, help="Estimator ascent steps (time grows in proportion).")
+    ] = 5,
+    placements: Annotated[
+        bool,
+        flag(
+            "--placements/--no-placements",
+            help="Also estimate the block under the pre-LN and the post-LN arrangement of its weights (T8; "
+            "about half of the estimator time).",
+        ),
+    ] = True,
+    step: StepOption = None,
+    placement: PlacementOption = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="Run of a study folder (its training seed).")] = None,
     out: Annotated[Path | None, typer.Option("--out", help="Directory to write bounds.parquet into.")] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Per layer and head: projection norms, Φ_h, θ̃_h, certified local and global bounds, estimates, ratios."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from attnsens.errors import FileFormatError, InputError
+    from attnsens.cli.inputs import check_context, check_out_dir, load_model, read_text_file, saved_checkpoint, writing
+    from attnsens.cli.progress import ProgressReport
+    from attnsens.errors import InputError
+    from attnsens.geometry.norms import check_geometry
     from attnsens.study.bounds import bound_model, load_layer_weights
 
-    if model.endswith(".safetensors"):
+    check_geometry(geometry)
+    if out is not None:
+        check_out_dir(out)
+    saved = saved_checkpoint(model, step, seed, placement)
+    if saved is None and model.endswith(".safetensors"):
         if text is not None:
             raise InputError(f"{model} holds layer weights only (no tokenizer); drop --text or give a full model")
         target, input_ids, name = load_layer_weights(model), None, Path(model).name
         n_layer = len(target)
     else:
-        from transformers.utils import logging as hf_logging
-
-        from attnsens.models import load
-
-        hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()
-        source = SAMPLE_TEXT
-        if text is not None:
-            if not text.is_file():
-                raise FileFormatError(f"text file {str(text)!r} does not exist; check the path")
-            source = text.read_text(encoding="utf-8")
-        target = load(model)
+        source = SAMPLE_TEXT if text is None else read_text_file(text)
+        check_context(model, saved, seq_len)
+        target = load_model(model, saved)
         input_ids, name, n_layer = target.encode(source, max_length=seq_len), target.name, len(target.layers)
-    with Progress(
-        TextColumn("bounding"), BarColumn(), MofNCompleteColumn(), TextColumn("layers"), TimeElapsedColumn(),
-        console=console, transient=True, disable=as_json,
-    ) as bar:  # fmt: skip
-        task = bar.add_task("bounds", total=n_layer)
+        if input_ids.shape[1] < 2:
+            raise InputError(f"the text gives {input_ids.shape[1]} token(s); give --text with at least 2 tokens")
+    with ProgressReport("bounding", "layers", enabled=not as_json) as report:
         table = bound_model(
             target, input_ids, seq_len=seq_len, geometry=geometry, n_queries=queries, iterations=iterations,
-            model_name=name, on_layer=lambda _: bar.advance(task),
+            compare_placements=placements, model_name=name, on_layer=lambda layer: report.update(layer + 1, n_layer),
         )  # fmt: skip
+    if saved is not None:
+        table["step"], table["seed"] = saved.step, saved.seed
     if out is not None:
         from attnsens.store.parquet import write_parquet
 
-        write_parquet(table, Path(out) / "bounds.parquet", schema="bounds", metadata={"model": name})
+        path = Path(out) / "bounds.parquet"
+        with writing(path):
+            write_parquet(table, path, schema="bounds", metadata={"model": name})
     layers = table[table["head"] == -1]
     if as_json:
-        records = table.astype(object).where(table.notna(), None).to_dict("records")
-        print_json({"model": name, "norm": f"block_{geometry}", "records": records})
+        print_json({"model": name, "norm": f"block_{geometry}", "records": table.to_dict("records")})
         return
     _print_table(name, layers, geometry)
+    console.print(
+        f"estimator budget: block power ascent, 1 random start × {iterations} steps at {queries} output token(s) "
+        f"per Jacobian, pre/post-LN comparison {'on' if placements else 'off'}; higher --queries/--iterations give "
+        "tighter (larger) estimates and take longer, --no-placements saves about half the time.",
+        soft_wrap=True,
+    )
     if out is not None:
-        console.print(f"bounds written to {Path(out) / 'bounds.parquet'}", highlight=False)
+        console.print(f"bounds written to {Path(out) / 'bounds.parquet'}")
 
 
 def _print_table(name: str, layers: object, geometry: str) -> None:
+    from rich import box
     from rich.table import Table
 
-    table = Table(title=f"certified bounds of {name} (block_{geometry} norm)", header_style="bold")
-    for title, _, _ in COLUMNS:
-        table.add_column(title, justify="right")
-    for record in layers.to_dict("records"):  # type: ignore[attr-defined]
-        cells = []
-        for _, column, fmt in COLUMNS:
-            value = record.get(column)
-            cells.append("—" if value is None or value != value else fmt.format(value))
+    rows = [
+        [_cell(record.get(column), integer=column == "layer") for _, column in COLUMNS]
+        for record in layers.to_dict("records")  # type: ignore[attr-defined]
+    ]
+    title = f"certified bounds of {name} (block_{geometry} norm)"
+    table = Table(title=title, header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 0), pad_edge=False)
+    for index, (title, _) in enumerate(COLUMNS):
+        # Numbers never shrink to "…": a narrow terminal wraps the headers instead.
+        table.add_column(title, justify="right", min_width=max([len(r[index]) for r in rows] + [1]))
+    for cells in rows:
         table.add_row(*cells)
     console.print(table)
+    console.print(LEGEND.format(norm=f"block_{geometry}"), soft_wrap=True)
+
+
+def _cell(value: object, *, integer: bool) -> str:
+    if value is None or value != value:
+        return "—"
+    return str(int(value)) if integer else f"{value:.3g}"  # type: ignore[arg-type, call-overload]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -29,24 +28,22 @@ def influence(
     as_json: JsonOption = False,
 ) -> None:
     """Inverse-length influence (MATH.md §10): measured ‖Δy_n‖, certified C/n, TV and the log–log slope."""
-    from attnsens.errors import InputError
+    from attnsens.cli.inputs import check_out_dir, load_model
+    from attnsens.cli.progress import ProgressReport
     from attnsens.influence.experiment import run_influence
-    from attnsens.models import load
 
-    try:
-        grid = [int(part) for part in lengths.split(",") if part.strip()]
-    except ValueError:
-        raise InputError(f"--lengths must be comma-separated integers, got {lengths!r}; e.g. 16,32,64") from None
-    if model != "builtin:lnfree":
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()
-    adapter = load(model)
-    with contextlib.nullcontext() if as_json else console.status("measuring influence"):
-        result = run_influence(adapter, grid, name=model, n_samples=samples, seed=seed)
+    grid = _parse_lengths(lengths)
     if out is not None:
-        result.write(out)
+        check_out_dir(out)
+    adapter = load_model(model)
+    _check_memory(grid, adapter)
+    with ProgressReport("measuring influence", "lengths", enabled=not as_json) as report:
+        result = run_influence(adapter, grid, name=model, n_samples=samples, seed=seed, progress=report.update)
+    if out is not None:
+        from attnsens.cli.inputs import writing
+
+        with writing(out):
+            result.write(out)
     if as_json:
         print_json(result.summary())
         return
@@ -55,8 +52,47 @@ def influence(
         console.print(f"wrote {out / 'influence'}")
 
 
+def _parse_lengths(lengths: str) -> list[int]:
+    from attnsens.errors import InputError
+
+    try:
+        grid = [int(part) for part in lengths.split(",") if part.strip()]
+    except ValueError as err:
+        raise InputError(f"--lengths must be comma-separated integers, got {lengths!r}; e.g. 16,32,64") from err
+    if not grid:
+        raise InputError(f"--lengths {lengths!r} names no length; give comma-separated integers such as 16,32,64")
+    small = [n for n in grid if n < 2]
+    if small:
+        raise InputError(f"--lengths must all be >= 2 (a nonfinal token needs one after it), got {small}")
+    return grid
+
+
+# Bytes per attention score of one forward pass: float32 scores, probabilities and a masked copy.
+_BYTES_PER_SCORE = 12
+
+
+def _check_memory(grid: list[int], adapter: object) -> None:
+    """Refuse lengths whose attention scores (2 sequences × heads × n², one pair per pass) exceed half the RAM."""
+    import os
+
+    from attnsens.errors import InputError
+
+    heads = adapter.spec.n_head  # type: ignore[attr-defined]
+    budget = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    longest = max(grid)
+    needed = 2 * heads * longest * longest * _BYTES_PER_SCORE
+    if needed > budget:
+        limit = int((budget / (2 * heads * _BYTES_PER_SCORE)) ** 0.5)
+        raise InputError(
+            f"--lengths {longest} needs about {needed / 2**30:.0f} GiB for one forward pass (2 × {heads} heads × "
+            f"n² scores), more than half of this machine's memory ({2 * budget / 2**30:.0f} GiB); "
+            f"use lengths up to {limit}"
+        )
+
+
 def _print(result: InfluenceResult) -> None:
     from rich.table import Table
+    from rich.text import Text
 
     cert, fit = result.certificate, result.fit
     if cert.applicable:
@@ -69,9 +105,9 @@ def _print(result: InfluenceResult) -> None:
                 f"n ≥ n* = 10^{summary['n_star']['log10_n']:.3f}"
             )
     else:
-        console.print("[yellow]no certificate: the theorem's assumptions fail here[/]")
+        console.print(Text("no certificate: the theorem's assumptions fail here", style="yellow"))
         for reason in cert.reasons:
-            console.print(f"  • {reason}", highlight=False)
+            console.print(f"  • {reason}")
         if cert.log10_constant is not None:
             console.print(f"  (the recursion would give C ≈ 10^{cert.log10_constant:.4g}, vacuous)")
     table = Table(title=f"influence of a nonfinal token — {result.model}")

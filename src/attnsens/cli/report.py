@@ -20,10 +20,14 @@ def report(
     force: ForceOption = False,
 ) -> None:
     """Write the HTML report of a run (after checking it against its manifest); the last line printed is its path."""
+    from attnsens.cli.inputs import check_out_file, writing
     from attnsens.report import build_report
     from attnsens.store.verify import verify_run
 
+    if out is not None:
+        check_out_file(out, example="report.html")
     if force:
         warn_unverified(verify_run(run_dir))
-    path = build_report(run_dir, out=out, force=force)
-    console.print(str(path), highlight=False, soft_wrap=True)
+    with writing(out or run_dir / "report.html"):
+        path = build_report(run_dir, out=out, force=force)
+    console.print(str(path), soft_wrap=True)

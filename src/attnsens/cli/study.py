@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from attnsens.cli.app import OutDirOption, app, console, domain_errors_exit
+from attnsens.cli.app import OutDirOption, app, console, domain_errors_exit, flag
 
 
 @app.command()
@@ -31,7 +32,7 @@ def study(
         typer.Option("--reference", help="Pretrained model audited on the same text as the trained end (smollm2)."),
     ] = None,
     data: Annotated[Path | None, typer.Option("--data", help="Text file or folder (default: Shakespeare).")] = None,
-    bounds: Annotated[bool, typer.Option("--bounds/--no-bounds", help="Certified bounds per checkpoint.")] = True,
+    bounds: Annotated[bool, flag("--bounds/--no-bounds", help="Certified bounds per checkpoint.")] = True,
     device: Annotated[str | None, typer.Option("--device", help="cpu or cuda (default: cuda when present).")] = None,
     threads: Annotated[
         int | None, typer.Option("--threads", min=1, help="CPU threads for torch (default: torch's choice).")
@@ -42,17 +43,20 @@ def study(
     Rerun the same command to resume an interrupted study. The last line printed is the report's path.
     """
     import torch
-    import torch.distributed as dist
 
+    from attnsens.cli.inputs import check_device, check_out_dir
+    from attnsens.cli.progress import ProgressReport
     from attnsens.errors import ConfigError
     from attnsens.study.study import StudyConfig, run_study
 
+    check_device(device)
+    check_out_dir(out)
     if threads is not None:
         torch.set_num_threads(threads)
     try:
         seed_list = tuple(int(s) for s in seeds.split(",") if s.strip())
-    except ValueError:
-        raise ConfigError(f"--seeds must be comma-separated integers such as 0,1,2, got {seeds!r}") from None
+    except ValueError as err:
+        raise ConfigError(f"--seeds must be comma-separated integers such as 0,1,2, got {seeds!r}") from err
     placement_list = tuple(p.strip() for p in placements.split(",") if p.strip())
     study_config = StudyConfig.from_preset(
         config,
@@ -64,13 +68,37 @@ def study(
         batch_size=batch_size,
         bounds=bounds,
     )
-    is_writer = not dist.is_initialized() or dist.get_rank() == 0
+    # torchrun sets RANK before the process group exists (run_study joins it).
+    is_writer = int(os.environ.get("RANK", "0")) == 0
 
     def say(message: str) -> None:
         if is_writer:
-            console.print(message, highlight=False, markup=False, soft_wrap=True)
+            console.print(message, soft_wrap=True)
 
-    result = run_study(study_config, out, log=say, device=device)
+    with ProgressReport("training", "steps", enabled=is_writer) as report:
+        result = run_study(
+            study_config, out, log=say, device=device, callbacks=[SeedProgress(report, study_config.train.steps)]
+        )
     if result.report is not None:
         say(f"trained in {result.train_seconds:.0f} s, audited in {result.audit_seconds:.0f} s")
-        console.print(str(result.report), highlight=False, markup=False, soft_wrap=True)
+        console.print(str(result.report), soft_wrap=True)
+
+
+class SeedProgress:
+    """Trainer callback for a study: the training progress of each run (placement, seed) in turn (loss, tokens/s,
+    ETA)."""
+
+    def __init__(self, report: Any, steps: int) -> None:
+        self.report, self.steps = report, steps
+        self.run: tuple[str, int] | None = None
+        self.current: Any = None
+
+    def on_record(self, record: dict[str, Any]) -> None:
+        run = (record["run_id"], record["seed"])
+        if run != self.run:
+            from attnsens.cli.train import TrainingProgress
+
+            self.run = run
+            self.report.label = f"{record['run_id']} seed {record['seed']}: training"
+            self.current = TrainingProgress(self.report, self.steps)
+        self.current.on_record(record)

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from attnsens.cli.app import JsonOption, app, console, domain_errors_exit, print_json
-from attnsens.errors import FileFormatError
+from attnsens.cli.app import JsonOption, app, console, domain_errors_exit, flag, print_json
+from attnsens.errors import FileFormatError, InputError
 
 if TYPE_CHECKING:
     import torch
@@ -29,23 +29,42 @@ def theta(
     precision: Annotated[str, typer.Option("--precision", help="Stop refining at float32 or float64 resolution.")] = (
         "float32"
     ),
-    normalize: Annotated[bool, typer.Option("--normalize", help="Renormalise rows instead of checking sums.")] = False,
-    tolerance: Annotated[float, typer.Option("--tolerance", help="Largest accepted |row sum − 1|.")] = 1e-3,
+    normalize: Annotated[bool, flag("--normalize", help="Renormalise rows instead of checking sums.")] = False,
+    tolerance: Annotated[
+        float | None,
+        typer.Option(
+            "--tolerance",
+            help="Largest accepted |row sum − 1| (default: follows the dtype: 1e-3 for float32/float64, "
+            "2^-9 for float16, 2^-6 for bfloat16).",
+        ),
+    ] = None,
     as_json: JsonOption = False,
     out: Annotated[Path | None, typer.Option("--out", help="Write per-row results to this Parquet file.")] = None,
 ) -> None:
     """Certified interval for θ(p) = 4·max_S p(S)(1 − p(S)) of every attention row, with a summary."""
     import time
 
+    from attnsens.cli.inputs import check_out_file, writing
     from attnsens.theta import certify
 
+    if out is not None:
+        check_out_file(out, example="rows.parquet")
     p = load_tensor(file, key)
     start = time.perf_counter()
-    cert = certify(p, dim, precision=precision, normalize=normalize, tolerance=tolerance)  # type: ignore[arg-type]
+    if not normalize:
+        _check_key_axis(p, dim, tolerance, file)
+    try:
+        cert = certify(p, dim, precision=precision, normalize=normalize, tolerance=tolerance)  # type: ignore[arg-type]
+    except InputError as err:
+        # The library's advice names keywords; here the same choices are flags.
+        advice = str(err).replace("tolerance", "--tolerance")
+        advice = advice.replace("pass normalize=True", "pass --normalize (normalize=True in Python)")
+        raise InputError(advice.replace("key axis dim=", "key axis --dim ")) from err
     summary = summarize(cert, seconds=time.perf_counter() - start)
     summary.update(file=str(file), key=key, dim=dim, precision=precision, shape=list(p.shape))
     if out is not None:
-        write_rows(cert, out, summary)
+        with writing(out):
+            write_rows(cert, out, summary)
         summary["out"] = str(out)
     if as_json:
         print_json(summary)
@@ -55,6 +74,8 @@ def theta(
 
 def load_tensor(path: Path, key: str | None) -> torch.Tensor:
     """The tensor stored in ``path`` (``key`` selects one of several); FileFormatError if there is none."""
+    import pickle
+
     import numpy as np
     import torch
 
@@ -71,8 +92,14 @@ def load_tensor(path: Path, key: str | None) -> torch.Tensor:
             loaded = load_file(str(path))
         else:
             loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise FileFormatError(
+            f"{path} holds pickled Python objects, which attnsens does not run (torch.load weights_only=True); "
+            "save tensors only: torch.save(tensor) or a dict of tensors, or a .safetensors file"
+        ) from err
     except Exception as err:
-        raise FileFormatError(f"cannot read {path} ({type(err).__name__}: {err}); is it a saved tensor?") from None
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise FileFormatError(f"cannot read {path} ({type(err).__name__}: {reason}); is it a saved tensor?") from err
     if isinstance(loaded, dict):
         tensors = {k: v for k, v in loaded.items() if isinstance(v, torch.Tensor)}
         if key is None and len(tensors) == 1:
@@ -84,7 +111,32 @@ def load_tensor(path: Path, key: str | None) -> torch.Tensor:
         raise FileFormatError(f"{path} holds a single tensor, not a named collection; drop --key {key}")
     if not isinstance(loaded, torch.Tensor):
         raise FileFormatError(f"{path} holds a {type(loaded).__name__}, not a tensor; save a torch tensor or array")
+    if loaded.layout != torch.strided:
+        raise FileFormatError(
+            f"{path} holds a {str(loaded.layout).removeprefix('torch.')} tensor; save it dense (tensor.to_dense())"
+        )
     return loaded
+
+
+def _check_key_axis(p: torch.Tensor, dim: int, tolerance: float | None, file: Path) -> None:
+    """Refuse rows along ``dim`` that do not sum to 1 when those along another axis do (the wrong --dim)."""
+    import torch
+
+    from attnsens.theta.certificate import default_sum_tolerance
+
+    if p.ndim < 2 or not p.dtype.is_floating_point or not bool(p.isfinite().all()) or not -p.ndim <= dim < p.ndim:
+        return
+    limit = default_sum_tolerance(p.dtype) if tolerance is None else tolerance
+    wide = p.to(torch.float64)
+    off = float((wide.sum(dim) - 1).abs().max())
+    if off <= limit:
+        return
+    for axis in range(p.ndim):
+        if axis != dim % p.ndim and float((wide.sum(axis) - 1).abs().max()) <= limit:
+            raise InputError(
+                f"the rows of {file} along --dim {dim} do not sum to 1 (off by up to {off:.3g}), those along axis "
+                f"{axis} do; pass --dim {axis} (or --normalize to certify renormalised rows along --dim {dim})"
+            )
 
 
 def summarize(cert: ThetaCertificate, *, seconds: float) -> dict[str, Any]:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from attnsens.cli.app import JsonOption, OutDirOption, app, console, domain_errors_exit, print_json
+from attnsens.cli.app import JsonOption, OutDirOption, app, console, domain_errors_exit, flag, print_json
+
+if TYPE_CHECKING:
+    from attnsens.cli.progress import ProgressReport
 
 
 @app.command()
@@ -23,7 +27,8 @@ def train(
     norm: Annotated[str, typer.Option("--norm", help="Block variant: pre, post, deepnorm or none.")] = "pre",
     data: Annotated[Path | None, typer.Option("--data", help="Text file or folder (default: Shakespeare).")] = None,
     resume: Annotated[
-        bool, typer.Option("--resume", help="Continue the run in --out from its last checkpoint.")
+        bool,
+        flag("--resume", help="Continue the run in --out from its last checkpoint; with a larger --steps, train on."),
     ] = False,
     device: Annotated[str | None, typer.Option("--device", help="cpu or cuda (default: cuda when present).")] = None,
     threads: Annotated[
@@ -36,10 +41,14 @@ def train(
     import torch
     import torch.distributed as dist
 
+    from attnsens.cli.inputs import check_device, check_out_dir
+    from attnsens.cli.progress import ProgressReport
     from attnsens.train.model import preset
     from attnsens.train.run import default_data_config, preset_train_config
     from attnsens.train.run import train as train_run
 
+    check_device(device)
+    check_out_dir(out)
     if threads is not None:
         torch.set_num_threads(threads)
     model_config = preset(config, norm=norm)
@@ -47,7 +56,13 @@ def train(
         config, steps=steps, seed=seed, batch_size=batch_size, lr=lr, warmup_steps=warmup
     )
     data_config = default_data_config(model_config, source=None if data is None else str(data))
-    result = train_run(model_config, train_config, data_config, out, resume=resume, device=device)
+    writer = int(os.environ.get("RANK", "0")) == 0
+    with ProgressReport("training", "steps", enabled=writer and not as_json) as report:
+        callback = TrainingProgress(report, steps)
+        result = train_run(
+            model_config, train_config, data_config, out, resume=resume, extend=resume, device=device,
+            callbacks=[callback],
+        )  # fmt: skip
     if dist.is_initialized() and dist.get_rank() != 0:
         return
     last = result.training[-1]
@@ -65,6 +80,29 @@ def train(
     console.print(
         f"trained {config} seed {seed}: step {result.final_step}, loss {last['loss']:.4f}, "
         f"eval loss {last['eval_loss']:.4f}, checkpoints {result.checkpoint_steps}",
-        highlight=False,
+        soft_wrap=True,
     )
-    console.print(str(result.run_dir), highlight=False, soft_wrap=True)
+    console.print(str(result.run_dir), soft_wrap=True)
+
+
+class TrainingProgress:
+    """Trainer callback: step, loss, tokens per second and ETA on a ProgressReport (rank 0 only)."""
+
+    def __init__(self, report: ProgressReport, steps: int) -> None:
+        self.report, self.steps = report, steps
+        self.first: dict[str, Any] | None = None
+
+    def on_record(self, record: dict[str, Any]) -> None:
+        if self.first is None:
+            # Rates and ETA count from this process's first step: a resumed run starts late, and the first
+            # step carries one-off costs.
+            self.first = record
+            self.report.restart(record["step"])
+        seconds = record["wall_time_s"] - self.first["wall_time_s"]
+        tokens = record["tokens_seen"] - self.first["tokens_seen"]
+        detail = f"loss {record['loss']:.4f}"
+        if seconds > 0:
+            detail += f", {tokens / seconds:,.0f} tokens/s"
+        if record.get("eval_loss") is not None:
+            detail += f", eval loss {record['eval_loss']:.4f}"
+        self.report.update(record["step"], self.steps, detail)

@@ -7,7 +7,7 @@ The table has the columns of the ``influence`` results table (attnsens.store.sch
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -95,13 +95,17 @@ def run_influence(
     positions: Sequence[str] = POSITION_KINDS,
     seed: int = 0,
     batch_size: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> InfluenceResult:
-    """Certificate (or the reasons there is none), measured influence per length, and the log–log slope."""
+    """Certificate (or the reasons there is none), measured influence per length, and the log–log slope;
+    ``progress(done, total)`` after each length measured."""
     try:
         certificate = certified_constant(model)
     except AttnsensError as err:
         certificate = not_applicable(str(err))
-    table = measure(model, lengths, n_samples=n_samples, positions=positions, seed=seed, batch_size=batch_size)
+    table = measure(
+        model, lengths, n_samples=n_samples, positions=positions, seed=seed, batch_size=batch_size, progress=progress
+    )
     table["influence_upper_bound"] = [
         certificate.influence_upper_bound(int(n)) if certificate.applicable else math.nan for n in table["n"]
     ]

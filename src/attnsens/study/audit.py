@@ -79,7 +79,7 @@ def audit(
     adapter = load(model)
     check_finite_module(adapter.module, name=adapter.name)
     selection = selection or RowSelection()
-    sequences = _sequences(adapter, tokens, seq_len=seq_len, n_sequences=n_sequences)
+    sequences = split_sequences(adapter, tokens, seq_len=seq_len, n_sequences=n_sequences)
     layers = adapter.select_layers(selection.layers)
     identity = {"run_id": run_id, "model": adapter.name, "step": step, "seed": seed}
     manifest = None
@@ -147,15 +147,34 @@ def rows_frame(
     return conform(frame, "rows").to_pandas()
 
 
-def _sequences(adapter: ModelAdapter, tokens: Tensor | str, *, seq_len: int | None, n_sequences: int | None) -> Tensor:
+def split_sequences(
+    adapter: ModelAdapter, tokens: Tensor | str, *, seq_len: int | None = None, n_sequences: int | None = None
+) -> Tensor:
+    """The [batch, n] int64 token ids ``audit`` reads (see its ``tokens``, ``seq_len`` and ``n_sequences``)."""
     if isinstance(tokens, str):
         if not tokens.strip():
             raise InputError("the text to audit is empty; give a file or corpus with some text")
         needed = None if seq_len is None or n_sequences is None else seq_len * n_sequences
         tokens = _encode_prefix(adapter, tokens, needed)
-    tokens = torch.as_tensor(tokens)
+    if isinstance(tokens, list | tuple) and any(isinstance(item, str) for item in tokens):
+        raise InputError(
+            f"tokens is a {type(tokens).__name__} of {len(tokens)} texts; pass one text (e.g. '\\n\\n'.join(texts)) "
+            "or token ids"
+        )
+    try:
+        tokens = torch.as_tensor(tokens)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise InputError(f"tokens must be text or integer token ids, got {type(tokens).__name__} ({err})") from err
     if tokens.ndim not in (1, 2) or tokens.numel() == 0:
         raise InputError(f"tokens must be a non-empty [n] stream or [batch, n] tensor, got shape {tuple(tokens.shape)}")
+    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
+        raise InputError(f"tokens must be integer token ids, got dtype {tokens.dtype}; pass a torch.long tensor")
+    low, high, vocab = int(tokens.min()), int(tokens.max()), adapter.spec.vocab_size
+    if low < 0 or high >= vocab:
+        raise InputError(
+            f"token ids must lie in [0, {vocab}) for {adapter.name!r} (its vocabulary), got ids in [{low}, {high}]; "
+            "encode with the model's own tokenizer"
+        )
     if seq_len is not None:
         if seq_len < 1:
             raise InputError(f"seq_len must be >= 1, got {seq_len}")

@@ -29,7 +29,7 @@ each seed trains with DDP and the (seed, checkpoint) audits are shared out among
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -181,9 +181,17 @@ BASELINES_UNIT = "baselines/baselines.parquet"
 
 @writes_run_folder("out_dir", "study")
 def run_study(
-    config: StudyConfig, out_dir: str | Path, *, log: Log | None = None, device: str | None = None
+    config: StudyConfig,
+    out_dir: str | Path,
+    *,
+    log: Log | None = None,
+    device: str | None = None,
+    callbacks: Sequence[object] = (),
 ) -> StudyResult:
     """Train every seed, audit every checkpoint, write the Parquet tables and ``report.html``; resumable.
+
+    ``callbacks`` are trainer callbacks (``attnsens.train.trainer``) added to every seed's training on rank 0,
+    e.g. a progress display reading ``on_record``.
 
     Returns: StudyResult with the report path (None on ranks other than 0 under torchrun).
     Raises: CheckpointError when a registered checkpoint fails its sha256 check; ConfigError when ``out_dir``
@@ -210,7 +218,9 @@ def run_study(
     started = time.perf_counter()
     for placement, seed in runs:
         before = {**discarded[placement, seed], **model_hashes(_seed_dir(out, placement, seed))}
-        _train_seed(config, out, placement, seed, data, manifest, rank=rank, device=device, say=say)
+        _train_seed(
+            config, out, placement, seed, data, manifest, rank=rank, device=device, say=say, callbacks=callbacks
+        )
         if rank == 0:
             after = model_hashes(_seed_dir(out, placement, seed))
             _forget_stale_audits(config, placement, seed, before, after, manifest)
@@ -266,6 +276,7 @@ def _train_seed(
     rank: int,
     device: str | None,
     say: Log,
+    callbacks: Sequence[object] = (),
 ) -> None:
     import pandas as pd
 
@@ -288,7 +299,7 @@ def _train_seed(
         device=device,
         write_log=False,
         data=data,
-        callbacks=[progress] if rank == 0 else [],
+        callbacks=[progress, *callbacks] if rank == 0 else [],
     )
     if rank == 0:
         for table, unit in units.items():
@@ -380,10 +391,10 @@ def _audit_reference(config: StudyConfig, out: Path, eval_inputs: torch.Tensor, 
     BOS added as its tokenizer adds them); every sequence is cut to the shortest one so the batch is
     rectangular, and the same query positions are sampled as for the trained runs.
     """
+    from tokenizers import Tokenizer
+
     from attnsens.models import load
     from attnsens.study.audit import audit
-
-    from tokenizers import Tokenizer
 
     started = time.perf_counter()
     adapter = load(config.reference)

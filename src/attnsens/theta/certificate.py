@@ -95,6 +95,56 @@ class ThetaCertificate:
     def __len__(self) -> int:
         return len(self.lower)
 
+    def __repr__(self) -> str:
+        """One line: shape, range of the lower bounds, exact fraction, widest interval (never the tensors)."""
+        n_rows = self.lower.numel()
+        summary = f"shape={tuple(self.shape)}"
+        if n_rows > 0:
+            lower = self.lower.detach().flatten()
+            summary += (
+                f", lower∈[{float(lower.min()):.9g}, {float(lower.max()):.9g}], "
+                f"exact={float(self.exact.float().mean()):.1%}, max_width={float(self.width.max()):.3g}"
+            )
+        return f"ThetaCertificate({summary}, device={self.lower.device.type})"
+
+    def to_pandas(self, axes: tuple[str, ...] | None = None):  # -> pandas.DataFrame
+        """One record per row: its index along each leading axis, then theta_lower, theta_upper, theta_exact,
+        theta_method (int8 ``ThetaMethod`` code), row_sum, p_max and dominant, named as in the audit's rows table.
+
+        Args:
+            axes: names of the leading axes; default the last ``ndim`` of ``("batch", "head", "query")`` (a
+                [batch, head, query, key] attention tensor), ``axis_0, axis_1, …`` beyond three.
+
+        >>> import torch
+        >>> table = certify(torch.tensor([[[0.5, 0.5], [0.25, 0.75]]])).to_pandas()
+        >>> table[["head", "query", "theta_lower", "theta_exact"]]
+           head  query  theta_lower  theta_exact
+        0     0      0         1.00         True
+        1     0      1         0.75         True
+        """
+        import pandas as pd
+
+        ndim = len(self.shape)
+        if axes is None:
+            axes = ("batch", "head", "query")[3 - ndim :] if ndim <= 3 else tuple(f"axis_{i}" for i in range(ndim))
+        if len(axes) != ndim:
+            raise ShapeError(
+                f"got {len(axes)} axis names for the {ndim} leading axes {tuple(self.shape)}; name each of them"
+            )
+        index = np.indices(tuple(self.shape)).reshape(ndim, -1) if ndim > 0 else np.zeros((0, 1), dtype=np.int64)
+        columns = {name: index[i] for i, name in enumerate(axes)}
+        values = {
+            "theta_lower": self.lower,
+            "theta_upper": self.upper,
+            "theta_exact": self.exact,
+            "theta_method": self.method,
+            "row_sum": self.row_sum,
+            "p_max": self.p_max,
+            "dominant": self.dominant,
+        }
+        columns.update({name: tensor.detach().flatten().cpu().numpy() for name, tensor in values.items()})
+        return pd.DataFrame(columns)
+
 
 def certify(
     p: torch.Tensor,
@@ -102,7 +152,7 @@ def certify(
     *,
     precision: Precision = "float32",
     normalize: bool = False,
-    tolerance: float = 1e-3,
+    tolerance: float | None = None,
     backend: Backend = "auto",
 ) -> ThetaCertificate:
     """Certified interval for θ(p) = s − 4·min_S (p(S) − s/2)² of every attention row of ``p`` along ``dim``.
@@ -115,7 +165,8 @@ def certify(
         precision: "float32" stops refining at d ≤ 2^-13.5 (θ fixed to float32 resolution, width ≤ 2^-25),
             "float64" at d ≤ 2^-28.
         normalize: renormalise each row by its float64 sum instead of checking it.
-        tolerance: largest accepted |s − 1| when ``normalize`` is False.
+        tolerance: largest accepted |s − 1| when ``normalize`` is False; default ``default_sum_tolerance(p.dtype)``
+            (1e-3 for float32/float64, 2^-9 for float16, 2^-6 for bfloat16).
         backend: "auto" (triton on CUDA tensors and numba on CPU tensors when importable, torch otherwise),
             "numba", "torch" or "triton" (CUDA tensors; CPU tensors under ``TRITON_INTERPRET=1``).
 
@@ -128,12 +179,29 @@ def certify(
     """
     if precision not in STOP_DISTANCE:
         raise ConfigError(f"precision={precision!r} is not one of {sorted(STOP_DISTANCE)}")
+    if tolerance is None:
+        tolerance = default_sum_tolerance(p.dtype) if isinstance(p, torch.Tensor) else 1e-3
     cert, _ = run_cascade(
         p, dim, stop_distance=STOP_DISTANCE[precision], mitm_max_support=MITM_MAX_SUPPORT,
         ckk_node_budget=CKK_NODE_BUDGET, ckk_max_support=CKK_MAX_SUPPORT, normalize=normalize,
         tolerance=tolerance, backend=backend,
     )  # fmt: skip
     return cert
+
+
+def default_sum_tolerance(dtype: torch.dtype) -> float:
+    """Default largest accepted |s − 1| of rows stored in ``dtype``: max(10^-3, 4u), u its unit roundoff.
+
+    Rounding each entry to ``dtype`` moves the row sum by up to u·s, and a softmax evaluated in ``dtype`` by a few
+    u more, so real bfloat16 (u = 2^-8) and float16 (u = 2^-11) attention rows sum to 1 only within a few u. The
+    tolerance only decides which rows are accepted: the certificate is for the stored values whatever their sum.
+
+    >>> [default_sum_tolerance(dtype) for dtype in (torch.bfloat16, torch.float16, torch.float32)]
+    [0.015625, 0.001953125, 0.001]
+    """
+    if not dtype.is_floating_point:
+        return 1e-3
+    return max(1e-3, 4 * torch.finfo(dtype).eps / 2)
 
 
 def run_cascade(

@@ -100,7 +100,7 @@ def read_documents(source: str | Path | None) -> list[str]:
         try:
             text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as err:
-            raise FileFormatError(f"cannot read training text {path}: {err}; give UTF-8 text files") from None
+            raise FileFormatError(f"cannot read training text {path}: {err}; give UTF-8 text files") from err
         if path.suffix == ".md":
             for pattern, replacement in _MARKDOWN:
                 text = pattern.sub(replacement, text)

@@ -64,13 +64,15 @@ def train(
     run_dir: str | Path,
     *,
     resume: bool = False,
+    extend: bool = False,
     run_id: str | None = None,
     callbacks: Sequence[object] = (),
     device: str | None = None,
     write_log: bool = True,
     data: TokenData | None = None,
 ) -> TrainResult:
-    """Train one seed into ``run_dir``; with ``resume`` continue from its latest checkpoint (bit-identical on CPU).
+    """Train one seed into ``run_dir``; with ``resume`` continue from its latest checkpoint (bit-identical on CPU),
+    with ``extend`` as well to more steps than the run was started with (``Trainer.resume``).
 
     Under torchrun (WORLD_SIZE > 1) every process calls this; rank 0 alone writes files. With ``write_log``
     the log is written as ``training.parquet`` and ``grad_norms.parquet`` (store schemas) in ``run_dir`` and
@@ -95,7 +97,7 @@ def train(
             data = prepare_data(data_config, run_dir, save=False)
     trainer = Trainer(model_config, train_config, data, run_dir, run_id=run_id, callbacks=callbacks, device=device)
     if resume:
-        trainer.resume()
+        trainer.resume(extend=extend)
     log = trainer.run()
     if write_log and trainer.is_writer:
         import pandas as pd

@@ -6,7 +6,9 @@ the gradient's global ℓ2 norm is clipped to 1.0; bf16 autocast on CUDA only (f
 CPU so that a resumed run is bit-identical to an uninterrupted one.
 
 Observers are named callbacks, objects with any of ``on_step_end(step, model, batch)`` (after the optimizer
-update; ``batch`` is the step's input ids) and ``on_checkpoint(step, model, path)``; ``model`` is the bare GPT.
+update; ``batch`` is the step's input ids), ``on_checkpoint(step, model, path)`` (``model`` is the bare GPT) and
+``on_record(record)`` (the step's record of the training table: loss, lr, tokens_seen, wall_time_s, and eval_loss
+at checkpoints; for progress displays).
 ``attnsens.capture.SensitivityMonitor`` is such an object.
 Under ``torchrun`` every rank trains its share of the global batch and rank 0 alone writes.
 """
@@ -181,11 +183,14 @@ class Trainer:
             "corpus_sha256": self.data.corpus_sha256,
         }
 
-    def resume(self) -> bool:
+    def resume(self, *, extend: bool = False) -> bool:
         """Load the checkpoint to continue from; False when there is none (training starts from scratch).
 
         That is the latest registered checkpoint, unless a scheduled one below it is missing (its directory was
-        deleted): then the last one before the gap, so the run rebuilds every checkpoint after it.
+        deleted): then the last one before the gap, so the run rebuilds every checkpoint after it. With ``extend``
+        the run may continue to more ``steps`` than it was started with (every other setting must match): the
+        steps taken keep their learning rates and the cosine decay is stretched to the new total from the resumed
+        step on, so the result differs from a run started with the larger ``steps``.
         """
         if self.is_writer:
             prune_deleted(self.run_dir)
@@ -195,8 +200,17 @@ class Trainer:
         checkpoint = load_checkpoint(self.run_dir, step)
         state = checkpoint["state"]
         recorded = {key: state[key] for key in self._describe()}
-        if recorded != _jsonable(self._describe()):
-            changed = [key for key in recorded if recorded[key] != _jsonable(self._describe())[key]]
+        current = _jsonable(self._describe())
+        if extend:
+            recorded_steps = recorded["train_config"]["steps"]
+            if recorded_steps > self.train_config.steps:
+                raise CheckpointError(
+                    f"cannot extend {self.run_dir} from {recorded_steps} to {self.train_config.steps} steps; "
+                    f"give --steps {recorded_steps} or more"
+                )
+            recorded = {**recorded, "train_config": {**recorded["train_config"], "steps": self.train_config.steps}}
+        if recorded != current:
+            changed = [key for key in recorded if recorded[key] != current[key]]
             raise CheckpointError(
                 f"cannot resume {self.run_dir}: its {', '.join(changed)} differ from this command's; "
                 "rerun with the original settings or use a new --out directory"
@@ -239,6 +253,9 @@ class Trainer:
                 self._elapsed = time.perf_counter() - start
                 record["eval_loss"] = self.evaluate()
                 self._checkpoint()
+            for callback in self.callbacks:
+                if hasattr(callback, "on_record"):
+                    callback.on_record(record)
         return {"training": self.training, "grad_norms": self.grad_norms}
 
     def _accumulate_gradients(self, inputs: Tensor, targets: Tensor, autocast: Any) -> Tensor:

