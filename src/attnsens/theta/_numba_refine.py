@@ -11,10 +11,13 @@ from numba import njit
 from attnsens.theta._numba_partition import (
     CKK_EXHAUSTED,
     CKK_PERFECT,
+    cardinality_branch_and_bound,
+    cardinality_relaxation,
     complete_karmarkar_karp,
     descending_support,
     karmarkar_karp,
     swap_descent,
+    window_meet_in_the_middle,
 )
 from attnsens.theta._numba_scan import top_k
 from attnsens.theta.methods import ThetaMethod
@@ -22,6 +25,10 @@ from attnsens.theta.methods import ThetaMethod
 K_LARGE = 14
 N_TARGETS = 16
 SWAP_ROUNDS = 8
+REFINE_SEARCH_NODES = 20_000
+"""Node budget of the cardinality-pruned search for rows the heuristics leave open (about 0.4 ms)."""
+WINDOW_CHOICE_BITS = 10
+"""Larger values whose 2^10 subsets are tried to centre the partial meet-in-the-middle's target."""
 FREEZE_EVERY = 32
 """First-fits check every this many keys whether their best distance is ≤ the stop distance, and stop if so."""
 _INF_BITS = 0x7FF0000000000000
@@ -35,6 +42,9 @@ _TOP14_ENDPOINT = int(ThetaMethod.TOP14_ENDPOINT)
 _SWAP = int(ThetaMethod.SWAP_DESCENT)
 _CKK_PROVED = int(ThetaMethod.CKK_PROVED)
 _CKK_BUDGET = int(ThetaMethod.CKK_BUDGET)
+_CARDINALITY = int(ThetaMethod.CARDINALITY_BOUND)
+_SEARCH_PROVED = int(ThetaMethod.CARDINALITY_SEARCH)
+_SEARCH_FOUND = int(ThetaMethod.CARDINALITY_SEARCH_BUDGET)
 
 
 @njit(cache=True)
@@ -208,9 +218,10 @@ def _best_fill(targets, fill, e_min, count):
 def refine_row(
     row, bits, n, s, q, e, end, stop_d, ckk_budget, ckk_max_support, top_v, skip_sorted, scratch, d_found, d_lb
 ):  # fmt: skip
-    """Stages after the one-target first-fit: 16 targets, KK, greedy split with best exchanges, top-14 relaxation,
-    budgeted CKK. ``bits`` is the row as signed integers (``scan_row``), ``skip_sorted`` the top-K indices in
-    ascending order, ``scratch`` from ``relaxation_scratch(K)``.
+    """Stages after the one-target first-fit: 16 targets, cardinality bound, KK, greedy split with best exchanges,
+    cardinality-pruned search (error-free sums only), top-14 relaxation, budgeted CKK. ``bits`` is the row as
+    signed integers (``scan_row``), ``skip_sorted`` the top-K indices in ascending order, ``scratch`` from
+    ``relaxation_scratch(K)``.
 
     Returns (d_found, d_lb, method).
     """
@@ -223,7 +234,12 @@ def refine_row(
     if stage:
         return d_found, d_found if stage == _PERFECT else d_lb, stage
 
-    vals = descending_support(row, n)  # shared by KK, exchanges and CKK
+    vals = descending_support(row, n)  # shared by the cardinality bound, KK, exchanges and CKK
+    d_card, _ = cardinality_relaxation(vals, top_v.size, t)
+    if d_card > e:
+        return d_card, d_card, _CARDINALITY
+    d_lb = max(d_lb, d_card)
+
     d_found = min(d_found, karmarkar_karp(vals))
     stage = settled(d_found, q, e, stop_d, _KK)
     if stage:
@@ -233,6 +249,14 @@ def refine_row(
     stage = settled(d_found, q, e, stop_d, _SWAP)
     if stage:
         return d_found, d_found if stage == _PERFECT else d_lb, stage
+
+    if e == 0.0:  # near-uniform rows with an odd count: the few good splits lie at an end of a count's interval
+        d_search, proved = cardinality_branch_and_bound(vals, t, q, REFINE_SEARCH_NODES)
+        if proved:
+            return d_search, d_search, _SEARCH_PROVED
+        d_found = min(d_found, d_search)
+        if d_found <= stop_d:
+            return d_found, d_lb, _SEARCH_FOUND
 
     k_large = min(K_LARGE, n)
     top14_v = np.empty(k_large)
@@ -253,3 +277,33 @@ def refine_row(
     if outcome == CKK_EXHAUSTED or outcome == CKK_PERFECT:
         return 0.5 * best_diff, 0.5 * best_diff, _CKK_PROVED
     return d_found, d_lb, _CKK_BUDGET
+
+
+@njit(cache=True)
+def prove_short_row(row, n, t, q, e, k_top, probe_nodes, window, search_nodes):
+    """The proofs that settle most rows too long for a cheap meet-in-the-middle without enumerating them all: the
+    cardinality bound, then (sums error-free) a perfect split found by best exchanges, a short CKK search, or, on
+    rows of more than ``window`` keys, meet-in-the-middle over the ``window`` smallest values, and last the
+    cardinality-pruned search within ``search_nodes`` nodes.
+
+    Returns (d*, method), or (∞, 0) when none applies and the row needs meet-in-the-middle.
+    """
+    vals = descending_support(row, n)
+    d_card, _ = cardinality_relaxation(vals, k_top, t)
+    if d_card > e:
+        return d_card, _CARDINALITY
+    if e == 0.0:
+        d = swap_descent(vals, t, 0.5 * q, SWAP_ROUNDS)
+        if proves_perfect(d, q, e):
+            return d, _PERFECT
+        best_diff, outcome = complete_karmarkar_karp(vals, -1.0, q, probe_nodes)
+        if outcome == CKK_EXHAUSTED or outcome == CKK_PERFECT:
+            return 0.5 * best_diff, _CKK_PROVED
+        if n > window:
+            d = window_meet_in_the_middle(vals, t, window, WINDOW_CHOICE_BITS)
+            if proves_perfect(d, q, e):
+                return d, _PERFECT
+        d, proved = cardinality_branch_and_bound(vals, t, q, search_nodes)
+        if proved:
+            return d, _SEARCH_PROVED
+    return np.inf, 0
