@@ -8,7 +8,8 @@ distance of the subset it describes.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from attnsens._numba_cache import cached_njit
 
 CKK_EXHAUSTED = 0
 CKK_PERFECT = 1
@@ -16,7 +17,7 @@ CKK_THRESHOLD = 2
 CKK_OUT_OF_NODES = 3
 
 
-@njit(cache=True)
+@cached_njit()
 def _sorted_subset_sums(vals):
     """All 2^m subset sums of ``vals`` in ascending order, by merge-doubling (no sort, O(2^m))."""
     size_all = 1 << vals.size
@@ -49,7 +50,7 @@ def _sorted_subset_sums(vals):
     return out
 
 
-@njit(cache=True)
+@cached_njit()
 def support_values(row, n):
     """The n positive entries of ``row`` in key order (float64); stops at the n-th."""
     vals = np.empty(n)
@@ -64,13 +65,13 @@ def support_values(row, n):
     return vals
 
 
-@njit(cache=True)
+@cached_njit()
 def descending_support(row, n):
     """The n positive entries of ``row`` as float64, largest first (the order KK, CKK and exchanges read)."""
     return np.sort(support_values(row, n))[::-1].copy()
 
 
-@njit(cache=True)
+@cached_njit()
 def meet_in_the_middle(row, n, t):
     """d* = min_S |p(S) − t| over the n non-zeros: two sorted half-lists, one two-pointer sweep."""
     vals = support_values(row, n)
@@ -91,7 +92,7 @@ def meet_in_the_middle(row, n, t):
     return best
 
 
-@njit(cache=True)
+@cached_njit()
 def karmarkar_karp(vals_desc):
     """Largest differencing: repeatedly replace the two largest by their difference; d = final / 2.
 
@@ -116,7 +117,7 @@ def karmarkar_karp(vals_desc):
     return 0.5 * buf[start]
 
 
-@njit(cache=True)
+@cached_njit()
 def swap_descent(vals_desc, t, stop_d, rounds):
     """Greedy split refined by best single exchanges; returns d = |p(S) − t| of the final subset S.
 
@@ -181,7 +182,7 @@ def swap_descent(vals_desc, t, stop_d, rounds):
     return d
 
 
-@njit(cache=True)
+@cached_njit()
 def complete_karmarkar_karp(vals_desc, stop_diff, quantum_diff, budget):
     """Complete Karmarkar–Karp (Korf 1998) on descending values; returns (best difference, outcome code).
 
@@ -249,7 +250,7 @@ def complete_karmarkar_karp(vals_desc, stop_diff, quantum_diff, budget):
     return best, CKK_EXHAUSTED
 
 
-@njit(cache=True)
+@cached_njit()
 def cardinality_relaxation(vals_desc, k_top, t):
     """Lower bound on d* from the top-K atoms and the number of other keys in S; returns (d_lb, d_endpoint).
 
@@ -301,7 +302,7 @@ def cardinality_relaxation(vals_desc, k_top, t):
     return d_lb, d_end
 
 
-@njit(cache=True)
+@cached_njit()
 def window_meet_in_the_middle(vals_desc, t, width, choice_bits):
     """d = |p(S) − t| of the best S = A ∪ V found: V the best subset of the ``width`` smallest values
     (meet-in-the-middle towards t − p(A)), A a subset of the larger values chosen to centre that target.
@@ -351,7 +352,7 @@ def window_meet_in_the_middle(vals_desc, t, width, choice_bits):
     return meet_in_the_middle(small, width, best_target)
 
 
-@njit(cache=True)
+@cached_njit()
 def _suffix_distance(prefix, n, i, g):
     """(bound, endpoint): the least distance from g to [L_k, U_k] over the counts k of values[i:] (sorted
     descending, ``prefix`` their prefix sums; L_k / U_k the sums of the k smallest / largest), and the distance
@@ -372,7 +373,7 @@ def _suffix_distance(prefix, n, i, g):
     return (min(below, above) if below > 0.0 else 0.0), min(abs(below), above)
 
 
-@njit(cache=True)
+@cached_njit()
 def cardinality_branch_and_bound(vals_desc, t, quantum, budget):
     """Exact d* by depth-first search over the values (descending: in S or not), pruned by the cardinality bound
     of the values not yet placed; returns (d, proved).

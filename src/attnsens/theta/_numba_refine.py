@@ -6,8 +6,9 @@ run after the one-target first-fit: 16 targets, Karmarkar–Karp, top-14 relaxat
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from attnsens._numba_cache import cached_njit
+from attnsens.theta._constants import K_LARGE, N_TARGETS, SWAP_ROUNDS
 from attnsens.theta._numba_partition import (
     CKK_EXHAUSTED,
     CKK_PERFECT,
@@ -22,9 +23,6 @@ from attnsens.theta._numba_partition import (
 from attnsens.theta._numba_scan import top_k
 from attnsens.theta.methods import ThetaMethod
 
-K_LARGE = 14
-N_TARGETS = 16
-SWAP_ROUNDS = 8
 REFINE_SEARCH_NODES = 20_000
 """Node budget of the cardinality-pruned search for rows the heuristics leave open (about 0.4 ms)."""
 WINDOW_CHOICE_BITS = 10
@@ -47,13 +45,13 @@ _SEARCH_PROVED = int(ThetaMethod.CARDINALITY_SEARCH)
 _SEARCH_FOUND = int(ThetaMethod.CARDINALITY_SEARCH_BUDGET)
 
 
-@njit(cache=True)
+@cached_njit()
 def proves_perfect(d, q, e):
     """With exact sums every 2·d(S) ≡ s/q (mod 2) in units of q, so 2d ≤ q is optimal."""
     return e == 0.0 and 2.0 * d <= q
 
 
-@njit(cache=True)
+@cached_njit()
 def settled(d, q, e, stop_d, code):
     """The method that ends refinement at distance d, or 0 to go on: PERFECT when 2d ≤ q proves d optimal, else
     ``code`` (the stage that found d) once d ≤ ``stop_d``."""
@@ -62,7 +60,7 @@ def settled(d, q, e, stop_d, code):
     return code if d <= stop_d else 0
 
 
-@njit(cache=True)
+@cached_njit()
 def _subset_sums_unsorted(top_v, sums):
     """sums[T] = Σ_{k ∈ T} top_v[k] for every bitmask T (doubling)."""
     sums[0] = 0.0
@@ -72,13 +70,13 @@ def _subset_sums_unsorted(top_v, sums):
             sums[step + j] = sums[j] + top_v[k]
 
 
-@njit(cache=True)
+@cached_njit()
 def relaxation_scratch(k):
     """Work space of ``relaxation`` for K atoms (float64 [5, 2^K]; allocate once per block of rows)."""
     return np.empty((5, 1 << k))
 
 
-@njit(cache=True)
+@cached_njit()
 def _relaxation_terms(sums, t, rest, half_rest, end_d, lb_d, score):
     """Per subset sum a = p(T): the endpoint distance, the relaxation distance and the target score (all ≥ 0)."""
     for j in range(sums.size):
@@ -90,7 +88,7 @@ def _relaxation_terms(sums, t, rest, half_rest, end_d, lb_d, score):
         score[j] = abs((t - a) - half_rest) if (lo <= 0.0) & (hi <= 0.0) else np.inf
 
 
-@njit(cache=True)
+@cached_njit()
 def _subset_terms(top_v, t, rest, scratch):
     """Fill ``scratch`` rows 0–3 for every bitmask T of the K atoms: p(T) and its ``_relaxation_terms``; returns 2^K."""
     count = 1 << top_v.size
@@ -100,7 +98,7 @@ def _subset_terms(top_v, t, rest, scratch):
     return count
 
 
-@njit(cache=True)
+@cached_njit()
 def _smallest(bits):
     """min of int64 ``bits``: on non-negative float64 values integer order is value order (vectorises)."""
     m = bits[0]
@@ -109,7 +107,7 @@ def _smallest(bits):
     return m
 
 
-@njit(cache=True)
+@cached_njit()
 def relaxation(top_v, rest, t, scratch):
     """Top-K relaxation (THETA_ALGORITHMS.md §1 "K-atom regime").
 
@@ -135,7 +133,7 @@ def relaxation(top_v, rest, t, scratch):
     return scratch[4, 1], scratch[4, 0], target
 
 
-@njit(cache=True)
+@cached_njit()
 def _best_targets(top_v, rest, t, scratch, out_g):
     """Fill ``out_g`` with the (up to) m = len(out_g) targets t − p(T) ∈ [0, rest] closest to rest/2; return how
     many. Ties go to the first T in bitmask order. ``scratch`` comes from ``relaxation_scratch(K)``.
@@ -178,7 +176,7 @@ def _best_targets(top_v, rest, t, scratch, out_g):
     return n_best
 
 
-@njit(cache=True)
+@cached_njit()
 def _first_fit_targets(row, end, skip_sorted, targets, count, stop_d):
     """First-fit of the tail (original order, ``skip_sorted`` indices left out) into each target capacity.
 
@@ -205,7 +203,7 @@ def _first_fit_targets(row, end, skip_sorted, targets, count, stop_d):
     return _best_fill(targets, fill, e_min, count)
 
 
-@njit(cache=True)
+@cached_njit()
 def _best_fill(targets, fill, e_min, count):
     best = np.inf
     for m in range(count):
@@ -214,7 +212,7 @@ def _best_fill(targets, fill, e_min, count):
     return best
 
 
-@njit(cache=True)
+@cached_njit()
 def refine_row(
     row, bits, n, s, q, e, end, stop_d, ckk_budget, ckk_max_support, top_v, skip_sorted, scratch, d_found, d_lb
 ):  # fmt: skip
@@ -279,11 +277,11 @@ def refine_row(
     return d_found, d_lb, _CKK_BUDGET
 
 
-@njit(cache=True)
+@cached_njit()
 def prove_short_row(row, n, t, q, e, k_top, probe_nodes, window, search_nodes):
     """The proofs that settle most rows too long for a cheap meet-in-the-middle without enumerating them all: the
-    cardinality bound, then (sums error-free) a perfect split found by best exchanges, a short CKK search, or, on
-    rows of more than ``window`` keys, meet-in-the-middle over the ``window`` smallest values, and last the
+    cardinality bound, then (sums error-free) a perfect split found by a CKK search of ``probe_nodes`` nodes or,
+    on rows of more than ``window`` keys, by meet-in-the-middle over the ``window`` smallest values, and last the
     cardinality-pruned search within ``search_nodes`` nodes.
 
     Returns (d*, method), or (∞, 0) when none applies and the row needs meet-in-the-middle.
@@ -293,9 +291,6 @@ def prove_short_row(row, n, t, q, e, k_top, probe_nodes, window, search_nodes):
     if d_card > e:
         return d_card, _CARDINALITY
     if e == 0.0:
-        d = swap_descent(vals, t, 0.5 * q, SWAP_ROUNDS)
-        if proves_perfect(d, q, e):
-            return d, _PERFECT
         best_diff, outcome = complete_karmarkar_karp(vals, -1.0, q, probe_nodes)
         if outcome == CKK_EXHAUSTED or outcome == CKK_PERFECT:
             return 0.5 * best_diff, _CKK_PROVED

@@ -12,13 +12,20 @@ from __future__ import annotations
 
 import torch
 
+from attnsens.theta._constants import (
+    ERROR_RADIUS_OFFSET,
+    ERROR_RADIUS_PER_KEY,
+    ERROR_RADIUS_SLACK,
+    EXACT_SUM_QUANTA_LOG2,
+    K_SMALL,
+    N_TARGETS,
+    SMALLEST_EXACT_SUM,
+    SWAP_ROUNDS,
+    UNIT_ROUNDOFF,
+)
 from attnsens.theta._validation import row_status
 from attnsens.theta.methods import ThetaMethod
 
-UNIT_ROUNDOFF = 2.0**-53
-K_SMALL = 8
-N_TARGETS = 16
-SWAP_ROUNDS = 8
 MITM_CHUNK_ELEMENTS = 1 << 22
 
 
@@ -121,8 +128,9 @@ def _quantum(x: torch.Tensor, positive: torch.Tensor, *, exact_quantum: bool) ->
 
 def _error_radius(s: torch.Tensor, n: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """E of ``_numba_kernels``: 0 when sums are error-free (s ≤ 2^52·q), else (2n + 16)·u·s·(1 + 2^-10)."""
-    exact_sums = (s >= 2.0**-1000) & (s <= q * 2.0**52)
-    bound = (2.0 * n.to(torch.float64) + 16.0) * UNIT_ROUNDOFF * s * (1.0 + 2.0**-10)
+    exact_sums = (s >= SMALLEST_EXACT_SUM) & (s <= q * 2.0**EXACT_SUM_QUANTA_LOG2)
+    radius = ERROR_RADIUS_PER_KEY * n.to(torch.float64) + ERROR_RADIUS_OFFSET
+    bound = radius * UNIT_ROUNDOFF * s * ERROR_RADIUS_SLACK
     return torch.where(exact_sums, torch.zeros_like(s), bound)
 
 
