@@ -17,12 +17,15 @@ from attnsens.theta._numba_partition import (
     complete_karmarkar_karp,
     descending_support,
     karmarkar_karp,
+    meet_in_the_middle,
     swap_descent,
     window_meet_in_the_middle,
 )
 from attnsens.theta._numba_scan import top_k
 from attnsens.theta.methods import ThetaMethod
 
+MITM_FALLBACK_SUPPORT = 32
+"""Rows of at most this many keys still open before the budgeted CKK are enumerated instead (≤ 3 ms, exact)."""
 REFINE_SEARCH_NODES = 20_000
 """Node budget of the cardinality-pruned search for rows the heuristics leave open (about 0.4 ms)."""
 WINDOW_CHOICE_BITS = 10
@@ -43,6 +46,7 @@ _CKK_BUDGET = int(ThetaMethod.CKK_BUDGET)
 _CARDINALITY = int(ThetaMethod.CARDINALITY_BOUND)
 _SEARCH_PROVED = int(ThetaMethod.CARDINALITY_SEARCH)
 _SEARCH_FOUND = int(ThetaMethod.CARDINALITY_SEARCH_BUDGET)
+_MITM = int(ThetaMethod.MEET_IN_THE_MIDDLE)
 
 
 @cached_njit()
@@ -217,9 +221,9 @@ def refine_row(
     row, bits, n, s, q, e, end, stop_d, ckk_budget, ckk_max_support, top_v, skip_sorted, scratch, d_found, d_lb
 ):  # fmt: skip
     """Stages after the one-target first-fit: 16 targets, cardinality bound, KK, greedy split with best exchanges,
-    cardinality-pruned search (error-free sums only), top-14 relaxation, budgeted CKK. ``bits`` is the row as
-    signed integers (``scan_row``), ``skip_sorted`` the top-K indices in ascending order, ``scratch`` from
-    ``relaxation_scratch(K)``.
+    cardinality-pruned search (error-free sums only), top-14 relaxation, then meet-in-the-middle (≤ 32 keys) or
+    budgeted CKK. ``bits`` is the row as signed integers (``scan_row``), ``skip_sorted`` the top-K indices in
+    ascending order, ``scratch`` from ``relaxation_scratch(K)``.
 
     Returns (d_found, d_lb, method).
     """
@@ -267,6 +271,9 @@ def refine_row(
     if d_found <= stop_d:
         return d_found, d_lb, _TOP14_ENDPOINT
 
+    if n <= MITM_FALLBACK_SUPPORT:  # the rare short row every heuristic leaves open: enumerate it
+        d = meet_in_the_middle(row, n, t)
+        return d, d, _MITM
     if n > ckk_max_support:
         return d_found, d_lb, _CKK_BUDGET
     quantum_diff = q if e == 0.0 else -1.0

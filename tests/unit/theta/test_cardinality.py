@@ -120,21 +120,31 @@ def test_meta_search_check_catches_a_wrong_search() -> None:
         assert_search_claims(wrong_search_prunes_half, integer_rows(1))
 
 
-@pytest.mark.parametrize("backend", ["numba", "torch"])
-def test_near_uniform_rows_against_exact_rationals(backend: str) -> None:
-    """n = 9…22, odd and even: every certificate holds the exact θ; exact claims have the documented width."""
-    blocks, lengths = [], []
-    for length in (9, 12, 17, 20, 21, 22):
+def check_against_exact_rationals(backend: str, lengths: tuple[int, ...]) -> None:
+    """Every certificate of near-uniform rows of ``lengths`` keys holds the exact θ, and is exact."""
+    blocks, row_lengths = [], []
+    for length in lengths:
         for spread in (0.003, 0.03, 0.1):
-            rows = near_uniform_rows(2, length, spread, seed=length)
-            blocks.append(torch.nn.functional.pad(rows, (0, 22 - length)))
-            lengths += [length] * 2
+            blocks.append(torch.nn.functional.pad(near_uniform_rows(1, length, spread, seed=length), (0, 22 - length)))
+            row_lengths.append(length)
     rows = torch.cat(blocks)
     cert = certify(rows, backend=backend)
     for i, row in enumerate(rows):
         theta = theta_fraction(row.tolist())
-        assert_certificate_sound(float(cert.lower[i]), float(cert.upper[i]), theta, f"L={lengths[i]} [{backend}]")
+        assert_certificate_sound(float(cert.lower[i]), float(cert.upper[i]), theta, f"L={row_lengths[i]} [{backend}]")
         assert bool(cert.exact[i])
+
+
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+def test_near_uniform_rows_against_exact_rationals(backend: str) -> None:
+    """n = 9…18, odd and even."""
+    check_against_exact_rationals(backend, (9, 12, 15, 17, 18))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+def test_near_uniform_rows_of_21_and_22_keys_against_exact_rationals(backend: str) -> None:
+    check_against_exact_rationals(backend, (21, 22))
 
 
 @pytest.mark.parametrize("backend", ["numba", "torch"])
@@ -160,34 +170,40 @@ def test_rows_of_25_to_40_keys_against_integer_meet_in_the_middle() -> None:
             assert Fraction(float(exact(row, tolerance=1.0))) - theta <= Fraction(2.0**-49)
 
 
-def local_search_theta(values: list[float], rng: np.random.Generator, restarts: int = 8) -> Fraction:
-    """An independent lower bound on θ: random splits improved by single moves and 1–1 exchanges, in Fractions."""
+def local_search_theta(values: list[float], rng: np.random.Generator, restarts: int = 3) -> Fraction:
+    """An independent lower bound on θ: random splits improved by single moves and 1–1 exchanges.
+
+    The float32 values are scaled by one power of two to Python integers, so every sum is exact; the best
+    |2·p(S) − s| found gives θ ≥ s − (2·p(S) − s)².
+    """
     fractions = [Fraction(v) for v in values if v != 0]
-    s = sum(fractions)
+    denominator = max(f.denominator for f in fractions)
+    ints = [int(f * denominator) for f in fractions]
+    total = sum(ints)
     best = None
     for _ in range(restarts):
-        inside = rng.random(len(fractions)) < 0.5
-        gap = sum(f for f, a in zip(fractions, inside, strict=True) if a) - s / 2
+        inside = rng.random(len(ints)) < 0.5
+        twice_gap = 2 * sum(v for v, a in zip(ints, inside, strict=True) if a) - total
         improved = True
         while improved:
             improved = False
-            for i in range(len(fractions)):
-                delta = -fractions[i] if inside[i] else fractions[i]
-                if abs(gap + delta) < abs(gap):
+            for i, v in enumerate(ints):
+                delta = -2 * v if inside[i] else 2 * v
+                if abs(twice_gap + delta) < abs(twice_gap):
                     inside[i] = not inside[i]
-                    gap += delta
+                    twice_gap += delta
                     improved = True
-            ins = [i for i in range(len(fractions)) if inside[i]]
-            outs = [i for i in range(len(fractions)) if not inside[i]]
-            for i, j in itertools.product(ins, outs):
-                delta = fractions[j] - fractions[i]
-                if abs(gap + delta) < abs(gap):
-                    inside[i], inside[j] = False, True
-                    gap += delta
+            outs = [j for j in range(len(ints)) if not inside[j]]
+            for i in (i for i in range(len(ints)) if inside[i]):
+                deltas = [2 * (ints[j] - ints[i]) for j in outs]
+                k = min(range(len(outs)), key=lambda k: abs(twice_gap + deltas[k]), default=None)
+                if k is not None and abs(twice_gap + deltas[k]) < abs(twice_gap):
+                    inside[i], inside[outs[k]] = False, True
+                    twice_gap += deltas[k]
                     improved = True
                     break
-        best = abs(gap) if best is None else min(best, abs(gap))
-    return s - 4 * best * best
+        best = abs(twice_gap) if best is None else min(best, abs(twice_gap))
+    return Fraction(total, denominator) - Fraction(best * best, denominator * denominator)
 
 
 @pytest.mark.parametrize("backend", ["numba", "torch"])
@@ -195,7 +211,7 @@ def test_long_near_uniform_rows_against_an_independent_local_search(backend: str
     """49–127 keys: no local-search split may beat an exact claim (θ_local ≤ upper), and every row reaches
     float32 resolution."""
     rng = np.random.default_rng(4)
-    blocks = [near_uniform_rows(3, length, spread, seed=length) for length in (49, 64, 101, 127)
+    blocks = [near_uniform_rows(1, length, spread, seed=length) for length in (49, 64, 101, 127)
               for spread in (0.003, 0.05)]  # fmt: skip
     rows = torch.cat([torch.nn.functional.pad(b, (0, 127 - b.shape[1])) for b in blocks])
     cert = certify(rows, backend=backend)
@@ -211,3 +227,22 @@ def test_meta_local_search_catches_a_too_low_upper_bound() -> None:
     s = sum(Fraction(v) for v in row)
     wrong_upper = s - Fraction(max(row)) ** 2
     assert local_search_theta(row, np.random.default_rng(0)) > wrong_upper
+
+
+def torch_cardinality_bound(vals_desc: np.ndarray, k_top: int, t: float) -> tuple[float, float]:
+    """The torch path's bound on one row, shaped like ``cardinality_relaxation`` (no endpoint: s bounds d*)."""
+    from attnsens.theta._torch_path import _cardinality_bound, _subset_sums
+
+    x = torch.tensor(vals_desc, dtype=torch.float64).unsqueeze(0)
+    k = min(k_top, x.shape[1])
+    sums = _subset_sums(x.topk(k, dim=-1).values)
+    return float(_cardinality_bound(x, sums, torch.tensor([t], dtype=torch.float64), k)), float(vals_desc.sum())
+
+
+def test_torch_cardinality_bound_is_a_bound_and_exact_when_positive() -> None:
+    rows = integer_rows(2)
+    assert_bound_claims(torch_cardinality_bound, rows)
+    for ints in rows:
+        vals = np.sort(np.array(ints, dtype=np.float64))[::-1].copy()
+        t = 0.5 * float(vals.sum())
+        assert torch_cardinality_bound(vals, 8, t)[0] == cardinality_relaxation(vals, 8, t)[0], ints
