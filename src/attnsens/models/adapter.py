@@ -194,7 +194,7 @@ class ModelAdapter(ABC):
 
         One forward pass keeps the (post-rotary) queries and keys of the selected layers — O(layers · n · d_model)
         memory, the size of the hidden states — and rows are recomputed in float32 one chunk at a time
-        (MATH.md A5), so at most one chunk ``[batch, head, chunk_size, n]`` of probabilities exists at once.
+        (docs/math.md A5), so at most one chunk ``[batch, head, chunk_size, n]`` of probabilities exists at once.
         For reduction inside the forward pass without keeping any queries, use attnsens.capture.
 
         Args:

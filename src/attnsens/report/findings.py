@@ -1,4 +1,4 @@
-"""The paper's three findings (MATH.md §9.1, §9.6), each evaluated on the measured data of a run.
+"""The paper's three findings (docs/math.md §9.1, §9.6), each evaluated on the measured data of a run.
 
 Nothing here assumes an outcome: every sentence is built from the numbers, and a finding the data contradict
 is reported as "disagrees" with the numbers that contradict it. The thresholds that turn numbers into a

@@ -86,7 +86,7 @@ def overview_section(data: RunData, omitted: list[str]) -> Section:
     body = (
         "<p>What was measured, on which model, and where it came from. θ(p) = 4·max<sub>S</sub> p(S)(1 − p(S)) is the "
         "balanced-mass factor of an attention row; the ∞→1 norm of the softmax Jacobian equals θ/τ exactly "
-        "(MATH.md T1), so θ near 1 means attention is as sensitive as a softmax row can be.</p>"
+        "(docs/math.md T1), so θ near 1 means attention is as sensitive as a softmax row can be.</p>"
         + definition_list(items)
     )
     config = _flatten((data.manifest or {}).get("config") or {})
@@ -150,7 +150,7 @@ def theta_section(data: RunData) -> Section:
         f"Median over audited rows of the certified θ lower bound, per layer with all heads pooled, {axis}; one "
         "line per seed. Dotted line: θ = 1, the largest possible value. Tests the claim that the median "
         "certificate stays near 1 in every layer and at every checkpoint; since the certificate is a lower bound, "
-        "half the rows have a true θ at least the plotted median (MATH.md T2(f))."
+        "half the rows have a true θ at least the plotted median (docs/math.md T2(f))."
     )
     # Many small panels are lighter as PNG than as SVG.
     many_layers = data.overview.get("layers", 0) > 12
@@ -170,13 +170,13 @@ def concentration_section(data: RunData) -> Section:
             "averaged over seeds, against checkpoint step. Tests the claim that attention concentrates during "
             "training (p_max rising, entropy falling) — and, read with the θ figure, whether it does so while θ "
             "stays near 1, which is possible because θ only sees the largest atom (θ ≥ 1 − p_max² for "
-            "p_max ≤ 1/3, MATH.md §7)."
+            "p_max ≤ 1/3, docs/math.md §7)."
         )
     else:
         caption = (
             "Median largest attention weight p_max and mean Shannon entropy (nats) per layer, one line per seed. "
             "With a single checkpoint there is no training trend to test; read with the θ figure, it shows how "
-            "concentrated attention can be while θ stays near 1 (θ ≥ 1 − p_max² for p_max ≤ 1/3, MATH.md §7)."
+            "concentrated attention can be while θ stays near 1 (θ ≥ 1 − p_max² for p_max ≤ 1/3, docs/math.md §7)."
         )
     body = _figure(lambda: figures.concentration_figure(data.summary), caption, title="Concentration")
     return Section(anchor="concentration", title="Attention concentration", body=body)
@@ -187,7 +187,7 @@ def dominant_section(data: RunData) -> Section:
     caption = (
         f"Fraction of rows with a dominant atom (p_max ≥ half the row's mass) per layer {where}. Only rows with "
         "p_max > 1/3 can have θ < 8/9; tests the claim that dominant rows are a minority (dotted line: 1/2). "
-        "Early positions and attention sinks on token 0 raise this fraction (MATH.md §7)."
+        "Early positions and attention sinks on token 0 raise this fraction (docs/math.md §7)."
     )
     body = _figure(lambda: figures.dominant_fraction_figure(data.summary), caption, title="Dominant-atom rows")
     return Section(anchor="dominant", title="Dominant-atom rows", body=body)
@@ -197,7 +197,7 @@ def scatter_section(data: RunData) -> Section:
     shown = len(data.rows_sample) if data.rows_sample is not None else 0
     caption = (
         f"θ lower bound against p_max for {shown:,} rows sampled uniformly (fixed seed) from the rows table. Dashed: "
-        "the envelope max(4m(1−m), 1−m²), a floor every row must respect (MATH.md T2(b)); red: the exact value "
+        "the envelope max(4m(1−m), 1−m²), a floor every row must respect (docs/math.md T2(b)); red: the exact value "
         "4m(1−m) for m ≥ 1/2 (T2(a)). Tests that dominant rows sit exactly on the red curve and that no row falls "
         "below the envelope."
     )
@@ -226,7 +226,7 @@ def training_section(data: RunData) -> Section:
             lambda: figures_bounds.grad_norms_figure(data.grad_norms),
             "Gradient ℓ2 norm of each parameter group before clipping, per layer (colour: depth; layer −1 = "
             "parameters outside the blocks), mean over seeds: where the gradient signal sits while attention "
-            "changes (MATH.md §9.5).",
+            "changes (docs/math.md §9.5).",
             title="Gradient norms by parameter group",
         )
     return Section(anchor="training", title="Training", body=body)
@@ -238,7 +238,7 @@ def bounds_section(data: RunData) -> Section:
         "Per layer at the last checkpoint (mean over seeds): the certified length-independent Lipschitz bound of "
         "multi-head attention (θ̃ = 1), the certified local bound using the measured θ̃, and the empirical Jacobian "
         "norm found by autograd (a lower estimate of the true norm); right: their ratio. Tests how much the "
-        "distribution-aware bound (MATH.md T4/T5) gains over the worst case and how tight it is."
+        "distribution-aware bound (docs/math.md T4/T5) gains over the worst case and how tight it is."
     )
     body = _figure(lambda: figures_bounds.bounds_figure(bounds), caption, title="Certified bounds")
     body += _soundness(bounds)
@@ -261,7 +261,7 @@ def bounds_section(data: RunData) -> Section:
         body += _figure(
             lambda: figures_bounds.norm_products_figure(bounds),
             "Largest quartic product ‖W_O‖‖W_Q^h‖‖W_K^h‖‖W_V^h‖ over heads, per layer, against checkpoint step: "
-            "the weight growth that the DeepNorm-style N^(−1/4) scaling rule controls (MATH.md T9).",
+            "the weight growth that the DeepNorm-style N^(−1/4) scaling rule controls (docs/math.md T9).",
             title="Projection-norm products",
         )
     return Section(anchor="bounds", title="Certified bounds and their tightness", body=body)
@@ -290,7 +290,7 @@ def _soundness(bounds: pd.DataFrame) -> str:
 def layernorm_section(data: RunData) -> Section:
     caption = (
         "Fraction of audited tokens whose LayerNorm input meets the contraction condition of the projection lemma "
-        "(MATH.md T6), and the median ratio ‖γ‖∞/σ(x), per layer. The paper states this condition but does not "
+        "(docs/math.md T6), and the median ratio ‖γ‖∞/σ(x), per layer. The paper states this condition but does not "
         "test it; this is the measurement."
     )
     body = _figure(lambda: figures_bounds.ln_condition_figure(data.bounds), caption, title="LayerNorm condition")
@@ -303,7 +303,7 @@ def influence_section(data: RunData) -> Section:
         "Left: largest measured change ‖Δy_n‖₂ of the last position's output when one nonfinal token is replaced, "
         "against length n (log–log; fitted slope in the legend), beside the certified bound C/n where the theorem's "
         "assumptions hold (dashed). Right: n times the measured influence; a flat line is the Θ(1/n) decay the "
-        "inverse-length theorem predicts (MATH.md §10)."
+        "inverse-length theorem predicts (docs/math.md §10)."
     )
     body = _figure(lambda: figures_bounds.influence_figure(influence), caption, title="Inverse-length influence")
     rows = []

@@ -1,6 +1,6 @@
 """Certified bounds of a whole model, layer by layer and head by head, beside empirical estimates.
 
-``bound_model(model, input_ids)`` evaluates, for every layer, the quantities of MATH.md A4 and T4–T8 and returns a
+``bound_model(model, input_ids)`` evaluates, for every layer, the quantities of docs/math.md A4 and T4–T8 and returns a
 pandas DataFrame whose columns follow the ``bounds`` table of ``attnsens.store.schema`` (head = −1 rows hold
 layer-level quantities). Inputs come from the model adapter (``layer_inputs``) or, for bare ``LayerWeights``, from
 a residual stream propagated with the reference forward of ``attnsens.geometry.layers``.
@@ -222,7 +222,8 @@ def bound_model(
         on_layer: called with each layer index when its records are done (progress display).
 
     Returns:
-        DataFrame with the ``bounds`` table's columns (MATH.md A4, T4–T8); certified columns end in ``_upper_bound``.
+        DataFrame with the ``bounds`` table's columns (docs/math.md A4, T4–T8); certified columns end in
+        ``_upper_bound``.
     """
     G.norms.check_geometry(geometry)
     layers = list(model) if isinstance(model, list | tuple) else list(model.layers)

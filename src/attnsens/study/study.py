@@ -1,4 +1,4 @@
-"""The early-training study (MATH.md §9): train every seed, audit every checkpoint, write Parquet and the report.
+"""The early-training study (docs/math.md §9): train every seed, audit every checkpoint, write Parquet and the report.
 
 Run directory layout::
 
@@ -45,7 +45,7 @@ class StudyConfig:
     """What to train (model, optimizer, data, seeds) and how to audit each checkpoint.
 
     The audit reads the first ``audit_sequences`` blocks of the fixed evaluation batch and samples
-    ``rows_per_sequence`` query positions t ≥ ``min_query`` in each (MATH.md §9.4: rows with few keys are
+    ``rows_per_sequence`` query positions t ≥ ``min_query`` in each (docs/math.md §9.4: rows with few keys are
     trivially dominant); the bounds use the first ``bound_tokens`` tokens of one evaluation block.
     """
 

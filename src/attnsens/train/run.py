@@ -29,7 +29,7 @@ class TrainResult:
     grad_norms: list[dict]
 
 
-# Optimization defaults per preset: tiny trains on a CPU in minutes; the GPT-2 sizes follow MATH.md §9.3
+# Optimization defaults per preset: tiny trains on a CPU in minutes; the GPT-2 sizes follow docs/math.md §9.3
 # (the batch is counted in blocks of max_positions tokens: 512 × 1024 ≈ 0.5M tokens).
 TRAIN_DEFAULTS: dict[str, dict[str, object]] = {
     "tiny": {"batch_size": 16, "lr": 1e-3, "warmup_steps": 20},
