@@ -43,23 +43,24 @@ def scanned_files() -> list[Path]:
     return [f for f in files if f.resolve() != Path(__file__).resolve()]
 
 
+def _heading_level(line: str) -> int | None:
+    heading = HEADING.match(line)
+    return len(heading["hashes"]) if heading else None
+
+
 def sections(doc: Path) -> dict[str, str]:
-    """Label → text of the section it opens (up to the next heading of the same or a higher level)."""
+    """Label → text of the section it opens: a heading's up to the next heading of the same or a higher level, a
+    bold-labelled paragraph's up to the next blank line or heading."""
     lines = doc.read_text(encoding="utf-8").splitlines()
     found: dict[str, str] = {}
     for start, line in enumerate(lines):
-        heading = HEADING.match(line)
-        bold = BOLD_LABEL.match(line)
-        if heading:
-            level = len(heading["hashes"])
-            end = next(
-                (k for k in range(start + 1, len(lines)) if (h := HEADING.match(lines[k])) and len(h["hashes"]) <= level),
-                len(lines),
-            )
-            labels = re.findall(LABEL, heading["title"])
-        elif bold:
-            end = next((k for k in range(start + 1, len(lines)) if not lines[k].strip() or HEADING.match(lines[k])),
-                       len(lines))  # fmt: skip
+        level = _heading_level(line)
+        following = range(start + 1, len(lines))
+        if level is not None:
+            end = next((k for k in following if (_heading_level(lines[k]) or level + 1) <= level), len(lines))
+            labels = re.findall(LABEL, HEADING.match(line)["title"])
+        elif bold := BOLD_LABEL.match(line):
+            end = next((k for k in following if not lines[k].strip() or _heading_level(lines[k])), len(lines))
             labels = [bold["label"]]
         else:
             continue
