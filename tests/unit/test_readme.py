@@ -56,7 +56,7 @@ def test_theta_tour_runs_and_shows_true_values() -> None:
 @pytest.mark.slow
 def test_model_tour_runs_on_smollm2() -> None:
     namespace: dict[str, Any] = {}
-    run(block_with("import torch, attnsens as A"), namespace)
+    run(block_with("A.theta.certify(p)"), namespace)
     run(block_with('A.models.load("smollm2")'), namespace)
     assert len(namespace["result"].rows) > 0 and len(namespace["table"]) > 0
     assert namespace["C"].applicable
