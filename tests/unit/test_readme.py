@@ -54,6 +54,7 @@ def test_theta_tour_runs_and_shows_true_values() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # bound_model on SmolLM2's 30 layers takes minutes on a busy 2-core machine
 def test_model_tour_runs_on_smollm2() -> None:
     namespace: dict[str, Any] = {}
     run(block_with("A.theta.certify(p)"), namespace)
