@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.attnsens-installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-slow lint bench clean clean-cache
+.PHONY: setup demo test test-slow lint docs bench clean clean-cache
 
 setup: $(STAMP)
 
@@ -25,15 +25,20 @@ demo: setup
 
 test: setup
 	command -v chromium >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 || echo "chromium unavailable: the report's browser test will be skipped"
-	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff check src tests bench tools
 	$(PY) -m pytest -q -p no:cacheprovider --hypothesis-profile=ci
 
 test-slow: setup
 	$(PY) -m pytest -q -p no:cacheprovider --hypothesis-profile=ci -m slow
 
 lint: setup
-	$(VENV)/bin/ruff check src tests bench
-	$(VENV)/bin/ruff format --check src tests bench
+	$(VENV)/bin/ruff check src tests bench tools
+	$(VENV)/bin/ruff format --check src tests bench tools
+	$(PY) tools/cli_reference.py --check
+
+# docs/cli.md is generated from the commands' --help.
+docs: setup
+	$(PY) tools/cli_reference.py
 
 bench: setup
 	$(PY) bench/theta.py

@@ -1,7 +1,7 @@
 """Benchmark: tightness of the certified attention bounds and the time to bound a whole model.
 
 For each model, per layer: certified local bound / empirical estimate of the attention Jacobian's block-∞ norm
-(the θ-aware bound, MATH.md T4/T5; goal ≤ 10), beside the same ratio for the θ = 1 Lipschitz bound on the input
+(the θ-aware bound, docs/math.md T4/T5; goal ≤ 10), beside the same ratio for the θ = 1 Lipschitz bound on the input
 ball, for the paper-form local bound ‖W_O‖ Σ_h(‖W_V‖ + θ̃Φ/τ), and for the length-dependent product of norms
 (θ replaced by n_keys/2). Then the time to compute every certified bound of the model (no estimates) beside the
 time of one forward pass that captures the layer inputs (ratio). Models: attnsens' own tiny GPT (random init,

@@ -1,4 +1,5 @@
-"""Which modules an import pulls in, measured in a fresh interpreter (the import-weight rule of DESIGN.md)."""
+"""Which modules an import pulls in, measured in a fresh interpreter (the import rule of
+docs/architecture.md, "Layers and import direction")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Plain float64 reference implementations of a transformer block from normalized weights.
 
-Written from MATH.md §2.6–2.9 one head and one position at a time; they take bare tensors (never attnsens
+Written from docs/math.md §2.6–2.9 one head and one position at a time; they take bare tensors (never attnsens
 objects or functions) so that they can check the adapters' weight layouts and the row-statistics kernel.
 """
 
@@ -83,7 +83,7 @@ def mlp_plain(x: Tensor, m: dict) -> Tensor:
 
 
 def block_plain(x: Tensor, block: dict) -> Tensor:
-    """One residual block (MATH.md §2.9) on x [n, d]; ``block`` holds placement, parallel, alpha, attention, mlp,
+    """One residual block (docs/math.md §2.9) on x [n, d]; ``block`` holds placement, parallel, alpha, attention, mlp,
     norm1, norm2 (dicts of kind, gamma, beta, eps) and rotary (base, rotary_dim) or None."""
 
     def attention(h: Tensor) -> Tensor:
@@ -112,7 +112,7 @@ def block_plain(x: Tensor, block: dict) -> Tensor:
 
 def row_statistics_plain(row: list[float], n_keys: int) -> dict[str, float]:
     """p_max, argmax, entropy (nats), normalized entropy (0 for one key), n_eff, row_sum and θ by enumeration
-    (θ = s − 4 min_S (p(S) − s/2)², the stored-row form of DESIGN.md) of one row given as Python floats."""
+    (θ = s − 4 min_S (p(S) − s/2)², the stored-row form of docs/architecture.md) of one row given as Python floats."""
     s = math.fsum(row)
     support = [v for v in row if v > 0]
     best = min(

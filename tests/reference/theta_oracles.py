@@ -1,4 +1,4 @@
-"""Reference oracles for θ(p) and ‖J_softmax‖_{∞→1}, written from the definitions (MATH.md §2.2–2.3, T1).
+"""Reference oracles for θ(p) and ‖J_softmax‖_{∞→1}, written from the definitions (docs/math.md §2.2–2.3, T1).
 
 Independent of ``attnsens.theta``: plain enumeration over subsets / sign vectors, exact rationals where the
 answer must be checked without tolerance.
@@ -44,13 +44,13 @@ def theta_float64(values: np.ndarray) -> float:
 
 
 def softmax_jacobian(p: np.ndarray, tau: float) -> np.ndarray:
-    """The explicit Jacobian (diag p − p pᵀ)/τ of softmax(u/τ) at p (MATH.md §2.1)."""
+    """The explicit Jacobian (diag p − p pᵀ)/τ of softmax(u/τ) at p (docs/math.md §2.1)."""
     p = np.asarray(p, dtype=np.float64)
     return (np.diag(p) - np.outer(p, p)) / tau
 
 
 def inf_to_one_norm_brute_force(matrix: np.ndarray) -> float:
-    """‖A‖_{∞→1} = max over sign vectors x of ‖A x‖₁ (MATH.md §2.2), all 2^L vertices of the cube."""
+    """‖A‖_{∞→1} = max over sign vectors x of ‖A x‖₁ (docs/math.md §2.2), all 2^L vertices of the cube."""
     n = matrix.shape[1]
     signs = np.array(list(itertools.product((-1.0, 1.0), repeat=n)))
     return float(np.abs(signs @ matrix.T).sum(axis=1).max())

@@ -1,4 +1,4 @@
-"""Streaming capture (C3): attention rows reduced to statistics on the fly, layer by layer, chunk by chunk.
+"""Streaming capture: attention rows reduced to statistics on the fly, layer by layer, chunk by chunk.
 
 import attnsens as A
 model = A.models.load("smollm2")

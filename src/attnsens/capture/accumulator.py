@@ -13,7 +13,7 @@ _KEPT = ("theta_lower", "theta_upper", "p_max", "entropy", "normalized_entropy",
 
 
 class RowSummaryAccumulator:
-    """Collects the statistics of streamed RowBlocks and summarizes them per (layer, head) (MATH.md A3).
+    """Collects the statistics of streamed RowBlocks and summarizes them per (layer, head) (docs/math.md A3).
 
     Keeps only the few per-row scalars a summary needs (8 numbers per row), never attention rows.
     """

@@ -16,7 +16,7 @@ class RowSelection:
 
     Query positions are ``query_start ≤ t < query_stop`` (stop None = sequence end); with
     ``sample_per_sequence = k`` each sequence gets k of those positions drawn without replacement from a
-    generator seeded with ``seed`` (MATH.md §9.4), so a rerun selects the same rows. ``chunk_size`` queries are
+    generator seeded with ``seed`` (docs/math.md §9.4), so a rerun selects the same rows. ``chunk_size`` queries are
     recomputed at a time (peak extra memory: one [batch, head, chunk_size, n] float32 block); by default as many
     as fit in ``chunk_bytes`` (32 MiB: all 512 rows of a 9-head layer at n = 512, 16 rows at n = 8192).
     """

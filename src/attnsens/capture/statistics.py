@@ -1,4 +1,4 @@
-"""Per-row statistics of attention rows (MATH.md §2.4, §9.5): the pure kernel every capture path reduces with."""
+"""Per-row statistics of attention rows (docs/math.md §2.4, §9.5): the pure kernel every capture path reduces with."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ class RowStats:
     Float fields are float64, computed on the stored float32 values (rows are not renormalised).
     """
 
-    theta_lower: Tensor  # certified lower bound of θ(p) (MATH.md A2)
+    theta_lower: Tensor  # certified lower bound of θ(p) (docs/math.md A2)
     theta_upper: Tensor  # certified upper bound of θ(p)
     theta_exact: Tensor  # bool: lower == upper proved
     theta_method: Tensor  # int8 code of the certificate method (attnsens.theta)
@@ -49,8 +49,9 @@ def row_statistics(probs: Tensor, *, n_keys: Tensor | None = None) -> RowStats:
 
     Returns:
         RowStats with the leading shape of ``probs``. The θ interval is the θ engine's certificate for the
-        stored numbers (attnsens.theta.certify; MATH.md A2, DESIGN.md θ semantics). Normalized entropy of a
-        single-key row is defined as 0 (its entropy is exactly 0) so that aggregates stay finite.
+        stored numbers (attnsens.theta.certify; docs/math.md A2, docs/architecture.md "θ semantics").
+        Normalized entropy of a single-key row is defined as 0 (its entropy is exactly 0) so that aggregates
+        stay finite.
 
     Example: p = (½, ½) gives entropy log 2, normalized entropy 1, n_eff 2 and θ = 1.
     """

@@ -1,4 +1,4 @@
-"""Streaming capture: reduce every selected attention row to statistics during the forward pass (MATH.md A5).
+"""Streaming capture: reduce every selected attention row to statistics during the forward pass (docs/math.md A5).
 
 The adapter's query/key tap hands us each layer's (post-rotary) queries and keys as the layer runs; rows are
 recomputed in float32 for one chunk of queries at a time, reduced by :func:`row_statistics` and dropped before

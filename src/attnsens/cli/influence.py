@@ -27,7 +27,7 @@ def influence(
     out: Annotated[Path | None, typer.Option("--out", help="Run directory for influence/<model>.parquet.")] = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Inverse-length influence (MATH.md §10): measured ‖Δy_n‖, certified C/n, TV and the log–log slope."""
+    """Inverse-length influence (docs/math.md §10): measured ‖Δy_n‖, certified C/n, TV and the log–log slope."""
     from attnsens.cli.inputs import check_out_dir, load_model
     from attnsens.cli.progress import ProgressReport
     from attnsens.influence.experiment import run_influence
@@ -97,7 +97,7 @@ def _print(result: InfluenceResult) -> None:
     cert, fit = result.certificate, result.fit
     if cert.applicable:
         shape = "C/n" if cert.masking == "unmasked" else "E_L(H_n)/n, causal variant"
-        console.print(f"certified: ‖Δy_n‖₂ ≤ {shape} with C = 10^{cert.log10_constant:.3f} (MATH.md §10.3)")
+        console.print(f"certified: ‖Δy_n‖₂ ≤ {shape} with C = 10^{cert.log10_constant:.3f} (docs/math.md §10.3)")
         summary = result.summary()
         if summary["log10_probability_constant"] is not None:
             console.print(

@@ -1,6 +1,6 @@
 """Block-∞/RMS geometry: norms, Jacobians and certified bounds for attention, normalization and blocks.
 
-Pure functions of tensors and weights (MATH.md §2.5–§5). Certified bounds end in ``_upper_bound``; empirical
+Pure functions of tensors and weights (docs/math.md §2.5–§5). Certified bounds end in ``_upper_bound``; empirical
 values from autograd end in ``_estimate`` and are lower bounds of the quantity they estimate. The primary norm
 convention is the RMS variant ‖X‖_{∞,rms} = max_i ‖x_i‖₂/√d; the ℓ2 variant max_i ‖x_i‖₂ is available.
 """

@@ -1,4 +1,4 @@
-"""Reference multi-head attention built from normalized weights: scores, rows, head outputs (MATH.md §2.6).
+"""Reference multi-head attention built from normalized weights: scores, rows, head outputs (docs/math.md §2.6).
 
 This forward pass is the function every attention bound is about, written for reading, not speed: queries,
 keys and values per head, optional rotary embedding (RoPE), causal or arbitrary masks, grouped-query attention
@@ -7,7 +7,7 @@ keys and values per head, optional rotary embedding (RoPE), causal or arbitrary 
 RoPE preserves norms. For position t the rotary map R_t acts on each rotating pair of coordinates
 (a, b) ↦ (a cos φ − b sin φ, a sin φ + b cos φ) and leaves the others fixed, so R_t is orthogonal:
 ‖R_t q‖ = ‖q‖ and ‖R_t W dx‖ ≤ ‖W‖₂‖dx‖. Scores become u_ij = (R_i q_i)·(R_j k_j); every norm estimate of
-MATH.md T4 applies to the rotated vectors unchanged. One consequence differs: the rotated key bias R_j b_K now
+docs/math.md T4 applies to the rotated vectors unchanged. One consequence differs: the rotated key bias R_j b_K now
 depends on j, so it no longer cancels by softmax shift invariance (see ``attention_bounds``).
 """
 
@@ -206,7 +206,7 @@ def mha_forward(
         rotary: optional RoPE applied to queries and keys after their biases.
 
     Returns:
-        ``AttentionForward`` (MATH.md §2.6), in X's dtype.
+        ``AttentionForward`` (docs/math.md §2.6), in X's dtype.
     """
     check_attention_shapes(X, Wq, Wk, Wv, Wo)
     biases = biases or AttentionBiases()

@@ -1,4 +1,4 @@
-"""Certified Jacobian bounds of multi-head attention in the block-∞ geometry (MATH.md T4, T5).
+"""Certified Jacobian bounds of multi-head attention in the block-∞ geometry (docs/math.md T4, T5).
 
 Derivation (per query head h with key/value head g, row i, allowed keys K(i), perturbation dX with
 ‖dX‖_{b∞} = max_j ‖dx_j‖₂ ≤ 1; rotated queries q̃_i = R_i q_i, keys k̃_j = R_j k_j, R = I without RoPE):
@@ -21,7 +21,7 @@ Hence ‖dy_i^h‖ ≤ g_ih := ‖W_V‖ + (θ(p_i)/τ) V_i s_i ≤ ‖W_V‖ + 
 
     Φ_h = ‖W_V‖ R (‖W_Q‖(‖W_K‖R + β_K) + ‖W_K‖(‖W_Q‖R + ‖b_Q‖)),   β_K = ‖b_K‖ with RoPE, else 0,
 
-which is MATH.md T4's Φ_h^bias = ‖W_K‖‖W_V‖R(2‖W_Q‖R + ‖b_Q‖) without RoPE (corrected here for RoPE with a key
+which is docs/math.md T4's Φ_h^bias = ‖W_K‖‖W_V‖R(2‖W_Q‖R + ‖b_Q‖) without RoPE (corrected here for RoPE with a key
 bias). Heads combine through W_O: ‖dz_i‖ ≤ ‖W_O‖ Σ_h g_ih (the paper's form, T5), and also
 ‖dz_i‖ ≤ ‖W_O‖ (Σ_h g_ih²)^{1/2}, ≤ Σ_h ‖W_O^{(h)}‖ g_ih, and, applying W_O^{(h)} before taking norms,
 ≤ V_i + Σ_h min(σ^θ_ih, σ^Σ_ih): V_i bounds the value part of all heads together (≤ Σ_h ‖W_O^{(h)} W_V^h‖),
@@ -72,7 +72,7 @@ class ProjectionNorms:
 
 @dataclass(frozen=True, kw_only=True)
 class MHALocalJacobianBound:
-    """Certified bounds of ‖D MHA(X)‖ in the block-∞ operator norm (MATH.md T4/T5), float64.
+    """Certified bounds of ‖D MHA(X)‖ in the block-∞ operator norm (docs/math.md T4/T5), float64.
 
     upper_bound ``[batch]``: the tightest certified bound (max over rows of the best head combination);
     paper_form_upper_bound ``[batch]``: ‖W_O‖ Σ_h (‖W_V^h‖ + θ̃_h Φ_h/τ); row_upper_bound ``[batch, query]``;
@@ -94,7 +94,7 @@ class MHALocalJacobianBound:
 
 @dataclass(frozen=True, kw_only=True)
 class MHALipschitzBound:
-    """Certified Lipschitz bound of MHA on {‖X‖_{∞,rms} ≤ R_rms}, any length and mask (MATH.md T5), float64.
+    """Certified Lipschitz bound of MHA on {‖X‖_{∞,rms} ≤ R_rms}, any length and mask (docs/math.md T5), float64.
 
     upper_bound: best head combination; paper_form_upper_bound: ‖W_O‖ Σ_h (‖W_V^h‖ + Φ_h/τ); value_term,
     sensitivity_term (= Φ_h/τ), phi: ``[head]``; radius_rms; norms.
@@ -177,7 +177,7 @@ def mha_local_jacobian_upper_bound(
 
     Returns:
         ``MHALocalJacobianBound``: certified upper bounds of the Jacobian's block-∞ operator norm at X
-        (MATH.md T4/T5, θ̃_h = max over rows of the θ certificate's upper end), float64.
+        (docs/math.md T4/T5, θ̃_h = max over rows of the θ certificate's upper end), float64.
     """
     from attnsens.theta import certify
 
@@ -283,7 +283,7 @@ def mha_lipschitz_upper_bound(
 
     Returns:
         ``MHALipschitzBound``: certified Lipschitz bound in the block-∞ operator norm, independent of the sequence
-        length and of masking (MATH.md T5; the ball is convex, so the sup of the local bound is a Lipschitz bound).
+        length and of masking (docs/math.md T5; the ball is convex, so the sup of the local bound is a Lipschitz bound).
     """
     if Wq.ndim not in (3, 4) or Wq.shape[-1] != d_model:
         raise ShapeError(f"d_model={d_model} does not match Wq {tuple(Wq.shape)}; pass d_model = Wq.shape[-1]")

@@ -4,7 +4,7 @@
 Two forms bound the sensitivity part W_O^(h) Σ_l v_l (dp_i)_l of one head's output at row i:
 
 θ form (``score_spread``, ``output_spread``): ‖dp_i‖₁ ≤ (θ(p_i)/τ) s_i, and the part is at most
-‖dp_i‖₁ min_c max_l ‖W_O^(h)(v_l − c)‖ (MATH.md T4 at one row).
+‖dp_i‖₁ min_c max_l ‖W_O^(h)(v_l − c)‖ (docs/math.md T4 at one row).
 
 Key-sum form (``key_sum_sensitivity``). With A = diag(p_i) − p_i p_iᵀ, Σ_l v_l A_lm = p_m (v_m − y_i), so
 Σ_l v_l (dp_i)_l = (1/τ) Σ_m p_m (v_m − y_i) du_im with du_im = k̃_mᵀ R_i W_Q dx_i + q̃_iᵀ R_m W_K dx_m, i.e.

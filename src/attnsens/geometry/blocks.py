@@ -1,8 +1,8 @@
-"""Lipschitz and local Jacobian bounds of positionwise maps and whole residual blocks (MATH.md §2.7, T6, T7).
+"""Lipschitz and local Jacobian bounds of positionwise maps and whole residual blocks (docs/math.md §2.7, T6, T7).
 
 Activation constants (max_z |act'(z)|, rounded up; verified on a fine grid in the tests):
-gelu (erf) 1.128905 at z = √2 (gelu'' = φ(z)(2 − z²)); gelu_tanh 1.128994 — MATH.md §2.7 quotes 1.12899, which
-is below the true maximum 1.1289931 and so not a valid Lipschitz constant —; relu 1; silu 1.099840 at z ≈ 2.3994.
+gelu (erf) 1.128905 at z = √2 (gelu'' = φ(z)(2 − z²)); gelu_tanh 1.128994 — the often-quoted 1.12899 is
+below the true maximum 1.1289931 and so not a valid Lipschitz constant —; relu 1; silu 1.099840 at z ≈ 2.3994.
 Every one also satisfies |act(z)| ≤ |z| (act(z) = z·s(z) with s(z) ∈ [0, 1]).
 
 Gated maps φ(x) = W_out (a(g) ⊙ u) with g = W_gate x + b_gate, u = W_in x + b_in (SwiGLU when a = silu) are not globally
@@ -62,7 +62,7 @@ def ffn_lipschitz_upper_bound(mlp: MLPWeights, *, radius_l2: float | Tensor | No
         radius_l2: per-token ℓ2 radius R of the input set; required for gated maps, ignored otherwise.
 
     Returns:
-        float64 certified Lipschitz bound in the block-∞ norm (MATH.md §2.7; gated maps: extension).
+        float64 certified Lipschitz bound in the block-∞ norm (docs/math.md §2.7; gated maps: extension).
     """
     lip = activation_lipschitz(mlp.activation)
     w_out, w_in = spectral_norm(mlp.w_out), spectral_norm(mlp.w_in)
@@ -108,7 +108,7 @@ def ffn_local_jacobian_upper_bound(x: Tensor, mlp: MLPWeights) -> Tensor:
 
 
 def norm_output_radius_rms(norm: NormWeights) -> Tensor:
-    """‖N(x)‖_rms ≤ ‖γ‖_∞ + ‖β‖_rms for every x (v1 Lemma 3.3, MATH.md T6)."""
+    """‖N(x)‖_rms ≤ ‖γ‖_∞ + ‖β‖_rms for every x (v1 Lemma 3.3, docs/math.md T6)."""
     gamma_max = norm.gamma.to(torch.float64).abs().amax()
     if norm.beta is None:
         return gamma_max
@@ -117,7 +117,7 @@ def norm_output_radius_rms(norm: NormWeights) -> Tensor:
 
 
 def norm_lipschitz_upper_bound(norm: NormWeights) -> Tensor:
-    """Lip(N) ≤ ‖γ‖_∞/√ε for LayerNorm and RMSNorm (MATH.md T6); infinite when ε = 0."""
+    """Lip(N) ≤ ‖γ‖_∞/√ε for LayerNorm and RMSNorm (docs/math.md T6); infinite when ε = 0."""
     gamma_max = norm.gamma.to(torch.float64).abs().amax()
     return gamma_max / math.sqrt(norm.eps) if norm.eps > 0 else torch.full_like(gamma_max, math.inf)
 
@@ -149,7 +149,7 @@ def attention_lipschitz(attention: AttentionWeights, radius_l2: Tensor) -> Tenso
 
 @dataclass(frozen=True, kw_only=True)
 class BlockLipschitzBound:
-    """Certified Lipschitz bound of one block in the block-∞ norm with its factors (MATH.md T7), float64."""
+    """Certified Lipschitz bound of one block in the block-∞ norm with its factors (docs/math.md T7), float64."""
 
     upper_bound: Tensor
     attention_lipschitz: Tensor
@@ -167,7 +167,7 @@ def block_lipschitz_upper_bound(layer: LayerWeights, *, input_radius_rms: float 
         input_radius_rms: R_in, required for "post" and "none" placements (attention sees the raw input there).
 
     Returns:
-        ``BlockLipschitzBound`` (MATH.md T7; post/none placements: the same chain rule on the stated ball).
+        ``BlockLipschitzBound`` (docs/math.md T7; post/none placements: the same chain rule on the stated ball).
     """
     d = layer.attention.d_model
     one = torch.ones((), dtype=torch.float64)
@@ -247,7 +247,7 @@ def block_local_jacobian_upper_bound(x: Tensor, layer: LayerWeights) -> Tensor:
         x: ``[batch, query, d_model]`` block input.
 
     Returns:
-        ``[batch]`` float64 certified bound (MATH.md T4–T8 combined).
+        ``[batch]`` float64 certified bound (docs/math.md T4–T8 combined).
     """
     from attnsens.geometry.layers import attention_sublayer, mlp_forward
 

@@ -1,14 +1,14 @@
-"""Jacobians of the softmax, LayerNorm and RMSNorm, and their norms (MATH.md T1, T6; RMSNorm is an extension).
+"""Jacobians of the softmax, LayerNorm and RMSNorm, and their norms (docs/math.md T1, T6; RMSNorm is an extension).
 
-Softmax. p = softmax(u/τ) has J_τ = (diag p − p pᵀ)/τ (MATH.md §2.1). For a row with total s = Σ p_i
+Softmax. p = softmax(u/τ) has J_τ = (diag p − p pᵀ)/τ (docs/math.md §2.1). For a row with total s = Σ p_i
 (s = 1 for an exact softmax; zero entries are masked keys):
 
-* ‖J_τ‖_{∞→1} = θ(p)/τ (MATH.md T1), certified through ``attnsens.theta.certify``;
+* ‖J_τ‖_{∞→1} = θ(p)/τ (docs/math.md T1), certified through ``attnsens.theta.certify``;
 * ‖J_τ‖_{∞→∞} = ‖J_τ‖_{1→1} = max_i [p_i |1 − p_i| + p_i (s − p_i)]/τ, the largest absolute row sum
   (row i has diagonal p_i − p_i² and off-diagonal entries −p_i p_j); = max_i 2 p_i (1 − p_i)/τ when s = 1;
 * ‖J_τ‖₂ = λ_max/τ (symmetric matrix; eigvalsh).
 
-LayerNorm (MATH.md T6). LN(x) = γ ⊙ ẑ + β with ẑ = (x − μ1)/σ, σ = √(var(x) + ε):
+LayerNorm (docs/math.md T6). LN(x) = γ ⊙ ẑ + β with ẑ = (x − μ1)/σ, σ = √(var(x) + ε):
 J_LN(x) = diag(γ) (P₁ − ẑẑᵀ/d)/σ, P₁ = I − 11ᵀ/d. P₁ − ẑẑᵀ/d has eigenvalues 1 (d − 2 times), 0 (direction 1)
 and ε/σ² (direction ẑ), so ‖J_LN(x)‖₂ ≤ ‖γ‖_∞/σ(x) ≤ ‖γ‖_∞/√ε.
 
@@ -43,7 +43,7 @@ def softmax_jacobian(p: Tensor, tau: float = 1.0) -> Tensor:
         tau: temperature τ > 0.
 
     Returns:
-        ``[..., key, key]`` exact Jacobian (MATH.md §2.1), in p's dtype.
+        ``[..., key, key]`` exact Jacobian (docs/math.md §2.1), in p's dtype.
     """
     _check_tau(tau)
     return (torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)) / tau
@@ -58,7 +58,7 @@ def softmax_jacobian_inf_to_inf_norm(p: Tensor, tau: float = 1.0) -> Tensor:
 
     Returns:
         ``[...]`` exact float64 norm (largest absolute row sum; J_τ is symmetric so 1→1 is the same);
-        max_i 2 p_i (1 − p_i)/τ ≤ 1/(2τ) for a normalized row (MATH.md T1 consequences).
+        max_i 2 p_i (1 − p_i)/τ ≤ 1/(2τ) for a normalized row (docs/math.md T1 consequences).
 
     >>> float(softmax_jacobian_inf_to_inf_norm(torch.tensor([0.5, 0.5])))
     0.5
@@ -92,7 +92,7 @@ def softmax_jacobian_inf_to_one_norm_upper_bound(p: Tensor, tau: float = 1.0) ->
         tau: temperature τ > 0.
 
     Returns:
-        ``[...]`` float64 certified upper bound (MATH.md T1; equality when the certificate is exact).
+        ``[...]`` float64 certified upper bound (docs/math.md T1; equality when the certificate is exact).
     """
     from attnsens.theta import certify
 
@@ -101,7 +101,7 @@ def softmax_jacobian_inf_to_one_norm_upper_bound(p: Tensor, tau: float = 1.0) ->
 
 
 def softmax_jacobian_inf_to_one_norm_lower_bound(p: Tensor, tau: float = 1.0) -> Tensor:
-    """Certified lower bound of ‖J_τ‖_{∞→1} = θ(p)/τ from the θ certificate's lower end (MATH.md T1)."""
+    """Certified lower bound of ‖J_τ‖_{∞→1} = θ(p)/τ from the θ certificate's lower end (docs/math.md T1)."""
     from attnsens.theta import certify
 
     _check_tau(tau)
@@ -133,7 +133,7 @@ def layernorm_jacobian(x: Tensor, gamma: Tensor, eps: float) -> Tensor:
         eps: the ε inside σ.
 
     Returns:
-        ``[..., d_model, d_model]`` exact Jacobian (MATH.md T6), rows = outputs.
+        ``[..., d_model, d_model]`` exact Jacobian (docs/math.md T6), rows = outputs.
     """
     _check_gamma(x, gamma)
     d = x.shape[-1]
@@ -153,7 +153,7 @@ def rmsnorm_jacobian(x: Tensor, gamma: Tensor, eps: float) -> Tensor:
         eps: the ε inside r.
 
     Returns:
-        ``[..., d_model, d_model]`` exact Jacobian; an extension beyond the paper (MATH.md T6 covers LayerNorm).
+        ``[..., d_model, d_model]`` exact Jacobian; an extension beyond the paper (docs/math.md T6 covers LayerNorm).
     """
     _check_gamma(x, gamma)
     d = x.shape[-1]
@@ -173,7 +173,7 @@ def norm_jacobian_spectral_norm_upper_bound(x: Tensor, gamma: Tensor, eps: float
         kind: ``"layernorm"`` or ``"rmsnorm"``.
 
     Returns:
-        ``[...]`` float64 certified upper bound (MATH.md T6 and the RMSNorm extension above); over a token
+        ``[...]`` float64 certified upper bound (docs/math.md T6 and the RMSNorm extension above); over a token
         matrix its max over tokens bounds the block-∞ operator norm of the tokenwise norm's Jacobian.
     """
     _check_gamma(x, gamma)

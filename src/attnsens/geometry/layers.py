@@ -31,7 +31,7 @@ def activation(name: str, x: Tensor) -> Tensor:
 
 
 def norm_forward(x: Tensor, norm: NormWeights) -> Tensor:
-    """LayerNorm γ ⊙ (x − μ)/σ + β or RMSNorm γ ⊙ x/r, tokenwise over the last axis (MATH.md §2.8)."""
+    """LayerNorm γ ⊙ (x − μ)/σ + β or RMSNorm γ ⊙ x/r, tokenwise over the last axis (docs/math.md §2.8)."""
     gamma = norm.gamma.to(x.dtype)
     if norm.kind == "layernorm":
         centered = x - x.mean(dim=-1, keepdim=True)
@@ -43,7 +43,7 @@ def norm_forward(x: Tensor, norm: NormWeights) -> Tensor:
 
 def mlp_forward(x: Tensor, mlp: MLPWeights) -> Tensor:
     """W_out act(W_in x + b_in) + b_out, or gated W_out (act(W_gate x + b_gate) ⊙ (W_in x + b_in)) + b_out
-    (MATH.md §2.7)."""
+    (docs/math.md §2.7)."""
     hidden = x @ mlp.w_in.to(x.dtype).T
     if mlp.b_in is not None:
         hidden = hidden + mlp.b_in.to(x.dtype)

@@ -1,4 +1,4 @@
-"""Block norms of token matrices and the induced norms of tokenwise and token-mixing linear maps (MATH.md §2.5).
+"""Block norms of token matrices and the induced norms of tokenwise and token-mixing linear maps (docs/math.md §2.5).
 
 Two conventions for a token matrix X ∈ ℝ^{L×d} (rows x_i are tokens):
 
@@ -37,7 +37,7 @@ def block_l2_norm(X: Tensor) -> Tensor:
         X: ``[..., query, d_model]``.
 
     Returns:
-        ``[...]`` exact block-ℓ2 norm (MATH.md §2.5).
+        ``[...]`` exact block-ℓ2 norm (docs/math.md §2.5).
 
     >>> float(block_l2_norm(torch.tensor([[3.0, 4.0], [0.0, 1.0]])))
     5.0
@@ -54,7 +54,7 @@ def block_rms_norm(X: Tensor) -> Tensor:
         X: ``[..., query, d_model]``.
 
     Returns:
-        ``[...]`` exact block-RMS norm (MATH.md §2.5).
+        ``[...]`` exact block-RMS norm (docs/math.md §2.5).
 
     >>> round(float(block_rms_norm(torch.tensor([[3.0, 4.0], [0.0, 1.0]]))), 6)  # 5 / √2
     3.535534
@@ -91,7 +91,7 @@ def tokenwise_linear_operator_norm(W: Tensor, geometry: Geometry = "rms") -> Ten
         geometry: block norm convention of input and output.
 
     Returns:
-        ``[...]`` exact float64 operator norm (MATH.md §2.5): the worst token is attained by a top singular vector.
+        ``[...]`` exact float64 operator norm (docs/math.md §2.5): the worst token is attained by a top singular vector.
     """
     norm = spectral_norm(W)
     if check_geometry(geometry) == "rms":
@@ -106,7 +106,7 @@ def token_mixing_operator_norm(A: Tensor) -> Tensor:
         A: ``[..., query, key]``.
 
     Returns:
-        ``[...]`` exact float64 operator norm (MATH.md §2.5, T3); equal to 1 for row-stochastic A.
+        ``[...]`` exact float64 operator norm (docs/math.md §2.5, T3); equal to 1 for row-stochastic A.
     """
     if A.ndim < 2:
         raise ShapeError(f"A must be [..., query, key], got shape {tuple(A.shape)}")

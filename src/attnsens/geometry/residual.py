@@ -1,4 +1,4 @@
-"""Pre-LN vs post-LN residual Jacobians (MATH.md T8) and the LayerNorm projection lemma's condition (T6).
+"""Pre-LN vs post-LN residual Jacobians (docs/math.md T8) and the LayerNorm projection lemma's condition (T6).
 
 Pre-LN: ∂X_{k+1}/∂X_k = I + J_k, and for the ordered product over layers ℓ…m−1, in any submultiplicative
 operator norm (the block-∞ norm is one),
@@ -35,7 +35,7 @@ def pre_ln_expansion_remainder_upper_bound(branch_norm_upper_bounds: Tensor) -> 
         branch_norm_upper_bounds: ``[..., layer]`` bounds b_k ≥ 0 of the branch Jacobian norms.
 
     Returns:
-        ``[...]`` float64 certified bound of the second-and-higher-order remainder (MATH.md T8).
+        ``[...]`` float64 certified bound of the second-and-higher-order remainder (docs/math.md T8).
 
     >>> float(pre_ln_expansion_remainder_upper_bound(torch.tensor([1.0, 1.0])))  # (2·2) − 1 − 2
     1.0
@@ -74,7 +74,7 @@ def layernorm_condition(y: Tensor, norm: NormWeights, *, rho: float = 1.0) -> La
         norm: the norm applied to them; rho: contraction threshold ρ > 0.
 
     Returns:
-        ``LayerNormCondition`` (MATH.md T6 sufficient condition; exact ratios, float64).
+        ``LayerNormCondition`` (docs/math.md T6 sufficient condition; exact ratios, float64).
     """
     if not rho > 0:
         raise ConfigError(f"rho must be > 0, got {rho}")

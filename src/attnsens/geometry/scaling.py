@@ -1,4 +1,4 @@
-"""Heuristic depth-scaling rules beside DeepNet's published constants (MATH.md T9) — heuristics, not bounds.
+"""Heuristic depth-scaling rules beside DeepNet's published constants (docs/math.md T9) — heuristics, not bounds.
 
 The v1 paper attributes DeepNorm's N^{-1/4} to the degree-4 sensitivity path of attention,
 ‖W_O‖ (θ/τ) 2R² ‖W_Q‖‖W_K‖‖W_V‖: scaling all four maps by β scales it by β⁴, and keeping N such terms O(1)
@@ -23,7 +23,7 @@ def quartic_path_norm_product(w_o: Tensor, w_q: Tensor, w_k: Tensor, w_v: Tensor
 
 
 def depth_scale_heuristic(n_layers: int, path_length: int = 4) -> float:
-    """N^{-1/m}: the v1 design rule's gain for each of the m maps of the dominant path (heuristic, MATH.md T9).
+    """N^{-1/m}: the v1 design rule's gain for each of the m maps of the dominant path (heuristic, docs/math.md T9).
 
     >>> depth_scale_heuristic(16)
     0.5
@@ -46,7 +46,7 @@ def deepnet_constants(
     n_layers: int,
     n_decoder_layers: int | None = None,
 ) -> DeepNetConstants:
-    """Published DeepNet constants (Wang et al. 2022, MATH.md T9).
+    """Published DeepNet constants (Wang et al. 2022, docs/math.md T9).
 
     encoder-only (N layers) / decoder-only (M layers): α = (2N)^{1/4}, β = (8N)^{-1/4};
     encoder–decoder: encoder α = 0.81 (N⁴M)^{1/16}, β = 0.87 (N⁴M)^{-1/16}; decoder α = (3M)^{1/4}, β = (12M)^{-1/4}.

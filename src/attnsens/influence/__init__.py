@@ -1,4 +1,4 @@
-"""Inverse-length influence of a nonfinal token (seed 000, MATH.md §10): certified C/n and measured decay.
+"""Inverse-length influence of a nonfinal token (docs/math.md §10): certified C/n and measured decay.
 
 import attnsens as A
 model = A.influence.builtin_lnfree()                # also A.models.load("builtin:lnfree")

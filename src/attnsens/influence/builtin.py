@@ -1,4 +1,4 @@
-"""``builtin:lnfree``: a small seeded GPT inside the influence theorem's assumptions (MATH.md §10.1).
+"""``builtin:lnfree``: a small seeded GPT inside the influence theorem's assumptions (docs/math.md §10.1).
 
 LN-free blocks (X ← X + Attn(X); X ← X + MLP(X)), unmasked attention, bounded sinusoidal positions (amplitude
 0.5, so ‖p_j‖₂ = 0.5·√(d/2) for every j), ReLU MLP, no biases, N(0, 0.1²) weights: small enough that the

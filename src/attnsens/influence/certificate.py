@@ -1,32 +1,33 @@
-"""Certified inverse-length influence: ‖y_n^{(L)} − y'_n^{(L)}‖₂ ≤ C/n for a change at a nonfinal position (seed 000).
+"""Certified inverse-length influence: ‖y_n^{(L)} − y'_n^{(L)}‖₂ ≤ C/n for a change at a nonfinal position.
 
-:func:`certified_constant` computes C = E_L by the recursion of MATH.md §10.3 (see ``influence/recursion.py`` for
+:func:`certified_constant` computes C = E_L by the recursion of docs/math.md §10.3 (see ``influence/recursion.py`` for
 the derivation, the bias handling and the causal variant) from a model's weights, and reports why it does not
-apply where the seed's assumptions fail:
+apply where the theorem's assumptions fail:
 
-* LayerNorm / RMSNorm anywhere (MATH.md §10.1, §10.6): a norm's Lipschitz constant is ‖γ‖∞/√ε (the Jacobian of
+* LayerNorm / RMSNorm anywhere (docs/math.md §10.1, §10.6): a norm's Lipschitz constant is ‖γ‖∞/√ε (the Jacobian of
   x ↦ γ ⊙ (x − μ)/σ has norm ≤ ‖γ‖∞/σ ≤ ‖γ‖∞/√ε, sharp up to 1 − 1/d at constant x), which enters every Λ_k and makes C
   vacuous; the certificate says so (``applicable=False``) and reports, as ``log10_constant``, what the recursion
   gives with the norms counted inside f_k — an indicative size, not a certificate (for pre-LN, attention reads
-  LN(y), which the seed's bilinear form does not cover).
+  LN(y), which the theorem's bilinear form does not cover).
 * gated MLPs (x ↦ W_out(act(W_gate x) ⊙ W_in x)) are not globally Lipschitz; rotary positions are covered by the
   indicative number only (‖W_Q‖‖W_K‖/τ replaces ‖G‖, the rotation being orthogonal).
 * causal attention is certified by the polylogarithmic variant E_L(H_n)/n (``masking="causal"``).
 * learned absolute positions: certified only for n ≤ n_ctx (``max_length``); sinusoidal or no positions: all n.
 
-Prediction probabilities (MATH.md §10.3, θ sharpening): with logits z = U y + c, ‖p − p'‖₁ ≤
+Prediction probabilities (docs/math.md §10.3, θ sharpening): with logits z = U y + c, ‖p − p'‖₁ ≤
 ∫ ‖J(z_t)‖_{∞→1} dt · osc(Δz)/2 ≤ max_{v,w} ‖u_v − u_w‖ · ‖Δy_n‖ / 2 (‖J‖_{∞→1} = θ ≤ 1 by T1; J1 = 0 allows
 the half-oscillation), so ‖p − p'‖₁ ≤ spread · C/(2n) and TV = ‖p − p'‖₁/2 ≤ spread · C/(4n).
 
-Differences from MATH.md §10.3–10.4 (each checked against the seed's proof; none makes the spec's C invalid):
+Differences from the influence proof's own recursion (docs/math.md §11, item 4; each checked against the proof,
+none makes the proof's C invalid):
 
-* biases: the spec's bilinear scores have none. A query bias adds ‖g‖B to A and ‖g‖D, ‖g‖E terms to K^in, K^out
+* biases: the proof's bilinear scores have none. A query bias adds ‖g‖B to A and ‖g‖D, ‖g‖E terms to K^in, K^out
   (g = W_Kᵀb_Q/τ); key biases cancel in the softmax; value biases cancel in head-output differences and only
   enter B_k (``influence/constants.py``, ``influence/recursion.py``).
-* Λ_k: §10.4's (1 + ‖W₂‖Lip‖W₁‖)·max(1, ‖W_O‖) is valid; max_h ‖O_h‖ may replace ‖W_O‖, and reading V_{k,h} as
+* Λ_k: the proof's (1 + ‖W₂‖Lip‖W₁‖)·max(1, ‖W_O‖) is valid; max_h ‖O_h‖ may replace ‖W_O‖, and reading V_{k,h} as
   the OV circuit O_h W_V removes the max(1, ·) factor altogether (the default, never looser).
-* n*(η): §10.4's C‖U‖/η is valid; the θ-sharpened spread·C/(2η) is smaller.
-* causal attention (§10.6 left it open): derived and certified, E_L(H_n)/n with E_L of degree L − 1 in H_n.
+* n*(η): the proof's C‖U‖/η is valid; the θ-sharpened spread·C/(2η) is smaller.
+* causal attention (the proof leaves it open): derived and certified, E_L(H_n)/n with E_L of degree L − 1 in H_n.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ _EXACT_DISTANCE_VOCAB = 8192  # above this many rows, max pairwise distance is b
 
 @dataclass(frozen=True, kw_only=True)
 class InfluenceCertificate:
-    """C with ‖y_n^{(L)} − y'_n^{(L)}‖₂ ≤ C/n, or why no meaningful C exists (MATH.md §10).
+    """C with ‖y_n^{(L)} − y'_n^{(L)}‖₂ ≤ C/n, or why no meaningful C exists (docs/math.md §10).
 
     ``log10_constant`` is log10 C (C itself may overflow float64: read it as C = 10^x); for causal attention
     it is log10 E_L(1) and the bound at n is E_L(H_n)/n ≤ 10^x · H_n^{L−1}/n. When ``applicable`` is False,
@@ -119,7 +120,7 @@ class InfluenceCertificate:
     def log10_length_for_probability_change(self, eta: float) -> float:
         """log10 n*(η): for every n ≥ n*, ‖p − p'‖₁ ≤ η; n* = spread · C/(2η) (unmasked attention).
 
-        MATH.md §10.4 states n* = C‖U‖/η; spread/2 ≤ ‖U‖/√2, so this n* is smaller and equally valid.
+        docs/math.md §10.4 states n* = C‖U‖/η; spread/2 ≤ ‖U‖/√2, so this n* is smaller and equally valid.
         """
         self._require()
         if self.masking != "unmasked":
@@ -179,7 +180,7 @@ def _max_distance_upper_bound(rows: Tensor) -> float:
 
 
 def norm_lipschitz_constant(norm: NormWeights) -> float:
-    """Global Lipschitz constant ‖γ‖∞/√ε of LayerNorm/RMSNorm (MATH.md T6; sharp up to 1 − 1/d at constant x)."""
+    """Global Lipschitz constant ‖γ‖∞/√ε of LayerNorm/RMSNorm (docs/math.md T6; sharp up to 1 − 1/d at constant x)."""
     return float(norm_lipschitz_upper_bound(norm))
 
 
@@ -198,7 +199,7 @@ def _norm_reasons(
         kinds = sorted({n.kind for layer in normed for n in (layer.attn_norm, layer.mlp_norm) if n is not None})
         reasons.append(
             f"{normed[0].placement}-{'/'.join(kinds)} in {len(normed)} layer(s): Lipschitz constant ‖γ‖∞/√ε up to "
-            f"{worst:.4g} enters every Λ_k, so C is vacuous (the seed assumes LN-free blocks, MATH.md §10.1)"
+            f"{worst:.4g} enters every Λ_k, so C is vacuous (the theorem assumes LN-free blocks, docs/math.md §10.1)"
         )
     final = 1.0
     if final_norm is not None:
@@ -215,7 +216,7 @@ def _structure_reasons(layers: Sequence[LayerWeights]) -> list[str]:
         reasons.append(f"gated MLP in layer(s) {gated}: x ↦ W_out(act(W_gate x) ⊙ W_in x) is not globally Lipschitz")
     if any(layer.attention.rotary is not None for layer in layers):
         reasons.append(
-            "rotary positions: scores y_jᵀW_QᵀR_{r−j}W_K y_r are not the seed's fixed bilinear form (RoPE is "
+            "rotary positions: scores y_jᵀW_QᵀR_{r−j}W_K y_r are not the theorem's fixed bilinear form (RoPE is "
             "orthogonal, so it keeps queries and keys bounded; it is not what makes C vacuous)"
         )
     return reasons
@@ -247,7 +248,7 @@ def _adapter_certificate(adapter: Any) -> InfluenceCertificate:
     reasons += _structure_reasons(layers)
     causal = any(layer.attention.causal for layer in layers)
     if causal:
-        reasons.append("causal mask: the seed's proof is for unmasked rows (the causal variant adds (log n)^{L−1})")
+        reasons.append("causal mask: the theorem's proof is for unmasked rows (the causal variant adds (log n)^{L−1})")
     spec = adapter.spec
     if spec.rotary is None:
         reasons.append(f"learned absolute positions exist only for n ≤ {spec.max_positions}")
@@ -263,16 +264,16 @@ def certified_constant(
     positions: Any = None,
     unembedding: Tensor | None = None,
 ) -> InfluenceCertificate:
-    """C = E_L of MATH.md §10.3 with ‖y_n^{(L)} − y'_n^{(L)}‖₂ ≤ C/n for every n, inputs x, x' differing at i < n.
+    """C = E_L of docs/math.md §10.3 with ‖y_n^{(L)} − y'_n^{(L)}‖₂ ≤ C/n for every n, inputs x, x' differing at i < n.
 
     Args:
         model: attnsens' own GPT, an adapter wrapping one, a CertificateInputs, or a list of LayerWeights
             (then pass ``token_embedding`` [vocab, d_model] and optionally ``positions`` / ``unembedding``).
-        head_output: ``"ov"`` (V = O_h W_V, tighter) or ``"split"`` (MATH.md §10.4 form); both certified.
+        head_output: ``"ov"`` (V = O_h W_V, tighter) or ``"split"`` (docs/math.md §10.4 form); both certified.
 
     Returns:
         An InfluenceCertificate; ``applicable`` is False (with ``reasons``) for models outside the theorem's
-        assumptions, whose ``log10_constant`` is then indicative only (MATH.md §10, §10.6).
+        assumptions, whose ``log10_constant`` is then indicative only (docs/math.md §10, §10.6).
 
     Raises:
         WeightsFidelityError when a model's normalized weights do not reproduce its blocks (models/fidelity.py).

@@ -1,18 +1,18 @@
 """Weight norms that enter the influence recursion: per head ‖G‖, ‖g‖, ‖V‖ and per block Λ_k, ‖f_k(0)‖.
 
-One LN-free residual block (MATH.md §10.4) maps the layer input y and the head outputs b_1…b_H to
+One LN-free residual block (docs/math.md §10.4) maps the layer input y and the head outputs b_1…b_H to
 
     f(y, b) = z + W₂ act(W₁ z + c₁) + c₂,   z = y + Σ_h O_h b_h + c_O,
 
-where O_h = W_O[:, h·d_head:(h+1)·d_head] is head h's block of the output projection. Two readings of the seed's
+where O_h = W_O[:, h·d_head:(h+1)·d_head] is head h's block of the output projection. Two readings of the proof's
 "value matrix V_{k,h} and Lipschitz f_k" are valid, and both are implemented:
 
 * ``"ov"`` (default): V_h = O_h W_V^{(h)} (the OV circuit, d_model × d_model), b_h = Σ_r â_r V_h y_r, the value
   biases folded into c_O ← b_O + Σ_h O_h b_V^{(h)}. Then ‖z − z'‖ ≤ ‖y − y'‖ + Σ_h ‖b_h − b'_h‖, so
   Λ = 1 + ‖W₂‖ Lip(act) ‖W₁‖.
-* ``"split"``: V_h = W_V^{(h)}, b_h = Σ_r â_r (V_h y_r + b_V^{(h)}), f as in MATH.md §10.4. Then
+* ``"split"``: V_h = W_V^{(h)}, b_h = Σ_r â_r (V_h y_r + b_V^{(h)}), f as in docs/math.md §10.4. Then
   ‖z − z'‖ ≤ ‖y − y'‖ + Σ_h ‖O_h‖ ‖b_h − b'_h‖ ≤ max(1, max_h ‖O_h‖)(‖y − y'‖ + Σ_h ‖b_h − b'_h‖), so
-  Λ = (1 + ‖W₂‖ Lip(act) ‖W₁‖) · max(1, max_h ‖O_h‖). MATH.md §10.4 writes ‖W_O‖ for max_h ‖O_h‖; that is
+  Λ = (1 + ‖W₂‖ Lip(act) ‖W₁‖) · max(1, max_h ‖O_h‖). docs/math.md §10.4 writes ‖W_O‖ for max_h ‖O_h‖; that is
   valid (a column block never has a larger spectral norm) but looser.
 
 Since ‖O_h W_V‖ ≤ ‖O_h‖‖W_V‖ and every quantity of the recursion is increasing in ‖V‖ and Λ, ``"ov"`` is never
@@ -20,7 +20,7 @@ looser than ``"split"``.
 
 Scores with biases: s_jr = (W_Q y_j + b_Q)·(W_K y_r + b_K)/τ = y_jᵀ G y_r + gᵀ y_r + (terms constant in r), with
 G = W_Qᵀ W_K/τ and g = W_Kᵀ b_Q/τ. Softmax ignores terms constant along a row, so the key bias never matters and
-the query bias enters through ‖g‖ (MATH.md §10.3 step 2 with biases).
+the query bias enters through ‖g‖ (docs/math.md §10.3 step 2 with biases).
 """
 
 from __future__ import annotations
@@ -70,13 +70,13 @@ def _upper(value: Tensor | float) -> float:
 def block_constants(
     layer: LayerWeights, *, head_output: HeadOutput = "ov", norm_lipschitz: float = 1.0
 ) -> BlockConstants:
-    """Λ_k, ‖f_k(0)‖ and per-head ‖G‖, ‖g‖, ‖V‖ of one LN-free block (module docstring; MATH.md §10.4).
+    """Λ_k, ‖f_k(0)‖ and per-head ‖G‖, ‖g‖, ‖V‖ of one LN-free block (module docstring; docs/math.md §10.4).
 
     Args:
         layer: normalized weights; norms, if any, are not applied (see ``norm_lipschitz``).
         head_output: ``"ov"`` or ``"split"`` reading of the value map.
         norm_lipschitz: factor multiplied into Λ_k, for the indicative (non-certified) constant of models whose
-            blocks contain norms (MATH.md §10.1: norms counted inside f_k with their Lipschitz constants).
+            blocks contain norms (docs/math.md §10.1: norms counted inside f_k with their Lipschitz constants).
 
     Returns:
         Upper bounds of every constant (each inflated by a relative 1e-10 against rounding).
@@ -98,7 +98,7 @@ def block_constants(
         bias_norms = torch.linalg.vector_norm(g, dim=-1)
     b_v = torch.zeros(n_head, d_head, dtype=f64) if attention.b_v is None else attention.b_v.detach().to(f64)
     c_o = torch.zeros(d_model, dtype=f64) if attention.b_o is None else attention.b_o.detach().to(f64)
-    mlp_lipschitz = _upper(ffn_lipschitz_upper_bound(layer.mlp))  # ‖W₂‖ Lip(act) ‖W₁‖, MATH.md §2.7
+    mlp_lipschitz = _upper(ffn_lipschitz_upper_bound(layer.mlp))  # ‖W₂‖ Lip(act) ‖W₁‖, docs/math.md §2.7
     if head_output == "ov":
         value_norms = spectral_norm(out_blocks @ w_v)
         offsets = torch.zeros(n_head, dtype=f64)

@@ -1,4 +1,4 @@
-"""The influence experiment: certificate, measurement and slope of one model, as one table (MATH.md §10.5).
+"""The influence experiment: certificate, measurement and slope of one model, as one table (docs/math.md §10.5).
 
 The table has the columns of the ``influence`` results table (attnsens.store.schema), one row per
 (n, position kind), with the certified bound C/n beside the measured influence wherever a certificate applies.

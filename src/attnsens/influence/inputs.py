@@ -1,7 +1,7 @@
 """What the influence certificate reads from a model: embeddings, a positional bound, layers, the unembedding.
 
 :class:`CertificateInputs` is the model-independent input of :func:`attnsens.influence.certified_constant`
-(MATH.md §10.4, algorithm A6). :func:`certificate_inputs` builds it from attnsens' own GPT, from a model adapter
+(docs/math.md §10.4, algorithm A6). :func:`certificate_inputs` builds it from attnsens' own GPT, from a model adapter
 (``attnsens.models.load``) that wraps one, or from a list of normalized layers plus explicit embeddings.
 """
 
@@ -31,7 +31,7 @@ class PositionBound:
 
     ``embedding_norm_upper_bound[a]`` bounds sup_j ‖v_a + p_j‖₂ for token a; ``max_length`` is None when the bound
     holds for every length (no or sinusoidal positions) and n_ctx for learned absolute positions, which do not
-    exist beyond it (MATH.md §10.6).
+    exist beyond it (docs/math.md §10.6).
     """
 
     kind: PositionKind
@@ -49,7 +49,7 @@ class PositionBound:
 
 @dataclass(frozen=True, kw_only=True)
 class CertificateInputs:
-    """Everything the recursion of MATH.md §10.3 needs from a model.
+    """Everything the recursion of docs/math.md §10.3 needs from a model.
 
     ``token_embedding`` is [vocab, d_model] (rows v_a), ``unembedding`` [vocab, d_model] (rows u_v, logits = U y)
     or None, ``final_norm`` a norm applied before the unembedding (None for LN-free models).

@@ -1,4 +1,4 @@
-"""Measured influence of a nonfinal token on the last position versus sequence length (MATH.md §10.5).
+"""Measured influence of a nonfinal token on the last position versus sequence length (docs/math.md §10.5).
 
 For each n: random inputs x ∈ vocab^n, a nonfinal position i < n ("first" = 0, "middle" = ⌊(n−1)/2⌋, "random"
 uniform on 0…n−2) and a replacement token x'_i ≠ x_i. Recorded: ‖y_n − y'_n‖₂ of the last position's final hidden

@@ -1,25 +1,25 @@
-"""The recursion of MATH.md §10.3 in the log domain: B_k, A_{k,h}, κ, K^in, K^out, ω, F, D_k, E_k and C = E_L.
+"""The recursion of docs/math.md §10.3 in the log domain: B_k, A_{k,h}, κ, K^in, K^out, ω, F, D_k, E_k and C = E_L.
 
 Every positive quantity that can overflow float64 (e^{2A}, D_k, E_k) is kept as a natural logarithm; sums use
 log-sum-exp. E_k is a polynomial in H_n = Σ_{r≤n} 1/r with non-negative coefficients, stored as the list of
-their logarithms: a constant for unmasked attention (the seed's setting) and of degree k − 1 for causal attention.
+their logarithms: a constant for unmasked attention (the theorem's setting) and of degree k − 1 for causal attention.
 
 Derivation for one block k and head h (query j ≠ i; δ_r := ‖y_r − y'_r‖ at layer k − 1; all norms ℓ2/spectral).
 Unmasked attention with n keys, δ_i ≤ D, δ_r ≤ E/n for r ≠ i:
 
 1. B_k = ‖f_k(0)‖ + Λ_k (B + Σ_h (‖V_h‖ B + ‖b_V^{(h)}‖)): f_k is Λ_k-Lipschitz and every head output is a convex
-   combination of values of norm ≤ ‖V_h‖B + ‖b_V^{(h)}‖ (seed step 1).
+   combination of values of norm ≤ ‖V_h‖B + ‖b_V^{(h)}‖ (proof step 1).
 2. A = ‖G‖B² + ‖g‖B bounds |s_jr| up to a row constant, so the row's oscillation is ≤ 2A and every weight is
    ≤ e^{2A}/(e^{2A} + n − 1) ≤ e^{2A}/n; this holds along the whole segment between the two score rows because the
-   oscillation is a seminorm (seed step 2).
+   oscillation is a seminorm (proof step 2).
 3. Δ_r = (y_j − y'_j)ᵀ G y_r + y'_jᵀ G (y_r − y'_r) + gᵀ(y_r − y'_r), so with κ = ‖G‖B:
-   |Δ_i| ≤ K^in = κ(E + D) + ‖g‖D and |Δ_r| ≤ K^out/n, K^out = (2κ + ‖g‖)E (MATH.md §10.3 with ‖g‖ = 0).
+   |Δ_i| ≤ K^in = κ(E + D) + ‖g‖D and |Δ_r| ≤ K^out/n, K^out = (2κ + ‖g‖)E (docs/math.md §10.3 with ‖g‖ = 0).
 4. Σ_r |a_r'(t)| ≤ 2 Σ_r a_r |Δ_r| ≤ 2(e^{2A} K^in + K^out)/n =: ω/n.
 5. b − b' = Σ_r â_r V(y_r − y'_r) + Σ_r (â_r − â'_r) V y'_r (value biases cancel in both sums because
    Σ_r â_r = Σ_r â'_r = 1), so n‖b − b'‖ ≤ F = ‖V‖(e^{2A} D + E + ω B).
 6. E_k = Λ_k (E + Σ_h F_h); D_k = min(2 B_k, Λ_k (D + 2 Σ_h ‖V_h‖ B)).
 
-Causal attention (MATH.md §10.6, decision: derived and implemented). Row j has the j keys r ≤ j, so a weight is
+Causal attention (docs/math.md §10.6, decision: derived and implemented). Row j has the j keys r ≤ j, so a weight is
 ≤ e^{2A}/j, positions r < i are unchanged (δ_r = 0) and position j > i satisfies, by induction, δ_j ≤ E(H_j)/j
 with E a polynomial in H_j with non-negative coefficients (hence non-decreasing in j). Then for a query j > i
 
@@ -107,7 +107,7 @@ def log_poly_at(poly: LogPolynomial, harmonic: float) -> float:
 def run_recursion(
     blocks: Sequence[BlockConstants], *, embedding_norm: float, embedding_diameter: float, length: int | None = None
 ) -> tuple[LayerBounds, ...]:
-    """B_k, A_k, D_k, E_k for every block (module docstring; MATH.md §10.3 with biases and the causal variant).
+    """B_k, A_k, D_k, E_k for every block (module docstring; docs/math.md §10.3 with biases and the causal variant).
 
     Args:
         blocks: per-block constants in order.

@@ -90,7 +90,7 @@ def fit_loglog_slope(df: pd.DataFrame, *, column: str = "influence_max", confide
         confidence: two-sided level of the slope interval (needs ≥ 3 distinct lengths).
 
     Returns:
-        SlopeFit; the theorem predicts slope ≤ −1 for unmasked LN-free models (MATH.md §10.5).
+        SlopeFit; the theorem predicts slope ≤ −1 for unmasked LN-free models (docs/math.md §10.5).
     """
     if column not in df.columns or "n" not in df.columns:
         raise InputError(f"the table needs columns 'n' and {column!r}; got {list(df.columns)}")

@@ -1,4 +1,4 @@
-"""Models (C3): adapters from model objects to normalized weights, layer inputs and streamed attention rows.
+"""Models: adapters from model objects to normalized weights, layer inputs and streamed attention rows.
 
     import attnsens.models as M
     model = M.load("smollm2")                  # or "minilm", a transformers model, a path, attnsens' GPT

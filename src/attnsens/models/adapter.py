@@ -211,7 +211,7 @@ class ModelAdapter(ABC):
 
         One forward pass keeps the (post-rotary) queries and keys of the selected layers — O(layers · n · d_model)
         memory, the size of the hidden states — and rows are recomputed in float32 one chunk at a time
-        (MATH.md A5), so at most one chunk ``[batch, head, chunk_size, n]`` of probabilities exists at once.
+        (docs/math.md A5), so at most one chunk ``[batch, head, chunk_size, n]`` of probabilities exists at once.
         For reduction inside the forward pass without keeping any queries, use attnsens.capture.
 
         Args:
@@ -220,11 +220,27 @@ class ModelAdapter(ABC):
             query_positions: [batch, query] or [query] positions to recompute (default: all n).
             attention_mask: optional [batch, n] padding mask (1 = token, 0 = padding).
             chunk_size: queries per chunk.
+
+        Raises:
+            InputError, ShapeError, ConfigError: at the call, before any chunk is produced (bad ids, a sequence
+                longer than the context, a selection out of range or naming a layer or head twice).
         """
         input_ids = self.check_input_ids(input_ids)
         layer_list = self.select_layers(layers)
         head_list = self.select_heads(heads)
         positions = self.query_positions_of(input_ids, query_positions)
+        return self._attention_chunks(input_ids, layer_list, head_list, positions, attention_mask, chunk_size)
+
+    def _attention_chunks(
+        self,
+        input_ids: Tensor,
+        layer_list: tuple[int, ...],
+        head_list: tuple[int, ...],
+        positions: Tensor,
+        attention_mask: Tensor | None,
+        chunk_size: int,
+    ) -> Iterator[AttentionChunk]:
+        """The generator behind ``stream_attention``, on validated arguments."""
         kept: dict[int, tuple[Tensor, Tensor, float]] = {}
 
         def keep(layer: int, query: Tensor, key: Tensor, tau: float) -> None:
@@ -283,4 +299,7 @@ def _select(chosen: Sequence[int] | None, count: int, what: str) -> tuple[int, .
     bad = [i for i in picked if not 0 <= i < count]
     if bad or not picked:
         raise ConfigError(f"{what} selection {list(picked)} must be non-empty within 0..{count - 1}")
+    repeated = sorted({i for i in picked if picked.count(i) > 1})
+    if repeated:
+        raise ConfigError(f"{what} selection {list(picked)} names {what} {repeated} more than once; list each once")
     return picked

@@ -1,4 +1,4 @@
-"""Attention rows recomputed from captured queries and keys (MATH.md §2.6, A5).
+"""Attention rows recomputed from captured queries and keys (docs/math.md §2.6, A5).
 
 Pure tensor functions: the capture machinery and ``ModelAdapter.stream_attention`` feed them the queries and keys
 a model actually used, so the rows agree with the model's own (eager) attention to float32 rounding whatever
@@ -38,7 +38,7 @@ def attention_rows(
         heads: 0-based query heads to compute (default: all).
 
     Returns:
-        float32 probs [batch, len(heads), query, n] with masked keys exactly zero (MATH.md §2.6).
+        float32 probs [batch, len(heads), query, n] with masked keys exactly zero (docs/math.md §2.6).
     """
     batch, n_head, n, d_head = query.shape
     n_kv = key.shape[1] if key.ndim == 4 else 0

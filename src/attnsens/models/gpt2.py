@@ -1,7 +1,8 @@
 """GPT-2 (HF ``GPT2Model`` / ``GPT2LMHeadModel``): pre-LayerNorm, learned positions, Conv1D weights.
 
 Conv1D computes ``x @ W + b`` with ``W: [d_in, d_out]``, so each normalized matrix is a transpose
-(MATH.md A4): ``c_attn.weight[:, 0:d]ᵀ`` = W_Q, ``[:, d:2d]ᵀ`` = W_K, ``[:, 2d:3d]ᵀ`` = W_V, ``c_proj.weightᵀ`` = W_O.
+(docs/math.md A4):
+``c_attn.weight[:, 0:d]ᵀ`` = W_Q, ``[:, d:2d]ᵀ`` = W_K, ``[:, 2d:3d]ᵀ`` = W_V, ``c_proj.weightᵀ`` = W_O.
 """
 
 from __future__ import annotations

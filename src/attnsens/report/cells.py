@@ -6,7 +6,7 @@ whose statistics say little about how a layer mixes its context:
 * **sink rows**, whose largest weight sits on key position 0 (the first token of the sequence, or the BOS token
   where the tokenizer adds one): an attention sink puts most of the mass on one key by design;
 * **early rows**, with fewer than ``EARLY_KEYS`` keys: with few keys p_max is large for any scores (a row with
-  one key is dominant trivially, MATH.md §9.4).
+  one key is dominant trivially, docs/math.md §9.4).
 
 Effect sizes are stated relative to uniform attention over the row's n keys, where p_max·n = 1, normalized
 entropy = 1 and n_eff / n = 1. ``trivial_lower_median`` is the median of s − p_max² (s = row sum), a lower bound

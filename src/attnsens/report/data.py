@@ -26,7 +26,7 @@ SCATTER_SAMPLE_ROWS = 20_000
 _CHECKPOINT_TABLES = ("rows", "summary", "bounds")
 
 # θ of a dominant row with stored sum s is s − 4(p_max − s/2)² = 4 p_max (s − p_max) + s (1 − s)
-# (DESIGN.md θ semantics); for s = 1 this is 4 p_max (1 − p_max), MATH.md T2(a).
+# (docs/architecture.md "θ semantics"); for s = 1 this is 4 p_max (1 − p_max), docs/math.md T2(a).
 _DOMINANT_THETA_SQL = "(4 * p_max * (row_sum - p_max) + row_sum * (1 - row_sum))"
 
 _SUMMARY_INPUT_COLUMNS = (

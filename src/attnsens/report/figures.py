@@ -139,7 +139,7 @@ def dominant_fraction_figure(cells: pd.DataFrame) -> Figure:
 
 
 def theta_envelope_lower_bound(m: np.ndarray) -> np.ndarray:
-    """g(m) = max(4m(1 − m), 1 − m²): the lower bound of θ(p) given p_max = m (MATH.md T2(b))."""
+    """g(m) = max(4m(1 − m), 1 − m²): the lower bound of θ(p) given p_max = m (docs/math.md T2(b))."""
     return np.maximum(4 * m * (1 - m), 1 - m**2)
 
 

@@ -1,4 +1,4 @@
-"""The paper's three findings (MATH.md §9.1, §9.6), each judged on the measured data of every run.
+"""The paper's three findings (docs/math.md §9.1, §9.6), each judged on the measured data of every run.
 
 Nothing here assumes an outcome: every sentence is built from the numbers. Each verdict states its threshold
 and the effect size relative to uniform attention (p_max·n, normalized entropy, n_eff / n), with the spread

@@ -101,7 +101,7 @@ def overview_section(data: RunData, omitted: list[str]) -> Section:
     body = (
         "<p>What was measured, on which model, and where it came from. θ(p) = 4·max<sub>S</sub> p(S)(1 − p(S)) is the "
         "balanced-mass factor of an attention row; the ∞→1 norm of the softmax Jacobian equals θ/τ exactly "
-        "(MATH.md T1), so θ near 1 means attention is as sensitive as a softmax row can be.</p>"
+        "(docs/math.md T1), so θ near 1 means attention is as sensitive as a softmax row can be.</p>"
         + definition_list(items)
     )
     config = _flatten((data.manifest or {}).get("config") or {})
@@ -207,7 +207,7 @@ def theta_section(data: RunData) -> Section:
         "runs against the checkpoint step (symmetric-log axis, step 0 included), one panel per run, one line per "
         "layer (colour: depth), the band spanning the seeds; for a pretrained model against the layer. Dotted "
         "line: θ = 1, the largest possible value. Since the certificate is a lower bound, half the rows have a "
-        "true θ at least the plotted median (MATH.md T2(f)). Read it with the concentration figure: while the "
+        "true θ at least the plotted median (docs/math.md T2(f)). Read it with the concentration figure: while the "
         f"median p_max is below {TRIVIAL_P_MAX:.3f}, θ ≥ 1 − p_max² ≥ {NEAR_ONE} holds for any row."
     )
     body = _cell_figures(data, figures.theta_lower_by_step_figure, caption, "θ lower bound by layer")
@@ -229,7 +229,7 @@ def dominant_section(data: RunData) -> Section:
     caption = (
         "Number of rows with a dominant atom (p_max ≥ half the row's mass) per layer cell, on a symmetric-log "
         "count axis so that zero and a handful of rows are both visible. Attention sinks on key 0 and early "
-        "positions raise it (the findings give the counts without them, MATH.md §7)."
+        "positions raise it (the findings give the counts without them, docs/math.md §7)."
     )
     body = _cell_figures(data, figures.dominant_fraction_figure, caption, "Dominant-atom rows")
     return Section(anchor="dominant", title="Dominant-atom rows", body=body)
@@ -242,7 +242,7 @@ def scatter_section(data: RunData) -> Section:
     caption = (
         f"θ lower bound against p_max: every dominant row ({n_dominant:,}) and {shown:,} of the others, sampled "
         "uniformly with a fixed seed; the axes are zoomed to where the rows are. Dashed: "
-        "the envelope max(4m(1−m), 1−m²), a floor every row must respect (MATH.md T2(b)); red: the exact value "
+        "the envelope max(4m(1−m), 1−m²), a floor every row must respect (docs/math.md T2(b)); red: the exact value "
         "4m(1−m) for m ≥ 1/2 (T2(a)). Tests that dominant rows sit exactly on the red curve and that no row falls "
         "below the envelope."
     )
@@ -274,7 +274,7 @@ def training_section(data: RunData) -> Section:
             lambda: figures_bounds.grad_norms_figure(data.grad_norms),
             "Gradient ℓ2 norm of each parameter group before clipping, per layer (colour: depth; layer −1 = "
             "parameters outside the blocks), mean over seeds: where the gradient signal sits while attention "
-            "changes (MATH.md §9.5).",
+            "changes (docs/math.md §9.5).",
             title="Gradient norms by parameter group",
         )
     return Section(anchor="training", title="Training", body=body)
@@ -286,7 +286,7 @@ def bounds_section(data: RunData) -> Section:
         "Per layer at the last checkpoint (mean over seeds): the certified length-independent Lipschitz bound of "
         "multi-head attention (θ̃ = 1), the certified local bound using the measured θ̃, and the empirical Jacobian "
         "norm found by autograd (a lower estimate of the true norm); right: their ratio. Tests how much the "
-        "distribution-aware bound (MATH.md T4/T5) gains over the worst case and how tight it is."
+        "distribution-aware bound (docs/math.md T4/T5) gains over the worst case and how tight it is."
     )
     body = _figure(lambda: figures_bounds.bounds_figure(bounds), caption, title="Certified bounds")
     if bounds["step"].nunique() > 1:
@@ -295,7 +295,7 @@ def bounds_section(data: RunData) -> Section:
             "Certified attention bounds over training, median over layers (band: seeds), one panel per run. Three "
             "local bounds at the audited input form a chain, each adding one ingredient to the one above it: θ "
             "replaced by n/2 (dotted: no θ at all); the paper's form with the measured θ̃ (orange: the gain from "
-            "θ); the key-sum form (red: the gain from weighing each key by its probability, MATH.md T4). The "
+            "θ); the key-sum form (red: the gain from weighing each key by its probability, docs/math.md T4). The "
             "dashed line is the length-independent Lipschitz bound with θ̃ = 1 (T5), which holds on the whole "
             "input set, not only at this input. The solid blue line is the autograd estimate every bound must "
             "stay above.",
@@ -322,7 +322,7 @@ def bounds_section(data: RunData) -> Section:
         body += _figure(
             lambda: figures_bounds.norm_products_figure(bounds),
             "Largest quartic product ‖W_O‖‖W_Q^h‖‖W_K^h‖‖W_V^h‖ over heads, per layer, against checkpoint step: "
-            "the weight growth that the DeepNorm-style N^(−1/4) scaling rule controls (MATH.md T9).",
+            "the weight growth that the DeepNorm-style N^(−1/4) scaling rule controls (docs/math.md T9).",
             title="Projection-norm products",
         )
     return Section(anchor="bounds", title="Certified bounds and their tightness", body=body)
@@ -375,18 +375,18 @@ def _vacuous(bounds: pd.DataFrame) -> str:
     return (
         '<p class="note">Vacuous in practice (true, but too loose to say anything): '
         + esc("; ".join(notes))
-        + ". Such bounds compound worst cases of every sublayer (MATH.md T7); read the local attention bound "
+        + ". Such bounds compound worst cases of every sublayer (docs/math.md T7); read the local attention bound "
         "instead.</p>"
     )
 
 
 def placements_section(data: RunData) -> Section:
-    """Pre-LN against Post-LN: residual-stream Jacobians, θ and concentration per placement (MATH.md T8)."""
+    """Pre-LN against Post-LN: residual-stream Jacobians, θ and concentration per placement (docs/math.md T8)."""
     bounds, cells = data.bounds, data.cells
     body = (
         "<p>The paper's structural distinction: a pre-LN block adds its branch to the identity, so its residual "
         "Jacobian is I + J_branch and stays ≥ 1 − ‖J_branch‖; a post-LN block normalizes after the sum, has no "
-        "identity term, and its Jacobian is whatever the LayerNorm projection leaves (MATH.md T6, T8). Both "
+        "identity term, and its Jacobian is whatever the LayerNorm projection leaves (docs/math.md T6, T8). Both "
         "placements below were trained with the same seeds, data order and optimizer.</p>"
     )
     body += _figure(
@@ -441,7 +441,7 @@ def certificates_section(data: RunData) -> Section:
 def layernorm_section(data: RunData) -> Section:
     caption = (
         "Fraction of audited tokens whose LayerNorm input meets the contraction condition of the projection lemma "
-        "(MATH.md T6), and the median ratio ‖γ‖∞/σ(x), per layer. The paper states this condition but does not "
+        "(docs/math.md T6), and the median ratio ‖γ‖∞/σ(x), per layer. The paper states this condition but does not "
         "test it; this is the measurement."
     )
     body = _figure(lambda: figures_bounds.ln_condition_figure(data.bounds), caption, title="LayerNorm condition")
@@ -471,7 +471,7 @@ def influence_section(data: RunData) -> Section:
         "Left: largest measured change ‖Δy_n‖₂ of the last position's output when one nonfinal token is replaced, "
         "against length n (log–log; fitted slope in the legend), beside the certified bound C/n where the theorem's "
         "assumptions hold (dashed). Right: n times the measured influence; a flat line is the Θ(1/n) decay the "
-        "inverse-length theorem predicts (MATH.md §10)."
+        "inverse-length theorem predicts (docs/math.md §10)."
     )
     body = _figure(lambda: figures_bounds.influence_figure(influence), caption, title="Inverse-length influence")
     rows = []

@@ -10,9 +10,9 @@ Conventions shared by all tables:
   ``layer = -1`` means "not tied to one layer" (gradient norms of embeddings, final norm, ...).
 * ``step`` is the checkpoint (optimizer) step; a static, pretrained model is recorded as step 0.
 * Entropy is in nats. Certified bounds end in ``_upper_bound`` / ``_lower_bound``, sampled or optimised
-  values end in ``_estimate``, exact values have no suffix (DESIGN.md, "Results name what they are").
+  values end in ``_estimate``, exact values have no suffix (docs/architecture.md, "Results name what they are").
 * Norms are named: ``_spectral_norm`` is the matrix 2-norm; block norms carry the convention of the
-  ``norm`` column of the bounds table (``"block_rms"`` or ``"block_l2"``, MATH.md §2.5).
+  ``norm`` column of the bounds table (``"block_rms"`` or ``"block_l2"``, docs/math.md §2.5).
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ _LAYER = _c("layer", _I32, "0-based layer index; -1 when not tied to one layer")
 
 ROWS = TableSchema(
     name="rows",
-    doc="One record per audited attention row p (MATH.md §2.4, §9.5).",
+    doc="One record per audited attention row p (docs/math.md §2.4, §9.5).",
     columns=(
         _RUN_ID,
         _MODEL,
@@ -101,7 +101,7 @@ ROWS = TableSchema(
         _c("entropy", _F64, "Shannon entropy H(p) = −Σ p_i log p_i in nats"),
         _c("normalized_entropy", _F64, "H(p) / log n_keys in [0, 1]; 0 for single-key rows"),
         _c("n_eff", _F64, "effective number of keys 1 / Σ p_i²"),
-        _c("theta_lower", _F64, "certified lower bound of θ(p) = 4 max_S p(S)(1 − p(S)) (MATH.md A2)"),
+        _c("theta_lower", _F64, "certified lower bound of θ(p) = 4 max_S p(S)(1 − p(S)) (docs/math.md A2)"),
         _c("theta_upper", _F64, "certified upper bound of θ(p)"),
         _c("theta_exact", _BOOL, "true when theta_lower == theta_upper is proved"),
         _c("theta_method", _I8, "code of the certificate method that produced theta_lower (attnsens.theta)"),
@@ -113,7 +113,7 @@ ROWS = TableSchema(
 SUMMARY = TableSchema(
     name="summary",
     doc=(
-        "Aggregates of the rows table per (run_id, step, seed, layer, head), MATH.md A3; "
+        "Aggregates of the rows table per (run_id, step, seed, layer, head), docs/math.md A3; "
         "head = -1 pools all heads of the layer. Built by attnsens.store.summary.summarize_rows."
     ),
     columns=(
@@ -144,7 +144,7 @@ SUMMARY = TableSchema(
 BOUNDS = TableSchema(
     name="bounds",
     doc=(
-        "Weight norms and certified bounds per (run_id, step, seed, layer, head), MATH.md A4, T4–T8; "
+        "Weight norms and certified bounds per (run_id, step, seed, layer, head), docs/math.md A4, T4–T8; "
         "head = -1 holds layer-level quantities (whole W_O, MHA, FFN, block, LayerNorm, residual Jacobian). "
         "Every numeric column may be null where it does not apply to the row's level or model."
     ),
@@ -163,17 +163,17 @@ BOUNDS = TableSchema(
         _f("w_o_spectral_norm", "‖W_O^(h)‖_2 of the head block; the whole ‖W_O‖_2 when head = -1"),
         _f("score_path_norm_product", "‖W_Q^h‖_2 ‖W_K^h‖_2"),
         _f("value_path_norm_product", "‖W_O‖_2 ‖W_V^h‖_2"),
-        _f("quartic_norm_product", "‖W_O‖_2 ‖W_Q^h‖_2 ‖W_K^h‖_2 ‖W_V^h‖_2 (MATH.md T9)"),
+        _f("quartic_norm_product", "‖W_O‖_2 ‖W_Q^h‖_2 ‖W_K^h‖_2 ‖W_V^h‖_2 (docs/math.md T9)"),
         _f("ln_gain_max", "‖γ‖_∞ of the norm feeding the attention input"),
         _f("ln_bias_max", "‖β‖_∞ of that norm"),
         _f("input_radius", "input radius R of the bounded set, in the record's norm convention"),
-        _f("phi", "Φ_h of the distribution-aware local bound (MATH.md T4)"),
+        _f("phi", "Φ_h of the distribution-aware local bound (docs/math.md T4)"),
         _f("theta_tilde", "θ̃_h used in the local bound: max over the audited rows of theta_upper"),
         _f("mha_local_jacobian_upper_bound", "certified local Jacobian bound of attention with θ̃ (T4/T5)"),
         _f("mha_lipschitz_upper_bound", "certified length-independent Lipschitz bound with θ̃ = 1 (T5)"),
         _f("mha_jacobian_estimate", "empirical Jacobian norm (autograd, maximised over probes): a lower estimate"),
         _f("tightness_ratio", "mha_local_jacobian_upper_bound / mha_jacobian_estimate (≥ 1; 1 = tight)"),
-        _f("ffn_lipschitz_upper_bound", "‖W_2‖_2 Lip(act) ‖W_1‖_2 (MATH.md §2.7)"),
+        _f("ffn_lipschitz_upper_bound", "‖W_2‖_2 Lip(act) ‖W_1‖_2 (docs/math.md §2.7)"),
         _f("block_lipschitz_upper_bound", "certified Lipschitz bound of the whole residual block (T7)"),
         _f("block_jacobian_estimate", "empirical Jacobian norm of the residual block"),
         _f("ln_condition_fraction", "fraction of audited tokens satisfying the LayerNorm contraction condition (T6)"),
@@ -212,7 +212,7 @@ GRAD_NORMS = TableSchema(
     name="grad_norms",
     doc=(
         "Per-group gradient norms in long format (one record per run, step, layer and parameter group), "
-        "so that any number of layers and groups fits one schema (MATH.md §9.5)."
+        "so that any number of layers and groups fits one schema (docs/math.md §9.5)."
     ),
     columns=(
         _RUN_ID,
@@ -227,7 +227,7 @@ GRAD_NORMS = TableSchema(
 
 INFLUENCE = TableSchema(
     name="influence",
-    doc="Measured influence of a nonfinal token on the last position versus length n, beside C/n (MATH.md §10).",
+    doc="Measured influence of a nonfinal token on the last position versus length n, beside C/n (docs/math.md §10).",
     columns=(
         _RUN_ID,
         _MODEL,

@@ -1,4 +1,4 @@
-"""Per-(checkpoint, layer, head) aggregates of the rows table (MATH.md A3)."""
+"""Per-(checkpoint, layer, head) aggregates of the rows table (docs/math.md A3)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Pipelines over models and checkpoints (C4/C5).
+"""Pipelines over models and checkpoints: audit, bounds, the early-training study.
 
 Each pipeline function is re-exported here by name. Re-exports are eager because a function and its module
 share a name (``attnsens.study.audit`` is both): importing the submodule alone would otherwise leave the module,

@@ -1,5 +1,5 @@
 """Audit a model: every selected attention row of some token sequences → a per-row table and per-(layer, head)
-summary (MATH.md §9.4–9.5, A3), optionally written to a run directory that resumes after an interruption.
+summary (docs/math.md §9.4–9.5, A3), optionally written to a run directory that resumes after an interruption.
 
 Run directory layout: ``manifest.json`` (config, provenance, finished units with sha256),
 ``rows/sequence=NNNNNN.parquet`` (one file per audited sequence: the unit of work) and

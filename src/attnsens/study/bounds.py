@@ -2,7 +2,7 @@
 
 ``bound_model(model, input_ids)`` first passes an adapter's normalized weights through the weights-fidelity gate
 (``attnsens.models.fidelity``, on ``input_ids`` or on seeded probe tokens), then evaluates, for every layer, the
-quantities of MATH.md A4 and T4–T8 and returns a pandas DataFrame whose columns follow the ``bounds`` table of
+quantities of docs/math.md A4 and T4–T8 and returns a pandas DataFrame whose columns follow the ``bounds`` table of
 ``attnsens.store.schema`` (head = −1 rows hold layer-level quantities). Inputs come from the model adapter (the
 gated forward pass) or, for bare ``LayerWeights``, from a residual stream propagated with the reference forward of
 ``attnsens.geometry.layers``.
@@ -245,7 +245,8 @@ def bound_model(
         on_layer: called with each layer index when its records are done (progress display).
 
     Returns:
-        DataFrame with the ``bounds`` table's columns (MATH.md A4, T4–T8); certified columns end in ``_upper_bound``.
+        DataFrame with the ``bounds`` table's columns (docs/math.md A4, T4–T8); certified columns end in
+        ``_upper_bound``.
 
     Raises:
         WeightsFidelityError when an adapter's normalized weights do not reproduce the model's own blocks.

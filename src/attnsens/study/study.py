@@ -1,4 +1,4 @@
-"""The early-training study (MATH.md §9): train every seed, audit every checkpoint, write Parquet and the report.
+"""The early-training study (docs/math.md §9): train every seed, audit every checkpoint, write Parquet and the report.
 
 Run directory layout::
 
@@ -54,7 +54,7 @@ class StudyConfig:
 
     ``placements`` are the residual-block variants trained side by side (default: ``model.norm`` alone); each
     trains every seed. The audit reads the first ``audit_sequences`` blocks of the fixed evaluation batch and
-    samples ``rows_per_sequence`` query positions t ≥ ``min_query`` in each (MATH.md §9.4: rows with few keys
+    samples ``rows_per_sequence`` query positions t ≥ ``min_query`` in each (docs/math.md §9.4: rows with few keys
     are trivially dominant); the bounds use the first ``bound_tokens`` tokens of one evaluation block, at every
     ``bound_stride``-th checkpoint (and the last). ``reference`` names a pretrained model (an alias of
     attnsens.models.load, e.g. ``smollm2``) audited on the text of the same evaluation blocks, re-tokenized with

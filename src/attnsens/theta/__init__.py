@@ -1,4 +1,4 @@
-"""θ(p) engine: certified intervals for the balanced-mass factor of attention rows (MATH.md §2.3, T1–T2).
+"""θ(p) engine: certified intervals for the balanced-mass factor of attention rows (docs/math.md §2.3, T1–T2).
 
     certify(p)                                ThetaCertificate per row: lower ≤ θ ≤ upper, exact flag, method
     exact(p)                                  proved-optimal θ (float64) or TooHardError

@@ -3,7 +3,7 @@
 Inputs per row: ŝ (computed sum), d̂ (distance of the best subset found), d̂_lb (proved lower bound on d*) and the
 error radius E (absolute error bound of every computed distance and of ŝ; 0 when sums are error-free). Then
 
-    s ∈ [ŝ − E, ŝ + E],   d* ∈ [max(0, d̂_lb − E), d̂ + E],   θ = s − 4·d*²   (THETA_ALGORITHMS.md §1),
+    s ∈ [ŝ − E, ŝ + E],   d* ∈ [max(0, d̂_lb − E), d̂ + E],   θ = s − 4·d*²   (docs/theta-algorithms.md §1),
 
 and each endpoint s' − 4·d'² is evaluated in float64 with error ≤ u·(4d'² + |result|) (one rounding in the
 square, none in ×4, one in the subtraction; u = 2^-53), which we cover by 2u·(4d'² + |result|) plus one
@@ -27,7 +27,7 @@ def theta_enclosure(
     per-call cost on small batches); other devices in torch.
 
     Returns:
-        (lower, upper), float64, with lower ≤ θ ≤ upper ≤ s_hi (THETA_ALGORITHMS.md §1). lower is not clamped
+        (lower, upper), float64, with lower ≤ θ ≤ upper ≤ s_hi (docs/theta-algorithms.md §1). lower is not clamped
         at 0: θ < 0 is possible when s > 1 (a single atom of mass s has θ = s − s²).
     """
     if s_hat.device.type == "cpu":

@@ -1,10 +1,10 @@
-"""Numba CPU kernels of the θ certificate cascade (THETA_ALGORITHMS.md §3, §6 "TUNED").
+"""Numba CPU kernels of the θ certificate cascade (docs/theta-algorithms.md §3, §6 "Interleaved first-fit").
 
 Every row is reduced to five float64 numbers (see ``certify_rows``): the computed sum ŝ, p_max, the bisection
 distance d̂ of the best subset found, a proved lower bound d̂_lb on d* = min_S |p(S) − s/2|, and the radius E of
 the rounding error of every computed distance. ``certificate.py`` turns them into an outward-rounded interval.
 
-Rounding model (THETA_ALGORITHMS.md §1 "Exact over float values"). Every distance the kernels compute is a
+Rounding model (docs/theta-algorithms.md §1 "Exact over float values"). Every distance the kernels compute is a
 signed sum of distinct stored values and of t = ŝ/2, evaluated by at most n + 16 float64 additions whose
 operands are bounded by s, so its absolute error is at most (1.5·n + 13)·u·s (Higham, Thm 4.2; u = 2^-53).
 We use E = (2n + 16)·u·ŝ·(1 + 2^-10). When every value is an integer multiple of a power-of-two quantum q and
@@ -124,9 +124,10 @@ def _first_fit_quad(x, rows, skip, targets, stop, stop_d, out):
     """One-target first-fit of four rows at once, state in registers, no data-dependent branches per key.
 
     A single first-fit is a chain of dependent add/compare steps (latency-bound); four independent chains
-    overlap in the pipeline (THETA_ALGORITHMS.md §6 "TUNED"). ``skip[a]`` lists the row's top-K indices in
-    ascending order followed by −1; those keys read as 0, which always fits and changes nothing. The keys run in
-    segments between consecutive skipped indices of any of the four rows, so the inner loop carries no checks.
+    overlap in the pipeline (docs/theta-algorithms.md §6 "Interleaved first-fit"). ``skip[a]`` lists the row's
+    top-K indices in ascending order followed by −1; those keys read as 0, which always fits and changes nothing.
+    The keys run in segments between consecutive skipped indices of any of the four rows, so the inner loop
+    carries no checks.
 
     Every ``FREEZE_EVERY`` keys each lane checks its distance d = min(gap, overshoot): the first d ≤ ``stop_d``
     is that row's result (the subset filled so far, or it plus the smallest key that overshot), and the walk

@@ -1,4 +1,4 @@
-"""Number-partitioning solvers used by the θ cascade (THETA_ALGORITHMS.md §3, §5), as numba functions.
+"""Number-partitioning solvers used by the θ cascade (docs/theta-algorithms.md §3, §5), as numba functions.
 
 Each returns a bisection distance d = |p(S) − t| (or twice it, a set difference) computed from the row's stored
 values; the rounding model is the one of ``_numba_kernels``: every returned distance is within E of the real

@@ -1,6 +1,6 @@
 """Cascade stages shared by every row (top-K relaxation, perfect-partition test) and the refinement stages that
 run after the one-target first-fit: 16 targets, Karmarkar–Karp, top-14 relaxation, budgeted CKK
-(THETA_ALGORITHMS.md §3). Distances obey the rounding model of ``_numba_kernels``.
+(docs/theta-algorithms.md §3). Distances obey the rounding model of ``_numba_kernels``.
 """
 
 from __future__ import annotations
@@ -113,7 +113,7 @@ def _smallest(bits):
 
 @cached_njit()
 def relaxation(top_v, rest, t, scratch):
-    """Top-K relaxation (THETA_ALGORITHMS.md §1 "K-atom regime").
+    """Top-K relaxation (docs/theta-algorithms.md §1 "K-atom regime").
 
     Returns (d_lb, d_endpoint, target): d_lb = min_T dist(t, [p(T), p(T) + rest]) ≤ d* (= d* when > 0);
     d_endpoint = the best of the subsets T and T ∪ tail; target = t − p(T) ∈ [0, rest] closest to rest/2 (the

@@ -1,4 +1,4 @@
-"""Pure-torch θ cascade: the vectorised pieces of THETA_ALGORITHMS.md §3 for any device, without numba.
+"""Pure-torch θ cascade: the vectorised pieces of docs/theta-algorithms.md §3 for any device, without numba.
 
 Same mathematics and the same rounding model as ``_numba_kernels`` (its module docstring): exact
 meet-in-the-middle for small supports, dominant atom, top-8 relaxation (exact when d_lb > 0, else the upper
@@ -224,7 +224,7 @@ def _lpt_split(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.
 
 
 def _sorted_greedy(x: torch.Tensor) -> torch.Tensor:
-    """Descending order, each value to the lighter side (LPT): d = |A − B|/2 ≤ ‖p‖₂ / 2 (MATH.md T2(c))."""
+    """Descending order, each value to the lighter side (LPT): d = |A − B|/2 ≤ ‖p‖₂ / 2 (docs/math.md T2(c))."""
     _, side_a, side_b = _lpt_split(x.sort(-1, descending=True).values)
     return 0.5 * (side_a - side_b).abs()
 

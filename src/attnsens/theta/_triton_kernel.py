@@ -1,4 +1,6 @@
-"""Triton θ certificate: the one-pass stage of the cascade on the GPU, a few rows per program (THETA_ALGORITHMS.md §7).
+"""Triton θ certificate: the one-pass stage of the cascade on the GPU, a few rows per program.
+
+Design: docs/theta-algorithms.md §7.
 
 Each program loads its rows once, keeps them in registers and produces the same five per-row numbers as the CPU
 kernels (ŝ, p_max, d̂, d̂_lb, E; ``_numba_kernels`` docstring) plus the method and the validation status:

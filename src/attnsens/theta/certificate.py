@@ -1,9 +1,9 @@
 """Certified θ(p) intervals for attention rows: ``certify`` and the ``ThetaCertificate`` it returns.
 
 θ of the stored row p (s = Σ p_i, not renormalised): θ = s − 4·d*², d* = min_S |p(S) − s/2|, which equals
-4·max_S p(S)(1 − p(S)) when s = 1 and τ·‖J_softmax(u/τ)‖_{∞→1} for p = softmax(u/τ) (MATH.md §2.3, T1).
-Computing d* is number partitioning (MATH.md T2(e)), so every row gets a rigorous float64 interval from the
-sort-free cascade of THETA_ALGORITHMS.md §3, exact wherever a stage proves the optimum.
+4·max_S p(S)(1 − p(S)) when s = 1 and τ·‖J_softmax(u/τ)‖_{∞→1} for p = softmax(u/τ) (docs/math.md §2.3, T1).
+Computing d* is number partitioning (docs/math.md T2(e)), so every row gets a rigorous float64 interval from the
+sort-free cascade of docs/theta-algorithms.md §3, exact wherever a stage proves the optimum.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ Precision = Literal["float32", "float64"]
 Backend = Literal["auto", "numba", "torch", "triton"]
 
 STOP_DISTANCE = {"float32": 2.0**-13.5, "float64": 2.0**-28}
-"""Refinement stops once d ≤ this: then 4d² is below half an ulp of θ ≈ 1 in that format (THETA_ALGORITHMS §1)."""
+"""Refinement stops once d ≤ this: then 4d² is below half an ulp of θ ≈ 1 in that format
+(docs/theta-algorithms.md §1)."""
 
 MITM_MAX_SUPPORT = 24
 CKK_NODE_BUDGET = 20_000
@@ -171,8 +172,8 @@ def certify(
             "numba", "torch" or "triton" (CUDA tensors; CPU tensors under ``TRITON_INTERPRET=1``).
 
     Returns:
-        ThetaCertificate on the device of ``p`` with lower ≤ θ ≤ upper for every row (THETA_ALGORITHMS.md §1,
-        §3; MATH.md T1–T2).
+        ThetaCertificate on the device of ``p`` with lower ≤ θ ≤ upper for every row (docs/theta-algorithms.md §1,
+        §3; docs/math.md T1–T2).
 
     Raises:
         InputError: NaN/Inf, negative entries, empty rows, or |s − 1| > tolerance (names the row and the fix).

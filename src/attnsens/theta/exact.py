@@ -1,5 +1,5 @@
 """Proved-optimal θ(p) per row: meet-in-the-middle up to 48 non-zeros, otherwise the exact cascade stages and
-complete Karmarkar–Karp within a node budget (THETA_ALGORITHMS.md §5; MATH.md A1)."""
+complete Karmarkar–Karp within a node budget (docs/theta-algorithms.md §5; docs/math.md A1)."""
 
 from __future__ import annotations
 

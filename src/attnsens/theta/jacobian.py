@@ -1,4 +1,4 @@
-"""‖J_softmax(u/τ)‖_{∞→1} = θ(softmax(u/τ))/τ as a certified interval (MATH.md T1)."""
+"""‖J_softmax(u/τ)‖_{∞→1} = θ(softmax(u/τ))/τ as a certified interval (docs/math.md T1)."""
 
 from __future__ import annotations
 
@@ -20,12 +20,12 @@ def softmax_jacobian_inf_to_one_norm(
     precision: Precision = "float32",
     backend: Backend = "auto",
 ) -> ThetaCertificate:
-    """Certified ‖J‖_{∞→1} for J = (diag p − p pᵀ)/τ, p = softmax(u/τ) along ``dim`` (MATH.md T1: = θ(p)/τ).
+    """Certified ‖J‖_{∞→1} for J = (diag p − p pᵀ)/τ, p = softmax(u/τ) along ``dim`` (docs/math.md T1: = θ(p)/τ).
 
     The softmax is evaluated in float64 as p̂; the interval covers the real-number p too: ‖p − p̂‖₁ ≤ η with
     η = u·(max|x̂| + max|x̂ − max x̂|)·(1 + 2^-20) + (L + 8)·u·ŝ (argument rounding propagated through
     ‖J‖_{∞→1} ≤ 1, exp/sum/division rounding relative per entry), and |θ(p) − θ(p̂)| ≤ (1 + Σp + Σp̂)·η
-    (MATH.md T2(d), unnormalised form). Bounds are then divided by τ with outward rounding.
+    (docs/math.md T2(d), unnormalised form). Bounds are then divided by τ with outward rounding.
 
     Args:
         u: [..., key, ...] real scores (any float dtype), key axis ``dim``; finite.

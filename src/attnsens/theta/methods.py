@@ -9,7 +9,7 @@ from enum import IntEnum
 
 
 class ThetaMethod(IntEnum):
-    """The cascade stage at which refinement of a row stopped (THETA_ALGORITHMS.md §3).
+    """The cascade stage at which refinement of a row stopped (docs/theta-algorithms.md §3).
 
     Stages marked *exact* prove the optimal bisection d* = min_S |p(S) − s/2|; the others stop because the best
     subset found has d ≤ the precision threshold, or because every stage ran without reaching it (the interval is
@@ -22,7 +22,7 @@ class ThetaMethod(IntEnum):
     the dominant-atom and top-8 relaxation proofs leave open), and of rows of ≤ 32 that every heuristic leaves
     open."""
     DOMINANT_ATOM = 2
-    """exact: p_max ≥ s/2, so d* = p_max − s/2 (MATH.md T2(a))."""
+    """exact: p_max ≥ s/2, so d* = p_max − s/2 (docs/math.md T2(a))."""
     K_ATOM_RELAXATION = 3
     """exact: the top-8 relaxation bound d_lb = min_T dist(s/2, [p(T), p(T) + r_8]) is positive, hence d* = d_lb."""
     PERFECT_PARTITION = 4
@@ -43,7 +43,7 @@ class ThetaMethod(IntEnum):
     """torch path: greedy balancing in descending order reached the threshold or was the last stage run."""
     PREFIX_BEST_FIT = 12
     """GPU kernel: tail prefix (original order), 8 best-fit rounds and the best single overshoot into the best top-8
-    target (or, for rows that stay open, the 16 best) reached the threshold (THETA_ALGORITHMS.md §3 "pbf", §7)."""
+    target (or, for rows that stay open, the 16 best) reached the threshold (docs/theta-algorithms.md §3 "pbf", §7)."""
 
     TOP14_ENDPOINT = 13
     """the best endpoint subset (T or T ∪ tail) of the top-14 relaxation reached the threshold (not exact)."""

@@ -1,4 +1,4 @@
-"""attnsens' own GPT, its data pipeline, trainer and checkpoints (the early-training study, MATH.md §9)."""
+"""attnsens' own GPT, its data pipeline, trainer and checkpoints (the early-training study, docs/math.md §9)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """attnsens' own GPT: one readable decoder whose attention probabilities exist as a tensor.
 
-The forward pass reads like MATH.md §2.6–2.9: token (+ position) embedding, N blocks, optional final LayerNorm,
+The forward pass reads like docs/math.md §2.6–2.9: token (+ position) embedding, N blocks, optional final LayerNorm,
 tied unembedding. Attention is computed explicitly (scores → mask → softmax → mix) so every probability row can
-be hooked at ``blocks.{i}.attn.hook_pattern`` ([batch, head, query, key]). Block variants (MATH.md §2.9):
+be hooked at ``blocks.{i}.attn.hook_pattern`` ([batch, head, query, key]). Block variants (docs/math.md §2.9):
 
 * ``norm="pre"``:      X ← X + Attn(LN_1(X));   X ← X + MLP(LN_2(X));   final LN before the unembedding
 * ``norm="post"``:     X ← LN_1(X + Attn(X));   X ← LN_2(X + MLP(X))
@@ -92,17 +92,17 @@ class GPTConfig:
 
     @property
     def tau(self) -> float:
-        """Softmax temperature √d_head of scaled dot-product attention (MATH.md §2.1)."""
+        """Softmax temperature √d_head of scaled dot-product attention (docs/math.md §2.1)."""
         return math.sqrt(self.d_head)
 
     @property
     def deepnorm_alpha(self) -> float:
-        """DeepNorm residual scale α = (2N)^{1/4} for a decoder of N layers (MATH.md T9); 1 for other variants."""
+        """DeepNorm residual scale α = (2N)^{1/4} for a decoder of N layers (docs/math.md T9); 1 for other variants."""
         return (2 * self.n_layer) ** 0.25 if self.norm == "deepnorm" else 1.0
 
     @property
     def deepnorm_beta(self) -> float:
-        """DeepNorm initialization gain β = (8N)^{-1/4} on W_V, W_O and the FFN (MATH.md T9)."""
+        """DeepNorm initialization gain β = (8N)^{-1/4} on W_V, W_O and the FFN (docs/math.md T9)."""
         return (8 * self.n_layer) ** -0.25
 
 
@@ -129,7 +129,7 @@ def sinusoidal_position_embeddings(n_positions: int, d_model: int, *, scale: flo
     """Fixed embeddings E[t, 2i] = s·sin(t/10000^{2i/d}), E[t, 2i+1] = s·cos(t/10000^{2i/d}), for any length.
 
     Returns: [query, d_model] float32; every entry has magnitude ≤ s, so ‖E[t]‖₂ ≤ s·√(d_model/2) + s for all t
-    (bounded positions, as the influence theorem requires, MATH.md §10.1).
+    (bounded positions, as the influence theorem requires, docs/math.md §10.1).
     """
     position = torch.arange(n_positions, dtype=torch.float64)[:, None]
     frequency = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float64) * (-math.log(10000.0) / d_model))
@@ -140,7 +140,7 @@ def sinusoidal_position_embeddings(n_positions: int, d_model: int, *, scale: flo
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head attention with an explicit softmax: P = softmax(QKᵀ/τ + mask), Z = P V (MATH.md §2.6)."""
+    """Multi-head attention with an explicit softmax: P = softmax(QKᵀ/τ + mask), Z = P V (docs/math.md §2.6)."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -170,7 +170,7 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    """Positionwise map φ(x) = W_2 act(W_1 x + b_1) + b_2 (MATH.md §2.7)."""
+    """Positionwise map φ(x) = W_2 act(W_1 x + b_1) + b_2 (docs/math.md §2.7)."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -189,7 +189,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """One residual block in the configured placement (module docstring; MATH.md §2.9)."""
+    """One residual block in the configured placement (module docstring; docs/math.md §2.9)."""
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -243,7 +243,7 @@ class GPT(nn.Module):
         """GPT-2 initialization: N(0, σ²) weights, zero biases, residual projections scaled by 1/√(2N).
 
         DeepNorm instead uses DeepNet's Xavier-normal initialization with gain β on W_V, W_O and both FFN
-        matrices and gain 1 on W_Q, W_K (MATH.md T9).
+        matrices and gain 1 on W_Q, W_K (docs/math.md T9).
         """
         config, std = self.config, self.config.init_std
         for module in self.modules():

@@ -31,7 +31,7 @@ class TrainResult:
 
 
 # Optimization defaults per preset: tiny trains on a CPU in about a minute and gets well past the bigram
-# baseline with heads that concentrate (tuned for the study's demo); the GPT-2 sizes follow MATH.md §9.3
+# baseline with heads that concentrate (tuned for the study's demo); the GPT-2 sizes follow docs/math.md §9.3
 # (the batch is counted in blocks of max_positions tokens: 512 × 1024 ≈ 0.5M tokens).
 TRAIN_DEFAULTS: dict[str, dict[str, object]] = {
     "tiny": {"batch_size": 16, "lr": 3e-3, "warmup_steps": 40},

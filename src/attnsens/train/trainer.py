@@ -1,6 +1,6 @@
 """The training loop: AdamW, linear warmup + cosine decay, gradient clipping, log-spaced checkpoints, DDP.
 
-Choices (MATH.md §9.3): AdamW β = (0.9, 0.95), ε = 1e-8, weight decay on the Linear weight matrices only (not on
+Choices (docs/math.md §9.3): AdamW β = (0.9, 0.95), ε = 1e-8, weight decay on the Linear weight matrices only (not on
 LayerNorm gains, biases, or the token/position embeddings — the token embedding is also the tied unembedding);
 the gradient's global ℓ2 norm is clipped to 1.0; bf16 autocast on CUDA only (fp32 master weights), full fp32 on
 CPU so that a resumed run is bit-identical to an uninterrupted one.

@@ -31,7 +31,6 @@ def test_statistics_equal_those_of_eager_rows(family: str) -> None:
     ids = torch.randint(0, VOCAB, (2, 19))
     got = _concat(C.capture_row_statistics(adapter, ids, selection=C.RowSelection(chunk_size=6)))
     reference = eager_attentions(model, ids)
-    probs = reference[0].new_zeros(0)
     layer_of, head_of, batch_of, query_of = got["layer"], got["head"], got["batch"], got["query"]
     probs = torch.stack(
         [reference[l][b, h, q] for l, h, b, q in zip(layer_of, head_of, batch_of, query_of, strict=True)]

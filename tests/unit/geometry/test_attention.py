@@ -1,4 +1,4 @@
-"""Reference attention forward against a loop oracle: masks, biases, GQA, RoPE (MATH.md §2.6)."""
+"""Reference attention forward against a loop oracle: masks, biases, GQA, RoPE (docs/math.md §2.6)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Soundness of the attention bounds: estimate ≤ certified local bound ≤ paper form ≤ global (MATH.md T4, T5)."""
+"""Soundness of the attention bounds: estimate ≤ certified local bound ≤ paper form ≤ global (docs/math.md T4, T5)."""
 
 from __future__ import annotations
 
@@ -112,7 +112,7 @@ def test_bound_holds_at_inputs_found_by_gradient_ascent() -> None:
 
 
 def test_rope_with_key_bias_needs_the_corrected_phi() -> None:
-    """MATH.md T4 says the key bias is irrelevant; under RoPE the rotated bias R_j b_K varies with j and matters."""
+    """The key bias is irrelevant only without RoPE: the rotated bias R_j b_K varies with j (docs/math.md T4, §11)."""
     L, d, tau = 6, 2, 1.0
     Wq = torch.eye(2, dtype=F64)[None] * 3
     Wk = torch.eye(2, dtype=F64)[None] * 0.01

@@ -1,4 +1,4 @@
-"""Activation constants, FFN and block bounds: certified bounds are never exceeded (MATH.md §2.7, T6, T7)."""
+"""Activation constants, FFN and block bounds: certified bounds are never exceeded (docs/math.md §2.7, T6, T7)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def test_activation_constants_bound_the_derivative_tightly(name: str) -> None:
 
 
 def test_gelu_tanh_constant_of_the_spec_is_too_small() -> None:
-    """MATH.md §2.7 quotes 1.12899 for tanh-GELU; the true max slope is 1.1289931 (this module uses 1.128994)."""
+    """The often-quoted 1.12899 for tanh-GELU is too small (docs/math.md §11): the true max slope is 1.1289931."""
     z = torch.tensor([1.4185], dtype=F64, requires_grad=True)
     (slope,) = torch.autograd.grad(activation("gelu_tanh", z).sum(), z)
     assert float(slope) > 1.12899

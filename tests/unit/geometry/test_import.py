@@ -1,4 +1,7 @@
-"""``import attnsens.geometry`` stays light (DESIGN.md: no transformers, pyarrow, duckdb, matplotlib, typer)."""
+"""``import attnsens.geometry`` stays light (no transformers, pyarrow, duckdb, matplotlib, typer).
+
+The rule: docs/architecture.md, "Layers and import direction".
+"""
 
 from __future__ import annotations
 

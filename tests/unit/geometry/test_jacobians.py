@@ -1,4 +1,4 @@
-"""Softmax, LayerNorm and RMSNorm Jacobians and their norms against dense oracles (MATH.md T1, T6)."""
+"""Softmax, LayerNorm and RMSNorm Jacobians and their norms against dense oracles (docs/math.md T1, T6)."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def test_softmax_inf_to_one_certificate_brackets_brute_force() -> None:
     u = torch.randn(300, 7, dtype=F64) * torch.linspace(0, 6, 300, dtype=F64)[:, None]
     p = softmax_tempered(u, tau)
     brute = matrix_inf_to_one_norm_brute(softmax_jacobian(p, tau))
-    assert_close(brute, theta_brute(p) / tau)  # MATH.md T1 identity, dense
+    assert_close(brute, theta_brute(p) / tau)  # docs/math.md T1 identity, dense
     assert bool((softmax_jacobian_inf_to_one_norm_lower_bound(p, tau) <= brute + 1e-12).all())
     assert bool((softmax_jacobian_inf_to_one_norm_upper_bound(p, tau) >= brute - 1e-12).all())
 

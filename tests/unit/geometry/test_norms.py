@@ -1,4 +1,4 @@
-"""Block norms and induced operator norms (MATH.md §2.5, T3)."""
+"""Block norms and induced operator norms (docs/math.md §2.5, T3)."""
 
 from __future__ import annotations
 

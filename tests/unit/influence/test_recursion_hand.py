@@ -1,4 +1,4 @@
-"""The recursion of MATH.md §10.3 against a hand computation in plain floats on tiny diagonal weights.
+"""The recursion of docs/math.md §10.3 against a hand computation in plain floats on tiny diagonal weights.
 
 Weights are diagonal so every spectral norm is read off by hand: with d_model = 2, one head, τ = 1,
 W_Q = diag(.5, .25), W_K = diag(.4, .2) → G = diag(.2, .05), ‖G‖ = .2; b_Q = (1, 0) → g = W_Kᵀb_Q = (.4, 0);
@@ -48,7 +48,7 @@ def hand_layer(index: int, *, causal: bool = False) -> LayerWeights:
 
 
 def hand_step(state: dict, *, score=0.2, bias=0.4, value=0.6, offset=0.0, lipschitz=1.5, f0=math.hypot(0.3, 0.25)):
-    """One block of MATH.md §10.3 (unmasked, with the query-bias term ‖g‖), written out in plain floats."""
+    """One block of docs/math.md §10.3 (unmasked, with the query-bias term ‖g‖), written out in plain floats."""
     b, d, e = state["B"], state["D"], state["E"]
     a = score * b**2 + bias * b
     rho = math.exp(2 * a)
@@ -92,7 +92,7 @@ def test_two_layers_exercise_the_other_positions_terms() -> None:
 
 
 def test_split_head_output_matches_hand_computation_and_is_looser() -> None:
-    """MATH.md §10.4 form: V = W_V (‖·‖ = .3), offset ‖b_V‖ = .1, Λ = 1.5·max(1, ‖W_O‖ = 2) = 3, f(0) = (0, .25)."""
+    """§10.4 split form: V = W_V (‖·‖ = .3), offset ‖b_V‖ = .1, Λ = 1.5·max(1, ‖W_O‖ = 2) = 3, f(0) = (0, .25)."""
     split = dict(value=0.3, offset=0.1, lipschitz=3.0, f0=0.25)
     cert = certified_constant([hand_layer(0), hand_layer(1)], token_embedding=EMBEDDING, head_output="split")
     expected = hand_step(hand_step(START, **split), **split)

@@ -31,7 +31,7 @@ def test_builtin_measured_never_exceeds_certified_bound(builtin_measured: pd.Dat
 
 
 def test_builtin_probability_bound_holds(builtin_measured: pd.DataFrame) -> None:
-    """TV = ‖Δp‖₁/2 ≤ spread · C/(4n) (θ sharpening of MATH.md §10.3)."""
+    """TV = ‖Δp‖₁/2 ≤ spread · C/(4n) (θ sharpening of docs/math.md §10.3)."""
     cert = certified_constant(builtin_lnfree())
     for row in builtin_measured.itertuples():
         assert 2 * row.tv_max <= 10 ** cert.log10_probability_change_upper_bound(row.n)

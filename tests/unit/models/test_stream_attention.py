@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import attnsens.models as M
+from attnsens.errors import ConfigError, InputError
 from tests.unit.models.tiny_models import FAMILIES, VOCAB, eager_attentions, tiny_model
 
 
@@ -86,3 +87,19 @@ def test_tap_is_removed_after_use() -> None:
     with torch.no_grad():
         model(input_ids=torch.randint(0, VOCAB, (1, 5)))
     assert seen == []
+
+
+@pytest.mark.parametrize("selection", [{"layers": [0, 0]}, {"heads": [1, 1]}])
+def test_a_repeated_layer_or_head_is_a_config_error(selection: dict[str, list[int]]) -> None:
+    adapter = M.load(tiny_model("gpt2"))
+    with pytest.raises(ConfigError, match="more than once"):
+        list(adapter.stream_attention(torch.randint(0, VOCAB, (1, 5)), **selection))
+
+
+def test_bad_input_is_rejected_at_the_call_not_at_the_first_chunk() -> None:
+    adapter = M.load(tiny_model("gpt2"))
+    too_long = torch.zeros(1, adapter.spec.max_positions + 1, dtype=torch.long)
+    with pytest.raises(InputError, match="exceeds the context"):
+        adapter.stream_attention(too_long)  # not iterated
+    with pytest.raises(ConfigError):
+        adapter.stream_attention(torch.zeros(1, 3, dtype=torch.long), layers=[adapter.spec.n_layer])

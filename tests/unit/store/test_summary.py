@@ -1,4 +1,4 @@
-"""summarize_rows (MATH.md A3) against numpy on the synthetic rows, per head and pooled per layer."""
+"""summarize_rows (docs/math.md A3) against numpy on the synthetic rows, per head and pooled per layer."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""MATH.md T1: the brute-force ‖J_softmax(u/τ)‖_{∞→1} lies in softmax_jacobian_inf_to_one_norm's interval."""
+"""docs/math.md T1: the brute-force ‖J_softmax(u/τ)‖_{∞→1} lies in softmax_jacobian_inf_to_one_norm's interval."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from tests.reference.theta_oracles import (
 
 @pytest.mark.parametrize("k", [1, 2, 3, 4, 7, 10])
 def test_uniform_closed_form(k: int) -> None:
-    """Uniform over k keys: θ = 1 for even k, 1 − 1/k² for odd k (MATH.md T1 consequences), on dyadic 1/k."""
+    """Uniform over k keys: θ = 1 for even k, 1 − 1/k² for odd k (docs/math.md T1 consequences), on dyadic 1/k."""
     v = Fraction(1, 2 ** (k.bit_length() + 1))
     expected = k * v - (k % 2) * v * v
     assert theta_fraction([float(v)] * k + [0.0, 0.0]) == expected
@@ -32,7 +32,7 @@ def test_fraction_and_float64_enumeration_agree() -> None:
 
 
 def test_brute_force_norm_equals_theta_over_tau() -> None:
-    """MATH.md T1 on the oracles themselves: max_x ‖Jx‖₁ = max_{x,y} yᵀJx = θ/τ."""
+    """docs/math.md T1 on the oracles themselves: max_x ‖Jx‖₁ = max_{x,y} yᵀJx = θ/τ."""
     rng = np.random.default_rng(6)
     for length in range(2, 8):
         p = rng.dirichlet(np.ones(length))

@@ -1,4 +1,4 @@
-"""Hypothesis properties of certify: permutation invariance, batching, MATH.md T2 envelopes, dominant exactness."""
+"""Hypothesis properties of certify: permutation invariance, batching, docs/math.md T2 envelopes, dominant exactness."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def test_batching_equals_row_by_row(batch_rows: list[torch.Tensor], backend: str
 
 @given(rows(), st.sampled_from(BACKENDS))
 def test_envelope_and_collision_bounds(row: torch.Tensor, backend: str) -> None:
-    """MATH.md T2(b,c) for the stored s: θ ≥ max(4m(s − m), s − m²) ≥ s − ‖p‖² — the lower bound attains it."""
+    """docs/math.md T2(b,c) for the stored s: θ ≥ max(4m(s − m), s − m²) ≥ s − ‖p‖² — the lower bound attains it."""
     cert = certify(row, backend=backend)
     s, m = float(cert.row_sum), float(cert.p_max)
     envelope = max(4 * m * (s - m), s - m * m)
@@ -70,7 +70,7 @@ def test_envelope_and_collision_bounds(row: torch.Tensor, backend: str) -> None:
 
 @given(rows(min_length=2), st.floats(0.5, 0.999), st.sampled_from(BACKENDS))
 def test_dominant_atom_is_exact(row: torch.Tensor, m: float, backend: str) -> None:
-    """p_max ≥ s/2 (with a margin above rounding) ⇒ exact and θ = s − (2m − s)² (MATH.md T2(a))."""
+    """p_max ≥ s/2 (with a margin above rounding) ⇒ exact and θ = s − (2m − s)² (docs/math.md T2(a))."""
     p = torch.cat([torch.tensor([m], dtype=torch.float64), row * (1 - m)])
     cert = certify(p, backend=backend)
     values = [Fraction(v) for v in p.tolist()]

@@ -84,7 +84,7 @@ def test_uniform_rows_long_closed_form(backend: str) -> None:
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_dominant_rows_long_closed_form(backend: str) -> None:
-    """p_max ≥ s/2 ⇒ θ = s − (2·p_max − s)² (MATH.md T2(a)), proved and enclosed tightly."""
+    """p_max ≥ s/2 ⇒ θ = s − (2·p_max − s)² (docs/math.md T2(a)), proved and enclosed tightly."""
     tail = softmax_rows(6, 300, 1.0, seed=3, dtype=torch.float64)
     heavy = torch.tensor([0.5, 0.5 + 1e-7, 0.6, 0.8, 0.95, 0.999], dtype=torch.float64)
     rows = torch.cat([heavy.unsqueeze(-1), tail * (1 - heavy).unsqueeze(-1)], dim=-1)

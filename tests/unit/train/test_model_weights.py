@@ -1,4 +1,4 @@
-"""GPT.layer_weights(): the normalized layout rebuilds the model's forward pass (MATH.md §2.6–2.9)."""
+"""GPT.layer_weights(): the normalized layout rebuilds the model's forward pass (docs/math.md §2.6–2.9)."""
 
 from __future__ import annotations
 
