@@ -40,6 +40,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from attnsens._rounding import add_up, div_up, mul_up, norm2_upper_bound, spectral_norm_upper_bound, sum_upper_bound
 from attnsens.errors import ConfigError, ShapeError
 from attnsens.geometry import attention_terms as T
 from attnsens.geometry.attention import (
@@ -48,7 +49,7 @@ from attnsens.geometry.attention import (
     expand_kv_heads,
     mha_forward,
 )
-from attnsens.geometry.norms import Geometry, block_l2_norm, check_geometry, spectral_norm
+from attnsens.geometry.norms import Geometry, block_l2_norm, check_geometry
 from attnsens.models.weights import RotaryConfig
 
 EVALUATION_ALLOWANCE = 1.0 + 2.0**-36
@@ -58,8 +59,8 @@ distances, sums; a few hundred ulps at most) and is invisible at any printed pre
 
 @dataclass(frozen=True, kw_only=True)
 class ProjectionNorms:
-    """Spectral norms (float64) per query head: w_q, w_k, w_v, w_o_head ``[head]``; w_o scalar; bias norms
-    b_q, b_k ``[head]`` (zeros when absent)."""
+    """Certified upper bounds (float64, ``attnsens._rounding``) of the spectral norms per query head: w_q, w_k, w_v,
+    w_o_head ``[head]``; w_o scalar; of the bias norms b_q, b_k ``[head]`` (zeros when absent)."""
 
     w_q: Tensor
     w_k: Tensor
@@ -112,7 +113,7 @@ class MHALipschitzBound:
 def projection_norms(
     Wq: Tensor, Wk: Tensor, Wv: Tensor, Wo: Tensor, biases: AttentionBiases | None = None
 ) -> ProjectionNorms:
-    """Spectral norms of every head's projections (key/value heads repeated per query head, GQA)."""
+    """Certified upper bounds of every head's projection norms (key/value heads repeated per query head, GQA)."""
     biases = biases or AttentionBiases()
     n_head, d_head, _ = Wq.shape[-3:]
     wo_heads = Wo.reshape(*Wo.shape[:-1], n_head, d_head).movedim(-2, -3)  # [..., head, d_model, d_head]
@@ -120,31 +121,34 @@ def projection_norms(
     def bias_norm(b: Tensor | None, like: Tensor) -> Tensor:
         if b is None:
             return torch.zeros(like.shape[:-2], dtype=torch.float64, device=like.device)
-        return torch.linalg.vector_norm(b.to(torch.float64), dim=-1)
+        return norm2_upper_bound(b, dim=-1)
 
     return ProjectionNorms(
-        w_q=spectral_norm(Wq),
-        w_k=expand_kv_heads(spectral_norm(Wk), n_head, -1),
-        w_v=expand_kv_heads(spectral_norm(Wv), n_head, -1),
-        w_o_head=spectral_norm(wo_heads),
-        w_o=spectral_norm(Wo),
+        w_q=spectral_norm_upper_bound(Wq),
+        w_k=expand_kv_heads(spectral_norm_upper_bound(Wk), n_head, -1),
+        w_v=expand_kv_heads(spectral_norm_upper_bound(Wv), n_head, -1),
+        w_o_head=spectral_norm_upper_bound(wo_heads),
+        w_o=spectral_norm_upper_bound(Wo),
         b_q=bias_norm(biases.q, Wq),
         b_k=expand_kv_heads(bias_norm(biases.k, Wk), n_head, -1),
     )
 
 
 def _phi(norms: ProjectionNorms, radius_l2: Tensor, rotary: RotaryConfig | None) -> Tensor:
-    """Φ_h for radius R (ℓ2 per token); radius ``[...]`` → ``[..., head]``."""
+    """Φ_h for radius R (ℓ2 per token), rounded up; radius ``[...]`` → ``[..., head]``."""
     R = radius_l2[..., None]
     key_bias = norms.b_k if rotary is not None else torch.zeros_like(norms.b_k)
-    score = norms.w_q * (norms.w_k * R + key_bias) + norms.w_k * (norms.w_q * R + norms.b_q)
-    return norms.w_v * R * score
+    key_radius = add_up(mul_up(norms.w_k, R), key_bias)
+    query_radius = add_up(mul_up(norms.w_q, R), norms.b_q)
+    score = add_up(mul_up(norms.w_q, key_radius), mul_up(norms.w_k, query_radius))
+    return mul_up(mul_up(norms.w_v, R), score)
 
 
 def _combine_heads(per_head: Tensor, w_o: Tensor, w_o_head: Tensor) -> Tensor:
-    """Best of ‖W_O‖ (Σ_h g_h²)^{1/2} and Σ_h ‖W_O^{(h)}‖ g_h over the last (head) axis (shapes broadcast)."""
-    stacked = w_o * torch.linalg.vector_norm(per_head, dim=-1)
-    blockwise = (w_o_head * per_head).sum(dim=-1)
+    """Best of ‖W_O‖ (Σ_h g_h²)^{1/2} and Σ_h ‖W_O^{(h)}‖ g_h over the last (head) axis (shapes broadcast),
+    each rounded up."""
+    stacked = mul_up(w_o, norm2_upper_bound(per_head, dim=-1))
+    blockwise = sum_upper_bound(mul_up(w_o_head, per_head), dim=-1)
     return torch.minimum(stacked, blockwise)
 
 
@@ -293,13 +297,14 @@ def mha_lipschitz_upper_bound(
     if bool((radius_rms < 0).any()):
         raise ConfigError(f"radius_rms must be ≥ 0, got {radius_rms}")
     norms = projection_norms(Wq, Wk, Wv, Wo, biases)
-    phi = _phi(norms, radius_rms * math.sqrt(d_model), rotary)
-    per_head = norms.w_v + phi / tau
+    phi = _phi(norms, mul_up(radius_rms, math.nextafter(math.sqrt(d_model), math.inf)), rotary)
+    sensitivity = div_up(phi, float(tau))
+    per_head = add_up(norms.w_v, sensitivity)
     return MHALipschitzBound(
         upper_bound=_combine_heads(per_head, norms.w_o, norms.w_o_head),
-        paper_form_upper_bound=norms.w_o * per_head.sum(dim=-1),
+        paper_form_upper_bound=mul_up(norms.w_o, sum_upper_bound(per_head, dim=-1)),
         value_term=norms.w_v,
-        sensitivity_term=phi / tau,
+        sensitivity_term=sensitivity,
         phi=phi,
         radius_rms=radius_rms,
         norms=norms,
