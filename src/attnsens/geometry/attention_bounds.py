@@ -27,7 +27,17 @@ bias). Heads combine through W_O: ‖dz_i‖ ≤ ‖W_O‖ Σ_h g_ih (the paper'
 ≤ V_i + Σ_h min(σ^θ_ih, σ^Σ_ih): V_i bounds the value part of all heads together (≤ Σ_h ‖W_O^{(h)} W_V^h‖),
 σ^θ_ih = (θ(p_i)/τ) s_i min_c max_j ‖W_O^{(h)}(v_j − c)‖ is the θ form above and σ^Σ_ih the key-sum form, which
 weighs every key by p_ij instead of taking the worst key (both derived in ``attention_terms``). Each is valid;
-the reported ``upper_bound`` is the max over rows of the smallest, rounded outward by ``EVALUATION_ALLOWANCE``.
+the reported ``upper_bound`` is the max over rows of the smallest.
+
+Rounding (``attnsens._rounding``). Every norm of a weight or bias is a certified upper bound and every product,
+quotient and sum of the final formulas is rounded up; the Lipschitz bound is rigorous in real arithmetic. The
+local bound is about the real softmax rows at X, which float64 can miss by far when scores are huge (a
+one-hot-looking row whose runner-up weight is off by a large factor): ``attention_terms.softmax_row_accuracy``
+bounds the ratio of the real to the float weights from the scores' magnitude (p ≤ (1 + η) p̂), refuses rows
+beyond a documented range with an InputError, and θ, the value part and the key-sum form are enlarged by
+exactly what that ratio allows (``real_row_theta_upper_bound``, ``key_sum_weight_correction``). The float64
+evaluation of the remaining per-row terms (distances, the gain and output factors, C_i's norm) is covered by the
+relative ``EVALUATION_ALLOWANCE``.
 Grouped-query attention changes nothing: each query head reads its own (shared) W_K^g, W_V^g.
 The operator maps d_model → d_model tokens, so its value is the same in the RMS and ℓ2 block conventions.
 """
@@ -49,7 +59,7 @@ from attnsens.geometry.attention import (
     expand_kv_heads,
     mha_forward,
 )
-from attnsens.geometry.norms import Geometry, block_l2_norm, check_geometry
+from attnsens.geometry.norms import Geometry, check_geometry
 from attnsens.models.weights import RotaryConfig
 
 EVALUATION_ALLOWANCE = 1.0 + 2.0**-36
@@ -203,8 +213,10 @@ def mha_local_jacobian_upper_bound(
         rotary=rotary,
     )
     norms = projection_norms(Wq, Wk, Wv, Wo, biases)
-    theta_upper = certify(fwd.probabilities, dim=-1).upper.to(torch.float64)  # [batch, head, query]
     allowed = fwd.allowed.expand_as(fwd.probabilities)
+    eta, small_mass = T.softmax_row_accuracy(X, Wq, Wk, biases.q, biases.k, fwd.probabilities, allowed, tau)
+    stored_theta = certify(fwd.probabilities, dim=-1).upper.to(torch.float64)  # [batch, head, query]
+    theta_upper = T.real_row_theta_upper_bound(fwd.probabilities, stored_theta, eta, small_mass)
     n_head = Wq.shape[-3]
 
     value_centre_bias = (
@@ -229,8 +241,8 @@ def mha_local_jacobian_upper_bound(
         T.score_spread(fwd, key_mean, gain_q, query_norms, allowed, rotations),
         T.score_spread(fwd, key_centre, gain_q, query_norms, allowed, rotations),
     )
-    sensitivity_rate = theta_upper / tau * score_spread  # bounds ‖dp_i‖₁ per unit ‖dX‖
-    per_row_head = norms.w_v[..., None] + sensitivity_rate * value_spread  # [batch, head, query]
+    sensitivity_rate = mul_up(div_up(theta_upper, float(tau)), score_spread)  # bounds ‖dp_i‖₁ per unit ‖dX‖
+    per_row_head = add_up(mul_up(sensitivity_rate, value_spread), norms.w_v[..., None])  # [batch, head, query]
     row_bound = _combine_heads(per_row_head.transpose(-1, -2), norms.w_o[..., None], norms.w_o_head[..., None, :])
 
     # W_O applied per head before norms are taken: value part of all heads together, and per head the better
@@ -238,19 +250,28 @@ def mha_local_jacobian_upper_bound(
     Wo_batched = _per_sequence(Wo, batch, 2)
     out_factor = T.output_factor(Wo_batched, n_head)
     outputs, distances = T.projected_values(fwd, out_factor)
-    theta_form = sensitivity_rate * T.output_spread(outputs, distances, out_factor, f64["v"], allowed)
-    key_sum_form = T.key_sum_sensitivity(fwd, distances, out_factor, gain_q, query_norms, rotations) / tau
+    theta_form = mul_up(sensitivity_rate, T.output_spread(outputs, distances, out_factor, f64["v"], allowed))
+    key_sum = T.key_sum_sensitivity(fwd, distances, out_factor, gain_q, query_norms, rotations)
+    key_sum = add_up(
+        mul_up(key_sum, add_up(eta, 1.0)),
+        T.key_sum_weight_correction(fwd, distances, score_spread, norms.w_o_head, eta, small_mass, allowed),
+    )
+    key_sum_form = div_up(key_sum, float(tau))
     head_value, joint_value = T.value_path_norms(_per_sequence(Wv, batch, 3), Wo_batched, out_factor)
-    value_part = T.joint_value_path(fwd.probabilities, head_value, joint_value)
-    projected = value_part + torch.minimum(theta_form, key_sum_form).sum(dim=-2)
+    # The value part weighs keys by p̂; the real weights differ by at most (η + m) per head and key in total.
+    value_part = add_up(
+        T.joint_value_path(fwd.probabilities, head_value, joint_value),
+        sum_upper_bound(mul_up(head_value[..., None], add_up(eta, small_mass)), dim=-2),
+    )
+    projected = add_up(value_part, sum_upper_bound(torch.minimum(theta_form, key_sum_form), dim=-2))
     # Both forms can be attained exactly (one-hot rows), so the float64 evaluation is rounded outward.
-    row_bound = torch.minimum(row_bound, projected) * EVALUATION_ALLOWANCE
+    row_bound = mul_up(torch.minimum(row_bound, projected), EVALUATION_ALLOWANCE)
 
-    radius_l2 = block_l2_norm(X.to(torch.float64))
+    radius_l2 = norm2_upper_bound(X, dim=-1).amax(dim=-1)
     phi = _phi(norms, radius_l2, rotary)
     theta_tilde = theta_upper.amax(dim=-1)
-    sensitivity = theta_tilde * phi / tau
-    paper_form = norms.w_o * (norms.w_v + sensitivity).sum(dim=-1)
+    sensitivity = div_up(mul_up(theta_tilde, phi), float(tau))
+    paper_form = mul_up(norms.w_o, sum_upper_bound(add_up(norms.w_v, sensitivity), dim=-1))
     radius = radius_l2 / math.sqrt(X.shape[-1]) if geometry == "rms" else radius_l2
     return MHALocalJacobianBound(
         upper_bound=row_bound.amax(dim=-1),
