@@ -112,8 +112,8 @@ def sqrt_up(x: Tensor) -> Tensor:
 
 
 def sqrt_down(x: Tensor) -> Tensor:
-    """≤ √x for x ≥ 0 (0 stays 0)."""
-    return round_down(torch.sqrt(x)).clamp_min(0.0)
+    """≤ √x for x ≥ 0 (0 stays 0; a lower bound rounded just below 0 counts as 0)."""
+    return round_down(torch.sqrt(x.clamp_min(0.0))).clamp_min(0.0)
 
 
 def square_up(x: Tensor) -> Tensor:
@@ -161,6 +161,18 @@ def spectral_norm_upper_bound(W: Tensor) -> Tensor:
     True
     """
     W = W.to(torch.float64)
+    # A power-of-two scale to max |W_ij| ≈ 1 keeps every square away from underflow and overflow; it is exact unless
+    # it flushes tiny entries, which the round trip detects (then the matrix is used as it is).
+    peak = W.abs().amax(dim=(-2, -1), keepdim=True)
+    _, exponent = torch.frexp(torch.where(peak > 0, peak, torch.ones_like(peak)))
+    scale = torch.ldexp(torch.ones_like(peak), -exponent)
+    scaled = W * scale
+    if not bool((scaled / scale == W).all()):
+        scale, scaled = torch.ones_like(peak), W
+    return mul_up(_spectral_norm_upper_bound_unscaled(scaled), 1.0 / scale[..., 0, 0])
+
+
+def _spectral_norm_upper_bound_unscaled(W: Tensor) -> Tensor:
     k = max(W.shape[-1], W.shape[-2])
     gram = W @ W.transpose(-1, -2) if W.shape[-2] <= W.shape[-1] else W.transpose(-1, -2) @ W
     m = gram.shape[-1]
