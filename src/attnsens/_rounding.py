@@ -34,7 +34,11 @@ var(x) = mean((x − c)²) − (mean(x) − c)², so a float mean only costs the
 
 from __future__ import annotations
 
+import functools
 import math
+import weakref
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -42,17 +46,20 @@ from torch import Tensor
 UNIT_ROUNDOFF = 2.0**-53
 """u: half the distance from 1 to the next float64."""
 
+T = TypeVar("T")
+
 
 def round_up(x: Tensor) -> Tensor:
-    """The next float64 above x (≥ the real result of the operation that produced x; rule 1)."""
-    return torch.nextafter(x, torch.full_like(x, math.inf))
+    """The next float above x (≥ the real result of the operation that produced x; rule 1)."""
+    return torch.nextafter(x, x.new_tensor(math.inf))
 
 
 def round_down(x: Tensor) -> Tensor:
-    """The next float64 below x (≤ the real result of the operation that produced x; rule 1)."""
-    return torch.nextafter(x, torch.full_like(x, -math.inf))
+    """The next float below x (≤ the real result of the operation that produced x; rule 1)."""
+    return torch.nextafter(x, x.new_tensor(-math.inf))
 
 
+@functools.lru_cache(maxsize=1024)
 def gamma(k: int) -> float:
     """γ_k = k·u/(1 − k·u), rounded up (Higham's constant for k roundings); requires k·u < 2^-20."""
     k = max(int(k), 1)
@@ -160,6 +167,32 @@ def spectral_norm_upper_bound(W: Tensor) -> Tensor:
     >>> float(spectral_norm_upper_bound(torch.tensor([[3.0, 0.0], [0.0, 4.0]]))) >= 4.0
     True
     """
+    return cached_on((W,), "spectral_norm_upper_bound", lambda: _spectral_norm_upper_bound_scaled(W))
+
+
+def cached_on(tensors: tuple[Tensor, ...], tag: str, compute: Callable[[], T]) -> T:
+    """compute(), remembered for these tensors: a function of weight matrices that one model's bounds need several
+    times. The key is each tensor (or the tensor a view reads) with the view's layout; a hit requires every such
+    tensor to be the same live object (weak reference) at the same in-place version, so a changed or new tensor is
+    always recomputed."""
+    bases = [t if t._base is None else t._base for t in tensors]
+    key = (tag, *((id(b), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t.device)
+                  for b, t in zip(bases, tensors, strict=True)))  # fmt: skip
+    hit = _CACHE.get(key)
+    if hit is not None and all(r() is b and v == b._version for (r, v), b in zip(hit[0], bases, strict=True)):
+        return hit[1]
+    value = compute()
+    if len(_CACHE) >= _CACHE_SIZE:
+        _CACHE.pop(next(iter(_CACHE)))
+    _CACHE[key] = ([(weakref.ref(b), b._version) for b in bases], value)
+    return value
+
+
+_CACHE: dict[tuple, tuple[list, object]] = {}
+_CACHE_SIZE = 4096
+
+
+def _spectral_norm_upper_bound_scaled(W: Tensor) -> Tensor:
     W = W.to(torch.float64)
     # A power-of-two scale to max |W_ij| ≈ 1 keeps every square away from underflow and overflow; it is exact unless
     # it flushes tiny entries, which the round trip detects (then the matrix is used as it is).

@@ -32,10 +32,18 @@ import math
 import torch
 from torch import Tensor
 
-from attnsens._rounding import add_up, gamma, mul_up, norm2_upper_bound, round_up, sum_upper_bound
+from attnsens._rounding import (
+    add_up,
+    cached_on,
+    gamma,
+    mul_up,
+    norm2_upper_bound,
+    round_up,
+    spectral_norm_upper_bound,
+    sum_upper_bound,
+)
 from attnsens.errors import InputError
 from attnsens.geometry.attention import AttentionForward, apply_rotary, expand_kv_heads
-from attnsens.geometry.norms import spectral_norm
 from attnsens.models.weights import RotaryConfig
 
 CHUNK_ELEMENTS = 1 << 22
@@ -179,11 +187,16 @@ def joint_value_path(P: Tensor, head_norms: Tensor, joint_norm: Tensor) -> Tenso
 def value_path_norms(Wv: Tensor, Wo: Tensor, out_factor: Tensor) -> tuple[Tensor, Tensor]:
     """(‖W_O^(h) W_V^h‖ ``[b, head]``, ‖Σ_h W_O^(h) W_V^h‖ ``[b]``) for weights ``[b, kv_head, d_head, d_model]``,
     ``[b, d_model, head·d_head]``."""
-    n_head = out_factor.shape[1]
-    values = expand_kv_heads(Wv.to(torch.float64), n_head, -3)
-    per_head = spectral_norm(out_factor @ values)
-    joint = spectral_norm(Wo.to(torch.float64) @ values.flatten(-3, -2))
-    return per_head, joint
+
+    def compute() -> tuple[Tensor, Tensor]:
+        n_head = out_factor.shape[1]
+        values = expand_kv_heads(Wv.to(torch.float64), n_head, -3)
+        per_head = spectral_norm_upper_bound(out_factor @ values)
+        joint = spectral_norm_upper_bound(Wo.to(torch.float64) @ values.flatten(-3, -2))
+        return per_head, joint
+
+    # out_factor is a function of Wo, so the weights alone determine the result
+    return cached_on((Wv, Wo), f"value_path_norms:{out_factor.shape[1]}", compute)
 
 
 SOFTMAX_ACCURACY_LIMIT = 2.0**-21
