@@ -191,7 +191,11 @@ def mha_local_jacobian_upper_bound(
 
     Returns:
         ``MHALocalJacobianBound``: certified upper bounds of the Jacobian's block-∞ operator norm at X
-        (MATH.md T4/T5, θ̃_h = max over rows of the θ certificate's upper end), float64.
+        (MATH.md T4/T5, θ̃_h = max over rows of an upper bound of the real softmax row's θ), float64.
+
+    Raises:
+        InputError: scores too large for the float64 softmax rows to be certified (about ‖A_q‖‖A_k‖/τ beyond
+            2^28/(d_model + d_head), ``attention_terms.softmax_row_accuracy``).
     """
     from attnsens.theta import certify
 

@@ -39,8 +39,9 @@ def pre_ln_expansion_remainder_upper_bound(branch_norm_upper_bounds: Tensor) -> 
         ``[...]`` float64 certified bound of the second-and-higher-order remainder (MATH.md T8), every operation
         rounded up (``attnsens._rounding``).
 
-    >>> float(pre_ln_expansion_remainder_upper_bound(torch.tensor([1.0, 1.0])))  # (2·2) − 1 − 2
-    1.0
+    >>> bound = float(pre_ln_expansion_remainder_upper_bound(torch.tensor([1.0, 1.0])))  # (2·2) − 1 − 2 = 1
+    >>> 1.0 <= bound < 1.0 + 2**-48  # rounded up, a few ulps above the exact value
+    True
     """
     b = branch_norm_upper_bounds.to(torch.float64)
     if bool((b < 0).any()):
