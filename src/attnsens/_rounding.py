@@ -49,14 +49,19 @@ UNIT_ROUNDOFF = 2.0**-53
 T = TypeVar("T")
 
 
+@functools.lru_cache(maxsize=64)
+def _infinity(sign: float, dtype: torch.dtype, device: torch.device) -> Tensor:
+    return torch.tensor(sign * math.inf, dtype=dtype, device=device)
+
+
 def round_up(x: Tensor) -> Tensor:
     """The next float above x (≥ the real result of the operation that produced x; rule 1)."""
-    return torch.nextafter(x, x.new_tensor(math.inf))
+    return torch.nextafter(x, _infinity(1.0, x.dtype, x.device))
 
 
 def round_down(x: Tensor) -> Tensor:
     """The next float below x (≤ the real result of the operation that produced x; rule 1)."""
-    return torch.nextafter(x, x.new_tensor(-math.inf))
+    return torch.nextafter(x, _infinity(-1.0, x.dtype, x.device))
 
 
 @functools.lru_cache(maxsize=1024)
