@@ -27,7 +27,17 @@ bias). Heads combine through W_O: ‖dz_i‖ ≤ ‖W_O‖ Σ_h g_ih (the paper'
 ≤ V_i + Σ_h min(σ^θ_ih, σ^Σ_ih): V_i bounds the value part of all heads together (≤ Σ_h ‖W_O^{(h)} W_V^h‖),
 σ^θ_ih = (θ(p_i)/τ) s_i min_c max_j ‖W_O^{(h)}(v_j − c)‖ is the θ form above and σ^Σ_ih the key-sum form, which
 weighs every key by p_ij instead of taking the worst key (both derived in ``attention_terms``). Each is valid;
-the reported ``upper_bound`` is the max over rows of the smallest, rounded outward by ``EVALUATION_ALLOWANCE``.
+the reported ``upper_bound`` is the max over rows of the smallest.
+
+Rounding (``attnsens._rounding``). Every norm of a weight or bias is a certified upper bound and every product,
+quotient and sum of the final formulas is rounded up; the Lipschitz bound is rigorous in real arithmetic. The
+local bound is about the real softmax rows at X, which float64 can miss by far when scores are huge (a
+one-hot-looking row whose runner-up weight is off by a large factor): ``attention_terms.softmax_row_accuracy``
+bounds the ratio of the real to the float weights from the scores' magnitude (p ≤ (1 + η) p̂), refuses rows
+beyond a documented range with an InputError, and θ, the value part and the key-sum form are enlarged by
+exactly what that ratio allows (``real_row_theta_upper_bound``, ``key_sum_weight_correction``). The float64
+evaluation of the remaining per-row terms (distances, the gain and output factors, C_i's norm) is covered by the
+relative ``EVALUATION_ALLOWANCE``.
 Grouped-query attention changes nothing: each query head reads its own (shared) W_K^g, W_V^g.
 The operator maps d_model → d_model tokens, so its value is the same in the RMS and ℓ2 block conventions.
 """
@@ -40,6 +50,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from attnsens._rounding import add_up, div_up, mul_up, norm2_upper_bound, spectral_norm_upper_bound, sum_upper_bound
 from attnsens.errors import ConfigError, ShapeError
 from attnsens.geometry import attention_terms as T
 from attnsens.geometry.attention import (
@@ -48,7 +59,7 @@ from attnsens.geometry.attention import (
     expand_kv_heads,
     mha_forward,
 )
-from attnsens.geometry.norms import Geometry, block_l2_norm, check_geometry, spectral_norm
+from attnsens.geometry.norms import Geometry, check_geometry
 from attnsens.models.weights import RotaryConfig
 
 EVALUATION_ALLOWANCE = 1.0 + 2.0**-36
@@ -58,8 +69,8 @@ distances, sums; a few hundred ulps at most) and is invisible at any printed pre
 
 @dataclass(frozen=True, kw_only=True)
 class ProjectionNorms:
-    """Spectral norms (float64) per query head: w_q, w_k, w_v, w_o_head ``[head]``; w_o scalar; bias norms
-    b_q, b_k ``[head]`` (zeros when absent)."""
+    """Certified upper bounds (float64, ``attnsens._rounding``) of the spectral norms per query head: w_q, w_k, w_v,
+    w_o_head ``[head]``; w_o scalar; of the bias norms b_q, b_k ``[head]`` (zeros when absent)."""
 
     w_q: Tensor
     w_k: Tensor
@@ -112,7 +123,7 @@ class MHALipschitzBound:
 def projection_norms(
     Wq: Tensor, Wk: Tensor, Wv: Tensor, Wo: Tensor, biases: AttentionBiases | None = None
 ) -> ProjectionNorms:
-    """Spectral norms of every head's projections (key/value heads repeated per query head, GQA)."""
+    """Certified upper bounds of every head's projection norms (key/value heads repeated per query head, GQA)."""
     biases = biases or AttentionBiases()
     n_head, d_head, _ = Wq.shape[-3:]
     wo_heads = Wo.reshape(*Wo.shape[:-1], n_head, d_head).movedim(-2, -3)  # [..., head, d_model, d_head]
@@ -120,31 +131,34 @@ def projection_norms(
     def bias_norm(b: Tensor | None, like: Tensor) -> Tensor:
         if b is None:
             return torch.zeros(like.shape[:-2], dtype=torch.float64, device=like.device)
-        return torch.linalg.vector_norm(b.to(torch.float64), dim=-1)
+        return norm2_upper_bound(b, dim=-1)
 
     return ProjectionNorms(
-        w_q=spectral_norm(Wq),
-        w_k=expand_kv_heads(spectral_norm(Wk), n_head, -1),
-        w_v=expand_kv_heads(spectral_norm(Wv), n_head, -1),
-        w_o_head=spectral_norm(wo_heads),
-        w_o=spectral_norm(Wo),
+        w_q=spectral_norm_upper_bound(Wq),
+        w_k=expand_kv_heads(spectral_norm_upper_bound(Wk), n_head, -1),
+        w_v=expand_kv_heads(spectral_norm_upper_bound(Wv), n_head, -1),
+        w_o_head=spectral_norm_upper_bound(wo_heads),
+        w_o=spectral_norm_upper_bound(Wo),
         b_q=bias_norm(biases.q, Wq),
         b_k=expand_kv_heads(bias_norm(biases.k, Wk), n_head, -1),
     )
 
 
 def _phi(norms: ProjectionNorms, radius_l2: Tensor, rotary: RotaryConfig | None) -> Tensor:
-    """Φ_h for radius R (ℓ2 per token); radius ``[...]`` → ``[..., head]``."""
+    """Φ_h for radius R (ℓ2 per token), rounded up; radius ``[...]`` → ``[..., head]``."""
     R = radius_l2[..., None]
     key_bias = norms.b_k if rotary is not None else torch.zeros_like(norms.b_k)
-    score = norms.w_q * (norms.w_k * R + key_bias) + norms.w_k * (norms.w_q * R + norms.b_q)
-    return norms.w_v * R * score
+    key_radius = add_up(mul_up(norms.w_k, R), key_bias)
+    query_radius = add_up(mul_up(norms.w_q, R), norms.b_q)
+    score = add_up(mul_up(norms.w_q, key_radius), mul_up(norms.w_k, query_radius))
+    return mul_up(mul_up(norms.w_v, R), score)
 
 
 def _combine_heads(per_head: Tensor, w_o: Tensor, w_o_head: Tensor) -> Tensor:
-    """Best of ‖W_O‖ (Σ_h g_h²)^{1/2} and Σ_h ‖W_O^{(h)}‖ g_h over the last (head) axis (shapes broadcast)."""
-    stacked = w_o * torch.linalg.vector_norm(per_head, dim=-1)
-    blockwise = (w_o_head * per_head).sum(dim=-1)
+    """Best of ‖W_O‖ (Σ_h g_h²)^{1/2} and Σ_h ‖W_O^{(h)}‖ g_h over the last (head) axis (shapes broadcast),
+    each rounded up."""
+    stacked = mul_up(w_o, norm2_upper_bound(per_head, dim=-1))
+    blockwise = sum_upper_bound(mul_up(w_o_head, per_head), dim=-1)
     return torch.minimum(stacked, blockwise)
 
 
@@ -177,7 +191,11 @@ def mha_local_jacobian_upper_bound(
 
     Returns:
         ``MHALocalJacobianBound``: certified upper bounds of the Jacobian's block-∞ operator norm at X
-        (docs/math.md T4/T5, θ̃_h = max over rows of the θ certificate's upper end), float64.
+        (docs/math.md T4/T5, θ̃_h = max over rows of an upper bound of the real softmax row's θ), float64.
+
+    Raises:
+        InputError: scores too large for the float64 softmax rows to be certified (about ‖A_q‖‖A_k‖/τ beyond
+            2^28/(d_model + d_head), ``attention_terms.softmax_row_accuracy``).
     """
     from attnsens.theta import certify
 
@@ -199,8 +217,10 @@ def mha_local_jacobian_upper_bound(
         rotary=rotary,
     )
     norms = projection_norms(Wq, Wk, Wv, Wo, biases)
-    theta_upper = certify(fwd.probabilities, dim=-1).upper.to(torch.float64)  # [batch, head, query]
     allowed = fwd.allowed.expand_as(fwd.probabilities)
+    eta, small_mass = T.softmax_row_accuracy(X, Wq, Wk, biases.q, biases.k, fwd.probabilities, allowed, tau)
+    stored_theta = certify(fwd.probabilities, dim=-1).upper.to(torch.float64)  # [batch, head, query]
+    theta_upper = T.real_row_theta_upper_bound(fwd.probabilities, stored_theta, eta, small_mass)
     n_head = Wq.shape[-3]
 
     value_centre_bias = (
@@ -225,8 +245,8 @@ def mha_local_jacobian_upper_bound(
         T.score_spread(fwd, key_mean, gain_q, query_norms, allowed, rotations),
         T.score_spread(fwd, key_centre, gain_q, query_norms, allowed, rotations),
     )
-    sensitivity_rate = theta_upper / tau * score_spread  # bounds ‖dp_i‖₁ per unit ‖dX‖
-    per_row_head = norms.w_v[..., None] + sensitivity_rate * value_spread  # [batch, head, query]
+    sensitivity_rate = mul_up(div_up(theta_upper, float(tau)), score_spread)  # bounds ‖dp_i‖₁ per unit ‖dX‖
+    per_row_head = add_up(mul_up(sensitivity_rate, value_spread), norms.w_v[..., None])  # [batch, head, query]
     row_bound = _combine_heads(per_row_head.transpose(-1, -2), norms.w_o[..., None], norms.w_o_head[..., None, :])
 
     # W_O applied per head before norms are taken: value part of all heads together, and per head the better
@@ -234,19 +254,28 @@ def mha_local_jacobian_upper_bound(
     Wo_batched = _per_sequence(Wo, batch, 2)
     out_factor = T.output_factor(Wo_batched, n_head)
     outputs, distances = T.projected_values(fwd, out_factor)
-    theta_form = sensitivity_rate * T.output_spread(outputs, distances, out_factor, f64["v"], allowed)
-    key_sum_form = T.key_sum_sensitivity(fwd, distances, out_factor, gain_q, query_norms, rotations) / tau
+    theta_form = mul_up(sensitivity_rate, T.output_spread(outputs, distances, out_factor, f64["v"], allowed))
+    key_sum = T.key_sum_sensitivity(fwd, distances, out_factor, gain_q, query_norms, rotations)
+    key_sum = add_up(
+        mul_up(key_sum, add_up(eta, 1.0)),
+        T.key_sum_weight_correction(fwd, distances, score_spread, norms.w_o_head, eta, small_mass, allowed),
+    )
+    key_sum_form = div_up(key_sum, float(tau))
     head_value, joint_value = T.value_path_norms(_per_sequence(Wv, batch, 3), Wo_batched, out_factor)
-    value_part = T.joint_value_path(fwd.probabilities, head_value, joint_value)
-    projected = value_part + torch.minimum(theta_form, key_sum_form).sum(dim=-2)
+    # The value part weighs keys by p̂; the real weights differ by at most (η + m) per head and key in total.
+    value_part = add_up(
+        T.joint_value_path(fwd.probabilities, head_value, joint_value),
+        sum_upper_bound(mul_up(head_value[..., None], add_up(eta, small_mass)), dim=-2),
+    )
+    projected = add_up(value_part, sum_upper_bound(torch.minimum(theta_form, key_sum_form), dim=-2))
     # Both forms can be attained exactly (one-hot rows), so the float64 evaluation is rounded outward.
-    row_bound = torch.minimum(row_bound, projected) * EVALUATION_ALLOWANCE
+    row_bound = mul_up(torch.minimum(row_bound, projected), EVALUATION_ALLOWANCE)
 
-    radius_l2 = block_l2_norm(X.to(torch.float64))
+    radius_l2 = norm2_upper_bound(X, dim=-1).amax(dim=-1)
     phi = _phi(norms, radius_l2, rotary)
     theta_tilde = theta_upper.amax(dim=-1)
-    sensitivity = theta_tilde * phi / tau
-    paper_form = norms.w_o * (norms.w_v + sensitivity).sum(dim=-1)
+    sensitivity = div_up(mul_up(theta_tilde, phi), float(tau))
+    paper_form = mul_up(norms.w_o, sum_upper_bound(add_up(norms.w_v, sensitivity), dim=-1))
     radius = radius_l2 / math.sqrt(X.shape[-1]) if geometry == "rms" else radius_l2
     return MHALocalJacobianBound(
         upper_bound=row_bound.amax(dim=-1),
@@ -293,13 +322,14 @@ def mha_lipschitz_upper_bound(
     if bool((radius_rms < 0).any()):
         raise ConfigError(f"radius_rms must be ≥ 0, got {radius_rms}")
     norms = projection_norms(Wq, Wk, Wv, Wo, biases)
-    phi = _phi(norms, radius_rms * math.sqrt(d_model), rotary)
-    per_head = norms.w_v + phi / tau
+    phi = _phi(norms, mul_up(radius_rms, math.nextafter(math.sqrt(d_model), math.inf)), rotary)
+    sensitivity = div_up(phi, float(tau))
+    per_head = add_up(norms.w_v, sensitivity)
     return MHALipschitzBound(
         upper_bound=_combine_heads(per_head, norms.w_o, norms.w_o_head),
-        paper_form_upper_bound=norms.w_o * per_head.sum(dim=-1),
+        paper_form_upper_bound=mul_up(norms.w_o, sum_upper_bound(per_head, dim=-1)),
         value_term=norms.w_v,
-        sensitivity_term=phi / tau,
+        sensitivity_term=sensitivity,
         phi=phi,
         radius_rms=radius_rms,
         norms=norms,

@@ -27,11 +27,23 @@ Norms of maps into a head's output go through R_O^(h), the triangular factor of 
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
+from attnsens._rounding import (
+    add_up,
+    cached_on,
+    gamma,
+    mul_up,
+    norm2_upper_bound,
+    round_up,
+    spectral_norm_upper_bound,
+    sum_upper_bound,
+)
+from attnsens.errors import InputError
 from attnsens.geometry.attention import AttentionForward, apply_rotary, expand_kv_heads
-from attnsens.geometry.norms import spectral_norm
 from attnsens.models.weights import RotaryConfig
 
 CHUNK_ELEMENTS = 1 << 22
@@ -175,8 +187,90 @@ def joint_value_path(P: Tensor, head_norms: Tensor, joint_norm: Tensor) -> Tenso
 def value_path_norms(Wv: Tensor, Wo: Tensor, out_factor: Tensor) -> tuple[Tensor, Tensor]:
     """(‖W_O^(h) W_V^h‖ ``[b, head]``, ‖Σ_h W_O^(h) W_V^h‖ ``[b]``) for weights ``[b, kv_head, d_head, d_model]``,
     ``[b, d_model, head·d_head]``."""
-    n_head = out_factor.shape[1]
-    values = expand_kv_heads(Wv.to(torch.float64), n_head, -3)
-    per_head = spectral_norm(out_factor @ values)
-    joint = spectral_norm(Wo.to(torch.float64) @ values.flatten(-3, -2))
-    return per_head, joint
+
+    def compute() -> tuple[Tensor, Tensor]:
+        n_head = out_factor.shape[1]
+        values = expand_kv_heads(Wv.to(torch.float64), n_head, -3)
+        per_head = spectral_norm_upper_bound(out_factor @ values)
+        joint = spectral_norm_upper_bound(Wo.to(torch.float64) @ values.flatten(-3, -2))
+        return per_head, joint
+
+    # out_factor is a function of Wo, so the weights alone determine the result
+    return cached_on((Wv, Wo), f"value_path_norms:{out_factor.shape[1]}", compute)
+
+
+SOFTMAX_ACCURACY_LIMIT = 2.0**-21
+"""Largest accepted log-ratio bound ζ between the real and the float64 softmax weights (``softmax_row_accuracy``)."""
+
+
+def softmax_row_accuracy(
+    X: Tensor, Wq: Tensor, Wk: Tensor, b_q: Tensor | None, b_k: Tensor | None, P: Tensor, allowed: Tensor, tau: float
+) -> tuple[Tensor, Tensor]:
+    """(η, m) per row ``[b, h, query]``: p_j ≤ (1 + η) p̂_j for every key with p̂_j ≥ 2^-1000 and Σ p_j ≤ m over
+    the other allowed keys, where p is the real-arithmetic softmax row at X and p̂ the float64 one.
+
+    Score error: with A_q = |W_Q||x_i| + |b_Q| and A_k = |W_K||x_j| + |b_K| (entrywise), the float q, k are within
+    γ_{d+1} A of the real ones, RoPE keeps ℓ2 norms (its own rounding ≤ γ_3 per coordinate), and the score and
+    the softmax's shift by the row maximum add γ_{d_head} ‖q‖‖k‖ and 2u|û|: altogether |û_ij − u_ij| ≤ δ_i :=
+    16 γ_{d+d_head+8} ‖A_q,i‖ max_j ‖A_k,j‖/τ (a factor 4 above the sum of these terms). exp, the row sum and the
+    division add a relative γ_{n+8}, so p_j/p̂_j ∈ [e^-ζ, e^ζ] with ζ = 2δ_i + γ_{n+8}, η = 2ζ ≥ e^ζ − 1. Keys whose
+    p̂_j < 2^-1000 (underflow) hold real mass at most 2^-990 each. Rows with ζ > ``SOFTMAX_ACCURACY_LIMIT``
+    (about ‖A_q‖‖A_k‖/τ > 2^28/(d + d_head)) raise InputError: their float64 rows are not certified.
+    """
+    n_head, d_head, d_model = Wq.shape[-3:]
+    x_abs = X.to(torch.float64).abs()
+    a_q = torch.einsum("...hed,...qd->...hqe", Wq.to(torch.float64).abs(), x_abs)
+    a_k = torch.einsum("...hed,...kd->...hke", expand_kv_heads(Wk.to(torch.float64).abs(), n_head, -3), x_abs)
+    if b_q is not None:
+        a_q = a_q + b_q.to(torch.float64).abs()[..., :, None, :]
+    if b_k is not None:
+        a_k = a_k + expand_kv_heads(b_k.to(torch.float64).abs(), n_head, -2)[..., :, None, :]
+    magnitude = mul_up(norm2_upper_bound(a_q), norm2_upper_bound(a_k).amax(dim=-1, keepdim=True))
+    rate = math.nextafter(16.0 * gamma(d_model + d_head + 8) / tau, math.inf)
+    zeta = add_up(mul_up(mul_up(magnitude, rate), 2.0), gamma(P.shape[-1] + 8))
+    worst = float(zeta.max()) if zeta.numel() else 0.0
+    if not worst <= SOFTMAX_ACCURACY_LIMIT:
+        raise InputError(
+            f"attention scores too large for a certified float64 softmax: the score bound ‖A_q‖‖A_k‖/τ reaches "
+            f"{float(magnitude.max()) / tau:.3g} (τ = {tau:g}), so the real and float64 weights may differ by a "
+            f"factor e^{worst:.3g}, beyond the certified e^{SOFTMAX_ACCURACY_LIMIT:.3g} (about "
+            f"‖A_q‖‖A_k‖/τ ≤ {2.0**28 / (d_model + d_head):.3g}); rescale the inputs or biases, or raise τ"
+        )
+    eta = mul_up(zeta, 2.0)
+    underflowed = (allowed & (P < 2.0**-1000)).sum(dim=-1).to(torch.float64)
+    return eta, underflowed * 2.0**-990
+
+
+def real_row_theta_upper_bound(P: Tensor, theta_upper: Tensor, eta: Tensor, small_mass: Tensor) -> Tensor:
+    """≥ θ(p) of the real softmax row p from the float row p̂ (``softmax_row_accuracy``), ``[b, h, query]``.
+
+    θ(p) = 4 max_S p(S) p(Sᶜ) (Σ p = 1). Split p into the keys with p̂ ≥ 2^-1000, where p ≤ (1 + η) p̂, and the
+    rest, of mass ≤ m: 4 p(S) p(Sᶜ) ≤ (1 + η)² 4 p̂(S) p̂(Sᶜ) + 8m, and 4 p̂(S) p̂(Sᶜ) = ŝ² − 4 (p̂(S) − ŝ/2)² ≤
+    θ̂ + ŝ (ŝ − 1) with θ̂ ≤ ``theta_upper`` the certificate of the stored row (sum ŝ). ŝ − 1 is bounded from the
+    largest weight and the sum of the others, so a one-hot row keeps its tiny θ.
+    """
+    p_max, top = P.max(dim=-1, keepdim=True)
+    others = sum_upper_bound(P.scatter(-1, top, 0.0))
+    excess = add_up(round_up(p_max[..., 0] - 1.0), others).clamp_min(0.0)
+    stored = add_up(theta_upper, mul_up(add_up(excess, 1.0), excess))
+    factor = mul_up(add_up(eta, 1.0), add_up(eta, 1.0))
+    return add_up(mul_up(factor, stored), mul_up(small_mass, 8.0))
+
+
+def key_sum_weight_correction(
+    fwd: AttentionForward, distances: Tensor, score_spread: Tensor, w_o_head: Tensor, eta: Tensor, small_mass: Tensor,
+    allowed: Tensor,
+) -> Tensor:  # fmt: skip
+    """τ × the amount by which the key-sum form at the real row p may exceed its value at the float row p̂,
+    ``[b, h, query]``: 2 s_i (3 (η + m) D_i + e_i), D_i = max_m ‖W_O^(h)(v_m − ŷ_i)‖, e_i = 2 γ_{n+2} ‖W_O^(h)‖
+    max_m ‖v_m‖ ≥ ‖W_O^(h)(Σ_m p̂_m v_m − ŷ_i)‖ (``softmax_row_accuracy`` gives η, m).
+
+    With y = Σ p_m v_m: ‖W_O^(h)(y − ŷ)‖ ≤ e_i + (η + m) D_i; the key term gains at most
+    (η + m) D_i a_max + (that) a_max and C_i at most (η + m) D_i K + (that) K, with a_max, K ≤ s_i.
+    """
+    d_max = distances.masked_fill(~allowed, 0.0).amax(dim=-1)
+    value_norms = torch.linalg.vector_norm(fwd.values, dim=-1)  # [b, h, key]
+    value_max = value_norms[..., None, :].masked_fill(~allowed, 0.0).amax(dim=-1)
+    e = mul_up(mul_up(value_max, w_o_head[..., None]), 2.0 * gamma(fwd.probabilities.shape[-1] + 2) * (1 + 2.0**-30))
+    weights = add_up(eta, small_mass)
+    return mul_up(mul_up(score_spread, 2.0), add_up(mul_up(mul_up(weights, d_max), 3.0), e))

@@ -21,6 +21,9 @@ Block bounds. Norm outputs lie in a ball independent of the input (v1 Lemma 3.3,
 Lip(block) ≤ (1 + Lip(N₁) L_MHA(R₁))(1 + Lip(N₂) L_FFN(R₂)) with Lip(N) = ‖γ‖_∞/√ε globally. The σ_min variant
 of T7 is not a Lipschitz constant (the set {σ(x) ≥ σ_min} is not convex); it is used here only in local Jacobian
 bounds at actual inputs, where ‖J_N(x)‖ ≤ ‖γ‖_∞/σ(x) per token is certified.
+
+Every certified number here is evaluated with ``attnsens._rounding``: spectral norms and row norms as certified
+upper bounds, products and sums rounded up.
 """
 
 from __future__ import annotations
@@ -31,15 +34,26 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from attnsens._rounding import (
+    add_up,
+    div_up,
+    mul_up,
+    norm2_upper_bound,
+    spectral_norm_upper_bound,
+    sqrt_down,
+)
 from attnsens.errors import ConfigError
 from attnsens.geometry.attention import attention_mask_of, biases_of
 from attnsens.geometry.attention_bounds import mha_lipschitz_upper_bound, mha_local_jacobian_upper_bound
 from attnsens.geometry.jacobians import norm_jacobian_spectral_norm_upper_bound
 from attnsens.geometry.layers import activation, norm_forward
-from attnsens.geometry.norms import spectral_norm
 from attnsens.models.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights
 
 ACTIVATION_LIPSCHITZ = {"gelu": 1.128905, "gelu_tanh": 1.128994, "relu": 1.0, "silu": 1.099840}
+
+
+def _sqrt_up(d: int) -> float:
+    return math.nextafter(math.sqrt(d), math.inf)
 
 
 def activation_lipschitz(name: str) -> float:
@@ -51,7 +65,7 @@ def activation_lipschitz(name: str) -> float:
 
 
 def _rows_l2(W: Tensor) -> Tensor:
-    return torch.linalg.vector_norm(W.to(torch.float64), dim=-1)
+    return norm2_upper_bound(W, dim=-1)
 
 
 def ffn_lipschitz_upper_bound(mlp: MLPWeights, *, radius_l2: float | Tensor | None = None) -> Tensor:
@@ -65,17 +79,18 @@ def ffn_lipschitz_upper_bound(mlp: MLPWeights, *, radius_l2: float | Tensor | No
         float64 certified Lipschitz bound in the block-∞ norm (docs/math.md §2.7; gated maps: extension).
     """
     lip = activation_lipschitz(mlp.activation)
-    w_out, w_in = spectral_norm(mlp.w_out), spectral_norm(mlp.w_in)
+    w_out, w_in = spectral_norm_upper_bound(mlp.w_out), spectral_norm_upper_bound(mlp.w_in)
     if mlp.kind != "gated":
-        return w_out * lip * w_in
+        return mul_up(mul_up(w_out, lip), w_in)
     if radius_l2 is None:
         raise ConfigError("a gated MLP is only Lipschitz on a bounded set; pass radius_l2 (per-token ℓ2 radius)")
     R = torch.as_tensor(radius_l2, dtype=torch.float64)
     b_in = torch.zeros(()) if mlp.b_in is None else mlp.b_in.to(torch.float64).abs()
-    up_max = (_rows_l2(mlp.w_in) * R[..., None] + b_in).amax(dim=-1)
+    up_max = add_up(mul_up(_rows_l2(mlp.w_in), R[..., None]), b_in).amax(dim=-1)
     b_gate = torch.zeros(()) if mlp.b_gate is None else mlp.b_gate.to(torch.float64).abs()
-    gate_max = (_rows_l2(mlp.w_gate) * R[..., None] + b_gate).amax(dim=-1)
-    return w_out * (lip * spectral_norm(mlp.w_gate) * up_max + w_in * gate_max)
+    gate_max = add_up(mul_up(_rows_l2(mlp.w_gate), R[..., None]), b_gate).amax(dim=-1)
+    gate_term = mul_up(mul_up(spectral_norm_upper_bound(mlp.w_gate), lip), up_max)
+    return mul_up(w_out, add_up(gate_term, mul_up(w_in, gate_max)))
 
 
 def ffn_local_jacobian_upper_bound(x: Tensor, mlp: MLPWeights) -> Tensor:
@@ -97,13 +112,13 @@ def ffn_local_jacobian_upper_bound(x: Tensor, mlp: MLPWeights) -> Tensor:
     pre = pre.requires_grad_(True)
     with torch.enable_grad():
         (slope,) = torch.autograd.grad(activation(mlp.activation, pre).sum(), pre)
-    w_out_norm, w_in_norm = spectral_norm(mlp.w_out), spectral_norm(mlp.w_in)
+    w_out_norm, w_in_norm = spectral_norm_upper_bound(mlp.w_out), spectral_norm_upper_bound(mlp.w_in)
     if mlp.kind != "gated":
-        per_token = w_out_norm * slope.abs().amax(dim=-1) * w_in_norm
+        per_token = mul_up(mul_up(w_out_norm, slope.abs().amax(dim=-1)), w_in_norm)
     else:
-        gate_term = (slope * up).abs().amax(dim=-1) * spectral_norm(mlp.w_gate)
-        up_term = activation(mlp.activation, pre.detach()).abs().amax(dim=-1) * w_in_norm
-        per_token = w_out_norm * (gate_term + up_term)
+        gate_term = mul_up((slope * up).abs().amax(dim=-1), spectral_norm_upper_bound(mlp.w_gate))
+        up_term = mul_up(activation(mlp.activation, pre.detach()).abs().amax(dim=-1), w_in_norm)
+        per_token = mul_up(w_out_norm, add_up(gate_term, up_term))
     return per_token.amax(dim=-1)
 
 
@@ -113,22 +128,25 @@ def norm_output_radius_rms(norm: NormWeights) -> Tensor:
     if norm.beta is None:
         return gamma_max
     beta = norm.beta.to(torch.float64)
-    return gamma_max + torch.linalg.vector_norm(beta) / math.sqrt(beta.numel())
+    return add_up(gamma_max, div_up(norm2_upper_bound(beta.flatten()), math.nextafter(math.sqrt(beta.numel()), 0.0)))
 
 
 def norm_lipschitz_upper_bound(norm: NormWeights) -> Tensor:
     """Lip(N) ≤ ‖γ‖_∞/√ε for LayerNorm and RMSNorm (docs/math.md T6); infinite when ε = 0."""
     gamma_max = norm.gamma.to(torch.float64).abs().amax()
-    return gamma_max / math.sqrt(norm.eps) if norm.eps > 0 else torch.full_like(gamma_max, math.inf)
+    if not norm.eps > 0:
+        return torch.full_like(gamma_max, math.inf)
+    return div_up(gamma_max, sqrt_down(torch.tensor(float(norm.eps), dtype=torch.float64)))
 
 
 def attention_output_radius_l2(attention: AttentionWeights, radius_l2: Tensor) -> Tensor:
     """max_i ‖MHA(X)_i‖₂ ≤ ‖W_O‖ (Σ_h (‖W_V^h‖R + ‖b_V^h‖)²)^{1/2} + ‖b_O‖ (outputs are convex mixes of values)."""
     per_head = attention.per_query_head()
-    w_v = spectral_norm(per_head.w_v)
-    b_v = torch.zeros_like(w_v) if per_head.b_v is None else torch.linalg.vector_norm(per_head.b_v.double(), dim=-1)
-    b_o = 0.0 if attention.b_o is None else torch.linalg.vector_norm(attention.b_o.double())
-    return spectral_norm(attention.w_o) * torch.linalg.vector_norm(w_v * radius_l2 + b_v) + b_o
+    w_v = spectral_norm_upper_bound(per_head.w_v)
+    b_v = torch.zeros_like(w_v) if per_head.b_v is None else norm2_upper_bound(per_head.b_v, dim=-1)
+    b_o = 0.0 if attention.b_o is None else norm2_upper_bound(attention.b_o)
+    head_radii = add_up(mul_up(w_v, radius_l2), b_v)
+    return add_up(mul_up(spectral_norm_upper_bound(attention.w_o), norm2_upper_bound(head_radii)), b_o)
 
 
 def attention_lipschitz(attention: AttentionWeights, radius_l2: Tensor) -> Tensor:
@@ -140,7 +158,7 @@ def attention_lipschitz(attention: AttentionWeights, radius_l2: Tensor) -> Tenso
         attention.w_v,
         attention.w_o,
         tau=attention.tau,
-        radius_rms=radius_l2 / math.sqrt(d),
+        radius_rms=div_up(radius_l2, math.nextafter(math.sqrt(d), 0.0)),
         d_model=d,
         biases=biases_of(attention),
         rotary=attention.rotary,
@@ -172,16 +190,16 @@ def block_lipschitz_upper_bound(layer: LayerWeights, *, input_radius_rms: float 
     d = layer.attention.d_model
     one = torch.ones((), dtype=torch.float64)
     if layer.placement == "pre":
-        r_attn = norm_output_radius_rms(layer.attn_norm) * math.sqrt(d)
-        r_mlp = norm_output_radius_rms(layer.mlp_norm) * math.sqrt(d)
+        r_attn = mul_up(norm_output_radius_rms(layer.attn_norm), _sqrt_up(d))
+        r_mlp = mul_up(norm_output_radius_rms(layer.mlp_norm), _sqrt_up(d))
         lip_attn = attention_lipschitz(layer.attention, r_attn)
         lip_ffn = ffn_lipschitz_upper_bound(layer.mlp, radius_l2=r_mlp)
         n1, n2 = norm_lipschitz_upper_bound(layer.attn_norm), norm_lipschitz_upper_bound(layer.mlp_norm)
         # A parallel block X + A(N1 X) + F(N2 X) has Jacobian I + J_A J_N1 + J_F J_N2: no cross term.
         if layer.parallel_residual:
-            bound = 1 + n1 * lip_attn + n2 * lip_ffn
+            bound = add_up(add_up(mul_up(n1, lip_attn), mul_up(n2, lip_ffn)), 1.0)
         else:
-            bound = (1 + n1 * lip_attn) * (1 + n2 * lip_ffn)
+            bound = mul_up(add_up(mul_up(n1, lip_attn), 1.0), add_up(mul_up(n2, lip_ffn), 1.0))
         return BlockLipschitzBound(
             upper_bound=bound,
             attention_lipschitz=lip_attn,
@@ -191,14 +209,14 @@ def block_lipschitz_upper_bound(layer: LayerWeights, *, input_radius_rms: float 
         )
     if input_radius_rms is None:
         raise ConfigError(f"placement {layer.placement!r} needs input_radius_rms (attention reads the raw input)")
-    r_in = torch.as_tensor(input_radius_rms, dtype=torch.float64) * math.sqrt(d)
+    r_in = mul_up(torch.as_tensor(input_radius_rms, dtype=torch.float64), _sqrt_up(d))
     lip_attn = attention_lipschitz(layer.attention, r_in)
     if layer.placement == "post":
         alpha = layer.residual_scale
-        r_mlp = norm_output_radius_rms(layer.attn_norm) * math.sqrt(d)
+        r_mlp = mul_up(norm_output_radius_rms(layer.attn_norm), _sqrt_up(d))
         lip_ffn = ffn_lipschitz_upper_bound(layer.mlp, radius_l2=r_mlp)
         n1, n2 = norm_lipschitz_upper_bound(layer.attn_norm), norm_lipschitz_upper_bound(layer.mlp_norm)
-        bound = n2 * (alpha + lip_ffn) * n1 * (alpha + lip_attn)
+        bound = mul_up(mul_up(n2, add_up(lip_ffn, alpha)), mul_up(n1, add_up(lip_attn, alpha)))
         return BlockLipschitzBound(
             upper_bound=bound,
             attention_lipschitz=lip_attn,
@@ -206,10 +224,10 @@ def block_lipschitz_upper_bound(layer: LayerWeights, *, input_radius_rms: float 
             attn_norm_lipschitz=n1,
             mlp_norm_lipschitz=n2,
         )
-    r_mlp = r_in + attention_output_radius_l2(layer.attention, r_in)
+    r_mlp = add_up(r_in, attention_output_radius_l2(layer.attention, r_in))
     lip_ffn = ffn_lipschitz_upper_bound(layer.mlp, radius_l2=r_mlp)
     return BlockLipschitzBound(
-        upper_bound=(1 + lip_ffn) * (1 + lip_attn),
+        upper_bound=mul_up(add_up(lip_ffn, 1.0), add_up(lip_attn, 1.0)),
         attention_lipschitz=lip_attn,
         ffn_lipschitz=lip_ffn,
         attn_norm_lipschitz=one,
@@ -254,23 +272,25 @@ def block_local_jacobian_upper_bound(x: Tensor, layer: LayerWeights) -> Tensor:
     x = x.detach().to(torch.float64)
     if layer.parallel_residual:
         h_attn, h_mlp = norm_forward(x, layer.attn_norm), norm_forward(x, layer.mlp_norm)
-        attn = _norm_local(x, layer.attn_norm) * _attention_local(h_attn, layer.attention)
-        ffn = _norm_local(x, layer.mlp_norm) * ffn_local_jacobian_upper_bound(h_mlp, layer.mlp)
-        return 1 + attn + ffn
+        attn = mul_up(_norm_local(x, layer.attn_norm), _attention_local(h_attn, layer.attention))
+        ffn = mul_up(_norm_local(x, layer.mlp_norm), ffn_local_jacobian_upper_bound(h_mlp, layer.mlp))
+        return add_up(add_up(attn, ffn), 1.0)
     if layer.placement == "pre":
         h = norm_forward(x, layer.attn_norm)
-        first = 1 + _norm_local(x, layer.attn_norm) * _attention_local(h, layer.attention)
+        first = add_up(mul_up(_norm_local(x, layer.attn_norm), _attention_local(h, layer.attention)), 1.0)
         y = x + attention_sublayer(h, layer.attention)
         g = norm_forward(y, layer.mlp_norm)
-        second = 1 + _norm_local(y, layer.mlp_norm) * ffn_local_jacobian_upper_bound(g, layer.mlp)
-        return first * second
+        second = add_up(mul_up(_norm_local(y, layer.mlp_norm), ffn_local_jacobian_upper_bound(g, layer.mlp)), 1.0)
+        return mul_up(first, second)
     if layer.placement == "post":
         alpha = layer.residual_scale
         s1 = alpha * x + attention_sublayer(x, layer.attention)
-        first = _norm_local(s1, layer.attn_norm) * (alpha + _attention_local(x, layer.attention))
+        first = mul_up(_norm_local(s1, layer.attn_norm), add_up(_attention_local(x, layer.attention), alpha))
         y = norm_forward(s1, layer.attn_norm)
         s2 = alpha * y + mlp_forward(y, layer.mlp)
-        second = _norm_local(s2, layer.mlp_norm) * (alpha + ffn_local_jacobian_upper_bound(y, layer.mlp))
-        return first * second
+        second = mul_up(_norm_local(s2, layer.mlp_norm), add_up(ffn_local_jacobian_upper_bound(y, layer.mlp), alpha))
+        return mul_up(first, second)
     y = x + attention_sublayer(x, layer.attention)
-    return (1 + _attention_local(x, layer.attention)) * (1 + ffn_local_jacobian_upper_bound(y, layer.mlp))
+    return mul_up(
+        add_up(_attention_local(x, layer.attention), 1.0), add_up(ffn_local_jacobian_upper_bound(y, layer.mlp), 1.0)
+    )

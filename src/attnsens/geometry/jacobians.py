@@ -18,8 +18,12 @@ dr = xᵀdx/(d r), so d(x/r) = dx/r − x xᵀdx/(d r³) and
     J_RMS(x) = diag(γ) (I − x̂x̂ᵀ/d)/r.
 
 ‖x̂‖² = d (r² − ε)/r², so I − x̂x̂ᵀ/d has eigenvalues 1 (d − 1 times, the complement of x̂) and ε/r² ∈ (0, 1]
-(direction x̂): it is a contraction, and ‖J_RMS(x)‖₂ ≤ ‖γ‖_∞/r(x) ≤ ‖γ‖_∞/√ε. For both norms the bound is an
-equality when |γ| is constant and d ≥ 2 (a unit-eigenvalue direction exists).
+(direction x̂): it is a contraction, and ‖J_RMS(x)‖₂ ≤ ‖γ‖_∞/r(x) ≤ ‖γ‖_∞/√ε. The bound is an equality when
+|γ| is constant and a unit-eigenvalue direction exists: d ≥ 3 for LayerNorm (at d = 2 the only nonzero eigenvalue
+is ε/σ², so ‖J_LN‖₂ = |γ| ε/σ³), d ≥ 2 for RMSNorm.
+
+Certified numbers are rounded with ``attnsens._rounding``: σ and r are bounded below in real arithmetic, and every
+quotient is rounded up.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from attnsens._rounding import div_down, div_up, layernorm_scale_lower_bound, rmsnorm_scale_lower_bound
 from attnsens.errors import ConfigError, ShapeError
 
 
@@ -92,12 +97,13 @@ def softmax_jacobian_inf_to_one_norm_upper_bound(p: Tensor, tau: float = 1.0) ->
         tau: temperature τ > 0.
 
     Returns:
-        ``[...]`` float64 certified upper bound (docs/math.md T1; equality when the certificate is exact).
+        ``[...]`` float64 certified upper bound (docs/math.md T1), the θ certificate's upper end divided by τ rounded
+        up; p = (½, ½) at τ = 3 gives the float above 1/3.
     """
     from attnsens.theta import certify
 
     _check_tau(tau)
-    return certify(p, dim=-1).upper / tau
+    return div_up(certify(p, dim=-1).upper, float(tau))
 
 
 def softmax_jacobian_inf_to_one_norm_lower_bound(p: Tensor, tau: float = 1.0) -> Tensor:
@@ -105,7 +111,7 @@ def softmax_jacobian_inf_to_one_norm_lower_bound(p: Tensor, tau: float = 1.0) ->
     from attnsens.theta import certify
 
     _check_tau(tau)
-    return certify(p, dim=-1).lower / tau
+    return div_down(certify(p, dim=-1).lower, float(tau))
 
 
 def _check_gamma(x: Tensor, gamma: Tensor) -> None:
@@ -173,15 +179,15 @@ def norm_jacobian_spectral_norm_upper_bound(x: Tensor, gamma: Tensor, eps: float
         kind: ``"layernorm"`` or ``"rmsnorm"``.
 
     Returns:
-        ``[...]`` float64 certified upper bound (docs/math.md T6 and the RMSNorm extension above); over a token
-        matrix its max over tokens bounds the block-∞ operator norm of the tokenwise norm's Jacobian.
+        ``[...]`` float64 certified upper bound in real arithmetic (docs/math.md T6 and the RMSNorm extension above;
+        σ, r bounded below and the quotient rounded up); over a token matrix its max over tokens bounds the
+        block-∞ operator norm of the tokenwise norm's Jacobian.
     """
     _check_gamma(x, gamma)
-    x64 = x.to(torch.float64)
     if kind == "layernorm":
-        scale = layernorm_scale(x64, eps)
+        scale = layernorm_scale_lower_bound(x, eps)
     elif kind == "rmsnorm":
-        scale = rmsnorm_scale(x64, eps)
+        scale = rmsnorm_scale_lower_bound(x, eps)
     else:
         raise ConfigError(f"norm kind must be 'layernorm' or 'rmsnorm', got {kind!r}")
-    return gamma.to(torch.float64).abs().amax() / scale
+    return div_up(gamma.to(torch.float64).abs().amax(), scale)

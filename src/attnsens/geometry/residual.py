@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from attnsens._rounding import add_up, mul_up
 from attnsens.errors import ConfigError
 from attnsens.geometry.estimates import block_jacobian_norm_estimate
 from attnsens.geometry.jacobians import norm_jacobian_spectral_norm_upper_bound
@@ -35,10 +36,12 @@ def pre_ln_expansion_remainder_upper_bound(branch_norm_upper_bounds: Tensor) -> 
         branch_norm_upper_bounds: ``[..., layer]`` bounds b_k ≥ 0 of the branch Jacobian norms.
 
     Returns:
-        ``[...]`` float64 certified bound of the second-and-higher-order remainder (docs/math.md T8).
+        ``[...]`` float64 certified bound of the second-and-higher-order remainder (docs/math.md T8), every operation
+        rounded up (``attnsens._rounding``).
 
-    >>> float(pre_ln_expansion_remainder_upper_bound(torch.tensor([1.0, 1.0])))  # (2·2) − 1 − 2
-    1.0
+    >>> bound = float(pre_ln_expansion_remainder_upper_bound(torch.tensor([1.0, 1.0])))  # (2·2) − 1 − 2 = 1
+    >>> 1.0 <= bound < 1.0 + 2**-48  # rounded up, a few ulps above the exact value
+    True
     """
     b = branch_norm_upper_bounds.to(torch.float64)
     if bool((b < 0).any()):
@@ -47,8 +50,8 @@ def pre_ln_expansion_remainder_upper_bound(branch_norm_upper_bounds: Tensor) -> 
     remainder = torch.zeros(b.shape[:-1], dtype=b.dtype, device=b.device)
     partial_sum = torch.zeros_like(remainder)
     for k in range(b.shape[-1]):
-        remainder = remainder * (1 + b[..., k]) + b[..., k] * partial_sum
-        partial_sum = partial_sum + b[..., k]
+        remainder = add_up(mul_up(remainder, add_up(b[..., k], 1.0)), mul_up(b[..., k], partial_sum))
+        partial_sum = add_up(partial_sum, b[..., k])
     return remainder
 
 
@@ -89,8 +92,13 @@ def layernorm_condition(y: Tensor, norm: NormWeights, *, rho: float = 1.0) -> La
 
 
 def ln_only_product_upper_bound(ratio_max_per_layer: Tensor) -> Tensor:
-    """‖J_N(Y_{m−1}) ⋯ J_N(Y_ℓ)‖_{b∞} ≤ Π_k max_t ‖γ_k‖_∞/σ(y_{k,t}), cumulatively over ``[..., layer]`` (T6)."""
-    return torch.cumprod(ratio_max_per_layer.to(torch.float64), dim=-1)
+    """‖J_N(Y_{m−1}) ⋯ J_N(Y_ℓ)‖_{b∞} ≤ Π_k max_t ‖γ_k‖_∞/σ(y_{k,t}), cumulatively over ``[..., layer]`` (T6),
+    each product rounded up."""
+    ratios = ratio_max_per_layer.to(torch.float64)
+    products = [ratios[..., 0]] if ratios.shape[-1] else []
+    for k in range(1, ratios.shape[-1]):
+        products.append(mul_up(products[-1], ratios[..., k]))
+    return torch.stack(products, dim=-1) if products else ratios
 
 
 def _sublayers(layer: LayerWeights) -> list[tuple[Callable[[Tensor], Tensor], NormWeights | None]]:

@@ -8,6 +8,16 @@ error radius E (absolute error bound of every computed distance and of ŝ; 0 whe
 and each endpoint s' − 4·d'² is evaluated in float64 with error ≤ u·(4d'² + |result|) (one rounding in the
 square, none in ×4, one in the subtraction; u = 2^-53), which we cover by 2u·(4d'² + |result|) plus one
 ``nextafter`` step outward. With E = 0 and d̂ = d̂_lb the width is at most 2^-50·max(1, s) + 2 ulp ≤ 2^-49·max(1, s).
+
+Two ranges are handled apart, because the kernels' radii are relative:
+
+* **Tiny rows** (ŝ < 2^-900): halving ŝ and relative radii lose their meaning near the subnormals (three entries
+  2^-1074 have s/2 = 1.5·2^-1074, not a float). There θ ∈ [s − s², s] for every row (0 ≤ d* ≤ s/2), s² is below
+  2^-1800, and s ∈ ŝ·[1 − 2^-20, 1 + 2^-20] ± 2^-1074 (any float64 summation of fewer than 2^30 terms), so
+  [θ_lo, θ_hi] = [2 steps below the lowest s, one step above the highest s]: sound, and narrower than
+  2^-49·max(1, s).
+* **Overflow** (4·d'² > the largest float, reachable only with sums far from 1): the real 4·d'² exceeds the
+  largest float, so θ_hi = s_hi − (largest float) rounded up, and θ_lo = −∞. No NaN is ever produced.
 """
 
 from __future__ import annotations
@@ -16,6 +26,8 @@ import numpy as np
 import torch
 
 from attnsens.theta._constants import UNIT_ROUNDOFF
+
+TINY_ROW_SUM = 2.0**-900
 
 
 def theta_enclosure(
@@ -32,7 +44,8 @@ def theta_enclosure(
     """
     if s_hat.device.type == "cpu":
         arrays = (t.detach().contiguous().numpy() for t in (s_hat, d_found, d_lb, err))
-        lower, upper = _enclosure(np, *arrays)
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow is handled inside, to ±∞ on the safe side
+            lower, upper = _enclosure(np, *arrays)
         return torch.from_numpy(np.asarray(lower)), torch.from_numpy(np.asarray(upper))
     return _enclosure(torch, s_hat, d_found, d_lb, err)
 
@@ -61,6 +74,15 @@ def _enclosure(xp, s_hat, d_found, d_lb, err):
     lower = xp.where(d_hi == 0.0, s_lo, lower)
 
     four_d_lo_sq = 4.0 * (d_lo * d_lo)
-    raw_upper = s_hi - four_d_lo_sq
-    upper = step_up(raw_upper + 2.0 * UNIT_ROUNDOFF * (four_d_lo_sq + xp.abs(raw_upper)))
-    return lower, xp.minimum(upper, s_hi)
+    overflow = xp.isinf(four_d_lo_sq)
+    finite_sq = xp.where(overflow, xp.zeros_like(four_d_lo_sq), four_d_lo_sq)
+    raw_upper = s_hi - finite_sq
+    upper = step_up(raw_upper + 2.0 * UNIT_ROUNDOFF * (finite_sq + xp.abs(raw_upper)))
+    upper = xp.where(overflow, step_up(s_hi - xp.full_like(s_hi, np.finfo(np.float64).max)), upper)
+    lower = xp.where(xp.isnan(lower), xp.full_like(lower, -xp.inf), lower)
+    upper = xp.minimum(upper, s_hi)
+
+    tiny = s_hat < TINY_ROW_SUM
+    tiny_lo = step_down(step_down(s_hat * (1.0 - 2.0**-20) - 2.0**-1074))
+    tiny_hi = step_up(s_hat * (1.0 + 2.0**-20) + 2.0**-1074)
+    return xp.where(tiny, tiny_lo, lower), xp.where(tiny, tiny_hi, upper)

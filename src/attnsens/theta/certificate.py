@@ -33,6 +33,8 @@ STOP_DISTANCE = {"float32": 2.0**-13.5, "float64": 2.0**-28}
 MITM_MAX_SUPPORT = 24
 CKK_NODE_BUDGET = 20_000
 CKK_MAX_SUPPORT = 2048
+MAX_TOLERANCE = 1.0
+"""Largest accepted ``tolerance``: rows with 0 ≤ s ≤ 2, where θ = s − 4·d*² keeps its meaning and radii stay finite."""
 PARALLEL_MIN_ELEMENTS = 1 << 16
 """Smaller batches run on one thread: waking numba's thread pool costs more than certifying them."""
 
@@ -45,8 +47,11 @@ class ThetaCertificate:
         lower, upper: float64 bounds with lower ≤ θ ≤ upper for the real-number θ of the stored values,
             always (rounding included).
         exact: bool; the optimal bisection d* is proved, and [lower, upper] is the float64 enclosure of that
-            one real number: width ≤ 2^-49·max(1, s) when the row's sums are error-free in float64 (values
-            multiples of a quantum q with s ≤ 2^52·q, e.g. float32 rows with p_min ≥ 2^-29), otherwise width
+            one real number: width ≤ 2^-49·max(1, s) when the kernels prove the row's sums error-free in
+            float64: s ≤ 2^52·q for the quantum q, the lowest set bit over a float64 row, and for float32 (and
+            float16/bfloat16) rows the coarser ulp 2^(e − 24) of the smallest positive value m·2^e, m ∈ [½, 1) (so
+            [0.5, 0.5 − 2^-24, 2^-30] in float32 has q = 2^-53 and no such promise); e.g. float32 rows with
+            p_min ≥ 2^-29, or tiny rows (s < 2^-900, enclosed as [s − s², s] directly); otherwise width
             ≤ (16·d* + 4)·E + 2^-49·max(1, s) with E ≤ (2n + 16)·2^-53·s the rounding radius (n = support size).
         method: int8 ``ThetaMethod`` code of the stage where refinement stopped.
         row_sum: float64 computed row sum s (of the normalised row when ``normalize=True``).
@@ -166,8 +171,8 @@ def certify(
         precision: "float32" stops refining at d ≤ 2^-13.5 (θ fixed to float32 resolution, width ≤ 2^-25),
             "float64" at d ≤ 2^-28.
         normalize: renormalise each row by its float64 sum instead of checking it.
-        tolerance: largest accepted |s − 1| when ``normalize`` is False; default ``default_sum_tolerance(p.dtype)``
-            (1e-3 for float32/float64, 2^-9 for float16, 2^-6 for bfloat16).
+        tolerance: largest accepted |s − 1| when ``normalize`` is False, at most ``MAX_TOLERANCE`` = 1; default
+            ``default_sum_tolerance(p.dtype)`` (1e-3 for float32/float64, 2^-9 for float16, 2^-6 for bfloat16).
         backend: "auto" (triton on CUDA tensors and numba on CPU tensors when importable, torch otherwise),
             "numba", "torch" or "triton" (CUDA tensors; CPU tensors under ``TRITON_INTERPRET=1``).
 
@@ -177,6 +182,7 @@ def certify(
 
     Raises:
         InputError: NaN/Inf, negative entries, empty rows, or |s − 1| > tolerance (names the row and the fix).
+        ConfigError: tolerance outside [0, 1].
     """
     if precision not in STOP_DISTANCE:
         raise ConfigError(f"precision={precision!r} is not one of {sorted(STOP_DISTANCE)}")
@@ -222,8 +228,10 @@ def run_cascade(
     Returns the certificate and the float64 point value fl(ŝ − 4·d̂²) of the best subset found (leading shape).
     """
     p = check_tensor(p, dim).detach()
-    if not tolerance >= 0:
-        raise ConfigError(f"tolerance={tolerance} must be ≥ 0")
+    if not 0 <= tolerance <= MAX_TOLERANCE:
+        raise ConfigError(f"tolerance={tolerance} must lie in [0, {MAX_TOLERANCE:g}]: beyond |s − 1| ≤ 1 a row is "
+                          "not an attention row at all (its sum may be anything); pass normalize=True to certify "
+                          "the renormalised rows instead")  # fmt: skip
     kernels = _select_backend(backend, p.device)
     moved = p.movedim(dim, -1)
     leading = tuple(moved.shape[:-1])

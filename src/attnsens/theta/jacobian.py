@@ -7,9 +7,8 @@ import math
 import torch
 
 from attnsens.errors import ConfigError
+from attnsens.theta._constants import UNIT_ROUNDOFF
 from attnsens.theta.certificate import Backend, Precision, ThetaCertificate, certify
-
-UNIT_ROUNDOFF = 2.0**-53
 
 
 def softmax_jacobian_inf_to_one_norm(

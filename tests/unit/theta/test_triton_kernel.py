@@ -332,3 +332,10 @@ def test_float64_precision_and_no_rows() -> None:
     rows = torch.cat([softmax_rows(3, 40, sigma, seed=j) for j, sigma in enumerate(SIGMAS)])
     assert_agrees_with_cpu(rows, [f"float64 precision row {i}" for i in range(rows.shape[0])], precision="float64")
     assert certify(torch.empty(0, 7), backend="triton").shape == (0,)
+
+
+def test_subnormal_rows_are_enclosed_on_the_triton_backend() -> None:
+    """Three entries 2^-1074: s/2 is no float, and the exact flag once came with lower > θ (exact rationals)."""
+    for row in ([2.0**-1074] * 3, [3 * 2.0**-1074, 2.0**-1073]):
+        cert = certify(torch.tensor(row, dtype=torch.float64), backend="triton", tolerance=1.0)
+        assert Fraction(float(cert.lower)) <= theta_fraction(row) <= Fraction(float(cert.upper))

@@ -1,0 +1,263 @@
+"""Directed rounding for certified float64 numbers: the one rounding discipline of θ and geometry.
+
+A certified number of attnsens bounds a real-arithmetic quantity of the stored inputs (weights, activations and
+probabilities as the float values they are). Hardware rounds to nearest, so a certified upper bound is built from
+operations rounded up, a lower bound from operations rounded down, and every step that is not a single IEEE
+operation carries a proved error radius. The argument, in three rules:
+
+1. **One operation.** For a correctly rounded IEEE operation (``+ − × ÷ √``, float64 on CPU and CUDA), the real
+   result r lies between the two floats adjacent to fl(r), so ``nextafter(fl(r), +∞) ≥ r`` and
+   ``nextafter(fl(r), −∞) ≤ r``, overflow and underflow included (an overflow to ±∞ stays on the safe side).
+   ``add_up``, ``mul_up``, ``div_up``, ``sqrt_up`` and their ``_down`` twins apply one operation and one step.
+2. **Sums.** Any summation order (pairwise, blocked, FMA) of n terms satisfies |fl(Σ x_i) − Σ x_i| ≤
+   γ_{n−1} Σ |x_i| with γ_k = k·u/(1 − k·u), u = 2^-53 (Higham, *Accuracy and Stability of Numerical Algorithms*,
+   2nd ed., Lemma 3.1 and §4.2; matrix products entrywise |fl(AB) − AB| ≤ γ_k |A||B|, eq. 3.13, inner size k).
+   For nonnegative terms Σ x_i ∈ [fl(Σ)·(1 − 2γ), fl(Σ)·(1 + 2γ)] (γ ≤ 2^-20), and ``sum_upper_bound`` /
+   ``sum_lower_bound`` evaluate that product with rule 1. Underflowed terms are rounded in the safe direction
+   first (``square_up``/``square_down``), so gradual underflow costs nothing extra.
+3. **Spectral norms.** ``spectral_norm_upper_bound`` needs no accuracy claim about the eigensolver. With the
+   float Gram matrix Ĝ = fl(W Wᵀ) (smaller side, inner size k), any computed eigenpairs (V, Λ) and the exact
+   residual E = Ĝ − V Λ Vᵀ, Ĝ ⪯ V Λ₊ Vᵀ + ‖E‖₂ I, hence
+
+       ‖W‖₂² = λ_max(W Wᵀ) ≤ λ̂₊·(1 + ‖VᵀV − I‖_F) + ‖E‖_F + γ_k ‖W‖_F²,
+
+   using λ_max(V Λ₊ Vᵀ) ≤ λ̂₊ ‖V‖₂², ‖V‖₂² ≤ 1 + ‖VᵀV − I‖₂ and ‖Ĝ − W Wᵀ‖₂ ≤ γ_k ‖|W||W|ᵀ‖_F ≤ γ_k ‖W‖_F².
+   The two Frobenius norms are evaluated in float64 and enlarged by their own rule-2 radii (entrywise
+   |fl(VᵀV) − VᵀV| ≤ γ_m |V|ᵀ|V| and |fl(VΛVᵀ) − VΛVᵀ| ≤ γ_{m+1} |V||Λ||V|ᵀ, whose Frobenius norms are at most
+   γ ‖V‖_F² and γ max|λ| ‖V‖_F²). For a well-computed eigendecomposition every correction is a few hundred
+   ulps, so the bound is the float64 norm to about 13 digits.
+
+LayerNorm σ and RMSNorm r bounded below (``layernorm_scale_lower_bound``, ``rmsnorm_scale_lower_bound``) follow
+the same rules; the LayerNorm centring is exact in real arithmetic for any centre c because
+var(x) = mean((x − c)²) − (mean(x) − c)², so a float mean only costs the (tiny, bounded) second term.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import weakref
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch
+from torch import Tensor
+
+from attnsens.theta._constants import UNIT_ROUNDOFF  # u: half the distance from 1 to the next float64
+
+T = TypeVar("T")
+
+
+@functools.lru_cache(maxsize=64)
+def _infinity(sign: float, dtype: torch.dtype, device: torch.device) -> Tensor:
+    return torch.tensor(sign * math.inf, dtype=dtype, device=device)
+
+
+def round_up(x: Tensor) -> Tensor:
+    """The next float above x (≥ the real result of the operation that produced x; rule 1)."""
+    return torch.nextafter(x, _infinity(1.0, x.dtype, x.device))
+
+
+def round_down(x: Tensor) -> Tensor:
+    """The next float below x (≤ the real result of the operation that produced x; rule 1)."""
+    return torch.nextafter(x, _infinity(-1.0, x.dtype, x.device))
+
+
+@functools.lru_cache(maxsize=1024)
+def gamma(k: int) -> float:
+    """γ_k = k·u/(1 − k·u), rounded up (Higham's constant for k roundings); requires k·u < 2^-20."""
+    k = max(int(k), 1)
+    ku = k * UNIT_ROUNDOFF
+    if ku >= 2.0**-20:
+        raise ValueError(f"{k} accumulated roundings are beyond the certified range (k·u must stay below 2^-20)")
+    return math.nextafter(math.nextafter(ku / (1.0 - ku), math.inf) * (1 + 2.0**-50), math.inf)
+
+
+def _as_tensor(x: Tensor | float, like: Tensor) -> Tensor:
+    return x if isinstance(x, Tensor) else torch.as_tensor(x, dtype=like.dtype, device=like.device)
+
+
+def add_up(a: Tensor, b: Tensor | float) -> Tensor:
+    """≥ a + b."""
+    return round_up(a + _as_tensor(b, a))
+
+
+def add_down(a: Tensor, b: Tensor | float) -> Tensor:
+    """≤ a + b."""
+    return round_down(a + _as_tensor(b, a))
+
+
+def sub_down(a: Tensor, b: Tensor | float) -> Tensor:
+    """≤ a − b."""
+    return round_down(a - _as_tensor(b, a))
+
+
+def sub_up(a: Tensor, b: Tensor | float) -> Tensor:
+    """≥ a − b."""
+    return round_up(a - _as_tensor(b, a))
+
+
+def mul_up(a: Tensor, b: Tensor | float) -> Tensor:
+    """≥ a·b."""
+    return round_up(a * _as_tensor(b, a))
+
+
+def mul_down(a: Tensor, b: Tensor | float) -> Tensor:
+    """≤ a·b."""
+    return round_down(a * _as_tensor(b, a))
+
+
+def div_up(a: Tensor, b: Tensor | float) -> Tensor:
+    """≥ a/b."""
+    return round_up(a / _as_tensor(b, a))
+
+
+def div_down(a: Tensor, b: Tensor | float) -> Tensor:
+    """≤ a/b."""
+    return round_down(a / _as_tensor(b, a))
+
+
+def sqrt_up(x: Tensor) -> Tensor:
+    """≥ √x for x ≥ 0."""
+    return round_up(torch.sqrt(x))
+
+
+def sqrt_down(x: Tensor) -> Tensor:
+    """≤ √x for x ≥ 0 (0 stays 0; a lower bound rounded just below 0 counts as 0)."""
+    return round_down(torch.sqrt(x.clamp_min(0.0))).clamp_min(0.0)
+
+
+def square_up(x: Tensor) -> Tensor:
+    """≥ x² (≥ 0)."""
+    return round_up(x * x)
+
+
+def square_down(x: Tensor) -> Tensor:
+    """≤ x², clamped at 0."""
+    return round_down(x * x).clamp_min(0.0)
+
+
+def sum_upper_bound(x: Tensor, dim: int | tuple[int, ...] = -1) -> Tensor:
+    """≥ Σ x over ``dim`` for nonnegative x (rule 2)."""
+    n = math.prod(x.shape[d] for d in ((dim,) if isinstance(dim, int) else dim))
+    return mul_up(x.sum(dim=dim), math.nextafter(1.0 + 2.0 * gamma(n), math.inf))
+
+
+def sum_lower_bound(x: Tensor, dim: int | tuple[int, ...] = -1) -> Tensor:
+    """≤ Σ x over ``dim`` for nonnegative x (rule 2)."""
+    n = math.prod(x.shape[d] for d in ((dim,) if isinstance(dim, int) else dim))
+    return mul_down(x.sum(dim=dim), math.nextafter(1.0 - 2.0 * gamma(n), -math.inf))
+
+
+def norm2_upper_bound(x: Tensor, dim: int | tuple[int, ...] = -1) -> Tensor:
+    """≥ ‖x‖₂ over ``dim`` (float64)."""
+    return sqrt_up(sum_upper_bound(square_up(x.to(torch.float64).abs()), dim))
+
+
+def frobenius_norm_upper_bound(M: Tensor) -> Tensor:
+    """≥ ‖M‖_F over the last two axes (float64)."""
+    return norm2_upper_bound(M, (-2, -1))
+
+
+def spectral_norm_upper_bound(W: Tensor) -> Tensor:
+    """≥ ‖W‖₂ = σ_max(W) in real arithmetic, batched over leading axes (rule 3 of the module docstring).
+
+    Args:
+        W: ``[..., rows, cols]``, any floating dtype (the stored values are the real matrix).
+
+    Returns:
+        ``[...]`` float64 certified upper bound; within a few hundred ulps of the float64 norm in practice.
+
+    >>> float(spectral_norm_upper_bound(torch.tensor([[3.0, 0.0], [0.0, 4.0]]))) >= 4.0
+    True
+    """
+    return cached_on((W,), "spectral_norm_upper_bound", lambda: _spectral_norm_upper_bound_scaled(W))
+
+
+def cached_on(tensors: tuple[Tensor, ...], tag: str, compute: Callable[[], T]) -> T:
+    """compute(), remembered for these tensors: a function of weight matrices that one model's bounds need several
+    times. The key is each tensor (or the tensor a view reads) with the view's layout; a hit requires every such
+    tensor to be the same live object (weak reference) at the same in-place version, so a changed or new tensor is
+    always recomputed."""
+    bases = [t if t._base is None else t._base for t in tensors]
+    key = (tag, *((id(b), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t.device)
+                  for b, t in zip(bases, tensors, strict=True)))  # fmt: skip
+    hit = _CACHE.get(key)
+    if hit is not None and all(r() is b and v == b._version for (r, v), b in zip(hit[0], bases, strict=True)):
+        return hit[1]
+    value = compute()
+    if len(_CACHE) >= _CACHE_SIZE:
+        _CACHE.pop(next(iter(_CACHE)))
+    _CACHE[key] = ([(weakref.ref(b), b._version) for b in bases], value)
+    return value
+
+
+_CACHE: dict[tuple, tuple[list, object]] = {}
+_CACHE_SIZE = 4096
+
+
+def _spectral_norm_upper_bound_scaled(W: Tensor) -> Tensor:
+    W = W.to(torch.float64)
+    # A power-of-two scale to max |W_ij| ≈ 1 keeps every square away from underflow and overflow; it is exact unless
+    # it flushes tiny entries, which the round trip detects (then the matrix is used as it is).
+    peak = W.abs().amax(dim=(-2, -1), keepdim=True)
+    _, exponent = torch.frexp(torch.where(peak > 0, peak, torch.ones_like(peak)))
+    scale = torch.ldexp(torch.ones_like(peak), -exponent)
+    scaled = W * scale
+    if not bool((scaled / scale == W).all()):
+        scale, scaled = torch.ones_like(peak), W
+    return mul_up(_spectral_norm_upper_bound_unscaled(scaled), 1.0 / scale[..., 0, 0])
+
+
+def _spectral_norm_upper_bound_unscaled(W: Tensor) -> Tensor:
+    k = max(W.shape[-1], W.shape[-2])
+    gram = W @ W.transpose(-1, -2) if W.shape[-2] <= W.shape[-1] else W.transpose(-1, -2) @ W
+    m = gram.shape[-1]
+    if m == 0 or k == 0:
+        return torch.zeros(W.shape[:-2], dtype=torch.float64, device=W.device)
+    eigenvalues, V = torch.linalg.eigh(gram)
+    top = eigenvalues[..., -1].clamp_min(0.0)
+    v_sq = sum_upper_bound(square_up(V), (-2, -1))  # ‖V‖_F²
+    eye = torch.eye(m, dtype=torch.float64, device=W.device)
+    orthogonality = add_up(
+        mul_up(frobenius_norm_upper_bound(V.transpose(-1, -2) @ V - eye), 1.0 + 4 * UNIT_ROUNDOFF),
+        mul_up(v_sq, gamma(m + 1)),
+    )
+    residual = gram - (V * eigenvalues[..., None, :]) @ V.transpose(-1, -2)
+    magnitude = eigenvalues.abs().amax(dim=-1)
+    residual_norm = add_up(
+        mul_up(frobenius_norm_upper_bound(residual), 1.0 + 4 * UNIT_ROUNDOFF),
+        mul_up(mul_up(magnitude, v_sq), 2 * gamma(m + 2)),
+    )
+    gram_error = mul_up(sum_upper_bound(square_up(W), (-2, -1)), gamma(k))
+    lam = add_up(add_up(mul_up(top, add_up(orthogonality, 1.0)), residual_norm), gram_error)
+    return sqrt_up(lam)
+
+
+def layernorm_scale_lower_bound(x: Tensor, eps: float) -> Tensor:
+    """≤ σ(x) = √(mean((x − mean x)²) + ε) per token, in real arithmetic (module docstring).
+
+    Args:
+        x: ``[..., d_model]`` (converted to float64 exactly); eps: the ε inside σ (as a float64 value).
+
+    Returns:
+        ``[...]`` float64 certified lower bound.
+    """
+    x = x.to(torch.float64)
+    d = x.shape[-1]
+    centre = x.mean(dim=-1, keepdim=True)
+    y = x - centre  # real x_i − c lies within one ulp of the float y_i (rule 1)
+    y_abs_low = round_down(y.abs()).clamp_min(0.0)
+    squares = sum_lower_bound(square_down(y_abs_low))
+    # |mean(x) − c| = |Σ (x_i − c)|/d ≤ (|fl Σ y| + (γ_d + 2u) Σ |y|)/d
+    spread = sum_upper_bound(round_up(y.abs()))
+    offset = div_up(add_up(y.sum(dim=-1).abs(), mul_up(spread, gamma(d) + 2 * UNIT_ROUNDOFF)), float(d))
+    variance = sub_down(div_down(squares, float(d)), square_up(offset)).clamp_min(0.0)
+    return sqrt_down(add_down(variance, float(eps)))
+
+
+def rmsnorm_scale_lower_bound(x: Tensor, eps: float) -> Tensor:
+    """≤ r(x) = √(mean(x²) + ε) per token, in real arithmetic. ``x``: ``[..., d_model]`` → ``[...]`` float64."""
+    x = x.to(torch.float64)
+    mean_square = div_down(sum_lower_bound(square_down(x.abs())), float(x.shape[-1]))
+    return sqrt_down(add_down(mean_square, float(eps)))
