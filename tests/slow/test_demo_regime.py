@@ -18,9 +18,8 @@ from attnsens.study.study import StudyConfig, run_study
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 
-@pytest.mark.parametrize("placement", ["pre", "post"])
-def test_the_demo_configuration_reaches_the_regime(tmp_path: Path, placement: str) -> None:
-    config = StudyConfig.from_preset("tiny", seeds=(0,), placements=(placement,), bounds=False)
+def test_the_demo_configuration_reaches_the_regime(tmp_path: Path) -> None:
+    config = StudyConfig.from_preset("tiny", seeds=(0,), bounds=False)
     run_study(config, tmp_path)
 
     training = read_table(tmp_path / "training")
