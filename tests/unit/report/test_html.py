@@ -79,13 +79,14 @@ def test_figures_are_embedded_and_not_blank(document):
 def test_findings_have_verdicts_and_numbers(document, run_dir):
     findings = document.split('id="findings"')[1].split("</section>")[0]
     verdicts = re.findall(r'class="badge ([a-z-]+)"', findings)
-    assert len(verdicts) == 3 and set(verdicts) <= {"agrees", "disagrees", "not-measured"}
+    assert len(verdicts) == 3
+    assert set(verdicts) <= {"agrees", "disagrees", "not-observed", "trivially-implied", "not-measured"}
     # the synthetic run concentrates strongly, so its lowest median θ is far below 1 and must be reported so
     assert verdicts[0] == "disagrees"
     summary = read_table(run_dir / "summary")
     lowest = summary[summary["head"] == ALL_HEADS]["theta_lower_median"].min()
     assert lowest < 0.9
-    sentence = rf"Lowest median θ lower bound over \d+ \(layer, checkpoint, seed\) cells: {lowest:.4f} "
+    sentence = rf"in each of \d+ \(layer, checkpoint, seed\) cells\. Lowest: {lowest:.4f} \("
     assert re.search(sentence, findings)
 
 
