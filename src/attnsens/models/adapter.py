@@ -17,15 +17,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from attnsens.errors import ConfigError, InputError, ShapeError
-from attnsens.models.attention import allowed_keys, attention_rows, key_padding_mask_of
+from attnsens.errors import ConfigError, InputError, ShapeError, UnsupportedModelError
+from attnsens.models.attention import AttentionCall, call_rows, key_padding_mask_of
 from attnsens.models.weights import LayerWeights, NormKind, Placement, RotaryConfig
 
 OUTPUT_FIELDS = ("attention_output", "mlp_output", "block_output")
 """What ``layer_output_taps`` reports for every layer."""
 
-QueryKeyCallback = Callable[[int, Tensor, Tensor, float], None]
-"""``on_query_key(layer, query [batch, head, query, d_head], key [batch, kv_head, key, d_head], tau)``."""
+QueryKeyCallback = Callable[[int, Tensor, Tensor, AttentionCall], None]
+"""``on_query_key(layer, query [batch, head, query, d_head], key [batch, kv_head, key, d_head], call)``: the
+call's τ, mask, softcap and sinks are those the layer used (models/attention.AttentionCall)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -225,30 +226,27 @@ class ModelAdapter(ABC):
         layer_list = self.select_layers(layers)
         head_list = self.select_heads(heads)
         positions = self.query_positions_of(input_ids, query_positions)
-        kept: dict[int, tuple[Tensor, Tensor, float]] = {}
+        kept: dict[int, tuple[Tensor, Tensor, AttentionCall]] = {}
 
-        def keep(layer: int, query: Tensor, key: Tensor, tau: float) -> None:
+        def keep(layer: int, query: Tensor, key: Tensor, call: AttentionCall) -> None:
             if layer in layer_list:
-                kept[layer] = (query.detach(), key.detach(), tau)
+                kept[layer] = (query.detach(), key.detach(), call)
 
         with self.inference(), self.query_key_tap(keep):
             self.forward(input_ids, attention_mask)
         key_mask = key_padding_mask_of(attention_mask, input_ids)
-        chunks = {}  # per sliding window (None = full attention): the chunks' positions and masks
-        for window in {self.attention_window(layer) for layer in layer_list}:
-            chunks[window] = []
+        missing = [layer for layer in layer_list if layer not in kept]
+        if missing:
+            raise UnsupportedModelError(
+                f"layers {missing} of {self.name!r} never called the attention function attnsens taps, so their "
+                "rows cannot be recomputed"
+            )
+        for layer in layer_list:
+            query, key, call = kept.pop(layer)
             for start in range(0, positions.shape[1], chunk_size):
                 chunk_positions = positions[:, start : start + chunk_size]
-                allowed, n_keys = allowed_keys(
-                    chunk_positions, input_ids.shape[1], causal=self.spec.causal, key_padding_mask=key_mask,
-                    window=window,
-                )  # fmt: skip
-                chunks[window].append((chunk_positions, allowed, n_keys))
-        for layer in layer_list:
-            query, key, tau = kept.pop(layer)
-            for chunk_positions, allowed, n_keys in chunks[self.attention_window(layer)]:
-                probs = attention_rows(
-                    query, key, tau=tau, query_positions=chunk_positions, allowed=allowed, heads=head_list
+                probs, n_keys = call_rows(
+                    query, key, call, query_positions=chunk_positions, heads=head_list, key_padding_mask=key_mask
                 )
                 yield AttentionChunk(
                     layer=layer, heads=head_list, query_positions=chunk_positions, probs=probs, n_keys=n_keys

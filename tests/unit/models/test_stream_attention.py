@@ -71,7 +71,7 @@ def test_model_output_is_unchanged_while_tapped() -> None:
     with torch.no_grad():
         plain = model(input_ids=ids).logits
         seen = []
-        with adapter.query_key_tap(lambda layer, q, k, tau: seen.append((layer, q.shape, k.shape, tau))):
+        with adapter.query_key_tap(lambda layer, q, k, call: seen.append((layer, q.shape, k.shape, call.tau))):
             tapped = model(input_ids=ids).logits
     assert torch.equal(plain, tapped)
     assert seen == [(i, (1, 6, 13, 6), (1, 2, 13, 6), pytest.approx(6**0.5)) for i in range(2)]
