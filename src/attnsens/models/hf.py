@@ -150,9 +150,14 @@ def rotary_of(config: Any, d_head: int) -> RotaryConfig:
     """The RotaryConfig of a transformers config's ``rope_parameters`` (every RoPE type of ``ROPE_TYPES``).
 
     Raises:
-        UnsupportedModelError naming a RoPE type attnsens does not reproduce.
+        UnsupportedModelError naming a RoPE type attnsens does not reproduce, or RoPE that differs by layer.
     """
     rope = dict(config.rope_parameters)
+    if "rope_theta" not in rope:
+        raise UnsupportedModelError(
+            f"{config.model_type} uses a different RoPE per layer type ({', '.join(rope)}); attnsens reads one RoPE "
+            "per model"
+        )
     kind = rope.get("rope_type", "default")
     if kind not in ROPE_TYPES:
         raise UnsupportedModelError(
@@ -187,8 +192,9 @@ def rotary_of(config: Any, d_head: int) -> RotaryConfig:
     )
 
 
-def spec_rotary(config: Any, d_head: int) -> RotaryConfig:
-    """The ModelSpec's rotary: :func:`rotary_of`, or default RoPE where that refuses the type.
+def spec_rotary(config: Any, d_head: int) -> RotaryConfig | None:
+    """The ModelSpec's rotary: :func:`rotary_of`, or default RoPE where that refuses the type, or None where RoPE
+    differs by layer type (Gemma 3).
 
     Attention rows of any RoPE type can be audited (they come from the model itself); only the normalized
     weights (``read_layers``, which calls :func:`rotary_of`) refuse a type attnsens cannot reproduce.
@@ -197,6 +203,8 @@ def spec_rotary(config: Any, d_head: int) -> RotaryConfig:
         return rotary_of(config, d_head)
     except UnsupportedModelError:
         rope = config.rope_parameters
+        if "rope_theta" not in rope:
+            return None
         dim = int(d_head * rope.get("partial_rotary_factor", 1.0))
         return RotaryConfig(base=float(rope["rope_theta"]), rotary_dim=dim)
 

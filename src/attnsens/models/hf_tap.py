@@ -24,7 +24,7 @@ from attnsens.models.attention import AttentionCall
 # Keyword arguments of the attention interface that do not change the probabilities (or are read below).
 _NEUTRAL = {"dropout", "scaling", "is_causal", "sliding_window", "softcap", "s_aux", "output_attentions",
             "position_ids", "cache_position", "use_cache", "layer_idx", "cu_seq_lens_q", "cu_seq_lens_k",
-            "max_length_q", "max_length_k", "target_dtype", "attention_type"}  # fmt: skip
+            "max_length_q", "max_length_k", "target_dtype", "attention_type", "deterministic"}  # fmt: skip
 _MASKED_BY_ITSELF = ("eager", "sdpa")  # implementations that apply no window beyond the mask they are given
 
 # id(attention module) -> (layer, callback) for every tapped module in the process.

@@ -1,0 +1,107 @@
+"""Audit-only adapter of any transformers model whose attention goes through the attention-function interface.
+
+Families without a block layout (models/layouts.py) — Mixtral, Phi, StableLM, Starcoder2, Cohere, ModernBERT,
+the CLIP text tower and others — still hand their queries and keys to ``ALL_ATTENTION_FUNCTIONS`` with the mask,
+scaling, softcap and sinks they use, so their attention rows can be recomputed exactly (models/hf_tap.py). The
+modules that do so are found by reading their classes' ``forward``: a module whose forward looks the interface up
+is an attention layer, in the order the model holds them. Families whose eager attention computes its softmax
+itself (GPT-Neo, Falcon, BLOOM, MPT, ...) have no such module and are refused by name. Normalized weights, and so
+bounds and the weights-fidelity gate, need a layout and are refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable
+from dataclasses import replace
+from functools import cache
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from attnsens.errors import UnsupportedModelError
+from attnsens.models.adapter import ModelSpec
+from attnsens.models.hf import HFAdapter
+from attnsens.models.weights import LayerWeights
+
+
+@cache
+def calls_attention_interface(module_class: type) -> bool:
+    """Whether ``module_class.forward`` looks up transformers' attention-function interface."""
+    try:
+        source = inspect.getsource(module_class.forward)
+    except (OSError, TypeError):
+        return False
+    return "ALL_ATTENTION_FUNCTIONS" in source
+
+
+def interface_attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules of ``model`` that call the attention interface, in the model's order (one per layer)."""
+    return [m for m in model.modules() if calls_attention_interface(type(m))]
+
+
+class InterfaceAdapter(HFAdapter):
+    """Attention rows of any model whose attention layers call the interface; no normalized weights."""
+
+    def __init__(self, module: torch.nn.Module, *, name: str, tokenizer: Any = None) -> None:
+        config = module.base_model.config
+        if getattr(config, "is_encoder_decoder", False):
+            raise UnsupportedModelError(
+                f"{config.model_type} is an encoder-decoder; attnsens audits self-attention of one stack only "
+                "(load its encoder or decoder alone)"
+            )
+        self._attention = interface_attention_modules(module.base_model)
+        if not self._attention:
+            classes = sorted({type(m).__name__ for m in module.modules() if "Attention" in type(m).__name__})
+            raise UnsupportedModelError(
+                f"{config.model_type}: its attention ({', '.join(classes) or 'no attention module found'}) computes "
+                "its softmax itself instead of calling transformers' attention-function interface, so attnsens "
+                "cannot tap its queries and keys; this family is not supported"
+            )
+        super().__init__(module, name=name, tokenizer=tokenizer)
+        # Causality is the attention layers' own flag (sdpa's is_causal); the rows use the mask of each call.
+        causal = bool(getattr(self._attention[0], "is_causal", False))
+        self.spec = replace(self.spec, n_layer=len(self._attention), causal=causal)
+
+    @classmethod
+    def spec_of(cls, config: Any) -> ModelSpec:
+        n_head = config.num_attention_heads
+        d_head = getattr(config, "head_dim", None) or config.hidden_size // n_head
+        return ModelSpec(
+            n_layer=config.num_hidden_layers,
+            n_head=n_head,
+            n_kv_head=getattr(config, "num_key_value_heads", None) or n_head,
+            d_model=config.hidden_size,
+            d_head=d_head,
+            max_positions=config.max_position_embeddings,
+            vocab_size=config.vocab_size,
+            placement="none",
+            norm=None,
+            causal=True,
+        )
+
+    def blocks(self) -> list[torch.nn.Module]:
+        return self._attention
+
+    def attention_modules(self) -> list[torch.nn.Module]:
+        return self._attention
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> None:
+        self.base(input_ids=input_ids, attention_mask=attention_mask)
+
+    def read_layers(self) -> list[LayerWeights]:
+        raise self._no_layout("normalized weights")
+
+    def layer_input_taps(self, record: Callable[[int, str, Tensor], None]) -> contextlib.AbstractContextManager[None]:
+        raise self._no_layout("layer inputs")
+
+    def layer_output_taps(self, record: Callable[[int, str, Tensor], None]) -> contextlib.AbstractContextManager[None]:
+        raise self._no_layout("layer outputs")
+
+    def _no_layout(self, what: str) -> UnsupportedModelError:
+        return UnsupportedModelError(
+            f"{self.family}: attnsens audits its attention rows but has no block layout for it, so its {what} "
+            "(and the bounds and weights-fidelity gate built on them) are not available"
+        )

@@ -1,0 +1,86 @@
+"""Rows of every family audited through the attention-function interface agree with eager ``output_attentions``
+(≤ 1e-5), under the model's own causal, padding and sliding-window masks and softcaps; families whose eager
+attention bypasses the interface are refused by name, and audit-only families refuse bounds by name."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnsens.models as M
+from attnsens.errors import UnsupportedModelError
+from attnsens.study.bounds import bound_model
+from tests.unit.models.tiny_models import (
+    BYPASS_FAMILIES,
+    DECODER_FAMILIES,
+    ENCODER_FAMILIES,
+    FAMILIES,
+    INTERFACE_FAMILIES,
+    REFUSED_FAMILIES,
+    VOCAB,
+    eager_attentions,
+    tiny_model,
+)
+
+IDS = torch.randint(2, VOCAB, (2, 13), generator=torch.Generator().manual_seed(11))
+LEFT_PADDED = torch.ones(2, 13, dtype=torch.long)
+LEFT_PADDED[1, :4] = 0
+RIGHT_PADDED = torch.ones(2, 13, dtype=torch.long)
+RIGHT_PADDED[0, 9:] = 0
+EVERY_FAMILY = (*FAMILIES, *DECODER_FAMILIES, *REFUSED_FAMILIES, *ENCODER_FAMILIES, *INTERFACE_FAMILIES)
+SOFTCAPPED = {"gemma2": {"attn_logit_softcapping": 2.0}}
+
+
+def _assert_rows_match(model: torch.nn.Module, mask: torch.Tensor | None) -> M.ModelAdapter:
+    adapter = M.load(model)
+    reference = eager_attentions(model, IDS, attention_mask=mask)
+    real = torch.ones_like(IDS, dtype=torch.bool) if mask is None else mask.bool()
+    chunks = list(adapter.stream_attention(IDS, attention_mask=mask, chunk_size=5))
+    assert sorted({chunk.layer for chunk in chunks}) == [0, 1]
+    for chunk in chunks:
+        expected = torch.gather(
+            reference[chunk.layer], 2, chunk.query_positions[:, None, :, None].expand(-1, len(chunk.heads), -1, 13)
+        )
+        rows = real.gather(1, chunk.query_positions)[:, None, :].expand(-1, len(chunk.heads), -1)  # padded rows
+        torch.testing.assert_close(chunk.probs[rows], expected[rows], rtol=1e-5, atol=1e-5)
+        keys = real[:, None, None, :].expand_as(chunk.probs)
+        assert torch.all(chunk.probs[rows[..., None].expand_as(keys) & ~keys] == 0)  # padded keys get exactly 0
+    return adapter
+
+
+@pytest.mark.parametrize("mask", [None, LEFT_PADDED, RIGHT_PADDED], ids=["no padding", "left", "right"])
+@pytest.mark.parametrize("family", EVERY_FAMILY)
+def test_rows_match_eager_attention_under_the_models_own_masks(family: str, mask: torch.Tensor | None) -> None:
+    implementation = "eager" if family in SOFTCAPPED else "sdpa"
+    _assert_rows_match(tiny_model(family, attn_implementation=implementation, **SOFTCAPPED.get(family, {})), mask)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "starcoder2", "gemma3_text", "modernbert"])
+def test_sliding_windows_are_read_from_the_mask_of_each_layer(family: str) -> None:
+    adapter = _assert_rows_match(tiny_model(family, attn_implementation="eager"), None)
+    widest = {layer: 0 for layer in range(2)}
+    for chunk in adapter.stream_attention(IDS):
+        widest[chunk.layer] = max(widest[chunk.layer], int(chunk.n_keys.max()))
+    expected = {"mixtral": [5, 5], "starcoder2": [5, 5], "gemma3_text": [5, 13], "modernbert": [13, 7]}
+    assert [widest[0], widest[1]] == expected[family]
+
+
+@pytest.mark.parametrize("family", BYPASS_FAMILIES)
+def test_families_whose_attention_bypasses_the_interface_are_refused_by_name(family: str) -> None:
+    with pytest.raises(UnsupportedModelError, match=f"'{family}' is not supported: its eager attention computes"):
+        M.load(tiny_model(family, attn_implementation="eager"))
+
+
+def test_a_model_without_interface_calls_is_refused_naming_its_attention_class() -> None:
+    from attnsens.models.interface import InterfaceAdapter
+
+    model = tiny_model("gpt_neo", attn_implementation="eager")
+    with pytest.raises(UnsupportedModelError, match=r"gpt_neo: its attention .*GPTNeoSelfAttention.* computes"):
+        InterfaceAdapter(model, name="gpt-neo")
+
+
+@pytest.mark.parametrize("family", ["mixtral", "modernbert"])
+def test_audit_only_families_refuse_bounds_by_name(family: str) -> None:
+    adapter = M.load(tiny_model(family))
+    with pytest.raises(UnsupportedModelError, match=f"{family}: attnsens audits its attention rows but has no block"):
+        bound_model(adapter, IDS[:1])
