@@ -48,6 +48,8 @@ def hf_query_key_tap(
     ids = [id(m) for m in attention_modules]
     for layer, module in enumerate(attention_modules):
         _TAPPED[id(module)] = (layer, on_query_key)
+        if hasattr(module, _GPT2_REORDERED):
+            setattr(module, _GPT2_REORDERED, _reported_reordered(module, layer, on_query_key))
     count, replaced = _INSTALLED.get(implementation, (0, None))
     if count == 0:
         replaced = ALL_ATTENTION_FUNCTIONS._local_mapping.get(implementation)
@@ -58,6 +60,9 @@ def hf_query_key_tap(
     finally:
         for key in ids:
             _TAPPED.pop(key, None)
+        for module in attention_modules:
+            if _GPT2_REORDERED in vars(module):
+                delattr(module, _GPT2_REORDERED)
         count, replaced = _INSTALLED.pop(implementation)
         if count > 1:
             _INSTALLED[implementation] = (count - 1, replaced)
@@ -65,6 +70,22 @@ def hf_query_key_tap(
             del ALL_ATTENTION_FUNCTIONS._local_mapping[implementation]
         else:
             ALL_ATTENTION_FUNCTIONS[implementation] = replaced
+
+
+_GPT2_REORDERED = "_upcast_and_reordered_attn"
+"""GPT-2's eager path with ``reorder_and_upcast_attn`` calls this method instead of the interface."""
+
+
+def _reported_reordered(module: torch.nn.Module, layer: int, on_query_key: QueryKeyCallback) -> Callable[..., Any]:
+    original = getattr(module, _GPT2_REORDERED)
+
+    def reordered(query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None = None) -> Any:
+        # The same softmax(q·k·scaling + mask) as the interface, computed in float32 with the scale on the product.
+        call = attention_call(module, "eager", query, (value, attention_mask), {"scaling": module.scaling})
+        on_query_key(layer, query, key, call)
+        return original(query, key, value, attention_mask)
+
+    return reordered
 
 
 def attention_call(

@@ -86,3 +86,16 @@ def test_tap_is_removed_after_use() -> None:
     with torch.no_grad():
         model(input_ids=torch.randint(0, VOCAB, (1, 5)))
     assert seen == []
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_gpt2_with_reordered_and_upcast_attention_matches_eager(implementation: str) -> None:
+    """GPT-2's eager path with ``reorder_and_upcast_attn`` bypasses the interface; its rows are still tapped."""
+    model = tiny_model("gpt2", attn_implementation=implementation, reorder_and_upcast_attn=True,
+                       scale_attn_by_inverse_layer_idx=True)  # fmt: skip
+    ids = torch.randint(0, VOCAB, (2, 11))
+    reference = eager_attentions(model, ids)
+    chunks = list(M.load(model).stream_attention(ids))
+    assert [chunk.layer for chunk in chunks] == [0, 1]
+    for chunk in chunks:
+        torch.testing.assert_close(chunk.probs, reference[chunk.layer], rtol=1e-5, atol=1e-6)
