@@ -151,9 +151,29 @@ class ModelAdapter(ABC):
         """The sliding window of ``layer``'s attention (keys t − window < j ≤ t), None for full attention."""
         return None
 
-    def encode(self, text: str, *, max_length: int | None = None) -> Tensor:
-        """Token ids ``[1, n]`` of ``text`` with the model's tokenizer (truncated to ``max_length``)."""
+    def encode(self, text: str, *, max_length: int | None = None, special_tokens: bool = True) -> Tensor:
+        """Token ids ``[1, n]`` of ``text`` with the model's tokenizer (truncated to ``max_length``), with the
+        special tokens the tokenizer adds to one input ([CLS] … [SEP], BOS) unless ``special_tokens`` is False."""
         raise InputError(f"model {self.name!r} has no tokenizer; pass token ids instead of text")
+
+    def special_tokens(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The ids the tokenizer puts before and after the tokens of one input (BERT: ([CLS],), ([SEP],))."""
+        return (), ()
+
+    pad_token_id: int = 0
+    padding_side: str = "right"
+
+    def encode_batch(self, texts: Sequence[str], *, max_length: int | None = None) -> tuple[Tensor, Tensor]:
+        """``(input_ids, attention_mask)`` [batch, n] of several texts, each encoded as one input and padded on
+        ``padding_side`` with ``pad_token_id`` to the longest (mask 1 = token, 0 = padding)."""
+        encoded = [self.encode(text, max_length=max_length)[0] for text in texts]
+        n = max(ids.numel() for ids in encoded)
+        input_ids = torch.full((len(encoded), n), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(encoded), n), dtype=torch.long)
+        for row, ids in enumerate(encoded):
+            span = slice(n - ids.numel(), n) if self.padding_side == "left" else slice(0, ids.numel())
+            input_ids[row, span], attention_mask[row, span] = ids, 1
+        return input_ids, attention_mask
 
     # --- shared machinery ---------------------------------------------------------------------------------------
 

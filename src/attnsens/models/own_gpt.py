@@ -131,7 +131,8 @@ class OwnGPTAdapter(ModelAdapter):
             for handle in handles:
                 handle.remove()
 
-    def encode(self, text: str, *, max_length: int | None = None) -> Tensor:
+    def encode(self, text: str, *, max_length: int | None = None, special_tokens: bool = True) -> Tensor:
+        # attnsens' GPT is trained on tokens without special tokens: there are none to add.
         if self.tokenizer is None:
             raise InputError(f"model {self.name!r} has no tokenizer; pass token ids, or load(..., tokenizer=...)")
         encoded = self.tokenizer.encode(text)
