@@ -64,6 +64,7 @@ def load(
     step: int | None = None,
     seed: int | None = None,
     placement: str | None = None,
+    revision: str | None = None,
 ) -> ModelAdapter:
     """Wrap ``model`` in the adapter of its family.
 
@@ -79,6 +80,8 @@ def load(
         tokenizer: optional tokenizer for ``encode`` when ``model`` is an object.
         step, seed, placement: the checkpoint of a training run (default: its last); the seed and block
             placement of a study's run (needed while they leave several runs).
+        revision: the branch, tag or commit of a hub id (e.g. ``revision="step1000"`` for a Pythia checkpoint),
+            passed to transformers' ``from_pretrained``.
 
     Raises:
         UnsupportedModelError for an unknown family or model object, FileFormatError for a path or id that
@@ -122,7 +125,9 @@ def load(
         if not path.is_dir():
             raise FileFormatError(f"model path {text!r} is not a directory with config.json; check the path")
         return _from_pretrained(str(path), text, trust_remote_code=trust_remote_code, device=device, dtype=dtype)
-    return _from_pretrained(text, text, trust_remote_code=trust_remote_code, device=device, dtype=dtype)
+    return _from_pretrained(
+        text, text, trust_remote_code=trust_remote_code, device=device, dtype=dtype, revision=revision
+    )
 
 
 def supported_families() -> str:
@@ -180,10 +185,13 @@ def _from_pretrained(
     trust_remote_code: bool = False,
     device: Any,
     dtype: torch.dtype,
+    revision: str | None = None,
 ) -> ModelAdapter:
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
     extra: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    if revision is not None:
+        extra["revision"] = revision
     if gguf_file is not None:
         extra["gguf_file"] = gguf_file
     try:
