@@ -72,9 +72,10 @@ def capture_row_statistics(
     input_ids = model.check_input_ids(input_ids)
     layers = set(model.select_layers(selection.layers))
     heads = model.select_heads(selection.heads)
-    positions = selection.query_positions(*input_ids.shape, device=input_ids.device)
+    batch, n = model.sequence_shape(input_ids)
+    positions = selection.query_positions(batch, n, device=input_ids.device)
     key_mask = key_padding_mask_of(attention_mask, input_ids)
-    chunk_size = selection.rows_per_chunk(batch=input_ids.shape[0], heads=len(heads), n=input_ids.shape[1])
+    chunk_size = selection.rows_per_chunk(batch=batch, heads=len(heads), n=n)
     chunks = [positions[:, start : start + chunk_size] for start in range(0, positions.shape[1], chunk_size)]
     kept: list[RowBlock] = []
     sink = on_block or kept.append

@@ -278,10 +278,14 @@ class ModelAdapter(ABC):
     def select_heads(self, heads: Sequence[int] | None) -> tuple[int, ...]:
         return _select(heads, self.spec.n_head, "head")
 
-    @staticmethod
-    def query_positions_of(input_ids: Tensor, query_positions: Tensor | None) -> Tensor:
-        """Query positions as LongTensor [batch, query], validated against the sequence length."""
+    def sequence_shape(self, input_ids: Tensor) -> tuple[int, int]:
+        """``(batch, n)``: sequences and token positions of the model's input (a vision model's n counts patches)."""
         batch, n = input_ids.shape
+        return int(batch), int(n)
+
+    def query_positions_of(self, input_ids: Tensor, query_positions: Tensor | None) -> Tensor:
+        """Query positions as LongTensor [batch, query], validated against the sequence length."""
+        batch, n = self.sequence_shape(input_ids)
         if query_positions is None:
             return torch.arange(n, device=input_ids.device).expand(batch, n)
         positions = torch.as_tensor(query_positions, dtype=torch.long, device=input_ids.device)

@@ -17,6 +17,7 @@ from tests.unit.models.tiny_models import (
     FAMILIES,
     INTERFACE_FAMILIES,
     REFUSED_FAMILIES,
+    VISION_FAMILIES,
     VOCAB,
     eager_attentions,
     tiny_model,
@@ -84,3 +85,21 @@ def test_audit_only_families_refuse_bounds_by_name(family: str) -> None:
     adapter = M.load(tiny_model(family))
     with pytest.raises(UnsupportedModelError, match=f"{family}: attnsens audits its attention rows but has no block"):
         bound_model(adapter, IDS[:1])
+
+
+@pytest.mark.parametrize("family", VISION_FAMILIES)
+def test_vision_rows_match_eager_attention(family: str) -> None:
+    model = tiny_model(family)
+    pixels = torch.randn(2, 3, 12, 12, generator=torch.Generator().manual_seed(5))
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        reference = model(pixel_values=pixels, output_attentions=True).attentions
+    model.set_attn_implementation("sdpa")
+    adapter = M.load(model)
+    assert adapter.sequence_shape(pixels) == (2, 10)
+    chunks = list(adapter.stream_attention(pixels, chunk_size=4))
+    assert [chunk.layer for chunk in chunks] == [0, 0, 0, 1, 1, 1]
+    for chunk in chunks:
+        index = chunk.query_positions[:, None, :, None].expand(-1, 3, -1, 10)
+        torch.testing.assert_close(chunk.probs, torch.gather(reference[chunk.layer], 2, index), rtol=1e-5, atol=1e-5)
+        assert torch.equal(chunk.n_keys, torch.full_like(chunk.n_keys, 10))

@@ -128,8 +128,10 @@ def eager_attentions(model: torch.nn.Module, input_ids: torch.Tensor, attention_
     return out.attentions
 
 
-INTERFACE_FAMILIES = ("mixtral", "phi", "stablelm", "starcoder2", "cohere", "gemma3_text", "modernbert")
+INTERFACE_FAMILIES = ("mixtral", "phi", "stablelm", "starcoder2", "cohere", "gemma3_text", "modernbert", "clip_text")
 """Families audited through the attention-function interface alone (models/interface.py): rows, no bounds."""
+VISION_FAMILIES = ("vit", "clip_vision")
+"""Vision encoders audited through the interface: input pixel_values [batch, 3, 12, 12], 9 patches + [CLS]."""
 BYPASS_FAMILIES = ("gpt_neo", "falcon", "bloom")
 """Families whose eager attention computes its own softmax: refused by name."""
 
@@ -138,6 +140,10 @@ def _interface_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
     from transformers import (
         BloomConfig,
         BloomModel,
+        CLIPTextConfig,
+        CLIPTextModel,
+        CLIPVisionConfig,
+        CLIPVisionModel,
         CohereConfig,
         CohereForCausalLM,
         FalconConfig,
@@ -156,6 +162,8 @@ def _interface_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
         StableLmForCausalLM,
         Starcoder2Config,
         Starcoder2ForCausalLM,
+        ViTConfig,
+        ViTModel,
     )
 
     small = {
@@ -180,6 +188,10 @@ def _interface_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
                                                            "global_attn_every_n_layers": 2, "pad_token_id": 0,
                                                            "bos_token_id": 0, "eos_token_id": 0, "cls_token_id": 0,
                                                            "sep_token_id": 0}),
+        "clip_text": (CLIPTextConfig, CLIPTextModel, {**small, "bos_token_id": 0, "eos_token_id": 1,
+                                                      "pad_token_id": 1}),
+        "vit": (ViTConfig, ViTModel, {**small, "image_size": 12, "patch_size": 4}),
+        "clip_vision": (CLIPVisionConfig, CLIPVisionModel, {**small, "image_size": 12, "patch_size": 4}),
         "gpt_neo": (GPTNeoConfig, GPTNeoModel, {"num_layers": 2, "num_heads": 3, "hidden_size": 21,
                                                 "attention_types": [[["global", "local"], 1]], "window_size": 5,
                                                 "max_position_embeddings": 41}),
