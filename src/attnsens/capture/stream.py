@@ -16,6 +16,7 @@ from torch import Tensor
 
 from attnsens.capture.selection import RowSelection
 from attnsens.capture.statistics import RowStats, row_statistics
+from attnsens.errors import UnsupportedModelError
 from attnsens.models.adapter import ModelAdapter
 from attnsens.models.attention import AttentionCall, call_rows, key_padding_mask_of
 
@@ -83,6 +84,11 @@ def capture_row_statistics(
     def reduce_layer(layer: int, query: Tensor, key: Tensor, call: AttentionCall) -> None:
         if layer not in layers:
             return
+        if call.sinks is not None:
+            raise UnsupportedModelError(
+                f"layer {layer} of {model.name!r} has attention sinks: its rows sum to less than 1 and the row "
+                "statistics (θ, entropy) assume rows that sum to 1; stream_attention gives the rows themselves"
+            )
         query, key = query.detach(), key.detach()
         for chunk in chunks:
             # The mask is the one the layer itself used (causal, padding, sliding window), read row by row.

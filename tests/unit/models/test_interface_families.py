@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import attnsens.models as M
+from attnsens.capture import capture_row_statistics
 from attnsens.errors import UnsupportedModelError
 from attnsens.study.bounds import bound_model
 from tests.unit.models.tiny_models import (
@@ -103,3 +104,17 @@ def test_vision_rows_match_eager_attention(family: str) -> None:
         index = chunk.query_positions[:, None, :, None].expand(-1, 3, -1, 10)
         torch.testing.assert_close(chunk.probs, torch.gather(reference[chunk.layer], 2, index), rtol=1e-5, atol=1e-5)
         assert torch.equal(chunk.n_keys, torch.full_like(chunk.n_keys, 10))
+
+
+def test_attention_sinks_take_their_mass_and_are_not_reported() -> None:
+    """GPT-OSS passes one sink logit per head (``s_aux``): rows sum to less than 1, as in eager attention; the row
+    statistics, which assume rows summing to 1, refuse them by name."""
+    model = tiny_model("gpt_oss", attn_implementation="eager")
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.normal_(0.0, 1.0)
+    adapter = _assert_rows_match(model, LEFT_PADDED)
+    rows = torch.cat([chunk.probs[0].sum(dim=-1).flatten() for chunk in adapter.stream_attention(IDS)])
+    assert float(rows.min()) < 0.9 and float(rows.max()) <= 1.0 + 1e-6
+    with pytest.raises(UnsupportedModelError, match="layer 0 of .* has attention sinks: its rows sum to less than 1"):
+        capture_row_statistics(adapter, IDS)
