@@ -116,5 +116,5 @@ def test_attention_sinks_take_their_mass_and_are_not_reported() -> None:
     adapter = _assert_rows_match(model, LEFT_PADDED)
     rows = torch.cat([chunk.probs[0].sum(dim=-1).flatten() for chunk in adapter.stream_attention(IDS)])
     assert float(rows.min()) < 0.9 and float(rows.max()) <= 1.0 + 1e-6
-    with pytest.raises(UnsupportedModelError, match="layer 0 of .* has attention sinks: its rows sum to less than 1"):
+    with pytest.raises(UnsupportedModelError, match=r"layer 0 of .* has attention sinks: its rows sum to less than 1"):
         capture_row_statistics(adapter, IDS)
