@@ -41,6 +41,8 @@ bench: setup
 clean: clean-cache
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis demo-output
 
-# numba caches compiled kernels per defining file; a kernel that calls an edited module keeps its stale copy.
+# Compiled kernels live in a folder named by a hash of all kernel sources (attnsens/_numba_cache.py): an edit to
+# any of them compiles afresh. This removes every such folder, and caches of older versions kept next to the sources.
 clean-cache:
+	-$(PY) -c "import shutil; from attnsens._numba_cache import cache_root; shutil.rmtree(cache_root(), ignore_errors=True)"
 	find src -name '*.nbi' -delete -o -name '*.nbc' -delete

@@ -150,3 +150,11 @@ def test_placements_side_by_side_with_baselines_and_a_pretrained_reference(
     assert 0 < bigram < unigram  # a bigram fitted on the text beats its unigram
     sizes = baselines.xs("model", level="name")["n_parameters"]
     assert sizes["micro-pre"] == sum(p.numel() for p in GPT(config.model_for("pre")).parameters())
+
+
+def test_bounds_every_stride_checkpoints_and_always_the_last() -> None:
+    config = micro_study(Path("x"), bound_stride=2)  # checkpoints 0, 1, 2, 4
+    assert [step for step in config.train.checkpoint_schedule if config.bounds_at(step)] == [0, 2, 4]
+    assert not any(map(micro_study(Path("x"), bounds=False).bounds_at, (0, 4)))
+    with pytest.raises(ConfigError, match="bound_stride"):
+        micro_study(Path("x"), bound_stride=0)

@@ -10,8 +10,10 @@ import math
 import numba
 import numpy as np
 
+from attnsens._numba_cache import cached_njit
 
-@numba.njit(parallel=True, cache=True, fastmath=False)
+
+@cached_njit(parallel=True, fastmath=False)
 def row_moments(rows, p_max, argmax, total, squares, entropy, nonzero):  # pragma: no cover - compiled
     n_rows, n = rows.shape
     for r in numba.prange(n_rows):

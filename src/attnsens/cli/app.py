@@ -65,8 +65,7 @@ def flag(*names: str, help: str) -> Any:
 JsonOption = Annotated[bool, flag("--json", help="Print machine-readable JSON instead of tables.")]
 OutDirOption = Annotated[Path, typer.Option("--out", help="Directory to write results into.")]
 ForceOption = Annotated[
-    bool,
-    typer.Option("--force", help="Read a run folder that fails its manifest check (the problems are listed)."),
+    bool, flag("--force", help="Read a run folder that fails its manifest check (the problems are listed).")
 ]
 ModelArgument = Annotated[
     str,

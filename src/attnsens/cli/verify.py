@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from attnsens.cli.app import JsonOption, app, console, domain_errors_exit, print_json
+from attnsens.cli.app import JsonOption, app, console, domain_errors_exit, flag, print_json
 
 
 @app.command()
@@ -15,7 +15,7 @@ from attnsens.cli.app import JsonOption, app, console, domain_errors_exit, print
 def verify(
     run_dir: Annotated[Path, typer.Argument(help="Run directory written by audit, study, bounds or influence.")],
     rehash: Annotated[
-        bool, typer.Option("--rehash", help="Hash every file again instead of trusting the (size, mtime) cache.")
+        bool, flag("--rehash", help="Hash every file again instead of trusting the (size, mtime) cache.")
     ] = False,
     as_json: JsonOption = False,
 ) -> None:

@@ -250,7 +250,9 @@ def _with_overview(data: RunData, connection: Any, tables: dict[str, Any]) -> Ru
     for name in tables:
         columns = {c[0] for c in connection.execute(f'DESCRIBE "{name}"').fetchall()}
         overview["records"][name] = connection.execute(f'SELECT count(*) FROM "{name}"').fetchone()[0]
-        wanted = ["model", "run_id", "seed"] + (["step"] if name in _CHECKPOINT_TABLES else [])
+        # The baselines table describes the study as a whole (run_id = study name): not a run of its own.
+        wanted = [] if name == "baselines" else ["model", "run_id", "seed"]
+        wanted += ["step"] if name in _CHECKPOINT_TABLES else []
         for column in (c for c in wanted if c in columns):
             values = connection.execute(f'SELECT DISTINCT "{column}" FROM "{name}" ORDER BY 1').fetchall()
             overview.setdefault(column, set()).update(v[0] for v in values if v[0] is not None)

@@ -292,11 +292,13 @@ def bounds_section(data: RunData) -> Section:
     if bounds["step"].nunique() > 1:
         body += _figure(
             lambda: figures_bounds.bounds_by_step_figure(bounds),
-            "The chain of certified attention bounds over training, median over layers (band: seeds), one panel "
-            "per run. From top to bottom each form keeps what the one above proves and adds one ingredient: θ "
-            "replaced by n/2 (no θ at all); θ̃ = 1 (length-independent, MATH.md T5); the paper's form with the "
-            "measured θ̃ (the gain from θ); the key-sum form (the gain from bounding the score sensitivity by key "
-            "sums, MATH.md T4). The solid blue line is the autograd estimate every bound must stay above.",
+            "Certified attention bounds over training, median over layers (band: seeds), one panel per run. Three "
+            "local bounds at the audited input form a chain, each adding one ingredient to the one above it: θ "
+            "replaced by n/2 (dotted: no θ at all); the paper's form with the measured θ̃ (orange: the gain from "
+            "θ); the key-sum form (red: the gain from weighing each key by its probability, MATH.md T4). The "
+            "dashed line is the length-independent Lipschitz bound with θ̃ = 1 (T5), which holds on the whole "
+            "input set, not only at this input. The solid blue line is the autograd estimate every bound must "
+            "stay above.",
             title="Certified bounds over checkpoints",
         )
     body += _soundness(bounds)

@@ -55,9 +55,10 @@ class StudyConfig:
     ``placements`` are the residual-block variants trained side by side (default: ``model.norm`` alone); each
     trains every seed. The audit reads the first ``audit_sequences`` blocks of the fixed evaluation batch and
     samples ``rows_per_sequence`` query positions t ≥ ``min_query`` in each (MATH.md §9.4: rows with few keys
-    are trivially dominant); the bounds use the first ``bound_tokens`` tokens of one evaluation block.
-    ``reference`` names a pretrained model (an alias of attnsens.models.load, e.g. ``smollm2``) audited on the
-    text of the same evaluation blocks, re-tokenized with its own tokenizer: the trained end of the spectrum.
+    are trivially dominant); the bounds use the first ``bound_tokens`` tokens of one evaluation block, at every
+    ``bound_stride``-th checkpoint (and the last). ``reference`` names a pretrained model (an alias of
+    attnsens.models.load, e.g. ``smollm2``) audited on the text of the same evaluation blocks, re-tokenized with
+    its own tokenizer: the trained end of the spectrum.
     """
 
     name: str
@@ -73,6 +74,7 @@ class StudyConfig:
     bound_tokens: int = 32
     bound_queries: int = 2
     bound_iterations: int = 4
+    bound_stride: int = 1
     reference: str | None = None
 
     def __post_init__(self) -> None:
@@ -83,6 +85,8 @@ class StudyConfig:
             raise ConfigError(f"placements must be distinct and non-empty, got {placements}")
         for placement in placements:
             replace(self.model, norm=placement)  # GPTConfig validates the name
+        if not isinstance(self.bound_stride, int) or self.bound_stride < 1:
+            raise ConfigError(f"bound_stride must be a positive integer, got {self.bound_stride!r}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ConfigError(f"seeds must be distinct and non-empty, got {self.seeds}")
         if not 1 <= self.audit_sequences <= self.data.eval_sequences:
@@ -140,6 +144,12 @@ class StudyConfig:
 
     def model_for(self, placement: str) -> GPTConfig:
         return replace(self.model, norm=placement)
+
+    def bounds_at(self, step: int) -> bool:
+        """Whether checkpoint ``step`` gets certified bounds: every ``bound_stride``-th scheduled checkpoint,
+        counting from the first, and always the last."""
+        schedule = self.train.checkpoint_schedule
+        return self.bounds and (schedule.index(step) % self.bound_stride == 0 or step == schedule[-1])
 
     def describe(self) -> dict[str, Any]:
         """JSON-ready record of the whole configuration (stored in the manifest; a rerun must match it)."""
@@ -231,7 +241,7 @@ def run_study(
     tasks = [(p, seed, step) for p, seed in runs for step in config.train.checkpoint_schedule]
     for index, (placement, seed, step) in enumerate(tasks):
         manifest.refresh()
-        units = unit_paths(placement, seed, step, bounds=config.bounds).values()
+        units = unit_paths(placement, seed, step, bounds=config.bounds_at(step)).values()
         if index % world == rank and not all(manifest.is_done(unit) for unit in units):
             _audit_checkpoint(config, out, placement, seed, step, eval_inputs, manifest, say=say)
     if config.reference is not None and rank == 0:
@@ -317,7 +327,7 @@ def _forget_stale_audits(
     """Unrecord the audit units of checkpoints that retraining changed (bit-identical on CPU, so only on GPU)."""
     for step, digest in before.items():
         if after.get(step) not in (None, digest):
-            for unit in unit_paths(placement, seed, step, bounds=config.bounds).values():
+            for unit in unit_paths(placement, seed, step, bounds=config.bounds_at(step)).values():
                 manifest.forget(unit)
 
 
@@ -352,11 +362,11 @@ def _audit_checkpoint(
     model.eval()
     run_id = config.run_id(placement)
     result = audit(model, eval_inputs, selection=_selection(config), run_id=run_id, step=step, seed=seed)
-    units = unit_paths(placement, seed, step, bounds=config.bounds)
+    units = unit_paths(placement, seed, step, bounds=config.bounds_at(step))
     metadata = {"checkpoint": f"{run_dir.relative_to(out).as_posix()}/checkpoints/step_{step:06d}"}
     manifest.write_unit(units["rows"], result.rows, schema="rows", metadata=metadata)
     manifest.write_unit(units["summary"], result.summary, schema="summary", metadata=metadata)
-    if config.bounds:
+    if "bounds" in units:
         from attnsens.study.bounds import bound_model
 
         bounds = bound_model(

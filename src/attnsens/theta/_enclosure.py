@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-UNIT_ROUNDOFF = 2.0**-53
+from attnsens.theta._constants import UNIT_ROUNDOFF
 
 
 def theta_enclosure(

@@ -16,9 +16,8 @@ with best exchanges, top-14 relaxation, budgeted CKK. This module holds the driv
 of ``ROW_BLOCK``; the one-target first-fit, a chain of dependent add/compare steps, runs interleaved over the
 block's rows so that the chains overlap in the pipeline.
 
-numba's on-disk cache (``cache=True``) checks only the file that defines each function: after editing
-``_numba_scan``, ``_numba_refine`` or ``_numba_partition``, ``make clean-cache`` (or touching this file) makes
-the driver recompile with the new stages.
+Every function is compiled with ``attnsens._numba_cache.cached_njit``: the on-disk cache sits in a folder
+named by a hash of all kernel sources, so an edit to any ``_numba_*.py`` recompiles the whole cascade.
 """
 
 from __future__ import annotations
@@ -26,28 +25,45 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, parallel_chunksize, prange
+from numba import parallel_chunksize, prange
 
-from attnsens.theta._numba_partition import (
-    CKK_EXHAUSTED,
-    CKK_PERFECT,
-    complete_karmarkar_karp,
-    descending_support,
-    meet_in_the_middle,
+from attnsens._numba_cache import cached_njit
+from attnsens.theta._constants import (
+    ERROR_RADIUS_OFFSET,
+    ERROR_RADIUS_PER_KEY,
+    ERROR_RADIUS_SLACK,
+    EXACT_SUM_QUANTA_LOG2,
+    K_SMALL,
+    MITM_CHEAP_SUPPORT,
+    SMALLEST_EXACT_SUM,
+    UNIT_ROUNDOFF,
 )
-from attnsens.theta._numba_refine import FREEZE_EVERY, refine_row, relaxation, relaxation_scratch, settled
+from attnsens.theta._numba_partition import meet_in_the_middle
+from attnsens.theta._numba_refine import (
+    FREEZE_EVERY,
+    prove_short_row,
+    refine_row,
+    relaxation,
+    relaxation_scratch,
+    settled,
+)
 from attnsens.theta._numba_scan import scan_row, top_k
 from attnsens.theta.methods import RowStatus, ThetaMethod
 
-UNIT_ROUNDOFF = 2.0**-53
-K_SMALL = 8
 ROW_BLOCK = 8
 CHUNK_BLOCKS = 16
 """Threads take blocks of rows CHUNK_BLOCKS at a time as they finish (dynamic schedule): rows cost very different
 amounts (a causal head's short and long rows, the rare rows that need the late stages), and a core slowed by
 other work would otherwise hold up the whole call."""
-MITM_CHEAP_SUPPORT = 24
-PERFECT_PROBE_NODES = 2000
+MITM_WINDOW = 30
+"""Values searched by the partial meet-in-the-middle that looks for a perfect split on rows of 31–48 keys."""
+SHORT_ROW_SUPPORT = 48
+"""Rows of 25–48 keys try the proofs of ``prove_short_row`` before any heuristic; the ones left open go on
+through the cascade unless ``mitm_max`` covers them."""
+SEARCH_NODES = 2_000
+QUICK_SEARCH_NODES = 500
+"""Node budgets of the CKK and cardinality-pruned searches of ``prove_short_row`` when meet-in-the-middle
+follows (exact) and when it does not (certify: rows left open go on through the cascade)."""
 
 _OK = int(RowStatus.OK)
 _BAD_SUM = int(RowStatus.BAD_SUM)
@@ -57,18 +73,17 @@ _DOMINANT = int(ThetaMethod.DOMINANT_ATOM)
 _K_ATOM = int(ThetaMethod.K_ATOM_RELAXATION)
 _PERFECT = int(ThetaMethod.PERFECT_PARTITION)
 _FF_ONE = int(ThetaMethod.FIRST_FIT_ONE_TARGET)
-_CKK_PROVED = int(ThetaMethod.CKK_PROVED)
 
 
-@njit(cache=True)
+@cached_njit()
 def _error_radius(s, n, q):
     """E: bound on the absolute error of every computed distance (0 when sums are provably exact)."""
-    if s >= 2.0**-1000 and s <= math.ldexp(q, 52):
+    if s >= SMALLEST_EXACT_SUM and s <= math.ldexp(q, EXACT_SUM_QUANTA_LOG2):
         return 0.0
-    return (2.0 * n + 16.0) * UNIT_ROUNDOFF * s * (1.0 + 2.0**-10)
+    return (ERROR_RADIUS_PER_KEY * n + ERROR_RADIUS_OFFSET) * UNIT_ROUNDOFF * s * ERROR_RADIUS_SLACK
 
 
-@njit(cache=True, inline="always")
+@cached_njit(inline="always")
 def _fit_step(v0, v1, v2, v3, g0, g1, g2, g3, state):
     """One key of four first-fits: add it where it fits the target, else note the smallest key that overshot."""
     c0, c1, c2, c3, e0, e1, e2, e3 = state
@@ -86,25 +101,25 @@ def _fit_step(v0, v1, v2, v3, g0, g1, g2, g3, state):
     )  # fmt: skip
 
 
-@njit(cache=True, inline="always")
+@cached_njit(inline="always")
 def _next_skip(index, stop):
     return stop if index < 0 else index
 
 
-@njit(cache=True, inline="always")
+@cached_njit(inline="always")
 def _fill_distance(g, c, e):
     """d of a first-fit's state: the filled subset (gap g − c) or it plus the smallest key that overshot."""
     gap = g - c
     return min(gap, e - gap)
 
 
-@njit(cache=True, inline="always")
+@cached_njit(inline="always")
 def _freeze(frozen, d, stop_d):
     """A lane's result: fixed at the first check where d ≤ ``stop_d`` (∞ until then)."""
     return d if frozen == np.inf and d <= stop_d else frozen
 
 
-@njit(cache=True)
+@cached_njit()
 def _first_fit_quad(x, rows, skip, targets, stop, stop_d, out):
     """One-target first-fit of four rows at once, state in registers, no data-dependent branches per key.
 
@@ -174,7 +189,7 @@ def _first_fit_quad(x, rows, skip, targets, stop, stop_d, out):
     out[3] = f3 if f3 < np.inf else _fill_distance(g3, c3, e3)
 
 
-@njit(cache=True)
+@cached_njit()
 def _interleaved_first_fit(x, r0, pending, n_pending, skip, targets, ends, stop_d, out_d):
     """One-target first-fit of the block's pending rows, four at a time (short groups repeat a row)."""
     rows = np.empty(4, np.int64)
@@ -195,7 +210,7 @@ def _interleaved_first_fit(x, r0, pending, n_pending, skip, targets, ends, stop_
             out_d[start + a] = quad_out[a]
 
 
-@njit(cache=True)
+@cached_njit()
 def _sort_into(values, out):
     """out[:len(values)] = values in ascending order (insertion sort of at most K entries; no allocation)."""
     for a in range(values.size):
@@ -207,7 +222,7 @@ def _sort_into(values, out):
         out[k] = v
 
 
-@njit(cache=True)
+@cached_njit()
 def _certify_block(
     x, bits, no_positive, r0, r1, exact_quantum, stop_d, mitm_max, ckk_budget, ckk_max_support, check_sum, tolerance,
     row_sum, p_max, d_found, d_lb, err, method, status,
@@ -254,22 +269,24 @@ def _certify_block(
             d_lb[r] = dl
             method[r] = _K_ATOM
             continue
-        if n <= mitm_max:  # proved optimal: the cheap proofs above come first
-            if n > MITM_CHEAP_SUPPORT and e == 0.0:
-                # Exact sums: a short CKK search often meets the perfect-partition rule long before the
-                # 2^(n/2) meet-in-the-middle would finish.
-                vals = descending_support(x[r], n)
-                best_diff, outcome = complete_karmarkar_karp(vals, -1.0, q, PERFECT_PROBE_NODES)
-                if outcome == CKK_EXHAUSTED or outcome == CKK_PERFECT:
-                    d_found[r] = 0.5 * best_diff
-                    d_lb[r] = 0.5 * best_diff
-                    method[r] = _CKK_PROVED
-                    continue
-            d = meet_in_the_middle(x[r], n, t)
-            d_found[r] = d
-            d_lb[r] = d
-            method[r] = _MITM
-            continue
+        if n <= max(mitm_max, SHORT_ROW_SUPPORT):  # proved optimal where it is cheap: the proofs above come first
+            d, m = np.inf, 0
+            if n > MITM_CHEAP_SUPPORT:
+                # The 2^(n/2) enumeration costs 3 ms at 32 keys and a second at 48; other proofs settle most
+                # rows first.
+                # Searches longer than ~0.1 ms, and the partial enumeration (~1.5 ms), only pay as shortcuts to
+                # the full enumeration; rows it will not cover get short searches and go on through the cascade.
+                enumerate_next = n <= mitm_max
+                window = MITM_WINDOW if enumerate_next else n
+                nodes = SEARCH_NODES if enumerate_next else QUICK_SEARCH_NODES
+                d, m = prove_short_row(x[r], n, t, q, e, K_SMALL, nodes, window, nodes)
+            if m == 0 and n <= mitm_max:
+                d, m = meet_in_the_middle(x[r], n, t), _MITM
+            if m != 0:
+                d_found[r] = d
+                d_lb[r] = d
+                method[r] = m
+                continue
         d_found[r] = d_end
         d_lb[r] = dl
         targets[j] = g
@@ -304,7 +321,7 @@ def _certify_block(
         method[r] = m
 
 
-@njit(parallel=True, cache=True)
+@cached_njit(parallel=True)
 def certify_rows(
     x, bits, no_positive, exact_quantum, stop_d, mitm_max, ckk_budget, ckk_max_support, check_sum, tolerance,
     row_sum, p_max, d_found, d_lb, err, method, status,
@@ -342,7 +359,7 @@ def certify_rows_balanced(*args):
         certify_rows(*args)
 
 
-@njit(cache=True)
+@cached_njit()
 def certify_rows_serial(
     x, bits, no_positive, exact_quantum, stop_d, mitm_max, ckk_budget, ckk_max_support, check_sum, tolerance,
     row_sum, p_max, d_found, d_lb, err, method, status,

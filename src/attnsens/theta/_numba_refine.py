@@ -6,22 +6,30 @@ run after the one-target first-fit: 16 targets, Karmarkar–Karp, top-14 relaxat
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
 
+from attnsens._numba_cache import cached_njit
+from attnsens.theta._constants import K_LARGE, N_TARGETS, SWAP_ROUNDS
 from attnsens.theta._numba_partition import (
     CKK_EXHAUSTED,
     CKK_PERFECT,
+    cardinality_branch_and_bound,
+    cardinality_relaxation,
     complete_karmarkar_karp,
     descending_support,
     karmarkar_karp,
+    meet_in_the_middle,
     swap_descent,
+    window_meet_in_the_middle,
 )
 from attnsens.theta._numba_scan import top_k
 from attnsens.theta.methods import ThetaMethod
 
-K_LARGE = 14
-N_TARGETS = 16
-SWAP_ROUNDS = 8
+MITM_FALLBACK_SUPPORT = 32
+"""Rows of at most this many keys still open before the budgeted CKK are enumerated instead (≤ 3 ms, exact)."""
+REFINE_SEARCH_NODES = 20_000
+"""Node budget of the cardinality-pruned search for rows the heuristics leave open (about 0.4 ms)."""
+WINDOW_CHOICE_BITS = 10
+"""Larger values whose 2^10 subsets are tried to centre the partial meet-in-the-middle's target."""
 FREEZE_EVERY = 32
 """First-fits check every this many keys whether their best distance is ≤ the stop distance, and stop if so."""
 _INF_BITS = 0x7FF0000000000000
@@ -35,15 +43,19 @@ _TOP14_ENDPOINT = int(ThetaMethod.TOP14_ENDPOINT)
 _SWAP = int(ThetaMethod.SWAP_DESCENT)
 _CKK_PROVED = int(ThetaMethod.CKK_PROVED)
 _CKK_BUDGET = int(ThetaMethod.CKK_BUDGET)
+_CARDINALITY = int(ThetaMethod.CARDINALITY_BOUND)
+_SEARCH_PROVED = int(ThetaMethod.CARDINALITY_SEARCH)
+_SEARCH_FOUND = int(ThetaMethod.CARDINALITY_SEARCH_BUDGET)
+_MITM = int(ThetaMethod.MEET_IN_THE_MIDDLE)
 
 
-@njit(cache=True)
+@cached_njit()
 def proves_perfect(d, q, e):
     """With exact sums every 2·d(S) ≡ s/q (mod 2) in units of q, so 2d ≤ q is optimal."""
     return e == 0.0 and 2.0 * d <= q
 
 
-@njit(cache=True)
+@cached_njit()
 def settled(d, q, e, stop_d, code):
     """The method that ends refinement at distance d, or 0 to go on: PERFECT when 2d ≤ q proves d optimal, else
     ``code`` (the stage that found d) once d ≤ ``stop_d``."""
@@ -52,7 +64,7 @@ def settled(d, q, e, stop_d, code):
     return code if d <= stop_d else 0
 
 
-@njit(cache=True)
+@cached_njit()
 def _subset_sums_unsorted(top_v, sums):
     """sums[T] = Σ_{k ∈ T} top_v[k] for every bitmask T (doubling)."""
     sums[0] = 0.0
@@ -62,13 +74,13 @@ def _subset_sums_unsorted(top_v, sums):
             sums[step + j] = sums[j] + top_v[k]
 
 
-@njit(cache=True)
+@cached_njit()
 def relaxation_scratch(k):
     """Work space of ``relaxation`` for K atoms (float64 [5, 2^K]; allocate once per block of rows)."""
     return np.empty((5, 1 << k))
 
 
-@njit(cache=True)
+@cached_njit()
 def _relaxation_terms(sums, t, rest, half_rest, end_d, lb_d, score):
     """Per subset sum a = p(T): the endpoint distance, the relaxation distance and the target score (all ≥ 0)."""
     for j in range(sums.size):
@@ -80,7 +92,7 @@ def _relaxation_terms(sums, t, rest, half_rest, end_d, lb_d, score):
         score[j] = abs((t - a) - half_rest) if (lo <= 0.0) & (hi <= 0.0) else np.inf
 
 
-@njit(cache=True)
+@cached_njit()
 def _subset_terms(top_v, t, rest, scratch):
     """Fill ``scratch`` rows 0–3 for every bitmask T of the K atoms: p(T) and its ``_relaxation_terms``; returns 2^K."""
     count = 1 << top_v.size
@@ -90,7 +102,7 @@ def _subset_terms(top_v, t, rest, scratch):
     return count
 
 
-@njit(cache=True)
+@cached_njit()
 def _smallest(bits):
     """min of int64 ``bits``: on non-negative float64 values integer order is value order (vectorises)."""
     m = bits[0]
@@ -99,7 +111,7 @@ def _smallest(bits):
     return m
 
 
-@njit(cache=True)
+@cached_njit()
 def relaxation(top_v, rest, t, scratch):
     """Top-K relaxation (THETA_ALGORITHMS.md §1 "K-atom regime").
 
@@ -125,7 +137,7 @@ def relaxation(top_v, rest, t, scratch):
     return scratch[4, 1], scratch[4, 0], target
 
 
-@njit(cache=True)
+@cached_njit()
 def _best_targets(top_v, rest, t, scratch, out_g):
     """Fill ``out_g`` with the (up to) m = len(out_g) targets t − p(T) ∈ [0, rest] closest to rest/2; return how
     many. Ties go to the first T in bitmask order. ``scratch`` comes from ``relaxation_scratch(K)``.
@@ -168,7 +180,7 @@ def _best_targets(top_v, rest, t, scratch, out_g):
     return n_best
 
 
-@njit(cache=True)
+@cached_njit()
 def _first_fit_targets(row, end, skip_sorted, targets, count, stop_d):
     """First-fit of the tail (original order, ``skip_sorted`` indices left out) into each target capacity.
 
@@ -195,7 +207,7 @@ def _first_fit_targets(row, end, skip_sorted, targets, count, stop_d):
     return _best_fill(targets, fill, e_min, count)
 
 
-@njit(cache=True)
+@cached_njit()
 def _best_fill(targets, fill, e_min, count):
     best = np.inf
     for m in range(count):
@@ -204,11 +216,12 @@ def _best_fill(targets, fill, e_min, count):
     return best
 
 
-@njit(cache=True)
+@cached_njit()
 def refine_row(
     row, bits, n, s, q, e, end, stop_d, ckk_budget, ckk_max_support, top_v, skip_sorted, scratch, d_found, d_lb
 ):  # fmt: skip
-    """Stages after the one-target first-fit: 16 targets, KK, greedy split with best exchanges, top-14 relaxation,
+    """Stages after the one-target first-fit: 16 targets, cardinality bound, KK, greedy split with best exchanges,
+    cardinality-pruned search (error-free sums only), top-14 relaxation, then meet-in-the-middle (≤ 32 keys) or
     budgeted CKK. ``bits`` is the row as signed integers (``scan_row``), ``skip_sorted`` the top-K indices in
     ascending order, ``scratch`` from ``relaxation_scratch(K)``.
 
@@ -223,7 +236,12 @@ def refine_row(
     if stage:
         return d_found, d_found if stage == _PERFECT else d_lb, stage
 
-    vals = descending_support(row, n)  # shared by KK, exchanges and CKK
+    vals = descending_support(row, n)  # shared by the cardinality bound, KK, exchanges and CKK
+    d_card, _ = cardinality_relaxation(vals, top_v.size, t)
+    if d_card > e:
+        return d_card, d_card, _CARDINALITY
+    d_lb = max(d_lb, d_card)
+
     d_found = min(d_found, karmarkar_karp(vals))
     stage = settled(d_found, q, e, stop_d, _KK)
     if stage:
@@ -233,6 +251,14 @@ def refine_row(
     stage = settled(d_found, q, e, stop_d, _SWAP)
     if stage:
         return d_found, d_found if stage == _PERFECT else d_lb, stage
+
+    if e == 0.0:  # near-uniform rows with an odd count: the few good splits lie at an end of a count's interval
+        d_search, proved = cardinality_branch_and_bound(vals, t, q, REFINE_SEARCH_NODES)
+        if proved:
+            return d_search, d_search, _SEARCH_PROVED
+        d_found = min(d_found, d_search)
+        if d_found <= stop_d:
+            return d_found, d_lb, _SEARCH_FOUND
 
     k_large = min(K_LARGE, n)
     top14_v = np.empty(k_large)
@@ -245,6 +271,9 @@ def refine_row(
     if d_found <= stop_d:
         return d_found, d_lb, _TOP14_ENDPOINT
 
+    if n <= MITM_FALLBACK_SUPPORT:  # the rare short row every heuristic leaves open: enumerate it
+        d = meet_in_the_middle(row, n, t)
+        return d, d, _MITM
     if n > ckk_max_support:
         return d_found, d_lb, _CKK_BUDGET
     quantum_diff = q if e == 0.0 else -1.0
@@ -253,3 +282,30 @@ def refine_row(
     if outcome == CKK_EXHAUSTED or outcome == CKK_PERFECT:
         return 0.5 * best_diff, 0.5 * best_diff, _CKK_PROVED
     return d_found, d_lb, _CKK_BUDGET
+
+
+@cached_njit()
+def prove_short_row(row, n, t, q, e, k_top, probe_nodes, window, search_nodes):
+    """The proofs that settle most rows too long for a cheap meet-in-the-middle without enumerating them all: the
+    cardinality bound, then (sums error-free) a perfect split found by a CKK search of ``probe_nodes`` nodes or,
+    on rows of more than ``window`` keys, by meet-in-the-middle over the ``window`` smallest values, and last the
+    cardinality-pruned search within ``search_nodes`` nodes.
+
+    Returns (d*, method), or (∞, 0) when none applies and the row needs meet-in-the-middle.
+    """
+    vals = descending_support(row, n)
+    d_card, _ = cardinality_relaxation(vals, k_top, t)
+    if d_card > e:
+        return d_card, _CARDINALITY
+    if e == 0.0:
+        best_diff, outcome = complete_karmarkar_karp(vals, -1.0, q, probe_nodes)
+        if outcome == CKK_EXHAUSTED or outcome == CKK_PERFECT:
+            return 0.5 * best_diff, _CKK_PROVED
+        if n > window:
+            d = window_meet_in_the_middle(vals, t, window, WINDOW_CHOICE_BITS)
+            if proves_perfect(d, q, e):
+                return d, _PERFECT
+        d, proved = cardinality_branch_and_bound(vals, t, q, search_nodes)
+        if proved:
+            return d, _SEARCH_PROVED
+    return np.inf, 0

@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit
 
+from attnsens._numba_cache import cached_njit
 from attnsens.theta.methods import RowStatus
 
 _OK = int(RowStatus.OK)
@@ -20,7 +20,7 @@ _NEGATIVE = int(RowStatus.NEGATIVE)
 _EMPTY = int(RowStatus.EMPTY)
 
 
-@njit(cache=True)
+@cached_njit()
 def _lowest_bit(x):
     """The weight 2^k of the lowest set mantissa bit of a positive float64 x (x is a multiple of it)."""
     m, e = math.frexp(x)
@@ -28,7 +28,7 @@ def _lowest_bit(x):
     return math.ldexp(np.float64(mantissa & -mantissa), e - 53)
 
 
-@njit(cache=True)
+@cached_njit()
 def _insert_top(top_v, top_i, x, i):
     """Insert x (index i) into the descending top-K buffer without branches: each slot keeps its entry, takes its
     upper neighbour's, or takes x; ties keep the earlier index first."""
@@ -42,7 +42,7 @@ def _insert_top(top_v, top_i, x, i):
     top_i[0] = i if take else top_i[0]
 
 
-@njit(cache=True, fastmath={"reassoc"})
+@cached_njit(fastmath={"reassoc"})
 def _row_sum(row):
     """Σ row in float64, in whatever order vectorises: the error radius E holds for every summation order."""
     total = 0.0
@@ -51,7 +51,7 @@ def _row_sum(row):
     return total
 
 
-@njit(cache=True)
+@cached_njit()
 def _has_negative(row):
     for i in range(row.size):
         if row[i] < 0.0:
@@ -59,7 +59,7 @@ def _has_negative(row):
     return False
 
 
-@njit(cache=True)
+@cached_njit()
 def _support_end(bits, no_positive):
     """1 + the index of the last entry that is not ±0.0 (0 for an all-zero row); whole 16-entry blocks first."""
     zero = no_positive - no_positive
@@ -76,7 +76,7 @@ def _support_end(bits, no_positive):
     return end
 
 
-@njit(cache=True)
+@cached_njit()
 def _span_threshold(bits, first, end, k_top, no_positive):
     """The smallest of the maxima of K equal slices of bits[first:end] (≤ 0 when a slice has no positive)."""
     zero = no_positive - no_positive
@@ -91,7 +91,7 @@ def _span_threshold(bits, first, end, k_top, no_positive):
     return threshold
 
 
-@njit(cache=True)
+@cached_njit()
 def scan_row(row, bits, no_positive, exact_quantum, k_top):
     """Sum, support size, p_max, quantum q, end of support, validity, and the threshold and start of the top-K
     search (``top_k``) of one row, in one vectorised pass.
@@ -165,7 +165,7 @@ def scan_row(row, bits, no_positive, exact_quantum, k_top):
     return total, n, p_max, q, end, status, threshold, first
 
 
-@njit(cache=True)
+@cached_njit()
 def top_k(row, bits, threshold, first, end, top_v, top_i):
     """The K largest positive values of row[first:end] into ``top_v``/``top_i``, descending (ties: earlier index
     first; unused slots −1), reading only entries whose bits are ≥ ``threshold`` (from ``scan_row``)."""

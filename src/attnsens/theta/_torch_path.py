@@ -2,23 +2,30 @@
 
 Same mathematics and the same rounding model as ``_numba_kernels`` (its module docstring): exact
 meet-in-the-middle for small supports, dominant atom, top-8 relaxation (exact when d_lb > 0, else the upper
-bound), first-fit of the tail in original order into the 16 best top-8 targets (a loop over key columns,
-vectorised over rows), then greedy balancing in descending order (LPT) refined by best single exchanges, and
-plain LPT for what is left. No Karmarkar–Karp and no CKK, so intervals can be wider than the numba path's,
-never unsound.
+bound), the cardinality bound (exact when positive), first-fit of the tail in original order into the 16 best
+top-8 targets (a loop over key columns, vectorised over rows), then greedy balancing in descending order (LPT)
+refined by best single exchanges, and plain LPT for what is left. No Karmarkar–Karp and no CKK, so intervals
+can be wider than the numba path's, never unsound.
 """
 
 from __future__ import annotations
 
 import torch
 
+from attnsens.theta._constants import (
+    ERROR_RADIUS_OFFSET,
+    ERROR_RADIUS_PER_KEY,
+    ERROR_RADIUS_SLACK,
+    EXACT_SUM_QUANTA_LOG2,
+    K_SMALL,
+    N_TARGETS,
+    SMALLEST_EXACT_SUM,
+    SWAP_ROUNDS,
+    UNIT_ROUNDOFF,
+)
 from attnsens.theta._validation import row_status
 from attnsens.theta.methods import ThetaMethod
 
-UNIT_ROUNDOFF = 2.0**-53
-K_SMALL = 8
-N_TARGETS = 16
-SWAP_ROUNDS = 8
 MITM_CHUNK_ELEMENTS = 1 << 22
 
 
@@ -71,6 +78,16 @@ def certify_rows_torch(
     method = _mark(method, k_atom, ThetaMethod.K_ATOM_RELAXATION)
     done |= k_atom
 
+    if not done.all():
+        idx = torch.nonzero(~done).flatten()
+        d_card = _cardinality_bound(x[idx], sums[idx], t[idx], k_small)
+        proved = d_card > err[idx]
+        d_found = d_found.index_put((idx,), torch.where(proved, d_card, d_found[idx]))
+        d_lb = d_lb.index_put((idx,), torch.maximum(d_lb[idx], d_card))
+        cardinality = torch.zeros_like(done).index_put((idx,), proved)
+        method = _mark(method, cardinality, ThetaMethod.CARDINALITY_BOUND)
+        done |= cardinality
+
     heuristics = (
         (ThetaMethod.FIRST_FIT_SIXTEEN_TARGETS, lambda i: _first_fit(x[i], top_i[i], sums[i], t[i], rest[i])),
         (ThetaMethod.SWAP_DESCENT, lambda i: _greedy_with_exchanges(x[i], t[i], stop_distance)),
@@ -111,8 +128,9 @@ def _quantum(x: torch.Tensor, positive: torch.Tensor, *, exact_quantum: bool) ->
 
 def _error_radius(s: torch.Tensor, n: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """E of ``_numba_kernels``: 0 when sums are error-free (s ≤ 2^52·q), else (2n + 16)·u·s·(1 + 2^-10)."""
-    exact_sums = (s >= 2.0**-1000) & (s <= q * 2.0**52)
-    bound = (2.0 * n.to(torch.float64) + 16.0) * UNIT_ROUNDOFF * s * (1.0 + 2.0**-10)
+    exact_sums = (s >= SMALLEST_EXACT_SUM) & (s <= q * 2.0**EXACT_SUM_QUANTA_LOG2)
+    radius = ERROR_RADIUS_PER_KEY * n.to(torch.float64) + ERROR_RADIUS_OFFSET
+    bound = radius * UNIT_ROUNDOFF * s * ERROR_RADIUS_SLACK
     return torch.where(exact_sums, torch.zeros_like(s), bound)
 
 
@@ -145,6 +163,27 @@ def _meet_in_the_middle(x: torch.Tensor, t: torch.Tensor, width: int) -> torch.T
             best = torch.minimum(best, dist.amin(-1))
         out[start : start + chunk] = best
     return out
+
+
+def _cardinality_bound(x: torch.Tensor, sums: torch.Tensor, t: torch.Tensor, k_small: int) -> torch.Tensor:
+    """d_lb of ``_numba_partition.cardinality_relaxation`` per row: the least distance from t − p(T) to
+    [L_k, U_k] over the subsets T of the top-K values (``sums`` [row, 2^K]) and the counts k of the others.
+
+    L_k and U_k (sums of the k smallest / largest others) are cumulative sums of the sorted values, so every
+    distance is t − p(T) minus one plain sum of distinct values (the rounding model of ``_numba_kernels``).
+    """
+    tail = x.sort(-1, descending=True).values[:, k_small:]
+    zero = torch.zeros(x.shape[0], 1, dtype=x.dtype, device=x.device)
+    largest = torch.cat([zero, tail.cumsum(-1)], -1)  # [row, m + 1]; flat past the support
+    ascending = torch.where(tail > 0, tail, torch.inf).sort(-1).values
+    smallest = torch.cat([zero, torch.where(ascending < torch.inf, ascending, 0.0).cumsum(-1)], -1)
+    g = (t.unsqueeze(-1) - sums).contiguous()  # [row, 2^K]
+    k = (torch.searchsorted(smallest.contiguous(), g, right=True) - 1).clamp(min=0)  # largest k with L_k ≤ g
+    below = g - largest.gather(-1, k)
+    m = tail.shape[-1]
+    above = torch.where(k < m, smallest.gather(-1, (k + 1).clamp(max=m)) - g, torch.inf)
+    inside = torch.where(below > 0, torch.minimum(below, above), torch.zeros_like(g))
+    return torch.where(g <= 0, -g, inside).amin(-1)
 
 
 def _first_fit(

@@ -28,18 +28,23 @@ import torch
 import triton
 import triton.language as tl
 
-from attnsens.theta._enclosure import UNIT_ROUNDOFF
-from attnsens.theta._torch_path import K_SMALL
+from attnsens.theta._constants import (
+    ERROR_RADIUS_OFFSET,
+    ERROR_RADIUS_PER_KEY,
+    ERROR_RADIUS_SLACK,
+    EXACT_SUM_QUANTA_LOG2,
+    K_SMALL,
+    N_TARGETS,
+    SMALLEST_EXACT_SUM,
+    UNIT_ROUNDOFF,
+)
 from attnsens.theta.methods import RowStatus, ThetaMethod
 
 BEST_FIT_ROUNDS = 8
-REFINE_TARGETS = 16
+REFINE_TARGETS = N_TARGETS
 """Targets of the second pass, run only on the rows the first (one-target) pass leaves open (tkff M = 16, §3)."""
 MAX_KEYS = 16384
 """Longest row kept in registers; longer rows go to ``finish`` whole."""
-SMALLEST_EXACT_SUM = 2.0**-1000
-"""The exact-sum criterion also asks ŝ ≥ 2^-1000 (``_numba_kernels._error_radius``)."""
-ERROR_RADIUS_SLACK = 1.0 + 2.0**-10
 
 RowCascade = Callable[[torch.Tensor], dict[str, torch.Tensor]]
 
@@ -99,7 +104,7 @@ def _certificate_kernel(
     row_sum_ptr, p_max_ptr, d_found_ptr, d_lb_ptr, err_ptr, method_ptr, status_ptr,
     CHECK_SUM: tl.constexpr, EXACT_QUANTUM: tl.constexpr, GATHER: tl.constexpr, ROWS: tl.constexpr,
     BLOCK: tl.constexpr, K: tl.constexpr, TARGETS: tl.constexpr, ROUNDS: tl.constexpr,
-    UNIT: tl.constexpr, SLACK: tl.constexpr,
+    UNIT: tl.constexpr, SLACK: tl.constexpr, PER_KEY: tl.constexpr, OFFSET: tl.constexpr, QUANTA_LOG2: tl.constexpr,
     DOMINANT: tl.constexpr, K_ATOM: tl.constexpr, PERFECT: tl.constexpr, PREFIX_BEST_FIT: tl.constexpr,
     NON_FINITE: tl.constexpr, NEGATIVE: tl.constexpr, EMPTY: tl.constexpr, BAD_SUM: tl.constexpr,
 ):  # fmt: skip
@@ -137,8 +142,8 @@ def _certificate_kernel(
 
     # Rounding radius E (``_numba_kernels._error_radius``): 0 when ŝ ≤ 2^52·q makes every partial sum exact.
     log2_q = _log2_quantum(raw, x, positive, EXACT_QUANTUM)
-    exact_sums = (s >= smallest_exact_sum) & (s <= _pow2(tl.minimum(tl.maximum(log2_q + 52, -1022), 1023)))
-    err = tl.where(exact_sums, 0.0, (2.0 * n.to(tl.float64) + 16.0) * UNIT * s * SLACK)
+    exact_sums = (s >= smallest_exact_sum) & (s <= _pow2(tl.minimum(tl.maximum(log2_q + QUANTA_LOG2, -1022), 1023)))
+    err = tl.where(exact_sums, 0.0, (PER_KEY * n.to(tl.float64) + OFFSET) * UNIT * s * SLACK)
     q = tl.where(log2_q >= -1022, _pow2(tl.minimum(tl.maximum(log2_q, -1022), 1023)), 0.0)
 
     # Top-K atoms by K masked argmax rounds; subset_sums[T] = Σ_{k ∈ T} top_k in ascending k (as the CPU path).
@@ -278,7 +283,8 @@ def _launch(
         out["row_sum"], out["p_max"], out["d_found"], out["d_lb"], out["err"], out["method"], out["status"],
         CHECK_SUM=check_sum, EXACT_QUANTUM=rows.dtype == torch.float64, GATHER=index is not None,
         ROWS=rows_per_program, BLOCK=block, K=K_SMALL, TARGETS=n_targets, ROUNDS=BEST_FIT_ROUNDS,
-        UNIT=UNIT_ROUNDOFF, SLACK=ERROR_RADIUS_SLACK,
+        UNIT=UNIT_ROUNDOFF, SLACK=ERROR_RADIUS_SLACK, PER_KEY=ERROR_RADIUS_PER_KEY, OFFSET=ERROR_RADIUS_OFFSET,
+        QUANTA_LOG2=EXACT_SUM_QUANTA_LOG2,
         DOMINANT=int(ThetaMethod.DOMINANT_ATOM), K_ATOM=int(ThetaMethod.K_ATOM_RELAXATION),
         PERFECT=int(ThetaMethod.PERFECT_PARTITION), PREFIX_BEST_FIT=int(ThetaMethod.PREFIX_BEST_FIT),
         NON_FINITE=int(RowStatus.NON_FINITE), NEGATIVE=int(RowStatus.NEGATIVE), EMPTY=int(RowStatus.EMPTY),

@@ -19,7 +19,8 @@ class ThetaMethod(IntEnum):
 
     MEET_IN_THE_MIDDLE = 1
     """exact: all 2^n subset sums of the n ≤ 24 (``exact``: 48) non-zeros, Horowitz–Sahni two-list search (rows
-    the dominant-atom and top-8 relaxation proofs leave open)."""
+    the dominant-atom and top-8 relaxation proofs leave open), and of rows of ≤ 32 that every heuristic leaves
+    open."""
     DOMINANT_ATOM = 2
     """exact: p_max ≥ s/2, so d* = p_max − s/2 (MATH.md T2(a))."""
     K_ATOM_RELAXATION = 3
@@ -50,6 +51,15 @@ class ThetaMethod(IntEnum):
     """a greedy split improved by best single exchanges (one value in, one out) reached the threshold; it is what
     settles near-uniform rows (e.g. attention at initialisation), where first-fit and Karmarkar–Karp end about half
     a key from s/2."""
+    CARDINALITY_BOUND = 15
+    """exact: for every subset T of the top-8 atoms and every count k of the other keys, the subsets T ∪ U with
+    |U| = k have sums between p(T) plus the k smallest and p(T) plus the k largest other values; no such interval
+    contains s/2, so the nearest endpoint is optimal. Settles near-uniform rows with an odd number of keys."""
+    CARDINALITY_SEARCH = 16
+    """exact: depth-first search over the values, every branch cut by the cardinality bound of the values not yet
+    placed, exhausted its tree or met the perfect-partition rule within its node budget."""
+    CARDINALITY_SEARCH_BUDGET = 17
+    """that search ran out of nodes, but the best split it found reached the threshold (not exact)."""
 
     @property
     def is_exact(self) -> bool:
@@ -65,6 +75,8 @@ _EXACT_METHODS = frozenset(
         ThetaMethod.PERFECT_PARTITION,
         ThetaMethod.K_ATOM_RELAXATION_14,
         ThetaMethod.CKK_PROVED,
+        ThetaMethod.CARDINALITY_BOUND,
+        ThetaMethod.CARDINALITY_SEARCH,
     }
 )
 

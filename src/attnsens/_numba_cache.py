@@ -1,0 +1,70 @@
+"""numba's on-disk cache for attnsens' kernels, in a folder named by a hash of every kernel source.
+
+numba checks a cached function only against the file that defines it, so a kernel that calls (or inlines) a
+function of another module keeps its old machine code after that module is edited. Every compiled function of
+attnsens is declared with ``cached_njit``, which files it under ``kernels-<hash>``: the hash covers all
+``_numba_*.py`` sources and the Python modules whose constants they compile in, so an edit to any of them starts
+from an empty folder and recompiles everything. The folders live in ``$NUMBA_CACHE_DIR`` when that is set, else
+in ``$XDG_CACHE_HOME/attnsens/numba`` (``~/.cache/attnsens/numba``); ``make clean-cache`` removes them.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+from pathlib import Path
+
+import numba
+
+_PACKAGE = Path(__file__).resolve().parent
+COMPILED_CONSTANTS = ("theta/methods.py", "theta/_constants.py")
+"""Modules without kernels whose integers and floats the kernels read as compile-time constants."""
+
+
+def kernel_sources() -> list[Path]:
+    """Every file whose content the compiled kernels depend on, in a fixed order."""
+    kernels = sorted(_PACKAGE.rglob("_numba_*.py"))
+    return kernels + [_PACKAGE / name for name in COMPILED_CONSTANTS if (_PACKAGE / name).is_file()]
+
+
+def kernel_source_hash(sources: list[Path] | None = None) -> str:
+    """16 hex digits of SHA-256 over the file names and bytes of ``sources`` (default: ``kernel_sources()``)."""
+    digest = hashlib.sha256()
+    for path in kernel_sources() if sources is None else sources:
+        digest.update(path.name.encode())
+        digest.update(b"\0")
+        digest.update(path.read_bytes())
+        digest.update(b"\0")
+    return digest.hexdigest()[:16]
+
+
+def cache_root() -> Path:
+    """The folder that holds one ``kernels-<hash>`` folder per version of the kernel sources."""
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return Path(os.environ["NUMBA_CACHE_DIR"]) / "attnsens"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "attnsens" / "numba"
+
+
+@functools.cache
+def kernel_cache_dir() -> Path:
+    """``cache_root() / kernels-<hash of the current sources>`` (computed once per process)."""
+    return cache_root() / f"kernels-{kernel_source_hash()}"
+
+
+def cached_njit(**options):
+    """``numba.njit(cache=True, **options)`` with the cache in ``kernel_cache_dir()``.
+
+    numba picks a function's cache folder when the decorator runs, from ``numba.config.CACHE_DIR``; it is set for
+    that moment only, so numba code outside attnsens keeps its own cache.
+    """
+
+    def decorate(function):
+        previous = numba.config.CACHE_DIR
+        numba.config.CACHE_DIR = str(kernel_cache_dir())
+        try:
+            return numba.njit(cache=True, **options)(function)
+        finally:
+            numba.config.CACHE_DIR = previous
+
+    return decorate

@@ -1,0 +1,33 @@
+"""The soundness-critical constants of the θ cascade, one source for the numba, torch and Triton backends.
+
+Kept free of torch, numba and triton imports: the numba kernels read these numbers as compile-time constants,
+and the Triton kernel receives them as arguments. The stage codes are ``methods.ThetaMethod``.
+"""
+
+from __future__ import annotations
+
+UNIT_ROUNDOFF = 2.0**-53
+"""u of IEEE float64 (round to nearest)."""
+
+ERROR_RADIUS_PER_KEY = 2.0
+ERROR_RADIUS_OFFSET = 16.0
+ERROR_RADIUS_SLACK = 1.0 + 2.0**-10
+"""E = (ERROR_RADIUS_PER_KEY·n + ERROR_RADIUS_OFFSET)·u·ŝ·ERROR_RADIUS_SLACK bounds the absolute error of every
+computed distance of a row with n non-zeros (at most n + 16 float64 additions of operands ≤ s: (1.5n + 13)·u·s,
+Higham Thm 4.2; the slack covers the rounding of E itself). See ``_numba_kernels``."""
+
+EXACT_SUM_QUANTA_LOG2 = 52
+SMALLEST_EXACT_SUM = 2.0**-1000
+"""Sums are error-free (E = 0) when every value is a multiple of the power-of-two quantum q and
+SMALLEST_EXACT_SUM ≤ ŝ ≤ 2^EXACT_SUM_QUANTA_LOG2·q: every partial sum and difference is then a float64."""
+
+K_SMALL = 8
+"""Atoms of the top-K relaxation that every row gets (its 2^8 subset sums), and of the cardinality bound."""
+K_LARGE = 14
+"""Atoms of the second, larger relaxation run on rows the heuristics leave open."""
+N_TARGETS = 16
+"""First-fit targets of the second first-fit pass (the 16 top-8 subsets whose target is nearest r/2)."""
+SWAP_ROUNDS = 8
+"""Rounds of best single exchanges after the greedy split."""
+MITM_CHEAP_SUPPORT = 24
+"""Rows with at most this many non-zeros go straight to meet-in-the-middle (≤ 0.2 ms a row)."""
