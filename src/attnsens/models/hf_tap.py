@@ -100,7 +100,10 @@ def attention_call(
     mask = args[1] if len(args) > 1 else kwargs.get("attention_mask")
     unknown = sorted(k for k, v in kwargs.items() if v is not None and k not in _NEUTRAL | {"attention_mask"})
     if len(args) > 2 or unknown or (mask is not None and not isinstance(mask, Tensor)):
-        what = ", ".join(unknown) or f"{type(mask).__name__} attention mask" if len(args) <= 2 else "extra arguments"
+        if len(args) > 2:
+            what = "extra positional arguments"
+        else:
+            what = ", ".join(unknown) or f"a {type(mask).__name__} attention mask"
         raise UnsupportedModelError(
             f"{type(module).__name__} passes {what} to its attention function; attnsens does not know how that "
             f"changes the attention rows, so it refuses to recompute them (use attn_implementation='eager' or 'sdpa')"

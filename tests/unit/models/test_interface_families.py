@@ -118,3 +118,16 @@ def test_attention_sinks_take_their_mass_and_are_not_reported() -> None:
     assert float(rows.min()) < 0.9 and float(rows.max()) <= 1.0 + 1e-6
     with pytest.raises(UnsupportedModelError, match=r"layer 0 of .* has attention sinks: its rows sum to less than 1"):
         capture_row_statistics(adapter, IDS)
+
+
+def test_call_arguments_of_unknown_effect_are_refused_by_name() -> None:
+    from attnsens.models.hf_tap import attention_call
+
+    module, query = torch.nn.Linear(2, 2), torch.zeros(1, 3, 5, 4)
+    value, mask = torch.zeros(1, 3, 5, 4), torch.zeros(1, 1, 5, 5)
+    call = attention_call(module, "sdpa", query, (value, mask), {"scaling": 0.25, "dropout": 0.0})
+    assert (call.tau, call.mask is mask, call.softcap, call.sinks) == (4.0, True, None, None)
+    with pytest.raises(UnsupportedModelError, match="Linear passes position_bias to its attention function"):
+        attention_call(module, "sdpa", query, (value, mask), {"position_bias": torch.zeros(1, 3, 5, 5)})
+    with pytest.raises(UnsupportedModelError, match="passes a dict attention mask"):
+        attention_call(module, "flex_attention", query, (value, {"block": 1}), {})
