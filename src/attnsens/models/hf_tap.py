@@ -5,6 +5,11 @@ with queries and keys already projected, split into heads and rotated (RoPE). Wh
 thin wrapper under the model's implementation name (``"sdpa"``, ``"eager"``, ...) that reports the tensors of
 tapped modules and then calls the original function, so the model's output is unchanged and any implementation
 works — sdpa included. Untapped modules (other models in the process) pass straight through.
+
+Besides the tensors, the wrapper reads what the call asks for (:func:`attention_call`): the scaling, the mask the
+model built for this layer (causal, padding, sliding window, additive biases), a logit softcap and sink logits;
+an argument of unknown effect is refused by name. GPT-2's eager path with ``reorder_and_upcast_attn`` skips the
+interface, so its reordered method is wrapped instead while a tap is active.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ _INSTALLED: dict[str, tuple[int, Any]] = {}
 def hf_query_key_tap(
     attention_modules: Sequence[torch.nn.Module], implementation: str, on_query_key: QueryKeyCallback
 ) -> Iterator[None]:
-    """Report ``(layer, query, key, tau)`` of ``attention_modules[layer]`` while the model runs.
+    """Report ``(layer, query, key, call)`` of ``attention_modules[layer]`` while the model runs.
 
     ``query`` is [batch, head, n, d_head], ``key`` [batch, kv_head, n, d_head] (before any grouped-query
     repetition), ``call`` the AttentionCall read from the arguments the model passes to its attention function
