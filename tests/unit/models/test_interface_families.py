@@ -131,3 +131,20 @@ def test_call_arguments_of_unknown_effect_are_refused_by_name() -> None:
         attention_call(module, "sdpa", query, (value, mask), {"position_bias": torch.zeros(1, 3, 5, 5)})
     with pytest.raises(UnsupportedModelError, match="passes a dict attention mask"):
         attention_call(module, "flex_attention", query, (value, {"block": 1}), {})
+
+
+def test_an_additive_bias_in_the_mask_is_added_to_the_scores_like_eager_attention() -> None:
+    """A float mask carrying a bias (ALiBi: −slope·(t − j)) besides −∞ for masked keys, against eager's formula."""
+    from attnsens.models.attention import AttentionCall, call_rows
+
+    generator = torch.Generator().manual_seed(13)
+    query, key = torch.randn(2, 4, 7, 5, generator=generator), torch.randn(2, 2, 7, 5, generator=generator)
+    distance = torch.arange(7).view(7, 1) - torch.arange(7).view(1, 7)
+    bias = -0.5 * distance.float()
+    mask = torch.where(distance >= 0, bias, torch.finfo(torch.float32).min).expand(2, 1, 7, 7).clone()
+    mask[1, :, :, :2] = torch.finfo(torch.float32).min  # left padding of two keys in the second sequence
+    positions = torch.arange(2, 7).expand(2, -1)
+    probs, n_keys = call_rows(query, key, AttentionCall(tau=5**0.5, mask=mask), query_positions=positions)
+    scores = query @ key.repeat_interleave(2, dim=1).transpose(-1, -2) * 5**-0.5 + mask
+    torch.testing.assert_close(probs, torch.softmax(scores, dim=-1)[:, :, 2:], rtol=1e-6, atol=1e-7)
+    assert n_keys.tolist() == [[3, 4, 5, 6, 7], [1, 2, 3, 4, 5]]
