@@ -16,8 +16,9 @@ from torch import Tensor
 
 from attnsens.capture.selection import RowSelection
 from attnsens.capture.statistics import RowStats, row_statistics
+from attnsens.errors import UnsupportedModelError
 from attnsens.models.adapter import ModelAdapter
-from attnsens.models.attention import allowed_keys, attention_rows, key_padding_mask_of
+from attnsens.models.attention import AttentionCall, call_rows, key_padding_mask_of
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,29 +73,27 @@ def capture_row_statistics(
     input_ids = model.check_input_ids(input_ids)
     layers = set(model.select_layers(selection.layers))
     heads = model.select_heads(selection.heads)
-    positions = selection.query_positions(*input_ids.shape, device=input_ids.device)
+    batch, n = model.sequence_shape(input_ids)
+    positions = selection.query_positions(batch, n, device=input_ids.device)
     key_mask = key_padding_mask_of(attention_mask, input_ids)
-    chunk_size = selection.rows_per_chunk(batch=input_ids.shape[0], heads=len(heads), n=input_ids.shape[1])
-    # Masks depend on positions and the layer's sliding window only: built once per window, shared by its layers.
-    chunks: dict[int | None, list[tuple[Tensor, Tensor | None, Tensor]]] = {}
-    for window in {model.attention_window(layer) for layer in layers}:
-        chunks[window] = []
-        for start in range(0, positions.shape[1], chunk_size):
-            chunk = positions[:, start : start + chunk_size]
-            allowed, n_keys = allowed_keys(
-                chunk, input_ids.shape[1], causal=model.spec.causal, key_padding_mask=key_mask, window=window
-            )
-            n_keys = rearrange(n_keys, "batch query -> batch 1 query").expand(-1, len(heads), -1)
-            chunks[window].append((chunk, allowed, n_keys))
+    chunk_size = selection.rows_per_chunk(batch=batch, heads=len(heads), n=n)
+    chunks = [positions[:, start : start + chunk_size] for start in range(0, positions.shape[1], chunk_size)]
     kept: list[RowBlock] = []
     sink = on_block or kept.append
 
-    def reduce_layer(layer: int, query: Tensor, key: Tensor, tau: float) -> None:
+    def reduce_layer(layer: int, query: Tensor, key: Tensor, call: AttentionCall) -> None:
         if layer not in layers:
             return
+        if call.sinks is not None:
+            raise UnsupportedModelError(
+                f"layer {layer} of {model.name!r} has attention sinks: its rows sum to less than 1 and the row "
+                "statistics (θ, entropy) assume rows that sum to 1; stream_attention gives the rows themselves"
+            )
         query, key = query.detach(), key.detach()
-        for chunk, allowed, n_keys in chunks[model.attention_window(layer)]:
-            probs = attention_rows(query, key, tau=tau, query_positions=chunk, allowed=allowed, heads=heads)
+        for chunk in chunks:
+            # The mask is the one the layer itself used (causal, padding, sliding window), read row by row.
+            probs, n_keys = call_rows(query, key, call, query_positions=chunk, heads=heads, key_padding_mask=key_mask)
+            n_keys = rearrange(n_keys, "batch query -> batch 1 query").expand(-1, len(heads), -1)
             sink(RowBlock(layer=layer, heads=heads, query_positions=chunk, stats=row_statistics(probs, n_keys=n_keys)))
             del probs
 

@@ -53,6 +53,13 @@ def audit(
     per_head: Annotated[
         bool, flag("--per-head", help="Print the per-(layer, head) table, not only per layer.")
     ] = False,
+    device: Annotated[str | None, typer.Option("--device", help="cpu, cuda or cuda:N (default: cpu).")] = None,
+    dtype: Annotated[
+        str | None, typer.Option("--dtype", help="Weights' float type: float32 (default), bfloat16, float16.")
+    ] = None,
+    revision: Annotated[
+        str | None, typer.Option("--revision", help="Hub branch, tag or commit (e.g. Pythia's step1000).")
+    ] = None,
     trust_remote_code: Annotated[
         bool, flag("--trust-remote-code", help="Allow model code from the hub to run (off by default).")
     ] = False,
@@ -60,7 +67,15 @@ def audit(
 ) -> None:
     """Audit attention rows: θ certificates, p_max, entropy per row; per-layer summary table."""
     from attnsens.capture import RowSelection
-    from attnsens.cli.inputs import check_context, check_out_dir, default_out_dir, load_model, saved_checkpoint
+    from attnsens.cli.inputs import (
+        check_context,
+        check_device,
+        check_out_dir,
+        default_out_dir,
+        load_model,
+        parse_dtype,
+        saved_checkpoint,
+    )
     from attnsens.cli.progress import ProgressReport
     from attnsens.errors import InputError
     from attnsens.study.audit import audit as run_audit
@@ -69,6 +84,8 @@ def audit(
 
     out = default_out_dir("audit", model) if out is None else out
     check_out_dir(out)
+    check_device(device)
+    torch_dtype = parse_dtype(dtype)
     layer_list, head_list = _indices(layers, "--layers"), _indices(heads, "--heads")
     source = _read_source(text, corpus)
     if not source.strip():
@@ -77,7 +94,9 @@ def audit(
     saved = saved_checkpoint(model, step, run_seed, placement)
     if seq_len is not None:
         check_context(model, saved, seq_len)
-    adapter = load_model(model, saved, trust_remote_code=trust_remote_code)
+    adapter = load_model(
+        model, saved, trust_remote_code=trust_remote_code, device=device, dtype=torch_dtype, revision=revision
+    )
     _check_indices(layer_list, adapter.spec.n_layer, "--layers", "layers")
     _check_indices(head_list, adapter.spec.n_head, "--heads", "heads")
     if seq_len is None:

@@ -121,8 +121,32 @@ def check_context(model: str, saved: Any, seq_len: int) -> None:
         )
 
 
-def load_model(model: str, saved: Any = None, *, trust_remote_code: bool = False) -> Any:
-    """The adapter of a MODEL argument: ``saved`` (from ``saved_checkpoint``) when given, else ``models.load``."""
+DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+          "float16": "float16", "fp16": "float16", "float64": "float64", "fp64": "float64"}  # fmt: skip
+
+
+def parse_dtype(dtype: str | None) -> Any:
+    """The torch dtype a ``--dtype`` names (None: the default, float32)."""
+    if dtype is None:
+        return None
+    import torch
+
+    if dtype.lower() not in DTYPES:
+        raise ConfigError(f"--dtype {dtype!r} is not a float type; use float32, bfloat16, float16 or float64")
+    return getattr(torch, DTYPES[dtype.lower()])
+
+
+def load_model(
+    model: str,
+    saved: Any = None,
+    *,
+    trust_remote_code: bool = False,
+    device: str | None = None,
+    dtype: Any = None,
+    revision: str | None = None,
+) -> Any:
+    """The adapter of a MODEL argument: ``saved`` (from ``saved_checkpoint``) when given, else ``models.load``;
+    on ``device`` in ``dtype`` (defaults: cpu, float32), at hub ``revision`` (branch, tag or commit)."""
     from transformers.utils import logging as hf_logging
 
     from attnsens.models import load
@@ -131,5 +155,5 @@ def load_model(model: str, saved: Any = None, *, trust_remote_code: bool = False
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     if saved is not None:
-        return saved.load()
-    return load(model, trust_remote_code=trust_remote_code)
+        return saved.load() if device is None and dtype is None else saved.load(device=device or "cpu", dtype=dtype)
+    return load(model, trust_remote_code=trust_remote_code, device=device, dtype=dtype, revision=revision)

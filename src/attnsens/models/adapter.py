@@ -17,15 +17,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from attnsens.errors import ConfigError, InputError, ShapeError
-from attnsens.models.attention import allowed_keys, attention_rows, key_padding_mask_of
+from attnsens.errors import ConfigError, InputError, ShapeError, UnsupportedModelError
+from attnsens.models.attention import AttentionCall, call_rows, key_padding_mask_of
 from attnsens.models.weights import LayerWeights, NormKind, Placement, RotaryConfig
 
 OUTPUT_FIELDS = ("attention_output", "mlp_output", "block_output")
 """What ``layer_output_taps`` reports for every layer."""
 
-QueryKeyCallback = Callable[[int, Tensor, Tensor, float], None]
-"""``on_query_key(layer, query [batch, head, query, d_head], key [batch, kv_head, key, d_head], tau)``."""
+QueryKeyCallback = Callable[[int, Tensor, Tensor, AttentionCall], None]
+"""``on_query_key(layer, query [batch, head, query, d_head], key [batch, kv_head, key, d_head], call)``: the
+call's τ, mask, softcap and sinks are those the layer used (models/attention.AttentionCall)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,9 +151,29 @@ class ModelAdapter(ABC):
         """The sliding window of ``layer``'s attention (keys t − window < j ≤ t), None for full attention."""
         return None
 
-    def encode(self, text: str, *, max_length: int | None = None) -> Tensor:
-        """Token ids ``[1, n]`` of ``text`` with the model's tokenizer (truncated to ``max_length``)."""
+    def encode(self, text: str, *, max_length: int | None = None, special_tokens: bool = True) -> Tensor:
+        """Token ids ``[1, n]`` of ``text`` with the model's tokenizer (truncated to ``max_length``), with the
+        special tokens the tokenizer adds to one input ([CLS] … [SEP], BOS) unless ``special_tokens`` is False."""
         raise InputError(f"model {self.name!r} has no tokenizer; pass token ids instead of text")
+
+    def special_tokens(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The ids the tokenizer puts before and after the tokens of one input (BERT: ([CLS],), ([SEP],))."""
+        return (), ()
+
+    pad_token_id: int = 0
+    padding_side: str = "right"
+
+    def encode_batch(self, texts: Sequence[str], *, max_length: int | None = None) -> tuple[Tensor, Tensor]:
+        """``(input_ids, attention_mask)`` [batch, n] of several texts, each encoded as one input and padded on
+        ``padding_side`` with ``pad_token_id`` to the longest (mask 1 = token, 0 = padding)."""
+        encoded = [self.encode(text, max_length=max_length)[0] for text in texts]
+        n = max(ids.numel() for ids in encoded)
+        input_ids = torch.full((len(encoded), n), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(encoded), n), dtype=torch.long)
+        for row, ids in enumerate(encoded):
+            span = slice(n - ids.numel(), n) if self.padding_side == "left" else slice(0, ids.numel())
+            input_ids[row, span], attention_mask[row, span] = ids, 1
+        return input_ids, attention_mask
 
     # --- shared machinery ---------------------------------------------------------------------------------------
 
@@ -241,30 +262,27 @@ class ModelAdapter(ABC):
         chunk_size: int,
     ) -> Iterator[AttentionChunk]:
         """The generator behind ``stream_attention``, on validated arguments."""
-        kept: dict[int, tuple[Tensor, Tensor, float]] = {}
+        kept: dict[int, tuple[Tensor, Tensor, AttentionCall]] = {}
 
-        def keep(layer: int, query: Tensor, key: Tensor, tau: float) -> None:
+        def keep(layer: int, query: Tensor, key: Tensor, call: AttentionCall) -> None:
             if layer in layer_list:
-                kept[layer] = (query.detach(), key.detach(), tau)
+                kept[layer] = (query.detach(), key.detach(), call)
 
         with self.inference(), self.query_key_tap(keep):
             self.forward(input_ids, attention_mask)
         key_mask = key_padding_mask_of(attention_mask, input_ids)
-        chunks = {}  # per sliding window (None = full attention): the chunks' positions and masks
-        for window in {self.attention_window(layer) for layer in layer_list}:
-            chunks[window] = []
+        missing = [layer for layer in layer_list if layer not in kept]
+        if missing:
+            raise UnsupportedModelError(
+                f"layers {missing} of {self.name!r} never called the attention function attnsens taps, so their "
+                "rows cannot be recomputed"
+            )
+        for layer in layer_list:
+            query, key, call = kept.pop(layer)
             for start in range(0, positions.shape[1], chunk_size):
                 chunk_positions = positions[:, start : start + chunk_size]
-                allowed, n_keys = allowed_keys(
-                    chunk_positions, input_ids.shape[1], causal=self.spec.causal, key_padding_mask=key_mask,
-                    window=window,
-                )  # fmt: skip
-                chunks[window].append((chunk_positions, allowed, n_keys))
-        for layer in layer_list:
-            query, key, tau = kept.pop(layer)
-            for chunk_positions, allowed, n_keys in chunks[self.attention_window(layer)]:
-                probs = attention_rows(
-                    query, key, tau=tau, query_positions=chunk_positions, allowed=allowed, heads=head_list
+                probs, n_keys = call_rows(
+                    query, key, call, query_positions=chunk_positions, heads=head_list, key_padding_mask=key_mask
                 )
                 yield AttentionChunk(
                     layer=layer, heads=head_list, query_positions=chunk_positions, probs=probs, n_keys=n_keys
@@ -276,10 +294,14 @@ class ModelAdapter(ABC):
     def select_heads(self, heads: Sequence[int] | None) -> tuple[int, ...]:
         return _select(heads, self.spec.n_head, "head")
 
-    @staticmethod
-    def query_positions_of(input_ids: Tensor, query_positions: Tensor | None) -> Tensor:
-        """Query positions as LongTensor [batch, query], validated against the sequence length."""
+    def sequence_shape(self, input_ids: Tensor) -> tuple[int, int]:
+        """``(batch, n)``: sequences and token positions of the model's input (a vision model's n counts patches)."""
         batch, n = input_ids.shape
+        return int(batch), int(n)
+
+    def query_positions_of(self, input_ids: Tensor, query_positions: Tensor | None) -> Tensor:
+        """Query positions as LongTensor [batch, query], validated against the sequence length."""
+        batch, n = self.sequence_shape(input_ids)
         if query_positions is None:
             return torch.arange(n, device=input_ids.device).expand(batch, n)
         positions = torch.as_tensor(query_positions, dtype=torch.long, device=input_ids.device)

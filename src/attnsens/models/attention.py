@@ -8,12 +8,81 @@ attention implementation (eager, sdpa, ...) the model runs with.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from einops import rearrange
 from torch import Tensor
 
-from attnsens.errors import ShapeError
+from attnsens.errors import ShapeError, UnsupportedModelError
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttentionCall:
+    """What one attention layer was asked to compute, as the model passed it to its attention function.
+
+    ``mask`` is the model's own ``attention_mask`` argument, [batch | 1, 1, query, key]: bool (True = attend) or
+    additive float (0 or a large negative number per key, plus any additive bias such as ALiBi); it already holds
+    the causal, padding and sliding-window pattern, so ``window`` is not applied again. Without a mask the pattern
+    is ``causal`` (sdpa's ``is_causal``) or every key, narrowed by ``window`` (keys t − window < j ≤ t) for
+    kernels that apply the window themselves (flash attention). ``softcap`` c turns scores s into c·tanh(s/c);
+    ``sinks`` [head] are logits of one extra key per head that takes probability mass and is not reported.
+    """
+
+    tau: float
+    mask: Tensor | None = None
+    causal: bool = False
+    window: int | None = None
+    softcap: float | None = None
+    sinks: Tensor | None = None
+
+    def allowed(
+        self, query_positions: Tensor, n: int, *, key_padding_mask: Tensor | None = None
+    ) -> tuple[Tensor | None, Tensor | None, Tensor]:
+        """``(allowed, bias, n_keys)`` of the rows at ``query_positions`` [batch, query]: bool [batch, query, n]
+        (None = every key), an additive float [batch, query, n] bias or None, and the keys allowed per row."""
+        if self.mask is None:
+            allowed, n_keys = allowed_keys(
+                query_positions, n, causal=self.causal, key_padding_mask=key_padding_mask, window=self.window
+            )
+            return allowed, None, n_keys
+        mask = self.mask
+        if mask.ndim != 4 or mask.shape[1] != 1 or mask.shape[-1] != n:
+            raise UnsupportedModelError(
+                f"attention mask of shape {tuple(mask.shape)} is not [batch, 1, query, {n}]; attnsens recomputes rows "
+                "only under one mask shared by every head"
+            )
+        batch, rows = query_positions.shape
+        index = rearrange(query_positions, "batch query -> batch query 1").expand(batch, rows, n)
+        picked = torch.gather(mask[:, 0].expand(batch, -1, -1), 1, index)  # [batch, query, key]
+        if picked.dtype == torch.bool:
+            allowed, bias = picked, None
+        else:
+            allowed = picked > torch.finfo(picked.dtype).min / 2
+            bias = torch.where(allowed, picked.float(), 0.0)
+            bias = bias if bool(bias.any()) else None
+        if key_padding_mask is not None:
+            allowed = allowed & key_padding_mask.view(batch, 1, n)
+        return allowed, bias, allowed.sum(dim=-1)
+
+
+def call_rows(
+    query: Tensor,
+    key: Tensor,
+    call: AttentionCall,
+    *,
+    query_positions: Tensor,
+    heads: Sequence[int] | None = None,
+    key_padding_mask: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """The rows of ``call`` at ``query_positions``: :func:`attention_rows` under the call's mask, bias, softcap
+    and sinks. Returns ``(probs [batch, head, query, n] float32, n_keys [batch, query])``."""
+    allowed, bias, n_keys = call.allowed(query_positions, key.shape[2], key_padding_mask=key_padding_mask)
+    probs = attention_rows(
+        query, key, tau=call.tau, query_positions=query_positions, allowed=allowed, heads=heads, bias=bias,
+        softcap=call.softcap, sinks=call.sinks,
+    )  # fmt: skip
+    return probs, n_keys
 
 
 def attention_rows(
@@ -24,10 +93,15 @@ def attention_rows(
     query_positions: Tensor,
     allowed: Tensor | None,
     heads: Sequence[int] | None = None,
+    bias: Tensor | None = None,
+    softcap: float | None = None,
+    sinks: Tensor | None = None,
 ) -> Tensor:
     """Rows p = softmax(q_t · K^T / tau) over the allowed keys of each selected query position t, in float32.
 
-    Query head h reads key head ``h // (head / kv_head)`` (grouped-query attention).
+    Query head h reads key head ``h // (head / kv_head)`` (grouped-query attention). With ``softcap`` c the scores
+    s become c·tanh(s/c), then ``bias`` is added (the order of transformers' eager attention); with ``sinks`` each
+    head's row is normalised together with one extra logit per head that is then dropped (the row sums to < 1).
 
     Args:
         query: [batch, head, n, d_head] queries after any rotary embedding.
@@ -36,6 +110,9 @@ def attention_rows(
         query_positions: [batch, query] 0-based positions of the rows to compute.
         allowed: bool [batch, query, n] (or broadcastable) from :func:`allowed_keys`; None = every key.
         heads: 0-based query heads to compute (default: all).
+        bias: optional additive float [batch, query, n] (ALiBi or any bias the model adds to its scores).
+        softcap: optional logit cap c.
+        sinks: optional [head] sink logits (one per query head, before selecting ``heads``).
 
     Returns:
         float32 probs [batch, len(heads), query, n] with masked keys exactly zero (docs/math.md §2.6).
@@ -58,8 +135,16 @@ def attention_rows(
     else:
         index = torch.as_tensor(list(heads), dtype=torch.long, device=query.device)
         scores = torch.matmul(q[:, index], key[:, index // group].float().transpose(-1, -2))
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if bias is not None:
+        scores = scores + rearrange(bias, "batch query key -> batch 1 query key")
     if allowed is not None:  # scores: [batch, head, query, key]
         scores.masked_fill_(~rearrange(allowed, "batch query key -> batch 1 query key"), float("-inf"))
+    if sinks is not None:
+        chosen = sinks.float() if heads is None else sinks.float()[list(heads)]
+        column = rearrange(chosen, "head -> 1 head 1 1").expand(*scores.shape[:-1], 1)
+        return torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
     return torch.softmax(scores, dim=-1)
 
 

@@ -96,11 +96,36 @@ class HFAdapter(ModelAdapter):
             for handle in handles:
                 handle.remove()
 
-    def encode(self, text: str, *, max_length: int | None = None) -> Tensor:
+    def encode(self, text: str, *, max_length: int | None = None, special_tokens: bool = True) -> Tensor:
         if self.tokenizer is None:
             raise InputError(f"model {self.name!r} was loaded without a tokenizer; pass token ids instead of text")
-        ids = self.tokenizer(text, truncation=max_length is not None, max_length=max_length, return_tensors="pt")
+        ids = self.tokenizer(
+            text, truncation=max_length is not None, max_length=max_length, add_special_tokens=special_tokens,
+            return_tensors="pt",
+        )  # fmt: skip
         return ids["input_ids"].to(torch.long)
+
+    def special_tokens(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        if self.tokenizer is None:
+            return (), ()
+        # The specials around one input, read off a probe: with = prefix + core + suffix.
+        core = self.encode("a", special_tokens=False)[0].tolist()
+        with_specials = self.encode("a")[0].tolist()
+        for start in range(len(with_specials) - len(core) + 1):
+            if with_specials[start : start + len(core)] == core:
+                return tuple(with_specials[:start]), tuple(with_specials[start + len(core) :])
+        return (), ()
+
+    @property
+    def pad_token_id(self) -> int:  # type: ignore[override]
+        tokenizer = self.tokenizer
+        pad = None if tokenizer is None else tokenizer.pad_token_id
+        pad = getattr(tokenizer, "eos_token_id", None) if pad is None else pad
+        return 0 if pad is None else int(pad)
+
+    @property
+    def padding_side(self) -> str:  # type: ignore[override]
+        return getattr(self.tokenizer, "padding_side", "right") or "right"
 
 
 def _register(
@@ -150,9 +175,14 @@ def rotary_of(config: Any, d_head: int) -> RotaryConfig:
     """The RotaryConfig of a transformers config's ``rope_parameters`` (every RoPE type of ``ROPE_TYPES``).
 
     Raises:
-        UnsupportedModelError naming a RoPE type attnsens does not reproduce.
+        UnsupportedModelError naming a RoPE type attnsens does not reproduce, or RoPE that differs by layer.
     """
     rope = dict(config.rope_parameters)
+    if "rope_theta" not in rope:
+        raise UnsupportedModelError(
+            f"{config.model_type} uses a different RoPE per layer type ({', '.join(rope)}); attnsens reads one RoPE "
+            "per model"
+        )
     kind = rope.get("rope_type", "default")
     if kind not in ROPE_TYPES:
         raise UnsupportedModelError(
@@ -187,8 +217,9 @@ def rotary_of(config: Any, d_head: int) -> RotaryConfig:
     )
 
 
-def spec_rotary(config: Any, d_head: int) -> RotaryConfig:
-    """The ModelSpec's rotary: :func:`rotary_of`, or default RoPE where that refuses the type.
+def spec_rotary(config: Any, d_head: int) -> RotaryConfig | None:
+    """The ModelSpec's rotary: :func:`rotary_of`, or default RoPE where that refuses the type, or None where RoPE
+    differs by layer type (Gemma 3).
 
     Attention rows of any RoPE type can be audited (they come from the model itself); only the normalized
     weights (``read_layers``, which calls :func:`rotary_of`) refuse a type attnsens cannot reproduce.
@@ -197,6 +228,8 @@ def spec_rotary(config: Any, d_head: int) -> RotaryConfig:
         return rotary_of(config, d_head)
     except UnsupportedModelError:
         rope = config.rope_parameters
+        if "rope_theta" not in rope:
+            return None
         dim = int(d_head * rope.get("partial_rotary_factor", 1.0))
         return RotaryConfig(base=float(rope["rope_theta"]), rotary_dim=dim)
 

@@ -5,6 +5,11 @@ with queries and keys already projected, split into heads and rotated (RoPE). Wh
 thin wrapper under the model's implementation name (``"sdpa"``, ``"eager"``, ...) that reports the tensors of
 tapped modules and then calls the original function, so the model's output is unchanged and any implementation
 works — sdpa included. Untapped modules (other models in the process) pass straight through.
+
+Besides the tensors, the wrapper reads what the call asks for (:func:`attention_call`): the scaling, the mask the
+model built for this layer (causal, padding, sliding window, additive biases), a logit softcap and sink logits;
+an argument of unknown effect is refused by name. GPT-2's eager path with ``reorder_and_upcast_attn`` skips the
+interface, so its reordered method is wrapped instead while a tap is active.
 """
 
 from __future__ import annotations
@@ -19,6 +24,13 @@ from torch import Tensor
 
 from attnsens.errors import UnsupportedModelError
 from attnsens.models.adapter import QueryKeyCallback
+from attnsens.models.attention import AttentionCall
+
+# Keyword arguments of the attention interface that do not change the probabilities (or are read below).
+_NEUTRAL = {"dropout", "scaling", "is_causal", "sliding_window", "softcap", "s_aux", "output_attentions",
+            "position_ids", "cache_position", "use_cache", "layer_idx", "cu_seq_lens_q", "cu_seq_lens_k",
+            "max_length_q", "max_length_k", "target_dtype", "attention_type", "deterministic"}  # fmt: skip
+_MASKED_BY_ITSELF = ("eager", "sdpa")  # implementations that apply no window beyond the mask they are given
 
 # id(attention module) -> (layer, callback) for every tapped module in the process.
 _TAPPED: dict[int, tuple[int, QueryKeyCallback]] = {}
@@ -30,16 +42,19 @@ _INSTALLED: dict[str, tuple[int, Any]] = {}
 def hf_query_key_tap(
     attention_modules: Sequence[torch.nn.Module], implementation: str, on_query_key: QueryKeyCallback
 ) -> Iterator[None]:
-    """Report ``(layer, query, key, tau)`` of ``attention_modules[layer]`` while the model runs.
+    """Report ``(layer, query, key, call)`` of ``attention_modules[layer]`` while the model runs.
 
     ``query`` is [batch, head, n, d_head], ``key`` [batch, kv_head, n, d_head] (before any grouped-query
-    repetition), ``tau`` = 1 / the scaling factor the model passes to its attention function.
+    repetition), ``call`` the AttentionCall read from the arguments the model passes to its attention function
+    (τ = 1 / ``scaling``, its mask, softcap and sinks).
     """
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     ids = [id(m) for m in attention_modules]
     for layer, module in enumerate(attention_modules):
         _TAPPED[id(module)] = (layer, on_query_key)
+        if hasattr(module, _GPT2_REORDERED):
+            setattr(module, _GPT2_REORDERED, _reported_reordered(module, layer, on_query_key))
     count, replaced = _INSTALLED.get(implementation, (0, None))
     if count == 0:
         replaced = ALL_ATTENTION_FUNCTIONS._local_mapping.get(implementation)
@@ -50,6 +65,9 @@ def hf_query_key_tap(
     finally:
         for key in ids:
             _TAPPED.pop(key, None)
+        for module in attention_modules:
+            if _GPT2_REORDERED in vars(module):
+                delattr(module, _GPT2_REORDERED)
         count, replaced = _INSTALLED.pop(implementation)
         if count > 1:
             _INSTALLED[implementation] = (count - 1, replaced)
@@ -57,6 +75,58 @@ def hf_query_key_tap(
             del ALL_ATTENTION_FUNCTIONS._local_mapping[implementation]
         else:
             ALL_ATTENTION_FUNCTIONS[implementation] = replaced
+
+
+_GPT2_REORDERED = "_upcast_and_reordered_attn"
+"""GPT-2's eager path with ``reorder_and_upcast_attn`` calls this method instead of the interface."""
+
+
+def _reported_reordered(module: torch.nn.Module, layer: int, on_query_key: QueryKeyCallback) -> Callable[..., Any]:
+    original = getattr(module, _GPT2_REORDERED)
+
+    def reordered(query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None = None) -> Any:
+        # The same softmax(q·k·scaling + mask) as the interface, computed in float32 with the scale on the product.
+        call = attention_call(module, "eager", query, (value, attention_mask), {"scaling": module.scaling})
+        on_query_key(layer, query, key, call)
+        return original(query, key, value, attention_mask)
+
+    return reordered
+
+
+def attention_call(
+    module: torch.nn.Module, implementation: str, query: Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> AttentionCall:
+    """The AttentionCall of one call ``interface(module, query, key, value, attention_mask, ...)``.
+
+    Raises:
+        UnsupportedModelError naming an argument that would change the probabilities in a way attnsens does not
+        reproduce (a per-head position bias, a head mask, a block mask of flex attention, ...).
+    """
+    mask = args[1] if len(args) > 1 else kwargs.get("attention_mask")
+    unknown = sorted(k for k, v in kwargs.items() if v is not None and k not in _NEUTRAL | {"attention_mask"})
+    if len(args) > 2 or unknown or (mask is not None and not isinstance(mask, Tensor)):
+        if len(args) > 2:
+            what = "extra positional arguments"
+        else:
+            what = ", ".join(unknown) or f"a {type(mask).__name__} attention mask"
+        raise UnsupportedModelError(
+            f"{type(module).__name__} passes {what} to its attention function; attnsens does not know how that "
+            f"changes the attention rows, so it refuses to recompute them (use attn_implementation='eager' or 'sdpa')"
+        )
+    scaling = kwargs.get("scaling")
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    is_causal = kwargs.get("is_causal")
+    is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+    softcap, sinks = kwargs.get("softcap"), kwargs.get("s_aux")
+    return AttentionCall(
+        tau=1.0 / float(scaling),
+        mask=mask,
+        causal=mask is None and implementation != "eager" and bool(is_causal) and query.shape[2] > 1,
+        window=None if implementation in _MASKED_BY_ITSELF else kwargs.get("sliding_window"),
+        softcap=None if softcap is None else float(softcap),
+        sinks=None if sinks is None else sinks.detach(),
+    )
 
 
 def _make_wrapper(implementation: str, replaced: Any) -> Callable[..., Any]:
@@ -74,17 +144,7 @@ def _make_wrapper(implementation: str, replaced: Any) -> Callable[..., Any]:
         entry = _TAPPED.get(id(module))
         if entry is not None:
             layer, callback = entry
-            if kwargs.get("softcap") is not None:
-                # Rows are recomputed as softmax(q·k/τ); a softcapped model's are softmax(c·tanh(q·k/(τc))).
-                raise UnsupportedModelError(
-                    f"{type(module).__name__} caps its attention logits (softcap={kwargs['softcap']}); attnsens "
-                    f"cannot recompute its rows yet; load the model with attn_logit_softcapping=None to audit it "
-                    f"without the cap"
-                )
-            scaling = kwargs.get("scaling")
-            if scaling is None:
-                scaling = query.shape[-1] ** -0.5
-            callback(layer, query, key, 1.0 / float(scaling))
+            callback(layer, query, key, attention_call(module, implementation, query, args, kwargs))
         return original_for(module)(module, query, key, *args, **kwargs)
 
     return tapped_attention

@@ -32,7 +32,17 @@ FAMILIES: dict[str, str] = {
         "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2", "opt", "gptj", "distilbert",
     )},
 }  # fmt: skip
-"""transformers ``model_type`` → ``module:AdapterClass``."""
+"""transformers ``model_type`` → ``module:AdapterClass`` (bounds and audit); other families whose attention calls
+transformers' attention-function interface are audited by ``attnsens.models.interface:InterfaceAdapter``."""
+
+_OWN_SOFTMAX = "its eager attention computes the softmax itself (bypassing the attention-function interface)"
+BYPASSES: dict[str, str] = {
+    "gpt_neo": _OWN_SOFTMAX,
+    "falcon": _OWN_SOFTMAX + " and may add ALiBi",
+    "bloom": _OWN_SOFTMAX + " with ALiBi",
+    "mpt": _OWN_SOFTMAX + " with ALiBi",
+}
+"""Families refused by name before their weights are loaded; others without interface calls are refused on load."""
 
 ALIASES: dict[str, AliasLoader] = {}
 
@@ -54,6 +64,7 @@ def load(
     step: int | None = None,
     seed: int | None = None,
     placement: str | None = None,
+    revision: str | None = None,
 ) -> ModelAdapter:
     """Wrap ``model`` in the adapter of its family.
 
@@ -69,6 +80,8 @@ def load(
         tokenizer: optional tokenizer for ``encode`` when ``model`` is an object.
         step, seed, placement: the checkpoint of a training run (default: its last); the seed and block
             placement of a study's run (needed while they leave several runs).
+        revision: the branch, tag or commit of a hub id (e.g. ``revision="step1000"`` for a Pythia checkpoint),
+            passed to transformers' ``from_pretrained``.
 
     Raises:
         UnsupportedModelError for an unknown family or model object, FileFormatError for a path or id that
@@ -112,19 +125,30 @@ def load(
         if not path.is_dir():
             raise FileFormatError(f"model path {text!r} is not a directory with config.json; check the path")
         return _from_pretrained(str(path), text, trust_remote_code=trust_remote_code, device=device, dtype=dtype)
-    return _from_pretrained(text, text, trust_remote_code=trust_remote_code, device=device, dtype=dtype)
+    return _from_pretrained(
+        text, text, trust_remote_code=trust_remote_code, device=device, dtype=dtype, revision=revision
+    )
 
 
 def supported_families() -> str:
-    return ", ".join([*FAMILIES, "own_gpt (attnsens.train.model.GPT)"])
+    return ", ".join(
+        [*FAMILIES, "own_gpt (attnsens.train.model.GPT)", "audit only: any family whose attention calls transformers' "
+         "attention-function interface"]
+    )  # fmt: skip
 
 
 def adapter_class(model_type: str) -> type[ModelAdapter]:
-    """The adapter class registered for a transformers ``model_type``."""
-    if model_type not in FAMILIES:
+    """The adapter class registered for a transformers ``model_type``; other families get the audit-only
+    adapter (models/interface.py), which refuses them by name if their attention bypasses the interface."""
+    if model_type in BYPASSES:
         raise UnsupportedModelError(
-            f"model family {model_type!r} is not supported; supported families: {supported_families()}"
+            f"model family {model_type!r} is not supported: {BYPASSES[model_type]}; supported families: "
+            f"{supported_families()}"
         )
+    if model_type not in FAMILIES:
+        from attnsens.models.interface import InterfaceAdapter
+
+        return InterfaceAdapter
     module_name, class_name = FAMILIES[model_type].split(":")
     return getattr(importlib.import_module(module_name), class_name)
 
@@ -161,10 +185,13 @@ def _from_pretrained(
     trust_remote_code: bool = False,
     device: Any,
     dtype: torch.dtype,
+    revision: str | None = None,
 ) -> ModelAdapter:
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
     extra: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    if revision is not None:
+        extra["revision"] = revision
     if gguf_file is not None:
         extra["gguf_file"] = gguf_file
     try:

@@ -17,6 +17,7 @@ from torch import Tensor
 
 from attnsens.errors import InputError
 from attnsens.models.adapter import ModelAdapter, ModelSpec, QueryKeyCallback
+from attnsens.models.attention import AttentionCall
 from attnsens.models.weights import LayerWeights
 
 
@@ -54,7 +55,7 @@ class OwnGPTAdapter(ModelAdapter):
 
     @contextlib.contextmanager
     def query_key_tap(self, on_query_key: QueryKeyCallback) -> Iterator[None]:
-        tau = float(self.module.config.tau)
+        call = AttentionCall(tau=float(self.module.config.tau), causal=bool(self.module.config.causal))
         handles = []
         for layer, block in enumerate(self.module.blocks):
             latest: dict[str, Tensor] = {}
@@ -65,7 +66,7 @@ class OwnGPTAdapter(ModelAdapter):
             def report_key(
                 _m: Any, _a: Any, out: Tensor, latest: dict[str, Tensor] = latest, layer: int = layer
             ) -> None:
-                on_query_key(layer, latest.pop("query"), out, tau)
+                on_query_key(layer, latest.pop("query"), out, call)
 
             # hook_q runs before hook_k in the forward pass, so the key hook reports both.
             handles.append(block.attn.hook_q.register_forward_hook(keep_query))
@@ -130,7 +131,8 @@ class OwnGPTAdapter(ModelAdapter):
             for handle in handles:
                 handle.remove()
 
-    def encode(self, text: str, *, max_length: int | None = None) -> Tensor:
+    def encode(self, text: str, *, max_length: int | None = None, special_tokens: bool = True) -> Tensor:
+        # attnsens' GPT is trained on tokens without special tokens: there are none to add.
         if self.tokenizer is None:
             raise InputError(f"model {self.name!r} has no tokenizer; pass token ids, or load(..., tokenizer=...)")
         encoded = self.tokenizer.encode(text)

@@ -8,7 +8,7 @@ Run directory layout: ``manifest.json`` (config, provenance, finished units with
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -45,8 +45,9 @@ class AuditResult:
 @writes_run_folder("out_dir", "audit")
 def audit(
     model: Any,
-    tokens: Tensor | str,
+    tokens: Tensor | str | Sequence[str],
     *,
+    attention_mask: Tensor | None = None,
     seq_len: int | None = None,
     n_sequences: int | None = None,
     selection: RowSelection | None = None,
@@ -60,9 +61,14 @@ def audit(
 
     Args:
         model: anything attnsens.models.load accepts (adapter, model object, path, hub id, alias).
-        tokens: token ids [batch, n], a 1-D token stream, or text (tokenized with the model's tokenizer).
-        seq_len: cut a stream or text into consecutive non-overlapping sequences of this many tokens
-            (default: the whole input as one sequence, or the rows of a 2-D tensor).
+        tokens: token ids [batch, n], a 1-D token stream, text, or a list of texts (tokenized with the model's
+            tokenizer; a list is padded to its longest text, each text one model input with its special tokens).
+        attention_mask: [batch, n] padding mask of a [batch, n] tensor (1 = token, 0 = padding); the real tokens
+            of each sequence must be contiguous (left or right padding). Padded keys get probability 0 in the
+            rows, as in the model, and padded query positions are never audited.
+        seq_len: cut a stream or text into consecutive non-overlapping windows of this many tokens, each a
+            well-formed model input: the tokenizer's special tokens ([CLS] … [SEP], BOS) open and close every
+            window (default: the whole input as one sequence, or the rows of a 2-D tensor).
         n_sequences: audit only the first this many sequences (default: all).
         selection: layers, heads, positions (RowSelection; default: every row).
         out_dir: run directory to write Parquet files and the manifest to; sequences already recorded there
@@ -79,7 +85,9 @@ def audit(
     adapter = load(model)
     check_finite_module(adapter.module, name=adapter.name)
     selection = selection or RowSelection()
-    sequences = split_sequences(adapter, tokens, seq_len=seq_len, n_sequences=n_sequences)
+    sequences, mask = model_inputs(
+        adapter, tokens, attention_mask=attention_mask, seq_len=seq_len, n_sequences=n_sequences
+    )
     layers = adapter.select_layers(selection.layers)
     identity = {"run_id": run_id, "model": adapter.name, "step": step, "seed": seed}
     manifest = None
@@ -90,6 +98,7 @@ def audit(
             "n_sequences": int(sequences.shape[0]),
             "selection": asdict(selection),
             "tokens_sha": _token_digest(sequences),
+            **({} if mask is None else {"attention_mask_sha": _token_digest(mask)}),
         }
         manifest = Manifest.open(out_dir, config=config)
     total, done = sequences.shape[0] * len(layers), 0
@@ -114,9 +123,12 @@ def audit(
                 tick()
             blocks.append(block)
 
-        # Each sequence draws its own sampled positions (seed + sequence index), reproducibly.
-        per_sequence = replace(selection, seed=selection.seed + index)
-        capture_row_statistics(adapter, sequences[index : index + 1], selection=per_sequence, on_block=keep)
+        # Each sequence draws its own sampled positions (seed + sequence index), reproducibly, among its real tokens.
+        per_sequence = _real_positions(replace(selection, seed=selection.seed + index), mask, index)
+        one_mask = None if mask is None else mask[index : index + 1]
+        capture_row_statistics(
+            adapter, sequences[index : index + 1], selection=per_sequence, attention_mask=one_mask, on_block=keep
+        )
         tick()
         frame = rows_frame(blocks, batch_offset=index, **identity)
         if manifest is not None:
@@ -147,20 +159,78 @@ def rows_frame(
     return conform(frame, "rows").to_pandas()
 
 
+def model_inputs(
+    adapter: ModelAdapter,
+    tokens: Tensor | str | Sequence[str],
+    *,
+    attention_mask: Tensor | None = None,
+    seq_len: int | None = None,
+    n_sequences: int | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """The [batch, n] int64 token ids and padding mask (None: no padding) ``audit`` reads (see its arguments)."""
+    if isinstance(tokens, list | tuple) and any(isinstance(item, str) for item in tokens):
+        if attention_mask is not None or seq_len is not None:
+            raise InputError("a list of texts is padded to its longest text; drop attention_mask and seq_len")
+        if not all(isinstance(item, str) and item.strip() for item in tokens):
+            raise InputError("every item of a list of texts to audit must be a non-empty string")
+        texts = list(tokens)[:n_sequences] if n_sequences is not None else list(tokens)
+        ids, mask = adapter.encode_batch(texts, max_length=adapter.spec.max_positions)
+        return split_sequences(adapter, ids), _checked_mask(mask, ids)
+    if attention_mask is None:
+        return split_sequences(adapter, tokens, seq_len=seq_len, n_sequences=n_sequences), None
+    if seq_len is not None:
+        raise InputError("seq_len cuts a token stream into windows; with an attention_mask give [batch, n] as is")
+    ids = split_sequences(adapter, tokens, n_sequences=n_sequences)
+    return ids, _checked_mask(attention_mask, ids)
+
+
+def _checked_mask(attention_mask: Any, ids: Tensor) -> Tensor | None:
+    """The padding mask as int64 [batch, n] (None when nothing is padded), each row's tokens contiguous."""
+    mask = torch.as_tensor(attention_mask)
+    if mask.ndim == 1:
+        mask = mask.unsqueeze(0)
+    mask = mask[: ids.shape[0]]
+    if mask.shape != ids.shape:
+        raise InputError(f"attention_mask shape {tuple(mask.shape)} must equal the tokens' shape {tuple(ids.shape)}")
+    if not bool(((mask == 0) | (mask == 1)).all()):
+        raise InputError("attention_mask must hold 1 for tokens and 0 for padding only")
+    mask = mask.to(torch.long)
+    counts = mask.sum(dim=1)
+    if bool((counts == 0).any()):
+        raise InputError(f"sequences {(counts == 0).nonzero().flatten().tolist()} are all padding; drop them")
+    if bool(((mask[:, 1:] != mask[:, :-1]).sum(dim=1) > 1).any()):  # one 0/1 edge at most: left or right padding
+        raise InputError("each sequence's tokens must be contiguous (left or right padding) in attention_mask")
+    return None if bool((counts == mask.shape[1]).all()) else mask
+
+
+def _real_positions(selection: RowSelection, mask: Tensor | None, index: int) -> RowSelection:
+    """``selection`` narrowed to sequence ``index``'s real (unpadded) query positions."""
+    if mask is None:
+        return selection
+    real = mask[index].nonzero().flatten()
+    first, stop = int(real[0]), int(real[-1]) + 1
+    start = max(selection.query_start, first)
+    stop = stop if selection.query_stop is None else min(selection.query_stop, stop)
+    if stop <= start:
+        raise InputError(
+            f"sequence {index} has no real token in the selected query positions [{selection.query_start}, "
+            f"{selection.query_stop}); its tokens are at [{first}, {int(real[-1]) + 1})"
+        )
+    return replace(selection, query_start=start, query_stop=stop)
+
+
 def split_sequences(
     adapter: ModelAdapter, tokens: Tensor | str, *, seq_len: int | None = None, n_sequences: int | None = None
 ) -> Tensor:
-    """The [batch, n] int64 token ids ``audit`` reads (see its ``tokens``, ``seq_len`` and ``n_sequences``)."""
+    """The [batch, n] int64 token ids of unpadded ``tokens`` (see ``audit``'s ``tokens``, ``seq_len`` and
+    ``n_sequences``); text cut into windows gets the tokenizer's special tokens in every window."""
     if isinstance(tokens, str):
         if not tokens.strip():
             raise InputError("the text to audit is empty; give a file or corpus with some text")
-        needed = None if seq_len is None or n_sequences is None else seq_len * n_sequences
-        tokens = _encode_prefix(adapter, tokens, needed)
-    if isinstance(tokens, list | tuple) and any(isinstance(item, str) for item in tokens):
-        raise InputError(
-            f"tokens is a {type(tokens).__name__} of {len(tokens)} texts; pass one text (e.g. '\\n\\n'.join(texts)) "
-            "or token ids"
-        )
+        if seq_len is None:
+            tokens = adapter.encode(tokens)[0]
+        else:
+            return _text_windows(adapter, tokens, seq_len=seq_len, n_sequences=n_sequences)
     try:
         tokens = torch.as_tensor(tokens)
     except (TypeError, ValueError, RuntimeError) as err:
@@ -200,13 +270,30 @@ def split_sequences(
     return tokens.to(torch.long)
 
 
+def _text_windows(adapter: ModelAdapter, text: str, *, seq_len: int, n_sequences: int | None) -> Tensor:
+    """``text`` as windows of ``seq_len`` tokens: prefix specials + consecutive tokens of the text + suffix."""
+    prefix, suffix = adapter.special_tokens()
+    content = seq_len - len(prefix) - len(suffix)
+    if content < 1:
+        raise InputError(
+            f"seq_len {seq_len} leaves no room for text beside the {len(prefix) + len(suffix)} special tokens "
+            f"of {adapter.name!r}'s tokenizer; use a longer seq_len"
+        )
+    needed = None if n_sequences is None else content * n_sequences
+    stream = _encode_prefix(adapter, text, needed)
+    windows = split_sequences(adapter, stream, seq_len=content, n_sequences=n_sequences)
+    around = [torch.tensor(ids, dtype=torch.long).expand(windows.shape[0], -1) for ids in (prefix, suffix)]
+    return split_sequences(adapter, torch.cat([around[0], windows, around[1]], dim=1), seq_len=None)
+
+
 def _encode_prefix(adapter: ModelAdapter, text: str, needed: int | None) -> Tensor:
-    """Token stream of ``text``, or of a prefix of it long enough for ``needed`` tokens (large corpora)."""
+    """Token stream of ``text`` without special tokens, or of a prefix of it long enough for ``needed`` tokens
+    (large corpora)."""
     if needed is None:
-        return adapter.encode(text)[0]
+        return adapter.encode(text, special_tokens=False)[0]
     chars = 8 * needed
     while True:
-        tokens = adapter.encode(text[:chars])[0]
+        tokens = adapter.encode(text[:chars], special_tokens=False)[0]
         if tokens.numel() > needed or chars >= len(text):
             return tokens
         chars *= 4

@@ -46,14 +46,14 @@ def test_chunk_size_does_not_change_results_and_bounds_peak_rows(monkeypatch) ->
     adapter = M.load(tiny_model("llama"))
     ids = torch.randint(0, VOCAB, (2, 23))
     shapes = []
-    original = C.stream.attention_rows
+    original = C.stream.call_rows
 
     def spy(*args, **kwargs):
-        probs = original(*args, **kwargs)
+        probs, n_keys = original(*args, **kwargs)
         shapes.append(tuple(probs.shape))
-        return probs
+        return probs, n_keys
 
-    monkeypatch.setattr(C.stream, "attention_rows", spy)
+    monkeypatch.setattr(C.stream, "call_rows", spy)
     small = _concat(C.capture_row_statistics(adapter, ids, selection=C.RowSelection(chunk_size=4)))
     assert max(shapes) == (2, 6, 4, 23) and len(shapes) == 2 * 6  # one [batch, head, chunk, key] block at a time
     whole = _concat(C.capture_row_statistics(adapter, ids, selection=C.RowSelection(chunk_size=23)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from attnsens.cli import app
@@ -44,3 +45,31 @@ def test_default_seq_len_and_out(run_dir: Path, text_file: Path, tmp_path: Path,
     out = Path(payload["out"])
     assert out.parent == Path("runs") and out.name.startswith("audit-micro-")
     assert (tmp_path / out / "rows").is_dir()
+
+
+def test_device_and_dtype(run_dir: Path, text_file: Path, tmp_path: Path) -> None:
+    args = ["audit", str(run_dir), "--text", str(text_file), "--seq-len", "8", "--json"]
+    result = runner.invoke(app, [*args, "--device", "cpu", "--dtype", "bf16", "--out", str(tmp_path / "b")])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["n_rows"] == 2 * 2 * 8  # 2 layers x 2 heads x 8 queries, from bfloat16 weights
+    result = runner.invoke(app, [*args, "--dtype", "int8", "--out", str(tmp_path / "i")])
+    assert result.exit_code == 1
+    assert "--dtype 'int8' is not a float type; use float32, bfloat16, float16 or float64" in result.output
+
+
+def test_revision_reaches_from_pretrained(monkeypatch) -> None:
+    import transformers
+
+    from attnsens.errors import FileFormatError
+    from attnsens.models import load
+
+    seen = {}
+
+    def refuse(source: str, **kwargs: object) -> None:
+        seen.update(kwargs, source=source)
+        raise OSError("offline")
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", refuse)
+    with pytest.raises(FileFormatError, match="cannot load model 'EleutherAI/pythia-70m'"):
+        load("EleutherAI/pythia-70m", revision="step1000")
+    assert seen["source"] == "EleutherAI/pythia-70m" and seen["revision"] == "step1000"

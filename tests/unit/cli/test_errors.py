@@ -171,8 +171,10 @@ def test_batch_beyond_the_text(run_dir, tmp_path) -> None:
 
 def test_python_list_of_texts_and_out_of_vocabulary_ids(run_dir) -> None:
     adapter = A.models.load(run_dir)
-    with pytest.raises(InputError, match=r"tokens is a list of 2 texts; pass one text"):
-        A.study.audit(adapter, ["the king", "the queen"])
+    result = A.study.audit(adapter, ["the king", "the queen"])  # a list of texts: one sequence each
+    assert sorted(set(result.rows["batch"])) == [0, 1]
+    with pytest.raises(InputError, match=r"every item of a list of texts to audit must be a non-empty string"):
+        A.study.audit(adapter, ["the king", ""])
     with pytest.raises(InputError, match=r"token ids must lie in \[0, 300\) for 'micro@2'.*got ids in \[0, 999\]"):
         A.study.audit(adapter, torch.tensor([[0, 5, 999]]))
 

@@ -108,13 +108,14 @@ def test_rows_match_eager_attention_with_sliding_windows_and_qk_norm(family: str
     assert n_keys == {i: WINDOWS.get(family, [None, None])[i] or IDS.shape[1] for i in range(2)}
 
 
-def test_softcapped_attention_rows_are_refused_not_recomputed_wrongly() -> None:
-    adapter = M.load(_model("gemma2"))
-    with pytest.raises(UnsupportedModelError, match="softcap=50"):
-        list(adapter.stream_attention(IDS))
+def test_softcapped_attention_rows_match_eager_with_the_cap_that_matters() -> None:
+    """A cap of 2 changes the rows (uncapped rows differ by more than 0.05), and the recomputed rows follow it."""
+    capped = tiny_model("gemma2", attn_implementation="eager", attn_logit_softcapping=2.0)
     uncapped = tiny_model("gemma2", attn_implementation="eager", attn_logit_softcapping=None)
-    reference = eager_attentions(uncapped, IDS)
-    for chunk in M.load(uncapped).stream_attention(IDS):
+    reference = eager_attentions(capped, IDS)
+    plain = eager_attentions(uncapped, IDS)
+    assert max(float((r - p).abs().max()) for r, p in zip(reference, plain, strict=True)) > 0.05
+    for chunk in M.load(capped).stream_attention(IDS):
         torch.testing.assert_close(chunk.probs, reference[chunk.layer], rtol=1e-5, atol=1e-6)
 
 

@@ -72,7 +72,7 @@ def test_model_output_is_unchanged_while_tapped() -> None:
     with torch.no_grad():
         plain = model(input_ids=ids).logits
         seen = []
-        with adapter.query_key_tap(lambda layer, q, k, tau: seen.append((layer, q.shape, k.shape, tau))):
+        with adapter.query_key_tap(lambda layer, q, k, call: seen.append((layer, q.shape, k.shape, call.tau))):
             tapped = model(input_ids=ids).logits
     assert torch.equal(plain, tapped)
     assert seen == [(i, (1, 6, 13, 6), (1, 2, 13, 6), pytest.approx(6**0.5)) for i in range(2)]
@@ -103,3 +103,16 @@ def test_bad_input_is_rejected_at_the_call_not_at_the_first_chunk() -> None:
         adapter.stream_attention(too_long)  # not iterated
     with pytest.raises(ConfigError):
         adapter.stream_attention(torch.zeros(1, 3, dtype=torch.long), layers=[adapter.spec.n_layer])
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_gpt2_with_reordered_and_upcast_attention_matches_eager(implementation: str) -> None:
+    """GPT-2's eager path with ``reorder_and_upcast_attn`` bypasses the interface; its rows are still tapped."""
+    model = tiny_model("gpt2", attn_implementation=implementation, reorder_and_upcast_attn=True,
+                       scale_attn_by_inverse_layer_idx=True)  # fmt: skip
+    ids = torch.randint(0, VOCAB, (2, 11))
+    reference = eager_attentions(model, ids)
+    chunks = list(M.load(model).stream_attention(ids))
+    assert [chunk.layer for chunk in chunks] == [0, 1]
+    for chunk in chunks:
+        torch.testing.assert_close(chunk.probs, reference[chunk.layer], rtol=1e-5, atol=1e-6)

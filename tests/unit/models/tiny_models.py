@@ -126,3 +126,85 @@ def eager_attentions(model: torch.nn.Module, input_ids: torch.Tensor, attention_
     finally:
         model.set_attn_implementation(implementation)
     return out.attentions
+
+
+INTERFACE_FAMILIES = ("mixtral", "phi", "stablelm", "starcoder2", "cohere", "gemma3_text", "modernbert", "clip_text")
+"""Families audited through the attention-function interface alone (models/interface.py): rows, no bounds."""
+VISION_FAMILIES = ("vit", "clip_vision")
+"""Vision encoders audited through the interface: input pixel_values [batch, 3, 12, 12], 9 patches + [CLS]."""
+BYPASS_FAMILIES = ("gpt_neo", "falcon", "bloom")
+"""Families whose eager attention computes its own softmax: refused by name."""
+
+
+def _interface_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
+    from transformers import (
+        BloomConfig,
+        BloomModel,
+        CLIPTextConfig,
+        CLIPTextModel,
+        CLIPVisionConfig,
+        CLIPVisionModel,
+        CohereConfig,
+        CohereForCausalLM,
+        FalconConfig,
+        FalconModel,
+        Gemma3ForCausalLM,
+        Gemma3TextConfig,
+        GPTNeoConfig,
+        GPTNeoModel,
+        GptOssConfig,
+        GptOssForCausalLM,
+        MixtralConfig,
+        MixtralForCausalLM,
+        ModernBertConfig,
+        ModernBertModel,
+        PhiConfig,
+        PhiForCausalLM,
+        StableLmConfig,
+        StableLmForCausalLM,
+        Starcoder2Config,
+        Starcoder2ForCausalLM,
+        ViTConfig,
+        ViTModel,
+    )
+
+    small = {
+        "num_hidden_layers": 2,
+        "num_attention_heads": 3,
+        "hidden_size": 21,
+        "intermediate_size": 37,
+        "max_position_embeddings": 41,
+    }
+    return {
+        "mixtral": (MixtralConfig, MixtralForCausalLM, {**_GQA, "intermediate_size": 40, "sliding_window": 5,
+                                                        "num_local_experts": 3,
+                                                        "num_experts_per_tok": 2}),
+        "phi": (PhiConfig, PhiForCausalLM, {**small, "partial_rotary_factor": 0.4}),
+        "stablelm": (StableLmConfig, StableLmForCausalLM, {**_GQA, "hidden_size": 48,
+                                                           "partial_rotary_factor": 0.5, "use_qkv_bias": True}),
+        "starcoder2": (Starcoder2Config, Starcoder2ForCausalLM, {**_GQA, "sliding_window": 5}),
+        "cohere": (CohereConfig, CohereForCausalLM, {**_GQA, "logit_scale": 0.5}),
+        "gemma3_text": (Gemma3TextConfig, Gemma3ForCausalLM, {**_GQA, "head_dim": 8, "sliding_window": 5,
+                                                             "layer_types": ["sliding_attention", "full_attention"]}),
+        "modernbert": (ModernBertConfig, ModernBertModel, {**small, "hidden_size": 24, "local_attention": 6,
+                                                           "global_attn_every_n_layers": 2, "pad_token_id": 0,
+                                                           "bos_token_id": 0, "eos_token_id": 0, "cls_token_id": 0,
+                                                           "sep_token_id": 0}),
+        "clip_text": (CLIPTextConfig, CLIPTextModel, {**small, "bos_token_id": 0, "eos_token_id": 1,
+                                                      "pad_token_id": 1}),
+        "vit": (ViTConfig, ViTModel, {**small, "image_size": 12, "patch_size": 4}),
+        "clip_vision": (CLIPVisionConfig, CLIPVisionModel, {**small, "image_size": 12, "patch_size": 4}),
+        "gpt_oss": (GptOssConfig, GptOssForCausalLM, {**_GQA, "intermediate_size": 40, "head_dim": 6,
+                                                      "num_local_experts": 3, "num_experts_per_tok": 2,
+                                                      "sliding_window": 5,
+                                                      "layer_types": ["sliding_attention", "full_attention"]}),
+        "gpt_neo": (GPTNeoConfig, GPTNeoModel, {"num_layers": 2, "num_heads": 3, "hidden_size": 21,
+                                                "attention_types": [[["global", "local"], 1]], "window_size": 5,
+                                                "max_position_embeddings": 41}),
+        "falcon": (FalconConfig, FalconModel, {"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 24,
+                                               "alibi": True}),
+        "bloom": (BloomConfig, BloomModel, {"n_layer": 2, "n_head": 3, "hidden_size": 21}),
+    }  # fmt: skip
+
+
+CONFIGS.update(_interface_configs())

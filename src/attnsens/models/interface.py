@@ -1,0 +1,136 @@
+"""Audit-only adapter of any transformers model whose attention goes through the attention-function interface.
+
+Families without a block layout (models/layouts.py) — Mixtral, Phi, StableLM, Starcoder2, Cohere, ModernBERT,
+the CLIP text tower and others — still hand their queries and keys to ``ALL_ATTENTION_FUNCTIONS`` with the mask,
+scaling, softcap and sinks they use, so their attention rows can be recomputed exactly (models/hf_tap.py). The
+modules that do so are found by reading their classes' ``forward``: a module whose forward looks the interface up
+is an attention layer, in the order the model holds them. Families whose eager attention computes its softmax
+itself (GPT-Neo, Falcon, BLOOM, MPT, ...) have no such module and are refused by name. Normalized weights, and so
+bounds and the weights-fidelity gate, need a layout and are refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable
+from dataclasses import replace
+from functools import cache
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from attnsens.errors import ShapeError, UnsupportedModelError
+from attnsens.models.adapter import ModelSpec
+from attnsens.models.hf import HFAdapter
+from attnsens.models.weights import LayerWeights
+
+
+@cache
+def calls_attention_interface(module_class: type) -> bool:
+    """Whether ``module_class.forward`` looks up transformers' attention-function interface."""
+    try:
+        source = inspect.getsource(module_class.forward)
+    except (OSError, TypeError):
+        return False
+    return "ALL_ATTENTION_FUNCTIONS" in source
+
+
+def interface_attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The modules of ``model`` that call the attention interface, in the model's order (one per layer)."""
+    return [m for m in model.modules() if calls_attention_interface(type(m))]
+
+
+def _is_vision(config: Any) -> bool:
+    return getattr(config, "image_size", None) is not None and getattr(config, "patch_size", None) is not None
+
+
+class InterfaceAdapter(HFAdapter):
+    """Attention rows of any model whose attention layers call the interface; no normalized weights."""
+
+    def __init__(self, module: torch.nn.Module, *, name: str, tokenizer: Any = None) -> None:
+        config = module.base_model.config
+        if getattr(config, "is_encoder_decoder", False):
+            raise UnsupportedModelError(
+                f"{config.model_type} is an encoder-decoder; attnsens audits self-attention of one stack only "
+                "(load its encoder or decoder alone)"
+            )
+        self._attention = interface_attention_modules(module.base_model)
+        if not self._attention:
+            classes = sorted({type(m).__name__ for m in module.modules() if "Attention" in type(m).__name__})
+            raise UnsupportedModelError(
+                f"{config.model_type}: its attention ({', '.join(classes) or 'no attention module found'}) computes "
+                "its softmax itself instead of calling transformers' attention-function interface, so attnsens "
+                "cannot tap its queries and keys; this family is not supported"
+            )
+        super().__init__(module, name=name, tokenizer=tokenizer)
+        # Causality is the attention layers' own flag (sdpa's is_causal); the rows use the mask of each call.
+        causal = bool(getattr(self._attention[0], "is_causal", False))
+        self.spec = replace(self.spec, n_layer=len(self._attention), causal=causal)
+
+    @classmethod
+    def spec_of(cls, config: Any) -> ModelSpec:
+        n_head = config.num_attention_heads
+        d_head = getattr(config, "head_dim", None) or config.hidden_size // n_head
+        if _is_vision(config):
+            patches = (config.image_size // config.patch_size) ** 2 + 1  # + [CLS]
+            positions, vocab = patches, 1
+        else:
+            positions, vocab = config.max_position_embeddings, config.vocab_size
+        return ModelSpec(
+            n_layer=config.num_hidden_layers,
+            n_head=n_head,
+            n_kv_head=getattr(config, "num_key_value_heads", None) or n_head,
+            d_model=config.hidden_size,
+            d_head=d_head,
+            max_positions=positions,
+            vocab_size=vocab,
+            placement="none",
+            norm=None,
+            causal=True,
+        )
+
+    def blocks(self) -> list[torch.nn.Module]:
+        return self._attention
+
+    def attention_modules(self) -> list[torch.nn.Module]:
+        return self._attention
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> None:
+        if _is_vision(self.base.config):
+            self.base(pixel_values=input_ids)
+        else:
+            self.base(input_ids=input_ids, attention_mask=attention_mask)
+
+    def check_input_ids(self, input_ids: Tensor) -> Tensor:
+        """Token ids as for every adapter; a vision model's input is ``pixel_values`` [batch, channel, H, W]."""
+        if not _is_vision(self.base.config):
+            return super().check_input_ids(input_ids)
+        config = self.base.config
+        side = config.image_size
+        expected = (config.num_channels, side, side)
+        if not isinstance(input_ids, Tensor) or input_ids.ndim != 4 or tuple(input_ids.shape[1:]) != expected:
+            shape = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
+            raise ShapeError(f"{self.family} takes pixel_values [batch, {', '.join(map(str, expected))}], got {shape}")
+        return input_ids.to(self.device, next(self.module.parameters()).dtype)
+
+    def sequence_shape(self, input_ids: Tensor) -> tuple[int, int]:
+        if not _is_vision(self.base.config):
+            return super().sequence_shape(input_ids)
+        return int(input_ids.shape[0]), self.spec.max_positions
+
+    def read_layers(self) -> list[LayerWeights]:
+        raise self._no_layout("normalized weights")
+
+    def layer_input_taps(self, record: Callable[[int, str, Tensor], None]) -> contextlib.AbstractContextManager[None]:
+        raise self._no_layout("layer inputs")
+
+    def layer_output_taps(self, record: Callable[[int, str, Tensor], None]) -> contextlib.AbstractContextManager[None]:
+        raise self._no_layout("layer outputs")
+
+    def _no_layout(self, what: str) -> UnsupportedModelError:
+        return UnsupportedModelError(
+            f"{self.family}: attnsens audits its attention rows but has no block layout for it, so its {what} "
+            "(and the bounds and weights-fidelity gate built on them) are not available"
+        )
