@@ -2,7 +2,9 @@
 
 The adapter's query/key tap hands us each layer's (post-rotary) queries and keys as the layer runs; rows are
 recomputed in float32 for one chunk of queries at a time, reduced by :func:`row_statistics` and dropped before
-the next chunk. Nothing of size layers × n² ever exists: the extra peak memory is one chunk of one layer.
+the next chunk, and the freed heap pages go back to the operating system after each layer
+(:mod:`attnsens.capture.allocator`). Nothing of size layers × n² ever exists: the extra peak memory of the rows
+is one chunk's working set (``RowSelection.max_memory``), whatever the number of layers.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 from einops import rearrange
 from torch import Tensor
 
+from attnsens.capture.allocator import release_free_memory
 from attnsens.capture.selection import RowSelection
 from attnsens.capture.statistics import RowStats, row_statistics
 from attnsens.models.adapter import ModelAdapter
@@ -74,29 +77,34 @@ def capture_row_statistics(
     heads = model.select_heads(selection.heads)
     positions = selection.query_positions(*input_ids.shape, device=input_ids.device)
     key_mask = key_padding_mask_of(attention_mask, input_ids)
-    chunk_size = selection.rows_per_chunk(batch=input_ids.shape[0], heads=len(heads), n=input_ids.shape[1])
-    # Masks depend on positions and the layer's sliding window only: built once per window, shared by its layers.
-    chunks: dict[int | None, list[tuple[Tensor, Tensor | None, Tensor]]] = {}
-    for window in {model.attention_window(layer) for layer in layers}:
-        chunks[window] = []
-        for start in range(0, positions.shape[1], chunk_size):
-            chunk = positions[:, start : start + chunk_size]
-            allowed, n_keys = allowed_keys(
-                chunk, input_ids.shape[1], causal=model.spec.causal, key_padding_mask=key_mask, window=window
-            )
-            n_keys = rearrange(n_keys, "batch query -> batch 1 query").expand(-1, len(heads), -1)
-            chunks[window].append((chunk, allowed, n_keys))
+    bounds = selection.chunk_bounds(positions, heads=len(heads), n=input_ids.shape[1], causal=model.spec.causal)
     kept: list[RowBlock] = []
     sink = on_block or kept.append
 
     def reduce_layer(layer: int, query: Tensor, key: Tensor, tau: float) -> None:
         if layer not in layers:
             return
+        window = model.attention_window(layer)
         query, key = query.detach(), key.detach()
-        for chunk, allowed, n_keys in chunks[model.attention_window(layer)]:
-            probs = attention_rows(query, key, tau=tau, query_positions=chunk, allowed=allowed, heads=heads)
+        for first, stop, keys in bounds:
+            chunk = positions[:, first:stop]
+            # Masks are rebuilt per chunk (cheap next to the scores) rather than kept for all n² pairs.
+            allowed, n_keys = allowed_keys(
+                chunk,
+                keys,
+                causal=model.spec.causal,
+                key_padding_mask=None if key_mask is None else key_mask[:, :keys],
+                window=window,
+            )
+            n_keys = rearrange(n_keys, "batch query -> batch 1 query").expand(-1, len(heads), -1)
+            # Keys past the chunk's last query are masked under a causal mask: leaving them out changes no row.
+            probs = attention_rows(
+                query[:, :, :keys], key[:, :, :keys], tau=tau, query_positions=chunk, allowed=allowed, heads=heads
+            )
+            del allowed
             sink(RowBlock(layer=layer, heads=heads, query_positions=chunk, stats=row_statistics(probs, n_keys=n_keys)))
             del probs
+        release_free_memory()
 
     with model.inference(), model.query_key_tap(reduce_layer):
         model.forward(input_ids, attention_mask)
