@@ -53,6 +53,16 @@ def audit(
     per_head: Annotated[
         bool, flag("--per-head", help="Print the per-(layer, head) table, not only per layer.")
     ] = False,
+    max_memory: Annotated[
+        int | None,
+        typer.Option(
+            "--max-memory",
+            min=1,
+            metavar="MiB",
+            help="Working-set budget of one chunk of recomputed attention rows, in MiB; sizes the query chunks "
+            "(default 128).",
+        ),
+    ] = None,
     trust_remote_code: Annotated[
         bool, flag("--trust-remote-code", help="Allow model code from the hub to run (off by default).")
     ] = False,
@@ -96,6 +106,7 @@ def audit(
             out_dir=out,
             step=0 if saved is None else saved.step,
             seed=(seed or 0) if saved is None else saved.seed,
+            max_memory=None if max_memory is None else max_memory * 2**20,
             progress=report.update,
         )
     identity = ["run_id", "model", "step", "seed"]

@@ -44,3 +44,18 @@ def test_default_seq_len_and_out(run_dir: Path, text_file: Path, tmp_path: Path,
     out = Path(payload["out"])
     assert out.parent == Path("runs") and out.name.startswith("audit-micro-")
     assert (tmp_path / out / "rows").is_dir()
+
+
+def test_max_memory_sizes_the_chunks_and_is_recorded(run_dir: Path, text_file: Path, tmp_path: Path) -> None:
+    base = ["audit", str(run_dir), "--text", str(text_file), "--seq-len", "8", "--json"]
+    small = runner.invoke(app, [*base, "--out", str(tmp_path / "small"), "--max-memory", "1"])
+    default = runner.invoke(app, [*base, "--out", str(tmp_path / "default")])
+    assert small.exit_code == 0 and default.exit_code == 0, small.output + default.output
+    assert json.loads(small.stdout)["layers"] == json.loads(default.stdout)["layers"]
+
+    def recorded(name: str) -> int:
+        return json.loads((tmp_path / name / "manifest.json").read_text())["config"]["selection"]["max_memory"]
+
+    assert (recorded("small"), recorded("default")) == (2**20, 128 * 2**20)
+    refused = runner.invoke(app, [*base, "--out", str(tmp_path / "zero"), "--max-memory", "0"])
+    assert refused.exit_code != 0
