@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 N = 3072
 MAX_MEMORY = 16 * 2**20
-BYTES_PER_ROW = 83  # the rows table's columns (study.audit.RowColumns)
+TABLE_BYTES_PER_ROW = 400  # the rows table at its peak: columns, DataFrame and summary (study.audit.audit)
 
 WORKER = """
 import json, sys, threading, time
@@ -48,12 +48,16 @@ def peak_extra(call):
     thread.join()
     return max(peak, process.memory_info().rss) - start
 
-with torch.no_grad():
-    adapter.module(input_ids=ids[:, :64])
-    forward = peak_extra(lambda: adapter.module(input_ids=ids))
-A.study.audit(adapter, ids[:, :64], max_memory=max_memory)  # warm-up: numba compilation
+def forward():
+    with adapter.inference():
+        adapter.forward(ids)
+
+selection = A.capture.RowSelection(max_memory=max_memory)
+A.study.audit(adapter, ids[:, :64], max_memory=max_memory)  # warm-up: numba compilation, first allocations
+plain = peak_extra(forward)
+capture = peak_extra(lambda: A.capture.capture_row_statistics(adapter, ids, selection=selection, on_block=len))
 audit = peak_extra(lambda: A.study.audit(adapter, ids, max_memory=max_memory))
-print(json.dumps({"forward": forward, "audit": audit, "rows": layers * 4 * n}))
+print(json.dumps({"forward": plain, "capture": capture, "audit": audit, "rows": layers * 4 * n}))
 """
 
 
@@ -67,13 +71,13 @@ def _measure(layers: int) -> dict[str, int]:
 
 def test_peak_extra_memory_is_bounded_and_independent_of_the_layer_count() -> None:
     few, many = _measure(3), _measure(12)
+    # The rows' working set is one chunk of one layer: four times the layers leave the capture's peak unchanged.
+    assert many["capture"] - few["capture"] <= 8 * 2**20, (few, many)
     for got in (few, many):
-        # Documented bound (study.audit.audit): forward + max_memory + the rows table (up to 4 copies while the
-        # frame and summary are built) + 64 MiB of interpreter, pyarrow and pandas working space.
-        bound = got["forward"] + MAX_MEMORY + 4 * BYTES_PER_ROW * got["rows"] + 64 * 2**20
+        # Documented bound (study.audit.audit): forward + max_memory + the rows table + 64 MiB of interpreter,
+        # numba, pyarrow and pandas working space.
+        bound = got["forward"] + MAX_MEMORY + TABLE_BYTES_PER_ROW * got["rows"] + 64 * 2**20
+        assert got["capture"] <= got["forward"] + MAX_MEMORY + 64 * 2**20, got
         assert got["audit"] <= bound, (got, bound)
-    # Four times the layers: only the table grows, not the rows' working set (all layers' float32 attention
-    # would be 12 · 4 · 3072² · 4 B = 1.7 GiB).
-    table_growth = 4 * BYTES_PER_ROW * (many["rows"] - few["rows"])
-    assert many["audit"] - few["audit"] <= table_growth + 32 * 2**20, (few, many)
-    assert many["audit"] <= 0.1 * 12 * 4 * N**2 * 4
+    # All layers' float32 attention would be 12 · 4 · 3072² · 4 B = 1.7 GiB.
+    assert many["audit"] <= 0.1 * 12 * 4 * N**2 * 4, many
