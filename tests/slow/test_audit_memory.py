@@ -55,7 +55,10 @@ def forward():
 selection = A.capture.RowSelection(max_memory=max_memory)
 A.study.audit(adapter, ids[:, :64], max_memory=max_memory)  # warm-up: numba compilation, first allocations
 plain = peak_extra(forward)
-capture = peak_extra(lambda: A.capture.capture_row_statistics(adapter, ids, selection=selection, on_block=lambda block: None))
+def discard(block):
+    pass
+
+capture = peak_extra(lambda: A.capture.capture_row_statistics(adapter, ids, selection=selection, on_block=discard))
 audit = peak_extra(lambda: A.study.audit(adapter, ids, max_memory=max_memory))
 print(json.dumps({"forward": plain, "capture": capture, "audit": audit, "rows": layers * 4 * n}))
 """
