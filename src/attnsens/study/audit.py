@@ -73,9 +73,10 @@ def audit(
             are read back instead of recomputed.
         run_id, step, seed: identifiers stored in every record.
         max_memory: working-set budget in bytes of one chunk of recomputed rows (default: the selection's,
-            ``RowSelection.max_memory``, 128 MiB). The audit's peak extra memory is that of the model's own forward
-            pass, plus about this budget, plus the rows table (83 bytes per row, twice while the last sequence's
-            frame is built); it does not grow with the number of layers beyond the table.
+            ``RowSelection.max_memory``, 128 MiB). Peak extra memory: the model's own forward pass, plus this
+            budget (the rows' working set: one chunk of one layer, whatever the number of layers), plus the rows
+            table at most 400 bytes per audited row (83 while the capture runs; the DataFrame and the summary at
+            the end), plus some 64 MiB of library working space (tests/slow/test_audit_memory.py checks it).
         progress: called after each (sequence, layer) is done.
 
     Returns:
