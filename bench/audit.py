@@ -1,4 +1,4 @@
-"""Benchmark of the streaming audit on SmolLM2-135M at seq-len 512, and of the training monitor's overhead.
+"""Benchmark of the streaming audit on SmolLM2-135M over a sweep of sequence lengths, and of the monitor's overhead.
 
 Printed side by side, measured in this run:
 
@@ -12,18 +12,22 @@ Printed side by side, measured in this run:
   separate runs with and without the monitor is also recorded, but on a shared machine it drifts with load
   more than the probes cost). Goal ≤ 10 %.
 
-Memory method (CPU): each measured call runs in a fresh subprocess that loads the model from a float32
-safetensors copy, runs one warm-up call, then samples the resident set size (psutil, every 0.5 ms) during a
-second call; the figure is the peak RSS during the call minus the RSS just before it, i.e. the extra memory
-the call needs on top of the loaded model. Times are medians of repeated calls in that subprocess.
+Memory method (CPU): each measured call runs in a fresh subprocess, started with no ``MALLOC_*`` allocator
+variables (a default environment), that loads the model from a float32 safetensors copy, warms up on the first
+64 tokens (numba compilation), then samples the resident set size (psutil, every 2 ms) during one call at the
+full length; the figure is the peak RSS during the call minus the RSS just before it, i.e. the extra memory the
+call needs on top of the loaded model. Times are the median of that call and ``--repeats - 1`` more. The eager
+baseline is skipped at lengths where all layers' attention would not fit in half the available memory.
 
-Usage: ``python bench/audit.py [--seq-len 512] [--repeats 3]``; appends a JSON line to bench/results/audit.jsonl.
+Usage: ``python bench/audit.py [--lengths 512,2048,4096,8192] [--repeats 1] [--monitor-steps 0]``; appends one
+JSON line per length to bench/results/audit.jsonl.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -43,7 +47,7 @@ RESULTS = Path(__file__).resolve().parent / "results" / "audit.jsonl"
 class PeakRSS:
     """Peak resident set size above the level at entry, sampled by a background thread."""
 
-    def __init__(self, interval_s: float = 0.0005) -> None:
+    def __init__(self, interval_s: float = 0.002) -> None:
         self.interval_s = interval_s
         self.process = psutil.Process()
 
@@ -101,8 +105,6 @@ def measure(method: str, model_dir: str, seq_len: int, repeats: int) -> dict[str
                 model(input_ids=ids)
             elif method == "audit":
                 A.study.audit(adapter, ids)
-            elif method == "capture":
-                A.capture.capture_row_statistics(adapter, ids)
             elif method == "eager_posthoc":
                 posthoc_statistics(model(input_ids=ids, output_attentions=True).attentions)
             else:
@@ -110,11 +112,14 @@ def measure(method: str, model_dir: str, seq_len: int, repeats: int) -> dict[str
 
     if method == "eager_posthoc":
         model.set_attn_implementation("eager")
-    call()  # warm-up: numba compilation, allocator growth
+    full, ids = ids, ids[:, :64]
+    call()  # warm-up on a short prefix: numba compilation, first allocations
+    ids = full
+    start = time.perf_counter()
     with PeakRSS() as peak:
         call()
-    seconds = []
-    for _ in range(repeats):
+    seconds = [time.perf_counter() - start]
+    for _ in range(repeats - 1):
         start = time.perf_counter()
         call()
         seconds.append(time.perf_counter() - start)
@@ -189,59 +194,102 @@ def prepare(model_dir: Path, seq_len: int) -> dict[str, object]:
     return {"model": "smollm2", "n_layer": adapter.spec.n_layer, "n_head": adapter.spec.n_head}
 
 
+def run_measure(method: str, model_dir: Path, seq_len: int, repeats: int) -> dict[str, float]:
+    """``measure`` in a fresh subprocess whose environment has no glibc allocator variables."""
+    env = {name: value for name, value in os.environ.items() if not name.startswith("MALLOC_")}
+    command = [sys.executable, __file__, "--measure", method, "--model-dir", str(model_dir)]
+    command += ["--lengths", str(seq_len), "--repeats", str(repeats)]
+    out = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def eager_fits(info: dict[str, object], seq_len: int) -> bool:
+    """Whether all layers' float32 attention (and the scores it is computed from) fits in half the free memory."""
+    attention = int(info["n_layer"]) * int(info["n_head"]) * seq_len**2 * 4
+    return 2 * attention < psutil.virtual_memory().available / 2
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seq-len", type=int, default=512)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--monitor-steps", type=int, default=200)
+    parser.add_argument("--lengths", default="512", help="comma-separated sequence lengths, e.g. 512,2048,4096,8192")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--monitor-steps", type=int, default=200, help="0 skips the monitor benchmark")
     parser.add_argument("--every", type=int, default=50)
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    lengths = [int(part) for part in args.lengths.split(",")]
     if args.measure:
-        print(json.dumps(measure(args.measure, args.model_dir, args.seq_len, args.repeats)))
+        print(json.dumps(measure(args.measure, args.model_dir, lengths[0], args.repeats)))
         return
 
     from attnsens.provenance import provenance
 
+    records = []
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp)
-        info = prepare(model_dir, args.seq_len)
-        results = {}
-        for method in ("forward", "capture", "audit", "eager_posthoc"):
-            command = [sys.executable, __file__, "--measure", method, "--model-dir", str(model_dir)]
-            command += ["--seq-len", str(args.seq_len), "--repeats", str(args.repeats)]
-            out = subprocess.run(command, capture_output=True, text=True, check=True)
-            results[method] = json.loads(out.stdout.strip().splitlines()[-1])
-            print(
-                f"{method:>14}: {results[method]['seconds']:.3f} s, "
-                f"peak extra RSS {results[method]['peak_extra_bytes'] / 2**20:.1f} MiB",
-                flush=True,
-            )
-    monitor = monitor_overhead(args.monitor_steps, args.every, args.repeats)
-    audit, forward, baseline = results["audit"], results["forward"], results["eager_posthoc"]
-    record = {
-        "bench": "audit",
-        **info,
-        "seq_len": args.seq_len,
-        "torch_threads": torch.get_num_threads(),
-        "load_average_1min": psutil.getloadavg()[0],
-        **{f"{m}_s": r["seconds"] for m, r in results.items()},
-        **{f"{m}_peak_extra_bytes": r["peak_extra_bytes"] for m, r in results.items()},
-        "audit_over_forward_time": audit["seconds"] / forward["seconds"],
-        "capture_over_forward_time": results["capture"]["seconds"] / forward["seconds"],
-        "audit_over_eager_posthoc_time": audit["seconds"] / baseline["seconds"],
-        "audit_over_eager_posthoc_memory": audit["peak_extra_bytes"] / max(baseline["peak_extra_bytes"], 1),
-        "eager_attention_bytes": info["n_layer"] * info["n_head"] * args.seq_len**2 * 4,
-        "monitor": monitor,
-        "provenance": provenance(),
-    }
-    print(f"audit / plain forward time:              {record['audit_over_forward_time']:.2f}  (goal ≤ 2.0)")
-    print(f"capture only / plain forward time:       {record['capture_over_forward_time']:.2f}")
-    print(f"audit / eager+post-hoc time:             {record['audit_over_eager_posthoc_time']:.2f}")
-    print(f"audit / eager+post-hoc peak extra memory: {record['audit_over_eager_posthoc_memory']:.3f}")
-    print(f"monitor overhead at k={args.every}:              {100 * monitor['overhead']:.1f} %  (goal ≤ 10 %)")
-    append_record(RESULTS, record)
+        info = prepare(model_dir, max(lengths))
+        for seq_len in lengths:
+            methods = ["forward", "audit"] + (["eager_posthoc"] if eager_fits(info, seq_len) else [])
+            results = {}
+            for method in methods:
+                results[method] = run_measure(method, model_dir, seq_len, args.repeats)
+                print(
+                    f"n={seq_len:>5} {method:>14}: {results[method]['seconds']:8.2f} s, "
+                    f"peak extra RSS {results[method]['peak_extra_bytes'] / 2**20:8.1f} MiB",
+                    flush=True,
+                )
+            audit, forward = results["audit"], results["forward"]
+            attention_bytes = int(info["n_layer"]) * int(info["n_head"]) * seq_len**2 * 4
+            record = {
+                "bench": "audit",
+                **info,
+                "seq_len": seq_len,
+                "torch_threads": torch.get_num_threads(),
+                "load_average_1min": psutil.getloadavg()[0],
+                **{f"{m}_s": r["seconds"] for m, r in results.items()},
+                **{f"{m}_peak_extra_bytes": r["peak_extra_bytes"] for m, r in results.items()},
+                "audit_over_forward_time": audit["seconds"] / forward["seconds"],
+                "eager_attention_bytes": attention_bytes,
+                "audit_memory_over_eager_attention_bytes": audit["peak_extra_bytes"] / attention_bytes,
+            }
+            if "eager_posthoc" in results:
+                baseline = results["eager_posthoc"]
+                record["audit_over_eager_posthoc_time"] = audit["seconds"] / baseline["seconds"]
+                record["audit_over_eager_posthoc_memory"] = audit["peak_extra_bytes"] / baseline["peak_extra_bytes"]
+            records.append(record)
+    print_table(records)
+    monitor = monitor_overhead(args.monitor_steps, args.every, args.repeats) if args.monitor_steps > 0 else None
+    if monitor is not None:
+        print(f"monitor overhead at k={args.every}: {100 * monitor['overhead']:.1f} %  (goal ≤ 10 %)")
+    for record in records:
+        append_record(RESULTS, {**record, "monitor": monitor, "provenance": provenance()})
+
+
+def print_table(records: list[dict[str, object]]) -> None:
+    """One line per length: times and peak extra memory of the three calls, and the ratios."""
+
+    def mib(record: dict[str, object], method: str) -> str:
+        value = record.get(f"{method}_peak_extra_bytes")
+        return "—" if value is None else f"{value / 2**20:,.0f}"
+
+    def sec(record: dict[str, object], method: str) -> str:
+        value = record.get(f"{method}_s")
+        return "—" if value is None else f"{value:.1f}"
+
+    print(
+        "| n | forward s | forward MiB | audit s | audit MiB | eager+stats s | eager+stats MiB "
+        "| audit ÷ forward (time) | audit MiB ÷ all layers' attention | audit ÷ eager (memory) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in records:
+        eager_memory = r.get("audit_over_eager_posthoc_memory")
+        print(
+            f"| {r['seq_len']} | {sec(r, 'forward')} | {mib(r, 'forward')} | {sec(r, 'audit')} | {mib(r, 'audit')} "
+            f"| {sec(r, 'eager_posthoc')} | {mib(r, 'eager_posthoc')} | {r['audit_over_forward_time']:.2f} "
+            f"| {r['audit_memory_over_eager_attention_bytes']:.3f} "
+            f"| {'—' if eager_memory is None else f'{eager_memory:.3f}'} |"
+        )
 
 
 if __name__ == "__main__":

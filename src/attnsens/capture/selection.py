@@ -9,6 +9,13 @@ from torch import Tensor
 
 from attnsens.errors import ConfigError
 
+DEFAULT_MAX_MEMORY = 128 * 2**20
+"""Default working-set budget of one chunk of recomputed rows, in bytes (fits a laptop at SmolLM2's context)."""
+WORKING_BYTES_PER_SCORE = 8
+"""Bytes per (head, query, key) while a chunk is reduced: float32 scores and the float32 softmax of them."""
+MASK_BYTES_PER_KEY = 2
+"""Bytes per (query, key) of the chunk's boolean key mask and its negation."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class RowSelection:
@@ -16,9 +23,13 @@ class RowSelection:
 
     Query positions are ``query_start ≤ t < query_stop`` (stop None = sequence end); with
     ``sample_per_sequence = k`` each sequence gets k of those positions drawn without replacement from a
-    generator seeded with ``seed`` (docs/math.md §9.4), so a rerun selects the same rows. ``chunk_size`` queries are
-    recomputed at a time (peak extra memory: one [batch, head, chunk_size, n] float32 block); by default as many
-    as fit in ``chunk_bytes`` (32 MiB: all 512 rows of a 9-head layer at n = 512, 16 rows at n = 8192).
+    generator seeded with ``seed`` (docs/math.md §9.4), so a rerun selects the same rows.
+
+    Rows are recomputed a chunk of queries at a time (:meth:`chunk_bounds`): ``chunk_size`` queries, or by default
+    as many as keep the chunk's working set (scores and probabilities in float32, the key mask) within
+    ``max_memory`` bytes (default 128 MiB: all 512 rows of a 9-head layer at n = 512, 221 rows at n = 8192).
+    With ``causal`` chunk bounds a chunk covers only the keys up to its last query (capture_row_statistics uses
+    all keys, since the layer's own mask decides which count).
     """
 
     layers: tuple[int, ...] | None = None
@@ -28,7 +39,7 @@ class RowSelection:
     sample_per_sequence: int | None = None
     seed: int = 0
     chunk_size: int | None = None
-    chunk_bytes: int = 32 * 2**20
+    max_memory: int = DEFAULT_MAX_MEMORY
 
     def __post_init__(self) -> None:
         if self.query_start < 0:
@@ -39,8 +50,8 @@ class RowSelection:
             raise ConfigError(f"sample_per_sequence must be >= 1, got {self.sample_per_sequence}")
         if self.chunk_size is not None and self.chunk_size < 1:
             raise ConfigError(f"chunk_size must be >= 1, got {self.chunk_size}")
-        if self.chunk_bytes < 1:
-            raise ConfigError(f"chunk_bytes must be >= 1, got {self.chunk_bytes}")
+        if self.max_memory < 1:
+            raise ConfigError(f"max_memory must be >= 1 byte, got {self.max_memory}; pass e.g. 128 * 2**20")
         for name in ("layers", "heads"):
             value = getattr(self, name)
             if value is not None:
@@ -66,8 +77,24 @@ class RowSelection:
         ]
         return torch.stack(picks).to(device)
 
-    def rows_per_chunk(self, *, batch: int, heads: int, n: int) -> int:
-        """Queries recomputed at once: ``chunk_size``, or as many float32 rows as fit in ``chunk_bytes``."""
-        if self.chunk_size is not None:
-            return self.chunk_size
-        return max(1, self.chunk_bytes // (4 * batch * heads * n))
+    def chunk_bounds(self, positions: Tensor, *, heads: int, n: int, causal: bool) -> list[tuple[int, int, int]]:
+        """``(first, stop, keys)`` per chunk: columns ``first:stop`` of ``positions`` [batch, query] (sorted per
+        sequence) are recomputed together over the first ``keys`` keys (all n, or up to the chunk's last query
+        under a causal mask), each chunk holding ``chunk_size`` queries or as many as fit in ``max_memory``
+        (at least one)."""
+        count = positions.shape[1]
+        if causal:
+            widths = positions.max(dim=0).values.cpu() + 1  # non-decreasing: positions are sorted per sequence
+        else:
+            widths = torch.full((count,), n, dtype=torch.int64)
+        bytes_per_key = positions.shape[0] * (heads * WORKING_BYTES_PER_SCORE + MASK_BYTES_PER_KEY)
+        bounds, first = [], 0
+        while first < count:
+            if self.chunk_size is not None:
+                stop = min(count, first + self.chunk_size)
+            else:
+                cost = torch.arange(1, count - first + 1) * widths[first:] * bytes_per_key
+                stop = first + max(1, int(torch.searchsorted(cost, self.max_memory, right=True)))
+            bounds.append((first, stop, int(widths[stop - 1])))
+            first = stop
+        return bounds

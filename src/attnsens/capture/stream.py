@@ -2,7 +2,9 @@
 
 The adapter's query/key tap hands us each layer's (post-rotary) queries and keys as the layer runs; rows are
 recomputed in float32 for one chunk of queries at a time, reduced by :func:`row_statistics` and dropped before
-the next chunk. Nothing of size layers × n² ever exists: the extra peak memory is one chunk of one layer.
+the next chunk, and the freed heap pages go back to the operating system after each layer
+(:mod:`attnsens.capture.allocator`). Nothing of size layers × n² ever exists: the extra peak memory of the rows
+is one chunk's working set (``RowSelection.max_memory``), whatever the number of layers.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 from einops import rearrange
 from torch import Tensor
 
+from attnsens.capture.allocator import release_free_memory
 from attnsens.capture.selection import RowSelection
 from attnsens.capture.statistics import RowStats, row_statistics
 from attnsens.errors import UnsupportedModelError
@@ -76,8 +79,9 @@ def capture_row_statistics(
     batch, n = model.sequence_shape(input_ids)
     positions = selection.query_positions(batch, n, device=input_ids.device)
     key_mask = key_padding_mask_of(attention_mask, input_ids)
-    chunk_size = selection.rows_per_chunk(batch=batch, heads=len(heads), n=n)
-    chunks = [positions[:, start : start + chunk_size] for start in range(0, positions.shape[1], chunk_size)]
+    # Every chunk spans all keys: the mask is the layer's own (causal, padding, window), so no key is
+    # dropped on the adapter's word; chunks are sized by the memory budget.
+    bounds = selection.chunk_bounds(positions, heads=len(heads), n=n, causal=False)
     kept: list[RowBlock] = []
     sink = on_block or kept.append
 
@@ -90,12 +94,14 @@ def capture_row_statistics(
                 "statistics (θ, entropy) assume rows that sum to 1; stream_attention gives the rows themselves"
             )
         query, key = query.detach(), key.detach()
-        for chunk in chunks:
+        for first, stop, _keys in bounds:
+            chunk = positions[:, first:stop]
             # The mask is the one the layer itself used (causal, padding, sliding window), read row by row.
             probs, n_keys = call_rows(query, key, call, query_positions=chunk, heads=heads, key_padding_mask=key_mask)
             n_keys = rearrange(n_keys, "batch query -> batch 1 query").expand(-1, len(heads), -1)
             sink(RowBlock(layer=layer, heads=heads, query_positions=chunk, stats=row_statistics(probs, n_keys=n_keys)))
             del probs
+        release_free_memory()
 
     with model.inference(), model.query_key_tap(reduce_layer):
         model.forward(input_ids, attention_mask)

@@ -60,6 +60,16 @@ def audit(
     revision: Annotated[
         str | None, typer.Option("--revision", help="Hub branch, tag or commit (e.g. Pythia's step1000).")
     ] = None,
+    max_memory: Annotated[
+        int | None,
+        typer.Option(
+            "--max-memory",
+            min=1,
+            metavar="MiB",
+            help="Working-set budget of one chunk of recomputed attention rows, in MiB; sizes the query chunks "
+            "(default 128).",
+        ),
+    ] = None,
     trust_remote_code: Annotated[
         bool, flag("--trust-remote-code", help="Allow model code from the hub to run (off by default).")
     ] = False,
@@ -115,6 +125,7 @@ def audit(
             out_dir=out,
             step=0 if saved is None else saved.step,
             seed=(seed or 0) if saved is None else saved.seed,
+            max_memory=None if max_memory is None else max_memory * 2**20,
             progress=report.update,
         )
     identity = ["run_id", "model", "step", "seed"]

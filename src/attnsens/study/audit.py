@@ -8,16 +8,19 @@ Run directory layout: ``manifest.json`` (config, provenance, finished units with
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
 
 from attnsens.capture import RowBlock, RowSelection, capture_row_statistics
+from attnsens.capture.allocator import release_free_memory
 from attnsens.errors import InputError
 from attnsens.models import ModelAdapter, load
 from attnsens.store.lock import writes_run_folder
@@ -55,6 +58,7 @@ def audit(
     run_id: str = "audit",
     step: int = 0,
     seed: int = 0,
+    max_memory: int | None = None,
     progress: ProgressCallback | None = None,
 ) -> AuditResult:
     """Reduce every selected attention row of ``tokens`` to its statistics and summarize them.
@@ -74,6 +78,11 @@ def audit(
         out_dir: run directory to write Parquet files and the manifest to; sequences already recorded there
             are read back instead of recomputed.
         run_id, step, seed: identifiers stored in every record.
+        max_memory: working-set budget in bytes of one chunk of recomputed rows (default: the selection's,
+            ``RowSelection.max_memory``, 128 MiB). Peak extra memory: the model's own forward pass, plus this
+            budget (the rows' working set: one chunk of one layer, whatever the number of layers), plus the rows
+            table at most 400 bytes per audited row (83 while the capture runs; the DataFrame and the summary at
+            the end), plus some 64 MiB of library working space (tests/slow/test_audit_memory.py checks it).
         progress: called after each (sequence, layer) is done.
 
     Returns:
@@ -85,6 +94,8 @@ def audit(
     adapter = load(model)
     check_finite_module(adapter.module, name=adapter.name)
     selection = selection or RowSelection()
+    if max_memory is not None:
+        selection = replace(selection, max_memory=max_memory)
     sequences, mask = model_inputs(
         adapter, tokens, attention_mask=attention_mask, seq_len=seq_len, n_sequences=n_sequences
     )
@@ -116,12 +127,12 @@ def audit(
             frames.append(read_table(manifest.run_dir / unit))
             tick(len(layers))
             continue
-        blocks: list[RowBlock] = []
+        collected = RowColumns()
 
-        def keep(block: RowBlock, blocks: list[RowBlock] = blocks) -> None:
-            if blocks and blocks[-1].layer != block.layer:
+        def keep(block: RowBlock, collected: RowColumns = collected) -> None:
+            if collected.layers and collected.layers[-1] != block.layer:
                 tick()
-            blocks.append(block)
+            collected.add(block)
 
         # Each sequence draws its own sampled positions (seed + sequence index), reproducibly, among its real tokens.
         per_sequence = _real_positions(replace(selection, seed=selection.seed + index), mask, index)
@@ -130,33 +141,59 @@ def audit(
             adapter, sequences[index : index + 1], selection=per_sequence, attention_mask=one_mask, on_block=keep
         )
         tick()
-        frame = rows_frame(blocks, batch_offset=index, **identity)
+        frame = collected.frame(batch_offset=index, **identity)
+        release_free_memory()
         if manifest is not None:
             manifest.write_unit(unit, frame, schema="rows")
         frames.append(frame)
-    rows = pd.concat(frames, ignore_index=True)
+    rows = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
     summary = summarize_rows(rows)
     if manifest is not None:
         manifest.write_unit("summary/summary.parquet", summary, schema="summary")
     return AuditResult(rows=rows, summary=summary, out_dir=None if manifest is None else manifest.run_dir)
 
 
-def rows_frame(
-    blocks: list[RowBlock], *, run_id: str, model: str, step: int, seed: int, batch_offset: int = 0
-) -> pd.DataFrame:
-    """The RowBlocks of one capture as a DataFrame with the columns of the store's ``rows`` table."""
-    from attnsens.store import conform
+class RowColumns:
+    """The ``rows``-table columns of streamed RowBlocks, kept block by block in the schema's dtypes.
 
-    parts = [block.columns() for block in blocks]
-    columns = {name: torch.cat([p[name] for p in parts]).numpy() for name in parts[0]}
-    frame = pd.DataFrame(columns)
-    frame["batch"] += batch_offset
-    frame.insert(0, "run_id", run_id)
-    frame.insert(1, "model", model)
-    frame.insert(2, "step", step)
-    frame.insert(3, "seed", seed)
-    # Through the schema, so fresh and resumed frames carry the same dtypes.
-    return conform(frame, "rows").to_pandas()
+    ``add`` is an ``on_block`` callback: each block is reduced to its columns (83 bytes per row) as it arrives, so
+    neither the blocks' RowStats nor a second copy of the table exists while the capture runs.
+    """
+
+    def __init__(self) -> None:
+        from attnsens.store.schema import ROWS
+
+        self._dtypes = {column.name: column.dtype.to_pandas_dtype() for column in ROWS.columns}
+        self._parts: dict[str, list[np.ndarray]] = defaultdict(list)
+        self.layers: list[int] = []
+
+    def add(self, block: RowBlock) -> None:
+        if not self.layers or self.layers[-1] != block.layer:
+            self.layers.append(block.layer)
+        for name, values in block.columns().items():
+            self._parts[name].append(values.numpy().astype(self._dtypes[name], copy=False))
+
+    def frame(self, *, run_id: str, model: str, step: int, seed: int, batch_offset: int = 0) -> pd.DataFrame:
+        """The collected rows as a DataFrame with the columns of the store's ``rows`` table (empties the parts)."""
+        import pyarrow as pa
+
+        from attnsens.store import conform
+
+        columns = {}
+        for name in list(self._parts):
+            columns[name] = np.concatenate(self._parts.pop(name))
+        columns["batch"] += batch_offset
+        count = len(columns["layer"])
+        identity = {
+            "run_id": pa.repeat(run_id, count),
+            "model": pa.repeat(model, count),
+            "step": np.full(count, step, dtype=np.int64),
+            "seed": np.full(count, seed, dtype=np.int64),
+        }
+        # Through the schema, so fresh and resumed frames carry the same dtypes.
+        table = conform(pa.table({**identity, **columns}), "rows")
+        del columns
+        return table.to_pandas(self_destruct=True)
 
 
 def model_inputs(

@@ -55,7 +55,9 @@ def test_chunk_size_does_not_change_results_and_bounds_peak_rows(monkeypatch) ->
 
     monkeypatch.setattr(C.stream, "call_rows", spy)
     small = _concat(C.capture_row_statistics(adapter, ids, selection=C.RowSelection(chunk_size=4)))
-    assert max(shapes) == (2, 6, 4, 23) and len(shapes) == 2 * 6  # one [batch, head, chunk, key] block at a time
+    # One [batch, head, chunk, key] block at a time, over every key: the layer's own mask decides which count.
+    assert len(shapes) == 2 * 6
+    assert shapes[:6] == [(2, 6, 4, 23)] * 5 + [(2, 6, 3, 23)]
     whole = _concat(C.capture_row_statistics(adapter, ids, selection=C.RowSelection(chunk_size=23)))
     # Rows are recomputed in float32, and a GEMM of 4 query rows may round differently from one of 23 on some
     # CPUs (different kernels by shape): results agree to a few float32 ulps, not bit for bit.
@@ -117,9 +119,20 @@ def test_accumulator_agrees_with_the_store_summary() -> None:
         )
 
 
-def test_default_chunk_fits_the_byte_budget() -> None:
-    selection = C.RowSelection(chunk_bytes=4 * 3 * 5 * 7 * 11)
-    assert selection.rows_per_chunk(batch=3, heads=5, n=7) == 11  # 11 rows of [3, 5, ·, 7] float32
-    assert C.RowSelection(chunk_bytes=1).rows_per_chunk(batch=3, heads=5, n=7) == 1
-    assert C.RowSelection(chunk_size=2).rows_per_chunk(batch=3, heads=5, n=7) == 2
-    assert C.RowSelection().rows_per_chunk(batch=1, heads=9, n=8192) == 113  # 32 MiB / (9 · 8192 · 4 B)
+def test_chunks_fit_the_memory_budget_and_stop_at_the_last_causal_key() -> None:
+    from attnsens.capture.selection import MASK_BYTES_PER_KEY, WORKING_BYTES_PER_SCORE
+
+    positions = torch.arange(7).expand(3, -1)
+    per_row = 3 * (5 * WORKING_BYTES_PER_SCORE + MASK_BYTES_PER_KEY) * 7  # [3, 5, ·, 7] scores, probs and mask
+    bounds = C.RowSelection(max_memory=per_row * 2).chunk_bounds(positions, heads=5, n=7, causal=False)
+    assert bounds == [(0, 2, 7), (2, 4, 7), (4, 6, 7), (6, 7, 7)]
+    assert C.RowSelection(max_memory=1).chunk_bounds(positions, heads=5, n=7, causal=False)[0] == (0, 1, 7)
+    # Causal: a chunk computes keys 0..its last query only, so the budget admits more of the early rows.
+    causal = C.RowSelection(max_memory=per_row * 2).chunk_bounds(positions, heads=5, n=7, causal=True)
+    assert causal == [(0, 3, 3), (3, 5, 5), (5, 7, 7)]
+    assert C.RowSelection(chunk_size=2).chunk_bounds(positions, heads=5, n=7, causal=True)[1] == (2, 4, 4)
+    # Default budget, one SmolLM2 sequence at its context: 128 MiB / (9 · 8 B + 2 B) / 8192 keys = 221 rows.
+    full = C.RowSelection().chunk_bounds(torch.arange(8192).unsqueeze(0), heads=9, n=8192, causal=False)
+    assert full[0] == (0, 221, 8192)
+    with pytest.raises(ConfigError, match="max_memory"):
+        C.RowSelection(max_memory=0)

@@ -73,3 +73,18 @@ def test_revision_reaches_from_pretrained(monkeypatch) -> None:
     with pytest.raises(FileFormatError, match="cannot load model 'EleutherAI/pythia-70m'"):
         load("EleutherAI/pythia-70m", revision="step1000")
     assert seen["source"] == "EleutherAI/pythia-70m" and seen["revision"] == "step1000"
+
+
+def test_max_memory_sizes_the_chunks_and_is_recorded(run_dir: Path, text_file: Path, tmp_path: Path) -> None:
+    base = ["audit", str(run_dir), "--text", str(text_file), "--seq-len", "8", "--json"]
+    small = runner.invoke(app, [*base, "--out", str(tmp_path / "small"), "--max-memory", "1"])
+    default = runner.invoke(app, [*base, "--out", str(tmp_path / "default")])
+    assert small.exit_code == 0 and default.exit_code == 0, small.output + default.output
+    assert json.loads(small.stdout)["layers"] == json.loads(default.stdout)["layers"]
+
+    def recorded(name: str) -> int:
+        return json.loads((tmp_path / name / "manifest.json").read_text())["config"]["selection"]["max_memory"]
+
+    assert (recorded("small"), recorded("default")) == (2**20, 128 * 2**20)
+    refused = runner.invoke(app, [*base, "--out", str(tmp_path / "zero"), "--max-memory", "0"])
+    assert refused.exit_code != 0

@@ -1,0 +1,86 @@
+"""The audit's peak extra memory at long context stays within its documented bound in a default environment:
+one chunk's working set (``max_memory``) and the rows table on top of the forward pass, whatever the layer count.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+N = 3072
+MAX_MEMORY = 16 * 2**20
+TABLE_BYTES_PER_ROW = 400  # the rows table at its peak: columns, DataFrame and summary (study.audit.audit)
+
+WORKER = """
+import json, sys, threading, time
+import psutil, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+import attnsens as A
+
+layers, n, max_memory = (int(a) for a in sys.argv[1:])
+torch.manual_seed(0)
+config = LlamaConfig(num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, hidden_size=64,
+                     intermediate_size=96, max_position_embeddings=n, vocab_size=97)
+adapter = A.models.load(LlamaForCausalLM(config).eval())
+ids = torch.randint(0, 97, (1, n), generator=torch.Generator().manual_seed(1))
+process = psutil.Process()
+
+def peak_extra(call):
+    start = peak = process.memory_info().rss
+    done = threading.Event()
+    def sample():
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, process.memory_info().rss)
+            time.sleep(0.002)
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    call()
+    done.set()
+    thread.join()
+    return max(peak, process.memory_info().rss) - start
+
+def forward():
+    with adapter.inference():
+        adapter.forward(ids)
+
+selection = A.capture.RowSelection(max_memory=max_memory)
+A.study.audit(adapter, ids[:, :64], max_memory=max_memory)  # warm-up: numba compilation, first allocations
+plain = peak_extra(forward)
+def discard(block):
+    pass
+
+capture = peak_extra(lambda: A.capture.capture_row_statistics(adapter, ids, selection=selection, on_block=discard))
+audit = peak_extra(lambda: A.study.audit(adapter, ids, max_memory=max_memory))
+print(json.dumps({"forward": plain, "capture": capture, "audit": audit, "rows": layers * 4 * n}))
+"""
+
+
+def _measure(layers: int) -> dict[str, int]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    env["PYTHONPATH"] = str(ROOT / "src")
+    command = [sys.executable, "-c", WORKER, str(layers), str(N), str(MAX_MEMORY)]
+    out = subprocess.run(command, capture_output=True, text=True, check=True, env=env, cwd=ROOT, timeout=1800)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_peak_extra_memory_is_bounded_and_independent_of_the_layer_count() -> None:
+    few, many = _measure(3), _measure(12)
+    # The rows' working set is one chunk of one layer: four times the layers leave the capture's peak unchanged.
+    assert many["capture"] - few["capture"] <= 8 * 2**20, (few, many)
+    for got in (few, many):
+        # Documented bound (study.audit.audit): forward + max_memory + the rows table + 64 MiB of interpreter,
+        # numba, pyarrow and pandas working space.
+        bound = got["forward"] + MAX_MEMORY + TABLE_BYTES_PER_ROW * got["rows"] + 64 * 2**20
+        assert got["capture"] <= got["forward"] + MAX_MEMORY + 64 * 2**20, got
+        assert got["audit"] <= bound, (got, bound)
+    # All layers' float32 attention would be 12 · 4 · 3072² · 4 B = 1.7 GiB.
+    assert many["audit"] <= 0.1 * 12 * 4 * N**2 * 4, many
