@@ -83,6 +83,7 @@ def _enclosure(xp, s_hat, d_found, d_lb, err):
     upper = xp.minimum(upper, s_hi)
 
     tiny = s_hat < TINY_ROW_SUM
-    tiny_lo = step_down(step_down(s_hat * (1.0 - 2.0**-20) - 2.0**-1074))
-    tiny_hi = step_up(s_hat * (1.0 + 2.0**-20) + 2.0**-1074)
+    subnormal = float(np.finfo(np.float64).smallest_subnormal)  # 2^-1074, the absolute error floor
+    tiny_lo = step_down(step_down(s_hat * (1.0 - 2.0**-20) - subnormal))
+    tiny_hi = step_up(s_hat * (1.0 + 2.0**-20) + subnormal)
     return xp.where(tiny, tiny_lo, lower), xp.where(tiny, tiny_hi, upper)
