@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: setup
-	$(VENV)/bin/attnsens study --config tiny --seeds 0,1,2 --reference smollm2 --out demo-output
+	$(VENV)/bin/attnsens study --config tiny --seeds 0,1 --reference smollm2 --out demo-output
 
 test: setup
 	command -v chromium >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 || echo "chromium unavailable: the report's browser test will be skipped"

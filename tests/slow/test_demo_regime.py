@@ -25,7 +25,7 @@ def test_the_demo_configuration_reaches_the_regime(tmp_path: Path) -> None:
     training = read_table(tmp_path / "training")
     final_eval = training.dropna(subset=["eval_loss"]).sort_values("step")["eval_loss"].iloc[-1]
     baselines = read_table(tmp_path / "baselines").set_index("name")
-    assert final_eval < baselines.loc["bigram", "eval_loss"] - 0.1
+    assert final_eval < baselines.loc["bigram", "eval_loss"] - 0.1  # 3.81 against 3.99 when tuned
 
     cells = layer_cells_of(read_table(tmp_path / "rows"))
     cells = cells[cells["subset"] == "all"].set_index(["step", "layer"])

@@ -212,7 +212,8 @@ def layer_head_heatmap_figure(summary: pd.DataFrame, *, step: int | None = None)
         )
     step = int(heads["step"].max()) if step is None else step
     at = heads[heads["step"] == step]
-    n_layers, n_heads = int(heads["layer"].max()) + 1, int(heads["head"].max()) + 1
+    # Sized by the runs audited at that checkpoint (a pretrained reference of another shape is not at it).
+    n_layers, n_heads = int(at["layer"].max()) + 1, int(at["head"].max()) + 1
     width = min(12.0, 2.2 + 0.42 * n_heads * 2)
     fig = Figure(figsize=(width, 0.9 + min(0.32 * n_layers, 9.0)), layout="constrained")
     axes = fig.subplots(1, 2)

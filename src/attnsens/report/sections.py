@@ -196,7 +196,11 @@ def _cell_figures(data: RunData, build: Callable[[pd.DataFrame], Figure], captio
     """One figure per kind of run present (training runs over checkpoints, static runs per layer)."""
     parts = _trend_and_static(data)
     return "".join(
-        _figure(lambda part=part: build(part), f"{caption} ({label}.)" if len(parts) > 1 else caption, title=title)
+        _figure(
+            lambda part=part: build(part),
+            f"{label.capitalize()}. {caption}" if len(parts) > 1 else caption,
+            title=title,
+        )
         for label, part in parts
     )
 

@@ -34,7 +34,7 @@ class TrainResult:
 # baseline with heads that concentrate (tuned for the study's demo); the GPT-2 sizes follow docs/math.md §9.3
 # (the batch is counted in blocks of max_positions tokens: 512 × 1024 ≈ 0.5M tokens).
 TRAIN_DEFAULTS: dict[str, dict[str, object]] = {
-    "tiny": {"batch_size": 16, "lr": 3e-3, "warmup_steps": 40},
+    "tiny": {"batch_size": 16, "lr": 6e-3, "warmup_steps": 60},
     "small": {"batch_size": 512, "lr": 6e-4, "warmup_steps": 2000},
     "medium": {"batch_size": 512, "lr": 3e-4, "warmup_steps": 2000},
     "large": {"batch_size": 512, "lr": 2.5e-4, "warmup_steps": 2000},
