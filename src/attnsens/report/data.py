@@ -77,7 +77,6 @@ class RunData:
     manifest: dict[str, Any] | None
     summary: pd.DataFrame | None
     rows_sample: pd.DataFrame | None
-    dominant: DominantCheck | None
     training: pd.DataFrame | None
     grad_norms: pd.DataFrame | None
     bounds: pd.DataFrame | None
@@ -109,12 +108,11 @@ def load_run(run_dir: str | Path, *, force: bool = False) -> RunData:
             return connection.execute(f'SELECT * FROM "{name}" ORDER BY {order}').df()
 
         summary = table("summary", "run_id, step, seed, layer, head")
-        rows_sample, dominant, cells, checks, certificates = None, None, None, {}, None
+        rows_sample, cells, checks, certificates = None, None, {}, None
         if "rows" in tables:
             certificates = _certificate_quality(connection)
             summary = _with_layer_records(summary, connection)
             rows_sample = _scatter_rows(connection)
-            dominant = _dominant_check(connection)
             checks = _dominant_checks(connection)
             cells = layer_cells(connection)
         training = table("training", "run_id, seed, step")
@@ -124,7 +122,6 @@ def load_run(run_dir: str | Path, *, force: bool = False) -> RunData:
             manifest=_read_manifest(root) or _first_file_record(tables),
             summary=summary,
             rows_sample=rows_sample,
-            dominant=dominant,
             training=training,
             grad_norms=table("grad_norms", "run_id, seed, step, layer"),
             bounds=table("bounds", "run_id, step, seed, layer, head"),
@@ -166,10 +163,6 @@ def _check(record: tuple) -> DominantCheck:
         max_abs_deviation_lower=record[3],
         max_abs_deviation_upper=record[4],
     )
-
-
-def _dominant_check(connection: Any) -> DominantCheck:
-    return _check(connection.execute(f"SELECT {_DOMINANT_CHECK_SQL} FROM rows").fetchone())
 
 
 def _dominant_checks(connection: Any) -> dict[str, DominantCheck]:

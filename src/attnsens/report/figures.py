@@ -32,17 +32,6 @@ from attnsens.store.summary import ALL_HEADS
 _LAYER_COLUMNS = ("step", "seed", "layer", "head")
 
 
-def layer_records(summary: pd.DataFrame, what: str) -> pd.DataFrame:
-    """The per-layer records (head = -1, all heads pooled) of a summary table."""
-    frame = require_columns(summary, _LAYER_COLUMNS, what)
-    pooled = frame[frame["head"] == ALL_HEADS]
-    if pooled.empty:
-        raise InputError(
-            f"{what} needs per-layer summary records (head = -1); build them with summarize_rows(rows, level='both')"
-        )
-    return pooled
-
-
 _CELL_COLUMNS = ("run_id", "step", "seed", "layer", "subset")
 
 

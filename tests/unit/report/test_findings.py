@@ -91,7 +91,6 @@ def _data(rows: pd.DataFrame, *, deviation: float = 0.0, kinds: dict[str, str] |
         manifest=None,
         summary=None,
         rows_sample=rows,
-        dominant=None,
         training=None,
         grad_norms=None,
         bounds=None,
@@ -232,7 +231,7 @@ def test_rows_certified_by_the_theta_engine_sit_on_the_closed_form(tmp_path):
     )
     write_parquet(rows, tmp_path / "rows" / "part.parquet", schema="rows")
     data = load_run(tmp_path)
-    assert 0 < data.dominant.n_dominant < n_rows
+    assert 0 < data.dominant_checks["r"].n_dominant < n_rows
     assert data.dominant_checks["r"].max_abs_deviation_lower < 1e-9
     assert data.run_kinds == {"r": "pretrained"}
     finding = _by_key(data, "r")["dominant"]
