@@ -303,56 +303,6 @@ def cardinality_relaxation(vals_desc, k_top, t):
 
 
 @cached_njit()
-def window_meet_in_the_middle(vals_desc, t, width, choice_bits):
-    """d = |p(S) − t| of the best S = A ∪ V found: V the best subset of the ``width`` smallest values
-    (meet-in-the-middle towards t − p(A)), A a subset of the larger values chosen to centre that target.
-
-    A search for a perfect split (2d ≤ q) on rows too long for the full enumeration: 2^width subsets of the small
-    values reach every multiple of q near the middle of their sums when 2^width·q is large against the spread
-    of those sums, at the cost of 2^(width/2). On near-uniform rows the sums of j small values crowd around
-    [L_j, U_j] (the j smallest / largest of them) with gaps between consecutive j, so A must put the target in
-    the middle of one such interval: A is one side of a greedy split of the larger values except the
-    ``choice_bits`` smallest of them, plus the subset of those that centres t − p(A) best on an interval of
-    j = width/2 ± 3 values.
-    """
-    n = vals_desc.size
-    big = n - width
-    n_choice = min(big, choice_bits)
-    n_greedy = big - n_choice
-    side_a = 0.0
-    side_b = 0.0
-    for i in range(n_greedy):
-        if side_a <= side_b:
-            side_a += vals_desc[i]
-        else:
-            side_b += vals_desc[i]
-    small = vals_desc[big:]
-    largest = np.zeros(width + 1)
-    smallest = np.zeros(width + 1)
-    for k in range(width):
-        largest[k + 1] = largest[k] + small[k]
-        smallest[k + 1] = smallest[k] + small[width - 1 - k]
-    choice = vals_desc[n_greedy:big]
-    sums = np.empty(1 << n_choice)
-    sums[0] = 0.0
-    for k in range(n_choice):
-        step = 1 << k
-        for j in range(step):
-            sums[step + j] = sums[j] + choice[k]
-    best_score = np.inf
-    best_target = t - side_a
-    for base in (side_a, side_b):
-        for a in sums:
-            g = t - base - a
-            for j in range(max(0, width // 2 - 3), min(width, width // 2 + 3) + 1):
-                score = abs(g - 0.5 * (smallest[j] + largest[j]))
-                if score < best_score:
-                    best_score = score
-                    best_target = g
-    return meet_in_the_middle(small, width, best_target)
-
-
-@cached_njit()
 def _suffix_distance(prefix, n, i, g):
     """(bound, endpoint): the least distance from g to [L_k, U_k] over the counts k of values[i:] (sorted
     descending, ``prefix`` their prefix sums; L_k / U_k the sums of the k smallest / largest), and the distance
@@ -427,3 +377,259 @@ def cardinality_branch_and_bound(vals_desc, t, quantum, budget):
         stage[depth + 1] = 0
         depth += 1
     return best, True
+
+
+@cached_njit()
+def _group_prefixes(vals_desc, lo, hi):
+    """(smallest, largest): sums of the k smallest / largest of vals_desc[lo:hi], k = 0 … hi − lo."""
+    m = hi - lo
+    smallest = np.zeros(m + 1)
+    largest = np.zeros(m + 1)
+    for k in range(m):
+        largest[k + 1] = largest[k] + vals_desc[lo + k]
+        smallest[k + 1] = smallest[k] + vals_desc[hi - 1 - k]
+    return smallest, largest
+
+
+@cached_njit()
+def _two_largest_gaps(vals_desc):
+    """The cuts c1 ≤ c2 after the two largest gaps between consecutive sorted values (c = index of the first value
+    below the gap; c1 = c2 when the row has a single gap)."""
+    n = vals_desc.size
+    cut_1 = n
+    cut_2 = n
+    gap_1 = -1.0
+    gap_2 = -1.0
+    for i in range(n - 1):
+        gap = vals_desc[i] - vals_desc[i + 1]
+        if gap > gap_1:
+            gap_2, cut_2 = gap_1, cut_1
+            gap_1, cut_1 = gap, i + 1
+        elif gap > gap_2:
+            gap_2, cut_2 = gap, i + 1
+    return min(cut_1, cut_2), max(cut_1, cut_2)
+
+
+@cached_njit()
+def group_cardinality_bound(vals_desc, t):
+    """Lower bound on d* from how many keys of each of three value groups S holds; returns (d_lb, d_endpoint).
+
+    The sorted values are cut at their two largest gaps into groups A > B > C. A set with a, b, c keys of them has
+    p(S) in [L_a + L_b + L_c, U_a + U_b + U_c] (L / U: the sums of the smallest / largest of that many keys of the
+    group). d_lb is the least distance from t to these intervals over every (a, b, c); when it is positive no
+    interval holds t, the nearest endpoint is a real subset and d* = d_lb. Rows whose values form clusters
+    (early-training attention with a block of similar keys) have intervals with gaps between them that the
+    single-group bound (``cardinality_relaxation``) cannot see. d_endpoint is the best endpoint met. Each distance
+    is t minus a sum of three prefix sums: the rounding model of ``_numba_kernels`` (callers use it with
+    error-free sums or compare d_lb with E).
+    """
+    n = vals_desc.size
+    cut_1, cut_2 = _two_largest_gaps(vals_desc)
+    small_a, large_a = _group_prefixes(vals_desc, 0, cut_1)
+    small_b, large_b = _group_prefixes(vals_desc, cut_1, cut_2)
+    small_c, large_c = _group_prefixes(vals_desc, cut_2, n)
+    d_lb = np.inf
+    d_end = np.inf
+    for a in range(cut_1 + 1):
+        for b in range(cut_2 - cut_1 + 1):
+            low_ab = small_a[a] + small_b[b]
+            high_ab = large_a[a] + large_b[b]
+            for c in range(n - cut_2 + 1):
+                low = low_ab + small_c[c]
+                high = high_ab + large_c[c]
+                if low > t:
+                    d_lb = min(d_lb, low - t)
+                    d_end = min(d_end, low - t)
+                    break  # larger c only moves further up
+                if high < t:
+                    d_lb = min(d_lb, t - high)
+                    d_end = min(d_end, t - high)
+                else:
+                    d_lb = 0.0
+                    d_end = min(d_end, min(t - low, high - t))
+    return d_lb, d_end
+
+
+FOUR_LIST_MODULI = np.array([2, 3, 7, 13, 31, 61, 127, 251, 509, 1021, 2039, 4093, 8191], np.int64)
+"""Primes just below powers of two: an odd modulus spreads the residues even when every value is an even
+multiple of the quantum (values of a row mostly share one binade, so their low bits are not random)."""
+FOUR_LIST_GROUP = 10
+"""Values per list of the four-list search (2^10 subset sums each); larger values beyond 40 are split greedily."""
+FOUR_LIST_FLIPS = 2
+"""Smallest of the greedily split larger values put on either side: 2^2 targets for the same lists, since sums of
+clustered values crowd into bumps and one target may fall between them."""
+FOUR_LIST_MIN_EXPECTED = 2.0
+"""Rows expected to have fewer perfect splits than this skip the search (it would rarely find one)."""
+FOUR_LIST_MAX_PAIRS = 1 << 12
+"""Largest expected size of one list of pair sums: the modulus is raised until the lists are this short."""
+FOUR_LIST_WORK = 1 << 14
+"""Pair sums formed per row, over all residues and targets tried, before the search gives up (~50 µs). The
+whole budget is spent rather than the ~3 residues the estimate asks for: on near-uniform rows the subset sums
+crowd into one bump per count, and with an odd count every perfect split lies in a bump's tail, where the
+Gaussian estimate counts several times too many."""
+
+
+@cached_njit()
+def _subset_sums_int(values):
+    """All 2^m subset sums of the int64 ``values`` (unsorted; index bits say which values are in)."""
+    out = np.empty(1 << values.size, np.int64)
+    out[0] = 0
+    for k in range(values.size):
+        step = 1 << k
+        for j in range(step):
+            out[step + j] = out[j] + values[k]
+    return out
+
+
+@cached_njit()
+def _by_residue(sums, modulus):
+    """``sums`` grouped by residue modulo ``modulus`` (counting sort): (grouped, offsets), residue r's sums are
+    grouped[offsets[r]:offsets[r + 1]]."""
+    offsets = np.zeros(modulus + 1, np.int64)
+    for x in sums:
+        offsets[x % modulus + 1] += 1
+    for r in range(modulus):
+        offsets[r + 1] += offsets[r]
+    fill = offsets[:modulus].copy()
+    grouped = np.empty(sums.size, np.int64)
+    for x in sums:
+        r = x % modulus
+        grouped[fill[r]] = x
+        fill[r] += 1
+    return grouped, offsets
+
+
+_HASH_MULTIPLIER = np.uint64(0x9E3779B97F4A7C15)
+"""Fibonacci hashing: the top bits of x·⌊2^64/φ⌋ spread consecutive integers over the table."""
+
+
+@cached_njit()
+def _hash_slot(x, shift):
+    return np.int64((np.uint64(x) * _HASH_MULTIPLIER) >> np.uint64(shift))
+
+
+@cached_njit()
+def _insert_pair_sums(left, right_grouped, right_offsets, modulus, residue, table, used, stamp, shift):
+    """Stores every x + y with x in ``left``, y in the right list and x + y ≡ ``residue`` (mod ``modulus``) in the
+    open-addressing ``table`` (slots whose ``used`` equals ``stamp`` are taken); False if the table fills up."""
+    mask = table.size - 1
+    count = 0
+    for x in left:
+        r = (residue - x) % modulus
+        for i in range(right_offsets[r], right_offsets[r + 1]):
+            value = x + right_grouped[i]
+            slot = _hash_slot(value, shift)
+            while used[slot] == stamp and table[slot] != value:
+                slot = (slot + 1) & mask
+            if used[slot] != stamp:
+                count += 1
+                if 2 * count > table.size:
+                    return False
+                used[slot] = stamp
+                table[slot] = value
+    return True
+
+
+@cached_njit()
+def _meets_pair_sum(left, right_grouped, right_offsets, modulus, residue, target, table, used, stamp, shift):
+    """Whether target − (x + y) is in the table for some x in ``left`` and y in the right list with x + y ≡
+    ``residue`` (mod ``modulus``)."""
+    mask = table.size - 1
+    for x in left:
+        r = (residue - x) % modulus
+        for i in range(right_offsets[r], right_offsets[r + 1]):
+            wanted = target - (x + right_grouped[i])
+            slot = _hash_slot(wanted, shift)
+            while used[slot] == stamp:
+                if table[slot] == wanted:
+                    return True
+                slot = (slot + 1) & mask
+    return False
+
+
+@cached_njit()
+def four_list_perfect_split(vals_desc, q):
+    """d = |p(S) − s/2| of a perfect split (2d ≤ q) found by a four-list search, or ∞ when none was found.
+
+    Only for error-free sums (every value an integer multiple of q, s ≤ 2^52·q): the values become exact int64
+    multiples v_i of q with total V, and a perfect split is a subset of sum ⌊V/2⌋ (then 2d = (V mod 2)·q). The 40
+    smallest values go to four lists of 2^10 subset sums; the larger ones are split greedily and fix the target
+    T (the two smallest of them on either side: up to four targets). With M a modulus and r a residue, the pair
+    sums x1 + x2 ≡ r and x3 + x4 ≡ T − r (mod M) are matched exactly through a hash table (the modular four-list
+    idea of Schroeppel & Shamir 1981, in the form of Wagner's generalized birthday search, 2002).
+    A row of n near-uniform values has about 2^n·q / (2.5·σ) perfect splits (σ the spread of random subset sums),
+    so M is chosen near that count: one residue then holds about one of them, at a cost of a few pair lists of
+    ~2^20 / M sums instead of the 2^(n/2) of meet-in-the-middle. It settles rows of 33–48 keys where a perfect
+    split exists, which on early-training attention is nearly all of them. The search is sound whatever it
+    finds (an exact integer match is a real subset); it is incomplete, so failure proves nothing.
+    """
+    n = vals_desc.size
+    group = min(n // 4, FOUR_LIST_GROUP)
+    n_fixed = n - 4 * group
+    ints = np.empty(n, np.int64)
+    for i in range(n):
+        ints[i] = np.int64(vals_desc[i] / q)
+    total = ints.sum()
+    side_in = np.int64(0)
+    side_out = np.int64(0)
+    n_flip = min(n_fixed, FOUR_LIST_FLIPS)
+    for i in range(n_fixed - n_flip):
+        if side_in <= side_out:
+            side_in += ints[i]
+        else:
+            side_out += ints[i]
+    searched = ints[n_fixed:]
+    searched_sum = searched.sum()
+    targets = np.empty(1 << n_flip, np.int64)
+    for choice in range(1 << n_flip):  # the smallest fixed values on either side: one target each
+        side = side_in
+        for k in range(n_flip):
+            if (choice >> k) & 1:
+                side += ints[n_fixed - n_flip + k]
+        targets[choice] = total // 2 - side
+    spread = 0.0
+    for x in searched:
+        spread += float(x) * float(x)
+    sigma = 0.5 * np.sqrt(spread)
+    expected = 0.0  # perfect splits of the best-placed target, near-Gaussian subset sums
+    for target in targets:
+        z = (target - 0.5 * float(searched_sum)) / sigma
+        expected = max(expected, 2.0**searched.size / (2.5066 * sigma) * np.exp(-0.5 * z * z))
+    if expected < FOUR_LIST_MIN_EXPECTED:
+        return np.inf
+    modulus = _four_list_modulus(expected, 1 << (2 * group))
+    pairs = (1 << (2 * group)) // modulus
+    passes = 1 + targets.size
+    tries = min(modulus, max(1, FOUR_LIST_WORK // (passes * pairs)))
+    lists = [_subset_sums_int(searched[g::4].copy()) for g in range(4)]
+    grouped_2, offsets_2 = _by_residue(lists[1], modulus)
+    grouped_4, offsets_4 = _by_residue(lists[3], modulus)
+    log_size = 1
+    while (1 << log_size) < 4 * pairs:
+        log_size += 1
+    shift = 64 - log_size
+    table = np.empty(1 << log_size, np.int64)
+    used = np.zeros(1 << log_size, np.int64)
+    for residue in range(tries):
+        stamp = residue + 1
+        if not _insert_pair_sums(lists[0], grouped_2, offsets_2, modulus, residue, table, used, stamp, shift):
+            return np.inf  # far more pair sums than expected: the residues are not spread, give up
+        for target in targets:
+            if 0 <= target <= searched_sum and _meets_pair_sum(
+                lists[2], grouped_4, offsets_4, modulus, (target - residue) % modulus, target, table, used, stamp,
+                shift,
+            ):  # fmt: skip
+                return 0.5 * q * float(total % 2)
+    return np.inf
+
+
+@cached_njit()
+def _four_list_modulus(expected, pair_count):
+    """The largest listed prime ≤ the expected number of perfect splits (one per residue on average), raised to
+    the smallest that keeps a pair list (pair_count / M sums) within ``FOUR_LIST_MAX_PAIRS``."""
+    k = 0
+    while k + 1 < FOUR_LIST_MODULI.size and FOUR_LIST_MODULI[k + 1] <= expected:
+        k += 1
+    while k + 1 < FOUR_LIST_MODULI.size and pair_count // FOUR_LIST_MODULI[k] > FOUR_LIST_MAX_PAIRS:
+        k += 1
+    return FOUR_LIST_MODULI[k]

@@ -16,20 +16,25 @@ from attnsens.theta._numba_partition import (
     cardinality_relaxation,
     complete_karmarkar_karp,
     descending_support,
+    four_list_perfect_split,
+    group_cardinality_bound,
     karmarkar_karp,
     meet_in_the_middle,
     swap_descent,
-    window_meet_in_the_middle,
 )
 from attnsens.theta._numba_scan import top_k
 from attnsens.theta.methods import ThetaMethod
 
 MITM_FALLBACK_SUPPORT = 32
 """Rows of at most this many keys still open before the budgeted CKK are enumerated instead (≤ 3 ms, exact)."""
+WIDE_ROW_MITM_SUPPORT = 48
+"""Rows of at most this many keys that every stage leaves above the stop distance are enumerated (≤ 1 s at 48
+keys; on early-training attention about one row in 20,000): rows this short always end at the precision asked."""
 REFINE_SEARCH_NODES = 20_000
 """Node budget of the cardinality-pruned search for rows the heuristics leave open (about 0.4 ms)."""
-WINDOW_CHOICE_BITS = 10
-"""Larger values whose 2^10 subsets are tried to centre the partial meet-in-the-middle's target."""
+FOUR_LIST_MIN_SUPPORT = 33
+"""Rows of at least this many keys try the four-list search for a perfect split; shorter ones have too few perfect
+splits for it to pay, and meet-in-the-middle over them costs at most ~1.5 ms."""
 FREEZE_EVERY = 32
 """First-fits check every this many keys whether their best distance is ≤ the stop distance, and stop if so."""
 _INF_BITS = 0x7FF0000000000000
@@ -222,8 +227,9 @@ def refine_row(
 ):  # fmt: skip
     """Stages after the one-target first-fit: 16 targets, cardinality bound, KK, greedy split with best exchanges,
     cardinality-pruned search (error-free sums only), top-14 relaxation, then meet-in-the-middle (≤ 32 keys) or
-    budgeted CKK. ``bits`` is the row as signed integers (``scan_row``), ``skip_sorted`` the top-K indices in
-    ascending order, ``scratch`` from ``relaxation_scratch(K)``.
+    the four-list search for a perfect split and budgeted CKK, and meet-in-the-middle after all for rows of ≤ 48
+    keys CKK leaves above the stop distance. ``bits`` is the row as signed integers (``scan_row``),
+    ``skip_sorted`` the top-K indices in ascending order, ``scratch`` from ``relaxation_scratch(K)``.
 
     Returns (d_found, d_lb, method).
     """
@@ -274,6 +280,10 @@ def refine_row(
     if n <= MITM_FALLBACK_SUPPORT:  # the rare short row every heuristic leaves open: enumerate it
         d = meet_in_the_middle(row, n, t)
         return d, d, _MITM
+    if e == 0.0 and n >= FOUR_LIST_MIN_SUPPORT:  # rows this long that reach here nearly always have a perfect split
+        d = four_list_perfect_split(vals, q)
+        if proves_perfect(d, q, e):
+            return d, d, _PERFECT
     if n > ckk_max_support:
         return d_found, d_lb, _CKK_BUDGET
     quantum_diff = q if e == 0.0 else -1.0
@@ -281,15 +291,18 @@ def refine_row(
     d_found = min(d_found, 0.5 * best_diff)
     if outcome == CKK_EXHAUSTED or outcome == CKK_PERFECT:
         return 0.5 * best_diff, 0.5 * best_diff, _CKK_PROVED
+    if d_found > stop_d and n <= WIDE_ROW_MITM_SUPPORT:  # would stay wider than asked: enumerate it after all
+        d = meet_in_the_middle(row, n, t)
+        return d, d, _MITM
     return d_found, d_lb, _CKK_BUDGET
 
 
 @cached_njit()
-def prove_short_row(row, n, t, q, e, k_top, probe_nodes, window, search_nodes):
+def prove_short_row(row, n, t, q, e, k_top, probe_nodes, search_nodes):
     """The proofs that settle most rows too long for a cheap meet-in-the-middle without enumerating them all: the
-    cardinality bound, then (sums error-free) a perfect split found by a CKK search of ``probe_nodes`` nodes or,
-    on rows of more than ``window`` keys, by meet-in-the-middle over the ``window`` smallest values, and last the
-    cardinality-pruned search within ``search_nodes`` nodes.
+    cardinality bound and its three-group form, then (sums error-free) a perfect split found by a CKK search of
+    ``probe_nodes`` nodes or, on rows of at least ``FOUR_LIST_MIN_SUPPORT`` keys, by the four-list search, and
+    last the cardinality-pruned search within ``search_nodes`` nodes.
 
     Returns (d*, method), or (∞, 0) when none applies and the row needs meet-in-the-middle.
     """
@@ -297,12 +310,15 @@ def prove_short_row(row, n, t, q, e, k_top, probe_nodes, window, search_nodes):
     d_card, _ = cardinality_relaxation(vals, k_top, t)
     if d_card > e:
         return d_card, _CARDINALITY
+    d_group, _ = group_cardinality_bound(vals, t)
+    if d_group > e:
+        return d_group, _CARDINALITY
     if e == 0.0:
         best_diff, outcome = complete_karmarkar_karp(vals, -1.0, q, probe_nodes)
         if outcome == CKK_EXHAUSTED or outcome == CKK_PERFECT:
             return 0.5 * best_diff, _CKK_PROVED
-        if n > window:
-            d = window_meet_in_the_middle(vals, t, window, WINDOW_CHOICE_BITS)
+        if n >= FOUR_LIST_MIN_SUPPORT:
+            d = four_list_perfect_split(vals, q)
             if proves_perfect(d, q, e):
                 return d, _PERFECT
         d, proved = cardinality_branch_and_bound(vals, t, q, search_nodes)
