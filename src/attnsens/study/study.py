@@ -221,7 +221,7 @@ def run_study(
         # A checkpoint whose directory the user deleted is rebuilt by training; the others must be intact.
         discarded[placement, seed] = prune_deleted(_seed_dir(out, placement, seed)) if rank == 0 else {}
         for step in saved_steps(_seed_dir(out, placement, seed)):
-            verify_checkpoint(_seed_dir(out, placement, seed), step)
+            verify_checkpoint(_seed_dir(out, placement, seed), step, seed=seed)
     data = _shared_data(config, out, rank)
     if rank == 0 and not manifest.is_done(BASELINES_UNIT):
         manifest.write_unit(BASELINES_UNIT, baselines_frame(config, data), schema="baselines")

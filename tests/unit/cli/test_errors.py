@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -112,6 +113,28 @@ def test_model_folder_without_weights(tmp_path: Path, text_file: Path) -> None:
     message = _one_line_error(["audit", str(tmp_path / "m"), "--text", str(text_file), "--out", str(tmp_path / "o")])
     assert message.startswith(f"cannot load the weights of model '{tmp_path / 'm'}' (")
     assert message.endswith("); put model.safetensors (or pytorch_model.bin) beside its config.json")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("command", ["audit", "bounds"])
+def test_a_checkpoint_with_a_broken_header_and_a_matching_hash_is_one_line(run_dir, text_file, tmp_path, command):
+    """The manifest's sha256 was updated to the flipped file: the hash check passes, reading the header fails."""
+    from attnsens.store import sha256_file
+
+    run = shutil.copytree(run_dir, tmp_path / "run")
+    weights = run / "checkpoints" / "step_000001" / "model.safetensors"
+    raw = bytearray(weights.read_bytes())
+    raw[9] ^= 0x7F  # inside the JSON header
+    weights.write_bytes(bytes(raw))
+    manifest = json.loads((run / "checkpoints" / "manifest.json").read_text())
+    manifest["step_000001"]["files"]["model.safetensors"] = sha256_file(weights)
+    (run / "checkpoints" / "manifest.json").write_text(json.dumps(manifest))
+    args = [command, str(run), "--step", "1", "--seq-len", "8", "--out", str(tmp_path / "o")]
+    message = _one_line_error([*args, "--text", str(text_file)] if command == "audit" else args)
+    assert message.startswith(f"checkpoint file {weights} is not readable safetensors (SafetensorError")
+    assert message.endswith(
+        f"delete {weights.parent} and rerun: training resumes from the last good checkpoint and rebuilds it"
+    )
     assert not (tmp_path / "o").exists()
 
 
