@@ -209,12 +209,15 @@ def run_study(
     holds a study with another configuration.
     """
     from attnsens.store import Manifest
+    from attnsens.store.verify import forget_untrusted
 
     out = Path(out_dir)
     say = log or (lambda _message: None)
     init_distributed()
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     manifest = Manifest.open(out, config=config.describe())
+    if rank == 0:
+        forget_untrusted(manifest, note=say)
     runs = [(placement, seed) for placement in config.placements for seed in config.seeds]
     discarded = {}
     for placement, seed in runs:

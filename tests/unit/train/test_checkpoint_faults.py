@@ -136,3 +136,16 @@ def test_a_checkpoint_whose_state_names_another_step_or_seed_is_refused(tmp_path
         **m["step_000002"]["files"], "state.json": sha256_file(state)}}})  # fmt: skip
     with pytest.raises(CheckpointError, match=r"step_000002 holds step 1, not step 2 .*delete .*step_000002 and rerun"):
         load_checkpoint(tmp_path, 2)
+
+
+def test_deleting_a_copied_checkpoint_as_advised_rebuilds_it_bit_identically(corpus_file: Path, tmp_path: Path):
+    run(corpus_file, tmp_path, steps=8)
+    before = model_hashes(tmp_path)
+    _copy_over(tmp_path, "step_000002", "step_000004")
+    with pytest.raises(CheckpointError, match="step_000004 is a copy of step_000002") as raised:
+        load_checkpoint(tmp_path, 8)
+    shutil.rmtree(str(raised.value).split("; delete ")[1].split(" and rerun")[0])
+    recorder = Recorder()
+    run(corpus_file, tmp_path, steps=8, resume=True, callbacks=[recorder])
+    assert recorder.steps == list(range(3, 9)) and recorder.checkpoints == [4, 8]
+    assert model_hashes(tmp_path) == before
