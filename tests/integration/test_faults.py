@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shlex
 import shutil
 import signal
 import subprocess
@@ -22,6 +23,7 @@ import pytest
 from typer.testing import CliRunner
 
 from attnsens.cli import app
+from attnsens.store import sha256_file
 from attnsens.store.lock import read_holder
 from attnsens.store.verify import verify_run
 from attnsens.train.checkpoint import model_hashes
@@ -203,6 +205,62 @@ def test_a_checkpoint_deleted_as_advised_is_rebuilt_with_its_rows(corpus, tmp_pa
     shutil.rmtree(advice.split("delete ")[1].split(" and rerun")[0])
     finish("study", corpus, out)
     assert_same(contents(out), contents(reference["study"]))
+
+
+CLI_STUDY = ("study", "--config", "tiny", "--seeds", "0,1", "--steps", "2", "--batch-size", "2", "--threads", "1")
+
+
+def attnsens(*arguments: str) -> subprocess.CompletedProcess:
+    """Run ``python -m attnsens ARGUMENTS`` (as ``attnsens`` would run) and return what it printed."""
+    command = [sys.executable, "-m", "attnsens", *arguments]
+    return subprocess.run(command, env=_env(), cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+def one_error_line(done: subprocess.CompletedProcess) -> str:
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), done.stderr[-3000:]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def cli_study(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny study written by the command line (its manifest records the command that a fix reruns)."""
+    out = tmp_path_factory.mktemp("cli_study") / "out"
+    done = attnsens(*CLI_STUDY, "--data", str(corpus), "--out", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+@pytest.mark.slow
+def test_the_printed_advice_followed_literally_rebuilds_a_moved_unit_and_a_copied_checkpoint(cli_study, tmp_path):
+    """Two faults whose recorded sha256 were edited to match, so that only the contents give them away: step 1's
+    rows moved into step 2's place, and seed 0's checkpoint 1 copied over its checkpoint 2 (``cp -r``)."""
+    out = shutil.copytree(cli_study, tmp_path / "out")
+    manifest = json.loads((out / "manifest.json").read_text())
+    moved = "rows/placement=pre/seed=1/step=000002.parquet"
+    (out / "rows/placement=pre/seed=1/step=000001.parquet").replace(out / moved)
+    manifest["units"][moved]["sha256"] = sha256_file(out / moved)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    checkpoints = out / "runs/placement=pre/seed=0/checkpoints"
+    shutil.rmtree(checkpoints / "step_000002")
+    shutil.copytree(checkpoints / "step_000001", checkpoints / "step_000002")
+    registered = json.loads((checkpoints / "manifest.json").read_text())
+    registered["step_000002"]["files"] = registered["step_000001"]["files"]
+    (checkpoints / "manifest.json").write_text(json.dumps(registered))
+
+    refused = one_error_line(attnsens("report", str(out)))
+    assert f"{moved} (holds step 1, its path says 2)" in refused and "1 missing" in refused
+    rebuild = shlex.split(refused.split("rebuild with `")[1].split("`")[0])
+    assert rebuild[0] == "attnsens" and rebuild[-2:] == ["--out", str(out)]
+    first = attnsens(*rebuild[1:])
+    assert f"rebuilding {moved} (holds step 1, its path says 2)" in first.stdout
+    stopped = one_error_line(first)
+    assert f"step_000002 is a copy of step_000001; delete {checkpoints / 'step_000002'} and rerun" in stopped
+    shutil.rmtree(stopped.split("; delete ")[1].split(" and rerun")[0])
+    rerun = attnsens(*rebuild[1:])
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert verify_run(out, rehash=True).ok
+    assert_same(contents(out), contents(cli_study))
 
 
 def test_a_full_or_read_only_folder_is_named_and_left_as_it_was(corpus, tmp_path) -> None:
