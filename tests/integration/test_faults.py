@@ -1,5 +1,6 @@
 """Fault tests on real processes: kill -9 at random moments during train, study and audit, two writers on one
-folder, a checkpoint deleted as the error advises, and a full or read-only output folder (tmpfs).
+folder, a checkpoint deleted as the error advises, and a full or read-only output folder (a private tmpfs, mounted
+in a user namespace, so that the test needs no root and a root test run still sees ENOSPC and EROFS).
 
 Every rerun after a kill must end with exactly the units of an uninterrupted run: the same unit files, the same
 values bit for bit on CPU (measured wall times aside), the same checkpoint weights, and no temporary files.
@@ -280,6 +281,17 @@ def test_a_full_or_read_only_folder_is_named_and_left_as_it_was(corpus, tmp_path
     assert seen["unit_folder_unchanged"]
     assert "cannot write step_" in seen["train_error"] and "/train/checkpoints'" in seen["train_error"]
     assert seen["checkpoints"] and seen["checkpoints_verify"] and seen["temporaries"] == []
+    code, lines, exists = seen["audit_full"]  # not even the lock's record fits: refused before any work
+    assert code == 1 and len(lines) == 1 and "cannot write .writer.lock in" in lines[0] and "/small/audit'" in lines[0]
+    assert "No space left on device" in lines[0] and not exists
+    code, lines = seen["audit_midway"]  # some sequences written, then the disk filled up
+    assert code == 1 and len(lines) == 1 and lines[0].startswith("error: cannot write ") and "/small/audit" in lines[0]
+    ok, verified, temporaries = seen["audit_left"]
+    assert ok and verified > 0 and temporaries == []  # every file left is a recorded, intact unit
+    code, lines = seen["study_midway"]
+    assert code == 1 and lines[-1].startswith("error: cannot write step_000000 in ") and "Traceback" not in str(lines)
+    ok, verified, left = seen["study_left"]
+    assert ok and verified == 1 and not any(name.startswith("runs") or name.endswith(".tmp") for name in left)
     (train, report, report_elsewhere, query) = seen["read_only"]
     assert train[0] == 1 and len(train[1]) == 1 and "Read-only file system" in train[1][0] and "/ro'" in train[1][0]
     assert report[0] == 1 and len(report[1]) == 1 and "cannot write report.html" in report[1][0]

@@ -62,35 +62,46 @@ def writer_lock(
         yield directory
         return
     created = [folder for folder in (directory, *directory.parents) if not folder.exists()]
-    handle = _open_locked(directory)
+    handle = None
     try:
-        previous = _parse(handle.read())
-        if previous and previous.get("pid") != os.getpid():
-            note(f"took over the lock of {directory}: {_describe(previous)} is no longer running")
-        record = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "command": command,
-            "started_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        }
-        handle.seek(0)
-        handle.truncate()
-        handle.write(json.dumps(record) + "\n")
-        handle.flush()
+        handle = _open_locked(directory)
+        _take(handle, directory, command, note)
         remove_leftovers(directory)
         _HELD.add(directory)
         try:
             yield directory
         finally:
             _HELD.discard(directory)
-            handle.seek(0)
-            handle.truncate()
-            handle.flush()
+            os.ftruncate(handle.fileno(), 0)
+    finally:
+        if handle is not None:
             if created and directory.is_dir() and [p.name for p in directory.iterdir()] == [LOCK_NAME]:
                 (directory / LOCK_NAME).unlink()  # still under the flock: a waiting writer reopens (_open_locked)
-    finally:
-        handle.close()
+            handle.close()
         _remove_empty(created)
+
+
+def _take(handle: Any, directory: Path, command: str, note: Callable[[str], None]) -> None:
+    """Write this process's record into the flocked lock file, after a note on the dead holder it replaces.
+
+    A full disk refuses even these few bytes: that is one line naming the folder, before any work is done.
+    """
+    from attnsens.store.parquet import output_write_error
+
+    previous = _parse(handle.read())
+    if previous and previous.get("pid") != os.getpid():
+        note(f"took over the lock of {directory}: {_describe(previous)} is no longer running")
+    record = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "command": command,
+        "started_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+    }
+    try:  # unbuffered, so that nothing is left in a buffer for close() to fail on again
+        os.ftruncate(handle.fileno(), 0)
+        os.write(handle.fileno(), (json.dumps(record) + "\n").encode())  # append mode: at 0 once truncated
+    except OSError as err:
+        raise output_write_error(directory / LOCK_NAME, err) from None
 
 
 def _open_locked(directory: Path) -> Any:

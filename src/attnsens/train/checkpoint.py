@@ -24,6 +24,7 @@ last good checkpoint before the first gap in the schedule (``Trainer.resume``), 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -158,6 +159,7 @@ def save_checkpoint(
     name = checkpoint_name(step)
     final, staging = root / name, root / f".{name}.tmp"
     tensors, hyperparameters = _split_optimizer_state(optimizer.state_dict())
+    created = not root.exists()
     try:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(staging, ignore_errors=True)
@@ -168,6 +170,9 @@ def save_checkpoint(
         (staging / "state.json").write_text(json.dumps({**state, "step": step, "optimizer": hyperparameters}) + "\n")
     except Exception as err:  # OSError, or safetensors' own error wrapping one (disk full, read-only folder)
         shutil.rmtree(staging, ignore_errors=True)
+        if created:  # the folder as it was before this checkpoint: without an empty checkpoints/
+            with contextlib.suppress(OSError):
+                root.rmdir()
         raise output_write_error(final, err) from None
     files = {path.name: sha256_file(path) for path in sorted(staging.iterdir())}
     shutil.rmtree(final, ignore_errors=True)
