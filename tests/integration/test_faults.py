@@ -208,6 +208,37 @@ def test_a_checkpoint_deleted_as_advised_is_rebuilt_with_its_rows(corpus, tmp_pa
     assert_same(contents(out), contents(reference["study"]))
 
 
+@pytest.mark.parametrize(("value", "counts"), [(float("nan"), "1 NaN and 0 ±Inf"), (float("inf"), "0 NaN and 1 ±Inf")])
+def test_a_checkpoint_with_a_non_finite_weight_is_named_by_layer_and_parameter_and_nothing_is_written(
+    corpus, tmp_path, reference, value, counts
+) -> None:
+    """The file was rewritten with its manifest hash, so only the check before the forward can catch it."""
+    from safetensors.torch import load_file, save_file
+
+    from attnsens.errors import InputError
+    from attnsens.study.study import run_study
+    from tests.integration.test_study import micro_study
+
+    out = shutil.copytree(reference["study"], tmp_path / "out")
+    checkpoint = out / "runs/placement=pre/seed=1/checkpoints/step_000002"
+    weights = load_file(checkpoint / "model.safetensors")
+    weights["blocks.1.mlp.c_proj.weight"][0, 0] = value
+    save_file(weights, checkpoint / "model.safetensors")
+    registered = json.loads((checkpoint.parent / "manifest.json").read_text())
+    registered["step_000002"]["files"]["model.safetensors"] = sha256_file(checkpoint / "model.safetensors")
+    (checkpoint.parent / "manifest.json").write_text(json.dumps(registered))
+    units = [f"{table}/placement=pre/seed=1/step=000002.parquet" for table in ("rows", "summary", "bounds")]
+    for unit in units:
+        (out / unit).unlink()
+    with pytest.raises(InputError) as raised:
+        run_study(micro_study(corpus), out, device="cpu")
+    assert str(raised.value).startswith(
+        f"checkpoint {checkpoint} has non-finite weights: layer 1, parameter 'blocks.1.mlp.c_proj.weight' "
+    )
+    assert f"{counts} values; if the file was altered, delete {checkpoint} and rerun" in str(raised.value)
+    assert not any((out / unit).exists() for unit in units)
+
+
 CLI_STUDY = ("study", "--config", "tiny", "--seeds", "0,1", "--steps", "2", "--batch-size", "2", "--threads", "1")
 
 

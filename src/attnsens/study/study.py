@@ -358,12 +358,20 @@ def _audit_checkpoint(
 ) -> None:
     from attnsens.models import load
     from attnsens.study.audit import audit
+    from attnsens.study.finite import check_finite_module
 
     started = time.perf_counter()
     run_dir = _seed_dir(out, placement, seed)
     model = GPT(config.model_for(placement))
     model.load_state_dict(load_model_state(run_dir, step))
     model.eval()
+    checkpoint = run_dir / "checkpoints" / f"step_{step:06d}"
+    check_finite_module(
+        model,
+        name=f"checkpoint {checkpoint}",
+        fix=f"if the file was altered, delete {checkpoint} and rerun to rebuild it; if training itself diverged, "
+        "rerun with fewer --steps or another --config into a new --out",
+    )
     run_id = config.run_id(placement)
     result = audit(model, eval_inputs, selection=_selection(config), run_id=run_id, step=step, seed=seed)
     units = unit_paths(placement, seed, step, bounds=config.bounds_at(step))

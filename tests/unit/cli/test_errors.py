@@ -138,6 +138,29 @@ def test_a_checkpoint_with_a_broken_header_and_a_matching_hash_is_one_line(run_d
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("command", ["audit", "bounds"])
+def test_non_finite_weights_of_a_saved_checkpoint_are_one_line_naming_layer_and_parameter(
+    run_dir, text_file, tmp_path, command
+):
+    from safetensors.torch import load_file, save_file
+
+    from attnsens.store import sha256_file
+
+    run = shutil.copytree(run_dir, tmp_path / "run")
+    weights = run / "checkpoints" / "step_000001" / "model.safetensors"
+    tensors = load_file(weights)
+    tensors["blocks.0.attn.c_proj.weight"][1, 2] = float("nan")
+    save_file(tensors, weights)
+    manifest = json.loads((run / "checkpoints" / "manifest.json").read_text())
+    manifest["step_000001"]["files"]["model.safetensors"] = sha256_file(weights)
+    (run / "checkpoints" / "manifest.json").write_text(json.dumps(manifest))
+    args = [command, str(run), "--step", "1", "--seq-len", "8", "--out", str(tmp_path / "o")]
+    message = _one_line_error([*args, "--text", str(text_file)] if command == "audit" else args)
+    assert "has non-finite weights: layer 0, parameter 'blocks.0.attn.c_proj.weight' " in message
+    assert "holds 1 NaN and 0 ±Inf values; restore the weights" in message
+    assert not (tmp_path / "o").exists()
+
+
 def test_sparse_tensor_file(tmp_path: Path) -> None:
     path = tmp_path / "sparse.pt"
     torch.save(torch.softmax(torch.randn(3, 5), -1).to_sparse(), path)
