@@ -161,6 +161,35 @@ def test_non_finite_weights_of_a_saved_checkpoint_are_one_line_naming_layer_and_
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        (lambda m: [], "holds a JSON list, not an object of checkpoints"),
+        (lambda m: {**m, "step_000001": {"step": 1}}, "has an entry 'step_000001' without a 'files' object"),
+        (
+            lambda m: {**m, "step_000001": {**m["step_000001"], "step": "1"}},
+            "has an entry 'step_000001' whose step is '1', not the integer 1",
+        ),
+        (
+            lambda m: {**m, "step_000001": {"step": 1, "files": {"../../../../etc/passwd": "0" * 64}}},
+            "has an entry 'step_000001' naming a file '../../../../etc/passwd'",
+        ),
+    ],
+)
+def test_a_malformed_checkpoint_manifest_is_one_line_and_opens_nothing_outside(
+    run_dir, text_file, tmp_path, monkeypatch, edit, named
+):
+    run = shutil.copytree(run_dir, tmp_path / "run")
+    path = run / "checkpoints" / "manifest.json"
+    path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+    hashed = []
+    monkeypatch.setattr("attnsens.train.checkpoint.sha256_file", lambda file: hashed.append(file) or "0" * 64)
+    args = ["audit", str(run), "--step", "1", "--text", str(text_file), "--seq-len", "8", "--out", str(tmp_path / "o")]
+    message = _one_line_error(args)
+    assert message.startswith(f"checkpoint manifest {path} {named}") and "restore it, or delete" in message
+    assert hashed == [] and not (tmp_path / "o").exists()
+
+
 def test_sparse_tensor_file(tmp_path: Path) -> None:
     path = tmp_path / "sparse.pt"
     torch.save(torch.softmax(torch.randn(3, 5), -1).to_sparse(), path)
