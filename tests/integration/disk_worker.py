@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -28,6 +30,54 @@ def training(n: int) -> dict[str, object]:
         "lr": rng.random(n), "grad_norm_global": rng.random(n), "tokens_seen": np.arange(n),
         "wall_time_s": rng.random(n),
     }  # fmt: skip
+
+
+def fill(path: Path, *, leave: int = 0) -> None:
+    """Write ``path`` until the file system is full, then give back ``leave`` bytes (about)."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(descriptor, b"\0" * 4096):
+            pass
+    except OSError:
+        pass
+    os.ftruncate(descriptor, max(0, os.fstat(descriptor).st_size - leave))
+    os.close(descriptor)
+
+
+def invoke(command: list[str]) -> list[object]:
+    """Exit code and printed lines of an in-process attnsens command."""
+    from typer.testing import CliRunner
+
+    from attnsens.cli import app
+
+    result = CliRunner().invoke(app, command)
+    return [result.exit_code, result.output.strip().splitlines()]
+
+
+def command_line_writers(model: Path, corpus: Path, small: Path) -> dict[str, object]:
+    """``audit`` and ``study`` on a full and a nearly full 512 KiB tmpfs: what they printed, and whether what they
+    left verifies (every file recorded and intact, no temporary file)."""
+    from attnsens.store.verify import verify_run
+
+    small.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(small)], check=True)
+    seen: dict[str, object] = {}
+    fill(small / "filler")
+    audit = ["audit", str(model), "--text", str(corpus), "--seq-len", "16", "--json", "--out", str(small / "audit")]
+    seen["audit_full"] = [*invoke(audit), (small / "audit").exists()]
+    fill(small / "filler", leave=120_000)
+    seen["audit_midway"] = invoke([*audit, "--batch", "300"])
+    check = verify_run(small / "audit", rehash=True)
+    seen["audit_left"] = [check.ok, check.verified, [p.name for p in small.rglob("*.tmp")]]
+    shutil.rmtree(small / "audit")
+    (small / "filler").unlink()
+    study = ["study", "--config", "tiny", "--seeds", "0", "--steps", "2", "--batch-size", "2", "--no-bounds"]
+    seen["study_midway"] = invoke([*study, "--data", str(corpus), "--threads", "1", "--out", str(small / "study")])
+    check = verify_run(small / "study", rehash=True)
+    left = sorted(p.relative_to(small / "study").as_posix() for p in (small / "study").rglob("*"))
+    seen["study_left"] = [check.ok, check.verified, left]
+    subprocess.run(["umount", str(small)], check=True)
+    return seen
 
 
 def main(root: Path, corpus: Path) -> None:
@@ -66,7 +116,7 @@ def main(root: Path, corpus: Path) -> None:
     seen["checkpoints"] = steps
     seen["checkpoints_verify"] = all(verify_checkpoint(root / "train", s) for s in steps)
     seen["temporaries"] = [p.name for p in root.rglob("*.tmp")]
-    (root / "filler").unlink(missing_ok=True)
+    seen.update(command_line_writers(root / "train", corpus, Path(sys.argv[3]) / "small"))
 
     subprocess.run(["mount", "-o", "remount,ro", str(root)], check=True)
     before = snapshot(root)

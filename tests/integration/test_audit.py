@@ -49,6 +49,26 @@ def test_audit_writes_rows_and_summary_and_resumes(tmp_path, monkeypatch) -> Non
     pd.testing.assert_frame_equal(again.rows, result.rows)
 
 
+def test_a_sequence_moved_into_another_place_with_a_matching_hash_is_recomputed(tmp_path, capsys) -> None:
+    """The rerun that the verification error advises must not keep a unit whose contents disagree with its key."""
+    from attnsens.store import sha256_file
+    from attnsens.store.verify import verify_run
+
+    model = tiny_model("gpt2")
+    tokens = torch.randint(0, VOCAB, (100,), generator=torch.Generator().manual_seed(1))
+    first = A.study.audit(model, tokens, seq_len=31, out_dir=tmp_path)
+    moved = "rows/sequence=000001.parquet"
+    (tmp_path / "rows/sequence=000000.parquet").replace(tmp_path / moved)
+    payload = json.loads((tmp_path / "manifest.json").read_text())
+    payload["units"][moved]["sha256"] = sha256_file(tmp_path / moved)
+    (tmp_path / "manifest.json").write_text(json.dumps(payload))
+    assert "holds batch 0, its path says 1" in verify_run(tmp_path).message()
+    again = A.study.audit(model, tokens, seq_len=31, out_dir=tmp_path)
+    assert f"note: rebuilding {moved} (holds batch 0, its path says 1)" in capsys.readouterr().err
+    assert verify_run(tmp_path, rehash=True).ok
+    pd.testing.assert_frame_equal(again.rows, first.rows)
+
+
 def test_sampled_audit_differs_per_sequence_and_is_reproducible() -> None:
     model = tiny_model("llama")
     tokens = torch.randint(0, VOCAB, (2, 37))

@@ -1,5 +1,6 @@
 """Fault tests on real processes: kill -9 at random moments during train, study and audit, two writers on one
-folder, a checkpoint deleted as the error advises, and a full or read-only output folder (tmpfs).
+folder, a checkpoint deleted as the error advises, and a full or read-only output folder (a private tmpfs, mounted
+in a user namespace, so that the test needs no root and a root test run still sees ENOSPC and EROFS).
 
 Every rerun after a kill must end with exactly the units of an uninterrupted run: the same unit files, the same
 values bit for bit on CPU (measured wall times aside), the same checkpoint weights, and no temporary files.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shlex
 import shutil
 import signal
 import subprocess
@@ -22,6 +24,7 @@ import pytest
 from typer.testing import CliRunner
 
 from attnsens.cli import app
+from attnsens.store import sha256_file
 from attnsens.store.lock import read_holder
 from attnsens.store.verify import verify_run
 from attnsens.train.checkpoint import model_hashes
@@ -205,6 +208,93 @@ def test_a_checkpoint_deleted_as_advised_is_rebuilt_with_its_rows(corpus, tmp_pa
     assert_same(contents(out), contents(reference["study"]))
 
 
+@pytest.mark.parametrize(("value", "counts"), [(float("nan"), "1 NaN and 0 ±Inf"), (float("inf"), "0 NaN and 1 ±Inf")])
+def test_a_checkpoint_with_a_non_finite_weight_is_named_by_layer_and_parameter_and_nothing_is_written(
+    corpus, tmp_path, reference, value, counts
+) -> None:
+    """The file was rewritten with its manifest hash, so only the check before the forward can catch it."""
+    from safetensors.torch import load_file, save_file
+
+    from attnsens.errors import InputError
+    from attnsens.study.study import run_study
+    from tests.integration.test_study import micro_study
+
+    out = shutil.copytree(reference["study"], tmp_path / "out")
+    checkpoint = out / "runs/placement=pre/seed=1/checkpoints/step_000002"
+    weights = load_file(checkpoint / "model.safetensors")
+    weights["blocks.1.mlp.c_proj.weight"][0, 0] = value
+    save_file(weights, checkpoint / "model.safetensors")
+    registered = json.loads((checkpoint.parent / "manifest.json").read_text())
+    registered["step_000002"]["files"]["model.safetensors"] = sha256_file(checkpoint / "model.safetensors")
+    (checkpoint.parent / "manifest.json").write_text(json.dumps(registered))
+    units = [f"{table}/placement=pre/seed=1/step=000002.parquet" for table in ("rows", "summary", "bounds")]
+    for unit in units:
+        (out / unit).unlink()
+    with pytest.raises(InputError) as raised:
+        run_study(micro_study(corpus), out, device="cpu")
+    assert str(raised.value).startswith(
+        f"checkpoint {checkpoint} has non-finite weights: layer 1, parameter 'blocks.1.mlp.c_proj.weight' "
+    )
+    assert f"{counts} values; if the file was altered, delete {checkpoint} and rerun" in str(raised.value)
+    assert not any((out / unit).exists() for unit in units)
+
+
+CLI_STUDY = ("study", "--config", "tiny", "--seeds", "0,1", "--steps", "2", "--batch-size", "2", "--threads", "1")
+
+
+def attnsens(*arguments: str) -> subprocess.CompletedProcess:
+    """Run ``python -m attnsens ARGUMENTS`` (as ``attnsens`` would run) and return what it printed."""
+    command = [sys.executable, "-m", "attnsens", *arguments]
+    return subprocess.run(command, env=_env(), cwd=REPO, capture_output=True, text=True, timeout=600)
+
+
+def one_error_line(done: subprocess.CompletedProcess) -> str:
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), done.stderr[-3000:]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def cli_study(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny study written by the command line (its manifest records the command that a fix reruns)."""
+    out = tmp_path_factory.mktemp("cli_study") / "out"
+    done = attnsens(*CLI_STUDY, "--data", str(corpus), "--out", str(out))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+@pytest.mark.slow
+def test_the_printed_advice_followed_literally_rebuilds_a_moved_unit_and_a_copied_checkpoint(cli_study, tmp_path):
+    """Two faults whose recorded sha256 were edited to match, so that only the contents give them away: step 1's
+    rows moved into step 2's place, and seed 0's checkpoint 1 copied over its checkpoint 2 (``cp -r``)."""
+    out = shutil.copytree(cli_study, tmp_path / "out")
+    manifest = json.loads((out / "manifest.json").read_text())
+    moved = "rows/placement=pre/seed=1/step=000002.parquet"
+    (out / "rows/placement=pre/seed=1/step=000001.parquet").replace(out / moved)
+    manifest["units"][moved]["sha256"] = sha256_file(out / moved)
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    checkpoints = out / "runs/placement=pre/seed=0/checkpoints"
+    shutil.rmtree(checkpoints / "step_000002")
+    shutil.copytree(checkpoints / "step_000001", checkpoints / "step_000002")
+    registered = json.loads((checkpoints / "manifest.json").read_text())
+    registered["step_000002"]["files"] = registered["step_000001"]["files"]
+    (checkpoints / "manifest.json").write_text(json.dumps(registered))
+
+    refused = one_error_line(attnsens("report", str(out)))
+    assert f"{moved} (holds step 1, its path says 2)" in refused and "1 missing" in refused
+    rebuild = shlex.split(refused.split("rebuild with `")[1].split("`")[0])
+    assert rebuild[0] == "attnsens" and rebuild[-2:] == ["--out", str(out)]
+    first = attnsens(*rebuild[1:])
+    assert f"rebuilding {moved} (holds step 1, its path says 2)" in first.stdout
+    stopped = one_error_line(first)
+    assert f"step_000002 is a copy of step_000001; delete {checkpoints / 'step_000002'} and rerun" in stopped
+    shutil.rmtree(stopped.split("; delete ")[1].split(" and rerun")[0])
+    rerun = attnsens(*rebuild[1:])
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert verify_run(out, rehash=True).ok
+    assert_same(contents(out), contents(cli_study))
+
+
 def test_a_full_or_read_only_folder_is_named_and_left_as_it_was(corpus, tmp_path) -> None:
     mount = tmp_path / "tmpfs"
     mount.mkdir()
@@ -222,6 +312,17 @@ def test_a_full_or_read_only_folder_is_named_and_left_as_it_was(corpus, tmp_path
     assert seen["unit_folder_unchanged"]
     assert "cannot write step_" in seen["train_error"] and "/train/checkpoints'" in seen["train_error"]
     assert seen["checkpoints"] and seen["checkpoints_verify"] and seen["temporaries"] == []
+    code, lines, exists = seen["audit_full"]  # not even the lock's record fits: refused before any work
+    assert code == 1 and len(lines) == 1 and "cannot write .writer.lock in" in lines[0] and "/small/audit'" in lines[0]
+    assert "No space left on device" in lines[0] and not exists
+    code, lines = seen["audit_midway"]  # some sequences written, then the disk filled up
+    assert code == 1 and len(lines) == 1 and lines[0].startswith("error: cannot write ") and "/small/audit" in lines[0]
+    ok, verified, temporaries = seen["audit_left"]
+    assert ok and verified > 0 and temporaries == []  # every file left is a recorded, intact unit
+    code, lines = seen["study_midway"]
+    assert code == 1 and lines[-1].startswith("error: cannot write step_000000 in ") and "Traceback" not in str(lines)
+    ok, verified, left = seen["study_left"]
+    assert ok and verified == 1 and not any(name.startswith("runs") or name.endswith(".tmp") for name in left)
     (train, report, report_elsewhere, query) = seen["read_only"]
     assert train[0] == 1 and len(train[1]) == 1 and "Read-only file system" in train[1][0] and "/ro'" in train[1][0]
     assert report[0] == 1 and len(report[1]) == 1 and "cannot write report.html" in report[1][0]

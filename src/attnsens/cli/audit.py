@@ -88,6 +88,7 @@ def audit(
     )
     from attnsens.cli.progress import ProgressReport
     from attnsens.errors import InputError
+    from attnsens.store.lock import writing_run_folder
     from attnsens.study.audit import audit as run_audit
     from attnsens.study.audit import split_sequences
     from attnsens.train.saved import study_runs
@@ -104,30 +105,32 @@ def audit(
     saved = saved_checkpoint(model, step, run_seed, placement)
     if seq_len is not None:
         check_context(model, saved, seq_len)
-    adapter = load_model(
-        model, saved, trust_remote_code=trust_remote_code, device=device, dtype=torch_dtype, revision=revision
-    )
-    _check_indices(layer_list, adapter.spec.n_layer, "--layers", "layers")
-    _check_indices(head_list, adapter.spec.n_head, "--heads", "heads")
-    if seq_len is None:
-        seq_len = min(adapter.spec.max_positions, split_sequences(adapter, source, n_sequences=1).shape[1])
-    sequences = split_sequences(adapter, source, seq_len=seq_len, n_sequences=batch)
-    if len(sequences) < batch:
-        raise InputError(
-            f"the text gives {len(sequences)} sequence(s) of {seq_len} tokens, fewer than --batch {batch}; "
-            f"use --batch {len(sequences)}, a shorter --seq-len or more text"
+    # The lock before the model loads: a second writer of --out is refused at once, not after the load.
+    with writing_run_folder(out, "audit"):
+        adapter = load_model(
+            model, saved, trust_remote_code=trust_remote_code, device=device, dtype=torch_dtype, revision=revision
         )
-    with ProgressReport("auditing", "layers", enabled=not as_json) as report:
-        result = run_audit(
-            adapter,
-            sequences,
-            selection=RowSelection(layers=layer_list, heads=head_list, sample_per_sequence=sample, seed=seed or 0),
-            out_dir=out,
-            step=0 if saved is None else saved.step,
-            seed=(seed or 0) if saved is None else saved.seed,
-            max_memory=None if max_memory is None else max_memory * 2**20,
-            progress=report.update,
-        )
+        _check_indices(layer_list, adapter.spec.n_layer, "--layers", "layers")
+        _check_indices(head_list, adapter.spec.n_head, "--heads", "heads")
+        if seq_len is None:
+            seq_len = min(adapter.spec.max_positions, split_sequences(adapter, source, n_sequences=1).shape[1])
+        sequences = split_sequences(adapter, source, seq_len=seq_len, n_sequences=batch)
+        if len(sequences) < batch:
+            raise InputError(
+                f"the text gives {len(sequences)} sequence(s) of {seq_len} tokens, fewer than --batch {batch}; "
+                f"use --batch {len(sequences)}, a shorter --seq-len or more text"
+            )
+        with ProgressReport("auditing", "layers", enabled=not as_json) as report:
+            result = run_audit(
+                adapter,
+                sequences,
+                selection=RowSelection(layers=layer_list, heads=head_list, sample_per_sequence=sample, seed=seed or 0),
+                out_dir=out,
+                step=0 if saved is None else saved.step,
+                seed=(seed or 0) if saved is None else saved.seed,
+                max_memory=None if max_memory is None else max_memory * 2**20,
+                progress=report.update,
+            )
     identity = ["run_id", "model", "step", "seed"]
     per_layer = result.layer_summary()
     if as_json:

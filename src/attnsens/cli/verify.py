@@ -15,7 +15,7 @@ from attnsens.cli.app import JsonOption, app, console, domain_errors_exit, flag,
 def verify(
     run_dir: Annotated[Path, typer.Argument(help="Run directory written by audit, study, bounds or influence.")],
     rehash: Annotated[
-        bool, flag("--rehash", help="Hash every file again instead of trusting the (size, mtime) cache.")
+        bool, flag("--rehash", help="Hash every file again, not trusting the cache (by size, mtime, ctime, inode).")
     ] = False,
     as_json: JsonOption = False,
 ) -> None:

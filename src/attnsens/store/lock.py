@@ -8,7 +8,11 @@ never take the lock: they only read files that writers replace atomically.
 
 Taking the lock also removes what killed writers left behind: temporary files and staging directories named
 ``.<name>.tmp`` or ``.<name>.<pid>.tmp`` anywhere in the folder, except those of a process that is still running
-(e.g. a report being written next to the run).
+(e.g. a report being written next to the run). A folder that the lock itself created and that holds only the lock
+file when the command ends (its input was refused before anything was written) is removed again.
+
+Commands take the lock before their expensive work (``audit`` before the model loads, ``train`` and ``study``
+before the corpus is read), so a second writer is refused at once.
 
 Under torchrun only rank 0 takes the lock; the other ranks of the same job write through it. Without ``fcntl``
 (Windows) the pid in the file is the lock: a live pid on this host refuses, any other is taken over.
@@ -50,58 +54,118 @@ def writer_lock(
     """Hold the exclusive writer lock of ``run_dir`` (created if needed) for the ``with`` block.
 
     Raises RunLockedError naming the holder when another live process holds it. Re-entrant within a process.
+    A folder that the lock created and that holds nothing but the lock file at the end (the command failed
+    before writing anything) is removed again, so that a refused input leaves no empty run folder behind.
     """
-    from attnsens.store.parquet import output_write_error
-
     directory = Path(run_dir).resolve()
     if directory in _HELD:
         yield directory
         return
-    path = directory / LOCK_NAME
+    created = [folder for folder in (directory, *directory.parents) if not folder.exists()]
+    handle = None
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        handle = open(path, "a+")
-    except OSError as err:
-        raise output_write_error(path, err) from None
-    try:
-        previous = _acquire(handle, directory)
-        if previous and previous.get("pid") != os.getpid():
-            note(f"took over the lock of {directory}: {_describe(previous)} is no longer running")
-        record = {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "command": command,
-            "started_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
-        }
-        handle.seek(0)
-        handle.truncate()
-        handle.write(json.dumps(record) + "\n")
-        handle.flush()
+        handle = _open_locked(directory)
+        _take(handle, directory, command, note)
         remove_leftovers(directory)
         _HELD.add(directory)
         try:
             yield directory
         finally:
             _HELD.discard(directory)
-            handle.seek(0)
-            handle.truncate()
-            handle.flush()
+            os.ftruncate(handle.fileno(), 0)
     finally:
+        if handle is not None:
+            if created and directory.is_dir() and [p.name for p in directory.iterdir()] == [LOCK_NAME]:
+                (directory / LOCK_NAME).unlink()  # still under the flock: a waiting writer reopens (_open_locked)
+            handle.close()
+        _remove_empty(created)
+
+
+def _take(handle: Any, directory: Path, command: str, note: Callable[[str], None]) -> None:
+    """Write this process's record into the flocked lock file, after a note on the dead holder it replaces.
+
+    A full disk refuses even these few bytes: that is one line naming the folder, before any work is done.
+    """
+    from attnsens.store.parquet import output_write_error
+
+    previous = _parse(handle.read())
+    if previous and previous.get("pid") != os.getpid():
+        note(f"took over the lock of {directory}: {_describe(previous)} is no longer running")
+    record = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "command": command,
+        "started_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+    }
+    try:  # unbuffered, so that nothing is left in a buffer for close() to fail on again
+        os.ftruncate(handle.fileno(), 0)
+        os.write(handle.fileno(), (json.dumps(record) + "\n").encode())  # append mode: at 0 once truncated
+    except OSError as err:
+        raise output_write_error(directory / LOCK_NAME, err) from None
+
+
+def _open_locked(directory: Path) -> Any:
+    """The lock file of ``directory``, open and flocked (positioned at its start); RunLockedError when held.
+
+    A lock file that was unlinked between our open and our flock (its folder was being cleaned up by the holder
+    that just finished) is no lock at all: open the current one again.
+    """
+    from attnsens.store.parquet import output_write_error
+
+    path = directory / LOCK_NAME
+    while True:
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            handle = open(path, "a+")
+        except OSError as err:
+            raise output_write_error(path, err) from None
+        try:
+            _acquire(handle, directory)
+            if _same_file(handle, path):
+                handle.seek(0)
+                return handle
+        except BaseException:
+            handle.close()
+            raise
         handle.close()
 
 
+def _same_file(handle: Any, path: Path) -> bool:
+    try:
+        return os.path.samestat(os.fstat(handle.fileno()), os.stat(path))
+    except FileNotFoundError:
+        return False
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove ``folders`` (innermost first) while they are empty; stop at the first that is not."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
+@contextlib.contextmanager
+def writing_run_folder(folder: str | os.PathLike[str] | None, command: str) -> Iterator[None]:
+    """:func:`writer_lock` on ``folder`` for the process that writes it: nothing for None, nor for the ranks
+    other than 0 under torchrun (they write through rank 0's lock)."""
+    if folder is None or int(os.environ.get("RANK", "0")) != 0:
+        yield
+        return
+    with writer_lock(folder, command=command):
+        yield
+
+
 def writes_run_folder(parameter: str, command: str) -> Callable[[F], F]:
-    """Decorator: the call holds :func:`writer_lock` on its ``parameter`` argument (when that is not None)."""
+    """Decorator: the call holds :func:`writing_run_folder` on its ``parameter`` argument."""
 
     def decorate(func: F) -> F:
         signature = inspect.signature(func)
 
         @functools.wraps(func)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            folder = signature.bind(*args, **kwargs).arguments.get(parameter)
-            if folder is None or int(os.environ.get("RANK", "0")) != 0:
-                return func(*args, **kwargs)
-            with writer_lock(folder, command=command):
+            with writing_run_folder(signature.bind(*args, **kwargs).arguments.get(parameter), command):
                 return func(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
@@ -135,8 +199,8 @@ def read_holder(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
         return None
 
 
-def _acquire(handle: Any, directory: Path) -> dict[str, Any] | None:
-    """Take the lock or raise RunLockedError; return the record a previous holder left in the file."""
+def _acquire(handle: Any, directory: Path) -> None:
+    """Take the lock on the open lock file or raise RunLockedError naming the holder."""
     handle.seek(0)
     try:
         import fcntl
@@ -144,13 +208,11 @@ def _acquire(handle: Any, directory: Path) -> dict[str, Any] | None:
         previous = _parse(handle.read())
         if previous and previous.get("host") == socket.gethostname() and _alive(int(previous.get("pid", -1))):
             raise RunLockedError(_refusal(directory, previous)) from None
-        return previous
+        return
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         raise RunLockedError(_refusal(directory, _parse(handle.read()))) from None
-    handle.seek(0)
-    return _parse(handle.read())
 
 
 def _refusal(directory: Path, holder: dict[str, Any] | None) -> str:

@@ -181,11 +181,23 @@ class Manifest:
         schema: str | TableSchema,
         metadata: Mapping[str, Any] | None = None,
     ) -> Path:
-        """Write ``data`` as the Parquet unit file ``unit`` (atomically, run config in its metadata), then record it."""
-        file = write_parquet(
-            data, self.run_dir / self._key(unit), schema=schema, metadata={"config": self.config, **(metadata or {})}
-        )
-        self.record(unit, table=schema if isinstance(schema, str) else schema.name)
+        """Write ``data`` as the Parquet unit file ``unit`` (atomically, run config in its metadata), then record it.
+
+        A unit is its file and its manifest entry: when the entry cannot be recorded (a full disk that still took
+        the file), the file is taken back out, and a file it replaced is put back, so the folder is as it was
+        before the unit began.
+        """
+        target = self.run_dir / self._key(unit)
+        with _kept_aside(target) as previous:
+            file = write_parquet(data, target, schema=schema, metadata={"config": self.config, **(metadata or {})})
+            try:
+                self.record(unit, table=schema if isinstance(schema, str) else schema.name)
+            except Exception:
+                if previous is not None:
+                    os.replace(previous, target)
+                else:
+                    target.unlink(missing_ok=True)
+                raise
         return file
 
     def verify(self) -> None:
@@ -207,6 +219,24 @@ class Manifest:
         if ".." in path.parts:
             raise FileFormatError(f"unit path {str(unit)!r} leaves the run directory; give a path inside it")
         return path.as_posix()
+
+
+@contextlib.contextmanager
+def _kept_aside(target: Path) -> Iterator[Path | None]:
+    """A hard link ``.<name>.previous.<pid>.tmp`` to the file ``target`` holds now (None when there is none, or
+    the file system has no hard links), removed at the end: what ``write_unit`` puts back if the unit fails. A
+    link takes no space, so it works on a full disk; a killed writer's link is a temporary file that the next
+    run removes."""
+    previous: Path | None = target.with_name(f".{target.name}.previous.{os.getpid()}.tmp")
+    try:
+        os.link(target, previous)
+    except OSError:
+        previous = None
+    try:
+        yield previous
+    finally:
+        if previous is not None:
+            previous.unlink(missing_ok=True)
 
 
 def _jsonable(value: Any) -> Any:

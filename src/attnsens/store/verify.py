@@ -28,6 +28,7 @@ import json
 import os
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -158,6 +159,23 @@ def verify_run(run_dir: str | os.PathLike[str], *, rehash: bool = False) -> RunC
     return RunCheck(root, has_manifest=True, verified=verified, problems=tuple(problems), rebuild=_rebuild(manifest))
 
 
+def forget_untrusted(manifest: Manifest, *, note: Callable[[str], None] | None = None) -> list[Problem]:
+    """Unrecord the units of ``manifest`` that verify as misplaced or unreadable, so that the writer rebuilds them;
+    return their problems (each also passed to ``note``).
+
+    :meth:`Manifest.is_done` trusts the recorded sha256 alone, and a unit moved into another unit's place whose
+    recorded hash was edited to match would otherwise be kept by every rerun that the verification error advises.
+    Missing and changed units need nothing: their hash check already fails.
+    """
+    check = verify_run(manifest.run_dir)
+    untrusted = [p for p in check.problems if p.kind in ("misplaced", "unreadable") and p.unit in manifest.units]
+    for problem in untrusted:
+        manifest.forget(problem.unit)
+        if note is not None:
+            note(f"rebuilding {problem.describe()}: its contents do not match its place")
+    return untrusted
+
+
 def _parquet_units(root: Path) -> list[str]:
     units = []
     for path in sorted(root.rglob("*.parquet")):
@@ -217,11 +235,28 @@ def _statistics_show(metadata: pq.FileMetaData, index: int, value: int) -> bool:
 
 
 def _rebuild(manifest: Manifest) -> str:
-    """The command that wrote the folder, from the manifest's provenance, or a description of it."""
+    """The command that wrote the folder, from the manifest's provenance, with ``--out`` naming this folder (it
+    may have been moved or copied since), or a description of it when another program wrote it."""
     argv = [str(a) for a in manifest.provenance.get("argv") or []]
-    if argv and Path(argv[0]).name == "attnsens" and len(argv) > 1:
-        return f"`{shlex.join(['attnsens', *argv[1:]])}`"
-    return f"the command that wrote it (attnsens study/audit … --out {shlex.quote(str(manifest.run_dir))})"
+    folder = str(manifest.run_dir)
+    if len(argv) < 2 or not _is_attnsens(argv[0]):
+        return f"the command that wrote it (attnsens study/audit … --out {shlex.quote(folder)})"
+    arguments, found = [], False
+    for index, argument in enumerate(argv[1:], start=1):
+        if argv[index - 1] == "--out":
+            argument, found = folder, True
+        elif argument.startswith("--out="):
+            argument, found = f"--out={folder}", True
+        arguments.append(argument)
+    if not found:  # ``attnsens audit`` without --out chose a new folder under runs/
+        arguments += ["--out", folder]
+    return f"`{shlex.join(['attnsens', *arguments])}`"
+
+
+def _is_attnsens(program: str) -> bool:
+    """The console script ``attnsens`` or ``python -m attnsens`` (argv[0] is then the package's __main__.py)."""
+    path = Path(program)
+    return path.name == "attnsens" or (path.name == "__main__.py" and path.parent.name == "attnsens")
 
 
 class _HashCache:

@@ -8,6 +8,7 @@ Run directory layout: ``manifest.json`` (config, provenance, finished units with
 
 from __future__ import annotations
 
+import sys
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -89,6 +90,7 @@ def audit(
         AuditResult with the rows and summary tables (attnsens.store.schema ROWS / SUMMARY).
     """
     from attnsens.store import Manifest, read_table, summarize_rows
+    from attnsens.store.verify import forget_untrusted
     from attnsens.study.finite import check_finite_module
 
     adapter = load(model)
@@ -112,6 +114,7 @@ def audit(
             **({} if mask is None else {"attention_mask_sha": _token_digest(mask)}),
         }
         manifest = Manifest.open(out_dir, config=config)
+        forget_untrusted(manifest, note=lambda message: print(f"note: {message}", file=sys.stderr))
     total, done = sequences.shape[0] * len(layers), 0
 
     def tick(count: int = 1) -> None:

@@ -21,9 +21,13 @@ from attnsens.models.weights import LayerWeights
 _LAYER = re.compile(r"(?:^|\.)(?:h|layers|layer|blocks)\.(\d+)\.")
 
 
-def check_finite_module(module: torch.nn.Module, *, name: str) -> None:
-    """Raise InputError naming the first parameter of ``module`` (and its layer) that holds NaN or ±Inf."""
-    _check(module.named_parameters(), name)
+_RESTORE = "restore the weights (reload the model, or retrain from a good checkpoint)"
+
+
+def check_finite_module(module: torch.nn.Module, *, name: str, fix: str = _RESTORE) -> None:
+    """Raise InputError naming the first parameter of ``module`` (and its layer) that holds NaN or ±Inf, with
+    ``fix`` as the advice (a study names the checkpoint to rebuild)."""
+    _check(module.named_parameters(), name, fix)
 
 
 def check_finite_layers(layers: Sequence[LayerWeights], *, name: str) -> None:
@@ -38,10 +42,10 @@ def check_finite_layers(layers: Sequence[LayerWeights], *, name: str) -> None:
                 value = getattr(weights, field.name)
                 if isinstance(value, Tensor):
                     named.append((f"layers.{layer.index}.{part}.{field.name}", value))
-    _check(named, name)
+    _check(named, name, _RESTORE)
 
 
-def _check(named: Iterable[tuple[str, Tensor]], model: str) -> None:
+def _check(named: Iterable[tuple[str, Tensor]], model: str, fix: str) -> None:
     for parameter, tensor in named:
         if not tensor.is_floating_point() or bool(torch.isfinite(tensor).all()):
             continue
@@ -50,5 +54,5 @@ def _check(named: Iterable[tuple[str, Tensor]], model: str) -> None:
         where = f"layer {match.group(1)}, " if match else ""
         raise InputError(
             f"{model} has non-finite weights: {where}parameter {parameter!r} {tuple(tensor.shape)} holds {nan} NaN "
-            f"and {inf} ±Inf values; restore the weights (reload the model, or retrain from a good checkpoint)"
+            f"and {inf} ±Inf values; {fix}"
         )

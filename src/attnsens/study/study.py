@@ -209,19 +209,22 @@ def run_study(
     holds a study with another configuration.
     """
     from attnsens.store import Manifest
+    from attnsens.store.verify import forget_untrusted
 
     out = Path(out_dir)
     say = log or (lambda _message: None)
     init_distributed()
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     manifest = Manifest.open(out, config=config.describe())
+    if rank == 0:
+        forget_untrusted(manifest, note=say)
     runs = [(placement, seed) for placement in config.placements for seed in config.seeds]
     discarded = {}
     for placement, seed in runs:
         # A checkpoint whose directory the user deleted is rebuilt by training; the others must be intact.
         discarded[placement, seed] = prune_deleted(_seed_dir(out, placement, seed)) if rank == 0 else {}
         for step in saved_steps(_seed_dir(out, placement, seed)):
-            verify_checkpoint(_seed_dir(out, placement, seed), step)
+            verify_checkpoint(_seed_dir(out, placement, seed), step, seed=seed)
     data = _shared_data(config, out, rank)
     if rank == 0 and not manifest.is_done(BASELINES_UNIT):
         manifest.write_unit(BASELINES_UNIT, baselines_frame(config, data), schema="baselines")
@@ -355,12 +358,20 @@ def _audit_checkpoint(
 ) -> None:
     from attnsens.models import load
     from attnsens.study.audit import audit
+    from attnsens.study.finite import check_finite_module
 
     started = time.perf_counter()
     run_dir = _seed_dir(out, placement, seed)
     model = GPT(config.model_for(placement))
     model.load_state_dict(load_model_state(run_dir, step))
     model.eval()
+    checkpoint = run_dir / "checkpoints" / f"step_{step:06d}"
+    check_finite_module(
+        model,
+        name=f"checkpoint {checkpoint}",
+        fix=f"if the file was altered, delete {checkpoint} and rerun to rebuild it; if training itself diverged, "
+        "rerun with fewer --steps or another --config into a new --out",
+    )
     run_id = config.run_id(placement)
     result = audit(model, eval_inputs, selection=_selection(config), run_id=run_id, step=step, seed=seed)
     units = unit_paths(placement, seed, step, bounds=config.bounds_at(step))

@@ -15,13 +15,16 @@ CheckpointError, as is a manifest that records the same model weights under two 
 
 The manifest is validated on every read: entries named ``step_NNNNNN`` whose integer ``step`` matches the
 name, and ``files`` whose names are the plain file names above (nothing outside the checkpoint directory is
-ever opened) with 64-hex sha256 values. Every error names the fix, and the fix rebuilds: a deleted checkpoint
+ever opened) with 64-hex sha256 values. A checkpoint's own ``state.json`` must name its step (and, when the
+caller knows it, its training seed): a checkpoint directory copied over another one, with its hashes copied into
+the manifest too, is caught by its contents. Every error names the fix, and the fix rebuilds: a deleted checkpoint
 directory is dropped from the manifest on the next run (:func:`prune_deleted`), and training resumes from the
 last good checkpoint before the first gap in the schedule (``Trainer.resume``), rewriting the later ones.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -156,6 +159,7 @@ def save_checkpoint(
     name = checkpoint_name(step)
     final, staging = root / name, root / f".{name}.tmp"
     tensors, hyperparameters = _split_optimizer_state(optimizer.state_dict())
+    created = not root.exists()
     try:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(staging, ignore_errors=True)
@@ -166,6 +170,9 @@ def save_checkpoint(
         (staging / "state.json").write_text(json.dumps({**state, "step": step, "optimizer": hyperparameters}) + "\n")
     except Exception as err:  # OSError, or safetensors' own error wrapping one (disk full, read-only folder)
         shutil.rmtree(staging, ignore_errors=True)
+        if created:  # the folder as it was before this checkpoint: without an empty checkpoints/
+            with contextlib.suppress(OSError):
+                root.rmdir()
         raise output_write_error(final, err) from None
     files = {path.name: sha256_file(path) for path in sorted(staging.iterdir())}
     shutil.rmtree(final, ignore_errors=True)
@@ -181,8 +188,9 @@ def _write_manifest(run_dir: str | Path, manifest: dict[str, dict[str, Any]]) ->
     atomic_write(checkpoint_dir(run_dir) / MANIFEST, lambda tmp: Path(tmp).write_text(text))
 
 
-def verify_checkpoint(run_dir: str | Path, step: int) -> Path:
-    """Check checkpoint ``step`` against the manifest; return its directory or raise CheckpointError."""
+def verify_checkpoint(run_dir: str | Path, step: int, *, seed: int | None = None) -> Path:
+    """Check checkpoint ``step`` against the manifest and its ``state.json`` against its key (``step``, and the
+    training ``seed`` when given); return its directory or raise CheckpointError."""
     manifest = read_manifest(run_dir)
     name = checkpoint_name(step)
     if name not in manifest:
@@ -203,7 +211,37 @@ def verify_checkpoint(run_dir: str | Path, step: int) -> Path:
                 f"checkpoint file {path} is corrupted: sha256 {actual[:12]}… != manifest {expected[:12]}…; "
                 f"{_rebuild(directory)}"
             )
+    _check_key(directory, step, seed)
     return directory
+
+
+def _recorded_key(directory: Path) -> tuple[Any, Any]:
+    """(step, training seed) that the checkpoint's own ``state.json`` records; CheckpointError when unreadable."""
+    try:
+        state = json.loads((directory / "state.json").read_text())
+        train_config = state.get("train_config") or {}
+        return state["step"], train_config.get("seed") if isinstance(train_config, dict) else None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
+        raise CheckpointError(
+            f"checkpoint {directory} has an unusable state.json ({type(err).__name__}: {err}); {_rebuild(directory)}"
+        ) from None
+
+
+def _check_key(directory: Path, step: int, seed: int | None) -> None:
+    """The contents of checkpoint ``step`` must be step ``step``'s (of ``seed``): a copied checkpoint whose hashes
+    were copied into the manifest as well passes every sha256 check but not this one."""
+    recorded_step, recorded_seed = _recorded_key(directory)
+    wrong = []
+    if recorded_step != step:
+        wrong.append(f"step {recorded_step!r}")
+    if seed is not None and recorded_seed != seed:
+        wrong.append(f"seed {recorded_seed!r}")
+    if wrong:
+        wanted = f"step {step}" + ("" if seed is None else f" of seed {seed}")
+        raise CheckpointError(
+            f"checkpoint {directory} holds {' and '.join(wrong)}, not {wanted} (a copy of another checkpoint); "
+            f"{_rebuild(directory)}"
+        )
 
 
 def _rebuild(directory: Path) -> str:
@@ -288,9 +326,31 @@ def _check_duplicates(run_dir: str | Path, manifest: dict[str, dict[str, Any]]) 
     for name, entry in sorted(manifest.items()):
         digest = entry["files"].get("model.safetensors")
         if digest in seen:
-            raise CheckpointError(
-                f"checkpoints {seen[digest]} and {name} in {checkpoint_dir(run_dir)} hold identical model weights "
-                f"(a duplicated checkpoint); delete the copy ({checkpoint_dir(run_dir) / name} if it was copied from "
-                f"{seen[digest]}) and rerun: training resumes from the last good checkpoint and rebuilds it"
-            )
+            raise CheckpointError(_duplicate_message(checkpoint_dir(run_dir), seen[digest], name))
         seen[digest] = name
+
+
+def _duplicate_message(root: Path, first: str, second: str) -> str:
+    """Name the copy among two checkpoints with identical weights: the one whose ``state.json`` records another
+    step than its name (when the copy's state.json came along, as with ``cp -r``)."""
+    copies = []
+    for name in (first, second):
+        directory = root / name
+        try:
+            recorded_step, _ = _recorded_key(directory)
+        except CheckpointError:
+            continue
+        if recorded_step != int(_NAME.match(name).group(1)):
+            copies.append(name)
+    if len(copies) == 1:
+        copy = copies[0]
+        original = second if copy == first else first
+        return (
+            f"checkpoints {first} and {second} in {root} hold identical model weights: {copy} is a copy of "
+            f"{original}; {_rebuild(root / copy)}"
+        )
+    return (
+        f"checkpoints {first} and {second} in {root} hold identical model weights (a duplicated checkpoint); "
+        f"delete the copy ({root / second} if it was copied from {first}) and rerun: training resumes from the "
+        "last good checkpoint and rebuilds it"
+    )

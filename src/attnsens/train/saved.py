@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from attnsens.errors import CheckpointError, FileFormatError
-from attnsens.train.checkpoint import MANIFEST, checkpoint_dir, checkpoint_name, saved_steps, verify_checkpoint
+from attnsens.train.checkpoint import MANIFEST, checkpoint_dir, checkpoint_name, load_model_state, saved_steps
 
 _STEP_FOLDER = re.compile(r"step_(\d{6,})")
 _SEED_FOLDER = re.compile(r"seed=(-?\d+)")
@@ -47,14 +47,11 @@ class SavedCheckpoint:
 
     def load(self, *, device: Any = "cpu", dtype: torch.dtype = torch.float32) -> Any:
         """The checkpoint's GPT in the own-GPT adapter, with the run's tokenizer (sha256 checked first)."""
-        from safetensors.torch import load_file
-
         from attnsens.models.own_gpt import OwnGPTAdapter
         from attnsens.train.model import GPT, GPTConfig
 
-        directory = verify_checkpoint(self.run_dir, self.step)
         model = GPT(GPTConfig(**self.model_config))
-        model.load_state_dict(load_file(directory / "model.safetensors"))
+        model.load_state_dict(load_model_state(self.run_dir, self.step))  # verified; a broken file is one line
         tokenizer = None
         if self.tokenizer_path is not None:
             from tokenizers import Tokenizer

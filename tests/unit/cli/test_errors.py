@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -113,6 +114,80 @@ def test_model_folder_without_weights(tmp_path: Path, text_file: Path) -> None:
     assert message.startswith(f"cannot load the weights of model '{tmp_path / 'm'}' (")
     assert message.endswith("); put model.safetensors (or pytorch_model.bin) beside its config.json")
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("command", ["audit", "bounds"])
+def test_a_checkpoint_with_a_broken_header_and_a_matching_hash_is_one_line(run_dir, text_file, tmp_path, command):
+    """The manifest's sha256 was updated to the flipped file: the hash check passes, reading the header fails."""
+    from attnsens.store import sha256_file
+
+    run = shutil.copytree(run_dir, tmp_path / "run")
+    weights = run / "checkpoints" / "step_000001" / "model.safetensors"
+    raw = bytearray(weights.read_bytes())
+    raw[9] ^= 0x7F  # inside the JSON header
+    weights.write_bytes(bytes(raw))
+    manifest = json.loads((run / "checkpoints" / "manifest.json").read_text())
+    manifest["step_000001"]["files"]["model.safetensors"] = sha256_file(weights)
+    (run / "checkpoints" / "manifest.json").write_text(json.dumps(manifest))
+    args = [command, str(run), "--step", "1", "--seq-len", "8", "--out", str(tmp_path / "o")]
+    message = _one_line_error([*args, "--text", str(text_file)] if command == "audit" else args)
+    assert message.startswith(f"checkpoint file {weights} is not readable safetensors (SafetensorError")
+    assert message.endswith(
+        f"delete {weights.parent} and rerun: training resumes from the last good checkpoint and rebuilds it"
+    )
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("command", ["audit", "bounds"])
+def test_non_finite_weights_of_a_saved_checkpoint_are_one_line_naming_layer_and_parameter(
+    run_dir, text_file, tmp_path, command
+):
+    from safetensors.torch import load_file, save_file
+
+    from attnsens.store import sha256_file
+
+    run = shutil.copytree(run_dir, tmp_path / "run")
+    weights = run / "checkpoints" / "step_000001" / "model.safetensors"
+    tensors = load_file(weights)
+    tensors["blocks.0.attn.c_proj.weight"][1, 2] = float("nan")
+    save_file(tensors, weights)
+    manifest = json.loads((run / "checkpoints" / "manifest.json").read_text())
+    manifest["step_000001"]["files"]["model.safetensors"] = sha256_file(weights)
+    (run / "checkpoints" / "manifest.json").write_text(json.dumps(manifest))
+    args = [command, str(run), "--step", "1", "--seq-len", "8", "--out", str(tmp_path / "o")]
+    message = _one_line_error([*args, "--text", str(text_file)] if command == "audit" else args)
+    assert "has non-finite weights: layer 0, parameter 'blocks.0.attn.c_proj.weight' " in message
+    assert "holds 1 NaN and 0 ±Inf values; restore the weights" in message
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize(
+    ("edit", "named"),
+    [
+        (lambda m: [], "holds a JSON list, not an object of checkpoints"),
+        (lambda m: {**m, "step_000001": {"step": 1}}, "has an entry 'step_000001' without a 'files' object"),
+        (
+            lambda m: {**m, "step_000001": {**m["step_000001"], "step": "1"}},
+            "has an entry 'step_000001' whose step is '1', not the integer 1",
+        ),
+        (
+            lambda m: {**m, "step_000001": {"step": 1, "files": {"../../../../etc/passwd": "0" * 64}}},
+            "has an entry 'step_000001' naming a file '../../../../etc/passwd'",
+        ),
+    ],
+)
+def test_a_malformed_checkpoint_manifest_is_one_line_and_opens_nothing_outside(
+    run_dir, text_file, tmp_path, monkeypatch, edit, named
+):
+    run = shutil.copytree(run_dir, tmp_path / "run")
+    path = run / "checkpoints" / "manifest.json"
+    path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+    hashed = []
+    monkeypatch.setattr("attnsens.train.checkpoint.sha256_file", lambda file: hashed.append(file) or "0" * 64)
+    args = ["audit", str(run), "--step", "1", "--text", str(text_file), "--seq-len", "8", "--out", str(tmp_path / "o")]
+    message = _one_line_error(args)
+    assert message.startswith(f"checkpoint manifest {path} {named}") and "restore it, or delete" in message
+    assert hashed == [] and not (tmp_path / "o").exists()
 
 
 def test_sparse_tensor_file(tmp_path: Path) -> None:

@@ -27,5 +27,10 @@ def test_an_unsafe_pickled_checkpoint_is_refused_in_one_line(tmp_path) -> None:
     (folder / "pytorch_model.bin").write_bytes(pickle.dumps({"weight": _Payload()}, protocol=2))
     with pytest.raises(FileFormatError, match=r"cannot load the weights of .*safetensors"):
         load(str(folder))
-    result = CliRunner().invoke(app, ["bounds", str(folder)])
-    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
+    text = tmp_path / "text.txt"
+    text.write_text("the king the queen " * 20)
+    for command in (["bounds", str(folder)], ["audit", str(folder), "--text", str(text), "--out", str(tmp_path / "o")]):
+        result = CliRunner().invoke(app, command)
+        assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1, result.output
+        assert isinstance(result.exception, SystemExit) and "cannot load the weights of" in result.output
+    assert not (tmp_path / "o").exists()

@@ -103,3 +103,63 @@ def test_the_lock_is_reentrant_within_a_process_and_records_the_holder(tmp_path)
     with writer_lock(tmp_path, command="audit"):
         pass
     assert time.perf_counter() - started < 1
+
+
+def _never(what: str):
+    def fail(*args, **kwargs):
+        pytest.fail(f"{what} ran before the lock refused the second writer")
+
+    return fail
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["audit", "minilm", "--corpus", "shakespeare", "--seq-len", "8"],
+        ["train", "--steps", "1"],
+        ["study", "--steps", "1", "--seeds", "0"],
+    ],
+)
+def test_writers_are_refused_before_any_expensive_work(tmp_path, holder, monkeypatch, command):
+    """The lock is taken before the model loads (audit) and before the corpus is read (train, study)."""
+    monkeypatch.setattr("attnsens.cli.inputs.load_model", _never("the model load"))
+    monkeypatch.setattr("attnsens.train.run.prepare_data", _never("the data preparation"))
+    monkeypatch.setattr("attnsens.study.study.prepare_data", _never("the data preparation"))
+    monkeypatch.setattr("attnsens.store.Manifest.open", _never("the manifest"))
+    started = time.perf_counter()
+    result = CliRunner().invoke(app, [*command, "--out", str(tmp_path / "run")])
+    assert result.exit_code == 1, result.output
+    assert len(result.output.strip().splitlines()) == 1 and f"pid {holder.pid}" in result.output
+    assert time.perf_counter() - started < 5
+    assert read_holder(tmp_path / "run")["pid"] == holder.pid
+
+
+def test_a_folder_the_lock_created_is_removed_when_nothing_was_written(tmp_path):
+    with pytest.raises(RuntimeError), writer_lock(tmp_path / "new" / "run", command="audit"):
+        raise RuntimeError("the input was refused")
+    assert list(tmp_path.iterdir()) == []
+    with writer_lock(tmp_path / "kept", command="audit"):
+        (tmp_path / "kept" / "rows.parquet").write_bytes(b"x")
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == [LOCK_NAME, "rows.parquet"]
+    (tmp_path / "existing").mkdir()
+    with writer_lock(tmp_path / "existing", command="audit"):
+        pass
+    assert (tmp_path / "existing").is_dir()  # not created by the lock: left alone
+
+
+def test_a_lock_file_unlinked_while_it_was_taken_is_opened_again(tmp_path, monkeypatch):
+    """A holder that removes its empty folder unlinks the lock file; a writer that opened the old file just
+    before must not hold a lock on a file nobody else can see."""
+    import attnsens.store.lock as lock
+
+    real, calls = lock._acquire, []
+
+    def unlink_first(handle, directory):
+        calls.append(handle)
+        if len(calls) == 1:
+            (directory / LOCK_NAME).unlink()
+        return real(handle, directory)
+
+    monkeypatch.setattr(lock, "_acquire", unlink_first)
+    with writer_lock(tmp_path / "run", command="audit"):
+        assert len(calls) == 2 and read_holder(tmp_path / "run")["pid"] == os.getpid()

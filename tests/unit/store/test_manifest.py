@@ -108,3 +108,37 @@ def test_two_handles_merge_their_records(tmp_path):
 def test_units_must_stay_inside_the_run(tmp_path):
     with pytest.raises(ValueError, match="leaves the run directory"):
         Manifest.open(tmp_path).is_done("../x.parquet")
+
+
+def _snapshot(root):
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("replacing", [False, True])
+def test_a_unit_whose_manifest_entry_cannot_be_written_leaves_the_folder_as_before(tmp_path, monkeypatch, replacing):
+    """The Parquet file fitted on the disk, the manifest did not: the file is taken back out (or the file it
+    replaced is put back), so no unrecorded file is left for a reader to trip over."""
+    import errno
+
+    from attnsens.errors import OutputWriteError
+    from attnsens.store import manifest as manifest_module
+    from attnsens.store.parquet import output_write_error
+
+    manifest = Manifest.open(tmp_path, config={"lr": 0.1})
+    manifest.write_unit("training/a.parquet", _TRAINING, schema="training")
+    if replacing:  # a unit being recomputed: its old file is on disk, no longer recorded
+        manifest.forget("training/a.parquet")
+    before = _snapshot(tmp_path)
+    real_store = manifest_module._store
+
+    def full(path, payload):
+        if path.name == "manifest.json":
+            full_disk = OSError(errno.ENOSPC, "No space left on device")
+            raise output_write_error(path, full_disk)
+        real_store(path, payload)
+
+    monkeypatch.setattr(manifest_module, "_store", full)
+    changed = {**_TRAINING, "loss": [2.0]}
+    with pytest.raises(OutputWriteError, match=r"cannot write manifest\.json in .*No space left on device"):
+        manifest.write_unit("training/a.parquet" if replacing else "training/b.parquet", changed, schema="training")
+    assert _snapshot(tmp_path) == before

@@ -11,9 +11,10 @@ from typer.testing import CliRunner
 from attnsens.cli import app
 from attnsens.errors import FileFormatError, RunIntegrityError
 from attnsens.report import build_report
+from attnsens.store import Manifest, sha256_file
 from attnsens.store import manifest as manifest_module
 from attnsens.store.query import query
-from attnsens.store.verify import CACHE_NAME, verify_run
+from attnsens.store.verify import CACHE_NAME, forget_untrusted, verify_run
 from tests.unit.store.synthetic import SEEDS, STEPS, write_synthetic_run
 
 runner = CliRunner()
@@ -144,3 +145,83 @@ def test_a_malformed_manifest_is_refused_before_any_file_is_opened(run, monkeypa
         verify_run(run)
     result = runner.invoke(app, ["report", str(run)])
     assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
+
+
+def _record_hash_of_its_file(run, unit):
+    """Edit the manifest so that ``unit``'s recorded sha256 is that of the file now in its place."""
+    payload = json.loads((run / "manifest.json").read_text())
+    payload["units"][unit]["sha256"] = sha256_file(run / unit)
+    (run / "manifest.json").write_text(json.dumps(payload))
+
+
+@pytest.mark.parametrize(
+    ("source", "holds"),
+    [("rows/seed=1/step=000000.parquet", "step 0, its path says 10"), ("rows/seed=0/step=000010.parquet", "seed 0")],
+)
+def test_a_unit_moved_into_another_place_with_a_matching_hash_is_still_misplaced(run, source, holds):
+    """The sha256 check alone passes: only the unit's contents against its key (step, seed) give it away."""
+    (run / source).replace(run / ROWS_10)
+    _record_hash_of_its_file(run, ROWS_10)
+    check = verify_run(run, rehash=True)
+    assert (ROWS_10, "misplaced") in [(p.unit, p.kind) for p in check.problems]
+    assert f"{ROWS_10} (holds {holds}" in check.message()
+    with pytest.raises(RunIntegrityError, match="misplaced"):
+        query(run, "SELECT 1")
+    with pytest.raises(RunIntegrityError, match="misplaced"):
+        build_report(run)
+
+
+def test_writers_forget_units_whose_contents_do_not_match_their_place(run):
+    """Manifest.is_done trusts the hash, so a rerun would keep the moved unit without forget_untrusted."""
+    (run / "rows/seed=1/step=000000.parquet").replace(run / ROWS_10)
+    _record_hash_of_its_file(run, ROWS_10)
+    truncated = run / "summary/seed=0/step=000100.parquet"
+    truncated.write_bytes(truncated.read_bytes()[:100])
+    _record_hash_of_its_file(run, "summary/seed=0/step=000100.parquet")
+    manifest = Manifest.load(run)
+    assert manifest.is_done(ROWS_10) and manifest.is_done("summary/seed=0/step=000100.parquet")
+    notes = []
+    forgotten = forget_untrusted(manifest, note=notes.append)
+    assert sorted(p.unit for p in forgotten) == [
+        "rows/seed=1/step=000010.parquet",
+        "summary/seed=0/step=000100.parquet",
+    ]
+    assert len(notes) == 2 and notes[0].startswith("rebuilding rows/seed=1/step=000010.parquet (holds step 0")
+    reloaded = Manifest.load(run)
+    assert ROWS_10 not in reloaded.units and not reloaded.is_done(ROWS_10)
+    assert reloaded.is_done("rows/seed=1/step=000100.parquet")  # the others stay recorded
+    assert forget_untrusted(reloaded) == []
+
+
+def _with_argv(run, argv):
+    payload = json.loads((run / "manifest.json").read_text())
+    payload["provenance"]["argv"] = argv
+    (run / "manifest.json").write_text(json.dumps(payload))
+
+
+@pytest.mark.parametrize(
+    ("argv", "command"),
+    [
+        (
+            ["/venv/lib/attnsens/__main__.py", "study", "--out", "/old/place", "--seeds", "0"],
+            "study --out RUN --seeds 0",
+        ),
+        (["/venv/bin/attnsens", "study", "--out=/old/place"], "study --out=RUN"),
+        (
+            ["/venv/bin/attnsens", "audit", "minilm", "--corpus", "shakespeare"],
+            "audit minilm --corpus shakespeare --out RUN",
+        ),
+    ],
+)
+def test_the_fix_is_the_writing_command_with_out_naming_the_checked_folder(run, argv, command):
+    """The folder may have been moved or copied since it was written: the command must rebuild this one."""
+    _with_argv(run, argv)
+    (run / ROWS_10).unlink()
+    expected = "`attnsens " + command.replace("RUN", str(run)) + "`"
+    assert f"rebuild with {expected}, or pass --force" in verify_run(run).message()
+
+
+def test_a_folder_written_by_another_program_gets_a_described_fix(run):
+    _with_argv(run, ["/usr/bin/python", "my_script.py", "--out", "x"])
+    (run / ROWS_10).unlink()
+    assert f"rebuild with the command that wrote it (attnsens study/audit … --out {run})" in verify_run(run).message()

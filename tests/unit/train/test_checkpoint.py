@@ -97,7 +97,7 @@ def test_copied_checkpoint_is_reported_as_duplicate(tmp_path: Path) -> None:
     manifest = json.loads((root / "manifest.json").read_text())
     manifest["step_000004"] = {**manifest["step_000002"], "step": 4}
     (root / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(CheckpointError, match="duplicated checkpoint"):
+    with pytest.raises(CheckpointError, match=r"identical model weights: step_000004 is a copy of step_000002; delete"):
         load_checkpoint(tmp_path, 4)
 
 

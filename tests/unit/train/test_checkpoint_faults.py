@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from attnsens.train.checkpoint import (
     resume_step,
     save_checkpoint,
     saved_steps,
+    verify_checkpoint,
 )
 from tests.unit.train.test_checkpoint import trained_pair
 from tests.unit.train.test_trainer import Recorder, run
@@ -98,4 +100,52 @@ def test_deleting_a_checkpoint_as_advised_rebuilds_it_bit_identically(corpus_fil
     recorder = Recorder()
     run(corpus_file, tmp_path, steps=8, resume=True, callbacks=[recorder])
     assert recorder.steps == list(range(2, 9)) and recorder.checkpoints == [2, 4, 8]
+    assert model_hashes(tmp_path) == before
+
+
+def _copy_over(saved: Path, source: str, target: str) -> Path:
+    """``rm -r target && cp -r source target``, and the manifest entry's hashes copied along, so that every sha256
+    check passes."""
+    root = checkpoint_dir(saved)
+    shutil.rmtree(root / target)
+    shutil.copytree(root / source, root / target)
+    _edit_manifest(saved, lambda m: {**m, target: {**m[target], "files": m[source]["files"]}})
+    return root / target
+
+
+@pytest.mark.parametrize(("source", "target"), [("step_000002", "step_000004"), ("step_000004", "step_000002")])
+def test_a_checkpoint_copied_over_another_with_its_hashes_is_named_as_the_copy(saved, source, target) -> None:
+    copy = _copy_over(saved, source, target)
+    for step in (2, 4, 8):  # whichever checkpoint is loaded, the copy is the one named
+        with pytest.raises(CheckpointError, match=f"{target} is a copy of {source}; delete {copy} and rerun"):
+            load_checkpoint(saved, step)
+
+
+def test_a_checkpoint_whose_state_names_another_step_or_seed_is_refused(tmp_path: Path) -> None:
+    model, optimizer = trained_pair()
+    for step, distinct in ((1, 0.0), (2, 1.0)):
+        next(model.parameters()).data += distinct
+        save_checkpoint(tmp_path, step, model_state=model.state_dict(), optimizer=optimizer,
+                        state={"train_config": {"seed": 5}})  # fmt: skip
+    assert verify_checkpoint(tmp_path, 2, seed=5) == checkpoint_dir(tmp_path) / "step_000002"
+    with pytest.raises(CheckpointError, match=r"step_000002 holds seed 5, not step 2 of seed 6 \(a copy of another"):
+        verify_checkpoint(tmp_path, 2, seed=6)
+    state = checkpoint_dir(tmp_path) / "step_000002" / "state.json"
+    state.write_text(json.dumps({**json.loads(state.read_text()), "step": 1}))
+    _edit_manifest(tmp_path, lambda m: {**m, "step_000002": {"step": 2, "files": {
+        **m["step_000002"]["files"], "state.json": sha256_file(state)}}})  # fmt: skip
+    with pytest.raises(CheckpointError, match=r"step_000002 holds step 1, not step 2 .*delete .*step_000002 and rerun"):
+        load_checkpoint(tmp_path, 2)
+
+
+def test_deleting_a_copied_checkpoint_as_advised_rebuilds_it_bit_identically(corpus_file: Path, tmp_path: Path):
+    run(corpus_file, tmp_path, steps=8)
+    before = model_hashes(tmp_path)
+    _copy_over(tmp_path, "step_000002", "step_000004")
+    with pytest.raises(CheckpointError, match="step_000004 is a copy of step_000002") as raised:
+        load_checkpoint(tmp_path, 8)
+    shutil.rmtree(str(raised.value).split("; delete ")[1].split(" and rerun")[0])
+    recorder = Recorder()
+    run(corpus_file, tmp_path, steps=8, resume=True, callbacks=[recorder])
+    assert recorder.steps == list(range(3, 9)) and recorder.checkpoints == [4, 8]
     assert model_hashes(tmp_path) == before
