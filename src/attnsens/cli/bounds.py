@@ -94,8 +94,8 @@ def bounds(
         typer.Option(
             "--threads",
             min=1,
-            help="CPU threads for torch. Default 1: the bounds are many small matrix operations that gain little "
-            "from more threads and lose several times over when other work shares the cores.",
+            help="CPU threads for torch. Default 1: the bounds are many small matrix operations, which more threads "
+            "speed up little on idle cores and slow down several times over when other work shares them.",
         ),
     ] = 1,
     step: StepOption = None,
