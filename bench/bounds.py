@@ -5,7 +5,8 @@ For each model, per layer: certified local bound / empirical estimate of the att
 ball, for the paper-form local bound ‖W_O‖ Σ_h(‖W_V‖ + θ̃Φ/τ), and for the length-dependent product of norms
 (θ replaced by n_keys/2). Then, per layer, the time of that layer inside the model's plain forward pass (median of
 5), of its certified bounds alone and of its full ``bound_model`` records with estimates, each as a ratio to the
-plain layer measured in the same run; and the totals beside one forward pass that captures the layer inputs.
+plain layer measured in the same run (weight norms computed afresh in each, as in a new process); and the totals
+beside one forward pass that captures the layer inputs.
 Models: attnsens' own tiny GPT (random init, and trained for 200 steps on the default corpus), SmolLM2-135M and all-
 MiniLM-L6-v2 (``attnsens.models.load("smollm2")``, ``"minilm"``, skipped if unavailable) and one tiny random-init
 transformers model per supported family (``family:<model_type>``: 2 layers, d_model 64, weights N(0, 1/fan_in),
@@ -26,6 +27,7 @@ from pathlib import Path
 import torch
 
 from _jsonl import append_record
+from attnsens import _rounding as rounding
 from attnsens import geometry as G
 from attnsens.errors import InputError
 from attnsens.geometry.attention import biases_of
@@ -209,7 +211,11 @@ def bench_model(name: str, adapter, args: argparse.Namespace) -> dict:
     forward_s = time.perf_counter() - start
     certified_layer_seconds(adapter, input_ids)  # warm-up: compiled θ kernels, first-use initialisation
     plain = plain_layer_seconds(adapter, input_ids)
+    # Weight norms (spectral norms, factors) are remembered per weight tensor; each measured part starts without
+    # them, as a fresh process does.
+    rounding._CACHE.clear()
     certified = certified_layer_seconds(adapter, input_ids)
+    rounding._CACHE.clear()
     table, per_layer, gate_s = table_layer_seconds(name, adapter, input_ids, args)
     bound_s, full_s = sum(certified), gate_s + sum(per_layer)
     layers = table[table["head"] == -1]
