@@ -22,9 +22,11 @@ import hashlib
 import json
 import os
 import shutil
+import struct
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 MARKER = "attnsens-gguf-source.json"
 """Written last into a converted folder: the GGUF file it came from (a folder without it is not used)."""
@@ -75,3 +77,60 @@ def save_conversion(gguf_path: str | os.PathLike[str], write: Callable[[Path], N
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # gone already after the rename; a partial folder otherwise
     return final
+
+
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+"""GGUF metadata value types with a fixed size (8 = string and 9 = array are read apart), as struct formats."""
+_STRING, _ARRAY = 8, 9
+
+
+def gguf_context_length(path: str | os.PathLike[str]) -> int | None:
+    """``<architecture>.context_length`` from a GGUF file's metadata (version 2 or 3), or None when absent.
+
+    Reads the key–value header up to the two keys it needs and skips the rest without decoding it: milliseconds,
+    where transformers' reader decodes every field of the file (seconds for a tokenizer of 49,152 tokens) before
+    the configuration can be read. It serves the context check that precedes the first load of a GGUF file.
+    """
+    with open(path, "rb") as handle:
+        magic, version = handle.read(4), _read(handle, "<I")
+        if magic != b"GGUF" or version not in (2, 3):
+            return None
+        _read(handle, "<Q")  # tensor count
+        architecture = None
+        for _ in range(_read(handle, "<Q")):
+            key, kind = _read_string(handle), _read(handle, "<I")
+            if key == "general.architecture" and kind == _STRING:
+                architecture = _read_string(handle)
+            elif architecture is not None and key == f"{architecture}.context_length" and kind in _SCALARS:
+                return int(_read(handle, _SCALARS[kind]))
+            else:
+                _skip_value(handle, kind)
+    return None
+
+
+def _read(handle: BinaryIO, fmt: str):
+    size = struct.calcsize(fmt)
+    data = handle.read(size)
+    if len(data) != size:
+        raise ValueError("the GGUF header ends early")
+    return struct.unpack(fmt, data)[0]
+
+
+def _read_string(handle: BinaryIO) -> str:
+    return handle.read(_read(handle, "<Q")).decode("utf-8", errors="replace")
+
+
+def _skip_value(handle: BinaryIO, kind: int) -> None:
+    if kind in _SCALARS:
+        handle.seek(struct.calcsize(_SCALARS[kind]), os.SEEK_CUR)
+    elif kind == _STRING:
+        handle.seek(_read(handle, "<Q"), os.SEEK_CUR)
+    elif kind == _ARRAY:
+        element, count = _read(handle, "<I"), _read(handle, "<Q")
+        if element in _SCALARS:
+            handle.seek(count * struct.calcsize(_SCALARS[element]), os.SEEK_CUR)
+        else:
+            for _ in range(count):
+                _skip_value(handle, element)
+    else:
+        raise ValueError(f"unknown GGUF metadata type {kind}")

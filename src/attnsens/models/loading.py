@@ -209,7 +209,8 @@ def _from_pretrained(
         ) from err
     adapter_type = adapter_class(config.model_type)
     try:
-        module = AutoModel.from_pretrained(source, dtype=dtype, **extra)
+        # The config read above is passed on: transformers would parse it again (seconds for a GGUF file).
+        module = AutoModel.from_pretrained(source, config=config, dtype=dtype, **extra)
     except pickle.UnpicklingError:
         # transformers reads pickled weights with torch.load(weights_only=True), which refuses arbitrary objects.
         raise FileFormatError(
@@ -324,11 +325,18 @@ def context_length(model: str) -> int | None:
         else:
             return None
     if "gguf_file" in extra:
-        from attnsens.models.gguf_cache import cached_conversion
+        from attnsens.models.gguf_cache import cached_conversion, gguf_context_length
 
-        # The converted folder's config.json reads in milliseconds; the GGUF metadata takes seconds to parse.
-        folder = cached_conversion(Path(source) / extra["gguf_file"])
-        source, extra = (source, extra) if folder is None else (str(folder), {})
+        # The converted folder's config.json, or the GGUF header read directly: milliseconds, where transformers
+        # decodes all of the file's metadata (seconds) to build a configuration.
+        gguf = Path(source) / extra["gguf_file"]
+        folder = cached_conversion(gguf)
+        if folder is None:
+            try:
+                return gguf_context_length(gguf)
+            except (OSError, ValueError):
+                return None
+        source, extra = str(folder), {}
     try:
         config = AutoConfig.from_pretrained(source, **extra)
     except (OSError, ValueError):

@@ -103,3 +103,33 @@ def test_a_failed_conversion_leaves_nothing_and_an_unwritable_root_costs_nothing
     monkeypatch.setenv("ATTNSENS_MODEL_CACHE", str(blocker / "cache"))
     assert M.load(str(tiny_gguf)).spec.n_layer == 1
     assert gguf_cache.cached_conversion(tiny_gguf) is None
+
+
+def test_the_context_length_is_read_from_the_header_alone(tmp_path) -> None:
+    """The header read skips every other field (string arrays, scalars of each width) and agrees with the
+    configuration transformers builds from the whole file; a truncated header gives None, not an error."""
+    import gguf
+    from transformers import AutoConfig
+
+    path = tmp_path / "fields.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_array("tokenizer.ggml.tokens", ["a", "bb", "ccc"] * 50)
+    writer.add_array("test.scores", [0.5, 1.5])
+    writer.add_uint16("test.u16", 7)
+    writer.add_float64("test.f64", 2.5)
+    writer.add_context_length(123)
+    writer.add_embedding_length(16)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    assert gguf_cache.gguf_context_length(path) == 123
+    tiny = tmp_path / "tiny.gguf"
+    write_tiny_llama_gguf(tiny)
+    expected = AutoConfig.from_pretrained(str(tmp_path), gguf_file="tiny.gguf").max_position_embeddings
+    assert gguf_cache.gguf_context_length(tiny) == expected == 64
+    truncated = tmp_path / "cut" / "cut.gguf"
+    truncated.parent.mkdir()
+    truncated.write_bytes(path.read_bytes()[:40])
+    with pytest.raises(ValueError, match="ends early"):
+        gguf_cache.gguf_context_length(truncated)
+    assert context_length(str(truncated)) is None
