@@ -47,7 +47,9 @@ clean: clean-cache
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis demo-output
 
 # Compiled kernels live in a folder named by a hash of all kernel sources (attnsens/_numba_cache.py): an edit to
-# any of them compiles afresh. This removes every such folder, and caches of older versions kept next to the sources.
+# any of them compiles afresh. This removes every such folder, caches of older versions kept next to the sources, and
+# the safetensors folders converted from GGUF files (attnsens/models/gguf_cache.py).
 clean-cache:
 	-$(PY) -c "import shutil; from attnsens._numba_cache import cache_root; shutil.rmtree(cache_root(), ignore_errors=True)"
+	-$(PY) -c "import shutil; from attnsens.models.gguf_cache import cache_root; shutil.rmtree(cache_root(), ignore_errors=True)"
 	find src -name '*.nbi' -delete -o -name '*.nbc' -delete

@@ -3,13 +3,15 @@
 For each model, per layer: certified local bound / empirical estimate of the attention Jacobian's block-∞ norm
 (the θ-aware bound, docs/math.md T4/T5; goal ≤ 10), beside the same ratio for the θ = 1 Lipschitz bound on the input
 ball, for the paper-form local bound ‖W_O‖ Σ_h(‖W_V‖ + θ̃Φ/τ), and for the length-dependent product of norms
-(θ replaced by n_keys/2). Then the time to compute every certified bound of the model (no estimates) beside the
-time of one forward pass that captures the layer inputs (ratio). Models: attnsens' own tiny GPT (random init,
-and trained for 200 steps on the default corpus), SmolLM2-135M (``attnsens.models.load("smollm2")``, skipped
-if unavailable) and one tiny random-init transformers model per supported family (``family:<model_type>``:
-2 layers, d_model 64, weights N(0, 1/fan_in), biases N(0, 0.1²), norm gains 1 + N(0, 0.1²); every model first
-passes the weights-fidelity gate inside ``bound_model``). Appends one JSON line per model to
-bench/results/bounds.jsonl.
+(θ replaced by n_keys/2). Then, per layer, the time of that layer inside the model's plain forward pass (median of
+5), of its certified bounds alone and of its full ``bound_model`` records with estimates, each as a ratio to the
+plain layer measured in the same run (weight norms computed afresh in each, as in a new process); and the totals
+beside one forward pass that captures the layer inputs.
+Models: attnsens' own tiny GPT (random init, and trained for 200 steps on the default corpus), SmolLM2-135M and all-
+MiniLM-L6-v2 (``attnsens.models.load("smollm2")``, ``"minilm"``, skipped if unavailable) and one tiny random-init
+transformers model per supported family (``family:<model_type>``: 2 layers, d_model 64, weights N(0, 1/fan_in),
+biases N(0, 0.1²), norm gains 1 + N(0, 0.1²); every model first passes the weights-fidelity gate inside
+``bound_model``). Appends one JSON line per model to bench/results/bounds.jsonl.
 
     .venv/bin/python bench/bounds.py [--seq-len 32] [--queries 6] [--iterations 12] [--threads 1] [--models ...]
 """
@@ -17,6 +19,7 @@ bench/results/bounds.jsonl.
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
 from pathlib import Path
@@ -24,9 +27,10 @@ from pathlib import Path
 import torch
 
 from _jsonl import append_record
+from attnsens import _rounding as rounding
 from attnsens import geometry as G
 from attnsens.errors import InputError
-from attnsens.geometry.attention import attention_mask_of, biases_of
+from attnsens.geometry.attention import biases_of
 from attnsens.provenance import provenance
 from attnsens.study.bounds import bound_model
 
@@ -68,13 +72,14 @@ def tiny_gpt_trained():
     return load(model.eval(), tokenizer=tokenizer)
 
 
-def smollm2():
+def packaged(alias: str):
+    """A model shipped as a package (``smollm2``, ``minilm``), through ``attnsens.models.load``."""
     from transformers.utils import logging as hf_logging
 
     from attnsens.models import load
 
     hf_logging.set_verbosity_error()
-    return load("smollm2")
+    return load(alias)
 
 
 _DECODER = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 64,
@@ -131,20 +136,68 @@ def tiny_family(model_type: str):
     return load(model)
 
 
-def certified_bounds_only(adapter, input_ids) -> float:
-    """Seconds to compute every layer's local and global attention bounds and block bounds (no estimates)."""
+def plain_layer_seconds(adapter, input_ids, repeats: int = 5) -> list[float]:
+    """Seconds of each layer inside the model's own forward pass (median of ``repeats`` passes): the time from the
+    layer's input tap to its block-output tap, so the baseline is that very layer of the plain forward."""
+    n_layer = len(adapter.layers)
+    runs: list[list[float]] = []
+    for _ in range(repeats + 1):  # the first pass warms up and is dropped
+        entered, left = [0.0] * n_layer, [0.0] * n_layer
+
+        def note(layer: int, field: str, _tensor, entered=entered, left=left) -> None:
+            if field == "block_input":
+                entered[layer] = time.perf_counter()
+            elif field == "block_output":
+                left[layer] = time.perf_counter()
+
+        with adapter.inference(), adapter.layer_input_taps(note), adapter.layer_output_taps(note):
+            adapter.forward(input_ids, None)
+        runs.append([b - a for a, b in zip(entered, left, strict=True)])
+    return [statistics.median(run[i] for run in runs[1:]) for i in range(n_layer)]
+
+
+def certified_layer_seconds(adapter, input_ids) -> list[float]:
+    """Seconds per layer to compute its certified bounds alone (no estimates): the block's local bound with its
+    attention factor (block_local_jacobian_bound), the MHA Lipschitz bound and the T7 block bound (with its FFN
+    bound), on the radii bound_model uses."""
     inputs = adapter.layer_inputs(input_ids)
-    start = time.perf_counter()
+    seconds = []
     for layer, entry in zip(adapter.layers, inputs, strict=True):
         attn = layer.attention
-        x = entry.attention_input.to(torch.float64)
-        mask = attention_mask_of(attn, x.shape[1])
-        G.mha_local_jacobian_upper_bound(x, attn.w_q, attn.w_k, attn.w_v, attn.w_o, tau=attn.tau, mask=mask,
-                                         biases=biases_of(attn), rotary=attn.rotary)  # fmt: skip
-        G.block_local_jacobian_upper_bound(entry.block_input, layer)
-        if layer.placement == "pre":
-            G.block_lipschitz_upper_bound(layer)
-    return time.perf_counter() - start
+        x = entry.block_input.to(torch.float64)
+        start = time.perf_counter()
+        local = G.block_local_jacobian_bound(x, layer)
+        pre = layer.placement == "pre"
+        radius = G.norm_output_radius_rms(layer.attn_norm) if pre else G.block_rms_norm(local.attention_input).amax()
+        G.mha_lipschitz_upper_bound(attn.w_q, attn.w_k, attn.w_v, attn.w_o, tau=attn.tau, radius_rms=radius,
+                                    d_model=attn.d_model, biases=biases_of(attn), rotary=attn.rotary)  # fmt: skip
+        G.block_lipschitz_upper_bound(layer, input_radius_rms=None if pre else float(G.block_rms_norm(x).amax()))
+        seconds.append(time.perf_counter() - start)
+    return seconds
+
+
+def table_layer_seconds(name: str, adapter, input_ids, args: argparse.Namespace):
+    """(bound_model's table, seconds of each layer's records, seconds of the gate before layer 0): per-layer times
+    from bound_model's on_layer callback; the gate (finiteness and weights-fidelity checks) is timed apart."""
+    import attnsens.study.bounds as study_bounds
+
+    marks: list[float] = []
+    gate = study_bounds.check_weights_fidelity
+
+    def timed_gate(*gate_args, **gate_kwargs):
+        result = gate(*gate_args, **gate_kwargs)
+        marks.append(time.perf_counter())
+        return result
+
+    study_bounds.check_weights_fidelity = timed_gate
+    try:
+        start = time.perf_counter()
+        table = bound_model(adapter, input_ids, n_queries=args.queries, iterations=args.iterations,
+                            compare_placements=False, model_name=name,
+                            on_layer=lambda _layer: marks.append(time.perf_counter()))  # fmt: skip
+    finally:
+        study_bounds.check_weights_fidelity = gate
+    return table, [b - a for a, b in itertools.pairwise(marks)], marks[0] - start
 
 
 def bench_model(name: str, adapter, args: argparse.Namespace) -> dict:
@@ -156,12 +209,15 @@ def bench_model(name: str, adapter, args: argparse.Namespace) -> dict:
     start = time.perf_counter()
     adapter.layer_inputs(input_ids)
     forward_s = time.perf_counter() - start
-    certified_bounds_only(adapter, input_ids)  # warm-up: compiled θ kernels, first-use initialisation
-    bound_s = certified_bounds_only(adapter, input_ids)
-    start = time.perf_counter()
-    table = bound_model(adapter, input_ids, n_queries=args.queries, iterations=args.iterations,
-                        compare_placements=False, model_name=name)  # fmt: skip
-    full_s = time.perf_counter() - start
+    certified_layer_seconds(adapter, input_ids)  # warm-up: compiled θ kernels, first-use initialisation
+    plain = plain_layer_seconds(adapter, input_ids)
+    # Weight norms (spectral norms, factors) are remembered per weight tensor; each measured part starts without
+    # them, as a fresh process does.
+    rounding._CACHE.clear()
+    certified = certified_layer_seconds(adapter, input_ids)
+    rounding._CACHE.clear()
+    table, per_layer, gate_s = table_layer_seconds(name, adapter, input_ids, args)
+    bound_s, full_s = sum(certified), gate_s + sum(per_layer)
     layers = table[table["head"] == -1]
     estimate = layers["mha_jacobian_estimate"]
     ratios = {
@@ -171,27 +227,38 @@ def bench_model(name: str, adapter, args: argparse.Namespace) -> dict:
         "length_dependent_naive": (layers["mha_length_dependent_upper_bound"] / estimate).tolist(),
         "block_local": (layers["residual_jacobian_upper_bound"] / layers["block_jacobian_estimate"]).tolist(),
     }
-    print(f"\n{name}: {len(layers)} layers, {input_ids.shape[1]} tokens")
+    print(f"\n{name}: {len(layers)} layers, {input_ids.shape[1]} tokens, {torch.get_num_threads()} thread(s)")
     print(f"{'layer':>5} {'θ̃ max':>7} {'estimate':>9} {'local/est':>10} {'paper/est':>10} {'θ=1 Lip/est':>12} "
-          f"{'naive/est':>10} {'block/est':>10}")  # fmt: skip
+          f"{'naive/est':>10} {'block/est':>10} {'fwd ms':>8} {'cert ms':>8} {'cert/fwd':>9} {'table ms':>9} "
+          f"{'table/fwd':>10}")  # fmt: skip
     for i, row in enumerate(layers.to_dict("records")):
         print(f"{row['layer']:>5} {row['theta_tilde']:>7.3f} {row['mha_jacobian_estimate']:>9.3g} "
               f"{ratios['theta_aware_local'][i]:>10.2f} {ratios['paper_form_local'][i]:>10.2f} "
               f"{ratios['lipschitz_theta_1'][i]:>12.2f} {ratios['length_dependent_naive'][i]:>10.2f} "
-              f"{ratios['block_local'][i]:>10.3g}")  # fmt: skip
+              f"{ratios['block_local'][i]:>10.3g} {plain[i] * 1e3:>8.2f} {certified[i] * 1e3:>8.1f} "
+              f"{certified[i] / plain[i]:>9.0f} {per_layer[i] * 1e3:>9.1f} "
+              f"{per_layer[i] / plain[i]:>10.0f}")  # fmt: skip
     medians = {k: statistics.median(v) for k, v in ratios.items()}
     within_goal = sum(r <= 10 for r in ratios["theta_aware_local"])
     print("median ratios: " + ", ".join(f"{k} {v:.2f}" for k, v in medians.items()))
     worst = max(ratios["theta_aware_local"])
     print(f"θ-aware local bound / estimate: median {medians['theta_aware_local']:.2f}, worst {worst:.2f}; "
           f"within 10× in {within_goal}/{len(layers)} layers")  # fmt: skip
+    cert_ratio = statistics.median(c / f for c, f in zip(certified, plain, strict=True))
+    table_ratio = statistics.median(t / f for t, f in zip(per_layer, plain, strict=True))
+    print("per layer (fwd: the layer inside the model's plain forward, median of 5; cert: its certified bounds; "
+          f"table: its bound_model records with estimates at {args.queries} queries × {args.iterations} steps): "
+          f"median cert/fwd {cert_ratio:.0f}, median table/fwd {table_ratio:.0f}")  # fmt: skip
     print(f"time: certified bounds of all layers {bound_s:.3f} s vs one capturing forward {forward_s:.3f} s "
-          f"(ratio {bound_s / forward_s:.1f}); full table with estimates {full_s:.1f} s")  # fmt: skip
+          f"(ratio {bound_s / forward_s:.1f}); full table with estimates {full_s:.1f} s, of which the gate "
+          f"(finiteness, weights fidelity) {gate_s:.2f} s")  # fmt: skip
     return {
         "model": name, "n_layer": len(layers), "seq_len": int(input_ids.shape[1]), "ratios": ratios,
         "median_ratios": medians, "worst_theta_aware_local": worst, "layers_within_goal": within_goal,
         "bound_seconds": bound_s,
         "forward_seconds": forward_s, "bound_over_forward": bound_s / forward_s, "table_seconds": full_s,
+        "layer_forward_seconds": plain, "layer_certified_seconds": certified, "layer_table_seconds": per_layer,
+        "gate_seconds": gate_s,
         "queries": args.queries, "iterations": args.iterations, "threads": torch.get_num_threads(),
     }  # fmt: skip
 
@@ -203,11 +270,14 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=12)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument(
-        "--models", default="all", help="comma-separated: tiny_gpt, tiny_gpt_trained, smollm2, family:<model_type>"
+        "--models",
+        default="all",
+        help="comma-separated: tiny_gpt, tiny_gpt_trained, smollm2, minilm, family:<model_type>",
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    loaders = {"tiny_gpt": tiny_gpt, "tiny_gpt_trained": tiny_gpt_trained, "smollm2": smollm2}
+    loaders = {"tiny_gpt": tiny_gpt, "tiny_gpt_trained": tiny_gpt_trained, "smollm2": lambda: packaged("smollm2"),
+               "minilm": lambda: packaged("minilm")}  # fmt: skip
     loaders.update({f"family:{family}": lambda family=family: tiny_family(family) for family in FAMILY_CONFIGS})
     for name in list(loaders) if args.models == "all" else args.models.split(","):
         try:

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from attnsens.cli import app
 from attnsens.errors import CheckpointError, ConfigError
-from attnsens.store import read_table
+from attnsens.store import Manifest, read_table
 from attnsens.store.query import query
 from attnsens.study.study import StudyConfig, run_study
 from attnsens.train.data import DataConfig
@@ -104,8 +104,32 @@ def test_corrupted_checkpoint_and_changed_config_are_reported(corpus: Path, tmp_
     weights.write_bytes(bytes(raw))
     with pytest.raises(CheckpointError, match=r"step_000002/model\.safetensors is corrupted"):
         run_study(config, tmp_path)
-    with pytest.raises(ConfigError, match="different config"):
-        run_study(micro_study(corpus, seeds=(3, 4), bounds=False), tmp_path)
+    weights.write_bytes(bytes(raw[:-3] + bytes([raw[-3] ^ 0xFF]) + raw[-2:]))  # restored
+    with pytest.raises(ConfigError, match=r"different config \(keys \['train'\] differ\)"):
+        run_study(micro_study(corpus, seeds=(3,), bounds=False, train=TrainConfig(steps=5, batch_size=4)), tmp_path)
+    with pytest.raises(ConfigError, match=r"can only grow: give every recorded item again \(seeds \[3\]\)"):
+        run_study(micro_study(corpus, seeds=(4,), bounds=False), tmp_path)
+
+
+def test_a_study_takes_an_extra_seed_and_keeps_what_it_has(corpus: Path, tmp_path: Path) -> None:
+    """Seeds 0 then 0,1 in one folder: seed 0's checkpoints and audit files are verified and kept byte for byte,
+    only seed 1 trains and is audited, and the rebuilt report covers both."""
+    run_study(micro_study(corpus, seeds=(0,), bounds=False), tmp_path)
+    kept = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and "seed=0" in str(p)}
+    assert any(p.suffix == ".safetensors" for p in kept) and any(p.suffix == ".parquet" for p in kept)
+    log = StopAt(None)
+    result = run_study(micro_study(corpus, seeds=(0, 1), bounds=False), tmp_path, log=log)
+    assert log.lines[0] == "pre seed 0: already trained (4 steps)"
+    # Only seed 1 trains (its checkpoint lines) and is audited (one line per checkpoint); seed 0 is not touched.
+    labels = [line.split(":")[0] for line in log.lines[1:]]
+    assert set(labels) == {"pre seed 1"} | {f"pre seed 1 step {t}" for t in (0, 1, 2, 4)}
+    assert all(path.read_bytes() == data for path, data in kept.items())
+    assert Manifest.load(tmp_path).config["seeds"] == [0, 1]
+    steps = query(tmp_path, "SELECT DISTINCT seed, step FROM rows ORDER BY seed, step")
+    assert steps.values.tolist() == [[s, t] for s in (0, 1) for t in (0, 1, 2, 4)]
+    assert "seeds 0, 1" in result.report.read_text()
+    with pytest.raises(ConfigError, match="can only grow"):
+        run_study(micro_study(corpus, seeds=(1,), bounds=False), tmp_path)
 
 
 def test_invalid_study_settings() -> None:
@@ -158,3 +182,17 @@ def test_bounds_every_stride_checkpoints_and_always_the_last() -> None:
     assert not any(map(micro_study(Path("x"), bounds=False).bounds_at, (0, 4)))
     with pytest.raises(ConfigError, match="bound_stride"):
         micro_study(Path("x"), bound_stride=0)
+
+
+@pytest.mark.slow
+def test_cli_study_with_an_extra_seed_trains_only_that_seed(corpus: Path, tmp_path: Path) -> None:
+    """`attnsens study --seeds 0` then `--seeds 0,1` on the same --out (tiny preset, 2 steps)."""
+    args = ["study", "--out", str(tmp_path), "--steps", "2", "--data", str(corpus), "--no-bounds"]
+    first = CliRunner().invoke(app, [*args, "--seeds", "0"])
+    assert first.exit_code == 0, first.output
+    second = CliRunner().invoke(app, [*args, "--seeds", "0,1"])
+    assert second.exit_code == 0, second.output
+    assert "pre seed 0: already trained (2 steps)" in second.output
+    assert "pre seed 0 step" not in second.output and "pre seed 1 step 2:" in second.output
+    assert second.output.strip().splitlines()[-1] == str(tmp_path / "report.html")
+    assert "seeds 0, 1" in (tmp_path / "report.html").read_text()

@@ -71,3 +71,20 @@ def test_the_shipped_weights_pass_the_fidelity_gate(smollm2) -> None:
     _, results = M.weights_fidelity(smollm2, ids)
     assert len(results) == 30 * 5
     assert max(r.relative_error for r in results) < 1e-5  # measured 1.7e-6 (layer 8 attention)
+
+
+def test_the_converted_folder_reproduces_the_gguf_load(tmp_path, monkeypatch) -> None:
+    """The first load converts the shipped GGUF file; the second reads the folder: same weights, tokens, output."""
+    from attnsens.models import gguf_cache
+
+    monkeypatch.setenv("ATTNSENS_MODEL_CACHE", str(tmp_path))
+    direct, cached = M.load("smollm2"), M.load("smollm2")
+    assert gguf_cache.cached_conversion(M.loading._smollm2_gguf()) is not None
+    text = "Shall I compare thee to a summer's day? Thou art more lovely and more temperate. " * 4
+    ids = direct.encode(text)
+    assert torch.equal(ids, cached.encode(text))
+    direct_weights, cached_weights = direct.module.state_dict(), cached.module.state_dict()
+    assert direct_weights.keys() == cached_weights.keys()
+    assert all(torch.equal(direct_weights[key], cached_weights[key]) for key in direct_weights)
+    with torch.no_grad():
+        assert torch.equal(direct.module(ids).last_hidden_state, cached.module(ids).last_hidden_state)

@@ -45,7 +45,14 @@ LEGEND = (
 )
 
 
-@app.command()
+ESTIMATOR_BUDGET = (
+    "Certified bounds do not depend on the estimator budget. The estimates are lower bounds from a block power "
+    "ascent with, per Jacobian (the attention sublayer and the block: two per layer), 1 random start × --iterations "
+    "steps at --queries output tokens, half of them where the certified bound is largest."
+)
+
+
+@app.command(epilog=ESTIMATOR_BUDGET)
 @domain_errors_exit
 def bounds(
     model: Annotated[
@@ -63,20 +70,34 @@ def bounds(
     queries: Annotated[
         int,
         typer.Option(
-            "--queries", min=1, help="Output tokens probed by the estimators (time grows in proportion; more: tighter)."
+            "--queries",
+            min=1,
+            help="Estimator budget: output tokens probed per Jacobian (time grows in proportion; more: tighter).",
         ),
     ] = 4,
     iterations: Annotated[
-        int, typer.Option("--iterations", min=1, help="Estimator ascent steps (time grows in proportion).")
+        int,
+        typer.Option(
+            "--iterations", min=1, help="Estimator budget: ascent steps per probe (time grows in proportion)."
+        ),
     ] = 5,
     placements: Annotated[
         bool,
         flag(
             "--placements/--no-placements",
-            help="Also estimate the block under the pre-LN and the post-LN arrangement of its weights (T8; "
-            "about half of the estimator time).",
+            help="Also estimate the block under the pre-LN and the post-LN arrangement of its weights (T8): three "
+            "more Jacobians per layer, about 2.5× the estimator time; the columns are in --out and --json.",
         ),
-    ] = True,
+    ] = False,
+    threads: Annotated[
+        int,
+        typer.Option(
+            "--threads",
+            min=1,
+            help="CPU threads for torch. Default 1: the bounds are many small matrix operations, which more threads "
+            "speed up little on idle cores and slow down several times over when other work shares them.",
+        ),
+    ] = 1,
     step: StepOption = None,
     placement: PlacementOption = None,
     seed: Annotated[int | None, typer.Option("--seed", help="Run of a study folder (its training seed).")] = None,
@@ -84,6 +105,9 @@ def bounds(
     as_json: JsonOption = False,
 ) -> None:
     """Per layer and head: projection norms, Φ_h, θ̃_h, certified local and global bounds, estimates, ratios."""
+    import torch
+
+    from attnsens._threads import keep_torch_threads
     from attnsens.cli.inputs import check_context, check_out_dir, load_model, read_text_file, saved_checkpoint, writing
     from attnsens.cli.progress import ProgressReport
     from attnsens.errors import InputError
@@ -106,7 +130,8 @@ def bounds(
         input_ids, name, n_layer = target.encode(source, max_length=seq_len), target.name, len(target.layers)
         if input_ids.shape[1] < 2:
             raise InputError(f"the text gives {input_ids.shape[1]} token(s); give --text with at least 2 tokens")
-    with ProgressReport("bounding", "layers", enabled=not as_json) as report:
+    with keep_torch_threads(), ProgressReport("bounding", "layers", enabled=not as_json) as report:
+        torch.set_num_threads(threads)  # restored on exit, so a caller in the same process keeps its own setting
         table = bound_model(
             target, input_ids, seq_len=seq_len, geometry=geometry, n_queries=queries, iterations=iterations,
             compare_placements=placements, model_name=name, on_layer=lambda layer: report.update(layer + 1, n_layer),
@@ -126,8 +151,8 @@ def bounds(
     _print_table(name, layers, geometry)
     console.print(
         f"estimator budget: block power ascent, 1 random start × {iterations} steps at {queries} output token(s) "
-        f"per Jacobian, pre/post-LN comparison {'on' if placements else 'off'}; higher --queries/--iterations give "
-        "tighter (larger) estimates and take longer, --no-placements saves about half the time.",
+        f"per Jacobian, pre/post-LN comparison {'on (--no-placements skips it)' if placements else 'off'}; higher "
+        "--queries/--iterations give tighter (larger) estimates and take longer in proportion.",
         soft_wrap=True,
     )
     if out is not None:

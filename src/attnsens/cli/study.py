@@ -40,7 +40,8 @@ def study(
 ) -> None:
     """Train every seed, audit every checkpoint (θ certificates, concentration, bounds), write the report.
 
-    Rerun the same command to resume an interrupted study. The last line printed is the report's path.
+    Rerun the same command to resume an interrupted study; rerun it with more --seeds (0,1 after 0) to add them.
+    The runs done are verified and kept. The last line printed is the report's path.
     """
     import torch
 

@@ -39,7 +39,14 @@ def theta(
         ),
     ] = None,
     as_json: JsonOption = False,
-    out: Annotated[Path | None, typer.Option("--out", help="Write per-row results to this Parquet file.")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out",
+            help="Write per-row results to this Parquet file (column names, types and method codes of the audit "
+            "rows table).",
+        ),
+    ] = None,
 ) -> None:
     """Certified interval for θ(p) = 4·max_S p(S)(1 − p(S)) of every attention row, with a summary."""
     import time
@@ -168,21 +175,25 @@ def summarize(cert: ThetaCertificate, *, seconds: float) -> dict[str, Any]:
 
 
 def write_rows(cert: ThetaCertificate, out: Path, summary: dict[str, Any]) -> None:
-    """One Parquet row per attention row (flat index in the tensor's leading shape), written atomically."""
+    """One Parquet row per attention row, written atomically, with the audit rows table's names and encoding.
+
+    Columns are ``ThetaCertificate.to_pandas()``: the row's index along each leading axis (batch, head, query for
+    up to three; axis_0, … beyond), theta_lower, theta_upper, theta_exact, theta_method (the int8 ``ThetaMethod``
+    code), row_sum, p_max, dominant; every column the rows table also has gets that table's Arrow type, so a theta
+    file and an audit's rows read and join alike. The metadata names the method codes.
+    """
+    import pyarrow as pa
+
     from attnsens.store.parquet import write_parquet
+    from attnsens.store.schema import get_schema
     from attnsens.theta import ThetaMethod
 
-    columns = {
-        "row": list(range(cert.lower.numel())),
-        "theta_lower_bound": cert.lower.flatten().cpu().numpy(),
-        "theta_upper_bound": cert.upper.flatten().cpu().numpy(),
-        "exact": cert.exact.flatten().cpu().numpy(),
-        "method": [ThetaMethod(int(c)).name for c in cert.method.flatten().tolist()],
-        "row_sum": cert.row_sum.flatten().cpu().numpy(),
-        "p_max": cert.p_max.flatten().cpu().numpy(),
-    }
+    table = pa.Table.from_pandas(cert.to_pandas(), preserve_index=False)
+    rows_types = {column.name: column.dtype for column in get_schema("rows").columns}
+    fields = [pa.field(name, rows_types.get(name, table.schema.field(name).type)) for name in table.column_names]
     meta = {k: summary[k] for k in ("file", "key", "dim", "precision", "shape")}
-    write_parquet(columns, out, metadata=meta)
+    meta["theta_method_codes"] = {str(method.value): method.name for method in ThetaMethod}
+    write_parquet(table.cast(pa.schema(fields)), out, metadata=meta)
 
 
 def print_summary(summary: dict[str, Any]) -> None:

@@ -16,8 +16,10 @@ from attnsens.geometry.attention_bounds import (
     projection_norms,
 )
 from attnsens.geometry.blocks import (
+    BlockLocalJacobianBound,
     activation_lipschitz,
     block_lipschitz_upper_bound,
+    block_local_jacobian_bound,
     block_local_jacobian_upper_bound,
     ffn_lipschitz_upper_bound,
     ffn_local_jacobian_upper_bound,
@@ -54,6 +56,7 @@ from attnsens.geometry.scaling import deepnet_constants, depth_scale_heuristic, 
 __all__ = [
     "AttentionBiases",
     "AttentionForward",
+    "BlockLocalJacobianBound",
     "MHALipschitzBound",
     "MHALocalJacobianBound",
     "activation_lipschitz",
@@ -62,6 +65,7 @@ __all__ = [
     "block_jacobian_norm_estimate",
     "block_l2_norm",
     "block_lipschitz_upper_bound",
+    "block_local_jacobian_bound",
     "block_local_jacobian_upper_bound",
     "block_rms_norm",
     "causal_mask",

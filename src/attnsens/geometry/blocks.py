@@ -44,7 +44,11 @@ from attnsens._rounding import (
 )
 from attnsens.errors import ConfigError
 from attnsens.geometry.attention import attention_mask_of, biases_of
-from attnsens.geometry.attention_bounds import mha_lipschitz_upper_bound, mha_local_jacobian_upper_bound
+from attnsens.geometry.attention_bounds import (
+    MHALocalJacobianBound,
+    mha_lipschitz_upper_bound,
+    mha_local_jacobian_upper_bound,
+)
 from attnsens.geometry.jacobians import norm_jacobian_spectral_norm_upper_bound
 from attnsens.geometry.layers import activation, norm_forward
 from attnsens.models.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights
@@ -235,7 +239,7 @@ def block_lipschitz_upper_bound(layer: LayerWeights, *, input_radius_rms: float 
     )
 
 
-def _attention_local(x: Tensor, attention: AttentionWeights) -> Tensor:
+def _attention_local(x: Tensor, attention: AttentionWeights, geometry: str) -> MHALocalJacobianBound:
     mask = attention_mask_of(attention, x.shape[1], x.device)
     return mha_local_jacobian_upper_bound(
         x,
@@ -247,14 +251,35 @@ def _attention_local(x: Tensor, attention: AttentionWeights) -> Tensor:
         mask=mask,
         biases=biases_of(attention),
         rotary=attention.rotary,
-    ).upper_bound
+        geometry=geometry,
+    )
 
 
 def _norm_local(x: Tensor, norm: NormWeights) -> Tensor:
     return norm_jacobian_spectral_norm_upper_bound(x, norm.gamma, norm.eps, norm.kind).amax(dim=-1)
 
 
+@dataclass(frozen=True, kw_only=True)
+class BlockLocalJacobianBound:
+    """Certified bound of one block's Jacobian at its input, with the attention factor it was built from.
+
+    upper_bound ``[batch]``; attention: the ``MHALocalJacobianBound`` of the attention sublayer at attention_input
+    ``[batch, query, d_model]`` (float64), the point the chain rule evaluates it at (N₁ of the block input for
+    pre-LN and parallel blocks, the block input itself otherwise). A caller that also reports the attention
+    bound reads it here instead of computing it a second time.
+    """
+
+    upper_bound: Tensor
+    attention: MHALocalJacobianBound
+    attention_input: Tensor
+
+
 def block_local_jacobian_upper_bound(x: Tensor, layer: LayerWeights) -> Tensor:
+    """``block_local_jacobian_bound(x, layer).upper_bound``: the certified ``[batch]`` bound alone."""
+    return block_local_jacobian_bound(x, layer).upper_bound
+
+
+def block_local_jacobian_bound(x: Tensor, layer: LayerWeights, *, geometry: str = "rms") -> BlockLocalJacobianBound:
     """Certified bound of ‖D block(X)‖_{b∞→b∞} at X from local factor bounds and the chain rule.
 
     pre: (1 + ‖J_N₂‖‖J_F‖)(1 + ‖J_N₁‖‖J_A‖); parallel pre: 1 + ‖J_N₁‖‖J_A‖ + ‖J_N₂‖‖J_F‖;
@@ -263,34 +288,40 @@ def block_local_jacobian_upper_bound(x: Tensor, layer: LayerWeights) -> Tensor:
 
     Args:
         x: ``[batch, query, d_model]`` block input.
+        geometry: convention of the attention bound's reported radius (the operator norms do not depend on it).
 
     Returns:
-        ``[batch]`` float64 certified bound (docs/math.md T4–T8 combined).
+        ``BlockLocalJacobianBound``: the ``[batch]`` float64 certified bound (docs/math.md T4–T8 combined) and the
+        attention factor's own bound.
     """
     from attnsens.geometry.layers import attention_sublayer, mlp_forward
 
     x = x.detach().to(torch.float64)
     if layer.parallel_residual:
         h_attn, h_mlp = norm_forward(x, layer.attn_norm), norm_forward(x, layer.mlp_norm)
-        attn = mul_up(_norm_local(x, layer.attn_norm), _attention_local(h_attn, layer.attention))
+        attention = _attention_local(h_attn, layer.attention, geometry)
+        attn = mul_up(_norm_local(x, layer.attn_norm), attention.upper_bound)
         ffn = mul_up(_norm_local(x, layer.mlp_norm), ffn_local_jacobian_upper_bound(h_mlp, layer.mlp))
-        return add_up(add_up(attn, ffn), 1.0)
+        return BlockLocalJacobianBound(
+            upper_bound=add_up(add_up(attn, ffn), 1.0), attention=attention, attention_input=h_attn
+        )
     if layer.placement == "pre":
         h = norm_forward(x, layer.attn_norm)
-        first = add_up(mul_up(_norm_local(x, layer.attn_norm), _attention_local(h, layer.attention)), 1.0)
+        attention = _attention_local(h, layer.attention, geometry)
+        first = add_up(mul_up(_norm_local(x, layer.attn_norm), attention.upper_bound), 1.0)
         y = x + attention_sublayer(h, layer.attention)
         g = norm_forward(y, layer.mlp_norm)
         second = add_up(mul_up(_norm_local(y, layer.mlp_norm), ffn_local_jacobian_upper_bound(g, layer.mlp)), 1.0)
-        return mul_up(first, second)
+        return BlockLocalJacobianBound(upper_bound=mul_up(first, second), attention=attention, attention_input=h)
+    attention = _attention_local(x, layer.attention, geometry)
     if layer.placement == "post":
         alpha = layer.residual_scale
         s1 = alpha * x + attention_sublayer(x, layer.attention)
-        first = mul_up(_norm_local(s1, layer.attn_norm), add_up(_attention_local(x, layer.attention), alpha))
+        first = mul_up(_norm_local(s1, layer.attn_norm), add_up(attention.upper_bound, alpha))
         y = norm_forward(s1, layer.attn_norm)
         s2 = alpha * y + mlp_forward(y, layer.mlp)
         second = mul_up(_norm_local(s2, layer.mlp_norm), add_up(ffn_local_jacobian_upper_bound(y, layer.mlp), alpha))
-        return mul_up(first, second)
+        return BlockLocalJacobianBound(upper_bound=mul_up(first, second), attention=attention, attention_input=x)
     y = x + attention_sublayer(x, layer.attention)
-    return mul_up(
-        add_up(_attention_local(x, layer.attention), 1.0), add_up(ffn_local_jacobian_upper_bound(y, layer.mlp), 1.0)
-    )
+    bound = mul_up(add_up(attention.upper_bound, 1.0), add_up(ffn_local_jacobian_upper_bound(y, layer.mlp), 1.0))
+    return BlockLocalJacobianBound(upper_bound=bound, attention=attention, attention_input=x)

