@@ -20,7 +20,7 @@ import einops
 import torch
 from torch import Tensor
 
-from attnsens.errors import InputError, ShapeError
+from attnsens.errors import ConfigError, InputError, ShapeError
 from attnsens.models.weights import AttentionWeights, RotaryConfig
 
 
@@ -79,16 +79,21 @@ def rotary_inverse_frequencies(rotary: RotaryConfig, n_positions: int, device: t
     """
     dim = rotary.rotary_dim
     exponent = torch.arange(0, dim, 2, dtype=torch.float64, device=device) / dim
-    kind, factor, context = rotary.rope_type, rotary.factor, rotary.original_max_positions
-    base = rotary.base
+    kind, factor, base = rotary.rope_type, rotary.factor, rotary.base
+    if kind in ("default", "linear"):
+        inv_freq = base**-exponent
+        return inv_freq / factor if kind == "linear" else inv_freq
+    context = rotary.original_max_positions
+    if context is None:  # RotaryConfig refuses this already; the types cannot say so
+        raise ConfigError(f"rope_type {kind!r} needs original_max_positions")
     if kind == "dynamic":
         n = max(n_positions, context)
         base = base * (factor * n / context - (factor - 1)) ** (dim / (dim - 2))
     inv_freq = base**-exponent
-    if kind == "linear":
-        return inv_freq / factor
     if kind == "longrope":
         scales = rotary.long_factor if n_positions > context else rotary.short_factor
+        if scales is None:  # likewise refused by RotaryConfig
+            raise ConfigError("rope_type 'longrope' needs short_factor and long_factor")
         return inv_freq / torch.tensor(scales, dtype=torch.float64, device=device)
     if kind == "llama3":
         wavelength = 2 * math.pi / inv_freq

@@ -88,8 +88,8 @@ def ffn_lipschitz_upper_bound(mlp: MLPWeights, *, radius_l2: float | Tensor | No
     b_in = torch.zeros(()) if mlp.b_in is None else mlp.b_in.to(torch.float64).abs()
     up_max = add_up(mul_up(_rows_l2(mlp.w_in), R[..., None]), b_in).amax(dim=-1)
     b_gate = torch.zeros(()) if mlp.b_gate is None else mlp.b_gate.to(torch.float64).abs()
-    gate_max = add_up(mul_up(_rows_l2(mlp.w_gate), R[..., None]), b_gate).amax(dim=-1)
-    gate_term = mul_up(mul_up(spectral_norm_upper_bound(mlp.w_gate), lip), up_max)
+    gate_max = add_up(mul_up(_rows_l2(mlp.gate), R[..., None]), b_gate).amax(dim=-1)
+    gate_term = mul_up(mul_up(spectral_norm_upper_bound(mlp.gate), lip), up_max)
     return mul_up(w_out, add_up(gate_term, mul_up(w_in, gate_max)))
 
 
@@ -108,7 +108,7 @@ def ffn_local_jacobian_upper_bound(x: Tensor, mlp: MLPWeights) -> Tensor:
     up = x64 @ w_in.T + (0.0 if mlp.b_in is None else mlp.b_in.to(torch.float64))
     pre = up
     if mlp.kind == "gated":
-        pre = x64 @ mlp.w_gate.to(torch.float64).T + (0.0 if mlp.b_gate is None else mlp.b_gate.to(torch.float64))
+        pre = x64 @ mlp.gate.to(torch.float64).T + (0.0 if mlp.b_gate is None else mlp.b_gate.to(torch.float64))
     pre = pre.requires_grad_(True)
     with torch.enable_grad():
         (slope,) = torch.autograd.grad(activation(mlp.activation, pre).sum(), pre)
@@ -116,7 +116,7 @@ def ffn_local_jacobian_upper_bound(x: Tensor, mlp: MLPWeights) -> Tensor:
     if mlp.kind != "gated":
         per_token = mul_up(mul_up(w_out_norm, slope.abs().amax(dim=-1)), w_in_norm)
     else:
-        gate_term = mul_up((slope * up).abs().amax(dim=-1), spectral_norm_upper_bound(mlp.w_gate))
+        gate_term = mul_up((slope * up).abs().amax(dim=-1), spectral_norm_upper_bound(mlp.gate))
         up_term = mul_up(activation(mlp.activation, pre.detach()).abs().amax(dim=-1), w_in_norm)
         per_token = mul_up(w_out_norm, add_up(gate_term, up_term))
     return per_token.amax(dim=-1)
@@ -190,11 +190,12 @@ def block_lipschitz_upper_bound(layer: LayerWeights, *, input_radius_rms: float 
     d = layer.attention.d_model
     one = torch.ones((), dtype=torch.float64)
     if layer.placement == "pre":
-        r_attn = mul_up(norm_output_radius_rms(layer.attn_norm), _sqrt_up(d))
-        r_mlp = mul_up(norm_output_radius_rms(layer.mlp_norm), _sqrt_up(d))
+        attn_norm, mlp_norm = layer.norms()
+        r_attn = mul_up(norm_output_radius_rms(attn_norm), _sqrt_up(d))
+        r_mlp = mul_up(norm_output_radius_rms(mlp_norm), _sqrt_up(d))
         lip_attn = attention_lipschitz(layer.attention, r_attn)
         lip_ffn = ffn_lipschitz_upper_bound(layer.mlp, radius_l2=r_mlp)
-        n1, n2 = norm_lipschitz_upper_bound(layer.attn_norm), norm_lipschitz_upper_bound(layer.mlp_norm)
+        n1, n2 = norm_lipschitz_upper_bound(attn_norm), norm_lipschitz_upper_bound(mlp_norm)
         # A parallel block X + A(N1 X) + F(N2 X) has Jacobian I + J_A J_N1 + J_F J_N2: no cross term.
         if layer.parallel_residual:
             bound = add_up(add_up(mul_up(n1, lip_attn), mul_up(n2, lip_ffn)), 1.0)
@@ -213,9 +214,10 @@ def block_lipschitz_upper_bound(layer: LayerWeights, *, input_radius_rms: float 
     lip_attn = attention_lipschitz(layer.attention, r_in)
     if layer.placement == "post":
         alpha = layer.residual_scale
-        r_mlp = mul_up(norm_output_radius_rms(layer.attn_norm), _sqrt_up(d))
+        attn_norm, mlp_norm = layer.norms()
+        r_mlp = mul_up(norm_output_radius_rms(attn_norm), _sqrt_up(d))
         lip_ffn = ffn_lipschitz_upper_bound(layer.mlp, radius_l2=r_mlp)
-        n1, n2 = norm_lipschitz_upper_bound(layer.attn_norm), norm_lipschitz_upper_bound(layer.mlp_norm)
+        n1, n2 = norm_lipschitz_upper_bound(attn_norm), norm_lipschitz_upper_bound(mlp_norm)
         bound = mul_up(mul_up(n2, add_up(lip_ffn, alpha)), mul_up(n1, add_up(lip_attn, alpha)))
         return BlockLipschitzBound(
             upper_bound=bound,
@@ -270,27 +272,28 @@ def block_local_jacobian_upper_bound(x: Tensor, layer: LayerWeights) -> Tensor:
     from attnsens.geometry.layers import attention_sublayer, mlp_forward
 
     x = x.detach().to(torch.float64)
+    if layer.placement == "none":
+        y = x + attention_sublayer(x, layer.attention)
+        return mul_up(
+            add_up(_attention_local(x, layer.attention), 1.0), add_up(ffn_local_jacobian_upper_bound(y, layer.mlp), 1.0)
+        )
+    attn_norm, mlp_norm = layer.norms()
     if layer.parallel_residual:
-        h_attn, h_mlp = norm_forward(x, layer.attn_norm), norm_forward(x, layer.mlp_norm)
-        attn = mul_up(_norm_local(x, layer.attn_norm), _attention_local(h_attn, layer.attention))
-        ffn = mul_up(_norm_local(x, layer.mlp_norm), ffn_local_jacobian_upper_bound(h_mlp, layer.mlp))
+        h_attn, h_mlp = norm_forward(x, attn_norm), norm_forward(x, mlp_norm)
+        attn = mul_up(_norm_local(x, attn_norm), _attention_local(h_attn, layer.attention))
+        ffn = mul_up(_norm_local(x, mlp_norm), ffn_local_jacobian_upper_bound(h_mlp, layer.mlp))
         return add_up(add_up(attn, ffn), 1.0)
     if layer.placement == "pre":
-        h = norm_forward(x, layer.attn_norm)
-        first = add_up(mul_up(_norm_local(x, layer.attn_norm), _attention_local(h, layer.attention)), 1.0)
+        h = norm_forward(x, attn_norm)
+        first = add_up(mul_up(_norm_local(x, attn_norm), _attention_local(h, layer.attention)), 1.0)
         y = x + attention_sublayer(h, layer.attention)
-        g = norm_forward(y, layer.mlp_norm)
-        second = add_up(mul_up(_norm_local(y, layer.mlp_norm), ffn_local_jacobian_upper_bound(g, layer.mlp)), 1.0)
+        g = norm_forward(y, mlp_norm)
+        second = add_up(mul_up(_norm_local(y, mlp_norm), ffn_local_jacobian_upper_bound(g, layer.mlp)), 1.0)
         return mul_up(first, second)
-    if layer.placement == "post":
-        alpha = layer.residual_scale
-        s1 = alpha * x + attention_sublayer(x, layer.attention)
-        first = mul_up(_norm_local(s1, layer.attn_norm), add_up(_attention_local(x, layer.attention), alpha))
-        y = norm_forward(s1, layer.attn_norm)
-        s2 = alpha * y + mlp_forward(y, layer.mlp)
-        second = mul_up(_norm_local(s2, layer.mlp_norm), add_up(ffn_local_jacobian_upper_bound(y, layer.mlp), alpha))
-        return mul_up(first, second)
-    y = x + attention_sublayer(x, layer.attention)
-    return mul_up(
-        add_up(_attention_local(x, layer.attention), 1.0), add_up(ffn_local_jacobian_upper_bound(y, layer.mlp), 1.0)
-    )
+    alpha = layer.residual_scale
+    s1 = alpha * x + attention_sublayer(x, layer.attention)
+    first = mul_up(_norm_local(s1, attn_norm), add_up(_attention_local(x, layer.attention), alpha))
+    y = norm_forward(s1, attn_norm)
+    s2 = alpha * y + mlp_forward(y, layer.mlp)
+    second = mul_up(_norm_local(s2, mlp_norm), add_up(ffn_local_jacobian_upper_bound(y, layer.mlp), alpha))
+    return mul_up(first, second)

@@ -158,7 +158,7 @@ def _gpt_inputs(gpt: GPT) -> CertificateInputs:
     embedding = gpt.wte.weight.detach()
     if config.positions == "sinusoidal":
         positions = sinusoidal_position_bound(embedding, scale=config.position_scale)
-    elif config.positions == "learned":
+    elif gpt.wpe is not None:  # learned positions
         positions = learned_position_bound(embedding, gpt.wpe.weight)
     else:
         norms = torch.linalg.vector_norm(embedding.to(torch.float64), dim=-1)

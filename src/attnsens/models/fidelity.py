@@ -107,12 +107,14 @@ def _comparisons(layer: LayerWeights, seen: dict[str, Tensor]) -> dict[str, tupl
     }
     alpha = layer.residual_scale
     if layer.placement == "pre":
+        attn_norm, mlp_norm = layer.norms()
         mid = x if layer.parallel_residual else x + a_out
-        checks["attn_norm"] = (lambda: norm_forward(x, layer.attn_norm), a_in)
-        checks["mlp_norm"] = (lambda: norm_forward(mid, layer.mlp_norm), m_in)
+        checks["attn_norm"] = (lambda: norm_forward(x, attn_norm), a_in)
+        checks["mlp_norm"] = (lambda: norm_forward(mid, mlp_norm), m_in)
     elif layer.placement == "post":
-        checks["attn_norm"] = (lambda: norm_forward(alpha * a_in + a_out, layer.attn_norm), m_in)
-        checks["mlp_norm"] = (lambda: norm_forward(alpha * m_in + m_out, layer.mlp_norm), y)
+        attn_norm, mlp_norm = layer.norms()
+        checks["attn_norm"] = (lambda: norm_forward(alpha * a_in + a_out, attn_norm), m_in)
+        checks["mlp_norm"] = (lambda: norm_forward(alpha * m_in + m_out, mlp_norm), y)
     return {field: checks[field] for field in FIELDS if field in checks}
 
 

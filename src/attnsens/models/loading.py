@@ -18,6 +18,7 @@ import torch
 
 from attnsens.errors import FileFormatError, UnsupportedModelError
 from attnsens.models.adapter import ModelAdapter
+from attnsens.models.hf import HFAdapter
 
 AliasLoader = Callable[..., ModelAdapter] | str
 """``loader(*, device, dtype) -> ModelAdapter``, or its ``"module:function"`` name (imported on first use)."""
@@ -137,7 +138,7 @@ def supported_families() -> str:
     )  # fmt: skip
 
 
-def adapter_class(model_type: str) -> type[ModelAdapter]:
+def adapter_class(model_type: str) -> type[HFAdapter]:
     """The adapter class registered for a transformers ``model_type``; other families get the audit-only
     adapter (models/interface.py), which refuses them by name if their attention bypasses the interface."""
     if model_type in BYPASSES:
@@ -150,7 +151,10 @@ def adapter_class(model_type: str) -> type[ModelAdapter]:
 
         return InterfaceAdapter
     module_name, class_name = FAMILIES[model_type].split(":")
-    return getattr(importlib.import_module(module_name), class_name)
+    adapter = getattr(importlib.import_module(module_name), class_name)
+    if not (isinstance(adapter, type) and issubclass(adapter, HFAdapter)):
+        raise UnsupportedModelError(f"FAMILIES[{model_type!r}] = {FAMILIES[model_type]!r} is not an HFAdapter class")
+    return adapter
 
 
 def _from_module(
@@ -158,7 +162,9 @@ def _from_module(
 ) -> ModelAdapter:
     if device is not None or dtype is not None:
         model = model.to(device=device, dtype=dtype)
-    if type(model).__module__.startswith("attnsens.train"):
+    from attnsens.train.model import GPT
+
+    if isinstance(model, GPT):
         from attnsens.models.own_gpt import OwnGPTAdapter
 
         return OwnGPTAdapter(model, name=name, tokenizer=tokenizer)

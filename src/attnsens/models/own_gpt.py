@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -18,20 +18,25 @@ from torch import Tensor
 from attnsens.errors import InputError
 from attnsens.models.adapter import ModelAdapter, ModelSpec, QueryKeyCallback
 from attnsens.models.attention import AttentionCall
-from attnsens.models.weights import LayerWeights
+from attnsens.models.weights import LayerWeights, Placement
+
+if TYPE_CHECKING:
+    from attnsens.train.model import GPT, GPTConfig
 
 
 class OwnGPTAdapter(ModelAdapter):
     family = "own_gpt"
 
-    def __init__(self, module: torch.nn.Module, *, name: str = "attnsens-gpt", tokenizer: Any = None) -> None:
-        config = module.config
-        super().__init__(module, name=name, spec=self.spec_of(config))
+    module: GPT
+
+    def __init__(self, module: GPT, *, name: str = "attnsens-gpt", tokenizer: Any = None) -> None:
+        super().__init__(module, name=name, spec=self.spec_of(module.config))
         self.tokenizer = tokenizer
 
     @staticmethod
-    def spec_of(config: Any) -> ModelSpec:
-        placement = {"pre": "pre", "post": "post", "deepnorm": "post", "none": "none"}[config.norm]
+    def spec_of(config: GPTConfig) -> ModelSpec:
+        placements: dict[str, Placement] = {"pre": "pre", "post": "post", "deepnorm": "post", "none": "none"}
+        placement = placements[config.norm]
         return ModelSpec(
             n_layer=config.n_layer,
             n_head=config.n_head,

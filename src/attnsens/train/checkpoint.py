@@ -71,6 +71,7 @@ def read_manifest(run_dir: str | Path) -> dict[str, dict[str, Any]]:
     path = checkpoint_dir(run_dir) / MANIFEST
     if not path.exists():
         return {}
+    problem: str | None
     try:
         payload = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
