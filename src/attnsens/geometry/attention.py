@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from attnsens.errors import ConfigError, InputError, ShapeError
-from attnsens.models.weights import AttentionWeights, RotaryConfig
+from attnsens.weights import AttentionWeights, RotaryConfig
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -60,7 +60,7 @@ from attnsens.geometry.attention import (
     mha_forward,
 )
 from attnsens.geometry.norms import Geometry, check_geometry
-from attnsens.models.weights import RotaryConfig
+from attnsens.weights import RotaryConfig
 
 EVALUATION_ALLOWANCE = 1.0 + 2.0**-36
 """Relative outward rounding of the local bound: covers the float64 error of its own evaluation (eigenvalues,

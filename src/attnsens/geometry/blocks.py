@@ -47,7 +47,7 @@ from attnsens.geometry.attention import attention_mask_of, biases_of
 from attnsens.geometry.attention_bounds import mha_lipschitz_upper_bound, mha_local_jacobian_upper_bound
 from attnsens.geometry.jacobians import norm_jacobian_spectral_norm_upper_bound
 from attnsens.geometry.layers import activation, norm_forward
-from attnsens.models.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights
+from attnsens.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights
 
 ACTIVATION_LIPSCHITZ = {"gelu": 1.128905, "gelu_tanh": 1.128994, "relu": 1.0, "silu": 1.099840}
 

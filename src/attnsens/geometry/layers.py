@@ -1,7 +1,7 @@
 """Reference forward passes of norms, positionwise maps and whole residual blocks from ``LayerWeights``.
 
 These are the functions the block bounds (``blocks``) and the residual-Jacobian expansions (``residual``) are
-about; they follow ``attnsens.models.weights`` exactly (placements "pre", "post", "none"; DeepNorm's residual
+about; they follow ``attnsens.weights`` exactly (placements "pre", "post", "none"; DeepNorm's residual
 scale α in the post placement).
 """
 
@@ -14,7 +14,7 @@ from torch import Tensor
 
 from attnsens.errors import ConfigError
 from attnsens.geometry.attention import attention_mask_of, biases_of, mha_forward
-from attnsens.models.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights
+from attnsens.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights
 
 
 def activation(name: str, x: Tensor) -> Tensor:

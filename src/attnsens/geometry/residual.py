@@ -26,7 +26,7 @@ from attnsens.errors import ConfigError
 from attnsens.geometry.estimates import block_jacobian_norm_estimate
 from attnsens.geometry.jacobians import norm_jacobian_spectral_norm_upper_bound
 from attnsens.geometry.layers import attention_sublayer, mlp_forward, norm_forward
-from attnsens.models.weights import LayerWeights, NormWeights
+from attnsens.weights import LayerWeights, NormWeights
 
 
 def pre_ln_expansion_remainder_upper_bound(branch_norm_upper_bounds: Tensor) -> Tensor:

@@ -48,8 +48,8 @@ from attnsens.influence.recursion import LayerBounds, LogPolynomial, log_poly_at
 from attnsens.models.adapter import ModelAdapter
 from attnsens.models.fidelity import check_weights_fidelity
 from attnsens.models.loading import load
-from attnsens.models.weights import LayerWeights, NormWeights
 from attnsens.train.model import GPT
+from attnsens.weights import LayerWeights, NormWeights
 
 _LN10 = math.log(10.0)
 _EXACT_DISTANCE_VOCAB = 8192  # above this many rows, max pairwise distance is bounded by 2·max norm

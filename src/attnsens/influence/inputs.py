@@ -16,8 +16,9 @@ import torch
 from torch import Tensor
 
 from attnsens.errors import ConfigError, ShapeError, UnsupportedModelError
-from attnsens.models.weights import LayerWeights, NormWeights
+from attnsens.models.own_gpt import gpt_layer_weights
 from attnsens.train.model import GPT
+from attnsens.weights import LayerWeights, NormWeights
 
 PositionKind = Literal["none", "sinusoidal", "learned"]
 
@@ -170,7 +171,7 @@ def _gpt_inputs(gpt: GPT) -> CertificateInputs:
     return CertificateInputs(
         token_embedding=embedding,
         positions=positions,
-        layers=tuple(gpt.layer_weights()),
+        layers=tuple(gpt_layer_weights(gpt)),
         unembedding=gpt.unembedding.detach(),
         final_norm=final_norm,
     )

@@ -24,7 +24,7 @@ from attnsens.models.hf import (
     split_bias,
     split_heads,
 )
-from attnsens.models.weights import AttentionWeights, LayerWeights
+from attnsens.weights import AttentionWeights, LayerWeights
 
 
 class BertAdapter(HFAdapter):

@@ -13,7 +13,7 @@ import torch
 
 from attnsens.models.adapter import ModelSpec
 from attnsens.models.hf import HFAdapter, HFModule, HookPoint, activation_of, copied, split_bias, split_heads
-from attnsens.models.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights
+from attnsens.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights
 
 
 class GPT2Adapter(HFAdapter):

@@ -19,7 +19,7 @@ from torch import Tensor
 from attnsens.errors import InputError, UnsupportedModelError
 from attnsens.models.adapter import OUTPUT_FIELDS, ModelAdapter, ModelSpec, QueryKeyCallback
 from attnsens.models.hf_tap import hf_query_key_tap
-from attnsens.models.weights import ROPE_TYPES, Activation, MLPWeights, RotaryConfig
+from attnsens.weights import ROPE_TYPES, Activation, MLPWeights, RotaryConfig
 
 HFModule = Any
 """A transformers model or one of its submodules, read by the attribute names of its family (``block.attn.c_attn``,

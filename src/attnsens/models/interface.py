@@ -24,7 +24,7 @@ from torch import Tensor
 from attnsens.errors import ShapeError, UnsupportedModelError
 from attnsens.models.adapter import ModelSpec
 from attnsens.models.hf import HFAdapter, HFModule
-from attnsens.models.weights import LayerWeights
+from attnsens.weights import LayerWeights
 
 
 def calls_attention_interface(module_class: type) -> bool:

@@ -35,7 +35,7 @@ from attnsens.models.hf import (
     split_bias,
     split_heads,
 )
-from attnsens.models.weights import (
+from attnsens.weights import (
     AttentionWeights,
     LayerWeights,
     MLPWeights,

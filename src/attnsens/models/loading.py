@@ -12,13 +12,16 @@ import os
 import pickle
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from attnsens.errors import FileFormatError, UnsupportedModelError
+from attnsens.errors import ConfigError, FileFormatError, UnsupportedModelError
 from attnsens.models.adapter import ModelAdapter
 from attnsens.models.hf import HFAdapter
+
+if TYPE_CHECKING:
+    from attnsens.train.saved import SavedCheckpoint
 
 AliasLoader = Callable[..., ModelAdapter] | str
 """``loader(*, device, dtype) -> ModelAdapter``, or its ``"module:function"`` name (imported on first use)."""
@@ -51,7 +54,13 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def register_alias(alias: str, loader: AliasLoader) -> None:
-    """Make ``load(alias)`` call ``loader(device=..., dtype=...)``."""
+    """Make ``load(alias)`` call ``loader(device=..., dtype=...)``.
+
+    Each alias is registered once, so that no module can silently replace another's model under the same name:
+    ConfigError for an alias already bound to a different loader (delete it from ``ALIASES`` first to rebind it).
+    """
+    if ALIASES.get(alias, loader) != loader:
+        raise ConfigError(f"alias {alias!r} is already registered (to {ALIASES[alias]!r}); pick another name")
     ALIASES[alias] = loader
 
 
@@ -72,8 +81,9 @@ def load(
     Args:
         model: a ModelAdapter (returned as is); an alias (``smollm2``, ``minilm``, see ALIASES); a transformers
             ``PreTrainedModel``; an ``attnsens.train.model.GPT``; a run, checkpoint or study folder written by
-            ``attnsens train`` / ``study`` (``attnsens.train.saved``); a local directory or ``.gguf`` file; or
-            a Hugging Face hub id (needs network unless cached).
+            ``attnsens train`` / ``study``, or the ``SavedCheckpoint`` that ``attnsens.train.saved.find_checkpoint``
+            found in one; a local directory or ``.gguf`` file; or a Hugging Face hub id (needs network unless
+            cached).
         trust_remote_code: passed to transformers; off by default (remote code runs arbitrary Python).
         device, dtype: where and in which float type the weights live. A model object given by the caller is
             moved or cast only when these are given (in place, as ``Module.to`` does); a model read from disk
@@ -93,6 +103,10 @@ def load(
     if isinstance(model, torch.nn.Module):
         return _from_module(model, name=_module_name(model), tokenizer=tokenizer, device=device, dtype=dtype)
     if not isinstance(model, str | os.PathLike):
+        from attnsens.train.saved import SavedCheckpoint
+
+        if isinstance(model, SavedCheckpoint):
+            return _from_checkpoint(model, device="cpu" if device is None else device, dtype=dtype or torch.float32)
         raise UnsupportedModelError(
             f"cannot load a {type(model).__name__}; give a model id, path, alias ({', '.join(sorted(ALIASES))}) "
             f"or a torch module"
@@ -112,7 +126,7 @@ def load(
 
     saved = find_checkpoint(path, step=step, seed=seed, placement=placement)
     if saved is not None:
-        return saved.load(device=device, dtype=dtype)
+        return _from_checkpoint(saved, device=device, dtype=dtype)
     if selects:
         raise FileFormatError(
             f"{text!r} is not a run, checkpoint or study written by attnsens train/study; step, seed and "
@@ -176,6 +190,14 @@ def _from_module(
             f"supported families: {supported_families()}"
         )
     return adapter_class(model_type)(model, name=name, tokenizer=tokenizer)
+
+
+def _from_checkpoint(saved: SavedCheckpoint, *, device: Any, dtype: torch.dtype) -> ModelAdapter:
+    """The own-GPT adapter of a checkpoint written by ``attnsens train`` / ``study``, with the run's tokenizer."""
+    from attnsens.models.own_gpt import OwnGPTAdapter
+
+    model = saved.load_model(device=device, dtype=dtype)
+    return OwnGPTAdapter(model, name=saved.name, tokenizer=saved.load_tokenizer())
 
 
 def _module_name(model: torch.nn.Module) -> str:
@@ -304,4 +326,4 @@ def context_length(model: str) -> int | None:
 
 register_alias("smollm2", _load_smollm2)
 register_alias("minilm", _load_minilm)
-register_alias("builtin:lnfree", "attnsens.influence.builtin:load_builtin_lnfree")
+register_alias("builtin:lnfree", "attnsens.models.builtin:load_builtin_lnfree")

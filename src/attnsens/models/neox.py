@@ -25,7 +25,7 @@ from attnsens.models.hf import (
     rotary_temperature,
     spec_rotary,
 )
-from attnsens.models.weights import AttentionWeights, LayerWeights
+from attnsens.weights import AttentionWeights, LayerWeights
 
 
 class NeoXAdapter(HFAdapter):

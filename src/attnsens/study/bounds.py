@@ -18,7 +18,7 @@ bounds; LayerNorm condition statistics (T6). All norms in the block-∞ conventi
 
 Weight file layout (``save_layer_weights`` / ``load_layer_weights``, safetensors): tensors
 ``layers.{i}.attention.{w_q,w_k,w_v,w_o,b_q,b_k,b_v,b_o}``, ``layers.{i}.mlp.{w_in,w_out,b_in,b_out,w_gate,b_gate}``,
-``layers.{i}.{attn_norm,mlp_norm}.{gamma,beta}`` (absent = None; shapes as in ``attnsens.models.weights``), and
+``layers.{i}.{attn_norm,mlp_norm}.{gamma,beta}`` (absent = None; shapes as in ``attnsens.weights``), and
 the metadata key ``attnsens.layers``: a JSON list with, per layer, ``placement``, ``tau``, ``causal``,
 ``mlp_kind``, ``activation``, ``norm_kind``, ``norm_eps`` ([attn, mlp]), ``residual_scale``,
 ``parallel_residual``, ``rotary`` (null or the fields of ``RotaryConfig``) and ``sliding_window`` (null or an int;
@@ -44,8 +44,8 @@ from attnsens.geometry.attention import attention_mask_of, biases_of
 from attnsens.geometry.layers import attention_sublayer, mlp_forward, norm_forward, synthetic_block_input
 from attnsens.geometry.norms import Geometry
 from attnsens.models.fidelity import check_weights_fidelity
-from attnsens.models.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights, RotaryConfig
 from attnsens.seeding import derived_generator
+from attnsens.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights, RotaryConfig
 
 FORMAT_KEY = "attnsens.layers"
 

@@ -29,7 +29,6 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from attnsens.errors import ConfigError, ShapeError
-from attnsens.models.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights, Placement
 
 NormPlacement = Literal["pre", "post", "deepnorm", "none"]
 NORM_PLACEMENTS: tuple[NormPlacement, ...] = ("pre", "post", "deepnorm", "none")
@@ -356,69 +355,3 @@ class GPT(nn.Module):
     def n_params(self) -> int:
         """Number of distinct parameters (the tied embedding counted once)."""
         return sum(p.numel() for p in self.parameters())
-
-    def layer_weights(self) -> list[LayerWeights]:
-        """The blocks in the normalized layout of ``attnsens.models.weights`` (detached copies, float32).
-
-        Returns: one LayerWeights per block; placement "pre" | "post" | "none", DeepNorm as "post" with
-        residual_scale α; tau = √d_head; w_q/w_k/w_v [head, d_head, d_model], w_o [d_model, head·d_head].
-        """
-        config = self.config
-        placements: dict[str, Placement] = {"pre": "pre", "post": "post", "deepnorm": "post", "none": "none"}
-        placement = placements[config.norm]
-
-        def copy(t: Tensor) -> Tensor:
-            return t.detach().float().clone()
-
-        def copy_bias(t: Tensor | None) -> Tensor | None:
-            return None if t is None else copy(t)
-
-        def per_head(t: Tensor) -> Tensor:
-            return rearrange(copy(t), "(head d_head) d_model -> head d_head d_model", head=config.n_head)
-
-        def per_head_bias(t: Tensor | None) -> Tensor | None:
-            return None if t is None else rearrange(copy(t), "(head d_head) -> head d_head", head=config.n_head)
-
-        def norm_weights(ln: nn.LayerNorm | None) -> NormWeights | None:
-            if ln is None:
-                return None
-            return NormWeights(
-                kind="layernorm", gamma=copy(ln.weight), beta=copy_bias(ln.bias), eps=config.layer_norm_eps
-            )
-
-        layers = []
-        for index, block in enumerate(self.blocks):
-            w_q, w_k, w_v = block.attn.c_attn.weight.chunk(3, dim=0)
-            b_q, b_k, b_v = (None,) * 3 if block.attn.c_attn.bias is None else block.attn.c_attn.bias.chunk(3)
-            attention = AttentionWeights(
-                w_q=per_head(w_q),
-                w_k=per_head(w_k),
-                w_v=per_head(w_v),
-                w_o=copy(block.attn.c_proj.weight),
-                b_q=per_head_bias(b_q),
-                b_k=per_head_bias(b_k),
-                b_v=per_head_bias(b_v),
-                b_o=copy_bias(block.attn.c_proj.bias),
-                tau=config.tau,
-                causal=config.causal,
-            )
-            mlp = MLPWeights(
-                kind="mlp",
-                activation=config.activation,
-                w_in=copy(block.mlp.c_fc.weight),
-                w_out=copy(block.mlp.c_proj.weight),
-                b_in=copy_bias(block.mlp.c_fc.bias),
-                b_out=copy_bias(block.mlp.c_proj.bias),
-            )
-            layers.append(
-                LayerWeights(
-                    index=index,
-                    placement=placement,
-                    attention=attention,
-                    mlp=mlp,
-                    attn_norm=norm_weights(block.ln_1),
-                    mlp_norm=norm_weights(block.ln_2),
-                    residual_scale=config.deepnorm_alpha,
-                )
-            )
-        return layers

@@ -13,7 +13,7 @@ from attnsens.geometry.attention import AttentionBiases, causal_mask, mha_forwar
 from attnsens.geometry.attention_bounds import mha_lipschitz_upper_bound, mha_local_jacobian_upper_bound
 from attnsens.geometry.estimates import block_jacobian_norm_estimate
 from attnsens.geometry.norms import block_rms_norm
-from attnsens.models.weights import RotaryConfig
+from attnsens.weights import RotaryConfig
 from tests.reference.jacobian_oracles import (
     block_inf_norm_lower_dense,
     block_inf_norm_scalar_tokens,

@@ -1,7 +1,9 @@
 """Normalized per-layer weights: the one layout every adapter produces and every bound consumes.
 
 Adapters (GPT-2 Conv1D, NeoX fused QKV, Llama GQA, BERT, attnsens' own GPT) convert their parameters into these
-frozen dataclasses, so the geometry and influence code never branches on model families. Conventions:
+frozen dataclasses, so the geometry and influence code never branches on model families. The module sits below
+both (docs/architecture.md, "Layers and import direction"): it imports nothing of attnsens but its errors, so the
+bounds read weights without loading the adapters. ``attnsens.models`` re-exports the classes. Conventions:
 
 * Linear maps act on column vectors: ``q = w_q[h] @ x + b_q[h]`` with ``w_q: [head, d_head, d_model]``.
 * Key/value projections have ``kv_head`` heads (grouped-query attention); query head ``h`` reads key/value head
