@@ -43,7 +43,6 @@ from attnsens._rounding import (
     sqrt_down,
 )
 from attnsens.errors import ConfigError
-from attnsens.geometry.attention import attention_mask_of, biases_of
 from attnsens.geometry.attention_bounds import mha_lipschitz_upper_bound, mha_local_jacobian_upper_bound
 from attnsens.geometry.jacobians import norm_jacobian_spectral_norm_upper_bound
 from attnsens.geometry.layers import activation, norm_forward
@@ -151,18 +150,8 @@ def attention_output_radius_l2(attention: AttentionWeights, radius_l2: Tensor) -
 
 def attention_lipschitz(attention: AttentionWeights, radius_l2: Tensor) -> Tensor:
     """``mha_lipschitz_upper_bound`` of a sublayer on the ℓ2 ball of radius R."""
-    d = attention.d_model
-    return mha_lipschitz_upper_bound(
-        attention.w_q,
-        attention.w_k,
-        attention.w_v,
-        attention.w_o,
-        tau=attention.tau,
-        radius_rms=div_up(radius_l2, math.nextafter(math.sqrt(d), 0.0)),
-        d_model=d,
-        biases=biases_of(attention),
-        rotary=attention.rotary,
-    ).upper_bound
+    radius_rms = div_up(radius_l2, math.nextafter(math.sqrt(attention.d_model), 0.0))
+    return mha_lipschitz_upper_bound(attention, radius_rms=radius_rms).upper_bound
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -238,18 +227,7 @@ def block_lipschitz_upper_bound(layer: LayerWeights, *, input_radius_rms: float 
 
 
 def _attention_local(x: Tensor, attention: AttentionWeights) -> Tensor:
-    mask = attention_mask_of(attention, x.shape[1], x.device)
-    return mha_local_jacobian_upper_bound(
-        x,
-        attention.w_q,
-        attention.w_k,
-        attention.w_v,
-        attention.w_o,
-        tau=attention.tau,
-        mask=mask,
-        biases=biases_of(attention),
-        rotary=attention.rotary,
-    ).upper_bound
+    return mha_local_jacobian_upper_bound(x, attention).upper_bound
 
 
 def _norm_local(x: Tensor, norm: NormWeights) -> Tensor:

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from attnsens.errors import ConfigError
-from attnsens.geometry.attention import attention_mask_of, biases_of, mha_forward
+from attnsens.geometry.attention import mha_forward
 from attnsens.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights
 
 
@@ -60,21 +60,7 @@ def mlp_forward(x: Tensor, mlp: MLPWeights) -> Tensor:
 
 def attention_sublayer(x: Tensor, attention: AttentionWeights) -> Tensor:
     """MHA(x) for ``x: [batch, query, d_model]`` with the weights' mask, biases, rotary and temperature."""
-    dt = x.dtype
-    mask = attention_mask_of(attention, x.shape[1], x.device)
-    biases = biases_of(attention)
-    cast = {k: (None if t is None else t.to(dt)) for k, t in vars(biases).items()}
-    return mha_forward(
-        x,
-        attention.w_q.to(dt),
-        attention.w_k.to(dt),
-        attention.w_v.to(dt),
-        attention.w_o.to(dt),
-        tau=attention.tau,
-        mask=mask,
-        biases=type(biases)(**cast),
-        rotary=attention.rotary,
-    ).output
+    return mha_forward(x, attention).output
 
 
 def attention_half(x: Tensor, layer: LayerWeights) -> Tensor:
