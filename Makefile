@@ -26,6 +26,8 @@ demo: setup
 test: setup
 	command -v chromium >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 || echo "chromium unavailable: the report's browser test will be skipped"
 	$(VENV)/bin/ruff check src tests bench tools
+	$(VENV)/bin/ruff format --check src tests bench tools
+	$(VENV)/bin/mypy
 	$(PY) -m pytest -q -p no:cacheprovider --hypothesis-profile=ci
 
 test-slow: setup
@@ -34,6 +36,7 @@ test-slow: setup
 lint: setup
 	$(VENV)/bin/ruff check src tests bench tools
 	$(VENV)/bin/ruff format --check src tests bench tools
+	$(VENV)/bin/mypy
 	$(PY) tools/cli_reference.py --check
 
 # docs/cli.md is generated from the commands' --help.
@@ -44,7 +47,7 @@ bench: setup
 	$(PY) bench/theta.py
 
 clean: clean-cache
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis demo-output
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .hypothesis demo-output
 
 # Compiled kernels live in a folder named by a hash of all kernel sources (attnsens/_numba_cache.py): an edit to
 # any of them compiles afresh. This removes every such folder, caches of older versions kept next to the sources, and

@@ -24,6 +24,7 @@ _SUBPACKAGES = (
     "study",
     "theta",
     "train",
+    "weights",
 )
 
 __all__ = [*_SUBPACKAGES, "__version__"]

@@ -14,6 +14,7 @@ import functools
 import hashlib
 import os
 from pathlib import Path
+from typing import Any
 
 import numba
 
@@ -59,12 +60,15 @@ def cached_njit(**options):
     that moment only, so numba code outside attnsens keeps its own cache.
     """
 
+    # numba.config defines its options at import, from the environment, where a type checker cannot see them.
+    config: Any = numba.config
+
     def decorate(function):
-        previous = numba.config.CACHE_DIR
-        numba.config.CACHE_DIR = str(kernel_cache_dir())
+        previous = config.CACHE_DIR
+        config.CACHE_DIR = str(kernel_cache_dir())
         try:
             return numba.njit(cache=True, **options)(function)
         finally:
-            numba.config.CACHE_DIR = previous
+            config.CACHE_DIR = previous
 
     return decorate

@@ -38,7 +38,7 @@ import functools
 import math
 import weakref
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import torch
 from torch import Tensor
@@ -184,7 +184,7 @@ def cached_on(tensors: tuple[Tensor, ...], tag: str, compute: Callable[[], T]) -
                   for b, t in zip(bases, tensors, strict=True)))  # fmt: skip
     hit = _CACHE.get(key)
     if hit is not None and all(r() is b and v == b._version for (r, v), b in zip(hit[0], bases, strict=True)):
-        return hit[1]
+        return cast(T, hit[1])  # the key's tag names the function, so the entry holds a T
     value = compute()
     if len(_CACHE) >= _CACHE_SIZE:
         _CACHE.pop(next(iter(_CACHE)))

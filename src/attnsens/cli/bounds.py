@@ -181,4 +181,4 @@ def _print_table(name: str, layers: object, geometry: str) -> None:
 def _cell(value: object, *, integer: bool) -> str:
     if value is None or value != value:
         return "—"
-    return str(int(value)) if integer else f"{value:.3g}"  # type: ignore[arg-type, call-overload]
+    return str(int(value)) if integer else f"{value:.3g}"  # type: ignore[call-overload]

@@ -155,5 +155,5 @@ def load_model(
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
     if saved is not None:
-        return saved.load() if device is None and dtype is None else saved.load(device=device or "cpu", dtype=dtype)
+        return load(saved, device=device, dtype=dtype)
     return load(model, trust_remote_code=trust_remote_code, device=device, dtype=dtype, revision=revision)

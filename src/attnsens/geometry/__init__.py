@@ -33,8 +33,6 @@ from attnsens.geometry.jacobians import (
     rmsnorm_jacobian,
     softmax_jacobian,
     softmax_jacobian_inf_to_inf_norm,
-    softmax_jacobian_inf_to_one_norm_lower_bound,
-    softmax_jacobian_inf_to_one_norm_upper_bound,
     softmax_jacobian_spectral_norm,
 )
 from attnsens.geometry.layers import block_forward, mlp_forward, norm_forward, residual_stream
@@ -92,8 +90,6 @@ __all__ = [
     "rmsnorm_jacobian",
     "softmax_jacobian",
     "softmax_jacobian_inf_to_inf_norm",
-    "softmax_jacobian_inf_to_one_norm_lower_bound",
-    "softmax_jacobian_inf_to_one_norm_upper_bound",
     "softmax_jacobian_spectral_norm",
     "spectral_jacobian_norm_estimate",
     "spectral_norm",

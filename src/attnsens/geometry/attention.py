@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import overload
 
 import einops
 import torch
 from torch import Tensor
 
-from attnsens.errors import InputError, ShapeError
-from attnsens.models.weights import AttentionWeights, RotaryConfig
+from attnsens.errors import ConfigError, InputError, ShapeError
+from attnsens.weights import AttentionWeights, RotaryConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,9 +54,33 @@ class AttentionForward:
     allowed: Tensor
 
 
-def biases_of(weights: AttentionWeights) -> AttentionBiases:
-    """The biases of an ``AttentionWeights`` as an ``AttentionBiases``."""
-    return AttentionBiases(q=weights.b_q, k=weights.b_k, v=weights.b_v, o=weights.b_o)
+def biases_of(weights: AttentionWeights, dtype: torch.dtype | None = None) -> AttentionBiases:
+    """The biases of an ``AttentionWeights`` as an ``AttentionBiases``, cast to ``dtype`` when given."""
+
+    def cast(bias: Tensor | None) -> Tensor | None:
+        return None if bias is None or dtype is None else bias.to(dtype)
+
+    if dtype is None:
+        return AttentionBiases(q=weights.b_q, k=weights.b_k, v=weights.b_v, o=weights.b_o)
+    return AttentionBiases(q=cast(weights.b_q), k=cast(weights.b_k), v=cast(weights.b_v), o=cast(weights.b_o))
+
+
+def refuse_beside_weights(function: str, **carried: object) -> None:
+    """ConfigError naming the arguments given beside an ``AttentionWeights``, which carries them itself: the
+    weights form and the tensor form of ``function`` are not mixed."""
+    given = sorted(name for name, value in carried.items() if value is not None)
+    if given:
+        raise ConfigError(
+            f"{function}: the AttentionWeights already carries {', '.join(given)}; pass either the weights alone "
+            "or the projection tensors with tau, mask, biases and rotary"
+        )
+
+
+def projections_given(function: str, Wk: Tensor | None, Wv: Tensor | None, Wo: Tensor | None) -> tuple[Tensor, ...]:
+    """(Wk, Wv, Wo) of the tensor form of ``function``; ConfigError when one is missing."""
+    if Wk is None or Wv is None or Wo is None:
+        raise ConfigError(f"{function} needs Wq, Wk, Wv and Wo (or one AttentionWeights)")
+    return Wk, Wv, Wo
 
 
 def causal_mask(n_query: int, device: torch.device | None = None, *, window: int | None = None) -> Tensor:
@@ -79,16 +104,21 @@ def rotary_inverse_frequencies(rotary: RotaryConfig, n_positions: int, device: t
     """
     dim = rotary.rotary_dim
     exponent = torch.arange(0, dim, 2, dtype=torch.float64, device=device) / dim
-    kind, factor, context = rotary.rope_type, rotary.factor, rotary.original_max_positions
-    base = rotary.base
+    kind, factor, base = rotary.rope_type, rotary.factor, rotary.base
+    if kind in ("default", "linear"):
+        inv_freq = base**-exponent
+        return inv_freq / factor if kind == "linear" else inv_freq
+    context = rotary.original_max_positions
+    if context is None:  # RotaryConfig refuses this already; the types cannot say so
+        raise ConfigError(f"rope_type {kind!r} needs original_max_positions")
     if kind == "dynamic":
         n = max(n_positions, context)
         base = base * (factor * n / context - (factor - 1)) ** (dim / (dim - 2))
     inv_freq = base**-exponent
-    if kind == "linear":
-        return inv_freq / factor
     if kind == "longrope":
         scales = rotary.long_factor if n_positions > context else rotary.short_factor
+        if scales is None:  # likewise refused by RotaryConfig
+            raise ConfigError("rope_type 'longrope' needs short_factor and long_factor")
         return inv_freq / torch.tensor(scales, dtype=torch.float64, device=device)
     if kind == "llama3":
         wavelength = 2 * math.pi / inv_freq
@@ -182,6 +212,11 @@ def allowed_keys(mask: Tensor | None, n_query: int, device: torch.device) -> Ten
     return allowed[:, None]
 
 
+@overload
+def mha_forward(X: Tensor, weights: AttentionWeights, /) -> AttentionForward: ...
+
+
+@overload
 def mha_forward(
     X: Tensor,
     Wq: Tensor,
@@ -193,8 +228,25 @@ def mha_forward(
     mask: Tensor | None = None,
     biases: AttentionBiases | None = None,
     rotary: RotaryConfig | None = None,
+) -> AttentionForward: ...
+
+
+def mha_forward(
+    X: Tensor,
+    Wq: Tensor | AttentionWeights,
+    Wk: Tensor | None = None,
+    Wv: Tensor | None = None,
+    Wo: Tensor | None = None,
+    *,
+    tau: float | None = None,
+    mask: Tensor | None = None,
+    biases: AttentionBiases | None = None,
+    rotary: RotaryConfig | None = None,
 ) -> AttentionForward:
     """z_i = W_O [y_i^1; …; y_i^H] + b_O with y_i^h = Σ_j P^h_ij v^h_j, P^h_i = softmax_{j allowed}(q_i·k_j/τ).
+
+    Call it with one ``AttentionWeights`` (its weights cast to X's dtype; its τ, biases, rotary and its causal
+    or sliding-window mask), or with the projection tensors and their keywords:
 
     Args:
         X: ``[batch, query, d_model]`` attention input (the tensor W_Q, W_K, W_V act on).
@@ -208,6 +260,23 @@ def mha_forward(
     Returns:
         ``AttentionForward`` (docs/math.md §2.6), in X's dtype.
     """
+    if isinstance(Wq, AttentionWeights):
+        refuse_beside_weights("mha_forward", Wk=Wk, Wv=Wv, Wo=Wo, tau=tau, mask=mask, biases=biases, rotary=rotary)
+        weights, dtype = Wq, X.dtype
+        return mha_forward(
+            X,
+            weights.w_q.to(dtype),
+            weights.w_k.to(dtype),
+            weights.w_v.to(dtype),
+            weights.w_o.to(dtype),
+            tau=weights.tau,
+            mask=attention_mask_of(weights, X.shape[1], X.device),
+            biases=biases_of(weights, dtype),
+            rotary=weights.rotary,
+        )
+    Wk, Wv, Wo = projections_given("mha_forward", Wk, Wv, Wo)
+    if tau is None:
+        raise ConfigError("mha_forward needs tau with the projection tensors")
     check_attention_shapes(X, Wq, Wk, Wv, Wo)
     biases = biases or AttentionBiases()
     n_head = Wq.shape[-3]

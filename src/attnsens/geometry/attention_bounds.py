@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import overload
 
 import torch
 from torch import Tensor
@@ -55,12 +56,16 @@ from attnsens.errors import ConfigError, ShapeError
 from attnsens.geometry import attention_terms as T
 from attnsens.geometry.attention import (
     AttentionBiases,
+    attention_mask_of,
+    biases_of,
     check_attention_shapes,
     expand_kv_heads,
     mha_forward,
+    projections_given,
+    refuse_beside_weights,
 )
 from attnsens.geometry.norms import Geometry, check_geometry
-from attnsens.models.weights import RotaryConfig
+from attnsens.weights import AttentionWeights, RotaryConfig
 
 EVALUATION_ALLOWANCE = 1.0 + 2.0**-36
 """Relative outward rounding of the local bound: covers the float64 error of its own evaluation (eigenvalues,
@@ -167,6 +172,13 @@ def _per_sequence(t: Tensor, batch: int, shared_ndim: int) -> Tensor:
     return t.expand(batch, *t.shape) if t.ndim == shared_ndim else t
 
 
+@overload
+def mha_local_jacobian_upper_bound(
+    X: Tensor, weights: AttentionWeights, /, *, geometry: Geometry = "rms"
+) -> MHALocalJacobianBound: ...
+
+
+@overload
 def mha_local_jacobian_upper_bound(
     X: Tensor,
     Wq: Tensor,
@@ -179,8 +191,26 @@ def mha_local_jacobian_upper_bound(
     biases: AttentionBiases | None = None,
     rotary: RotaryConfig | None = None,
     geometry: Geometry = "rms",
+) -> MHALocalJacobianBound: ...
+
+
+def mha_local_jacobian_upper_bound(
+    X: Tensor,
+    Wq: Tensor | AttentionWeights,
+    Wk: Tensor | None = None,
+    Wv: Tensor | None = None,
+    Wo: Tensor | None = None,
+    *,
+    tau: float | None = None,
+    mask: Tensor | None = None,
+    biases: AttentionBiases | None = None,
+    rotary: RotaryConfig | None = None,
+    geometry: Geometry = "rms",
 ) -> MHALocalJacobianBound:
     """‖D MHA(X)‖_{b∞→b∞} ≤ ‖W_O‖ Σ_h (‖W_V^h‖ + (θ̃_h/τ) Φ_h), θ̃_h from the actual rows at X (module docstring).
+
+    Call it with one ``AttentionWeights`` (its τ, biases, rotary and causal or sliding-window mask), or with the
+    projection tensors and their keywords:
 
     Args:
         X: ``[batch, query, d_model]`` attention input.
@@ -199,9 +229,27 @@ def mha_local_jacobian_upper_bound(
     """
     from attnsens.theta import certify
 
+    if isinstance(Wq, AttentionWeights):
+        refuse_beside_weights(
+            "mha_local_jacobian_upper_bound", Wk=Wk, Wv=Wv, Wo=Wo, tau=tau, mask=mask, biases=biases, rotary=rotary
+        )
+        weights = Wq
+        return mha_local_jacobian_upper_bound(
+            X,
+            weights.w_q,
+            weights.w_k,
+            weights.w_v,
+            weights.w_o,
+            tau=weights.tau,
+            mask=attention_mask_of(weights, X.shape[1], X.device),
+            biases=biases_of(weights),
+            rotary=weights.rotary,
+            geometry=geometry,
+        )
+    Wk, Wv, Wo = projections_given("mha_local_jacobian_upper_bound", Wk, Wv, Wo)
     geometry = check_geometry(geometry)
     check_attention_shapes(X, Wq, Wk, Wv, Wo)
-    if not tau > 0:
+    if tau is None or not tau > 0:
         raise ConfigError(f"temperature tau must be > 0, got {tau}")
     biases = biases or AttentionBiases()
     f64 = {k: (None if t is None else t.to(torch.float64)) for k, t in vars(biases).items()}
@@ -291,6 +339,11 @@ def mha_local_jacobian_upper_bound(
     )
 
 
+@overload
+def mha_lipschitz_upper_bound(weights: AttentionWeights, /, *, radius_rms: float | Tensor) -> MHALipschitzBound: ...
+
+
+@overload
 def mha_lipschitz_upper_bound(
     Wq: Tensor,
     Wk: Tensor,
@@ -302,8 +355,25 @@ def mha_lipschitz_upper_bound(
     d_model: int,
     biases: AttentionBiases | None = None,
     rotary: RotaryConfig | None = None,
+) -> MHALipschitzBound: ...
+
+
+def mha_lipschitz_upper_bound(
+    Wq: Tensor | AttentionWeights,
+    Wk: Tensor | None = None,
+    Wv: Tensor | None = None,
+    Wo: Tensor | None = None,
+    *,
+    tau: float | None = None,
+    radius_rms: float | Tensor,
+    d_model: int | None = None,
+    biases: AttentionBiases | None = None,
+    rotary: RotaryConfig | None = None,
 ) -> MHALipschitzBound:
     """Lip(MHA on {‖X‖_{∞,rms} ≤ R_rms}) ≤ ‖W_O‖ Σ_h (‖W_V^h‖ + Φ_h/τ), Φ_h with R = √d R_rms, θ = 1.
+
+    Call it with one ``AttentionWeights`` (its τ, width, biases and rotary), or with the projection tensors and
+    their keywords:
 
     Args:
         Wq, Wk, Wv, Wo: as in ``mha_local_jacobian_upper_bound`` (optionally batched: results gain that axis).
@@ -314,9 +384,26 @@ def mha_lipschitz_upper_bound(
         ``MHALipschitzBound``: certified Lipschitz bound in the block-∞ operator norm, independent of the sequence
         length and of masking (docs/math.md T5; the ball is convex, so the sup of the local bound is a Lipschitz bound).
     """
+    if isinstance(Wq, AttentionWeights):
+        refuse_beside_weights(
+            "mha_lipschitz_upper_bound", Wk=Wk, Wv=Wv, Wo=Wo, tau=tau, d_model=d_model, biases=biases, rotary=rotary
+        )
+        weights = Wq
+        return mha_lipschitz_upper_bound(
+            weights.w_q,
+            weights.w_k,
+            weights.w_v,
+            weights.w_o,
+            tau=weights.tau,
+            radius_rms=radius_rms,
+            d_model=weights.d_model,
+            biases=biases_of(weights),
+            rotary=weights.rotary,
+        )
+    Wk, Wv, Wo = projections_given("mha_lipschitz_upper_bound", Wk, Wv, Wo)
     if Wq.ndim not in (3, 4) or Wq.shape[-1] != d_model:
         raise ShapeError(f"d_model={d_model} does not match Wq {tuple(Wq.shape)}; pass d_model = Wq.shape[-1]")
-    if not tau > 0:
+    if tau is None or not tau > 0:
         raise ConfigError(f"temperature tau must be > 0, got {tau}")
     radius_rms = torch.as_tensor(radius_rms, dtype=torch.float64, device=Wq.device)
     if bool((radius_rms < 0).any()):

@@ -44,7 +44,7 @@ from attnsens._rounding import (
 )
 from attnsens.errors import InputError
 from attnsens.geometry.attention import AttentionForward, apply_rotary, expand_kv_heads
-from attnsens.models.weights import RotaryConfig
+from attnsens.weights import RotaryConfig
 
 CHUNK_ELEMENTS = 1 << 22
 

@@ -43,7 +43,6 @@ from attnsens._rounding import (
     sqrt_down,
 )
 from attnsens.errors import ConfigError
-from attnsens.geometry.attention import attention_mask_of, biases_of
 from attnsens.geometry.attention_bounds import (
     MHALocalJacobianBound,
     mha_lipschitz_upper_bound,
@@ -51,7 +50,8 @@ from attnsens.geometry.attention_bounds import (
 )
 from attnsens.geometry.jacobians import norm_jacobian_spectral_norm_upper_bound
 from attnsens.geometry.layers import activation, norm_forward
-from attnsens.models.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights
+from attnsens.geometry.norms import Geometry
+from attnsens.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights
 
 ACTIVATION_LIPSCHITZ = {"gelu": 1.128905, "gelu_tanh": 1.128994, "relu": 1.0, "silu": 1.099840}
 
@@ -92,8 +92,8 @@ def ffn_lipschitz_upper_bound(mlp: MLPWeights, *, radius_l2: float | Tensor | No
     b_in = torch.zeros(()) if mlp.b_in is None else mlp.b_in.to(torch.float64).abs()
     up_max = add_up(mul_up(_rows_l2(mlp.w_in), R[..., None]), b_in).amax(dim=-1)
     b_gate = torch.zeros(()) if mlp.b_gate is None else mlp.b_gate.to(torch.float64).abs()
-    gate_max = add_up(mul_up(_rows_l2(mlp.w_gate), R[..., None]), b_gate).amax(dim=-1)
-    gate_term = mul_up(mul_up(spectral_norm_upper_bound(mlp.w_gate), lip), up_max)
+    gate_max = add_up(mul_up(_rows_l2(mlp.gate), R[..., None]), b_gate).amax(dim=-1)
+    gate_term = mul_up(mul_up(spectral_norm_upper_bound(mlp.gate), lip), up_max)
     return mul_up(w_out, add_up(gate_term, mul_up(w_in, gate_max)))
 
 
@@ -112,7 +112,7 @@ def ffn_local_jacobian_upper_bound(x: Tensor, mlp: MLPWeights) -> Tensor:
     up = x64 @ w_in.T + (0.0 if mlp.b_in is None else mlp.b_in.to(torch.float64))
     pre = up
     if mlp.kind == "gated":
-        pre = x64 @ mlp.w_gate.to(torch.float64).T + (0.0 if mlp.b_gate is None else mlp.b_gate.to(torch.float64))
+        pre = x64 @ mlp.gate.to(torch.float64).T + (0.0 if mlp.b_gate is None else mlp.b_gate.to(torch.float64))
     pre = pre.requires_grad_(True)
     with torch.enable_grad():
         (slope,) = torch.autograd.grad(activation(mlp.activation, pre).sum(), pre)
@@ -120,7 +120,7 @@ def ffn_local_jacobian_upper_bound(x: Tensor, mlp: MLPWeights) -> Tensor:
     if mlp.kind != "gated":
         per_token = mul_up(mul_up(w_out_norm, slope.abs().amax(dim=-1)), w_in_norm)
     else:
-        gate_term = mul_up((slope * up).abs().amax(dim=-1), spectral_norm_upper_bound(mlp.w_gate))
+        gate_term = mul_up((slope * up).abs().amax(dim=-1), spectral_norm_upper_bound(mlp.gate))
         up_term = mul_up(activation(mlp.activation, pre.detach()).abs().amax(dim=-1), w_in_norm)
         per_token = mul_up(w_out_norm, add_up(gate_term, up_term))
     return per_token.amax(dim=-1)
@@ -155,18 +155,8 @@ def attention_output_radius_l2(attention: AttentionWeights, radius_l2: Tensor) -
 
 def attention_lipschitz(attention: AttentionWeights, radius_l2: Tensor) -> Tensor:
     """``mha_lipschitz_upper_bound`` of a sublayer on the ℓ2 ball of radius R."""
-    d = attention.d_model
-    return mha_lipschitz_upper_bound(
-        attention.w_q,
-        attention.w_k,
-        attention.w_v,
-        attention.w_o,
-        tau=attention.tau,
-        radius_rms=div_up(radius_l2, math.nextafter(math.sqrt(d), 0.0)),
-        d_model=d,
-        biases=biases_of(attention),
-        rotary=attention.rotary,
-    ).upper_bound
+    radius_rms = div_up(radius_l2, math.nextafter(math.sqrt(attention.d_model), 0.0))
+    return mha_lipschitz_upper_bound(attention, radius_rms=radius_rms).upper_bound
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -194,11 +184,12 @@ def block_lipschitz_upper_bound(layer: LayerWeights, *, input_radius_rms: float 
     d = layer.attention.d_model
     one = torch.ones((), dtype=torch.float64)
     if layer.placement == "pre":
-        r_attn = mul_up(norm_output_radius_rms(layer.attn_norm), _sqrt_up(d))
-        r_mlp = mul_up(norm_output_radius_rms(layer.mlp_norm), _sqrt_up(d))
+        attn_norm, mlp_norm = layer.norms()
+        r_attn = mul_up(norm_output_radius_rms(attn_norm), _sqrt_up(d))
+        r_mlp = mul_up(norm_output_radius_rms(mlp_norm), _sqrt_up(d))
         lip_attn = attention_lipschitz(layer.attention, r_attn)
         lip_ffn = ffn_lipschitz_upper_bound(layer.mlp, radius_l2=r_mlp)
-        n1, n2 = norm_lipschitz_upper_bound(layer.attn_norm), norm_lipschitz_upper_bound(layer.mlp_norm)
+        n1, n2 = norm_lipschitz_upper_bound(attn_norm), norm_lipschitz_upper_bound(mlp_norm)
         # A parallel block X + A(N1 X) + F(N2 X) has Jacobian I + J_A J_N1 + J_F J_N2: no cross term.
         if layer.parallel_residual:
             bound = add_up(add_up(mul_up(n1, lip_attn), mul_up(n2, lip_ffn)), 1.0)
@@ -217,9 +208,10 @@ def block_lipschitz_upper_bound(layer: LayerWeights, *, input_radius_rms: float 
     lip_attn = attention_lipschitz(layer.attention, r_in)
     if layer.placement == "post":
         alpha = layer.residual_scale
-        r_mlp = mul_up(norm_output_radius_rms(layer.attn_norm), _sqrt_up(d))
+        attn_norm, mlp_norm = layer.norms()
+        r_mlp = mul_up(norm_output_radius_rms(attn_norm), _sqrt_up(d))
         lip_ffn = ffn_lipschitz_upper_bound(layer.mlp, radius_l2=r_mlp)
-        n1, n2 = norm_lipschitz_upper_bound(layer.attn_norm), norm_lipschitz_upper_bound(layer.mlp_norm)
+        n1, n2 = norm_lipschitz_upper_bound(attn_norm), norm_lipschitz_upper_bound(mlp_norm)
         bound = mul_up(mul_up(n2, add_up(lip_ffn, alpha)), mul_up(n1, add_up(lip_attn, alpha)))
         return BlockLipschitzBound(
             upper_bound=bound,
@@ -239,20 +231,8 @@ def block_lipschitz_upper_bound(layer: LayerWeights, *, input_radius_rms: float 
     )
 
 
-def _attention_local(x: Tensor, attention: AttentionWeights, geometry: str) -> MHALocalJacobianBound:
-    mask = attention_mask_of(attention, x.shape[1], x.device)
-    return mha_local_jacobian_upper_bound(
-        x,
-        attention.w_q,
-        attention.w_k,
-        attention.w_v,
-        attention.w_o,
-        tau=attention.tau,
-        mask=mask,
-        biases=biases_of(attention),
-        rotary=attention.rotary,
-        geometry=geometry,
-    )
+def _attention_local(x: Tensor, attention: AttentionWeights, geometry: Geometry = "rms") -> MHALocalJacobianBound:
+    return mha_local_jacobian_upper_bound(x, attention, geometry=geometry)
 
 
 def _norm_local(x: Tensor, norm: NormWeights) -> Tensor:
@@ -279,7 +259,9 @@ def block_local_jacobian_upper_bound(x: Tensor, layer: LayerWeights) -> Tensor:
     return block_local_jacobian_bound(x, layer).upper_bound
 
 
-def block_local_jacobian_bound(x: Tensor, layer: LayerWeights, *, geometry: str = "rms") -> BlockLocalJacobianBound:
+def block_local_jacobian_bound(
+    x: Tensor, layer: LayerWeights, *, geometry: Geometry = "rms"
+) -> BlockLocalJacobianBound:
     """Certified bound of ‖D block(X)‖_{b∞→b∞} at X from local factor bounds and the chain rule.
 
     pre: (1 + ‖J_N₂‖‖J_F‖)(1 + ‖J_N₁‖‖J_A‖); parallel pre: 1 + ‖J_N₁‖‖J_A‖ + ‖J_N₂‖‖J_F‖;
@@ -297,31 +279,33 @@ def block_local_jacobian_bound(x: Tensor, layer: LayerWeights, *, geometry: str 
     from attnsens.geometry.layers import attention_sublayer, mlp_forward
 
     x = x.detach().to(torch.float64)
+    if layer.placement == "none":
+        attention = _attention_local(x, layer.attention, geometry)
+        y = x + attention_sublayer(x, layer.attention)
+        bound = mul_up(add_up(attention.upper_bound, 1.0), add_up(ffn_local_jacobian_upper_bound(y, layer.mlp), 1.0))
+        return BlockLocalJacobianBound(upper_bound=bound, attention=attention, attention_input=x)
+    attn_norm, mlp_norm = layer.norms()
     if layer.parallel_residual:
-        h_attn, h_mlp = norm_forward(x, layer.attn_norm), norm_forward(x, layer.mlp_norm)
+        h_attn, h_mlp = norm_forward(x, attn_norm), norm_forward(x, mlp_norm)
         attention = _attention_local(h_attn, layer.attention, geometry)
-        attn = mul_up(_norm_local(x, layer.attn_norm), attention.upper_bound)
-        ffn = mul_up(_norm_local(x, layer.mlp_norm), ffn_local_jacobian_upper_bound(h_mlp, layer.mlp))
+        attn = mul_up(_norm_local(x, attn_norm), attention.upper_bound)
+        ffn = mul_up(_norm_local(x, mlp_norm), ffn_local_jacobian_upper_bound(h_mlp, layer.mlp))
         return BlockLocalJacobianBound(
             upper_bound=add_up(add_up(attn, ffn), 1.0), attention=attention, attention_input=h_attn
         )
     if layer.placement == "pre":
-        h = norm_forward(x, layer.attn_norm)
+        h = norm_forward(x, attn_norm)
         attention = _attention_local(h, layer.attention, geometry)
-        first = add_up(mul_up(_norm_local(x, layer.attn_norm), attention.upper_bound), 1.0)
+        first = add_up(mul_up(_norm_local(x, attn_norm), attention.upper_bound), 1.0)
         y = x + attention_sublayer(h, layer.attention)
-        g = norm_forward(y, layer.mlp_norm)
-        second = add_up(mul_up(_norm_local(y, layer.mlp_norm), ffn_local_jacobian_upper_bound(g, layer.mlp)), 1.0)
+        g = norm_forward(y, mlp_norm)
+        second = add_up(mul_up(_norm_local(y, mlp_norm), ffn_local_jacobian_upper_bound(g, layer.mlp)), 1.0)
         return BlockLocalJacobianBound(upper_bound=mul_up(first, second), attention=attention, attention_input=h)
     attention = _attention_local(x, layer.attention, geometry)
-    if layer.placement == "post":
-        alpha = layer.residual_scale
-        s1 = alpha * x + attention_sublayer(x, layer.attention)
-        first = mul_up(_norm_local(s1, layer.attn_norm), add_up(attention.upper_bound, alpha))
-        y = norm_forward(s1, layer.attn_norm)
-        s2 = alpha * y + mlp_forward(y, layer.mlp)
-        second = mul_up(_norm_local(s2, layer.mlp_norm), add_up(ffn_local_jacobian_upper_bound(y, layer.mlp), alpha))
-        return BlockLocalJacobianBound(upper_bound=mul_up(first, second), attention=attention, attention_input=x)
-    y = x + attention_sublayer(x, layer.attention)
-    bound = mul_up(add_up(attention.upper_bound, 1.0), add_up(ffn_local_jacobian_upper_bound(y, layer.mlp), 1.0))
-    return BlockLocalJacobianBound(upper_bound=bound, attention=attention, attention_input=x)
+    alpha = layer.residual_scale
+    s1 = alpha * x + attention_sublayer(x, layer.attention)
+    first = mul_up(_norm_local(s1, attn_norm), add_up(attention.upper_bound, alpha))
+    y = norm_forward(s1, attn_norm)
+    s2 = alpha * y + mlp_forward(y, layer.mlp)
+    second = mul_up(_norm_local(s2, mlp_norm), add_up(ffn_local_jacobian_upper_bound(y, layer.mlp), alpha))
+    return BlockLocalJacobianBound(upper_bound=mul_up(first, second), attention=attention, attention_input=x)

@@ -3,7 +3,8 @@
 Softmax. p = softmax(u/τ) has J_τ = (diag p − p pᵀ)/τ (docs/math.md §2.1). For a row with total s = Σ p_i
 (s = 1 for an exact softmax; zero entries are masked keys):
 
-* ‖J_τ‖_{∞→1} = θ(p)/τ (docs/math.md T1), certified through ``attnsens.theta.certify``;
+* ‖J_τ‖_{∞→1} = θ(p)/τ (docs/math.md T1): certified by ``attnsens.theta.softmax_jacobian_inf_to_one_norm``, the
+  one API for it (from the scores, so the softmax's own rounding is inside the interval);
 * ‖J_τ‖_{∞→∞} = ‖J_τ‖_{1→1} = max_i [p_i |1 − p_i| + p_i (s − p_i)]/τ, the largest absolute row sum
   (row i has diagonal p_i − p_i² and off-diagonal entries −p_i p_j); = max_i 2 p_i (1 − p_i)/τ when s = 1;
 * ‖J_τ‖₂ = λ_max/τ (symmetric matrix; eigvalsh).
@@ -31,7 +32,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from attnsens._rounding import div_down, div_up, layernorm_scale_lower_bound, rmsnorm_scale_lower_bound
+from attnsens._rounding import div_up, layernorm_scale_lower_bound, rmsnorm_scale_lower_bound
 from attnsens.errors import ConfigError, ShapeError
 
 
@@ -87,31 +88,6 @@ def softmax_jacobian_spectral_norm(p: Tensor, tau: float = 1.0) -> Tensor:
     """
     eigenvalues = torch.linalg.eigvalsh(softmax_jacobian(p.to(torch.float64), tau))
     return eigenvalues.abs().amax(dim=-1)
-
-
-def softmax_jacobian_inf_to_one_norm_upper_bound(p: Tensor, tau: float = 1.0) -> Tensor:
-    """Certified upper bound of ‖J_τ‖_{∞→1} = θ(p)/τ from the θ certificate's upper end.
-
-    Args:
-        p: ``[..., key]`` probabilities (zeros = masked keys).
-        tau: temperature τ > 0.
-
-    Returns:
-        ``[...]`` float64 certified upper bound (docs/math.md T1), the θ certificate's upper end divided by τ rounded
-        up; p = (½, ½) at τ = 3 gives the float above 1/3.
-    """
-    from attnsens.theta import certify
-
-    _check_tau(tau)
-    return div_up(certify(p, dim=-1).upper, float(tau))
-
-
-def softmax_jacobian_inf_to_one_norm_lower_bound(p: Tensor, tau: float = 1.0) -> Tensor:
-    """Certified lower bound of ‖J_τ‖_{∞→1} = θ(p)/τ from the θ certificate's lower end (docs/math.md T1)."""
-    from attnsens.theta import certify
-
-    _check_tau(tau)
-    return div_down(certify(p, dim=-1).lower, float(tau))
 
 
 def _check_gamma(x: Tensor, gamma: Tensor) -> None:

@@ -1,7 +1,7 @@
 """Reference forward passes of norms, positionwise maps and whole residual blocks from ``LayerWeights``.
 
 These are the functions the block bounds (``blocks``) and the residual-Jacobian expansions (``residual``) are
-about; they follow ``attnsens.models.weights`` exactly (placements "pre", "post", "none"; DeepNorm's residual
+about; they follow ``attnsens.weights`` exactly (placements "pre", "post", "none"; DeepNorm's residual
 scale α in the post placement).
 """
 
@@ -13,8 +13,8 @@ import torch
 from torch import Tensor
 
 from attnsens.errors import ConfigError
-from attnsens.geometry.attention import attention_mask_of, biases_of, mha_forward
-from attnsens.models.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights
+from attnsens.geometry.attention import mha_forward
+from attnsens.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights
 
 
 def activation(name: str, x: Tensor) -> Tensor:
@@ -48,7 +48,7 @@ def mlp_forward(x: Tensor, mlp: MLPWeights) -> Tensor:
     if mlp.b_in is not None:
         hidden = hidden + mlp.b_in.to(x.dtype)
     if mlp.kind == "gated":
-        gate = x @ mlp.w_gate.to(x.dtype).T
+        gate = x @ mlp.gate.to(x.dtype).T
         if mlp.b_gate is not None:
             gate = gate + mlp.b_gate.to(x.dtype)
         hidden = activation(mlp.activation, gate) * hidden
@@ -60,46 +60,35 @@ def mlp_forward(x: Tensor, mlp: MLPWeights) -> Tensor:
 
 def attention_sublayer(x: Tensor, attention: AttentionWeights) -> Tensor:
     """MHA(x) for ``x: [batch, query, d_model]`` with the weights' mask, biases, rotary and temperature."""
-    dt = x.dtype
-    mask = attention_mask_of(attention, x.shape[1], x.device)
-    biases = biases_of(attention)
-    cast = {k: (None if t is None else t.to(dt)) for k, t in vars(biases).items()}
-    return mha_forward(
-        x,
-        attention.w_q.to(dt),
-        attention.w_k.to(dt),
-        attention.w_v.to(dt),
-        attention.w_o.to(dt),
-        tau=attention.tau,
-        mask=mask,
-        biases=type(biases)(**cast),
-        rotary=attention.rotary,
-    ).output
+    return mha_forward(x, attention).output
 
 
 def attention_half(x: Tensor, layer: LayerWeights) -> Tensor:
     """The attention residual sublayer of a block: x + A(N1(x)), N1(αx + A(x)) or x + A(x)."""
+    if layer.placement == "none":
+        return x + attention_sublayer(x, layer.attention)
+    attn_norm, _ = layer.norms()
     if layer.placement == "pre":
-        return x + attention_sublayer(norm_forward(x, layer.attn_norm), layer.attention)
-    if layer.placement == "post":
-        return norm_forward(layer.residual_scale * x + attention_sublayer(x, layer.attention), layer.attn_norm)
-    return x + attention_sublayer(x, layer.attention)
+        return x + attention_sublayer(norm_forward(x, attn_norm), layer.attention)
+    return norm_forward(layer.residual_scale * x + attention_sublayer(x, layer.attention), attn_norm)
 
 
 def mlp_half(x: Tensor, layer: LayerWeights) -> Tensor:
     """The positionwise residual sublayer of a block: x + F(N2(x)), N2(αx + F(x)) or x + F(x)."""
+    if layer.placement == "none":
+        return x + mlp_forward(x, layer.mlp)
+    _, mlp_norm = layer.norms()
     if layer.placement == "pre":
-        return x + mlp_forward(norm_forward(x, layer.mlp_norm), layer.mlp)
-    if layer.placement == "post":
-        return norm_forward(layer.residual_scale * x + mlp_forward(x, layer.mlp), layer.mlp_norm)
-    return x + mlp_forward(x, layer.mlp)
+        return x + mlp_forward(norm_forward(x, mlp_norm), layer.mlp)
+    return norm_forward(layer.residual_scale * x + mlp_forward(x, layer.mlp), mlp_norm)
 
 
 def block_forward(x: Tensor, layer: LayerWeights) -> Tensor:
     """One transformer block (``LayerWeights`` docstring): ``[batch, query, d_model]`` → same shape."""
     if layer.parallel_residual:
-        attn = attention_sublayer(norm_forward(x, layer.attn_norm), layer.attention)
-        return x + attn + mlp_forward(norm_forward(x, layer.mlp_norm), layer.mlp)
+        attn_norm, mlp_norm = layer.norms()
+        attn = attention_sublayer(norm_forward(x, attn_norm), layer.attention)
+        return x + attn + mlp_forward(norm_forward(x, mlp_norm), layer.mlp)
     return mlp_half(attention_half(x, layer), layer)
 
 

@@ -27,7 +27,7 @@ def check_geometry(geometry: str) -> Geometry:
     """Validate a norm-convention name."""
     if geometry not in GEOMETRIES:
         raise ConfigError(f"geometry must be 'rms' or 'l2', got {geometry!r}; pick one of {GEOMETRIES}")
-    return geometry  # type: ignore[return-value]
+    return geometry
 
 
 def block_l2_norm(X: Tensor) -> Tensor:

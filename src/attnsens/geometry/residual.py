@@ -26,7 +26,7 @@ from attnsens.errors import ConfigError
 from attnsens.geometry.estimates import block_jacobian_norm_estimate
 from attnsens.geometry.jacobians import norm_jacobian_spectral_norm_upper_bound
 from attnsens.geometry.layers import attention_sublayer, mlp_forward, norm_forward
-from attnsens.models.weights import LayerWeights, NormWeights
+from attnsens.weights import LayerWeights, NormWeights
 
 
 def pre_ln_expansion_remainder_upper_bound(branch_norm_upper_bounds: Tensor) -> Tensor:
@@ -101,10 +101,11 @@ def ln_only_product_upper_bound(ratio_max_per_layer: Tensor) -> Tensor:
     return torch.stack(products, dim=-1) if products else ratios
 
 
-def _sublayers(layer: LayerWeights) -> list[tuple[Callable[[Tensor], Tensor], NormWeights | None]]:
+def _sublayers(layer: LayerWeights) -> list[tuple[Callable[[Tensor], Tensor], NormWeights]]:
+    attn_norm, mlp_norm = layer.norms()
     return [
-        (lambda x: attention_sublayer(x, layer.attention), layer.attn_norm),
-        (lambda x: mlp_forward(x, layer.mlp), layer.mlp_norm),
+        (lambda x: attention_sublayer(x, layer.attention), attn_norm),
+        (lambda x: mlp_forward(x, layer.mlp), mlp_norm),
     ]
 
 
@@ -150,9 +151,13 @@ def residual_jacobian_estimates(
             z = norm_forward(z + branch(z), norm)
         return z
 
-    options = {"iterations": iterations, "restarts": restarts, "queries": queries, "generator": generator}
+    def estimate(block: Callable[[Tensor], Tensor]) -> Tensor:
+        return block_jacobian_norm_estimate(
+            block, x, iterations=iterations, restarts=restarts, queries=queries, generator=generator
+        )
+
     return ResidualJacobianEstimates(
-        pre_ln_estimate=block_jacobian_norm_estimate(pre, x, **options),
-        post_ln_estimate=block_jacobian_norm_estimate(post, x, **options),
-        pre_ln_branch_estimate=block_jacobian_norm_estimate(lambda z: pre(z) - z, x, **options),
+        pre_ln_estimate=estimate(pre),
+        post_ln_estimate=estimate(post),
+        pre_ln_branch_estimate=estimate(lambda z: pre(z) - z),
     )

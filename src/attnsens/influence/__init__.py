@@ -9,11 +9,11 @@ fit = A.influence.fit_loglog_slope(df)               # slope ≈ −1 where the 
 
 from __future__ import annotations
 
-from attnsens.influence.builtin import LNFREE_CONFIG, builtin_lnfree, load_builtin_lnfree
 from attnsens.influence.certificate import InfluenceCertificate, certified_constant, norm_lipschitz_constant
 from attnsens.influence.inputs import CertificateInputs, PositionBound, certificate_inputs
 from attnsens.influence.measure import POSITION_KINDS, measure
 from attnsens.influence.slope import SlopeFit, fit_loglog_slope, student_t_quantile
+from attnsens.models.builtin import LNFREE_CONFIG, builtin_lnfree, load_builtin_lnfree  # the theorem's own model
 
 __all__ = [
     "LNFREE_CONFIG",

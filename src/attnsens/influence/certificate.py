@@ -48,8 +48,8 @@ from attnsens.influence.recursion import LayerBounds, LogPolynomial, log_poly_at
 from attnsens.models.adapter import ModelAdapter
 from attnsens.models.fidelity import check_weights_fidelity
 from attnsens.models.loading import load
-from attnsens.models.weights import LayerWeights, NormWeights
 from attnsens.train.model import GPT
+from attnsens.weights import LayerWeights, NormWeights
 
 _LN10 = math.log(10.0)
 _EXACT_DISTANCE_VOCAB = 8192  # above this many rows, max pairwise distance is bounded by 2·max norm
@@ -81,8 +81,7 @@ class InfluenceCertificate:
     @property
     def constant(self) -> float:
         """C as a float (inf when it overflows float64; use ``log10_constant``)."""
-        self._require()
-        return _pow10(self.log10_constant)
+        return _pow10(self._require())
 
     def log10_influence_upper_bound(self, n: int, *, tightened: bool = False) -> float:
         """log10 of the certified bound on ‖Δy_n‖₂ at length n: C/n, E_L(H_n)/n (causal), or the finite-n bound.
@@ -106,10 +105,10 @@ class InfluenceCertificate:
     @property
     def log10_probability_constant(self) -> float:
         """log10 of spread·C/2, the constant of ‖p − p'‖₁ ≤ spread·C/(2n) (unmasked; module docstring)."""
-        self._require()
+        log10_constant = self._require()
         if self.unembedding_spread is None:
             raise ConfigError("no unembedding was given, so no probability bound; pass unembedding=[vocab, d_model]")
-        return math.log10(self.unembedding_spread / 2) + self.log10_constant
+        return math.log10(self.unembedding_spread / 2) + log10_constant
 
     def log10_probability_change_upper_bound(self, n: int) -> float:
         """log10 of the bound on ‖p − p'‖₁ at length n: spread · ‖Δy_n‖/2 (module docstring)."""
@@ -122,14 +121,14 @@ class InfluenceCertificate:
 
         docs/math.md §10.4 states n* = C‖U‖/η; spread/2 ≤ ‖U‖/√2, so this n* is smaller and equally valid.
         """
-        self._require()
+        log10_constant = self._require()
         if self.masking != "unmasked":
             raise ConfigError("n*(η) is given for unmasked attention; for causal use log10_influence_upper_bound(n)")
         if not eta > 0:
             raise ConfigError(f"eta must be > 0, got {eta}")
         if self.unembedding_spread is None:
             raise ConfigError("no unembedding was given, so no probability bound; pass unembedding=[vocab, d_model]")
-        return math.log10(self.unembedding_spread / (2 * eta)) + self.log10_constant
+        return math.log10(self.unembedding_spread / (2 * eta)) + log10_constant
 
     def table(self) -> list[dict[str, Any]]:
         """Per-layer rows: Λ_k, ‖f_k(0)‖, B_k, A_k, log10 e^{2A_k}, log10 D_k, log10 E_k(1), degree of E_k in H_n."""
@@ -148,9 +147,11 @@ class InfluenceCertificate:
             for row in self.layers
         ]
 
-    def _require(self) -> None:
-        if not self.applicable:
+    def _require(self) -> float:
+        """log10 C of an applicable certificate (which always has one); UnsupportedModelError otherwise."""
+        if not self.applicable or self.log10_constant is None:
             raise UnsupportedModelError("no influence certificate: " + "; ".join(self.reasons))
+        return self.log10_constant
 
     def _check_length(self, n: int) -> None:
         if n < 2:

@@ -34,7 +34,7 @@ from torch import Tensor
 from attnsens.geometry.blocks import ffn_lipschitz_upper_bound
 from attnsens.geometry.layers import activation
 from attnsens.geometry.norms import spectral_norm
-from attnsens.models.weights import LayerWeights
+from attnsens.weights import LayerWeights
 
 HeadOutput = Literal["ov", "split"]
 

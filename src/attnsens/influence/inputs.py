@@ -16,8 +16,9 @@ import torch
 from torch import Tensor
 
 from attnsens.errors import ConfigError, ShapeError, UnsupportedModelError
-from attnsens.models.weights import LayerWeights, NormWeights
+from attnsens.models.own_gpt import gpt_layer_weights
 from attnsens.train.model import GPT
+from attnsens.weights import LayerWeights, NormWeights
 
 PositionKind = Literal["none", "sinusoidal", "learned"]
 
@@ -158,7 +159,7 @@ def _gpt_inputs(gpt: GPT) -> CertificateInputs:
     embedding = gpt.wte.weight.detach()
     if config.positions == "sinusoidal":
         positions = sinusoidal_position_bound(embedding, scale=config.position_scale)
-    elif config.positions == "learned":
+    elif gpt.wpe is not None:  # learned positions
         positions = learned_position_bound(embedding, gpt.wpe.weight)
     else:
         norms = torch.linalg.vector_norm(embedding.to(torch.float64), dim=-1)
@@ -170,7 +171,7 @@ def _gpt_inputs(gpt: GPT) -> CertificateInputs:
     return CertificateInputs(
         token_embedding=embedding,
         positions=positions,
-        layers=tuple(gpt.layer_weights()),
+        layers=tuple(gpt_layer_weights(gpt)),
         unembedding=gpt.unembedding.detach(),
         final_norm=final_norm,
     )

@@ -86,17 +86,17 @@ def _resolve(model: Any, *, decoder: bool) -> tuple[LastPosition, int, int | Non
         config = module.config
         max_length = config.max_positions if config.positions == "learned" else None
         return _own_gpt_last_position(module), config.vocab_size, max_length, config.n_head, device
-    config = getattr(module, "config", None)
-    if config is None or not hasattr(config, "vocab_size"):
+    hf_config = getattr(module, "config", None)
+    if hf_config is None or not hasattr(hf_config, "vocab_size"):
         raise UnsupportedModelError(
             f"cannot measure {type(module).__name__}: expected attnsens' own GPT or a transformers model "
             "(load it with attnsens.models.load)"
         )
-    max_length = getattr(config, "max_position_embeddings", None)
-    heads = getattr(config, "num_attention_heads", 1)
+    max_length = getattr(hf_config, "max_position_embeddings", None)
+    heads = getattr(hf_config, "num_attention_heads", 1)
     # A decoder's tied unembedding is its input embedding; an encoder's (BERT) MLM head is more than that.
-    tied_head = bool(getattr(config, "tie_word_embeddings", False)) and decoder
-    return _hf_last_position(module, tied_head=tied_head), config.vocab_size, max_length, heads, device
+    tied_head = bool(getattr(hf_config, "tie_word_embeddings", False)) and decoder
+    return _hf_last_position(module, tied_head=tied_head), hf_config.vocab_size, max_length, heads, device
 
 
 def _changed_positions(kind: str, n: int, count: int, generator: torch.Generator) -> Tensor:

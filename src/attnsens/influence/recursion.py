@@ -118,7 +118,8 @@ def run_recursion(
     Returns:
         One LayerBounds per block; the last one's E is C (unmasked) or the polynomial E_L(H_n) (causal).
     """
-    hidden, log_changed, log_other = embedding_norm, _log(embedding_diameter), (-math.inf,)
+    log_other: LogPolynomial = (-math.inf,)
+    hidden, log_changed = embedding_norm, _log(embedding_diameter)
     rows = []
     for block in blocks:
         log_hidden = _log(hidden)

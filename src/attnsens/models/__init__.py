@@ -15,7 +15,7 @@ from __future__ import annotations
 from attnsens.models.adapter import AttentionChunk, LayerInputs, ModelAdapter, ModelSpec
 from attnsens.models.fidelity import FieldFidelity, check_weights_fidelity, weights_fidelity
 from attnsens.models.loading import ALIASES, FAMILIES, load, register_alias, supported_families
-from attnsens.models.weights import (
+from attnsens.weights import (
     AttentionWeights,
     LayerWeights,
     MLPWeights,

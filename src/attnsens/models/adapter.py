@@ -1,7 +1,7 @@
 """The model adapter: one object per loaded model exposing normalized weights, layer inputs and attention rows.
 
 Family modules (gpt2, neox, bert, layouts, own_gpt) subclass :class:`ModelAdapter` and supply: the normalized
-:class:`~attnsens.models.weights.LayerWeights`, a forward pass, a *query/key tap* — a context manager that calls
+:class:`~attnsens.weights.LayerWeights`, a forward pass, a *query/key tap* — a context manager that calls
 ``on_query_key(layer, query, key, tau)`` with every layer's queries and keys (after any rotary embedding) while
 the model runs — and taps on each layer's inputs and outputs, which the weights-fidelity gate (models/fidelity.py)
 compares with the reference forward. Everything else (streaming rows, layer inputs) is written once here.
@@ -19,7 +19,7 @@ from torch import Tensor
 
 from attnsens.errors import ConfigError, InputError, ShapeError, UnsupportedModelError
 from attnsens.models.attention import AttentionCall, call_rows, key_padding_mask_of
-from attnsens.models.weights import LayerWeights, NormKind, Placement, RotaryConfig
+from attnsens.weights import LayerWeights, NormKind, Placement, RotaryConfig
 
 OUTPUT_FIELDS = ("attention_output", "mlp_output", "block_output")
 """What ``layer_output_taps`` reports for every layer."""
@@ -121,7 +121,7 @@ class ModelAdapter(ABC):
 
     @abstractmethod
     def read_layers(self) -> list[LayerWeights]:
-        """The model's parameters converted to the normalized layout (models/weights.py)."""
+        """The model's parameters converted to the normalized layout (attnsens/weights.py)."""
 
     @abstractmethod
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> None:

@@ -14,8 +14,17 @@ import torch
 
 from attnsens.models.adapter import ModelSpec
 from attnsens.models.gpt2 import layer_norm
-from attnsens.models.hf import HFAdapter, HookPoint, activation_of, copied, linear_mlp, split_bias, split_heads
-from attnsens.models.weights import AttentionWeights, LayerWeights
+from attnsens.models.hf import (
+    HFAdapter,
+    HFModule,
+    HookPoint,
+    activation_of,
+    copied,
+    linear_mlp,
+    split_bias,
+    split_heads,
+)
+from attnsens.weights import AttentionWeights, LayerWeights
 
 
 class BertAdapter(HFAdapter):
@@ -59,7 +68,7 @@ class BertAdapter(HFAdapter):
     def read_layers(self) -> list[LayerWeights]:
         return [self._layer(i, block) for i, block in enumerate(self.base.encoder.layer)]
 
-    def _layer(self, index: int, block: torch.nn.Module) -> LayerWeights:
+    def _layer(self, index: int, block: HFModule) -> LayerWeights:
         n_head = self.spec.n_head
         attn = block.attention.self
 

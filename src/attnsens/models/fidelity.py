@@ -31,8 +31,9 @@ import torch
 from torch import Tensor
 
 from attnsens.errors import WeightsFidelityError
+from attnsens.geometry.layers import attention_sublayer, block_forward, mlp_forward, norm_forward
 from attnsens.models.adapter import LayerInputs, ModelAdapter
-from attnsens.models.weights import LayerWeights
+from attnsens.weights import LayerWeights
 
 FIELDS = ("attn_norm", "attention", "mlp_norm", "mlp", "block")
 """The sub-outputs the gate compares, in forward order."""
@@ -95,9 +96,6 @@ def tolerance_of(dtype: torch.dtype) -> float:
 
 def _comparisons(layer: LayerWeights, seen: dict[str, Tensor]) -> dict[str, tuple[Callable[[], Tensor], Tensor]]:
     """field → (reference thunk, the model's tensor), all reference inputs taken from the model's own tensors."""
-    # Imported here: attnsens.geometry imports attnsens.models.weights, which loads this package first.
-    from attnsens.geometry.layers import attention_sublayer, block_forward, mlp_forward, norm_forward
-
     x, a_in, m_in = seen["block_input"], seen["attention_input"], seen["mlp_input"]
     a_out, m_out, y = seen["attention_output"], seen["mlp_output"], seen["block_output"]
     checks: dict[str, tuple[Callable[[], Tensor], Tensor]] = {
@@ -107,12 +105,14 @@ def _comparisons(layer: LayerWeights, seen: dict[str, Tensor]) -> dict[str, tupl
     }
     alpha = layer.residual_scale
     if layer.placement == "pre":
+        attn_norm, mlp_norm = layer.norms()
         mid = x if layer.parallel_residual else x + a_out
-        checks["attn_norm"] = (lambda: norm_forward(x, layer.attn_norm), a_in)
-        checks["mlp_norm"] = (lambda: norm_forward(mid, layer.mlp_norm), m_in)
+        checks["attn_norm"] = (lambda: norm_forward(x, attn_norm), a_in)
+        checks["mlp_norm"] = (lambda: norm_forward(mid, mlp_norm), m_in)
     elif layer.placement == "post":
-        checks["attn_norm"] = (lambda: norm_forward(alpha * a_in + a_out, layer.attn_norm), m_in)
-        checks["mlp_norm"] = (lambda: norm_forward(alpha * m_in + m_out, layer.mlp_norm), y)
+        attn_norm, mlp_norm = layer.norms()
+        checks["attn_norm"] = (lambda: norm_forward(alpha * a_in + a_out, attn_norm), m_in)
+        checks["mlp_norm"] = (lambda: norm_forward(alpha * m_in + m_out, mlp_norm), y)
     return {field: checks[field] for field in FIELDS if field in checks}
 
 

@@ -12,8 +12,8 @@ from typing import Any
 import torch
 
 from attnsens.models.adapter import ModelSpec
-from attnsens.models.hf import HFAdapter, HookPoint, activation_of, copied, split_bias, split_heads
-from attnsens.models.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights
+from attnsens.models.hf import HFAdapter, HFModule, HookPoint, activation_of, copied, split_bias, split_heads
+from attnsens.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights
 
 
 class GPT2Adapter(HFAdapter):
@@ -55,7 +55,7 @@ class GPT2Adapter(HFAdapter):
     def read_layers(self) -> list[LayerWeights]:
         return [self._layer(i, block) for i, block in enumerate(self.base.h)]
 
-    def _layer(self, index: int, block: torch.nn.Module) -> LayerWeights:
+    def _layer(self, index: int, block: HFModule) -> LayerWeights:
         n_head, d = self.spec.n_head, self.spec.d_model
         w_qkv = block.attn.c_attn.weight.detach().T  # [3d, d]
         b_qkv = block.attn.c_attn.bias.detach()
@@ -91,7 +91,7 @@ class GPT2Adapter(HFAdapter):
         )
 
 
-def layer_norm(module: torch.nn.Module) -> NormWeights:
+def layer_norm(module: HFModule) -> NormWeights:
     """NormWeights of a ``torch.nn.LayerNorm`` (bias may be absent)."""
     bias = getattr(module, "bias", None)
     return NormWeights(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 import torch
 from einops import rearrange
@@ -19,7 +19,13 @@ from torch import Tensor
 from attnsens.errors import InputError, UnsupportedModelError
 from attnsens.models.adapter import OUTPUT_FIELDS, ModelAdapter, ModelSpec, QueryKeyCallback
 from attnsens.models.hf_tap import hf_query_key_tap
-from attnsens.models.weights import ROPE_TYPES, Activation, MLPWeights, RotaryConfig
+from attnsens.weights import ROPE_TYPES, Activation, MLPWeights, RotaryConfig
+
+HFModule = Any
+"""A transformers model or one of its submodules, read by the attribute names of its family (``block.attn.c_attn``,
+``base.layers``). torch's stubs type every such attribute as ``Tensor | Module``, so family code reads them untyped;
+each family module documents the structure it reads, and the weights-fidelity gate (models/fidelity.py) checks that
+what it read reproduces the model."""
 
 HookPoint = tuple[torch.nn.Module, Literal["input", "output"], str]
 """(submodule, whether its input or its output is the tensor, LayerInputs field name)."""
@@ -28,8 +34,8 @@ HookPoint = tuple[torch.nn.Module, Literal["input", "output"], str]
 class HFAdapter(ModelAdapter):
     """An adapter around a transformers ``PreTrainedModel`` (any head; the base model is what runs)."""
 
-    def __init__(self, module: torch.nn.Module, *, name: str, tokenizer: Any = None) -> None:
-        self.base = module.base_model
+    def __init__(self, module: HFModule, *, name: str, tokenizer: Any = None) -> None:
+        self.base: HFModule = module.base_model
         self.family = self.base.config.model_type  # one adapter may serve several model types (loading.FAMILIES)
         super().__init__(module, name=name, spec=self.spec_of(self.base.config))
         self.tokenizer = tokenizer
@@ -144,12 +150,24 @@ def _register(
     return module.register_forward_hook(post_hook)
 
 
+@overload
+def copied(tensor: Tensor) -> Tensor: ...
+
+
+@overload
+def copied(tensor: None) -> None: ...
+
+
+@overload
+def copied(tensor: Tensor | None) -> Tensor | None: ...
+
+
 def copied(tensor: Tensor | None) -> Tensor | None:
     """A detached copy of a parameter (None stays None), so normalized weights never alias the module's."""
     return None if tensor is None else tensor.detach().clone()
 
 
-def linear_mlp(up: torch.nn.Linear, down: torch.nn.Linear, activation: Activation) -> MLPWeights:
+def linear_mlp(up: HFModule, down: HFModule, activation: Activation) -> MLPWeights:
     """MLPWeights of ``down(act(up(x)))`` built from two ``torch.nn.Linear`` layers."""
     return MLPWeights(
         kind="mlp",
@@ -164,6 +182,14 @@ def linear_mlp(up: torch.nn.Linear, down: torch.nn.Linear, activation: Activatio
 def split_heads(weight: Tensor, n_head: int) -> Tensor:
     """An ``[n_head * d_head, d_model]`` projection as ``[head, d_head, d_model]``."""
     return rearrange(weight, "(head d_head) d_model -> head d_head d_model", head=n_head)
+
+
+@overload
+def split_bias(bias: Tensor, n_head: int) -> Tensor: ...
+
+
+@overload
+def split_bias(bias: Tensor | None, n_head: int) -> Tensor | None: ...
 
 
 def split_bias(bias: Tensor | None, n_head: int) -> Tensor | None:
@@ -234,7 +260,7 @@ def spec_rotary(config: Any, d_head: int) -> RotaryConfig | None:
         return RotaryConfig(base=float(rope["rope_theta"]), rotary_dim=dim)
 
 
-def rotary_temperature(scaling: float, rotary: RotaryConfig, rotary_module: torch.nn.Module, d_head: int) -> float:
+def rotary_temperature(scaling: float, rotary: RotaryConfig, rotary_module: HFModule | None, d_head: int) -> float:
     """τ of a rotary attention whose cos/sin carry the factor m = ``rotary_module.attention_scaling`` (yarn,
     longrope): q and k both scale by m on the rotating dimensions, so on a fully rotating head τ = 1/(scaling m²).
 

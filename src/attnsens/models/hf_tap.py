@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -138,7 +138,8 @@ def _make_wrapper(implementation: str, replaced: Any) -> Callable[..., Any]:
         if implementation == "eager":
             # "eager" is each family's own module-level function, not a registry entry.
             return sys.modules[type(module).__module__].eager_attention_forward
-        return ALL_ATTENTION_FUNCTIONS._global_mapping[implementation]
+        # An unannotated dict of functions, which mypy types as builtins.function.
+        return cast(Callable[..., Any], ALL_ATTENTION_FUNCTIONS._global_mapping[implementation])
 
     def tapped_attention(module: torch.nn.Module, query: Tensor, key: Tensor, *args: Any, **kwargs: Any) -> Any:
         entry = _TAPPED.get(id(module))

@@ -23,15 +23,22 @@ from torch import Tensor
 
 from attnsens.errors import ShapeError, UnsupportedModelError
 from attnsens.models.adapter import ModelSpec
-from attnsens.models.hf import HFAdapter
-from attnsens.models.weights import LayerWeights
+from attnsens.models.hf import HFAdapter, HFModule
+from attnsens.weights import LayerWeights
+
+
+def calls_attention_interface(module_class: type) -> bool:
+    """Whether ``module_class.forward`` looks up transformers' attention-function interface."""
+    forward = getattr(module_class, "forward", None)
+    return forward is not None and _source_names_interface(forward)
 
 
 @cache
-def calls_attention_interface(module_class: type) -> bool:
-    """Whether ``module_class.forward`` looks up transformers' attention-function interface."""
+def _source_names_interface(function: Callable[..., Any]) -> bool:
+    """Whether the source of ``function`` names the interface; read once per function (classes share inherited
+    forwards)."""
     try:
-        source = inspect.getsource(module_class.forward)
+        source = inspect.getsource(function)
     except (OSError, TypeError):
         return False
     return "ALL_ATTENTION_FUNCTIONS" in source
@@ -49,7 +56,7 @@ def _is_vision(config: Any) -> bool:
 class InterfaceAdapter(HFAdapter):
     """Attention rows of any model whose attention layers call the interface; no normalized weights."""
 
-    def __init__(self, module: torch.nn.Module, *, name: str, tokenizer: Any = None) -> None:
+    def __init__(self, module: HFModule, *, name: str, tokenizer: Any = None) -> None:
         config = module.base_model.config
         if getattr(config, "is_encoder_decoder", False):
             raise UnsupportedModelError(

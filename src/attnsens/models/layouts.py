@@ -25,6 +25,7 @@ from attnsens.models.adapter import ModelSpec
 from attnsens.models.gpt2 import layer_norm
 from attnsens.models.hf import (
     HFAdapter,
+    HFModule,
     HookPoint,
     activation_of,
     copied,
@@ -34,7 +35,15 @@ from attnsens.models.hf import (
     split_bias,
     split_heads,
 )
-from attnsens.models.weights import AttentionWeights, LayerWeights, MLPWeights, NormKind, NormWeights, RotaryConfig
+from attnsens.weights import (
+    AttentionWeights,
+    LayerWeights,
+    MLPWeights,
+    NormKind,
+    NormWeights,
+    Placement,
+    RotaryConfig,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,7 +168,7 @@ def _get(root: Any, path: str) -> Any:
 class LayoutAdapter(HFAdapter):
     """Any family of :data:`LAYOUTS`; ``family`` is the transformers ``model_type``."""
 
-    def __init__(self, module: torch.nn.Module, *, name: str, tokenizer: Any = None) -> None:
+    def __init__(self, module: HFModule, *, name: str, tokenizer: Any = None) -> None:
         self.layout = layout_of(module.base_model.config.model_type)
         super().__init__(module, name=name, tokenizer=tokenizer)
 
@@ -167,7 +176,9 @@ class LayoutAdapter(HFAdapter):
     def spec_of(cls, config: Any) -> ModelSpec:
         layout = layout_of(config.model_type)
         d_head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        placement = "post" if layout.post_norm or not getattr(config, "do_layer_norm_before", True) else "pre"
+        placement: Placement = (
+            "post" if layout.post_norm or not getattr(config, "do_layer_norm_before", True) else "pre"
+        )
         return ModelSpec(
             n_layer=config.num_hidden_layers,
             n_head=config.num_attention_heads,
@@ -221,7 +232,7 @@ class LayoutAdapter(HFAdapter):
             self._refuse_unbounded(index, block)
         return [self._layer(i, block) for i, block in enumerate(self.blocks())]
 
-    def _refuse_unbounded(self, index: int, block: torch.nn.Module) -> None:
+    def _refuse_unbounded(self, index: int, block: HFModule) -> None:
         roots = {"block": block, "config": self.base.config}
         for path, reason in self.layout.refused:
             root, _, rest = path.partition(".")
@@ -231,7 +242,7 @@ class LayoutAdapter(HFAdapter):
                     f"attention rows but refuses to bound it"
                 )
 
-    def _layer(self, index: int, block: torch.nn.Module) -> LayerWeights:
+    def _layer(self, index: int, block: HFModule) -> LayerWeights:
         s, lay, config = self.spec, self.layout, self.base.config
         attn = getattr(block, lay.attention)
         w_q, w_k, w_v, b_q, b_k, b_v = self._projections(attn)
@@ -267,7 +278,7 @@ class LayoutAdapter(HFAdapter):
             parallel_residual=lay.parallel_residual,
         )
 
-    def _projections(self, attn: torch.nn.Module) -> tuple[Tensor, ...]:
+    def _projections(self, attn: HFModule) -> tuple[Tensor, ...]:
         """w_q, w_k, w_v [out, d_model] and their biases (None when absent), split from a fused qkv if need be."""
         s = self.spec
         if self.layout.qkv is None:
@@ -280,7 +291,7 @@ class LayoutAdapter(HFAdapter):
         biases = [None] * 3 if fused.bias is None else [b.clone() for b in fused.bias.detach().split(sizes)]
         return (*weights, *biases)
 
-    def _mlp(self, block: torch.nn.Module) -> MLPWeights:
+    def _mlp(self, block: HFModule) -> MLPWeights:
         lay = self.layout
         activation = activation_of(getattr(self.base.config, lay.activation))
         down = _get(block, lay.down)
@@ -305,7 +316,7 @@ class LayoutAdapter(HFAdapter):
             b_out=copied(down.bias),
         )
 
-    def _norm(self, module: torch.nn.Module) -> NormWeights:
+    def _norm(self, module: HFModule) -> NormWeights:
         if self.layout.norm == "layernorm":
             return layer_norm(module)
         return rms_norm(module, gamma_offset=self.layout.gamma_offset)
@@ -327,7 +338,7 @@ def layout_of(model_type: str) -> BlockLayout:
     return LAYOUTS[model_type]
 
 
-def rms_norm(module: torch.nn.Module, *, gamma_offset: float = 0.0) -> NormWeights:
+def rms_norm(module: HFModule, *, gamma_offset: float = 0.0) -> NormWeights:
     """NormWeights of an HF RMSNorm: γ = offset + ``weight``, eps from ``variance_epsilon`` or ``eps``."""
     eps = getattr(module, "variance_epsilon", None)
     eps = module.eps if eps is None else eps

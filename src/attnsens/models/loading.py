@@ -12,12 +12,16 @@ import os
 import pickle
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from attnsens.errors import FileFormatError, UnsupportedModelError
+from attnsens.errors import ConfigError, FileFormatError, UnsupportedModelError
 from attnsens.models.adapter import ModelAdapter
+from attnsens.models.hf import HFAdapter
+
+if TYPE_CHECKING:
+    from attnsens.train.saved import SavedCheckpoint
 
 AliasLoader = Callable[..., ModelAdapter] | str
 """``loader(*, device, dtype) -> ModelAdapter``, or its ``"module:function"`` name (imported on first use)."""
@@ -50,7 +54,13 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def register_alias(alias: str, loader: AliasLoader) -> None:
-    """Make ``load(alias)`` call ``loader(device=..., dtype=...)``."""
+    """Make ``load(alias)`` call ``loader(device=..., dtype=...)``.
+
+    Each alias is registered once, so that no module can silently replace another's model under the same name:
+    ConfigError for an alias already bound to a different loader (delete it from ``ALIASES`` first to rebind it).
+    """
+    if ALIASES.get(alias, loader) != loader:
+        raise ConfigError(f"alias {alias!r} is already registered (to {ALIASES[alias]!r}); pick another name")
     ALIASES[alias] = loader
 
 
@@ -71,8 +81,9 @@ def load(
     Args:
         model: a ModelAdapter (returned as is); an alias (``smollm2``, ``minilm``, see ALIASES); a transformers
             ``PreTrainedModel``; an ``attnsens.train.model.GPT``; a run, checkpoint or study folder written by
-            ``attnsens train`` / ``study`` (``attnsens.train.saved``); a local directory or ``.gguf`` file; or
-            a Hugging Face hub id (needs network unless cached).
+            ``attnsens train`` / ``study``, or the ``SavedCheckpoint`` that ``attnsens.train.saved.find_checkpoint``
+            found in one; a local directory or ``.gguf`` file; or a Hugging Face hub id (needs network unless
+            cached).
         trust_remote_code: passed to transformers; off by default (remote code runs arbitrary Python).
         device, dtype: where and in which float type the weights live. A model object given by the caller is
             moved or cast only when these are given (in place, as ``Module.to`` does); a model read from disk
@@ -92,6 +103,10 @@ def load(
     if isinstance(model, torch.nn.Module):
         return _from_module(model, name=_module_name(model), tokenizer=tokenizer, device=device, dtype=dtype)
     if not isinstance(model, str | os.PathLike):
+        from attnsens.train.saved import SavedCheckpoint
+
+        if isinstance(model, SavedCheckpoint):
+            return _from_checkpoint(model, device="cpu" if device is None else device, dtype=dtype or torch.float32)
         raise UnsupportedModelError(
             f"cannot load a {type(model).__name__}; give a model id, path, alias ({', '.join(sorted(ALIASES))}) "
             f"or a torch module"
@@ -111,7 +126,7 @@ def load(
 
     saved = find_checkpoint(path, step=step, seed=seed, placement=placement)
     if saved is not None:
-        return saved.load(device=device, dtype=dtype)
+        return _from_checkpoint(saved, device=device, dtype=dtype)
     if selects:
         raise FileFormatError(
             f"{text!r} is not a run, checkpoint or study written by attnsens train/study; step, seed and "
@@ -137,7 +152,7 @@ def supported_families() -> str:
     )  # fmt: skip
 
 
-def adapter_class(model_type: str) -> type[ModelAdapter]:
+def adapter_class(model_type: str) -> type[HFAdapter]:
     """The adapter class registered for a transformers ``model_type``; other families get the audit-only
     adapter (models/interface.py), which refuses them by name if their attention bypasses the interface."""
     if model_type in BYPASSES:
@@ -150,7 +165,10 @@ def adapter_class(model_type: str) -> type[ModelAdapter]:
 
         return InterfaceAdapter
     module_name, class_name = FAMILIES[model_type].split(":")
-    return getattr(importlib.import_module(module_name), class_name)
+    adapter = getattr(importlib.import_module(module_name), class_name)
+    if not (isinstance(adapter, type) and issubclass(adapter, HFAdapter)):
+        raise UnsupportedModelError(f"FAMILIES[{model_type!r}] = {FAMILIES[model_type]!r} is not an HFAdapter class")
+    return adapter
 
 
 def _from_module(
@@ -158,7 +176,9 @@ def _from_module(
 ) -> ModelAdapter:
     if device is not None or dtype is not None:
         model = model.to(device=device, dtype=dtype)
-    if type(model).__module__.startswith("attnsens.train"):
+    from attnsens.train.model import GPT
+
+    if isinstance(model, GPT):
         from attnsens.models.own_gpt import OwnGPTAdapter
 
         return OwnGPTAdapter(model, name=name, tokenizer=tokenizer)
@@ -170,6 +190,14 @@ def _from_module(
             f"supported families: {supported_families()}"
         )
     return adapter_class(model_type)(model, name=name, tokenizer=tokenizer)
+
+
+def _from_checkpoint(saved: SavedCheckpoint, *, device: Any, dtype: torch.dtype) -> ModelAdapter:
+    """The own-GPT adapter of a checkpoint written by ``attnsens train`` / ``study``, with the run's tokenizer."""
+    from attnsens.models.own_gpt import OwnGPTAdapter
+
+    model = saved.load_model(device=device, dtype=dtype)
+    return OwnGPTAdapter(model, name=saved.name, tokenizer=saved.load_tokenizer())
 
 
 def _module_name(model: torch.nn.Module) -> str:
@@ -238,25 +266,27 @@ def _from_gguf(path: Path, name: str, *, device: Any, dtype: torch.dtype) -> Mod
         return _from_pretrained(str(folder), name, device=device, dtype=dtype)
     # Converted at float32 on the CPU whatever was asked, so the saved folder serves every later dtype.
     converted = _from_pretrained(str(path.parent), name, gguf_file=path.name, device="cpu", dtype=torch.float32)
-    gguf_cache.save_conversion(path, lambda staging: _save_converted(converted, staging))
-    return _from_module(converted.module, name=name, tokenizer=converted.tokenizer, device=device, dtype=dtype)
+    module: Any = converted.module
+    tokenizer = getattr(converted, "tokenizer", None)
+    gguf_cache.save_conversion(path, lambda staging: _save_converted(module, tokenizer, staging))
+    return _from_module(module, name=name, tokenizer=tokenizer, device=device, dtype=dtype)
 
 
-def _save_converted(adapter: ModelAdapter, folder: Path) -> None:
+def _save_converted(module: Any, tokenizer: Any, folder: Path) -> None:
     """config.json, model.safetensors and the tokenizer of a GGUF-loaded model (transformers' save_pretrained
     refuses models it loaded through its GGUF quantizer, so the parts are written one by one)."""
     import copy
 
     from safetensors.torch import save_file
 
-    config = copy.deepcopy(adapter.module.config)
+    config = copy.deepcopy(module.config)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     config.save_pretrained(folder)
-    weights = {key: tensor.detach().contiguous() for key, tensor in adapter.module.state_dict().items()}
+    weights = {key: tensor.detach().contiguous() for key, tensor in module.state_dict().items()}
     save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    if adapter.tokenizer is not None:
-        adapter.tokenizer.save_pretrained(folder)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
 
 
 def _first_line(err: BaseException) -> str:
@@ -346,4 +376,4 @@ def context_length(model: str) -> int | None:
 
 register_alias("smollm2", _load_smollm2)
 register_alias("minilm", _load_minilm)
-register_alias("builtin:lnfree", "attnsens.influence.builtin:load_builtin_lnfree")
+register_alias("builtin:lnfree", "attnsens.models.builtin:load_builtin_lnfree")

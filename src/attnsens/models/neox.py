@@ -16,6 +16,7 @@ from attnsens.models.adapter import ModelSpec
 from attnsens.models.gpt2 import layer_norm
 from attnsens.models.hf import (
     HFAdapter,
+    HFModule,
     HookPoint,
     activation_of,
     copied,
@@ -24,7 +25,7 @@ from attnsens.models.hf import (
     rotary_temperature,
     spec_rotary,
 )
-from attnsens.models.weights import AttentionWeights, LayerWeights
+from attnsens.weights import AttentionWeights, LayerWeights
 
 
 class NeoXAdapter(HFAdapter):
@@ -68,7 +69,7 @@ class NeoXAdapter(HFAdapter):
     def read_layers(self) -> list[LayerWeights]:
         return [self._layer(i, block) for i, block in enumerate(self.base.layers)]
 
-    def _layer(self, index: int, block: torch.nn.Module) -> LayerWeights:
+    def _layer(self, index: int, block: HFModule) -> LayerWeights:
         n_head = self.spec.n_head
         qkv = block.attention.query_key_value
         w_q, w_k, w_v = rearrange(

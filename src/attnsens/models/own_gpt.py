@@ -1,4 +1,5 @@
-"""attnsens' own GPT (``attnsens.train.model.GPT``): read through its TransformerLens-style hook points.
+"""attnsens' own GPT (``attnsens.train.model.GPT``): its normalized weights, read through its TransformerLens-style
+hook points.
 
 Queries and keys come from ``blocks.{i}.attn.hook_q`` / ``hook_k``; the layer inputs from ``hook_resid_pre``,
 ``attn.hook_input`` and ``mlp.hook_input``; the layer outputs from ``hook_attn_out``, ``hook_mlp_out`` and
@@ -13,25 +14,31 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch import Tensor
+from einops import rearrange
+from torch import Tensor, nn
 
 from attnsens.errors import InputError
 from attnsens.models.adapter import ModelAdapter, ModelSpec, QueryKeyCallback
 from attnsens.models.attention import AttentionCall
-from attnsens.models.weights import LayerWeights
+from attnsens.train.model import GPT, Block, GPTConfig
+from attnsens.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights, Placement
+
+PLACEMENTS: dict[str, Placement] = {"pre": "pre", "post": "post", "deepnorm": "post", "none": "none"}
+"""``GPTConfig.norm`` → the normalized placement: DeepNorm is "post" with residual scale α."""
 
 
 class OwnGPTAdapter(ModelAdapter):
     family = "own_gpt"
 
-    def __init__(self, module: torch.nn.Module, *, name: str = "attnsens-gpt", tokenizer: Any = None) -> None:
-        config = module.config
-        super().__init__(module, name=name, spec=self.spec_of(config))
+    module: GPT
+
+    def __init__(self, module: GPT, *, name: str = "attnsens-gpt", tokenizer: Any = None) -> None:
+        super().__init__(module, name=name, spec=self.spec_of(module.config))
         self.tokenizer = tokenizer
 
     @staticmethod
-    def spec_of(config: Any) -> ModelSpec:
-        placement = {"pre": "pre", "post": "post", "deepnorm": "post", "none": "none"}[config.norm]
+    def spec_of(config: GPTConfig) -> ModelSpec:
+        placement = PLACEMENTS[config.norm]
         return ModelSpec(
             n_layer=config.n_layer,
             n_head=config.n_head,
@@ -46,7 +53,7 @@ class OwnGPTAdapter(ModelAdapter):
         )
 
     def read_layers(self) -> list[LayerWeights]:
-        return self.module.layer_weights()
+        return gpt_layer_weights(self.module)
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> None:
         if attention_mask is not None and not bool(torch.as_tensor(attention_mask).bool().all()):
@@ -139,3 +146,72 @@ class OwnGPTAdapter(ModelAdapter):
         # transformers tokenizers return a list of ids, `tokenizers.Tokenizer` an Encoding holding them.
         ids = torch.as_tensor(getattr(encoded, "ids", encoded), dtype=torch.long)
         return ids[:max_length].unsqueeze(0) if max_length is not None else ids.unsqueeze(0)
+
+
+def gpt_layer_weights(model: GPT) -> list[LayerWeights]:
+    """The blocks of attnsens' own GPT in the normalized layout (attnsens/weights.py), as detached float32 copies.
+
+    Returns: one LayerWeights per block; placement "pre" | "post" | "none", DeepNorm as "post" with
+    residual_scale α; tau = √d_head; w_q/w_k/w_v [head, d_head, d_model] (rows of the stacked ``c_attn``),
+    w_o [d_model, head·d_head].
+    """
+    return [_block_weights(index, block, model.config) for index, block in enumerate(model.blocks)]
+
+
+def _block_weights(index: int, block: Block, config: GPTConfig) -> LayerWeights:
+    n_head = config.n_head
+    w_q, w_k, w_v = block.attn.c_attn.weight.chunk(3, dim=0)
+    bias = block.attn.c_attn.bias
+    b_q, b_k, b_v = (None, None, None) if bias is None else bias.chunk(3)
+    attention = AttentionWeights(
+        w_q=_per_head(w_q, n_head),
+        w_k=_per_head(w_k, n_head),
+        w_v=_per_head(w_v, n_head),
+        w_o=_copy(block.attn.c_proj.weight),
+        b_q=_per_head_bias(b_q, n_head),
+        b_k=_per_head_bias(b_k, n_head),
+        b_v=_per_head_bias(b_v, n_head),
+        b_o=_copy_bias(block.attn.c_proj.bias),
+        tau=config.tau,
+        causal=config.causal,
+    )
+    mlp = MLPWeights(
+        kind="mlp",
+        activation=config.activation,
+        w_in=_copy(block.mlp.c_fc.weight),
+        w_out=_copy(block.mlp.c_proj.weight),
+        b_in=_copy_bias(block.mlp.c_fc.bias),
+        b_out=_copy_bias(block.mlp.c_proj.bias),
+    )
+    return LayerWeights(
+        index=index,
+        placement=PLACEMENTS[config.norm],
+        attention=attention,
+        mlp=mlp,
+        attn_norm=_layer_norm(block.ln_1, config.layer_norm_eps),
+        mlp_norm=_layer_norm(block.ln_2, config.layer_norm_eps),
+        residual_scale=config.deepnorm_alpha,
+    )
+
+
+def _copy(t: Tensor) -> Tensor:
+    """A detached float32 copy, so the normalized weights never alias (or train with) the model's parameters."""
+    return t.detach().float().clone()
+
+
+def _copy_bias(t: Tensor | None) -> Tensor | None:
+    return None if t is None else _copy(t)
+
+
+def _per_head(t: Tensor, n_head: int) -> Tensor:
+    return rearrange(_copy(t), "(head d_head) d_model -> head d_head d_model", head=n_head)
+
+
+def _per_head_bias(t: Tensor | None, n_head: int) -> Tensor | None:
+    return None if t is None else rearrange(_copy(t), "(head d_head) -> head d_head", head=n_head)
+
+
+def _layer_norm(ln: nn.LayerNorm | None, eps: float) -> NormWeights | None:
+    if ln is None:
+        return None
+    return NormWeights(kind="layernorm", gamma=_copy(ln.weight), beta=_copy_bias(ln.bias), eps=eps)

@@ -7,9 +7,10 @@ scatter plot) and SQL aggregates over all of it (for the dominant-atom check).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pandas as pd
 
@@ -90,7 +91,7 @@ class RunData:
     check: RunCheck | None = None
 
 
-def load_run(run_dir: str | Path, *, force: bool = False) -> RunData:
+def load_run(run_dir: str | os.PathLike[str], *, force: bool = False) -> RunData:
     """Read the run's tables for the report, after checking the folder against its manifest.
 
     Raises RunIntegrityError when the check fails and ``force`` is False (with ``force`` the check's problems
@@ -142,7 +143,7 @@ def _with_layer_records(summary: pd.DataFrame | None, connection: Any) -> pd.Dat
     """Summary with per-layer (head = -1) records, computed from the rows where the stored summary lacks them."""
     if summary is not None and (summary["head"] == ALL_HEADS).any():
         return summary
-    level = "both" if summary is None else "layer"
+    level: Literal["both", "layer"] = "both" if summary is None else "layer"
     computed = summarize_rows(connection.execute(f"SELECT {_SUMMARY_INPUT_COLUMNS} FROM rows").df(), level=level)
     return computed if summary is None else pd.concat([summary, computed], ignore_index=True)
 

@@ -256,7 +256,7 @@ def dominant_finding(cells: pd.DataFrame, data: RunData, *, run_id: str) -> Find
             f"rows {_count(core_dominant, int(core['n_rows'].sum()))} rows are dominant. "
         )
         check = data.dominant_checks.get(run_id)
-        if check is not None and check.n_dominant:
+        if check is not None and check.n_dominant and check.max_abs_deviation_lower is not None:
             deviation = check.max_abs_deviation_lower
             measured += (
                 f"Largest |θ lower bound − (4m(s−m) + s(1−s))| over dominant rows: {deviation:.2e} (tolerance "

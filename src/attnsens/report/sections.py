@@ -5,6 +5,7 @@ Captions state what a figure shows and which claim it tests. All text from the r
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 import pandas as pd
 from matplotlib.figure import Figure
 
-from attnsens.errors import InputError
+from attnsens.errors import FileFormatError, InputError
 from attnsens.report import figures, figures_bounds
 from attnsens.report.cells import EARLY_KEYS
 from attnsens.report.data import RunData
@@ -61,6 +62,13 @@ class Section:
 
     def html(self) -> str:
         return f'<section id="{esc(self.anchor)}"><h2>{esc(self.title)}</h2>{self.body}</section>'
+
+
+def _present(table: pd.DataFrame | None, name: str) -> pd.DataFrame:
+    """A table a section is built from; the report plans each section only where its table exists (report/html.py)."""
+    if table is None:
+        raise FileFormatError(f"this run has no {name} table, which the report's section on it needs")
+    return table
 
 
 def _figure(build: Callable[[], Figure], caption: str, *, title: str, fmt_: str = "svg") -> str:
@@ -138,7 +146,8 @@ def run_label(data: RunData, run_id: str) -> str:
     kind = data.run_kinds.get(run_id, "training")
     if kind == "pretrained":
         return f"{run_id} (pretrained model)"
-    seeds = sorted(int(s) for s in data.cells.loc[data.cells["run_id"] == run_id, "seed"].unique())
+    cells = _present(data.cells, "cells")
+    seeds = sorted(int(s) for s in cells.loc[cells["run_id"] == run_id, "seed"].unique())
     seed_text = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {', '.join(map(str, seeds))}"
     what = "training run" if kind == "training" else "one checkpoint"
     return f"{run_id} ({what}, {seed_text})"
@@ -164,10 +173,10 @@ def findings_section(data: RunData, findings: list[Finding]) -> Section:
         cards = []
         for finding in (f for f in findings if f.run_id == run):
             table = table_html(finding.table, caption=finding.table_caption) if finding.table is not None else ""
-            status = esc(finding.status.replace(" ", "-"))
+            badge = esc(finding.status.replace(" ", "-"))
             cards.append(
-                f'<div class="finding {status}">'
-                f'<p><span class="badge {status}">{esc(finding.status)}</span>'
+                f'<div class="finding {badge}">'
+                f'<p><span class="badge {badge}">{esc(finding.status)}</span>'
                 f'<span class="claim">Paper: {esc(finding.claim)}</span></p>'
                 f"<p>Measured: {esc(finding.measured)}</p>{table}</div>"
             )
@@ -183,7 +192,7 @@ def _has_trend(data: RunData) -> bool:
 
 def _trend_and_static(data: RunData) -> list[tuple[str, pd.DataFrame]]:
     """The cells split into training runs (drawn over checkpoints) and static ones (drawn per layer)."""
-    cells = data.cells
+    cells = _present(data.cells, "cells")
     static = {run for run, kind in data.run_kinds.items() if kind != "training"}
     parts = [
         ("training runs", cells[~cells["run_id"].isin(static)]),
@@ -197,7 +206,7 @@ def _cell_figures(data: RunData, build: Callable[[pd.DataFrame], Figure], captio
     parts = _trend_and_static(data)
     return "".join(
         _figure(
-            lambda part=part: build(part),
+            functools.partial(build, part),
             f"{label.capitalize()}. {caption}" if len(parts) > 1 else caption,
             title=title,
         )
@@ -285,7 +294,7 @@ def training_section(data: RunData) -> Section:
 
 
 def bounds_section(data: RunData) -> Section:
-    bounds = data.bounds
+    bounds = _present(data.bounds, "bounds")
     caption = (
         "Per layer at the last checkpoint (mean over seeds): the certified length-independent Lipschitz bound of "
         "multi-head attention (θ̃ = 1), the certified local bound using the measured θ̃, and the empirical Jacobian "
@@ -386,7 +395,7 @@ def _vacuous(bounds: pd.DataFrame) -> str:
 
 def placements_section(data: RunData) -> Section:
     """Pre-LN against Post-LN: residual-stream Jacobians, θ and concentration per placement (docs/math.md T8)."""
-    bounds, cells = data.bounds, data.cells
+    bounds, cells = _present(data.bounds, "bounds"), data.cells
     body = (
         "<p>The paper's structural distinction: a pre-LN block adds its branch to the identity, so its residual "
         "Jacobian is I + J_branch and stays ≥ 1 − ‖J_branch‖; a post-LN block normalizes after the sum, has no "
@@ -432,6 +441,8 @@ def placements_section(data: RunData) -> Section:
 def certificates_section(data: RunData) -> Section:
     """How good the θ certificates are: exact fraction, interval widths and the stage that settled each row."""
     quality = data.certificates
+    if quality is None:
+        raise FileFormatError("this run has no rows table, which the report's certificate section needs")
     caption = (
         "Per run: the share of rows whose θ is proved exact, the share certified to float32 resolution "
         "(width ≤ 2^-25) and width quantiles of [θ_lower, θ_upper]; then the cascade stage that settled the rows."
@@ -448,8 +459,9 @@ def layernorm_section(data: RunData) -> Section:
         "(docs/math.md T6), and the median ratio ‖γ‖∞/σ(x), per layer. The paper states this condition but does not "
         "test it; this is the measurement."
     )
-    body = _figure(lambda: figures_bounds.ln_condition_figure(data.bounds), caption, title="LayerNorm condition")
-    layer = data.bounds[(data.bounds["head"] == ALL_HEADS) & data.bounds["ln_condition_fraction"].notna()]
+    bounds = _present(data.bounds, "bounds")
+    body = _figure(lambda: figures_bounds.ln_condition_figure(bounds), caption, title="LayerNorm condition")
+    layer = bounds[(bounds["head"] == ALL_HEADS) & bounds["ln_condition_fraction"].notna()]
     sentences = []
     for run, part in layer.groupby("run_id"):
         last = part[part["step"] == part["step"].max()]
@@ -470,7 +482,7 @@ def layernorm_section(data: RunData) -> Section:
 
 
 def influence_section(data: RunData) -> Section:
-    influence = data.influence
+    influence = _present(data.influence, "influence")
     caption = (
         "Left: largest measured change ‖Δy_n‖₂ of the last position's output when one nonfinal token is replaced, "
         "against length n (log–log; fitted slope in the legend), beside the certified bound C/n where the theorem's "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import matplotlib
 import numpy as np
@@ -18,9 +18,12 @@ from matplotlib.figure import Figure
 
 from attnsens.errors import InputError
 
+if TYPE_CHECKING:
+    from matplotlib.typing import RcKeyType
+
 matplotlib.use("Agg")
 
-STYLE: dict[str, Any] = {
+STYLE: dict[RcKeyType, Any] = {
     "font.family": "DejaVu Sans",
     "font.size": 9.5,
     "axes.titlesize": 10,
@@ -101,7 +104,7 @@ def add_layer_colorbar(fig: Figure, axes: Any, layers: Sequence[int]) -> None:
     cmap = ListedColormap([colors[layer] for layer in ordered])
     norm = BoundaryNorm(np.arange(len(ordered) + 1) - 0.5, len(ordered))
     bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=axes, fraction=0.03, pad=0.02)
-    ticks = np.linspace(0, len(ordered) - 1, min(len(ordered), 6)).round().astype(int)
+    ticks = [int(t) for t in np.linspace(0, len(ordered) - 1, min(len(ordered), 6)).round()]
     bar.set_ticks(ticks, labels=[str(ordered[t]) for t in ticks])
     bar.set_label("layer")
     bar.outline.set_visible(False)

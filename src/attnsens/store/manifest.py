@@ -257,9 +257,10 @@ def _kept_aside(target: Path) -> Iterator[Path | None]:
     the file system has no hard links), removed at the end: what ``write_unit`` puts back if the unit fails. A
     link takes no space, so it works on a full disk; a killed writer's link is a temporary file that the next
     run removes."""
-    previous: Path | None = target.with_name(f".{target.name}.previous.{os.getpid()}.tmp")
+    link = target.with_name(f".{target.name}.previous.{os.getpid()}.tmp")
+    previous: Path | None = link
     try:
-        os.link(target, previous)
+        os.link(target, link)
     except OSError:
         previous = None
     try:

@@ -129,8 +129,8 @@ def verify_run(run_dir: str | os.PathLike[str], *, rehash: bool = False) -> RunC
         raise FileFormatError(f"run directory {str(root)!r} does not exist; pass the --out directory of a run")
     on_disk = _parquet_units(root)
     if not (root / MANIFEST_NAME).exists():
-        problems = [_unreadable(unit) for unit in on_disk if not _readable(root / unit)]
-        return RunCheck(root, has_manifest=False, verified=0, problems=tuple(problems))
+        unreadable = [_unreadable(unit) for unit in on_disk if not _readable(root / unit)]
+        return RunCheck(root, has_manifest=False, verified=0, problems=tuple(unreadable))
     manifest = Manifest.load(root)
     cache = _HashCache(root, enabled=not rehash)
     problems: list[Problem] = []

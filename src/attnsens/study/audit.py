@@ -144,7 +144,7 @@ def audit(
             adapter, sequences[index : index + 1], selection=per_sequence, attention_mask=one_mask, on_block=keep
         )
         tick()
-        frame = collected.frame(batch_offset=index, **identity)
+        frame = collected.frame(batch_offset=index, run_id=run_id, model=adapter.name, step=step, seed=seed)
         release_free_memory()
         if manifest is not None:
             manifest.write_unit(unit, frame, schema="rows")
@@ -260,7 +260,11 @@ def _real_positions(selection: RowSelection, mask: Tensor | None, index: int) ->
 
 
 def split_sequences(
-    adapter: ModelAdapter, tokens: Tensor | str, *, seq_len: int | None = None, n_sequences: int | None = None
+    adapter: ModelAdapter,
+    tokens: Tensor | str | Sequence[Any],
+    *,
+    seq_len: int | None = None,
+    n_sequences: int | None = None,
 ) -> Tensor:
     """The [batch, n] int64 token ids of unpadded ``tokens`` (see ``audit``'s ``tokens``, ``seq_len`` and
     ``n_sequences``); text cut into windows gets the tokenizer's special tokens in every window."""

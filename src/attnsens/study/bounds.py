@@ -20,7 +20,7 @@ bounds; LayerNorm condition statistics (T6). All norms in the block-∞ conventi
 
 Weight file layout (``save_layer_weights`` / ``load_layer_weights``, safetensors): tensors
 ``layers.{i}.attention.{w_q,w_k,w_v,w_o,b_q,b_k,b_v,b_o}``, ``layers.{i}.mlp.{w_in,w_out,b_in,b_out,w_gate,b_gate}``,
-``layers.{i}.{attn_norm,mlp_norm}.{gamma,beta}`` (absent = None; shapes as in ``attnsens.models.weights``), and
+``layers.{i}.{attn_norm,mlp_norm}.{gamma,beta}`` (absent = None; shapes as in ``attnsens.weights``), and
 the metadata key ``attnsens.layers``: a JSON list with, per layer, ``placement``, ``tau``, ``causal``,
 ``mlp_kind``, ``activation``, ``norm_kind``, ``norm_eps`` ([attn, mlp]), ``residual_scale``,
 ``parallel_residual``, ``rotary`` (null or the fields of ``RotaryConfig``) and ``sliding_window`` (null or an int;
@@ -44,9 +44,10 @@ from attnsens import geometry as G
 from attnsens.errors import FileFormatError, InputError
 from attnsens.geometry.attention import biases_of
 from attnsens.geometry.layers import attention_sublayer, mlp_forward, norm_forward, synthetic_block_input
+from attnsens.geometry.norms import Geometry
 from attnsens.models.fidelity import check_weights_fidelity
-from attnsens.models.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights, RotaryConfig
 from attnsens.seeding import derived_generator
+from attnsens.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights, RotaryConfig
 
 FORMAT_KEY = "attnsens.layers"
 
@@ -57,15 +58,16 @@ def _layer_inputs_from_stream(layers: Sequence[LayerWeights], x: Tensor) -> list
     for layer in layers:
         entry = {"block_input": x}
         if layer.placement == "pre":
-            entry["attention_input"] = norm_forward(x, layer.attn_norm)
+            attn_norm, mlp_norm = layer.norms()
+            entry["attention_input"] = norm_forward(x, attn_norm)
             mid = x if layer.parallel_residual else x + attention_sublayer(entry["attention_input"], layer.attention)
-            entry["mlp_input"] = norm_forward(mid, layer.mlp_norm)
+            entry["mlp_input"] = norm_forward(mid, mlp_norm)
         else:
             entry["attention_input"] = x
             mid = layer.residual_scale * x + attention_sublayer(x, layer.attention)
             if layer.placement == "post":
                 entry["attention_residual_sum"] = mid
-                mid = norm_forward(mid, layer.attn_norm)
+                mid = norm_forward(mid, layer.norms()[0])
             entry["mlp_input"] = mid
         found.append(entry)
         x = G.block_forward(x, layer)
@@ -105,7 +107,7 @@ def _layer_records(
     layer: LayerWeights,
     entry: dict[str, Tensor],
     *,
-    geometry: str,
+    geometry: Geometry,
     queries: Tensor | None,
     iterations: int,
     restarts: int,
@@ -119,24 +121,24 @@ def _layer_records(
     local, x_attn = block_local_bound.attention, block_local_bound.attention_input
     args = (attn.w_q, attn.w_k, attn.w_v, attn.w_o)
     if layer.placement == "pre":
-        radius_rms = G.norm_output_radius_rms(layer.attn_norm)
+        radius_rms = G.norm_output_radius_rms(layer.norms()[0])
     else:
         radius_rms = G.block_rms_norm(x_attn).amax()
     lipschitz = G.mha_lipschitz_upper_bound(
         *args, tau=attn.tau, radius_rms=radius_rms, d_model=attn.d_model, biases=biases_of(attn), rotary=attn.rotary
     )
     queries = _probe_queries(queries, local.row_upper_bound)
-    options = {"iterations": iterations, "restarts": restarts, "queries": queries, "geometry": geometry}
 
-    def generator(estimator: str) -> torch.Generator:
+    def estimate(f: Callable[[Tensor], Tensor], x: Tensor, estimator: str) -> float:
         # Each estimator draws its own stream keyed by (run, seed, step, layer): a resumed study repeats it exactly.
-        return derived_generator(*key, layer.index, estimator, device=x_attn.device)
+        generator = derived_generator(*key, layer.index, estimator, device=x_attn.device)
+        return float(
+            G.block_jacobian_norm_estimate(
+                f, x, iterations=iterations, restarts=restarts, queries=queries, geometry=geometry, generator=generator
+            ).amax()
+        )
 
-    attn_estimate = float(
-        G.block_jacobian_norm_estimate(
-            _attention_call(attn), x_attn, **options, generator=generator("attention")
-        ).amax()
-    )
+    attn_estimate = estimate(_attention_call(attn), x_attn, "attention")
     norms = local.norms
     gamma = layer.attn_norm.gamma if layer.attn_norm is not None else None
     beta = layer.attn_norm.beta if layer.attn_norm is not None else None
@@ -157,20 +159,16 @@ def _layer_records(
 
     d_model = attn.d_model
     if layer.placement == "pre":
-        mlp_radius = G.norm_output_radius_rms(layer.mlp_norm) * math.sqrt(d_model)
+        mlp_radius = G.norm_output_radius_rms(layer.norms()[1]) * math.sqrt(d_model)
         block = G.block_lipschitz_upper_bound(layer)
     else:
         mlp_radius = (
-            G.norm_output_radius_rms(layer.attn_norm) * math.sqrt(d_model) if layer.placement == "post"
+            G.norm_output_radius_rms(layer.norms()[0]) * math.sqrt(d_model) if layer.placement == "post"
             else G.block_l2_norm(entry["mlp_input"].to(torch.float64)).amax()
         )  # fmt: skip
         block = G.block_lipschitz_upper_bound(layer, input_radius_rms=float(G.block_rms_norm(block_input).amax()))
     block_local = float(block_local_bound.upper_bound.amax())
-    block_estimate = float(
-        G.block_jacobian_norm_estimate(
-            lambda z: G.block_forward(z, layer), block_input, **options, generator=generator("block")
-        ).amax()
-    )
+    block_estimate = estimate(lambda z: G.block_forward(z, layer), block_input, "block")
     local_bound = float(local.upper_bound.amax())
     layer_row: dict[str, Any] = {
         "head": -1, "w_o_spectral_norm": float(norms.w_o),
@@ -192,19 +190,24 @@ def _layer_records(
     }  # fmt: skip
     ln_ratio_max = 1.0
     if layer.placement != "none":
+        attn_norm, mlp_norm = layer.norms()
         entry = _with_residual_sums(layer, entry)
         attn_norm_input = entry["attention_residual_sum"] if layer.placement == "post" else block_input
-        condition = G.layernorm_condition(attn_norm_input.to(torch.float64), layer.attn_norm)
+        condition = G.layernorm_condition(attn_norm_input.to(torch.float64), attn_norm)
         mlp_norm_input = entry["mlp_residual_sum"] if layer.placement == "post" else None
         ln_ratio_max = float(condition.ratio_max)
         if mlp_norm_input is not None:
-            mlp_condition = G.layernorm_condition(mlp_norm_input.to(torch.float64), layer.mlp_norm)
+            mlp_condition = G.layernorm_condition(mlp_norm_input.to(torch.float64), mlp_norm)
             ln_ratio_max *= float(mlp_condition.ratio_max)
         layer_row["ln_condition_fraction"] = float(condition.satisfied_fraction)
         layer_row["ln_contraction_ratio_median"] = float(condition.ratio_median)
         if compare_placements:
             estimates = G.residual_jacobian_estimates(
-                block_input, layer, iterations=iterations, queries=queries, generator=generator("placements")
+                block_input,
+                layer,
+                iterations=iterations,
+                queries=queries,
+                generator=derived_generator(*key, layer.index, "placements", device=x_attn.device),
             )
             layer_row["pre_ln_residual_jacobian_estimate"] = float(estimates.pre_ln_estimate.amax())
             layer_row["post_ln_residual_jacobian_estimate"] = float(estimates.post_ln_estimate.amax())
@@ -251,10 +254,10 @@ def bound_model(
     Raises:
         WeightsFidelityError when an adapter's normalized weights do not reproduce the model's own blocks.
     """
-    G.norms.check_geometry(geometry)
+    geometry_name = G.norms.check_geometry(geometry)
     from attnsens.study.finite import check_finite_layers, check_finite_module
 
-    name = model_name or getattr(model, "name", "layers")
+    name: str = model_name or getattr(model, "name", None) or "layers"
     if not isinstance(model, list | tuple):
         check_finite_module(model.module, name=name)
     layers = list(model) if isinstance(model, list | tuple) else list(model.layers)
@@ -277,7 +280,7 @@ def bound_model(
     for layer, entry in zip(layers, entries, strict=True):
         try:
             rows, extra = _layer_records(
-                layer, entry, geometry=geometry, queries=queries, iterations=iterations, restarts=restarts,
+                layer, entry, geometry=geometry_name, queries=queries, iterations=iterations, restarts=restarts,
                 compare_placements=compare_placements, key=(run_id, seed, step),
             )  # fmt: skip
         except torch.linalg.LinAlgError as err:
@@ -371,18 +374,21 @@ def _layer_from(tensors: dict[str, Tensor], i: int, cfg: dict[str, Any]) -> Laye
     def get(part: str, name: str) -> Tensor | None:
         return tensors.get(f"layers.{i}.{part}.{name}")
 
-    def norm(part: str, eps: float | None) -> NormWeights | None:
+    def norm(part: str, eps: float) -> NormWeights | None:
         gamma = get(part, "gamma")
         return (
             None if gamma is None else NormWeights(kind=cfg["norm_kind"], gamma=gamma, beta=get(part, "beta"), eps=eps)
         )
 
+    # Any: a required tensor the file lacks (None) fails the dataclass's shape checks, reported as FileFormatError.
+    attention_tensors: dict[str, Any] = {n: get("attention", n) for n in _TENSORS["attention"]}
+    mlp_tensors: dict[str, Any] = {n: get("mlp", n) for n in _TENSORS["mlp"]}
     attention = AttentionWeights(
-        **{n: get("attention", n) for n in _TENSORS["attention"]}, tau=cfg["tau"], causal=cfg["causal"],
+        **attention_tensors, tau=cfg["tau"], causal=cfg["causal"],
         sliding_window=cfg.get("sliding_window"),
         rotary=None if cfg["rotary"] is None else RotaryConfig(**cfg["rotary"]),
     )  # fmt: skip
-    mlp = MLPWeights(kind=cfg["mlp_kind"], activation=cfg["activation"], **{n: get("mlp", n) for n in _TENSORS["mlp"]})
+    mlp = MLPWeights(kind=cfg["mlp_kind"], activation=cfg["activation"], **mlp_tensors)
     return LayerWeights(
         index=i, placement=cfg["placement"], attention=attention, mlp=mlp,
         attn_norm=norm("attn_norm", cfg["norm_eps"][0]), mlp_norm=norm("mlp_norm", cfg["norm_eps"][1]),

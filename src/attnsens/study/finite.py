@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from attnsens.errors import InputError
-from attnsens.models.weights import LayerWeights
+from attnsens.weights import LayerWeights
 
 # Block containers of the supported families: GPT-2 ``h.3.``, Llama/BERT ``layers.3.``/``layer.3.``, own GPT
 # ``blocks.3.``.

@@ -41,7 +41,7 @@ from attnsens.errors import ConfigError
 from attnsens.store.lock import writes_run_folder
 from attnsens.train.checkpoint import load_model_state, model_hashes, prune_deleted, saved_steps, verify_checkpoint
 from attnsens.train.data import DataConfig, TokenData, prepare_data
-from attnsens.train.model import GPT, GPTConfig, preset
+from attnsens.train.model import GPT, GPTConfig, NormPlacement, norm_placement, preset
 from attnsens.train.run import default_data_config, preset_train_config, train
 from attnsens.train.trainer import TrainConfig, init_distributed
 
@@ -84,7 +84,7 @@ class StudyConfig:
         if not placements or len(set(placements)) != len(placements):
             raise ConfigError(f"placements must be distinct and non-empty, got {placements}")
         for placement in placements:
-            replace(self.model, norm=placement)  # GPTConfig validates the name
+            norm_placement(placement)
         if not isinstance(self.bound_stride, int) or self.bound_stride < 1:
             raise ConfigError(f"bound_stride must be a positive integer, got {self.bound_stride!r}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
@@ -142,8 +142,13 @@ class StudyConfig:
         """The run_id of one placement's runs in every table: ``<name>-<placement>``."""
         return f"{self.name}-{placement}"
 
+    @property
+    def norm_placements(self) -> tuple[NormPlacement, ...]:
+        """``placements`` as ``__post_init__`` leaves them: never None, each name checked."""
+        return tuple(norm_placement(placement) for placement in self.placements or (self.model.norm,))
+
     def model_for(self, placement: str) -> GPTConfig:
-        return replace(self.model, norm=placement)
+        return replace(self.model, norm=norm_placement(placement))
 
     def bounds_at(self, step: int) -> bool:
         """Whether checkpoint ``step`` gets certified bounds: every ``bound_stride``-th scheduled checkpoint,
@@ -222,7 +227,7 @@ def run_study(
     manifest = Manifest.open(out, config=config.describe(), growable=("seeds",))
     if rank == 0:
         forget_untrusted(manifest, note=say)
-    runs = [(placement, seed) for placement in config.placements for seed in config.seeds]
+    runs = [(placement, seed) for placement in config.norm_placements for seed in config.seeds]
     discarded = {}
     for placement, seed in runs:
         # A checkpoint whose directory the user deleted is rebuilt by training; the others must be intact.
@@ -255,7 +260,7 @@ def run_study(
     if config.reference is not None and rank == 0:
         units = reference_paths(config.reference).values()
         if not all(manifest.is_done(unit) for unit in units):
-            _audit_reference(config, out, eval_inputs, manifest, say=say)
+            _audit_reference(config, config.reference, out, eval_inputs, manifest, say=say)
     if dist.is_initialized():
         dist.barrier()
     audit_seconds = time.perf_counter() - started
@@ -410,7 +415,9 @@ def _selection(config: StudyConfig) -> Any:
     return RowSelection(query_start=config.min_query, sample_per_sequence=config.rows_per_sequence, seed=0)
 
 
-def _audit_reference(config: StudyConfig, out: Path, eval_inputs: torch.Tensor, manifest: Any, *, say: Log) -> None:
+def _audit_reference(
+    config: StudyConfig, reference: str, out: Path, eval_inputs: torch.Tensor, manifest: Any, *, say: Log
+) -> None:
     """Audit the pretrained reference on the text of the audited evaluation blocks, in its own tokens.
 
     Each block is decoded with the study's tokenizer and encoded with the reference's (special tokens such as
@@ -423,26 +430,26 @@ def _audit_reference(config: StudyConfig, out: Path, eval_inputs: torch.Tensor, 
     from attnsens.study.audit import audit
 
     started = time.perf_counter()
-    adapter = load(config.reference)
+    adapter = load(reference)
     tokenizer = Tokenizer.from_file(str(out / "data" / "tokenizer.json"))
     texts = [tokenizer.decode(block.tolist()) for block in eval_inputs]
     encoded = [adapter.encode(text, max_length=adapter.spec.max_positions)[0] for text in texts]
     length = min(len(ids) for ids in encoded)
     if length <= config.min_query:
         raise ConfigError(
-            f"the reference {config.reference!r} tokenizes the audited text into {length} tokens, too few for "
+            f"the reference {reference!r} tokenizes the audited text into {length} tokens, too few for "
             f"min_query={config.min_query}; lower min_query or audit longer blocks"
         )
     sequences = torch.stack([ids[:length] for ids in encoded])
     per_sequence = min(config.rows_per_sequence or length, length - config.min_query)
     selection = replace(_selection(config), sample_per_sequence=per_sequence)
-    result = audit(adapter, sequences, selection=selection, run_id=f"reference-{config.reference}", step=0, seed=0)
-    units = reference_paths(config.reference)
-    metadata = {"reference": config.reference, "tokens_per_sequence": length}
+    result = audit(adapter, sequences, selection=selection, run_id=f"reference-{reference}", step=0, seed=0)
+    units = reference_paths(reference)
+    metadata = {"reference": reference, "tokens_per_sequence": length}
     manifest.write_unit(units["rows"], result.rows, schema="rows", metadata=metadata)
     manifest.write_unit(units["summary"], result.summary, schema="summary", metadata=metadata)
     say(
-        f"reference {config.reference}: {len(result.rows)} rows over {len(texts)} sequences of {length} tokens "
+        f"reference {reference}: {len(result.rows)} rows over {len(texts)} sequences of {length} tokens "
         f"({time.perf_counter() - started:.1f} s)"
     )
 
@@ -457,7 +464,7 @@ def baselines_frame(config: StudyConfig, data: TokenData) -> Any:
     records = [
         {"run_id": config.name, "name": name, "eval_loss": loss, "n_parameters": None} for name, loss in losses.items()
     ]
-    for placement in config.placements:
+    for placement in config.norm_placements:
         with torch.device("meta"):
             size = sum(p.numel() for p in GPT(config.model_for(placement)).parameters())
         records.append({"run_id": config.run_id(placement), "name": "model", "eval_loss": None, "n_parameters": size})

@@ -161,7 +161,7 @@ def scan_row(row, bits, no_positive, exact_quantum, k_top):
                     q = min(q, _lowest_bit(x))
         else:
             # float32 bits: biased exponent f ≥ 1 has ulp 2^(f − 150); subnormals (f = 0) have ulp 2^-149.
-            q = math.ldexp(1.0, max(np.int64(smallest) >> 23, 1) - 150)
+            q = math.ldexp(1.0, max(int(np.int64(smallest) >> 23), 1) - 150)
     return total, n, p_max, q, end, status, threshold, first
 
 

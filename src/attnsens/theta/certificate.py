@@ -251,9 +251,9 @@ def run_cascade(
         return _certify_rows_numba(cpu_kernels, sub, stop_distance, mitm_max_support, ckk_node_budget,
                                    ckk_max_support, not normalize, tolerance)  # fmt: skip
 
-    if _uses_triton(backend, p.device):
+    gpu = _triton_kernels() if _uses_triton(backend, p.device) else None
+    if gpu is not None:
         on_cpu = functools.partial(cascade, cpu_kernels=_numba_kernels())
-        gpu = _triton_kernels()
         out = gpu.certify_rows_triton(rows, stop_distance, mitm_max_support, not normalize, tolerance, on_cpu)
     else:
         out = cascade(rows)

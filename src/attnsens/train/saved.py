@@ -24,6 +24,7 @@ import torch
 
 from attnsens.errors import CheckpointError, FileFormatError
 from attnsens.train.checkpoint import MANIFEST, checkpoint_dir, checkpoint_name, load_model_state, saved_steps
+from attnsens.train.model import GPT, GPTConfig
 
 _STEP_FOLDER = re.compile(r"step_(\d{6,})")
 _SEED_FOLDER = re.compile(r"seed=(-?\d+)")
@@ -45,19 +46,20 @@ class SavedCheckpoint:
         """Positions the checkpoint's GPT accepts (``max_positions``), known before its weights load."""
         return int(self.model_config["max_positions"])
 
-    def load(self, *, device: Any = "cpu", dtype: torch.dtype = torch.float32) -> Any:
-        """The checkpoint's GPT in the own-GPT adapter, with the run's tokenizer (sha256 checked first)."""
-        from attnsens.models.own_gpt import OwnGPTAdapter
-        from attnsens.train.model import GPT, GPTConfig
-
+    def load_model(self, *, device: Any = "cpu", dtype: torch.dtype = torch.float32) -> GPT:
+        """The checkpoint's GPT in eval mode (sha256 checked first); ``attnsens.models.load(checkpoint)`` wraps it
+        in the own-GPT adapter with ``load_tokenizer()``."""
         model = GPT(GPTConfig(**self.model_config))
         model.load_state_dict(load_model_state(self.run_dir, self.step))  # verified; a broken file is one line
-        tokenizer = None
-        if self.tokenizer_path is not None:
-            from tokenizers import Tokenizer
+        return model.to(device=device, dtype=dtype).eval()
 
-            tokenizer = Tokenizer.from_file(str(self.tokenizer_path))
-        return OwnGPTAdapter(model.to(device=device, dtype=dtype).eval(), name=self.name, tokenizer=tokenizer)
+    def load_tokenizer(self) -> Any:
+        """The run's ``tokenizers.Tokenizer``, or None when the run kept none."""
+        if self.tokenizer_path is None:
+            return None
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_file(str(self.tokenizer_path))
 
 
 def find_checkpoint(

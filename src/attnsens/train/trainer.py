@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 
 from attnsens.errors import CheckpointError, ConfigError
 from attnsens.train.checkpoint import (
@@ -158,7 +159,7 @@ class Trainer:
             )
         torch.manual_seed(train_config.seed)
         self.model = GPT(model_config).to(self.device)
-        self.parallel_model = nn.parallel.DistributedDataParallel(self.model) if self.world_size > 1 else self.model
+        self.parallel_model = DistributedDataParallel(self.model) if self.world_size > 1 else self.model
         c = train_config
         self.optimizer = torch.optim.AdamW(
             parameter_groups(self.model, c.weight_decay), lr=c.lr, betas=(c.beta1, c.beta2), eps=c.adam_eps
@@ -242,7 +243,7 @@ class Trainer:
             loss = self._accumulate_gradients(self.inputs, targets, autocast)
             global_norm, norms = self._gradient_norms()
             clip = (config.grad_clip / (global_norm + 1e-6)).clamp(max=1.0)  # as clip_grad_norm_, norm reused
-            torch._foreach_mul_([p.grad for _, p in self.named_parameters], clip)
+            torch._foreach_mul_(self._gradients(), clip)
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
             record = self._record(loss, lr, global_norm, norms, time.perf_counter() - start)
@@ -266,7 +267,8 @@ class Trainer:
         for index, (x, y) in enumerate(pieces):
             last = index == len(pieces) - 1
             # DDP all-reduces gradients only on the last micro-batch of the step.
-            sync = self.parallel_model.no_sync() if self.world_size > 1 and not last else nullcontext()
+            ddp = self.parallel_model if isinstance(self.parallel_model, DistributedDataParallel) else None
+            sync = ddp.no_sync() if ddp is not None and not last else nullcontext()  # DDP: world_size > 1
             with sync, autocast:
                 logits = self.parallel_model(x)  # (batch, query, vocab)
                 loss = nn.functional.cross_entropy(logits.flatten(0, 1).float(), y.flatten()) * (len(x) / len(inputs))
@@ -286,9 +288,17 @@ class Trainer:
 
     def _gradient_norms(self) -> tuple[Tensor, Tensor]:
         """ℓ2 norm of every parameter's gradient (one tensor, no host sync) and the global norm."""
-        grads = [p.grad for _, p in self.named_parameters]
-        norms = torch.stack(torch._foreach_norm(grads)).float()
+        norms = torch.stack(torch._foreach_norm(self._gradients())).float()
         return norms.square().sum().sqrt(), norms
+
+    def _gradients(self) -> list[Tensor]:
+        """Every parameter's gradient after the step's backward pass, in ``named_parameters`` order (every parameter
+        enters the loss, so none may be missing: the norms are recorded by parameter name)."""
+        grads = [p.grad for _, p in self.named_parameters]
+        missing = [name for (name, _), grad in zip(self.named_parameters, grads, strict=True) if grad is None]
+        if missing:
+            raise ConfigError(f"parameters {missing} received no gradient; every parameter must enter the loss")
+        return [grad for grad in grads if grad is not None]
 
     def _record(self, loss: Tensor, lr: float, global_norm: Tensor, norms: Tensor, elapsed: float) -> dict[str, Any]:
         loss = loss.detach().float()

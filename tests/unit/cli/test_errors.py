@@ -217,7 +217,7 @@ def test_seq_len_beyond_the_context_is_refused_before_loading(run_dir, text_file
     def never(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("the model was loaded before the check")
 
-    monkeypatch.setattr(SavedCheckpoint, "load", never)
+    monkeypatch.setattr(SavedCheckpoint, "load_model", never)
     expected = f"--seq-len 1000 exceeds the context of '{run_dir}' (16 positions); use --seq-len 16 or less"
     audit = ["audit", str(run_dir), "--text", str(text_file), "--seq-len", "1000", "--out", str(tmp_path / "o")]
     assert _one_line_error(audit) == expected

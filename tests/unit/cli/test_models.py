@@ -81,6 +81,18 @@ def test_python_load_accepts_the_same_paths(run_dir, study_dir) -> None:
         A.models.load("builtin:lnfree", step=1)
 
 
+def test_python_load_accepts_a_found_checkpoint(run_dir) -> None:
+    from attnsens.train.saved import find_checkpoint
+
+    saved = find_checkpoint(run_dir, step=1)
+    adapter = A.models.load(saved, dtype=torch.float64)
+    assert adapter.name == "micro@1" and adapter.tokenizer is not None
+    assert adapter.module.wte.weight.dtype == torch.float64 and not adapter.module.training
+    torch.testing.assert_close(
+        adapter.layers[0].attention.w_q, A.models.load(str(run_dir), step=1).layers[0].attention.w_q
+    )
+
+
 def test_study_placements_and_the_older_layout(placements_study_dir, legacy_study_dir) -> None:
     assert A.models.load(placements_study_dir, placement="post").name == "sides/post/seed=0@2"
     with pytest.raises(FileFormatError, match=r"holds several runs of seed 0 \(runs: post seed 0, pre seed 0\)"):

@@ -8,7 +8,7 @@ from torch.testing import assert_close
 
 from attnsens.errors import InputError, ShapeError
 from attnsens.geometry.attention import AttentionBiases, apply_rotary, causal_mask, mha_forward
-from attnsens.models.weights import AttentionWeights, RotaryConfig
+from attnsens.weights import AttentionWeights, RotaryConfig
 from tests.reference.jacobian_oracles import attention_plain, rope_plain
 
 F64 = torch.float64

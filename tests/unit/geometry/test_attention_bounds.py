@@ -13,7 +13,7 @@ from attnsens.geometry.attention import AttentionBiases, causal_mask, mha_forwar
 from attnsens.geometry.attention_bounds import mha_lipschitz_upper_bound, mha_local_jacobian_upper_bound
 from attnsens.geometry.estimates import block_jacobian_norm_estimate
 from attnsens.geometry.norms import block_rms_norm
-from attnsens.models.weights import RotaryConfig
+from attnsens.weights import RotaryConfig
 from tests.reference.jacobian_oracles import (
     block_inf_norm_lower_dense,
     block_inf_norm_scalar_tokens,
@@ -182,6 +182,48 @@ def test_bad_arguments_raise() -> None:
         mha_local_jacobian_upper_bound(torch.randn(1, 2, 3), W, W, W, torch.randn(3, 2), tau=0.0)
     with pytest.raises(ShapeError):
         mha_lipschitz_upper_bound(W, W, W, torch.randn(3, 2), tau=1.0, radius_rms=1.0, d_model=4)
+
+
+@pytest.mark.parametrize("window", [None, 2])
+def test_attention_weights_give_the_numbers_of_their_tensors(window: int | None) -> None:
+    """One AttentionWeights stands for its projections, τ, biases, rotary and causal (windowed) mask."""
+    from dataclasses import replace
+
+    from tests.unit.geometry.tiny_layers import tiny_layers
+
+    attention = replace(tiny_layers(n_kv_head=1, rotary=True)[0].attention, sliding_window=window)
+    X = torch.randn(2, 5, 10, generator=torch.Generator().manual_seed(3), dtype=F64)
+    mask = torch.ones(5, 5, dtype=torch.bool).tril()
+    if window is not None:
+        mask = mask & ~torch.ones(5, 5, dtype=torch.bool).tril(-window)
+    tensors = (attention.w_q, attention.w_k, attention.w_v, attention.w_o)
+    biases = AttentionBiases(q=attention.b_q, k=attention.b_k, v=attention.b_v, o=attention.b_o)
+    keywords = {"tau": attention.tau, "biases": biases, "rotary": attention.rotary}
+
+    assert_close(mha_forward(X, attention).output, mha_forward(X, *tensors, mask=mask, **keywords).output)
+    assert mha_forward(X.float(), attention).output.dtype == torch.float32  # cast to X's dtype
+    local = mha_local_jacobian_upper_bound(X, attention, geometry="l2")
+    expected = mha_local_jacobian_upper_bound(X, *tensors, mask=mask, geometry="l2", **keywords)
+    assert_close(local.row_upper_bound, expected.row_upper_bound, rtol=0, atol=0)
+    assert local.geometry == "l2"
+    lipschitz = mha_lipschitz_upper_bound(attention, radius_rms=1.5)
+    expected_lipschitz = mha_lipschitz_upper_bound(*tensors, radius_rms=1.5, d_model=10, **keywords)
+    assert_close(lipschitz.upper_bound, expected_lipschitz.upper_bound, rtol=0, atol=0)
+
+
+def test_attention_weights_and_tensors_are_not_mixed() -> None:
+    from tests.unit.geometry.tiny_layers import tiny_layers
+
+    attention = tiny_layers()[0].attention
+    X = torch.randn(1, 4, 10, dtype=F64)
+    with pytest.raises(ConfigError, match="already carries tau"):
+        mha_local_jacobian_upper_bound(X, attention, tau=2.0)
+    with pytest.raises(ConfigError, match="already carries Wk, mask"):
+        mha_forward(X, attention, attention.w_k, mask=torch.ones(4, 4, dtype=torch.bool))
+    with pytest.raises(ConfigError, match="already carries d_model"):
+        mha_lipschitz_upper_bound(attention, radius_rms=1.0, d_model=10)
+    with pytest.raises(ConfigError, match="needs Wq, Wk, Wv and Wo"):
+        mha_forward(X, attention.w_q, tau=1.0)
 
 
 def test_key_sum_form_is_never_looser_than_the_theta_form_on_two_key_rows() -> None:

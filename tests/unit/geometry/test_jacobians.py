@@ -13,10 +13,9 @@ from attnsens.geometry.jacobians import (
     rmsnorm_jacobian,
     softmax_jacobian,
     softmax_jacobian_inf_to_inf_norm,
-    softmax_jacobian_inf_to_one_norm_lower_bound,
-    softmax_jacobian_inf_to_one_norm_upper_bound,
     softmax_jacobian_spectral_norm,
 )
+from attnsens.theta import softmax_jacobian_inf_to_one_norm
 from tests.reference.jacobian_oracles import (
     layernorm_plain,
     matrix_inf_to_inf_norm,
@@ -47,8 +46,9 @@ def test_softmax_inf_to_one_certificate_brackets_brute_force() -> None:
     p = softmax_tempered(u, tau)
     brute = matrix_inf_to_one_norm_brute(softmax_jacobian(p, tau))
     assert_close(brute, theta_brute(p) / tau)  # docs/math.md T1 identity, dense
-    assert bool((softmax_jacobian_inf_to_one_norm_lower_bound(p, tau) <= brute + 1e-12).all())
-    assert bool((softmax_jacobian_inf_to_one_norm_upper_bound(p, tau) >= brute - 1e-12).all())
+    certificate = softmax_jacobian_inf_to_one_norm(u, tau)  # the one ‖J‖_{∞→1} API (attnsens.theta)
+    assert bool((certificate.lower <= brute + 1e-12).all())
+    assert bool((certificate.upper >= brute - 1e-12).all())
 
 
 def test_masked_keys_do_not_change_the_norms() -> None:

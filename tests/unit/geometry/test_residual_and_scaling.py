@@ -15,7 +15,7 @@ from attnsens.geometry.residual import (
     residual_jacobian_estimates,
 )
 from attnsens.geometry.scaling import deepnet_constants, depth_scale_heuristic, quartic_path_norm_product
-from attnsens.models.weights import NormWeights
+from attnsens.weights import NormWeights
 from tests.reference.jacobian_oracles import matrix_inf_to_inf_norm
 from tests.unit.geometry.tiny_layers import tiny_layers
 

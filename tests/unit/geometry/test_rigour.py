@@ -19,20 +19,21 @@ from attnsens.geometry import (
     mha_local_jacobian_upper_bound,
     norm_jacobian_spectral_norm_upper_bound,
     pre_ln_expansion_remainder_upper_bound,
-    softmax_jacobian_inf_to_one_norm_upper_bound,
 )
 from attnsens.geometry.attention import AttentionBiases, causal_mask
-from attnsens.geometry.jacobians import softmax_jacobian_inf_to_one_norm_lower_bound
+from attnsens.theta import softmax_jacobian_inf_to_one_norm
 
 F64 = torch.float64
 
 
 def test_softmax_inf_to_one_bound_at_tau_three_is_not_below_one_third() -> None:
-    p = torch.tensor([0.5, 0.5], dtype=F64)
-    assert Fraction(float(softmax_jacobian_inf_to_one_norm_upper_bound(p, tau=3.0))) >= Fraction(1, 3)
-    assert Fraction(float(softmax_jacobian_inf_to_one_norm_lower_bound(p, tau=3.0))) <= Fraction(1, 3)
+    u = torch.zeros(2, dtype=F64)  # p = (½, ½) exactly, θ = 1: ‖J‖_{∞→1} = 1/τ
+    certificate = softmax_jacobian_inf_to_one_norm(u, tau=3.0)
+    assert Fraction(float(certificate.upper)) >= Fraction(1, 3)
+    assert Fraction(float(certificate.lower)) <= Fraction(1, 3)
     for tau in (0.1, 0.7, 3.0, 10.0, 1e-300):
-        assert Fraction(float(softmax_jacobian_inf_to_one_norm_upper_bound(p, tau=tau))) >= 1 / Fraction(tau)
+        certificate = softmax_jacobian_inf_to_one_norm(u, tau=tau)
+        assert Fraction(float(certificate.lower)) <= 1 / Fraction(tau) <= Fraction(float(certificate.upper))
 
 
 def test_layernorm_bound_with_a_huge_offset_is_not_below_the_400_bit_norm() -> None:

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from attnsens.models.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights, RotaryConfig
+from attnsens.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights, RotaryConfig
 
 
 def tiny_layers(

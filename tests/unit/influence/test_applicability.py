@@ -10,8 +10,9 @@ import torch
 
 from attnsens.errors import ConfigError, UnsupportedModelError
 from attnsens.influence import builtin_lnfree, certified_constant, norm_lipschitz_constant
-from attnsens.models.weights import NormWeights, RotaryConfig
+from attnsens.models.own_gpt import gpt_layer_weights
 from attnsens.train.model import GPT, GPTConfig
+from attnsens.weights import NormWeights, RotaryConfig
 
 
 def _gpt(**overrides: object) -> GPT:
@@ -71,7 +72,7 @@ def test_causal_models_get_the_polylog_variant() -> None:
 
 
 def test_rotary_and_gated_layers_are_named() -> None:
-    layers = builtin_lnfree().layer_weights()
+    layers = gpt_layer_weights(builtin_lnfree())
     rotary = [
         dataclasses.replace(
             layer, attention=dataclasses.replace(layer.attention, rotary=RotaryConfig(base=1e4, rotary_dim=8))

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from attnsens.influence import certified_constant
-from attnsens.models.weights import AttentionWeights, LayerWeights, MLPWeights
+from attnsens.weights import AttentionWeights, LayerWeights, MLPWeights
 
 EMBEDDING = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.6, 0.8]], dtype=torch.float64)
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import attnsens.models as M
-from attnsens.errors import FileFormatError, UnsupportedModelError
+from attnsens.errors import ConfigError, FileFormatError, UnsupportedModelError
 from tests.imports import modules_loaded_by
 from tests.unit.models.tiny_models import tiny_model
 
@@ -51,6 +51,24 @@ def test_alias_registry_is_extensible() -> None:
     finally:
         del M.ALIASES["test:tiny-bert"]
     assert {"smollm2", "minilm"} <= set(M.ALIASES)
+
+
+def test_an_alias_is_registered_once() -> None:
+    with pytest.raises(ConfigError, match="'smollm2' is already registered"):
+        M.register_alias("smollm2", lambda *, device, dtype: None)
+    loader = M.ALIASES["smollm2"]
+    M.register_alias("smollm2", loader)  # the same loader again changes nothing
+    assert M.ALIASES["smollm2"] is loader
+
+
+def test_the_own_gpt_is_recognised_by_its_class_wherever_it_is_defined() -> None:
+    from attnsens.train.model import GPT, GPTConfig
+
+    class Probe(GPT):  # a subclass defined outside attnsens.train
+        pass
+
+    adapter = M.load(Probe(GPTConfig(vocab_size=11, n_layer=1, n_head=2, d_model=8, max_positions=6)))
+    assert adapter.family == "own_gpt" and len(adapter.layers) == 1
 
 
 def test_adapter_passes_through_and_checks_inputs() -> None:

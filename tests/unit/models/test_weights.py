@@ -1,4 +1,4 @@
-"""Normalized weights (models/weights.py) reproduce each family's block exactly, checked by a float64 oracle."""
+"""Normalized weights (attnsens/weights.py) reproduce each family's block exactly, checked by a float64 oracle."""
 
 from __future__ import annotations
 

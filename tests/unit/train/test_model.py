@@ -10,6 +10,7 @@ import torch
 from torch.nn import functional as F
 
 from attnsens.errors import ConfigError, ShapeError
+from attnsens.models.own_gpt import gpt_layer_weights
 from attnsens.train.model import GPT, GPTConfig, preset, sinusoidal_position_embeddings
 
 BATCH, QUERY, VOCAB, HEAD, D_HEAD, LAYERS = 3, 7, 11, 3, 5, 2
@@ -142,7 +143,7 @@ def test_deepnorm_constants_and_initialization_gains() -> None:
     xavier = math.sqrt(2.0 / (120 + 120))
     assert weight[:120].std().item() == pytest.approx(xavier, rel=0.1)  # W_Q keeps gain 1
     assert weight[240:].std().item() == pytest.approx(config.deepnorm_beta * xavier, rel=0.1)  # W_V gain β
-    assert [layer.residual_scale for layer in model.layer_weights()] == [pytest.approx(12**0.25)] * 6
+    assert [layer.residual_scale for layer in gpt_layer_weights(model)] == [pytest.approx(12**0.25)] * 6
 
 
 def test_residual_projections_use_gpt2_scaling() -> None:

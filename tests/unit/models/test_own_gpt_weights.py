@@ -1,4 +1,4 @@
-"""GPT.layer_weights(): the normalized layout rebuilds the model's forward pass (docs/math.md §2.6–2.9)."""
+"""gpt_layer_weights: the own GPT's normalized layout rebuilds its forward pass (docs/math.md §2.6–2.9)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from attnsens.models.weights import LayerWeights, NormWeights
+from attnsens.models.own_gpt import gpt_layer_weights
 from attnsens.train.model import GPT, GPTConfig
+from attnsens.weights import LayerWeights, NormWeights
 
 BATCH, QUERY, VOCAB, HEAD, D_HEAD = 2, 7, 13, 3, 5
 
@@ -94,7 +95,7 @@ def test_layer_weights_rebuild_every_block(norm: str, causal: bool, bias: bool, 
     ids = torch.randint(0, VOCAB, (BATCH, QUERY), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         model(ids)
-    layers = model.layer_weights()
+    layers = gpt_layer_weights(model)
     assert [layer.index for layer in layers] == [0, 1, 2]
     assert layers[0].attention.w_q.shape == (HEAD, D_HEAD, HEAD * D_HEAD)
     assert layers[0].attention.tau == pytest.approx(D_HEAD**0.5)
@@ -114,11 +115,11 @@ def test_layer_weights_rebuild_every_block(norm: str, causal: bool, bias: bool, 
 
 def test_layer_weights_are_copies() -> None:
     model = GPT(GPTConfig(vocab_size=VOCAB, n_layer=1, n_head=HEAD, d_model=HEAD * D_HEAD, max_positions=QUERY))
-    before = model.layer_weights()[0].attention.w_q.clone()
+    before = gpt_layer_weights(model)[0].attention.w_q.clone()
     with torch.no_grad():
         model.blocks[0].attn.c_attn.weight.add_(1.0)
-    torch.testing.assert_close(model.layer_weights()[0].attention.w_q, before + 1.0)
-    assert not torch.equal(model.layer_weights()[0].attention.w_q, before)
+    torch.testing.assert_close(gpt_layer_weights(model)[0].attention.w_q, before + 1.0)
+    assert not torch.equal(gpt_layer_weights(model)[0].attention.w_q, before)
 
 
 def test_reference_block_catches_a_swapped_head_layout() -> None:
@@ -129,7 +130,7 @@ def test_reference_block_catches_a_swapped_head_layout() -> None:
         for param in model.parameters():
             param.copy_(0.3 * torch.randn_like(param) + (1.0 if param.ndim == 1 and param.shape[0] == 15 else 0.0))
     x = torch.randn(BATCH, QUERY, HEAD * D_HEAD, dtype=torch.float64)
-    layer = model.layer_weights()[0]
+    layer = gpt_layer_weights(model)[0]
     good = block_from_weights(x, layer)
     wrong_attention = type(layer.attention)(**{**layer.attention.__dict__, "w_q": layer.attention.w_q.flip(0)})
     wrong = block_from_weights(x, type(layer)(**{**layer.__dict__, "attention": wrong_attention}))

@@ -1,5 +1,8 @@
 """``builtin:lnfree``: a small seeded GPT inside the influence theorem's assumptions (docs/math.md §10.1).
 
+A built-in model of ``attnsens.models.load`` (beside the packaged aliases), so it lives with the loaders; the
+influence experiments re-export it as ``attnsens.influence.builtin_lnfree``.
+
 LN-free blocks (X ← X + Attn(X); X ← X + MLP(X)), unmasked attention, bounded sinusoidal positions (amplitude
 0.5, so ‖p_j‖₂ = 0.5·√(d/2) for every j), ReLU MLP, no biases, N(0, 0.1²) weights: small enough that the
 certified C stays in the hundreds (C ≈ 10^2.4 for seed 0) while the measured n·‖Δy_n‖ is ≈ 0.1.
@@ -15,6 +18,7 @@ from typing import Any
 
 import torch
 
+from attnsens.models.own_gpt import OwnGPTAdapter
 from attnsens.train.model import GPT, GPTConfig
 
 LNFREE_CONFIG = GPTConfig(
@@ -60,9 +64,7 @@ def builtin_lnfree(seed: int = 0, **overrides: Any) -> GPT:
     return model.eval()
 
 
-def load_builtin_lnfree(*, device: Any = "cpu", dtype: torch.dtype = torch.float32) -> Any:
+def load_builtin_lnfree(*, device: Any = "cpu", dtype: torch.dtype = torch.float32) -> OwnGPTAdapter:
     """``attnsens.models.load("builtin:lnfree")``: the seed-0 model wrapped in the own-GPT adapter."""
-    from attnsens.models.own_gpt import OwnGPTAdapter
-
     model = builtin_lnfree().to(device=device, dtype=dtype)
     return OwnGPTAdapter(model, name="builtin:lnfree", tokenizer=ByteTokenizer(LNFREE_CONFIG.vocab_size))

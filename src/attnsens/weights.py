@@ -1,7 +1,9 @@
 """Normalized per-layer weights: the one layout every adapter produces and every bound consumes.
 
 Adapters (GPT-2 Conv1D, NeoX fused QKV, Llama GQA, BERT, attnsens' own GPT) convert their parameters into these
-frozen dataclasses, so the geometry and influence code never branches on model families. Conventions:
+frozen dataclasses, so the geometry and influence code never branches on model families. The module sits below
+both (docs/architecture.md, "Layers and import direction"): it imports nothing of attnsens but its errors, so the
+bounds read weights without loading the adapters. ``attnsens.models`` re-exports the classes. Conventions:
 
 * Linear maps act on column vectors: ``q = w_q[h] @ x + b_q[h]`` with ``w_q: [head, d_head, d_model]``.
 * Key/value projections have ``kv_head`` heads (grouped-query attention); query head ``h`` reads key/value head
@@ -169,8 +171,8 @@ class AttentionWeights:
             return self
         group = self.n_head // self.n_kv_head
 
-        def repeat(t: Tensor | None) -> Tensor | None:
-            return None if t is None else torch.repeat_interleave(t, group, dim=0)
+        def repeat(t: Tensor) -> Tensor:
+            return torch.repeat_interleave(t, group, dim=0)
 
         return AttentionWeights(
             w_q=self.w_q,
@@ -178,8 +180,8 @@ class AttentionWeights:
             w_v=repeat(self.w_v),
             w_o=self.w_o,
             b_q=self.b_q,
-            b_k=repeat(self.b_k),
-            b_v=repeat(self.b_v),
+            b_k=None if self.b_k is None else repeat(self.b_k),
+            b_v=None if self.b_v is None else repeat(self.b_v),
             b_o=self.b_o,
             tau=self.tau,
             causal=self.causal,
@@ -215,6 +217,17 @@ class MLPWeights:
                 f"b_gate must be [{d_ff}] beside a w_gate, got {tuple(self.b_gate.shape)} (kind={self.kind!r})"
             )
 
+    @property
+    def gate(self) -> Tensor:
+        """``w_gate`` of a gated MLP, typed as present (``__post_init__`` guarantees it for ``kind == "gated"``).
+
+        Raises:
+            ConfigError for a plain MLP, which has no gate.
+        """
+        if self.w_gate is None:
+            raise ConfigError(f"a {self.kind!r} MLP has no w_gate; only kind 'gated' has one")
+        return self.w_gate
+
 
 @dataclass(frozen=True, kw_only=True)
 class LayerWeights:
@@ -246,3 +259,14 @@ class LayerWeights:
             )
         if self.parallel_residual and self.placement != "pre":
             raise ConfigError(f"layer {self.index}: parallel_residual needs placement 'pre', got {self.placement!r}")
+
+    def norms(self) -> tuple[NormWeights, NormWeights]:
+        """``(attn_norm, mlp_norm)`` of a "pre" or "post" layer, typed as present (``__post_init__`` guarantees
+        both for those placements), so a branch on the placement reads them without rechecking each for None.
+
+        Raises:
+            ConfigError for placement "none", which has no norms.
+        """
+        if self.attn_norm is None or self.mlp_norm is None:
+            raise ConfigError(f"layer {self.index}: placement {self.placement!r} has no norms")
+        return self.attn_norm, self.mlp_norm
