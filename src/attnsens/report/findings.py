@@ -314,7 +314,7 @@ def _layer_table(cells: pd.DataFrame, metrics: dict[str, str], *, subsets: tuple
                 arrow = "" if first == last else f"{_fmt(start.get(layer, float('nan')))} → "
                 text[int(layer)] = arrow + _spread(values)
             name = label if subsets == ("all",) else f"{label} ({subset})"
-            table[name] = table["layer"].map(text).fillna("–")
+            table[name] = [text.get(int(layer), "–") for layer in table["layer"]]
     return table
 
 
