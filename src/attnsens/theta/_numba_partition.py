@@ -462,8 +462,8 @@ FOUR_LIST_MIN_EXPECTED = 2.0
 """Rows expected to have fewer perfect splits than this skip the search (it would rarely find one)."""
 FOUR_LIST_MAX_PAIRS = 1 << 12
 """Largest expected size of one list of pair sums: the modulus is raised until the lists are this short."""
-FOUR_LIST_WORK = 1 << 14
-"""Pair sums formed per row, over all residues and targets tried, before the search gives up (~50 µs). The
+FOUR_LIST_WORK = 1 << 13
+"""Pair sums formed per row, over all residues and targets tried, before the search gives up (~25 µs). The
 whole budget is spent rather than the ~3 residues the estimate asks for: on near-uniform rows the subset sums
 crowd into one bump per count, and with an odd count every perfect split lies in a bump's tail, where the
 Gaussian estimate counts several times too many."""
