@@ -174,6 +174,22 @@ def spectral_norm_upper_bound(W: Tensor) -> Tensor:
     return cached_on((W,), "spectral_norm_upper_bound", lambda: _spectral_norm_upper_bound_scaled(W))
 
 
+def product_spectral_norm_upper_bound(A: Tensor, B: Tensor) -> Tensor:
+    """≥ ‖A·B‖₂ of the real product, batched over leading axes: the computed float64 product's certified norm plus
+    a bound on its rounding error, |A·B − fl(A·B)| ≤ γ_k·|A|·|B| elementwise for inner dimension k (Higham Thm 3.5,
+    any summation order), whose spectral norm is at most its Frobenius norm.
+
+    A computed product can lose everything to cancellation (rows like (10^8, 1, −10^8)·(10^8, 1, 10^8) multiply to
+    0 in float64 and to 1 in reals), so the norm of fl(A·B) alone is no upper bound.
+    """
+    A64, B64 = A.to(torch.float64), B.to(torch.float64)
+    k = A64.shape[-1]
+    computed = spectral_norm_upper_bound(A64 @ B64)
+    magnitude = frobenius_norm_upper_bound(A64.abs() @ B64.abs())  # itself computed: inflated by 1 + γ_k below
+    error = mul_up(magnitude, math.nextafter(gamma(k) * (1.0 + 2.0 * gamma(k)), math.inf))
+    return add_up(computed, error)
+
+
 def cached_on(tensors: tuple[Tensor, ...], tag: str, compute: Callable[[], T]) -> T:
     """compute(), remembered for these tensors: a function of weight matrices that one model's bounds need several
     times. The key is each tensor (or the tensor a view reads) with the view's layout; a hit requires every such

@@ -31,14 +31,22 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from attnsens._rounding import (
+    add_up,
+    div_up,
+    mul_up,
+    norm2_upper_bound,
+    product_spectral_norm_upper_bound,
+    spectral_norm_upper_bound,
+)
 from attnsens.geometry.blocks import ffn_lipschitz_upper_bound
 from attnsens.geometry.layers import activation
-from attnsens.geometry.norms import spectral_norm
 from attnsens.weights import LayerWeights
 
 HeadOutput = Literal["ov", "split"]
 
-# SVD and float64 rounding: every computed norm is inflated by this relative amount so it stays an upper bound.
+# ‖f_k(0)‖ is evaluated through the activation in float64 without an error model: it alone is inflated by this
+# relative amount. Every operator norm is a certified upper bound in real arithmetic (attnsens._rounding).
 NORM_ROUNDING_MARGIN = 1e-10
 
 
@@ -79,35 +87,38 @@ def block_constants(
             blocks contain norms (docs/math.md §10.1: norms counted inside f_k with their Lipschitz constants).
 
     Returns:
-        Upper bounds of every constant (each inflated by a relative 1e-10 against rounding).
+        Upper bounds of every constant in real arithmetic: operator norms through ``attnsens._rounding`` (the
+        rounding of the products W_Qᵀ W_K and W_O W_V included); ‖f_k(0)‖ inflated by a relative 1e-10.
     """
     attention = layer.attention.per_query_head()
     f64 = torch.float64
     w_q, w_k, w_v, w_o = (t.detach().to(f64) for t in (attention.w_q, attention.w_k, attention.w_v, attention.w_o))
     n_head, d_head, d_model = w_q.shape
     out_blocks = w_o.reshape(d_model, n_head, d_head).permute(1, 0, 2)  # [head, d_model, d_head]
-    if attention.rotary is None:
-        score_norms = spectral_norm(w_q.transpose(-2, -1) @ w_k / attention.tau)  # ‖G_h‖, G_h: [d_model, d_model]
+    if attention.rotary is None:  # ‖G_h‖, G_h = W_Qᵀ W_K / τ: [d_model, d_model]
+        score_norms = div_up(product_spectral_norm_upper_bound(w_q.transpose(-2, -1), w_k), attention.tau)
     else:
         # Rotary scores y_jᵀ W_Qᵀ R_{r−j} W_K y_r have no fixed G; R is orthogonal, so ‖W_Q‖‖W_K‖/τ bounds them.
-        score_norms = spectral_norm(w_q) * spectral_norm(w_k) / attention.tau
+        score_norms = div_up(mul_up(spectral_norm_upper_bound(w_q), spectral_norm_upper_bound(w_k)), attention.tau)
     if attention.b_q is None:
         bias_norms = torch.zeros(n_head, dtype=f64)
-    else:
-        g = torch.einsum("hed,he->hd", w_k, attention.b_q.detach().to(f64)) / attention.tau  # [head, d_model]
-        bias_norms = torch.linalg.vector_norm(g, dim=-1)
+    else:  # ‖g_h‖ = ‖W_Kᵀ b_Q‖ / τ, the norm of a one-column product
+        b_q = attention.b_q.detach().to(f64).unsqueeze(-1)  # [head, d_head, 1]
+        bias_norms = div_up(product_spectral_norm_upper_bound(w_k.transpose(-2, -1), b_q), attention.tau)
     b_v = torch.zeros(n_head, d_head, dtype=f64) if attention.b_v is None else attention.b_v.detach().to(f64)
     c_o = torch.zeros(d_model, dtype=f64) if attention.b_o is None else attention.b_o.detach().to(f64)
-    mlp_lipschitz = _upper(ffn_lipschitz_upper_bound(layer.mlp))  # ‖W₂‖ Lip(act) ‖W₁‖, docs/math.md §2.7
+    mlp_lipschitz = float(ffn_lipschitz_upper_bound(layer.mlp))  # ‖W₂‖ Lip(act) ‖W₁‖, docs/math.md §2.7
+    one = torch.ones((), dtype=f64)
     if head_output == "ov":
-        value_norms = spectral_norm(out_blocks @ w_v)
+        value_norms = product_spectral_norm_upper_bound(out_blocks, w_v)
         offsets = torch.zeros(n_head, dtype=f64)
         c_o = c_o + torch.einsum("hdk,hk->d", out_blocks, b_v)
-        lipschitz = 1.0 + mlp_lipschitz
+        lipschitz = float(add_up(one, mlp_lipschitz))
     else:
-        value_norms = spectral_norm(w_v)
-        offsets = torch.linalg.vector_norm(b_v, dim=-1)
-        lipschitz = (1.0 + mlp_lipschitz) * max(1.0, _upper(spectral_norm(out_blocks).max()))
+        value_norms = spectral_norm_upper_bound(w_v)
+        offsets = norm2_upper_bound(b_v)
+        out_norm = max(1.0, float(spectral_norm_upper_bound(out_blocks).max()))
+        lipschitz = float(mul_up(add_up(one, mlp_lipschitz), out_norm))
     mlp = layer.mlp
     hidden = mlp.w_in.detach().to(f64) @ c_o
     if mlp.b_in is not None:
@@ -117,16 +128,16 @@ def block_constants(
         f_zero = f_zero + mlp.b_out.detach().to(f64)
     heads = tuple(
         HeadConstants(
-            score_norm=_upper(score_norms[h]),
-            query_bias_score_norm=_upper(bias_norms[h]),
-            value_norm=_upper(value_norms[h]),
-            value_offset_norm=_upper(offsets[h]),
+            score_norm=float(score_norms[h]),
+            query_bias_score_norm=float(bias_norms[h]),
+            value_norm=float(value_norms[h]),
+            value_offset_norm=float(offsets[h]),
         )
         for h in range(n_head)
     )
     return BlockConstants(
         index=layer.index,
-        lipschitz=_upper(lipschitz) * norm_lipschitz,
+        lipschitz=float(mul_up(torch.tensor(lipschitz, dtype=f64), norm_lipschitz)),
         f_zero_norm=_upper(torch.linalg.vector_norm(f_zero)),
         causal=attention.causal,
         heads=heads,
