@@ -24,6 +24,8 @@ EARLY_KEYS = 16
 """Rows with fewer keys than this are "early" and left out of the core rows."""
 
 SUBSETS = ("all", "core")
+COUNT_COLUMNS = ("n_rows", "n_dominant", "n_sink", "n_dominant_sink", "n_early")
+"""The cells' row counts (integers); every other aggregate is a median, mean or fraction."""
 
 _CORE = f"argmax <> 0 AND n_keys >= {EARLY_KEYS}"
 
@@ -54,8 +56,7 @@ ORDER BY run_id, subset, step, seed, layer
 def layer_cells(connection: Any) -> pd.DataFrame:
     """The cells of the ``rows`` view of a DuckDB connection (columns: see CELLS_SQL), all heads pooled."""
     frame = connection.execute(CELLS_SQL).df()
-    counts = [c for c in frame.columns if c.startswith("n_") and c != "n_keys_median"]
-    return frame.astype({c: "int64" for c in counts})
+    return frame.astype({c: "int64" for c in COUNT_COLUMNS})
 
 
 def layer_cells_of(rows: pd.DataFrame) -> pd.DataFrame:
