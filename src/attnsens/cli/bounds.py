@@ -112,7 +112,8 @@ def bounds(
     from attnsens.cli.progress import ProgressReport
     from attnsens.errors import InputError
     from attnsens.geometry.norms import check_geometry
-    from attnsens.study.bounds import bound_model, load_layer_weights
+    from attnsens.store.layer_weights import load_layer_weights
+    from attnsens.study.bounds import bound_model
 
     check_geometry(geometry)
     if out is not None:

@@ -18,22 +18,14 @@ distribution-free bound n_keys/2 from ‖J‖_{∞→1} ≤ n ‖J‖_{∞→∞
 Jacobian norm at the actual input and tightness ratios; the FFN, T7 block, local block and residual-expansion
 bounds; LayerNorm condition statistics (T6). All norms in the block-∞ convention named in the ``norm`` column.
 
-Weight file layout (``save_layer_weights`` / ``load_layer_weights``, safetensors): tensors
-``layers.{i}.attention.{w_q,w_k,w_v,w_o,b_q,b_k,b_v,b_o}``, ``layers.{i}.mlp.{w_in,w_out,b_in,b_out,w_gate,b_gate}``,
-``layers.{i}.{attn_norm,mlp_norm}.{gamma,beta}`` (absent = None; shapes as in ``attnsens.weights``), and
-the metadata key ``attnsens.layers``: a JSON list with, per layer, ``placement``, ``tau``, ``causal``,
-``mlp_kind``, ``activation``, ``norm_kind``, ``norm_eps`` ([attn, mlp]), ``residual_scale``,
-``parallel_residual``, ``rotary`` (null or the fields of ``RotaryConfig``) and ``sliding_window`` (null or an int;
-absent in older files).
+Weight files (``attnsens bounds FILE.safetensors``) are read and written by ``attnsens.store.layer_weights``; the
+reference forward that propagates a residual stream through bare ``LayerWeights`` is ``attnsens.geometry.stream``.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pandas as pd
@@ -41,44 +33,14 @@ import torch
 from torch import Tensor
 
 from attnsens import geometry as G
-from attnsens.errors import FileFormatError, InputError
+from attnsens.errors import InputError
 from attnsens.geometry.attention import biases_of
-from attnsens.geometry.layers import attention_sublayer, mlp_forward, norm_forward, synthetic_block_input
+from attnsens.geometry.layers import attention_sublayer, synthetic_block_input
 from attnsens.geometry.norms import Geometry
+from attnsens.geometry.stream import layer_inputs_from_stream, with_residual_sums
 from attnsens.models.fidelity import check_weights_fidelity
 from attnsens.seeding import derived_generator
-from attnsens.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights, RotaryConfig
-
-FORMAT_KEY = "attnsens.layers"
-
-
-def _layer_inputs_from_stream(layers: Sequence[LayerWeights], x: Tensor) -> list[dict[str, Tensor]]:
-    """Block, attention and MLP inputs (and post-LN residual sums) from the reference forward."""
-    found = []
-    for layer in layers:
-        entry = {"block_input": x}
-        if layer.placement == "pre":
-            attn_norm, mlp_norm = layer.norms()
-            entry["attention_input"] = norm_forward(x, attn_norm)
-            mid = x if layer.parallel_residual else x + attention_sublayer(entry["attention_input"], layer.attention)
-            entry["mlp_input"] = norm_forward(mid, mlp_norm)
-        else:
-            entry["attention_input"] = x
-            mid = layer.residual_scale * x + attention_sublayer(x, layer.attention)
-            if layer.placement == "post":
-                entry["attention_residual_sum"] = mid
-                mid = norm_forward(mid, layer.norms()[0])
-            entry["mlp_input"] = mid
-        found.append(entry)
-        x = G.block_forward(x, layer)
-    return found
-
-
-def _with_residual_sums(layer: LayerWeights, entry: dict[str, Tensor]) -> dict[str, Tensor]:
-    if layer.placement == "post" and entry.get("mlp_residual_sum") is None:
-        y = entry["mlp_input"]
-        entry = {**entry, "mlp_residual_sum": layer.residual_scale * y + mlp_forward(y, layer.mlp)}
-    return entry
+from attnsens.weights import AttentionWeights, LayerWeights
 
 
 def _attention_call(attention: AttentionWeights) -> Callable[[Tensor], Tensor]:
@@ -191,7 +153,7 @@ def _layer_records(
     ln_ratio_max = 1.0
     if layer.placement != "none":
         attn_norm, mlp_norm = layer.norms()
-        entry = _with_residual_sums(layer, entry)
+        entry = with_residual_sums(layer, entry)
         attn_norm_input = entry["attention_residual_sum"] if layer.placement == "post" else block_input
         condition = G.layernorm_condition(attn_norm_input.to(torch.float64), attn_norm)
         mlp_norm_input = entry["mlp_residual_sum"] if layer.placement == "post" else None
@@ -273,7 +235,7 @@ def bound_model(
         if block_input is None:
             block_input = synthetic_block_input(layers[0].attention.d_model, seq_len)
         with torch.no_grad():
-            entries = _layer_inputs_from_stream(layers, block_input.to(torch.float64))
+            entries = layer_inputs_from_stream(layers, block_input.to(torch.float64))
     n_tokens = entries[0]["block_input"].shape[1]
     queries = None if n_queries is None else torch.linspace(0, n_tokens - 1, min(n_queries, n_tokens)).round().long()
     records, ln_ratios, branches = [], [], []
@@ -304,93 +266,3 @@ def bound_model(
         if on_layer is not None:
             on_layer(layer.index)
     return pd.DataFrame.from_records(records)
-
-
-_TENSORS = {
-    "attention": ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o"),
-    "mlp": ("w_in", "w_out", "b_in", "b_out", "w_gate", "b_gate"),
-    "attn_norm": ("gamma", "beta"),
-    "mlp_norm": ("gamma", "beta"),
-}
-
-
-def save_layer_weights(layers: Sequence[LayerWeights], path: str | os.PathLike[str]) -> Path:
-    """Write ``layers`` to a safetensors file in the layout of the module docstring."""
-    from safetensors.torch import save_file
-
-    tensors: dict[str, Tensor] = {}
-    configs = []
-    for i, layer in enumerate(layers):
-        for part, names in _TENSORS.items():
-            obj = getattr(layer, part)
-            for name in names:
-                value = None if obj is None else getattr(obj, name)
-                if value is not None:
-                    tensors[f"layers.{i}.{part}.{name}"] = value.detach().contiguous().cpu()
-        rotary = layer.attention.rotary
-        configs.append({
-            "placement": layer.placement, "tau": layer.attention.tau, "causal": layer.attention.causal,
-            "mlp_kind": layer.mlp.kind, "activation": layer.mlp.activation,
-            "norm_kind": None if layer.attn_norm is None else layer.attn_norm.kind,
-            "norm_eps": [None if n is None else n.eps for n in (layer.attn_norm, layer.mlp_norm)],
-            "residual_scale": layer.residual_scale, "parallel_residual": layer.parallel_residual,
-            "rotary": None if rotary is None else vars(rotary), "sliding_window": layer.attention.sliding_window,
-        })  # fmt: skip
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(path), metadata={FORMAT_KEY: json.dumps(configs)})
-    return path
-
-
-def load_layer_weights(path: str | os.PathLike[str]) -> list[LayerWeights]:
-    """Read a safetensors file written in the layout of the module docstring into ``LayerWeights``."""
-    from safetensors import safe_open
-
-    path = Path(path)
-    if not path.is_file():
-        raise FileFormatError(f"weight file {path} does not exist; pass a .safetensors file of the attnsens layout")
-    try:
-        with safe_open(str(path), framework="pt") as handle:
-            metadata = handle.metadata() or {}
-            tensors = {key: handle.get_tensor(key) for key in handle.keys()}
-    except Exception as err:  # safetensors raises its own error types for corrupt headers
-        raise FileFormatError(f"cannot read {path} as safetensors ({err}); check the file") from None
-    if FORMAT_KEY not in metadata:
-        raise FileFormatError(
-            f"{path} has no {FORMAT_KEY!r} metadata; write it with attnsens.study.bounds.save_layer_weights"
-        )
-    layers = []
-    for i, cfg in enumerate(json.loads(metadata[FORMAT_KEY])):
-        try:
-            layers.append(_layer_from(tensors, i, cfg))
-        except (KeyError, TypeError, AttributeError) as err:
-            raise FileFormatError(
-                f"{path}: layer {i} is incomplete ({err}); see the layout in attnsens.study.bounds"
-            ) from None
-    return layers
-
-
-def _layer_from(tensors: dict[str, Tensor], i: int, cfg: dict[str, Any]) -> LayerWeights:
-    def get(part: str, name: str) -> Tensor | None:
-        return tensors.get(f"layers.{i}.{part}.{name}")
-
-    def norm(part: str, eps: float) -> NormWeights | None:
-        gamma = get(part, "gamma")
-        return (
-            None if gamma is None else NormWeights(kind=cfg["norm_kind"], gamma=gamma, beta=get(part, "beta"), eps=eps)
-        )
-
-    # Any: a required tensor the file lacks (None) fails the dataclass's shape checks, reported as FileFormatError.
-    attention_tensors: dict[str, Any] = {n: get("attention", n) for n in _TENSORS["attention"]}
-    mlp_tensors: dict[str, Any] = {n: get("mlp", n) for n in _TENSORS["mlp"]}
-    attention = AttentionWeights(
-        **attention_tensors, tau=cfg["tau"], causal=cfg["causal"],
-        sliding_window=cfg.get("sliding_window"),
-        rotary=None if cfg["rotary"] is None else RotaryConfig(**cfg["rotary"]),
-    )  # fmt: skip
-    mlp = MLPWeights(kind=cfg["mlp_kind"], activation=cfg["activation"], **mlp_tensors)
-    return LayerWeights(
-        index=i, placement=cfg["placement"], attention=attention, mlp=mlp,
-        attn_norm=norm("attn_norm", cfg["norm_eps"][0]), mlp_norm=norm("mlp_norm", cfg["norm_eps"][1]),
-        residual_scale=cfg["residual_scale"], parallel_residual=cfg["parallel_residual"],
-    )  # fmt: skip

@@ -13,7 +13,8 @@ import attnsens.models as M
 from attnsens.errors import ConfigError, UnsupportedModelError, WeightsFidelityError
 from attnsens.geometry.attention import apply_rotary, rotary_inverse_frequencies
 from attnsens.models.hf import rotary_of
-from attnsens.study.bounds import bound_model, load_layer_weights, save_layer_weights
+from attnsens.store.layer_weights import load_layer_weights, save_layer_weights
+from attnsens.study.bounds import bound_model
 from tests.unit.models.tiny_models import VOCAB, tiny_model
 
 THETA = 500.0

@@ -10,8 +10,9 @@ from typer.testing import CliRunner
 
 from attnsens.cli import app
 from attnsens.errors import FileFormatError
+from attnsens.store.layer_weights import load_layer_weights, save_layer_weights
 from attnsens.store.parquet import conform, read_table
-from attnsens.study.bounds import bound_model, load_layer_weights, save_layer_weights
+from attnsens.study.bounds import bound_model
 from tests.unit.geometry.tiny_layers import tiny_layers
 
 FAST = {"seq_len": 7, "n_queries": 3, "iterations": 6}

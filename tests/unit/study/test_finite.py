@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 import attnsens as A
 from attnsens.cli import app
 from attnsens.errors import InputError
-from attnsens.study.bounds import bound_model, save_layer_weights
+from attnsens.store.layer_weights import save_layer_weights
+from attnsens.study.bounds import bound_model
 from attnsens.train.model import GPT, GPTConfig
 from tests.unit.geometry.tiny_layers import tiny_layers
 

@@ -1,0 +1,115 @@
+"""The safetensors file of a list of normalized ``LayerWeights`` (``attnsens bounds FILE.safetensors``).
+
+Layout: tensors
+``layers.{i}.attention.{w_q,w_k,w_v,w_o,b_q,b_k,b_v,b_o}``, ``layers.{i}.mlp.{w_in,w_out,b_in,b_out,w_gate,b_gate}``,
+``layers.{i}.{attn_norm,mlp_norm}.{gamma,beta}`` (absent = None; shapes as in ``attnsens.weights``), and
+the metadata key ``attnsens.layers``: a JSON list with, per layer, ``placement``, ``tau``, ``causal``,
+``mlp_kind``, ``activation``, ``norm_kind``, ``norm_eps`` ([attn, mlp]), ``residual_scale``,
+``parallel_residual``, ``rotary`` (null or the fields of ``RotaryConfig``) and ``sliding_window`` (null or an int;
+absent in older files).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from attnsens.errors import FileFormatError
+from attnsens.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights, RotaryConfig
+
+FORMAT_KEY = "attnsens.layers"
+
+
+_TENSORS = {
+    "attention": ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o"),
+    "mlp": ("w_in", "w_out", "b_in", "b_out", "w_gate", "b_gate"),
+    "attn_norm": ("gamma", "beta"),
+    "mlp_norm": ("gamma", "beta"),
+}
+
+
+def save_layer_weights(layers: Sequence[LayerWeights], path: str | os.PathLike[str]) -> Path:
+    """Write ``layers`` to a safetensors file in the layout of the module docstring."""
+    from safetensors.torch import save_file
+
+    tensors: dict[str, Tensor] = {}
+    configs = []
+    for i, layer in enumerate(layers):
+        for part, names in _TENSORS.items():
+            obj = getattr(layer, part)
+            for name in names:
+                value = None if obj is None else getattr(obj, name)
+                if value is not None:
+                    tensors[f"layers.{i}.{part}.{name}"] = value.detach().contiguous().cpu()
+        rotary = layer.attention.rotary
+        configs.append({
+            "placement": layer.placement, "tau": layer.attention.tau, "causal": layer.attention.causal,
+            "mlp_kind": layer.mlp.kind, "activation": layer.mlp.activation,
+            "norm_kind": None if layer.attn_norm is None else layer.attn_norm.kind,
+            "norm_eps": [None if n is None else n.eps for n in (layer.attn_norm, layer.mlp_norm)],
+            "residual_scale": layer.residual_scale, "parallel_residual": layer.parallel_residual,
+            "rotary": None if rotary is None else vars(rotary), "sliding_window": layer.attention.sliding_window,
+        })  # fmt: skip
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path), metadata={FORMAT_KEY: json.dumps(configs)})
+    return path
+
+
+def load_layer_weights(path: str | os.PathLike[str]) -> list[LayerWeights]:
+    """Read a safetensors file written in the layout of the module docstring into ``LayerWeights``."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileFormatError(f"weight file {path} does not exist; pass a .safetensors file of the attnsens layout")
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            metadata = handle.metadata() or {}
+            tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+    except Exception as err:  # safetensors raises its own error types for corrupt headers
+        raise FileFormatError(f"cannot read {path} as safetensors ({err}); check the file") from None
+    if FORMAT_KEY not in metadata:
+        raise FileFormatError(
+            f"{path} has no {FORMAT_KEY!r} metadata; write it with attnsens.store.layer_weights.save_layer_weights"
+        )
+    layers = []
+    for i, cfg in enumerate(json.loads(metadata[FORMAT_KEY])):
+        try:
+            layers.append(_layer_from(tensors, i, cfg))
+        except (KeyError, TypeError, AttributeError) as err:
+            raise FileFormatError(
+                f"{path}: layer {i} is incomplete ({err}); see the layout in attnsens.store.layer_weights"
+            ) from None
+    return layers
+
+
+def _layer_from(tensors: dict[str, Tensor], i: int, cfg: dict[str, Any]) -> LayerWeights:
+    def get(part: str, name: str) -> Tensor | None:
+        return tensors.get(f"layers.{i}.{part}.{name}")
+
+    def norm(part: str, eps: float) -> NormWeights | None:
+        gamma = get(part, "gamma")
+        return (
+            None if gamma is None else NormWeights(kind=cfg["norm_kind"], gamma=gamma, beta=get(part, "beta"), eps=eps)
+        )
+
+    # Any: a required tensor the file lacks (None) fails the dataclass's shape checks, reported as FileFormatError.
+    attention_tensors: dict[str, Any] = {n: get("attention", n) for n in _TENSORS["attention"]}
+    mlp_tensors: dict[str, Any] = {n: get("mlp", n) for n in _TENSORS["mlp"]}
+    attention = AttentionWeights(
+        **attention_tensors, tau=cfg["tau"], causal=cfg["causal"],
+        sliding_window=cfg.get("sliding_window"),
+        rotary=None if cfg["rotary"] is None else RotaryConfig(**cfg["rotary"]),
+    )  # fmt: skip
+    mlp = MLPWeights(kind=cfg["mlp_kind"], activation=cfg["activation"], **mlp_tensors)
+    return LayerWeights(
+        index=i, placement=cfg["placement"], attention=attention, mlp=mlp,
+        attn_norm=norm("attn_norm", cfg["norm_eps"][0]), mlp_norm=norm("mlp_norm", cfg["norm_eps"][1]),
+        residual_scale=cfg["residual_scale"], parallel_residual=cfg["parallel_residual"],
+    )  # fmt: skip
