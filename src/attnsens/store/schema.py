@@ -18,10 +18,14 @@ Conventions shared by all tables:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
 from attnsens.errors import ConfigError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,6 +64,22 @@ class TableSchema:
             if column.name == name:
                 return column
         raise ConfigError(f"table {self.name!r} has no column {name!r}; known columns: {', '.join(self.names)}")
+
+    def frame(self, records: list[dict[str, Any]]) -> pd.DataFrame:
+        """``records`` as a DataFrame with exactly this table's columns, in order: a key that is not a column is
+        refused (a misspelt field would otherwise be dropped on write), an absent nullable column is null, and a
+        non-nullable column some record lacks is refused."""
+        import pandas as pd
+
+        known = set(self.names)
+        unknown = sorted({key for record in records for key in record} - known)
+        if unknown:
+            raise ConfigError(f"records for table {self.name!r} carry fields that are not columns: {unknown}")
+        frame = pd.DataFrame.from_records(records, columns=list(self.names))
+        required = [c.name for c in self.columns if not c.nullable and frame[c.name].isna().any()]
+        if records and required:
+            raise ConfigError(f"records for table {self.name!r} lack the required columns {required}")
+        return frame
 
     def arrow_schema(self) -> pa.Schema:
         return pa.schema([pa.field(c.name, c.dtype, nullable=c.nullable) for c in self.columns])

@@ -40,6 +40,7 @@ from attnsens.geometry.norms import Geometry
 from attnsens.geometry.stream import layer_inputs_from_stream, with_residual_sums
 from attnsens.models.fidelity import check_weights_fidelity
 from attnsens.seeding import derived_generator
+from attnsens.store.schema import BOUNDS
 from attnsens.weights import AttentionWeights, LayerWeights
 
 
@@ -265,4 +266,4 @@ def bound_model(
         records.extend(rows)
         if on_layer is not None:
             on_layer(layer.index)
-    return pd.DataFrame.from_records(records)
+    return BOUNDS.frame(records)

@@ -157,3 +157,21 @@ def test_cli_bounds_gates_a_model_directory(tmp_path) -> None:
     refused = CliRunner().invoke(app, ["bounds", _saved_with_tokenizer(tiny_model("qwen3"), tmp_path / "q"), *args])
     assert refused.exit_code == 1
     assert "QK-norm" in refused.output and "Traceback" not in refused.output
+
+
+def test_bound_model_returns_exactly_the_bounds_table_columns() -> None:
+    """Records are built through the schema: every column in order, none extra (post-LN lacks the pre-LN
+    expansion remainder, which is then null)."""
+    from attnsens.store.schema import BOUNDS
+
+    frame = bound_model(tiny_layers("post", n_layer=2), seq_len=8)
+    assert tuple(frame.columns) == BOUNDS.names
+    assert frame["expansion_remainder_upper_bound"].isna().all()
+
+
+def test_schema_refuses_a_misspelt_field() -> None:
+    from attnsens.errors import ConfigError
+    from attnsens.store.schema import BOUNDS
+
+    with pytest.raises(ConfigError, match="mha_local_jacobian_uper_bound"):
+        BOUNDS.frame([{"run_id": "r", "mha_local_jacobian_uper_bound": 1.0}])
