@@ -21,7 +21,7 @@ from attnsens.capture.selection import RowSelection
 from attnsens.capture.statistics import RowStats, row_statistics
 from attnsens.errors import UnsupportedModelError
 from attnsens.models.adapter import ModelAdapter
-from attnsens.models.attention import AttentionCall, call_rows, key_padding_mask_of
+from attnsens.models.attention import AttentionCall, chunked_rows, key_padding_mask_of
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,6 +82,7 @@ def capture_row_statistics(
     # Every chunk spans all keys: the mask is the layer's own (causal, padding, window), so no key is
     # dropped on the adapter's word; chunks are sized by the memory budget.
     bounds = selection.chunk_bounds(positions, heads=len(heads), n=n, causal=False)
+    spans = [(first, stop) for first, stop, _keys in bounds]
     kept: list[RowBlock] = []
     sink = on_block or kept.append
 
@@ -94,10 +95,9 @@ def capture_row_statistics(
                 "statistics (θ, entropy) assume rows that sum to 1; stream_attention gives the rows themselves"
             )
         query, key = query.detach(), key.detach()
-        for first, stop, _keys in bounds:
-            chunk = positions[:, first:stop]
-            # The mask is the one the layer itself used (causal, padding, sliding window), read row by row.
-            probs, n_keys = call_rows(query, key, call, query_positions=chunk, heads=heads, key_padding_mask=key_mask)
+        # The mask is the one the layer itself used (causal, padding, sliding window), read row by row.
+        chunks = chunked_rows(query, key, call, positions, spans, heads=heads, key_padding_mask=key_mask)
+        for chunk, probs, n_keys in chunks:
             n_keys = rearrange(n_keys, "batch query -> batch 1 query").expand(-1, len(heads), -1)
             sink(RowBlock(layer=layer, heads=heads, query_positions=chunk, stats=row_statistics(probs, n_keys=n_keys)))
             del probs

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from attnsens.errors import ConfigError, InputError, ShapeError, UnsupportedModelError
-from attnsens.models.attention import AttentionCall, call_rows, key_padding_mask_of
+from attnsens.models.attention import AttentionCall, chunked_rows, key_padding_mask_of
 from attnsens.weights import LayerWeights, NormKind, Placement, RotaryConfig
 
 OUTPUT_FIELDS = ("attention_output", "mlp_output", "block_output")
@@ -279,11 +279,10 @@ class ModelAdapter(ABC):
             )
         for layer in layer_list:
             query, key, call = kept.pop(layer)
-            for start in range(0, positions.shape[1], chunk_size):
-                chunk_positions = positions[:, start : start + chunk_size]
-                probs, n_keys = call_rows(
-                    query, key, call, query_positions=chunk_positions, heads=head_list, key_padding_mask=key_mask
-                )
+            count = positions.shape[1]
+            spans = [(start, min(count, start + chunk_size)) for start in range(0, count, chunk_size)]
+            chunks = chunked_rows(query, key, call, positions, spans, heads=head_list, key_padding_mask=key_mask)
+            for chunk_positions, probs, n_keys in chunks:
                 yield AttentionChunk(
                     layer=layer, heads=head_list, query_positions=chunk_positions, probs=probs, n_keys=n_keys
                 )

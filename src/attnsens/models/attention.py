@@ -7,7 +7,7 @@ attention implementation (eager, sdpa, ...) the model runs with.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -64,6 +64,29 @@ class AttentionCall:
         if key_padding_mask is not None:
             allowed = allowed & key_padding_mask.view(batch, 1, n)
         return allowed, bias, allowed.sum(dim=-1)
+
+
+def chunked_rows(
+    query: Tensor,
+    key: Tensor,
+    call: AttentionCall,
+    positions: Tensor,
+    spans: Sequence[tuple[int, int]],
+    *,
+    heads: Sequence[int],
+    key_padding_mask: Tensor | None,
+) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+    """(query positions, probabilities, n_keys) of each chunk ``positions[:, first:stop]`` of one layer's rows, for
+    every (first, stop) in ``spans``: the one loop that recomputes rows chunk by chunk (``stream_attention`` yields
+    them, ``capture_row_statistics`` reduces them). A chunk's tensors are released before the next is computed,
+    so with a consumer that drops its own reference at most one chunk of probabilities exists at once."""
+    for first, stop in spans:
+        chunk = positions[:, first:stop]
+        probs, n_keys = call_rows(
+            query, key, call, query_positions=chunk, heads=heads, key_padding_mask=key_padding_mask
+        )
+        yield chunk, probs, n_keys
+        del probs, n_keys
 
 
 def call_rows(

@@ -46,14 +46,16 @@ def test_chunk_size_does_not_change_results_and_bounds_peak_rows(monkeypatch) ->
     adapter = M.load(tiny_model("llama"))
     ids = torch.randint(0, VOCAB, (2, 23))
     shapes = []
-    original = C.stream.call_rows
+    import attnsens.models.attention as rows_module  # the one chunk loop, chunked_rows, calls call_rows there
+
+    original = rows_module.call_rows
 
     def spy(*args, **kwargs):
         probs, n_keys = original(*args, **kwargs)
         shapes.append(tuple(probs.shape))
         return probs, n_keys
 
-    monkeypatch.setattr(C.stream, "call_rows", spy)
+    monkeypatch.setattr(rows_module, "call_rows", spy)
     small = _concat(C.capture_row_statistics(adapter, ids, selection=C.RowSelection(chunk_size=4)))
     # One [batch, head, chunk, key] block at a time, over every key: the layer's own mask decides which count.
     assert len(shapes) == 2 * 6
