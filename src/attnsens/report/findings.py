@@ -287,6 +287,7 @@ def dominant_finding(cells: pd.DataFrame, data: RunData, *, run_id: str) -> Find
         index="layer", columns="step", values="fraction", aggfunc="mean"
     )
     table.columns = [f"step {int(c):,}" for c in table.columns]
+    table = table.map(_percent)  # one format for the whole table: 0.0977 % beside 2.0 %, not 9.766e-04 beside 0.0200
     return Finding(
         key="dominant",
         run_id=run_id,
@@ -294,7 +295,7 @@ def dominant_finding(cells: pd.DataFrame, data: RunData, *, run_id: str) -> Find
         status=status,
         measured=measured,
         table=table.reset_index(),
-        table_caption="Fraction of dominant-atom rows per layer and checkpoint (mean over seeds), all rows.",
+        table_caption="Share of dominant-atom rows per layer and checkpoint (mean over seeds), all rows.",
     )
 
 

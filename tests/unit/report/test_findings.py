@@ -236,3 +236,11 @@ def test_rows_certified_by_the_theta_engine_sit_on_the_closed_form(tmp_path):
     assert data.run_kinds == {"r": "pretrained"}
     finding = _by_key(data, "r")["dominant"]
     assert "departs" not in finding.measured
+
+
+def test_dominant_table_prints_every_share_in_one_format() -> None:
+    """Shares as percentages throughout (the table once mixed 9.766e-04 with 0.0020)."""
+    rows = _rows(p_max={0: 0.02, 100: 0.05}, dominant_rows={100: 1}, layers=1, seeds=(0,), n_rows=200)
+    table = _by_key(_data(rows))["dominant"].table
+    assert table is not None
+    assert table.drop(columns="layer").to_numpy().tolist() == [["0 %", "0.5 %"]]
