@@ -286,7 +286,8 @@ def dominant_finding(cells: pd.DataFrame, data: RunData, *, run_id: str) -> Find
     table = every.assign(fraction=cell_fraction).pivot_table(
         index="layer", columns="step", values="fraction", aggfunc="mean"
     )
-    table.columns = [f"step {int(c):,}" for c in table.columns]
+    pretrained = data.run_kinds.get(run_id) == "pretrained"  # one audit of a trained model: no checkpoint steps
+    table.columns = ["pretrained" if pretrained else f"step {int(c):,}" for c in table.columns]
     table = table.map(_percent)  # one format for the whole table: 0.0977 % beside 2.0 %, not 9.766e-04 beside 0.0200
     return Finding(
         key="dominant",

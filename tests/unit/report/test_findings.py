@@ -172,6 +172,7 @@ def test_pretrained_runs_have_no_trajectory_and_are_judged_separately():
     assert pretrained["concentration"].status == "not measured" and "pretrained" in pretrained["concentration"].measured
     assert "median p_max·n 45.00" in pretrained["concentration"].measured
     assert pretrained["theta"].status == "disagrees"
+    assert list(pretrained["dominant"].table.columns) == ["layer", "pretrained"]  # not "step 0"
 
 
 def test_cells_leave_sink_and_early_rows_out_of_the_core():
