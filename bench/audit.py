@@ -182,9 +182,11 @@ def prepare(model_dir: Path, seq_len: int) -> dict[str, object]:
     from attnsens.train.data import read_documents
 
     adapter = A.models.load("smollm2")
-    # A GGUF-loaded module refuses save_pretrained; copy its dequantized weights into a plain one.
+    # A GGUF-loaded module refuses save_pretrained; copy its dequantized weights into a plain one (a module read
+    # from the converted cache of models/gguf_cache.py has no quantization config left to drop).
     config = copy.deepcopy(adapter.module.config)
-    del config.quantization_config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
     plain = AutoModel.from_config(config)
     plain.load_state_dict(adapter.module.state_dict())
     plain.save_pretrained(model_dir)
