@@ -41,6 +41,7 @@ from attnsens.theta._constants import (
 from attnsens.theta._numba_partition import meet_in_the_middle
 from attnsens.theta._numba_refine import (
     FREEZE_EVERY,
+    SHORT_ROW_SUPPORT,
     prove_short_row,
     refine_row,
     relaxation,
@@ -55,9 +56,6 @@ CHUNK_BLOCKS = 16
 """Threads take blocks of rows CHUNK_BLOCKS at a time as they finish (dynamic schedule): rows cost very different
 amounts (a causal head's short and long rows, the rare rows that need the late stages), and a core slowed by
 other work would otherwise hold up the whole call."""
-SHORT_ROW_SUPPORT = 48
-"""Rows of 25–48 keys try the proofs of ``prove_short_row`` before any heuristic; the ones left open go on
-through the cascade unless ``mitm_max`` covers them."""
 SEARCH_NODES = 2_000
 QUICK_SEARCH_NODES = 500
 """Node budgets of the CKK and cardinality-pruned searches of ``prove_short_row`` when meet-in-the-middle

@@ -27,9 +27,11 @@ from attnsens.theta.methods import ThetaMethod
 
 MITM_FALLBACK_SUPPORT = 32
 """Rows of at most this many keys still open before the budgeted CKK are enumerated instead (≤ 3 ms, exact)."""
-WIDE_ROW_MITM_SUPPORT = 48
-"""Rows of at most this many keys that every stage leaves above the stop distance are enumerated (≤ 1 s at 48
-keys; on early-training attention about one row in 20,000): rows this short always end at the precision asked."""
+SHORT_ROW_SUPPORT = 48
+"""Rows of 25–48 keys try the proofs of ``prove_short_row`` before any heuristic; the ones left open go on
+through the cascade unless ``mitm_max`` covers them, and are enumerated after all if every stage leaves them
+above the stop distance (≤ 1 s at 48 keys; on early-training attention about one row in 20,000), so rows this
+short always end at the precision asked."""
 REFINE_SEARCH_NODES = 20_000
 """Node budget of the cardinality-pruned search for rows the heuristics leave open (about 0.4 ms)."""
 FOUR_LIST_MIN_SUPPORT = 33
@@ -227,9 +229,9 @@ def refine_row(
 ):  # fmt: skip
     """Stages after the one-target first-fit: 16 targets, cardinality bound, KK, greedy split with best exchanges,
     cardinality-pruned search (error-free sums only), top-14 relaxation, then meet-in-the-middle (≤ 32 keys) or
-    the four-list search for a perfect split and budgeted CKK, and meet-in-the-middle after all for rows of ≤ 48
-    keys CKK leaves above the stop distance. ``bits`` is the row as signed integers (``scan_row``),
-    ``skip_sorted`` the top-K indices in ascending order, ``scratch`` from ``relaxation_scratch(K)``.
+    the four-list search for a perfect split (rows of more than 48 keys) and budgeted CKK, and meet-in-the-middle
+    after all for rows of ≤ 48 keys CKK leaves above the stop distance. ``bits`` is the row as signed integers
+    (``scan_row``), ``skip_sorted`` the top-K indices in ascending order, ``scratch`` from ``relaxation_scratch(K)``.
 
     Returns (d_found, d_lb, method).
     """
@@ -280,7 +282,7 @@ def refine_row(
     if n <= MITM_FALLBACK_SUPPORT:  # the rare short row every heuristic leaves open: enumerate it
         d = meet_in_the_middle(row, n, t)
         return d, d, _MITM
-    if e == 0.0 and n >= FOUR_LIST_MIN_SUPPORT:  # rows this long that reach here nearly always have a perfect split
+    if e == 0.0 and n > SHORT_ROW_SUPPORT:  # shorter rows tried it in prove_short_row; these nearly always have a split
         d = four_list_perfect_split(vals, q)
         if proves_perfect(d, q, e):
             return d, d, _PERFECT
@@ -291,7 +293,7 @@ def refine_row(
     d_found = min(d_found, 0.5 * best_diff)
     if outcome == CKK_EXHAUSTED or outcome == CKK_PERFECT:
         return 0.5 * best_diff, 0.5 * best_diff, _CKK_PROVED
-    if d_found > stop_d and n <= WIDE_ROW_MITM_SUPPORT:  # would stay wider than asked: enumerate it after all
+    if d_found > stop_d and n <= SHORT_ROW_SUPPORT:  # would stay wider than asked: enumerate it after all
         d = meet_in_the_middle(row, n, t)
         return d, d, _MITM
     return d_found, d_lb, _CKK_BUDGET

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from attnsens.theta import ThetaMethod, certify
-from attnsens.theta._numba_kernels import SHORT_ROW_SUPPORT
 from attnsens.theta._numba_partition import swap_descent
+from attnsens.theta._numba_refine import SHORT_ROW_SUPPORT
 
 STOP = 2.0**-13.5
 
