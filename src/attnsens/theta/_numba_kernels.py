@@ -41,6 +41,7 @@ from attnsens.theta._constants import (
 from attnsens.theta._numba_partition import meet_in_the_middle
 from attnsens.theta._numba_refine import (
     FREEZE_EVERY,
+    MITM_FALLBACK_SUPPORT,
     SHORT_ROW_SUPPORT,
     prove_short_row,
     refine_row,
@@ -61,9 +62,9 @@ QUICK_SEARCH_NODES = 500
 """Node budgets of the CKK and cardinality-pruned searches of ``prove_short_row`` when meet-in-the-middle
 follows (exact) and when it does not (certify: rows left open go on through the cascade)."""
 LONG_SEARCH_NODES = 200_000
-MITM_CHEAP_SEARCH_SUPPORT = 32
-"""Before enumerating a row of more than 32 keys (≥ 2.5 ms, a second at 48) the cardinality-pruned search gets
-200,000 nodes (≤ ~1 ms): on near-perfect rows without a perfect split it proves about 60 % of them."""
+"""Before enumerating a row longer than ``MITM_FALLBACK_SUPPORT`` keys (≥ 2.5 ms, a second at 48) the
+cardinality-pruned search gets 200,000 nodes (≤ ~1 ms): on near-perfect rows without a perfect split it proves
+about 60 % of them."""
 
 _OK = int(RowStatus.OK)
 _BAD_SUM = int(RowStatus.BAD_SUM)
@@ -277,7 +278,7 @@ def _certify_block(
                 # four-list search settle most rows first. Searches longer than ~0.1 ms only pay as shortcuts to
                 # the full enumeration; rows it will not cover get short searches and go on through the cascade.
                 probe = SEARCH_NODES if n <= mitm_max else QUICK_SEARCH_NODES
-                search = probe if n <= MITM_CHEAP_SEARCH_SUPPORT or n > mitm_max else LONG_SEARCH_NODES
+                search = probe if n <= MITM_FALLBACK_SUPPORT or n > mitm_max else LONG_SEARCH_NODES
                 d, m = prove_short_row(x[r], n, t, q, e, K_SMALL, probe, search)
             if m == 0 and n <= mitm_max:
                 d, m = meet_in_the_middle(x[r], n, t), _MITM
