@@ -38,6 +38,7 @@ from attnsens._rounding import (
     gamma,
     mul_up,
     norm2_upper_bound,
+    product_spectral_norm_upper_bound,
     round_up,
     spectral_norm_upper_bound,
     sum_upper_bound,
@@ -192,7 +193,9 @@ def value_path_norms(Wv: Tensor, Wo: Tensor, out_factor: Tensor) -> tuple[Tensor
         n_head = out_factor.shape[1]
         values = expand_kv_heads(Wv.to(torch.float64), n_head, -3)
         per_head = spectral_norm_upper_bound(out_factor @ values)
-        joint = spectral_norm_upper_bound(Wo.to(torch.float64) @ values.flatten(-3, -2))
+        # W_O·W_V is formed here from the stored weights: its own rounding error is bounded too (cancellation can
+        # lose all of it). per_head goes through the QR factor R_O, covered by the bound's evaluation allowance.
+        joint = product_spectral_norm_upper_bound(Wo, values.flatten(-3, -2))
         return per_head, joint
 
     # out_factor is a function of Wo, so the weights alone determine the result
