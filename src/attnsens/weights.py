@@ -235,10 +235,17 @@ class LayerWeights:
 
     placement ``"pre"``:  X ← X + Attn(N1(X)); X ← X + MLP(N2(X))
     placement ``"post"``: X ← N1(X + Attn(X)); X ← N2(X + MLP(X))
-    placement ``"none"``: X ← X + Attn(X);     X ← X + MLP(X)      (norm fields are None)
+    placement ``"none"``: X ← X + Attn(X);     X ← X + MLP(X)      (attn_norm and mlp_norm are None)
     ``residual_scale`` is DeepNorm's α (X ← N(α X + F(X))); 1 otherwise.
     ``parallel_residual`` (GPT-NeoX/Pythia, pre placement only): X ← X + Attn(N1(X)) + MLP(N2(X)), both
     sublayers reading the block input.
+
+    ``attn_out_norm`` and ``mlp_out_norm`` are norms applied to a sublayer's *output* before the residual sum
+    (post-sublayer norms); each is optional (None: no norm there) and allowed with placements "pre" and "none"
+    only, never beside ``parallel_residual``:
+
+    "pre" with them (Gemma 2/3, "sandwich" norms): X ← X + N_ao(Attn(N1(X))); X ← X + N_mo(MLP(N2(X)))
+    "none" with them (OLMo 2):                    X ← X + N_ao(Attn(X));     X ← X + N_mo(MLP(X))
     """
 
     index: int
@@ -249,16 +256,33 @@ class LayerWeights:
     mlp_norm: NormWeights | None
     residual_scale: float = 1.0
     parallel_residual: bool = False
+    attn_out_norm: NormWeights | None = None
+    mlp_out_norm: NormWeights | None = None
 
     def __post_init__(self) -> None:
         has_norms = self.attn_norm is not None and self.mlp_norm is not None
         if (self.placement == "none") == has_norms:
             raise ConfigError(
                 f"layer {self.index}: placement {self.placement!r} requires "
-                + ("no norms" if self.placement == "none" else "both attn_norm and mlp_norm")
+                + ("no attn_norm or mlp_norm" if self.placement == "none" else "both attn_norm and mlp_norm")
             )
         if self.parallel_residual and self.placement != "pre":
             raise ConfigError(f"layer {self.index}: parallel_residual needs placement 'pre', got {self.placement!r}")
+        if self.has_out_norms:
+            if self.placement == "post":
+                raise ConfigError(
+                    f"layer {self.index}: attn_out_norm/mlp_out_norm (norms after each sublayer) need placement "
+                    "'pre' (Gemma 2/3) or 'none' (OLMo 2), got 'post'"
+                )
+            if self.parallel_residual:
+                raise ConfigError(
+                    f"layer {self.index}: attn_out_norm/mlp_out_norm are not supported beside parallel_residual"
+                )
+
+    @property
+    def has_out_norms(self) -> bool:
+        """Whether a norm follows either sublayer (``attn_out_norm`` or ``mlp_out_norm`` is set)."""
+        return self.attn_out_norm is not None or self.mlp_out_norm is not None
 
     def norms(self) -> tuple[NormWeights, NormWeights]:
         """``(attn_norm, mlp_norm)`` of a "pre" or "post" layer, typed as present (``__post_init__`` guarantees

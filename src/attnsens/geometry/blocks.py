@@ -22,6 +22,26 @@ Lip(block) ≤ (1 + Lip(N₁) L_MHA(R₁))(1 + Lip(N₂) L_FFN(R₂)) with Lip(N
 of T7 is not a Lipschitz constant (the set {σ(x) ≥ σ_min} is not convex); it is used here only in local Jacobian
 bounds at actual inputs, where ‖J_N(x)‖ ≤ ‖γ‖_∞/σ(x) per token is certified.
 
+Norms after the sublayers (``LayerWeights.attn_out_norm`` N_ao, ``mlp_out_norm`` N_mo; Gemma 2/3 with pre-norms,
+OLMo 2 without). The attention half is h = x + N_ao(A(u)) with u = N₁(x) (pre) or u = x (none). Its Jacobian is
+I + D_ao J_A D₁ with the tokenwise D_ao = diag_i J_{N_ao}(a_i) at the actual attention outputs a = A(u) and
+D₁ = diag_t J_{N₁}(x_t) (I without N₁). A tokenwise map has block-∞ norm max_t of its per-token spectral norms, and
+row i of J_A maps a perturbation of block-∞ norm ≤ 1 to one of norm ≤ ρ_i (the attention bound's per-row
+``row_upper_bound``), so row i of the branch has norm ≤ ‖J_{N_ao}(a_i)‖ ρ_i max_t ‖J_{N₁}(x_t)‖ and
+
+    ‖D_ao J_A D₁‖_{b∞} ≤ max_i (‖γ_ao‖_∞/r(a_i)) ρ_i · max_t ‖J_{N₁}(x_t)‖,
+
+with ‖J_N(a)‖₂ ≤ ‖γ‖_∞/r(a) (σ(a) for LayerNorm; T6) evaluated at the sublayer's actual output. The MLP half
+h ↦ h + N_mo(F(N₂(h))) is tokenwise, so its branch has norm ≤ max_t ‖J_{N_mo}(f_t)‖ ‖DF(g_t)‖ ‖J_{N₂}(h_t)‖ with
+g = N₂(h), f = F(g): a per-token product, never above the product of the per-factor maxima. The local bound is
+(1 + attention branch)(1 + MLP branch), as for the other sequential blocks. Globally Lip(N) ≤ ‖γ‖_∞/√ε enters as
+one more factor of each branch: pre, (1 + Lip(N_ao) L_MHA(R₁) Lip(N₁))(1 + Lip(N_mo) L_FFN(R₂) Lip(N₂)) on all
+inputs; none, (1 + Lip(N_ao) L_MHA(R_in))(1 + Lip(N_mo) L_FFN(R_mid)) on {‖X‖_{∞,rms} ≤ R_in}, where the MLP input
+h = x + N_ao(A(x)) has per-token ℓ2 norm ≤ R_mid = √d (R_in + ‖γ_ao‖_∞ + ‖β_ao‖_rms) because N_ao's output lies
+in its reset ball whatever A's output (T6; without N_ao, R_mid = √d R_in + the attention output radius). A
+missing norm is the identity (factor 1). ``mlp_out_norm``'s output ball bounds the block output but no input of
+this block, so it is not used.
+
 Every certified number here is evaluated with ``attnsens._rounding``: spectral norms and row norms as certified
 upper bounds, products and sums rounded up.
 """
@@ -107,6 +127,12 @@ def ffn_local_jacobian_upper_bound(x: Tensor, mlp: MLPWeights) -> Tensor:
     Returns:
         ``[batch]`` float64 certified bound of the Jacobian's block-∞ operator norm at x.
     """
+    return ffn_token_jacobian_upper_bound(x, mlp).amax(dim=-1)
+
+
+def ffn_token_jacobian_upper_bound(x: Tensor, mlp: MLPWeights) -> Tensor:
+    """The per-token bounds behind ``ffn_local_jacobian_upper_bound``: ``[batch, query]`` float64, each a certified
+    bound of ‖Dφ(x_t)‖₂ (the map is tokenwise, so its block-∞ norm is their max over t)."""
     x64 = x.detach().to(torch.float64)
     w_in = mlp.w_in.to(torch.float64)
     up = x64 @ w_in.T + (0.0 if mlp.b_in is None else mlp.b_in.to(torch.float64))
@@ -118,12 +144,10 @@ def ffn_local_jacobian_upper_bound(x: Tensor, mlp: MLPWeights) -> Tensor:
         (slope,) = torch.autograd.grad(activation(mlp.activation, pre).sum(), pre)
     w_out_norm, w_in_norm = spectral_norm_upper_bound(mlp.w_out), spectral_norm_upper_bound(mlp.w_in)
     if mlp.kind != "gated":
-        per_token = mul_up(mul_up(w_out_norm, slope.abs().amax(dim=-1)), w_in_norm)
-    else:
-        gate_term = mul_up((slope * up).abs().amax(dim=-1), spectral_norm_upper_bound(mlp.gate))
-        up_term = mul_up(activation(mlp.activation, pre.detach()).abs().amax(dim=-1), w_in_norm)
-        per_token = mul_up(w_out_norm, add_up(gate_term, up_term))
-    return per_token.amax(dim=-1)
+        return mul_up(mul_up(w_out_norm, slope.abs().amax(dim=-1)), w_in_norm)
+    gate_term = mul_up((slope * up).abs().amax(dim=-1), spectral_norm_upper_bound(mlp.gate))
+    up_term = mul_up(activation(mlp.activation, pre.detach()).abs().amax(dim=-1), w_in_norm)
+    return mul_up(w_out_norm, add_up(gate_term, up_term))
 
 
 def norm_output_radius_rms(norm: NormWeights) -> Tensor:
@@ -161,28 +185,57 @@ def attention_lipschitz(attention: AttentionWeights, radius_l2: Tensor) -> Tenso
 
 @dataclass(frozen=True, kw_only=True)
 class BlockLipschitzBound:
-    """Certified Lipschitz bound of one block in the block-∞ norm with its factors (docs/math.md T7), float64."""
+    """Certified Lipschitz bound of one block in the block-∞ norm with its factors (docs/math.md T7), float64.
+
+    A norm the block does not have counts as 1: attn_norm_lipschitz and mlp_norm_lipschitz for placement "none",
+    attn_out_norm_lipschitz and mlp_out_norm_lipschitz for a block without norms after its sublayers.
+    """
 
     upper_bound: Tensor
     attention_lipschitz: Tensor
     ffn_lipschitz: Tensor
     attn_norm_lipschitz: Tensor
     mlp_norm_lipschitz: Tensor
+    attn_out_norm_lipschitz: Tensor
+    mlp_out_norm_lipschitz: Tensor
 
 
 def block_lipschitz_upper_bound(layer: LayerWeights, *, input_radius_rms: float | None = None) -> BlockLipschitzBound:
     """Pre-LN: (1 + Lip(N₁) L_MHA)(1 + Lip(N₂) L_FFN) on all inputs (T7); post-LN / DeepNorm:
     Lip(N₂)(α + L_FFN) Lip(N₁)(α + L_MHA) and no-norm: (1 + L_FFN)(1 + L_MHA), both on {‖X‖_{∞,rms} ≤ R_in}.
+    Norms after the sublayers multiply their branch by Lip(N_ao), Lip(N_mo) (module docstring).
 
     Args:
         layer: the block's weights.
         input_radius_rms: R_in, required for "post" and "none" placements (attention sees the raw input there).
 
     Returns:
-        ``BlockLipschitzBound`` (docs/math.md T7; post/none placements: the same chain rule on the stated ball).
+        ``BlockLipschitzBound`` (docs/math.md T7; post/none placements and norms after the sublayers: the same
+        chain rule on the stated ball).
     """
     d = layer.attention.d_model
     one = torch.ones((), dtype=torch.float64)
+
+    def lipschitz_or_one(norm: NormWeights | None) -> Tensor:
+        return one if norm is None else norm_lipschitz_upper_bound(norm)
+
+    n_ao, n_mo = lipschitz_or_one(layer.attn_out_norm), lipschitz_or_one(layer.mlp_out_norm)
+
+    def result(bound: Tensor, lip_attn: Tensor, lip_ffn: Tensor, n1: Tensor, n2: Tensor) -> BlockLipschitzBound:
+        return BlockLipschitzBound(
+            upper_bound=bound,
+            attention_lipschitz=lip_attn,
+            ffn_lipschitz=lip_ffn,
+            attn_norm_lipschitz=n1,
+            mlp_norm_lipschitz=n2,
+            attn_out_norm_lipschitz=n_ao,
+            mlp_out_norm_lipschitz=n_mo,
+        )
+
+    def times_out(value: Tensor, norm: NormWeights | None, lipschitz: Tensor) -> Tensor:
+        """``value`` times the Lipschitz bound of a norm after the sublayer, rounded up (as is without one)."""
+        return value if norm is None else mul_up(value, lipschitz)
+
     if layer.placement == "pre":
         attn_norm, mlp_norm = layer.norms()
         r_attn = mul_up(norm_output_radius_rms(attn_norm), _sqrt_up(d))
@@ -194,14 +247,9 @@ def block_lipschitz_upper_bound(layer: LayerWeights, *, input_radius_rms: float 
         if layer.parallel_residual:
             bound = add_up(add_up(mul_up(n1, lip_attn), mul_up(n2, lip_ffn)), 1.0)
         else:
-            bound = mul_up(add_up(mul_up(n1, lip_attn), 1.0), add_up(mul_up(n2, lip_ffn), 1.0))
-        return BlockLipschitzBound(
-            upper_bound=bound,
-            attention_lipschitz=lip_attn,
-            ffn_lipschitz=lip_ffn,
-            attn_norm_lipschitz=n1,
-            mlp_norm_lipschitz=n2,
-        )
+            first = add_up(times_out(mul_up(n1, lip_attn), layer.attn_out_norm, n_ao), 1.0)
+            bound = mul_up(first, add_up(times_out(mul_up(n2, lip_ffn), layer.mlp_out_norm, n_mo), 1.0))
+        return result(bound, lip_attn, lip_ffn, n1, n2)
     if input_radius_rms is None:
         raise ConfigError(f"placement {layer.placement!r} needs input_radius_rms (attention reads the raw input)")
     r_in = mul_up(torch.as_tensor(input_radius_rms, dtype=torch.float64), _sqrt_up(d))
@@ -213,22 +261,15 @@ def block_lipschitz_upper_bound(layer: LayerWeights, *, input_radius_rms: float 
         lip_ffn = ffn_lipschitz_upper_bound(layer.mlp, radius_l2=r_mlp)
         n1, n2 = norm_lipschitz_upper_bound(attn_norm), norm_lipschitz_upper_bound(mlp_norm)
         bound = mul_up(mul_up(n2, add_up(lip_ffn, alpha)), mul_up(n1, add_up(lip_attn, alpha)))
-        return BlockLipschitzBound(
-            upper_bound=bound,
-            attention_lipschitz=lip_attn,
-            ffn_lipschitz=lip_ffn,
-            attn_norm_lipschitz=n1,
-            mlp_norm_lipschitz=n2,
-        )
-    r_mlp = add_up(r_in, attention_output_radius_l2(layer.attention, r_in))
+        return result(bound, lip_attn, lip_ffn, n1, n2)
+    if layer.attn_out_norm is None:
+        r_mlp = add_up(r_in, attention_output_radius_l2(layer.attention, r_in))
+    else:  # x + N_ao(A(x)): N_ao's output lies in its reset ball whatever A(x) is (T6)
+        r_mlp = add_up(r_in, mul_up(norm_output_radius_rms(layer.attn_out_norm), _sqrt_up(d)))
     lip_ffn = ffn_lipschitz_upper_bound(layer.mlp, radius_l2=r_mlp)
-    return BlockLipschitzBound(
-        upper_bound=mul_up(add_up(lip_ffn, 1.0), add_up(lip_attn, 1.0)),
-        attention_lipschitz=lip_attn,
-        ffn_lipschitz=lip_ffn,
-        attn_norm_lipschitz=one,
-        mlp_norm_lipschitz=one,
-    )
+    first = add_up(times_out(lip_attn, layer.attn_out_norm, n_ao), 1.0)
+    bound = mul_up(add_up(times_out(lip_ffn, layer.mlp_out_norm, n_mo), 1.0), first)
+    return result(bound, lip_attn, lip_ffn, one, one)
 
 
 def _attention_local(x: Tensor, attention: AttentionWeights, geometry: Geometry = "rms") -> MHALocalJacobianBound:
@@ -266,7 +307,9 @@ def block_local_jacobian_bound(
 
     pre: (1 + ‖J_N₂‖‖J_F‖)(1 + ‖J_N₁‖‖J_A‖); parallel pre: 1 + ‖J_N₁‖‖J_A‖ + ‖J_N₂‖‖J_F‖;
     post: ‖J_N₂(αY + F(Y))‖(α + ‖J_F‖) ‖J_N₁(αX + A(X))‖(α + ‖J_A‖);
-    none: (1 + ‖J_F‖)(1 + ‖J_A‖), every factor bounded at the point where it is evaluated.
+    none: (1 + ‖J_F‖)(1 + ‖J_A‖), every factor bounded at the point where it is evaluated. With norms after the
+    sublayers (pre or none), each branch gains ‖J_N_out‖ at the sublayer's actual output, taken row by row with the
+    attention bound's rows and token by token with the FFN's (module docstring).
 
     Args:
         x: ``[batch, query, d_model]`` block input.
@@ -279,6 +322,8 @@ def block_local_jacobian_bound(
     from attnsens.geometry.layers import attention_sublayer, mlp_forward
 
     x = x.detach().to(torch.float64)
+    if layer.has_out_norms:
+        return _out_norm_block_local_bound(x, layer, geometry)
     if layer.placement == "none":
         attention = _attention_local(x, layer.attention, geometry)
         y = x + attention_sublayer(x, layer.attention)
@@ -309,3 +354,35 @@ def block_local_jacobian_bound(
     s2 = alpha * y + mlp_forward(y, layer.mlp)
     second = mul_up(_norm_local(s2, mlp_norm), add_up(ffn_local_jacobian_upper_bound(y, layer.mlp), alpha))
     return BlockLocalJacobianBound(upper_bound=mul_up(first, second), attention=attention, attention_input=x)
+
+
+def _token_norm_factor(y: Tensor, norm: NormWeights) -> Tensor:
+    """``[batch, query]``: ‖J_N(y_t)‖₂ ≤ ‖γ‖_∞/σ(y_t) per token (docs/math.md T6)."""
+    return norm_jacobian_spectral_norm_upper_bound(y, norm.gamma, norm.eps, norm.kind)
+
+
+def _out_norm_block_local_bound(x: Tensor, layer: LayerWeights, geometry: Geometry) -> BlockLocalJacobianBound:
+    """(1 + max_i ‖J_N_ao(a_i)‖ ρ_i · max_t ‖J_N₁(x_t)‖)(1 + max_t ‖J_N_mo(f_t)‖ ‖DF(g_t)‖ ‖J_N₂(h_t)‖) for a
+    "pre" or "none" block with norms after its sublayers (module docstring; a missing norm is a factor 1)."""
+    from attnsens.geometry.layers import attention_sublayer, mlp_forward
+
+    attn_norm, mlp_norm = layer.attn_norm, layer.mlp_norm  # both set ("pre") or both None ("none")
+    u = x if attn_norm is None else norm_forward(x, attn_norm)
+    attention = _attention_local(u, layer.attention, geometry)
+    a = attention_sublayer(u, layer.attention)
+    rows = attention.row_upper_bound  # [batch, query]: row i's bound per unit block-∞ input
+    if layer.attn_out_norm is not None:
+        rows = mul_up(_token_norm_factor(a, layer.attn_out_norm), rows)
+        a = norm_forward(a, layer.attn_out_norm)
+    attn_branch = rows.amax(dim=-1)
+    if attn_norm is not None:
+        attn_branch = mul_up(attn_branch, _norm_local(x, attn_norm))
+    h = x + a
+    g = h if mlp_norm is None else norm_forward(h, mlp_norm)
+    tokens = ffn_token_jacobian_upper_bound(g, layer.mlp)  # [batch, query]
+    if layer.mlp_out_norm is not None:
+        tokens = mul_up(_token_norm_factor(mlp_forward(g, layer.mlp), layer.mlp_out_norm), tokens)
+    if mlp_norm is not None:
+        tokens = mul_up(tokens, _token_norm_factor(h, mlp_norm))
+    bound = mul_up(add_up(attn_branch, 1.0), add_up(tokens.amax(dim=-1), 1.0))
+    return BlockLocalJacobianBound(upper_bound=bound, attention=attention, attention_input=u)

@@ -2,7 +2,8 @@
 
 These are the functions the block bounds (``blocks``) and the residual-Jacobian expansions (``residual``) are
 about; they follow ``attnsens.weights`` exactly (placements "pre", "post", "none"; DeepNorm's residual
-scale α in the post placement).
+scale α in the post placement; the optional norms after each sublayer, ``attn_out_norm`` and ``mlp_out_norm``,
+applied to the sublayer's output before the residual sum).
 """
 
 from __future__ import annotations
@@ -63,23 +64,38 @@ def attention_sublayer(x: Tensor, attention: AttentionWeights) -> Tensor:
     return mha_forward(x, attention).output
 
 
+def attention_branch(x: Tensor, layer: LayerWeights) -> Tensor:
+    """What the attention sublayer adds to the residual stream, from its input ``x`` (N1's output for pre-LN):
+    N_ao(A(x)) with the layer's ``attn_out_norm``, A(x) without one."""
+    out = attention_sublayer(x, layer.attention)
+    return out if layer.attn_out_norm is None else norm_forward(out, layer.attn_out_norm)
+
+
+def mlp_branch(x: Tensor, layer: LayerWeights) -> Tensor:
+    """What the MLP adds to the residual stream, from its input ``x``: N_mo(F(x)) with ``mlp_out_norm``, else F(x)."""
+    out = mlp_forward(x, layer.mlp)
+    return out if layer.mlp_out_norm is None else norm_forward(out, layer.mlp_out_norm)
+
+
 def attention_half(x: Tensor, layer: LayerWeights) -> Tensor:
-    """The attention residual sublayer of a block: x + A(N1(x)), N1(αx + A(x)) or x + A(x)."""
+    """The attention residual sublayer of a block: x + A(N1(x)), N1(αx + A(x)) or x + A(x), with A followed by
+    ``attn_out_norm`` when the layer has one (pre: x + N_ao(A(N1(x))); none: x + N_ao(A(x)))."""
     if layer.placement == "none":
-        return x + attention_sublayer(x, layer.attention)
+        return x + attention_branch(x, layer)
     attn_norm, _ = layer.norms()
     if layer.placement == "pre":
-        return x + attention_sublayer(norm_forward(x, attn_norm), layer.attention)
+        return x + attention_branch(norm_forward(x, attn_norm), layer)
     return norm_forward(layer.residual_scale * x + attention_sublayer(x, layer.attention), attn_norm)
 
 
 def mlp_half(x: Tensor, layer: LayerWeights) -> Tensor:
-    """The positionwise residual sublayer of a block: x + F(N2(x)), N2(αx + F(x)) or x + F(x)."""
+    """The positionwise residual sublayer of a block: x + F(N2(x)), N2(αx + F(x)) or x + F(x), with F followed by
+    ``mlp_out_norm`` when the layer has one."""
     if layer.placement == "none":
-        return x + mlp_forward(x, layer.mlp)
+        return x + mlp_branch(x, layer)
     _, mlp_norm = layer.norms()
     if layer.placement == "pre":
-        return x + mlp_forward(norm_forward(x, mlp_norm), layer.mlp)
+        return x + mlp_branch(norm_forward(x, mlp_norm), layer)
     return norm_forward(layer.residual_scale * x + mlp_forward(x, layer.mlp), mlp_norm)
 
 

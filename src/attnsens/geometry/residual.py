@@ -129,7 +129,8 @@ def residual_jacobian_estimates(
     generator: torch.Generator | None = None,
 ) -> ResidualJacobianEstimates:
     """Estimate ‖∂X_{k+1}/∂X_k‖ at the actual block input for the pre-LN and the post-LN arrangement of the block's
-    weights, and the pre-LN branch norm ‖∂X_{k+1}/∂X_k − I‖ (T8). Needs norms (placement "pre" or "post").
+    weights, and the pre-LN branch norm ‖∂X_{k+1}/∂X_k − I‖ (T8). Needs norms (placement "pre" or "post") and
+    none after the sublayers (ConfigError otherwise: such a block has no single post-LN rearrangement).
 
     Args:
         x: ``[batch, query, d_model]`` block input.
@@ -139,6 +140,11 @@ def residual_jacobian_estimates(
     """
     if layer.placement == "none":
         raise ConfigError(f"layer {layer.index} has no norms; pre/post-LN arrangements need attn_norm and mlp_norm")
+    if layer.has_out_norms:
+        raise ConfigError(
+            f"layer {layer.index} has norms after its sublayers (attn_out_norm/mlp_out_norm); the pre- vs post-LN "
+            "comparison rearranges blocks with one norm per sublayer only"
+        )
     parts = _sublayers(layer)
 
     def pre(z: Tensor) -> Tensor:

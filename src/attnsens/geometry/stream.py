@@ -1,6 +1,6 @@
 """The reference forward of a stack of normalized layers, keeping what the bounds evaluate at each block: its input,
 the attention and MLP sublayer inputs and, for post-LN blocks, the residual sums the norms read
-(the per-block maps are those of ``attnsens.geometry.layers``).
+(the per-block maps are those of ``attnsens.geometry.layers``, norms after a sublayer's output included).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from torch import Tensor
 
-from attnsens.geometry.layers import attention_sublayer, block_forward, mlp_forward, norm_forward
+from attnsens.geometry.layers import attention_branch, attention_sublayer, block_forward, mlp_forward, norm_forward
 from attnsens.weights import LayerWeights
 
 
@@ -21,12 +21,14 @@ def layer_inputs_from_stream(layers: Sequence[LayerWeights], x: Tensor) -> list[
         if layer.placement == "pre":
             attn_norm, mlp_norm = layer.norms()
             entry["attention_input"] = norm_forward(x, attn_norm)
-            mid = x if layer.parallel_residual else x + attention_sublayer(entry["attention_input"], layer.attention)
+            mid = x if layer.parallel_residual else x + attention_branch(entry["attention_input"], layer)
             entry["mlp_input"] = norm_forward(mid, mlp_norm)
         else:
             entry["attention_input"] = x
-            mid = layer.residual_scale * x + attention_sublayer(x, layer.attention)
-            if layer.placement == "post":
+            if layer.placement == "none":
+                mid = layer.residual_scale * x + attention_branch(x, layer)
+            else:
+                mid = layer.residual_scale * x + attention_sublayer(x, layer.attention)
                 entry["attention_residual_sum"] = mid
                 mid = norm_forward(mid, layer.norms()[0])
             entry["mlp_input"] = mid

@@ -23,6 +23,7 @@ def tiny_layers(
     rotary: bool = False,
     biases: bool = True,
     gate_bias: bool = False,
+    out_norms: bool = False,
     seed: int = 0,
     dtype: torch.dtype = torch.float64,
 ) -> list[LayerWeights]:
@@ -53,14 +54,15 @@ def tiny_layers(
             b_gate=r(d_ff, scale=0.5) if gated and gate_bias else None,
         )  # fmt: skip
 
-        def make_norm() -> NormWeights | None:
-            if placement == "none":
+        def make_norm(always: bool = False) -> NormWeights | None:
+            if placement == "none" and not always:
                 return None
             beta = r(d_model, scale=0.1) if norm == "layernorm" else None
             return NormWeights(kind=norm, gamma=1 + r(d_model, scale=0.2), beta=beta, eps=1e-5)
 
         layers.append(LayerWeights(
             index=index, placement=placement, attention=attention, mlp=mlp, attn_norm=make_norm(),
-            mlp_norm=make_norm(),
+            mlp_norm=make_norm(), attn_out_norm=make_norm(True) if out_norms else None,
+            mlp_out_norm=make_norm(True) if out_norms else None,
         ))  # fmt: skip
     return layers
