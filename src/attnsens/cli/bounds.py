@@ -3,9 +3,9 @@
 MODEL is anything ``attnsens.models.load`` accepts (alias ``smollm2`` / ``minilm``, own GPT checkpoint, local
 path, hub id) or a ``.safetensors`` file in attnsens' layer-weights layout: tensors
 ``layers.{i}.attention.{w_q,w_k,w_v,w_o,b_q,b_k,b_v,b_o}``, ``layers.{i}.mlp.{w_in,w_out,b_in,b_out,w_gate}``,
-``layers.{i}.{attn_norm,mlp_norm}.{gamma,beta}`` plus the JSON metadata ``attnsens.layers`` (see
-``attnsens.study.bounds``). A weights-only file has no embedding: it is evaluated on a seeded Gaussian residual
-stream of ``--seq-len`` tokens with RMS 1 per token.
+``layers.{i}.{attn_norm,mlp_norm,attn_out_norm,mlp_out_norm}.{gamma,beta}`` plus the JSON metadata
+``attnsens.layers`` (see ``attnsens.store.layer_weights``). A weights-only file has no embedding: it is evaluated on
+a seeded Gaussian residual stream of ``--seq-len`` tokens with RMS 1 per token.
 """
 
 from __future__ import annotations

@@ -2,11 +2,12 @@
 
 Layout: tensors
 ``layers.{i}.attention.{w_q,w_k,w_v,w_o,b_q,b_k,b_v,b_o}``, ``layers.{i}.mlp.{w_in,w_out,b_in,b_out,w_gate,b_gate}``,
-``layers.{i}.{attn_norm,mlp_norm}.{gamma,beta}`` (absent = None; shapes as in ``attnsens.weights``), and
-the metadata key ``attnsens.layers``: a JSON list with, per layer, ``placement``, ``tau``, ``causal``,
-``mlp_kind``, ``activation``, ``norm_kind``, ``norm_eps`` ([attn, mlp]), ``residual_scale``,
-``parallel_residual``, ``rotary`` (null or the fields of ``RotaryConfig``) and ``sliding_window`` (null or an int;
-absent in older files).
+``layers.{i}.{attn_norm,mlp_norm,attn_out_norm,mlp_out_norm}.{gamma,beta}`` (absent = None; shapes as in
+``attnsens.weights``), and the metadata key ``attnsens.layers``: a JSON list with, per layer, ``placement``,
+``tau``, ``causal``, ``mlp_kind``, ``activation``, ``norm_kind``, ``norm_eps`` ([attn, mlp]), ``residual_scale``,
+``parallel_residual``, ``rotary`` (null or the fields of ``RotaryConfig``), ``sliding_window`` (null or an int)
+and, for the norms after each sublayer, ``out_norm_kinds`` and ``out_norm_eps`` ([attn, mlp], null where a
+layer has none). Files written before a key existed lack it: no sliding window, no norms after the sublayers.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ _TENSORS = {
     "mlp": ("w_in", "w_out", "b_in", "b_out", "w_gate", "b_gate"),
     "attn_norm": ("gamma", "beta"),
     "mlp_norm": ("gamma", "beta"),
+    "attn_out_norm": ("gamma", "beta"),
+    "mlp_out_norm": ("gamma", "beta"),
 }
 
 
@@ -47,6 +50,7 @@ def save_layer_weights(layers: Sequence[LayerWeights], path: str | os.PathLike[s
                 if value is not None:
                     tensors[f"layers.{i}.{part}.{name}"] = value.detach().contiguous().cpu()
         rotary = layer.attention.rotary
+        out_norms = (layer.attn_out_norm, layer.mlp_out_norm)
         configs.append({
             "placement": layer.placement, "tau": layer.attention.tau, "causal": layer.attention.causal,
             "mlp_kind": layer.mlp.kind, "activation": layer.mlp.activation,
@@ -54,6 +58,8 @@ def save_layer_weights(layers: Sequence[LayerWeights], path: str | os.PathLike[s
             "norm_eps": [None if n is None else n.eps for n in (layer.attn_norm, layer.mlp_norm)],
             "residual_scale": layer.residual_scale, "parallel_residual": layer.parallel_residual,
             "rotary": None if rotary is None else vars(rotary), "sliding_window": layer.attention.sliding_window,
+            "out_norm_kinds": [None if n is None else n.kind for n in out_norms],
+            "out_norm_eps": [None if n is None else n.eps for n in out_norms],
         })  # fmt: skip
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -93,11 +99,14 @@ def _layer_from(tensors: dict[str, Tensor], i: int, cfg: dict[str, Any]) -> Laye
     def get(part: str, name: str) -> Tensor | None:
         return tensors.get(f"layers.{i}.{part}.{name}")
 
-    def norm(part: str, eps: float) -> NormWeights | None:
+    def norm(part: str, eps: float, kind: Any = None) -> NormWeights | None:
         gamma = get(part, "gamma")
-        return (
-            None if gamma is None else NormWeights(kind=cfg["norm_kind"], gamma=gamma, beta=get(part, "beta"), eps=eps)
-        )
+        if gamma is None:
+            return None
+        kind = cfg["norm_kind"] if kind is None else kind
+        return NormWeights(kind=kind, gamma=gamma, beta=get(part, "beta"), eps=eps)
+
+    out_kinds, out_eps = cfg.get("out_norm_kinds", [None, None]), cfg.get("out_norm_eps", [None, None])
 
     # Any: a required tensor the file lacks (None) fails the dataclass's shape checks, reported as FileFormatError.
     attention_tensors: dict[str, Any] = {n: get("attention", n) for n in _TENSORS["attention"]}
@@ -112,4 +121,6 @@ def _layer_from(tensors: dict[str, Tensor], i: int, cfg: dict[str, Any]) -> Laye
         index=i, placement=cfg["placement"], attention=attention, mlp=mlp,
         attn_norm=norm("attn_norm", cfg["norm_eps"][0]), mlp_norm=norm("mlp_norm", cfg["norm_eps"][1]),
         residual_scale=cfg["residual_scale"], parallel_residual=cfg["parallel_residual"],
+        attn_out_norm=norm("attn_out_norm", out_eps[0], out_kinds[0]),
+        mlp_out_norm=norm("mlp_out_norm", out_eps[1], out_kinds[1]),
     )  # fmt: skip

@@ -176,7 +176,13 @@ BOUNDS = TableSchema(
         _LAYER,
         _c("head", _I32, "0-based head index, or -1 for a layer-level record"),
         _c("norm", _STR, "block norm convention of every bound in the record: 'block_rms' or 'block_l2'"),
-        _c("norm_placement", _STR, "residual block type: 'pre_ln', 'post_ln', 'deepnorm' or 'none'", nullable=True),
+        _c(
+            "norm_placement",
+            _STR,
+            "residual block type: 'pre_ln', 'post_ln', 'deepnorm', 'none', 'sandwich' (pre-norms and norms after each "
+            "sublayer: Gemma 2/3) or 'post_sublayer' (norms after each sublayer only: OLMo 2)",
+            nullable=True,
+        ),
         _f("w_q_spectral_norm", "‖W_Q^h‖_2 (head slice, d_head × d_model)"),
         _f("w_k_spectral_norm", "‖W_K^h‖_2"),
         _f("w_v_spectral_norm", "‖W_V^h‖_2"),

@@ -164,7 +164,7 @@ def _layer_records(
             ln_ratio_max *= float(mlp_condition.ratio_max)
         layer_row["ln_condition_fraction"] = float(condition.satisfied_fraction)
         layer_row["ln_contraction_ratio_median"] = float(condition.ratio_median)
-        if compare_placements:
+        if compare_placements and not layer.has_out_norms:  # norms after the sublayers: no single rearrangement
             estimates = G.residual_jacobian_estimates(
                 block_input,
                 layer,
@@ -176,6 +176,16 @@ def _layer_records(
             layer_row["post_ln_residual_jacobian_estimate"] = float(estimates.post_ln_estimate.amax())
             layer_row["branch_jacobian_estimate"] = float(estimates.pre_ln_branch_estimate.amax())
     return [*head_rows, layer_row], {"ln_ratio_max": ln_ratio_max, "branch_upper_bound": block_local - 1.0}
+
+
+def _placement_label(layer: LayerWeights) -> str:
+    """The ``norm_placement`` column: pre_ln, post_ln, deepnorm or none, and for norms after the sublayers
+    sandwich (with pre-norms, Gemma 2/3) or post_sublayer (without, OLMo 2)."""
+    if layer.has_out_norms:
+        return "sandwich" if layer.placement == "pre" else "post_sublayer"
+    if layer.placement == "post":
+        return "deepnorm" if layer.residual_scale != 1.0 else "post_ln"
+    return "pre_ln" if layer.placement == "pre" else layer.placement
 
 
 def bound_model(
@@ -258,11 +268,9 @@ def bound_model(
             rows[-1]["expansion_remainder_upper_bound"] = float(
                 G.pre_ln_expansion_remainder_upper_bound(torch.tensor(branches))
             )
-        placement = "deepnorm" if layer.placement == "post" and layer.residual_scale != 1.0 else layer.placement
         for row in rows:
             row.update(run_id=run_id, model=name, step=step, seed=seed,
-                       layer=layer.index, norm=f"block_{geometry}",
-                       norm_placement={"pre": "pre_ln", "post": "post_ln"}.get(placement, placement))  # fmt: skip
+                       layer=layer.index, norm=f"block_{geometry}", norm_placement=_placement_label(layer))  # fmt: skip
         records.extend(rows)
         if on_layer is not None:
             on_layer(layer.index)

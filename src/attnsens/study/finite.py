@@ -34,7 +34,7 @@ def check_finite_layers(layers: Sequence[LayerWeights], *, name: str) -> None:
     """Raise InputError naming the first normalized weight (``layers.{i}.{part}.{tensor}``) with NaN or ±Inf."""
     named = []
     for layer in layers:
-        for part in ("attention", "mlp", "attn_norm", "mlp_norm"):
+        for part in ("attention", "mlp", "attn_norm", "mlp_norm", "attn_out_norm", "mlp_out_norm"):
             weights = getattr(layer, part)
             if weights is None:
                 continue

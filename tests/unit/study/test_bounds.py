@@ -21,7 +21,9 @@ FAST = {"seq_len": 7, "n_queries": 3, "iterations": 6}
 @pytest.mark.parametrize(
     "kwargs",
     [{"placement": "pre"}, {"placement": "post"},
-     {"placement": "pre", "gated": True, "norm": "rmsnorm", "rotary": True, "n_kv_head": 1, "biases": False}],
+     {"placement": "pre", "gated": True, "norm": "rmsnorm", "rotary": True, "n_kv_head": 1, "biases": False},
+     {"placement": "pre", "out_norms": True, "gated": True, "norm": "rmsnorm", "rotary": True},
+     {"placement": "none", "out_norms": True, "gated": True, "norm": "rmsnorm", "rotary": True}],
 )  # fmt: skip
 def test_bound_model_is_sound_and_fits_the_schema(kwargs: dict) -> None:
     layers = tiny_layers(**kwargs, n_layer=2)
@@ -37,7 +39,10 @@ def test_bound_model_is_sound_and_fits_the_schema(kwargs: dict) -> None:
         assert row["block_jacobian_estimate"] <= row["residual_jacobian_upper_bound"]
         assert row["residual_jacobian_upper_bound"] <= row["block_lipschitz_upper_bound"]
         assert row["tightness_ratio"] >= 1
-        assert 0 <= row["ln_condition_fraction"] <= 1
+        if kwargs["placement"] != "none":
+            assert 0 <= row["ln_condition_fraction"] <= 1
+    labels = {"pre": "sandwich", "none": "post_sublayer"} if kwargs.get("out_norms") else {"pre": "pre_ln"}
+    assert set(layer_rows["norm_placement"]) == {labels.get(kwargs["placement"], "post_ln")}
     if kwargs["placement"] == "pre":
         assert (layer_rows["mha_local_jacobian_upper_bound"] <= layer_rows["mha_lipschitz_upper_bound"]).all()
     assert (head_rows["theta_tilde"] <= 1 + 1e-12).all()

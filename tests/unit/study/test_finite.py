@@ -44,6 +44,10 @@ def test_bounds_of_layer_weights_name_the_tensor(tmp_path) -> None:
     result = CliRunner().invoke(app, ["bounds", str(path)])
     assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
     assert "layers.1.mlp.w_in" in result.output
+    sandwich = tiny_layers(n_layer=1, out_norms=True)
+    sandwich[0].attn_out_norm.gamma[2] = float("inf")
+    with pytest.raises(InputError, match=r"layer 0, parameter 'layers\.0\.attn_out_norm\.gamma'"):
+        bound_model(sandwich, **FAST)
 
 
 def test_a_linear_algebra_failure_names_the_layer(monkeypatch) -> None:
