@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attnsens.errors import ConfigError
-from attnsens.geometry.blocks import block_local_jacobian_bound, block_lipschitz_upper_bound
+from attnsens.geometry.blocks import block_lipschitz_upper_bound, block_local_jacobian_bound
 from attnsens.geometry.layers import (
     attention_sublayer,
     block_forward,
@@ -94,7 +94,7 @@ def test_reference_forward_applies_the_norms_to_the_sublayer_outputs() -> None:
 def test_output_norms_are_refused_where_they_are_not_defined() -> None:
     post = tiny_layers("post")[0]
     norm = post.attn_norm
-    with pytest.raises(ConfigError, match="need placement 'pre'.*or 'none'.*got 'post'"):
+    with pytest.raises(ConfigError, match=r"need placement 'pre'.*or 'none'.*got 'post'"):
         replace(post, attn_out_norm=norm)
     pre = tiny_layers("pre")[0]
     with pytest.raises(ConfigError, match="not supported beside parallel_residual"):
