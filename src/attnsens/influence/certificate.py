@@ -11,6 +11,9 @@ apply where the theorem's assumptions fail:
   LN(y), which the theorem's bilinear form does not cover).
 * gated MLPs (x ↦ W_out(act(W_gate x) ⊙ W_in x)) are not globally Lipschitz; rotary positions are covered by the
   indicative number only (‖W_Q‖‖W_K‖/τ replaces ‖G‖, the rotation being orthogonal).
+* norms after the sublayers (``LayerWeights.attn_out_norm``, ``mlp_out_norm``: Gemma 2/3, OLMo 2): f_k is then
+  y + N(·) and the recursion's ‖f_k(0)‖ and Λ_k do not describe it, so, as for gated MLPs, no number is computed
+  and asking for the constant raises UnsupportedModelError naming the reason.
 * causal attention is certified by the polylogarithmic variant E_L(H_n)/n (``masking="causal"``).
 * learned absolute positions: certified only for n ≤ n_ctx (``max_length``); sinusoidal or no positions: all n.
 
@@ -192,12 +195,12 @@ def _norm_reasons(
     reasons, per_block = [], []
     worst = 0.0
     for layer in layers:
-        norms = [n for n in (layer.attn_norm, layer.mlp_norm) if n is not None]
+        norms = [n for n in _layer_norms(layer) if n is not None]
         per_block.append(math.prod(norm_lipschitz_constant(n) for n in norms))
         worst = max([worst, *(norm_lipschitz_constant(n) for n in norms)])
     normed = [layer for layer in layers if layer.placement != "none"]
     if normed:
-        kinds = sorted({n.kind for layer in normed for n in (layer.attn_norm, layer.mlp_norm) if n is not None})
+        kinds = sorted({n.kind for layer in normed for n in _layer_norms(layer) if n is not None})
         reasons.append(
             f"{normed[0].placement}-{'/'.join(kinds)} in {len(normed)} layer(s): Lipschitz constant ‖γ‖∞/√ε up to "
             f"{worst:.4g} enters every Λ_k, so C is vacuous (the theorem assumes LN-free blocks, docs/math.md §10.1)"
@@ -210,11 +213,25 @@ def _norm_reasons(
     return reasons, per_block, final, worst
 
 
+def _layer_norms(layer: LayerWeights) -> tuple[NormWeights | None, ...]:
+    return (layer.attn_norm, layer.mlp_norm, layer.attn_out_norm, layer.mlp_out_norm)
+
+
+def _out_norm_layers(layers: Sequence[LayerWeights]) -> list[int]:
+    return [layer.index for layer in layers if layer.has_out_norms]
+
+
 def _structure_reasons(layers: Sequence[LayerWeights]) -> list[str]:
     reasons = []
     gated = [layer.index for layer in layers if layer.mlp.kind == "gated"]
     if gated:
         reasons.append(f"gated MLP in layer(s) {gated}: x ↦ W_out(act(W_gate x) ⊙ W_in x) is not globally Lipschitz")
+    out_normed = _out_norm_layers(layers)
+    if out_normed:
+        reasons.append(
+            f"norms after the sublayers (x + N(F(x))) in layer(s) {out_normed}: the recursion's f_k(0) and Λ_k "
+            "(docs/math.md §10.4) do not model them, so no constant is computed"
+        )
     if any(layer.attention.rotary is not None for layer in layers):
         reasons.append(
             "rotary positions: scores y_jᵀW_QᵀR_{r−j}W_K y_r are not the theorem's fixed bilinear form (RoPE is "
@@ -290,12 +307,13 @@ def certified_constant(
     inputs = certificate_inputs(model, token_embedding=token_embedding, positions=positions, unembedding=unembedding)
     reasons, norm_factors, final_norm_factor, worst_norm = _norm_reasons(inputs.layers, inputs.final_norm)
     reasons += _structure_reasons(inputs.layers)
-    gated = any(layer.mlp.kind == "gated" for layer in inputs.layers)
+    # No indicative number either where the recursion does not model the block (gated MLPs, norms after sublayers).
+    unmodelled = any(layer.mlp.kind == "gated" for layer in inputs.layers) or bool(_out_norm_layers(inputs.layers))
     causal = {layer.attention.causal for layer in inputs.layers}
     masking: Literal["unmasked", "causal"] = "causal" if True in causal else "unmasked"
     blocks = (
         ()
-        if gated
+        if unmodelled
         else tuple(
             block_constants(layer, head_output=head_output, norm_lipschitz=factor)
             for layer, factor in zip(inputs.layers, norm_factors, strict=True)
@@ -306,7 +324,7 @@ def certified_constant(
     log10_constant: float | None = None
     rows: tuple[LayerBounds, ...] = ()
     polynomial: LogPolynomial = (math.nan,)
-    if not gated:
+    if not unmodelled:
         rows = run_recursion(blocks, embedding_norm=embedding_norm, embedding_diameter=embedding_diameter)
         polynomial = rows[-1].log_other_positions
         log10_constant = log_poly_at(polynomial, 1.0) / _LN10 + math.log10(final_norm_factor)

@@ -23,6 +23,9 @@ from attnsens.weights import LayerWeights, NormKind, Placement, RotaryConfig
 
 OUTPUT_FIELDS = ("attention_output", "mlp_output", "block_output")
 """What ``layer_output_taps`` reports for every layer."""
+NORMED_OUTPUT_FIELDS = ("normed_attention_output", "normed_mlp_output")
+"""What ``layer_output_taps`` also reports for a layer with norms after its sublayers (``LayerWeights.attn_out_norm``,
+``mlp_out_norm``): the output of each such norm, i.e. what the sublayer adds to the residual stream."""
 
 QueryKeyCallback = Callable[[int, Tensor, Tensor, AttentionCall], None]
 """``on_query_key(layer, query [batch, head, query, d_head], key [batch, kv_head, key, d_head], call)``: the
@@ -143,8 +146,10 @@ class ModelAdapter(ABC):
         """While active, report each layer's own outputs to ``record(layer, field, tensor)``.
 
         ``field`` is one of :data:`OUTPUT_FIELDS`: the attention sublayer's output (after W_O and its bias, before
-        the residual sum), the MLP's output (likewise) and the block's output. The weights-fidelity gate
-        (models/fidelity.py) compares them with the reference forward of the normalized weights.
+        any norm after it and the residual sum), the MLP's output (likewise) and the block's output; a family whose
+        blocks apply a norm to a sublayer's output also reports that norm's output (:data:`NORMED_OUTPUT_FIELDS`).
+        The weights-fidelity gate (models/fidelity.py) compares them with the reference forward of the normalized
+        weights.
         """
 
     def attention_window(self, layer: int) -> int | None:

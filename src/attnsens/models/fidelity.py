@@ -5,16 +5,20 @@ about the model only if that function is the model's. The gate runs the model on
 every layer's inputs and outputs, evaluates the reference forward (``attnsens.geometry.layers``) of each layer's
 normalized weights on the inputs the model actually saw, and compares sub-output by sub-output:
 
-==============  ===========================================  ==================================================
-field           reference (float64, from the captured input)  model's own tensor
-==============  ===========================================  ==================================================
-``attn_norm``   N1 of the block input (pre) or of αX + A       the attention input (pre) or the MLP input (post)
-``attention``   Attn(attention input)                         the attention sublayer's output
-``mlp_norm``    N2 of X + A (pre; X when parallel) or αY + F   the MLP input (pre) or the block output (post)
-``mlp``         MLP(MLP input)                                the MLP's output
-``block``       the whole block on the block input            the block output
-==============  ===========================================  ==================================================
+=================  ===========================================  ==============================================
+field              reference (float64, from the captured input)  model's own tensor
+=================  ===========================================  ==============================================
+``attn_norm``      N1 of the block input (pre) or of αX + A       the attention input (pre) or MLP input (post)
+``attention``      Attn(attention input)                         the attention sublayer's output
+``attn_out_norm``  N_ao(attention output)                        the output of the norm after attention
+``mlp_norm``       N2 of X + B (pre; X when parallel) or αY + F   the MLP input (pre) or the block output (post)
+``mlp``            MLP(MLP input)                                the MLP's output
+``mlp_out_norm``   N_mo(MLP output)                              the output of the norm after the MLP
+``block``          the whole block on the block input            the block output
+=================  ===========================================  ==============================================
 
+B is what the attention sublayer adds to the residual stream: its output, or N_ao of it in a layer with a norm
+after attention (Gemma 2/3; ``attn_out_norm``, ``mlp_out_norm`` are compared only for layers that have them).
 Each comparison is a relative error max_t ‖ref_t − out_t‖₂ / max_t ‖out_t‖₂ over all tokens; a value above the
 tolerance of the model's float type raises :class:`~attnsens.errors.WeightsFidelityError` naming the family, the
 layer and the field. Checking on the captured sub-inputs (not a propagated stream) localises a mismatch to the
@@ -23,6 +27,7 @@ sublayer that causes it.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -35,8 +40,8 @@ from attnsens.geometry.layers import attention_sublayer, block_forward, mlp_forw
 from attnsens.models.adapter import LayerInputs, ModelAdapter
 from attnsens.weights import LayerWeights
 
-FIELDS = ("attn_norm", "attention", "mlp_norm", "mlp", "block")
-"""The sub-outputs the gate compares, in forward order."""
+FIELDS = ("attn_norm", "attention", "attn_out_norm", "mlp_norm", "mlp", "mlp_out_norm", "block")
+"""The sub-outputs the gate compares, in forward order (a layer compares those it has)."""
 
 DEFAULT_TOLERANCE: dict[torch.dtype, float] = {
     # transformers computes RoPE tables in float32 even for float64 models (relative error ~2e-7 measured)
@@ -103,10 +108,24 @@ def _comparisons(layer: LayerWeights, seen: dict[str, Tensor]) -> dict[str, tupl
         "mlp": (lambda: mlp_forward(m_in, layer.mlp), m_out),
         "block": (lambda: block_forward(x, layer), y),
     }
+    # What the attention sublayer adds to the stream: the model's normed output where the layer has a norm after
+    # attention (the reference N_ao(a_out) when the family does not report it), its raw output otherwise.
+    added = a_out
+    for field, norm, raw, normed in (
+        ("attn_out_norm", layer.attn_out_norm, a_out, "normed_attention_output"),
+        ("mlp_out_norm", layer.mlp_out_norm, m_out, "normed_mlp_output"),
+    ):
+        if norm is None:
+            continue
+        reference = functools.partial(norm_forward, raw, norm)
+        if normed in seen:
+            checks[field] = (reference, seen[normed])
+        if field == "attn_out_norm":
+            added = seen[normed] if normed in seen else reference()
     alpha = layer.residual_scale
     if layer.placement == "pre":
         attn_norm, mlp_norm = layer.norms()
-        mid = x if layer.parallel_residual else x + a_out
+        mid = x if layer.parallel_residual else x + added
         checks["attn_norm"] = (lambda: norm_forward(x, attn_norm), a_in)
         checks["mlp_norm"] = (lambda: norm_forward(mid, mlp_norm), m_in)
     elif layer.placement == "post":

@@ -1,11 +1,14 @@
 """Families read from one declarative table (:data:`LAYOUTS`): the decoders Llama (SmolLM2), Mistral, Qwen2,
-Gemma, Phi-3, OPT and GPT-J, the encoder DistilBERT, plus the families whose blocks the geometry cannot bound
-yet (Qwen3, Gemma 2/3, OLMo 2), which are refused by name.
+Gemma, Gemma 2 (without its attention logit softcap), Phi-3, OPT and GPT-J, the encoder DistilBERT, plus the
+families whose blocks the geometry cannot bound yet (Qwen3, Gemma 3 and OLMo 2: QK-norm; Gemma 2 with a softcap),
+which are refused by name.
 
 A :class:`BlockLayout` says where a family keeps each part of a block and what it does differently: fused
 projections (Phi-3's ``qkv_proj`` = [q; k; v] rows, ``gate_up_proj`` = [gate; up] rows), Gemma's RMSNorm scale
 (1 + w), a plain MLP (OPT's fc1/fc2), the query scaling folded into q_proj (OPT), GPT-J's parallel residual and
-interleaved rotary, where a sliding window is read, and what makes a block unboundable. Everything else — GQA,
+interleaved rotary, norms after each sublayer (Gemma 2/3 beside their pre-norms, where ``post_attention_layernorm``
+is the norm of the attention *output*, unlike Llama; OLMo 2 without pre-norms), where a sliding window is read,
+and what makes a block unboundable. Everything else — GQA,
 every RoPE type (``hf.rotary_of``), biases, the yarn/longrope attention factor folded into τ — is common.
 
 A GGUF Llama checkpoint stores q/k rows permuted for llama.cpp's interleaved rotary; transformers undoes that
@@ -21,7 +24,7 @@ import torch
 from torch import Tensor
 
 from attnsens.errors import UnsupportedModelError
-from attnsens.models.adapter import ModelSpec
+from attnsens.models.adapter import NORMED_OUTPUT_FIELDS, ModelSpec
 from attnsens.models.gpt2 import layer_norm
 from attnsens.models.hf import (
     HFAdapter,
@@ -62,8 +65,10 @@ class BlockLayout:
     gate: str | None = "mlp.gate_proj"  # None: plain MLP down(act(up x))
     down: str = "mlp.down_proj"
     gate_up: str | None = None  # fused [gate; up] projection replacing gate and up
-    attn_norm: str = "input_layernorm"
-    mlp_norm: str = "post_attention_layernorm"
+    attn_norm: str | None = "input_layernorm"  # None (with mlp_norm None): no pre-norms, placement "none"
+    mlp_norm: str | None = "post_attention_layernorm"
+    attn_out_norm: str | None = None  # norm of the attention output before the residual sum (Gemma 2/3, OLMo 2)
+    mlp_out_norm: str | None = None  # norm of the MLP output before the residual sum
     norm: NormKind = "rmsnorm"
     gamma_offset: float = 0.0  # Gemma's RMSNorm multiplies by (1 + weight)
     activation: str = "hidden_act"  # config attribute naming the MLP activation
@@ -77,6 +82,13 @@ class BlockLayout:
 
 
 _UNBOUNDED_QK_NORM = "QK-norm (RMSNorm of queries and keys) has no certified bound in attnsens.geometry yet"
+_SANDWICH: dict[str, Any] = {
+    "mlp_norm": "pre_feedforward_layernorm",
+    "attn_out_norm": "post_attention_layernorm",
+    "mlp_out_norm": "post_feedforward_layernorm",
+}
+"""Gemma 2/3: X + N_ao(Attn(N1 X)), then + N_mo(MLP(N2 ·)); ``post_attention_layernorm`` normalizes the attention
+output there, and the MLP's pre-norm is ``pre_feedforward_layernorm``."""
 LAYOUTS: dict[str, BlockLayout] = {
     "llama": BlockLayout(),
     "mistral": BlockLayout(window="config"),
@@ -87,26 +99,23 @@ LAYOUTS: dict[str, BlockLayout] = {
         gamma_offset=1.0,
         activation="hidden_activation",
         window="module",
-        refused=(
-            ("block.pre_feedforward_layernorm", "sandwich norms (a norm after each sublayer) are not in LayerWeights"),
-            ("config.attn_logit_softcapping", "the attention logit softcap has no certified bound yet"),
-        ),
+        **_SANDWICH,
+        refused=(("config.attn_logit_softcapping", "the attention logit softcap has no certified bound yet"),),
     ),
     "gemma3_text": BlockLayout(
         gamma_offset=1.0,
         activation="hidden_activation",
         window="module",
-        refused=(
-            ("block.self_attn.q_norm", _UNBOUNDED_QK_NORM),
-            ("block.pre_feedforward_layernorm", "sandwich norms (a norm after each sublayer) are not in LayerWeights"),
-        ),
+        **_SANDWICH,
+        refused=(("block.self_attn.q_norm", _UNBOUNDED_QK_NORM),),
     ),
     "phi3": BlockLayout(qkv="qkv_proj", gate_up="mlp.gate_up_proj", window="config"),
     "olmo2": BlockLayout(
-        refused=(
-            ("block.self_attn.q_norm", _UNBOUNDED_QK_NORM),
-            ("block.post_feedforward_layernorm", "norms after each sublayer (x + N(F(x))) are not in LayerWeights"),
-        ),
+        attn_norm=None,
+        mlp_norm=None,
+        attn_out_norm="post_attention_layernorm",
+        mlp_out_norm="post_feedforward_layernorm",
+        refused=(("block.self_attn.q_norm", _UNBOUNDED_QK_NORM),),
     ),
     "opt": BlockLayout(
         blocks="decoder.layers",
@@ -177,8 +186,10 @@ class LayoutAdapter(HFAdapter):
         layout = layout_of(config.model_type)
         d_head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         placement: Placement = (
-            "post" if layout.post_norm or not getattr(config, "do_layer_norm_before", True) else "pre"
-        )
+            "none" if layout.attn_norm is None
+            else "post" if layout.post_norm or not getattr(config, "do_layer_norm_before", True)
+            else "pre"
+        )  # fmt: skip
         return ModelSpec(
             n_layer=config.num_hidden_layers,
             n_head=config.num_attention_heads,
@@ -209,6 +220,12 @@ class LayoutAdapter(HFAdapter):
     def hook_points(self, layer: int) -> list[HookPoint]:
         block, lay = self.blocks()[layer], self.layout
         first_mlp = _get(block, lay.gate_up or lay.up)
+        if lay.attn_norm is None or lay.mlp_norm is None:  # placement "none"
+            return [
+                (block, "input", "block_input"),
+                (getattr(block, lay.attention), "input", "attention_input"),
+                (first_mlp, "input", "mlp_input"),
+            ]
         if self.spec.placement == "pre":
             return [
                 (block, "input", "block_input"),
@@ -226,6 +243,16 @@ class LayoutAdapter(HFAdapter):
     def output_modules(self, layer: int) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
         block = self.blocks()[layer]
         return getattr(block, self.layout.attention), _get(block, self.layout.mlp), block
+
+    def output_hook_points(self, layer: int) -> list[HookPoint]:
+        """The outputs of every layout, plus the norms after the sublayers where the layout has them."""
+        block, lay = self.blocks()[layer], self.layout
+        normed: list[HookPoint] = [
+            (getattr(block, name), "output", field)
+            for name, field in zip((lay.attn_out_norm, lay.mlp_out_norm), NORMED_OUTPUT_FIELDS, strict=True)
+            if name is not None
+        ]
+        return [*super().output_hook_points(layer), *normed]
 
     def read_layers(self) -> list[LayerWeights]:
         for index, block in enumerate(self.blocks()):
@@ -273,9 +300,11 @@ class LayoutAdapter(HFAdapter):
             placement=s.placement,
             attention=attention,
             mlp=self._mlp(block),
-            attn_norm=self._norm(getattr(block, lay.attn_norm)),
-            mlp_norm=self._norm(getattr(block, lay.mlp_norm)),
+            attn_norm=self.read_norm(block, lay.attn_norm),
+            mlp_norm=self.read_norm(block, lay.mlp_norm),
             parallel_residual=lay.parallel_residual,
+            attn_out_norm=self.read_norm(block, lay.attn_out_norm),
+            mlp_out_norm=self.read_norm(block, lay.mlp_out_norm),
         )
 
     def _projections(self, attn: HFModule) -> tuple[Tensor, ...]:
@@ -315,6 +344,10 @@ class LayoutAdapter(HFAdapter):
             w_out=down.weight.detach().clone(),
             b_out=copied(down.bias),
         )
+
+    def read_norm(self, block: HFModule, name: str | None) -> NormWeights | None:
+        """The NormWeights of the norm ``name`` of ``block`` (None for None), with the layout's kind and γ offset."""
+        return None if name is None else self._norm(getattr(block, name))
 
     def _norm(self, module: HFModule) -> NormWeights:
         if self.layout.norm == "layernorm":

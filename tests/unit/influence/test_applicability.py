@@ -89,6 +89,29 @@ def test_rotary_and_gated_layers_are_named() -> None:
     assert any("gated MLP in layer(s) [0]" in r for r in cert.reasons)
 
 
+def test_norms_after_the_sublayers_give_a_reason_and_no_number() -> None:
+    """OLMo-2-style blocks x + N(F(x)): the recursion does not model them, so no constant, not even indicative."""
+    layers = gpt_layer_weights(builtin_lnfree())
+    d = layers[1].attention.d_model
+    norm = NormWeights(kind="rmsnorm", gamma=torch.ones(d), beta=None, eps=1e-6)
+    out_normed = [layers[0], dataclasses.replace(layers[1], attn_out_norm=norm, mlp_out_norm=norm)]
+    cert = certified_constant(out_normed, token_embedding=builtin_lnfree().wte.weight.detach())
+    assert not cert.applicable and cert.log10_constant is None and cert.blocks == ()
+    assert any("norms after the sublayers (x + N(F(x))) in layer(s) [1]" in r for r in cert.reasons)
+    assert cert.norm_lipschitz == pytest.approx(1e3)
+    with pytest.raises(UnsupportedModelError, match=r"no influence certificate: .*norms after the sublayers"):
+        cert.constant()
+
+
+def test_gemma2_passes_the_gate_and_gets_reasons_not_a_number() -> None:
+    from attnsens.models import load
+    from tests.unit.models.tiny_models import tiny_model
+
+    cert = certified_constant(load(tiny_model("gemma2", attn_implementation="eager")))
+    assert not cert.applicable and cert.log10_constant is None
+    assert any("norms after the sublayers (x + N(F(x))) in layer(s) [0, 1]" in r for r in cert.reasons)
+
+
 def test_transformers_model_gets_reasons_not_a_number() -> None:
     from transformers import GPT2Config, GPT2LMHeadModel
 

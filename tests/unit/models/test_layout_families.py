@@ -12,11 +12,13 @@ import torch
 import attnsens.models as M
 from attnsens.capture import RowSelection, capture_row_statistics
 from attnsens.errors import UnsupportedModelError, WeightsFidelityError
+from attnsens.geometry.layers import norm_forward
 from attnsens.models.fidelity import FIELDS
 from attnsens.study.bounds import bound_model
 from tests.unit.models.tiny_models import (
     DECODER_FAMILIES,
     ENCODER_FAMILIES,
+    OUT_NORM_FAMILIES,
     REFUSED_FAMILIES,
     VOCAB,
     eager_attentions,
@@ -24,8 +26,9 @@ from tests.unit.models.tiny_models import (
 )
 
 IDS = torch.randint(2, VOCAB, (2, 13), generator=torch.Generator().manual_seed(7))
-WINDOWS = {"mistral": [5, 5], "qwen2": [None, 5], "phi3": [5, 5], "gemma": [None, None], "opt": [None, None],
-           "opt_post": [None, None], "gptj": [None, None]}  # fmt: skip
+WINDOWS = {"mistral": [5, 5], "qwen2": [None, 5], "phi3": [5, 5], "gemma": [None, None], "gemma2": [5, None],
+           "opt": [None, None], "opt_post": [None, None], "gptj": [None, None]}  # fmt: skip
+OUT_NORM_FIELDS = {"attn_out_norm", "mlp_out_norm"}
 
 
 def _model(family: str) -> torch.nn.Module:
@@ -38,13 +41,22 @@ def test_every_decoder_family_passes_the_gate(family: str) -> None:
     assert adapter.family == family.removesuffix("_post")
     assert [layer.attention.sliding_window for layer in adapter.layers] == WINDOWS[family]
     _, results = M.weights_fidelity(adapter, IDS)
-    assert {r.field for r in results} == set(FIELDS)
+    assert {r.field for r in results} == set(FIELDS) - (set() if family in OUT_NORM_FAMILIES else OUT_NORM_FIELDS)
     assert max(r.relative_error for r in results) < 1e-5
 
 
 def _set(adapter: M.ModelAdapter, layer: int, part: str, **changes) -> None:
     weights = adapter.layers[layer]
     adapter.layers[layer] = replace(weights, **{part: replace(getattr(weights, part), **changes)})
+
+
+def _drop(adapter: M.ModelAdapter, layer: int, norm: str) -> None:
+    adapter.layers[layer] = replace(adapter.layers[layer], **{norm: None})
+
+
+def _swap(adapter: M.ModelAdapter, layer: int, first: str, second: str) -> None:
+    weights = adapter.layers[layer]
+    adapter.layers[layer] = replace(weights, **{first: getattr(weights, second), second: getattr(weights, first)})
 
 
 MUTATIONS = {
@@ -66,6 +78,14 @@ MUTATIONS = {
         a, 1, "attention", rotary=replace(a.layers[1].attention.rotary, interleaved=False))
     ),
     "opt_post: drop the second norm's bias": ("opt_post", 1, "mlp_norm", lambda a: _set(a, 1, "mlp_norm", beta=None)),
+    "gemma2: no norm after attention": ("gemma2", 0, "mlp_norm", lambda a: _drop(a, 0, "attn_out_norm")),
+    "gemma2: attention output norm swapped with its pre-norm": (
+        "gemma2", 1, "attn_norm", lambda a: _swap(a, 1, "attn_norm", "attn_out_norm")
+    ),
+    "gemma2: post_attention_layernorm read as the MLP pre-norm (as in Llama)": (
+        "gemma2", 0, "attn_out_norm", lambda a: _swap(a, 0, "mlp_norm", "attn_out_norm")
+    ),
+    "gemma2: no norm after the MLP": ("gemma2", 1, "block", lambda a: _drop(a, 1, "mlp_out_norm")),
 }  # fmt: skip
 
 
@@ -79,7 +99,7 @@ def test_the_gate_refuses_mutated_decoder_weights(name: str) -> None:
     assert (caught.value.family, caught.value.layer, caught.value.field) == (adapter.family, layer, field)
 
 
-REASONS = {"qwen3": "QK-norm", "olmo2": "QK-norm", "gemma2": "sandwich norms"}
+REASONS = {"qwen3": "QK-norm", "olmo2": "QK-norm", "gemma3_text": "QK-norm"}
 
 
 @pytest.mark.parametrize("family", REFUSED_FAMILIES)
@@ -108,6 +128,41 @@ def test_rows_match_eager_attention_with_sliding_windows_and_qk_norm(family: str
     assert n_keys == {i: WINDOWS.get(family, [None, None])[i] or IDS.shape[1] for i in range(2)}
 
 
+def test_gemma2_with_an_attention_logit_softcap_is_refused_by_name() -> None:
+    adapter = M.load(tiny_model("gemma2", attn_implementation="eager", attn_logit_softcapping=50.0))
+    with pytest.raises(UnsupportedModelError, match="gemma2 layer 0: the attention logit softcap has no certified"):
+        bound_model(adapter, IDS[:1])
+
+
+@pytest.mark.parametrize("family", ["olmo2", "gemma3_text"])
+def test_norms_after_the_sublayers_are_read_where_qk_norm_is_still_refused(family: str) -> None:
+    """OLMo 2 and Gemma 3 stay refused for their QK-norm alone; the norms the layout reads around the sublayers
+    reproduce what the model adds to the residual stream, checked on the model's own attention output (which
+    attnsens cannot reproduce without QK-norm)."""
+    adapter = M.load(_model(family))
+    assert [path for path, _ in adapter.layout.refused] == ["block.self_attn.q_norm"]
+    found: dict[int, dict[str, torch.Tensor]] = {0: {}, 1: {}}
+    with adapter.inference(), adapter.layer_input_taps(lambda i, f, t: found[i].__setitem__(f, t.double())):
+        with adapter.layer_output_taps(lambda i, f, t: found[i].__setitem__(f, t.double())):
+            adapter.forward(IDS)
+    close = {"rtol": 1e-5, "atol": 1e-5}
+    for index, block in enumerate(adapter.blocks()):
+        seen, lay = found[index], adapter.layout
+        attn_norm, mlp_norm = adapter.read_norm(block, lay.attn_norm), adapter.read_norm(block, lay.mlp_norm)
+        attn_out_norm, mlp_out_norm = (adapter.read_norm(block, name) for name in (lay.attn_out_norm, lay.mlp_out_norm))
+        assert attn_out_norm is not None and mlp_out_norm is not None
+        assert (attn_norm is None) == (family == "olmo2") == (adapter.spec.placement == "none")
+        x, added = seen["block_input"], norm_forward(seen["attention_output"], attn_out_norm)
+        torch.testing.assert_close(added, seen["normed_attention_output"], **close)
+        if attn_norm is not None and mlp_norm is not None:
+            torch.testing.assert_close(norm_forward(x, attn_norm), seen["attention_input"], **close)
+            torch.testing.assert_close(norm_forward(x + added, mlp_norm), seen["mlp_input"], **close)
+        else:
+            torch.testing.assert_close(x + added, seen["mlp_input"], **close)
+        mlp_added = norm_forward(seen["mlp_output"], mlp_out_norm)
+        torch.testing.assert_close(x + added + mlp_added, seen["block_output"], **close)
+
+
 def test_softcapped_attention_rows_match_eager_with_the_cap_that_matters() -> None:
     """A cap of 2 changes the rows (uncapped rows differ by more than 0.05), and the recomputed rows follow it."""
     capped = tiny_model("gemma2", attn_implementation="eager", attn_logit_softcapping=2.0)
@@ -119,7 +174,7 @@ def test_softcapped_attention_rows_match_eager_with_the_cap_that_matters() -> No
         torch.testing.assert_close(chunk.probs, reference[chunk.layer], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("family", ["mistral", "phi3", "opt_post"])
+@pytest.mark.parametrize("family", ["mistral", "phi3", "opt_post", "gemma2"])
 def test_bounds_of_decoder_families_hold(family: str) -> None:
     table = bound_model(M.load(_model(family)), IDS[:1], n_queries=4, iterations=8)
     layer_rows = table[table["head"] == -1]
