@@ -95,6 +95,9 @@ FAMILY_CONFIGS = {
     "mistral": ("MistralConfig", "MistralModel", {**_DECODER, "sliding_window": 16}),
     "qwen2": ("Qwen2Config", "Qwen2Model", _DECODER),
     "gemma": ("GemmaConfig", "GemmaModel", {**_DECODER, "head_dim": 16}),
+    # Sandwich norms; its attention logit softcap has no certified bound, so the tiny model has none.
+    "gemma2": ("Gemma2Config", "Gemma2Model", {**_DECODER, "head_dim": 16, "query_pre_attn_scalar": 16,
+                                               "sliding_window": 16, "attn_logit_softcapping": None}),
     "phi3": ("Phi3Config", "Phi3Model", {**_DECODER, "pad_token_id": 0}),
     "opt": ("OPTConfig", "OPTModel", {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64,
                                       "ffn_dim": 96, "max_position_embeddings": 64, "word_embed_proj_dim": 64}),
@@ -119,7 +122,8 @@ def tiny_family(model_type: str):
     hf_logging.set_verbosity_error()
     config_name, model_name, keywords = FAMILY_CONFIGS[model_type]
     torch.manual_seed(0)
-    config = getattr(transformers, config_name)(**keywords, vocab_size=97, attn_implementation="sdpa")
+    implementation = "eager" if model_type == "gemma2" else "sdpa"  # transformers has no sdpa path for Gemma 2
+    config = getattr(transformers, config_name)(**keywords, vocab_size=97, attn_implementation=implementation)
     model = getattr(transformers, model_name)(config).eval()
     with torch.no_grad():
         for name, parameter in model.named_parameters():
@@ -130,8 +134,8 @@ def tiny_family(model_type: str):
             elif name.endswith("bias"):
                 parameter.normal_(0.0, 0.1)
             elif "norm" in name.lower() or "ln_" in name:
-                # Gemma stores the gain as w in (1 + w), so a small w is a gain near 1 there too.
-                offset = 0.0 if model_type == "gemma" else 1.0
+                # Gemma (and Gemma 2) store the gain as w in (1 + w), so a small w is a gain near 1 there too.
+                offset = 0.0 if model_type in ("gemma", "gemma2") else 1.0
                 parameter.copy_(torch.randn_like(parameter) * 0.1 + offset)
     return load(model)
 
