@@ -94,6 +94,7 @@ FAMILY_CONFIGS = {
         "high_freq_factor": 4.0, "original_max_position_embeddings": 16}}),
     "mistral": ("MistralConfig", "MistralModel", {**_DECODER, "sliding_window": 16}),
     "qwen2": ("Qwen2Config", "Qwen2Model", _DECODER),
+    "qwen3": ("Qwen3Config", "Qwen3Model", {**_DECODER, "head_dim": 16}),
     "gemma": ("GemmaConfig", "GemmaModel", {**_DECODER, "head_dim": 16}),
     "phi3": ("Phi3Config", "Phi3Model", {**_DECODER, "pad_token_id": 0}),
     "opt": ("OPTConfig", "OPTModel", {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64,

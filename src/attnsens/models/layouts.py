@@ -1,6 +1,6 @@
 """Families read from one declarative table (:data:`LAYOUTS`): the decoders Llama (SmolLM2), Mistral, Qwen2,
-Gemma, Phi-3, OPT and GPT-J, the encoder DistilBERT, plus the families whose blocks the geometry cannot bound
-yet (Qwen3, Gemma 2/3, OLMo 2), which are refused by name.
+Qwen3 (per-head QK-norm), Gemma, Phi-3, OPT and GPT-J, the encoder DistilBERT, plus the families whose blocks the
+geometry cannot bound yet (Gemma 2/3, OLMo 2), which are refused by name.
 
 A :class:`BlockLayout` says where a family keeps each part of a block and what it does differently: fused
 projections (Phi-3's ``qkv_proj`` = [q; k; v] rows, ``gate_up_proj`` = [gate; up] rows), Gemma's RMSNorm scale
@@ -73,15 +73,19 @@ class BlockLayout:
     causal: bool = True  # False: bidirectional encoder; Gemma's use_bidirectional_attention also turns it off
     query_scaled_in_projection: bool = False  # OPT: q = scaling·q_proj(x), the attention function gets scaling 1
     window: Literal["none", "config", "module"] = "none"  # where a sliding window is read
+    qk_norm: bool = False  # the attention's q_norm/k_norm: RMSNorm over each head's d_head (Qwen3, Gemma 3)
     refused: tuple[tuple[str, str], ...] = ()  # ("block.<attr>" or "config.<attr>" present and not None, why)
 
 
-_UNBOUNDED_QK_NORM = "QK-norm (RMSNorm of queries and keys) has no certified bound in attnsens.geometry yet"
+_JOINT_QK_NORM = (
+    "QK-norm over all heads jointly (one RMSNorm of the whole query projection) couples the heads; attnsens bounds "
+    "only the per-head QK-norm of Qwen3 and Gemma 3"
+)
 LAYOUTS: dict[str, BlockLayout] = {
     "llama": BlockLayout(),
     "mistral": BlockLayout(window="config"),
     "qwen2": BlockLayout(window="module"),
-    "qwen3": BlockLayout(window="module", refused=(("block.self_attn.q_norm", _UNBOUNDED_QK_NORM),)),
+    "qwen3": BlockLayout(window="module", qk_norm=True),
     "gemma": BlockLayout(gamma_offset=1.0),
     "gemma2": BlockLayout(
         gamma_offset=1.0,
@@ -96,15 +100,15 @@ LAYOUTS: dict[str, BlockLayout] = {
         gamma_offset=1.0,
         activation="hidden_activation",
         window="module",
+        qk_norm=True,
         refused=(
-            ("block.self_attn.q_norm", _UNBOUNDED_QK_NORM),
             ("block.pre_feedforward_layernorm", "sandwich norms (a norm after each sublayer) are not in LayerWeights"),
         ),
     ),
     "phi3": BlockLayout(qkv="qkv_proj", gate_up="mlp.gate_up_proj", window="config"),
     "olmo2": BlockLayout(
         refused=(
-            ("block.self_attn.q_norm", _UNBOUNDED_QK_NORM),
+            ("block.self_attn.q_norm", _JOINT_QK_NORM),
             ("block.post_feedforward_layernorm", "norms after each sublayer (x + N(F(x))) are not in LayerWeights"),
         ),
     ),
@@ -267,6 +271,8 @@ class LayoutAdapter(HFAdapter):
             causal=s.causal,
             rotary=rotary,
             sliding_window=self.attention_window(index),
+            q_norm=self._norm(attn.q_norm) if lay.qk_norm else None,
+            k_norm=self._norm(attn.k_norm) if lay.qk_norm else None,
         )
         return LayerWeights(
             index=index,

@@ -40,9 +40,9 @@ from transformers import (
 
 VOCAB = 53
 FAMILIES = ("gpt2", "gpt_neox", "llama", "bert")
-DECODER_FAMILIES = ("mistral", "qwen2", "gemma", "phi3", "opt", "opt_post", "gptj")
+DECODER_FAMILIES = ("mistral", "qwen2", "qwen3", "gemma", "phi3", "opt", "opt_post", "gptj")
 """Families bounded through the declarative decoder table (models/layouts.py); sliding windows of 5 keys."""
-REFUSED_FAMILIES = ("qwen3", "gemma2", "olmo2")
+REFUSED_FAMILIES = ("gemma2", "olmo2")
 """Families whose rows are audited but whose blocks the geometry cannot bound yet."""
 ENCODER_FAMILIES = ("roberta", "electra", "distilbert")
 """Encoders read by the BERT adapter (RoBERTa, ELECTRA) and by the layout table (DistilBERT)."""
@@ -114,6 +114,8 @@ def spread_weights(model: torch.nn.Module) -> None:
                 parameter.normal_(0.0, 0.35)
             elif parameter.ndim == 1 and "bias" in name:
                 parameter.normal_(0.0, 0.1)
+            elif name.endswith(("q_norm.weight", "k_norm.weight")):
+                parameter.uniform_(0.5, 2.5)  # trained QK-norm scales are far from 1; ones would hide a dropped norm
 
 
 def eager_attentions(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask=None) -> tuple[torch.Tensor, ...]:
