@@ -94,6 +94,7 @@ FAMILY_CONFIGS = {
         "high_freq_factor": 4.0, "original_max_position_embeddings": 16}}),
     "mistral": ("MistralConfig", "MistralModel", {**_DECODER, "sliding_window": 16}),
     "qwen2": ("Qwen2Config", "Qwen2Model", _DECODER),
+    "qwen3": ("Qwen3Config", "Qwen3Model", {**_DECODER, "head_dim": 16}),
     "gemma": ("GemmaConfig", "GemmaModel", {**_DECODER, "head_dim": 16}),
     # Sandwich norms; its attention logit softcap has no certified bound, so the tiny model has none.
     "gemma2": ("Gemma2Config", "Gemma2Model", {**_DECODER, "head_dim": 16, "query_pre_attn_scalar": 16,

@@ -10,10 +10,13 @@ bounds read weights without loading the adapters. ``attnsens.models`` re-exports
   ``kv_head_of(h) = h // (head // kv_head)``.
 * ``w_o: [d_model, head * d_head]``; the columns ``h*d_head:(h+1)*d_head`` are head ``h``'s output block.
 * ``tau`` is the softmax temperature (``sqrt(d_head)`` for scaled dot-product attention): ``p = softmax(q·k / tau)``.
+* QK-norm (``q_norm``, ``k_norm``): ``q = R_t N_q(w_q[h] @ x + b_q[h])``, an RMSNorm over each head's d_head
+  coordinates (shared by the heads) between the projection and RoPE.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
@@ -104,6 +107,16 @@ class NormWeights:
             raise ConfigError(f"norm eps must be >= 0, got {self.eps}")
 
 
+def check_qk_norms(d_head: int, q_norm: NormWeights | None, k_norm: NormWeights | None) -> None:
+    """ShapeError unless each given QK-norm is an RMSNorm with gamma ``[d_head]`` and no beta."""
+    for name, norm in (("q_norm", q_norm), ("k_norm", k_norm)):
+        if norm is not None and (norm.kind != "rmsnorm" or norm.beta is not None or norm.gamma.shape != (d_head,)):
+            raise ShapeError(
+                f"{name} must be an RMSNorm over one head's {d_head} coordinates (gamma [{d_head}], no beta), got "
+                f"{norm.kind} with gamma {tuple(norm.gamma.shape)}"
+            )
+
+
 @dataclass(frozen=True, kw_only=True)
 class AttentionWeights:
     """One multi-head attention sublayer in the normalized layout (see module docstring)."""
@@ -120,6 +133,8 @@ class AttentionWeights:
     causal: bool
     rotary: RotaryConfig | None = None
     sliding_window: int | None = None  # causal only: query t sees keys t − window < j ≤ t (Mistral, Qwen2, Phi-3)
+    q_norm: NormWeights | None = None  # QK-norm: RMSNorm over each head's d_head query coordinates (Qwen3, Gemma 3)
+    k_norm: NormWeights | None = None  # likewise for keys; both act after the biases and before RoPE
 
     def __post_init__(self) -> None:
         if self.sliding_window is not None and (not self.causal or self.sliding_window < 1):
@@ -144,6 +159,7 @@ class AttentionWeights:
             raise ShapeError(f"w_o must be [{d_model}, {n_head * d_head}], got {tuple(self.w_o.shape)}")
         if not self.tau > 0:
             raise ConfigError(f"attention temperature tau must be > 0, got {self.tau}")
+        check_qk_norms(d_head, self.q_norm, self.k_norm)
 
     @property
     def n_head(self) -> int:
@@ -174,19 +190,12 @@ class AttentionWeights:
         def repeat(t: Tensor) -> Tensor:
             return torch.repeat_interleave(t, group, dim=0)
 
-        return AttentionWeights(
-            w_q=self.w_q,
+        return dataclasses.replace(
+            self,
             w_k=repeat(self.w_k),
             w_v=repeat(self.w_v),
-            w_o=self.w_o,
-            b_q=self.b_q,
             b_k=None if self.b_k is None else repeat(self.b_k),
             b_v=None if self.b_v is None else repeat(self.b_v),
-            b_o=self.b_o,
-            tau=self.tau,
-            causal=self.causal,
-            rotary=self.rotary,
-            sliding_window=self.sliding_window,
         )
 
 

@@ -9,6 +9,10 @@ RoPE preserves norms. For position t the rotary map R_t acts on each rotating pa
 ‖R_t q‖ = ‖q‖ and ‖R_t W dx‖ ≤ ‖W‖₂‖dx‖. Scores become u_ij = (R_i q_i)·(R_j k_j); every norm estimate of
 docs/math.md T4 applies to the rotated vectors unchanged. One consequence differs: the rotated key bias R_j b_K now
 depends on j, so it no longer cancels by softmax shift invariance (see ``attention_bounds``).
+
+QK-norm (Qwen3, Gemma 3) normalizes each head's query and key before RoPE: q_i = R_i N_q(a_i) with
+a_i = W_Q x_i + b_Q and N(a) = γ ⊙ a / r(a), r(a) = (‖a‖²/d_head + ε)^{1/2}. The forward keeps the pre-norm a_i
+(``query_inputs``, ``key_inputs``): the bounds need them for the norm's Jacobian.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import torch
 from torch import Tensor
 
 from attnsens.errors import ConfigError, InputError, ShapeError
-from attnsens.weights import AttentionWeights, RotaryConfig
+from attnsens.weights import AttentionWeights, NormWeights, RotaryConfig, check_qk_norms
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,7 +46,8 @@ class AttentionForward:
     output: ``[batch, query, d_model]``; probabilities: ``[batch, head, query, key]`` (zeros where masked);
     queries, keys: rotated, biased ``[batch, head, query|key, d_head]``; values: biased
     ``[batch, head, key, d_head]``; head_outputs: ``[batch, head, query, d_head]`` = P V; allowed: bool
-    ``[batch|1, 1|head, query, key]``.
+    ``[batch|1, 1|head, query, key]``; query_inputs, key_inputs: under QK-norm, the biased projections before the
+    norm (a_t in the module docstring, ``[batch, head, query|key, d_head]``), else None.
     """
 
     output: Tensor
@@ -52,6 +57,14 @@ class AttentionForward:
     values: Tensor
     head_outputs: Tensor
     allowed: Tensor
+    query_inputs: Tensor | None = None
+    key_inputs: Tensor | None = None
+
+
+def rms_norm_forward(x: Tensor, norm: NormWeights) -> Tensor:
+    """γ ⊙ x / r(x) (+ β when present), r(x) = (mean(x²) + ε)^{1/2} over the last axis, in x's dtype (RMSNorm)."""
+    y = x / torch.sqrt(x.square().mean(dim=-1, keepdim=True) + norm.eps) * norm.gamma.to(x.dtype)
+    return y if norm.beta is None else y + norm.beta.to(x.dtype)
 
 
 def biases_of(weights: AttentionWeights, dtype: torch.dtype | None = None) -> AttentionBiases:
@@ -228,6 +241,8 @@ def mha_forward(
     mask: Tensor | None = None,
     biases: AttentionBiases | None = None,
     rotary: RotaryConfig | None = None,
+    q_norm: NormWeights | None = None,
+    k_norm: NormWeights | None = None,
 ) -> AttentionForward: ...
 
 
@@ -242,6 +257,8 @@ def mha_forward(
     mask: Tensor | None = None,
     biases: AttentionBiases | None = None,
     rotary: RotaryConfig | None = None,
+    q_norm: NormWeights | None = None,
+    k_norm: NormWeights | None = None,
 ) -> AttentionForward:
     """z_i = W_O [y_i^1; …; y_i^H] + b_O with y_i^h = Σ_j P^h_ij v^h_j, P^h_i = softmax_{j allowed}(q_i·k_j/τ).
 
@@ -256,12 +273,16 @@ def mha_forward(
         mask: optional bool ``[query, key]`` or ``[batch, query, key]``, True = allowed (None: all keys).
         biases: optional ``AttentionBiases``.
         rotary: optional RoPE applied to queries and keys after their biases.
+        q_norm, k_norm: optional QK-norm (RMSNorm over d_head) applied after the biases, before RoPE.
 
     Returns:
         ``AttentionForward`` (docs/math.md §2.6), in X's dtype.
     """
     if isinstance(Wq, AttentionWeights):
-        refuse_beside_weights("mha_forward", Wk=Wk, Wv=Wv, Wo=Wo, tau=tau, mask=mask, biases=biases, rotary=rotary)
+        refuse_beside_weights(
+            "mha_forward", Wk=Wk, Wv=Wv, Wo=Wo, tau=tau, mask=mask, biases=biases, rotary=rotary, q_norm=q_norm,
+            k_norm=k_norm,
+        )  # fmt: skip
         weights, dtype = Wq, X.dtype
         return mha_forward(
             X,
@@ -273,11 +294,14 @@ def mha_forward(
             mask=attention_mask_of(weights, X.shape[1], X.device),
             biases=biases_of(weights, dtype),
             rotary=weights.rotary,
+            q_norm=weights.q_norm,
+            k_norm=weights.k_norm,
         )
     Wk, Wv, Wo = projections_given("mha_forward", Wk, Wv, Wo)
     if tau is None:
         raise ConfigError("mha_forward needs tau with the projection tensors")
     check_attention_shapes(X, Wq, Wk, Wv, Wo)
+    check_qk_norms(Wq.shape[-2], q_norm, k_norm)
     biases = biases or AttentionBiases()
     n_head = Wq.shape[-3]
     q = torch.einsum("...hed,...qd->...hqe", Wq, X)
@@ -289,6 +313,11 @@ def mha_forward(
         k = k + expand_kv_heads(biases.k, n_head, -2)[..., :, None, :]
     if biases.v is not None:
         v = v + expand_kv_heads(biases.v, n_head, -2)[..., :, None, :]
+    query_inputs, key_inputs = (None if norm is None else x for x, norm in ((q, q_norm), (k, k_norm)))
+    if q_norm is not None:
+        q = rms_norm_forward(q, q_norm)
+    if k_norm is not None:
+        k = rms_norm_forward(k, k_norm)
     if rotary is not None:
         q, k = apply_rotary(q, rotary), apply_rotary(k, rotary)
     allowed = allowed_keys(mask, X.shape[1], X.device)
@@ -309,4 +338,6 @@ def mha_forward(
         values=v,
         head_outputs=head_outputs,
         allowed=allowed,
+        query_inputs=query_inputs,
+        key_inputs=key_inputs,
     )

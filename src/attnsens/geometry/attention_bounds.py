@@ -51,11 +51,21 @@ from typing import overload
 import torch
 from torch import Tensor
 
-from attnsens._rounding import add_up, div_up, mul_up, norm2_upper_bound, spectral_norm_upper_bound, sum_upper_bound
+from attnsens._rounding import (
+    add_up,
+    div_up,
+    gamma,
+    mul_up,
+    norm2_upper_bound,
+    spectral_norm_upper_bound,
+    sqrt_down,
+    sum_upper_bound,
+)
 from attnsens.errors import ConfigError, ShapeError
 from attnsens.geometry import attention_terms as T
 from attnsens.geometry.attention import (
     AttentionBiases,
+    AttentionForward,
     attention_mask_of,
     biases_of,
     check_attention_shapes,
@@ -65,7 +75,7 @@ from attnsens.geometry.attention import (
     refuse_beside_weights,
 )
 from attnsens.geometry.norms import Geometry, check_geometry
-from attnsens.weights import AttentionWeights, RotaryConfig
+from attnsens.weights import AttentionWeights, NormWeights, RotaryConfig
 
 EVALUATION_ALLOWANCE = 1.0 + 2.0**-36
 """Relative outward rounding of the local bound: covers the float64 error of its own evaluation (eigenvalues,
@@ -149,14 +159,60 @@ def projection_norms(
     )
 
 
-def _phi(norms: ProjectionNorms, radius_l2: Tensor, rotary: RotaryConfig | None) -> Tensor:
-    """Φ_h for radius R (ℓ2 per token), rounded up; radius ``[...]`` → ``[..., head]``."""
+@dataclass(frozen=True, kw_only=True)
+class _ScoreFactors:
+    """Per head ``[..., head]``: derivative bounds ‖∂q̃/∂x‖ (q_lip), ‖∂k̃/∂x‖ (k_lip) and radii of the rotated
+    queries and (centred) keys, on the set the bound is about."""
+
+    q_lip: Tensor
+    q_radius: Tensor
+    k_lip: Tensor
+    k_radius: Tensor
+
+
+def _score_factors(
+    norms: ProjectionNorms, radius_l2: Tensor, rotary: RotaryConfig | None, q_norm: NormWeights | None,
+    k_norm: NormWeights | None, floors: tuple[Tensor | float, Tensor | float], d_head: int,
+) -> _ScoreFactors:  # fmt: skip
+    """Without QK-norm ‖W_Q‖, ‖W_Q‖R + ‖b_Q‖, ‖W_K‖ and ‖W_K‖R + β_K (module docstring). Under QK-norm the query
+    is R_i N(a_i): ‖J_N(a)‖ ≤ γ_max/r(a) with r(a) ≥ the floor (√ε on every input, or the smallest certified r
+    at X), and ‖N(a)‖ ≤ γ_max √d_head for every a, which also bounds the key radius with the centre m = 0."""
     R = radius_l2[..., None]
+    d_head_sqrt = math.nextafter(math.sqrt(d_head), math.inf)
+
+    def side(w: Tensor, bias: Tensor, norm: NormWeights | None, floor: Tensor | float) -> tuple[Tensor, Tensor]:
+        if norm is None:
+            return w, add_up(mul_up(w, R), bias)
+        gamma_max = norm.gamma.to(torch.float64).abs().amax()
+        return div_up(mul_up(w, gamma_max), floor), mul_up(gamma_max, d_head_sqrt).expand_as(add_up(w, R))
+
     key_bias = norms.b_k if rotary is not None else torch.zeros_like(norms.b_k)
-    key_radius = add_up(mul_up(norms.w_k, R), key_bias)
-    query_radius = add_up(mul_up(norms.w_q, R), norms.b_q)
-    score = add_up(mul_up(norms.w_q, key_radius), mul_up(norms.w_k, query_radius))
-    return mul_up(mul_up(norms.w_v, R), score)
+    q_lip, q_radius = side(norms.w_q, norms.b_q, q_norm, floors[0])
+    k_lip, k_radius = side(norms.w_k, key_bias, k_norm, floors[1])
+    return _ScoreFactors(q_lip=q_lip, q_radius=q_radius, k_lip=k_lip, k_radius=k_radius)
+
+
+def _phi(norms: ProjectionNorms, radius_l2: Tensor, factors: _ScoreFactors) -> Tensor:
+    """Φ_h = ‖W_V‖R (q_lip·k_radius + k_lip·q_radius) for radius R (ℓ2 per token), rounded up; ``[..., head]``."""
+    score = add_up(mul_up(factors.q_lip, factors.k_radius), mul_up(factors.k_lip, factors.q_radius))
+    return mul_up(mul_up(norms.w_v, radius_l2[..., None]), score)
+
+
+def _qk_norm_floors(
+    X: Tensor, Wq: Tensor, Wk: Tensor, biases: AttentionBiases, fwd: AttentionForward, q_norm: NormWeights | None,
+    k_norm: NormWeights | None,
+) -> tuple[Tensor | float, Tensor | float]:  # fmt: skip
+    """The smallest certified r(a) over the positions of each sequence and head ``[batch, head]`` (1.0 where that
+    side has no norm; unused there)."""
+    n_head = Wq.shape[-3]
+    floors: list[Tensor | float] = []
+    for W, b, norm, inputs in ((Wq, biases.q, q_norm, fwd.query_inputs), (Wk, biases.k, k_norm, fwd.key_inputs)):
+        if norm is None or inputs is None:
+            floors.append(1.0)
+            continue
+        error = mul_up(T.projection_magnitudes(X, W, b, n_head), gamma(Wq.shape[-1] + 1))
+        floors.append(T.qk_norm_scale_lower_bound(inputs, norm, error).amin(dim=-1))
+    return floors[0], floors[1]
 
 
 def _combine_heads(per_head: Tensor, w_o: Tensor, w_o_head: Tensor) -> Tensor:
@@ -190,6 +246,8 @@ def mha_local_jacobian_upper_bound(
     mask: Tensor | None = None,
     biases: AttentionBiases | None = None,
     rotary: RotaryConfig | None = None,
+    q_norm: NormWeights | None = None,
+    k_norm: NormWeights | None = None,
     geometry: Geometry = "rms",
 ) -> MHALocalJacobianBound: ...
 
@@ -205,6 +263,8 @@ def mha_local_jacobian_upper_bound(
     mask: Tensor | None = None,
     biases: AttentionBiases | None = None,
     rotary: RotaryConfig | None = None,
+    q_norm: NormWeights | None = None,
+    k_norm: NormWeights | None = None,
     geometry: Geometry = "rms",
 ) -> MHALocalJacobianBound:
     """‖D MHA(X)‖_{b∞→b∞} ≤ ‖W_O‖ Σ_h (‖W_V^h‖ + (θ̃_h/τ) Φ_h), θ̃_h from the actual rows at X (module docstring).
@@ -217,7 +277,7 @@ def mha_local_jacobian_upper_bound(
         Wq: ``[head, d_head, d_model]``; Wk, Wv: ``[kv_head, d_head, d_model]``; Wo: ``[d_model, head * d_head]``;
             each may carry a leading batch axis matching X (biases likewise).
         tau: temperature; mask: bool ``[query, key]`` or ``[batch, query, key]`` (True = allowed);
-        biases, rotary: as in ``mha_forward``; geometry: convention of the reported radius.
+        biases, rotary, q_norm, k_norm: as in ``mha_forward``; geometry: convention of the reported radius.
 
     Returns:
         ``MHALocalJacobianBound``: certified upper bounds of the Jacobian's block-∞ operator norm at X
@@ -231,8 +291,9 @@ def mha_local_jacobian_upper_bound(
 
     if isinstance(Wq, AttentionWeights):
         refuse_beside_weights(
-            "mha_local_jacobian_upper_bound", Wk=Wk, Wv=Wv, Wo=Wo, tau=tau, mask=mask, biases=biases, rotary=rotary
-        )
+            "mha_local_jacobian_upper_bound", Wk=Wk, Wv=Wv, Wo=Wo, tau=tau, mask=mask, biases=biases, rotary=rotary,
+            q_norm=q_norm, k_norm=k_norm,
+        )  # fmt: skip
         weights = Wq
         return mha_local_jacobian_upper_bound(
             X,
@@ -244,6 +305,8 @@ def mha_local_jacobian_upper_bound(
             mask=attention_mask_of(weights, X.shape[1], X.device),
             biases=biases_of(weights),
             rotary=weights.rotary,
+            q_norm=weights.q_norm,
+            k_norm=weights.k_norm,
             geometry=geometry,
         )
     Wk, Wv, Wo = projections_given("mha_local_jacobian_upper_bound", Wk, Wv, Wo)
@@ -263,10 +326,15 @@ def mha_local_jacobian_upper_bound(
         mask=mask,
         biases=AttentionBiases(**f64),
         rotary=rotary,
+        q_norm=q_norm,
+        k_norm=k_norm,
     )
     norms = projection_norms(Wq, Wk, Wv, Wo, biases)
     allowed = fwd.allowed.expand_as(fwd.probabilities)
-    eta, small_mass = T.softmax_row_accuracy(X, Wq, Wk, biases.q, biases.k, fwd.probabilities, allowed, tau)
+    eta, small_mass = T.softmax_row_accuracy(
+        X, Wq, Wk, biases.q, biases.k, fwd.probabilities, allowed, tau, q_norm=q_norm, k_norm=k_norm,
+        query_inputs=fwd.query_inputs, key_inputs=fwd.key_inputs,
+    )  # fmt: skip
     stored_theta = certify(fwd.probabilities, dim=-1).upper.to(torch.float64)  # [batch, head, query]
     theta_upper = T.real_row_theta_upper_bound(fwd.probabilities, stored_theta, eta, small_mass)
     n_head = Wq.shape[-3]
@@ -282,16 +350,18 @@ def mha_local_jacobian_upper_bound(
     )
     key_mean = fwd.probabilities @ fwd.keys
     key_centre = torch.zeros_like(key_mean)
-    if f64["k"] is not None and rotary is None:
+    if f64["k"] is not None and rotary is None and k_norm is None:
         key_centre = expand_kv_heads(f64["k"], n_head, -2)[..., :, None, :].expand_as(key_mean)
     batch = X.shape[0]
     gain_q = _per_sequence(T.gain_factor(Wq), batch, 3)
     gain_k = _per_sequence(expand_kv_heads(T.gain_factor(Wk), n_head, -3), batch, 3)
     rotations = None if rotary is None else T.rotation_matrices(X.shape[1], Wq.shape[-2], rotary, X.device)
-    query_norms = T.query_functional_norms(fwd, gain_k, rotations)
+    query_maps = T.position_maps(fwd.query_inputs, q_norm, rotations)
+    key_maps = T.position_maps(fwd.key_inputs, k_norm, rotations)
+    query_norms = T.query_functional_norms(fwd, gain_k, key_maps)
     score_spread = torch.minimum(
-        T.score_spread(fwd, key_mean, gain_q, query_norms, allowed, rotations),
-        T.score_spread(fwd, key_centre, gain_q, query_norms, allowed, rotations),
+        T.score_spread(fwd, key_mean, gain_q, query_norms, allowed, query_maps),
+        T.score_spread(fwd, key_centre, gain_q, query_norms, allowed, query_maps),
     )
     sensitivity_rate = mul_up(div_up(theta_upper, float(tau)), score_spread)  # bounds ‖dp_i‖₁ per unit ‖dX‖
     per_row_head = add_up(mul_up(sensitivity_rate, value_spread), norms.w_v[..., None])  # [batch, head, query]
@@ -303,7 +373,7 @@ def mha_local_jacobian_upper_bound(
     out_factor = T.output_factor(Wo_batched, n_head)
     outputs, distances = T.projected_values(fwd, out_factor)
     theta_form = mul_up(sensitivity_rate, T.output_spread(outputs, distances, out_factor, f64["v"], allowed))
-    key_sum = T.key_sum_sensitivity(fwd, distances, out_factor, gain_q, query_norms, rotations)
+    key_sum = T.key_sum_sensitivity(fwd, distances, out_factor, gain_q, query_norms, query_maps)
     key_sum = add_up(
         mul_up(key_sum, add_up(eta, 1.0)),
         T.key_sum_weight_correction(fwd, distances, score_spread, norms.w_o_head, eta, small_mass, allowed),
@@ -320,7 +390,8 @@ def mha_local_jacobian_upper_bound(
     row_bound = mul_up(torch.minimum(row_bound, projected), EVALUATION_ALLOWANCE)
 
     radius_l2 = norm2_upper_bound(X, dim=-1).amax(dim=-1)
-    phi = _phi(norms, radius_l2, rotary)
+    floors = _qk_norm_floors(X, Wq, Wk, biases, fwd, q_norm, k_norm)
+    phi = _phi(norms, radius_l2, _score_factors(norms, radius_l2, rotary, q_norm, k_norm, floors, Wq.shape[-2]))
     theta_tilde = theta_upper.amax(dim=-1)
     sensitivity = div_up(mul_up(theta_tilde, phi), float(tau))
     paper_form = mul_up(norms.w_o, sum_upper_bound(add_up(norms.w_v, sensitivity), dim=-1))
@@ -355,6 +426,8 @@ def mha_lipschitz_upper_bound(
     d_model: int,
     biases: AttentionBiases | None = None,
     rotary: RotaryConfig | None = None,
+    q_norm: NormWeights | None = None,
+    k_norm: NormWeights | None = None,
 ) -> MHALipschitzBound: ...
 
 
@@ -369,6 +442,8 @@ def mha_lipschitz_upper_bound(
     d_model: int | None = None,
     biases: AttentionBiases | None = None,
     rotary: RotaryConfig | None = None,
+    q_norm: NormWeights | None = None,
+    k_norm: NormWeights | None = None,
 ) -> MHALipschitzBound:
     """Lip(MHA on {‖X‖_{∞,rms} ≤ R_rms}) ≤ ‖W_O‖ Σ_h (‖W_V^h‖ + Φ_h/τ), Φ_h with R = √d R_rms, θ = 1.
 
@@ -379,6 +454,8 @@ def mha_lipschitz_upper_bound(
         Wq, Wk, Wv, Wo: as in ``mha_local_jacobian_upper_bound`` (optionally batched: results gain that axis).
         tau: temperature; radius_rms: R_rms (scalar or ``[...]``); d_model: width d (must match the weights).
         biases, rotary: as in ``mha_forward`` (only ‖b_Q‖, and ‖b_K‖ under RoPE, enter).
+        q_norm, k_norm: QK-norm; each normalized side enters through γ_max √d_head (its radius on every input)
+            and ‖W‖ γ_max/√ε (its derivative bound where the projection vanishes, a loose but valid constant).
 
     Returns:
         ``MHALipschitzBound``: certified Lipschitz bound in the block-∞ operator norm, independent of the sequence
@@ -386,8 +463,9 @@ def mha_lipschitz_upper_bound(
     """
     if isinstance(Wq, AttentionWeights):
         refuse_beside_weights(
-            "mha_lipschitz_upper_bound", Wk=Wk, Wv=Wv, Wo=Wo, tau=tau, d_model=d_model, biases=biases, rotary=rotary
-        )
+            "mha_lipschitz_upper_bound", Wk=Wk, Wv=Wv, Wo=Wo, tau=tau, d_model=d_model, biases=biases, rotary=rotary,
+            q_norm=q_norm, k_norm=k_norm,
+        )  # fmt: skip
         weights = Wq
         return mha_lipschitz_upper_bound(
             weights.w_q,
@@ -399,6 +477,8 @@ def mha_lipschitz_upper_bound(
             d_model=weights.d_model,
             biases=biases_of(weights),
             rotary=weights.rotary,
+            q_norm=weights.q_norm,
+            k_norm=weights.k_norm,
         )
     Wk, Wv, Wo = projections_given("mha_lipschitz_upper_bound", Wk, Wv, Wo)
     if Wq.ndim not in (3, 4) or Wq.shape[-1] != d_model:
@@ -409,7 +489,12 @@ def mha_lipschitz_upper_bound(
     if bool((radius_rms < 0).any()):
         raise ConfigError(f"radius_rms must be ≥ 0, got {radius_rms}")
     norms = projection_norms(Wq, Wk, Wv, Wo, biases)
-    phi = _phi(norms, mul_up(radius_rms, math.nextafter(math.sqrt(d_model), math.inf)), rotary)
+    radius_l2 = mul_up(radius_rms, math.nextafter(math.sqrt(d_model), math.inf))
+    floors = tuple(
+        1.0 if n is None else sqrt_down(torch.tensor(float(n.eps), dtype=torch.float64)) for n in (q_norm, k_norm)
+    )
+    factors = _score_factors(norms, radius_l2, rotary, q_norm, k_norm, (floors[0], floors[1]), Wq.shape[-2])
+    phi = _phi(norms, radius_l2, factors)
     sensitivity = div_up(phi, float(tau))
     per_head = add_up(norms.w_v, sensitivity)
     return MHALipschitzBound(

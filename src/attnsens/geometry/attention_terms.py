@@ -20,6 +20,11 @@ Value part, all heads together (``joint_value_path``): Σ_h W_O^(h) Σ_m p^h_im 
 M_m = Σ_h p^h_im A_h, A_h = W_O^(h) W_V^h. For every w ≥ 0, ‖M_m‖ ≤ w ‖Σ_h A_h‖ + Σ_h |p^h_im − w| ‖A_h‖; the
 best w is 0 or one of the p^h_im (the bound is piecewise linear in w), and w = 0 gives the per-head sum Σ_h ‖A_h‖.
 
+Position maps. Every formula above uses the rotation R_t only as the linear map from a head's projection W dx_t
+to the change of its rotated query or key. Under QK-norm that map is M_t = R_t J_N(a_t), the norm's Jacobian at
+the biased projection a_t followed by RoPE (``position_maps``), and the formulas hold with M_t in place of R_t:
+the functionals become dx_i ↦ (M^q_i W_Q dx_i)·w with norm ‖G_Q M^qᵀ_i w‖, and C_i R_i W_Q becomes C_i M^q_i W_Q.
+
 Norms of maps into a head's output go through R_O^(h), the triangular factor of W_O^(h) = Q R_O^(h)
 (‖W_O^(h) z‖ = ‖R_O^(h) z‖); norms of maps out of W_Q, W_K through the gain factors G with ‖Wᵀv‖ = ‖G v‖
 (‖B W‖ = ‖B Gᵀ‖). Large intermediate tensors are built in query chunks of at most ``CHUNK_ELEMENTS`` entries.
@@ -33,19 +38,24 @@ import torch
 from torch import Tensor
 
 from attnsens._rounding import (
+    UNIT_ROUNDOFF,
     add_up,
     cached_on,
+    div_up,
     gamma,
     mul_up,
     norm2_upper_bound,
     product_spectral_norm_upper_bound,
+    rmsnorm_scale_lower_bound,
     round_up,
     spectral_norm_upper_bound,
+    sqrt_down,
+    sub_down,
     sum_upper_bound,
 )
 from attnsens.errors import InputError
 from attnsens.geometry.attention import AttentionForward, apply_rotary, expand_kv_heads
-from attnsens.weights import RotaryConfig
+from attnsens.weights import NormWeights, RotaryConfig
 
 CHUNK_ELEMENTS = 1 << 22
 
@@ -76,18 +86,48 @@ def rotation_matrices(n_pos: int, d_head: int, rotary: RotaryConfig, device: tor
     return apply_rotary(basis, rotary).permute(1, 2, 0)
 
 
+def norm_jacobians(inputs: Tensor, norm: NormWeights) -> Tensor:
+    """J_N(a_t) = (1/r) diag(γ) (I − a aᵀ/(d r²)), r = (‖a‖²/d + ε)^{1/2}, the Jacobian of the RMSNorm N at each
+    a_t: ``[..., position, d]`` → ``[..., position, d, d]`` (float64)."""
+    a = inputs.to(torch.float64)
+    d = a.shape[-1]
+    r = torch.sqrt(a.square().mean(dim=-1, keepdim=True) + norm.eps)  # [..., position, 1]
+    unit = a / (r * math.sqrt(d))  # a/(√d r): the projection removes this direction's share
+    eye = torch.eye(d, dtype=torch.float64, device=a.device)
+    projector = eye - unit[..., :, None] * unit[..., None, :]
+    return norm.gamma.to(torch.float64)[:, None] * projector / r[..., None]
+
+
+def position_maps(inputs: Tensor | None, norm: NormWeights | None, rotations: Tensor | None) -> Tensor | None:
+    """M_t, the Jacobian at position t of the map from a head's biased projection to its rotated, normalized query
+    or key (module docstring): R_t J_N(a_t) ``[b, h, position, d, d]`` under QK-norm, R_t ``[position, d, d]`` with
+    RoPE alone, None for the identity."""
+    if norm is None or inputs is None:
+        return rotations
+    jacobians = norm_jacobians(inputs, norm)
+    return jacobians if rotations is None else rotations @ jacobians
+
+
+def _through_maps(gain: Tensor, maps: Tensor) -> Tensor:
+    """G M_tᵀ ``[b, h, position, rank, d]`` for gain ``[b, h, rank, d]`` and maps shared ``[position, d, d]`` or
+    per head ``[b, h, position, d, d]``."""
+    if maps.ndim == 3:
+        return torch.einsum("bhrd,ped->bhpre", gain, maps)
+    return torch.einsum("bhrd,bhped->bhpre", gain, maps)
+
+
 def masked_max_distance(points: Tensor, centres: Tensor, allowed: Tensor) -> Tensor:
     """max_{j allowed for i} ‖points_j − centres_i‖: points ``[b, h, key, e]``, centres ``[b, h, query, e]``."""
     distances = torch.cdist(centres, points, compute_mode="donot_use_mm_for_euclid_dist")
     return distances.masked_fill(~allowed, 0.0).amax(dim=-1)
 
 
-def query_functional_norms(fwd: AttentionForward, gain_k: Tensor, rotations: Tensor | None) -> Tensor:
-    """a_im = ‖W_Kᵀ R_mᵀ q̃_i‖, the norm of dx_m ↦ q̃_i·(R_m W_K dx_m): ``[b, h, query, key]``, or
-    ``[b, h, query, 1]`` without RoPE (then independent of m)."""
-    if rotations is None:
+def query_functional_norms(fwd: AttentionForward, gain_k: Tensor, key_maps: Tensor | None) -> Tensor:
+    """a_im = ‖W_Kᵀ M_mᵀ q̃_i‖, the norm of dx_m ↦ q̃_i·(M_m W_K dx_m) (M_m = R_m with RoPE alone):
+    ``[b, h, query, key]``, or ``[b, h, query, 1]`` when every M_m is the identity (then independent of m)."""
+    if key_maps is None:
         return torch.linalg.vector_norm(torch.einsum("bhre,bhqe->bhqr", gain_k, fwd.queries), dim=-1)[..., None]
-    back_k = torch.einsum("bhrd,med->bhmre", gain_k, rotations)  # G_K R_mᵀ
+    back_k = _through_maps(gain_k, key_maps)  # G_K M_mᵀ
     n_head, n_query, n_key = fwd.queries.shape[1], fwd.queries.shape[2], fwd.keys.shape[2]
     parts = [
         torch.linalg.vector_norm(torch.einsum("bhmre,bhqe->bhqmr", back_k, fwd.queries[:, :, rows]), dim=-1)
@@ -98,15 +138,16 @@ def query_functional_norms(fwd: AttentionForward, gain_k: Tensor, rotations: Ten
 
 def score_spread(
     fwd: AttentionForward, centre: Tensor, gain_q: Tensor, query_norms: Tensor, allowed: Tensor,
-    rotations: Tensor | None,
+    query_maps: Tensor | None,
 ) -> Tensor:  # fmt: skip
-    """s_i = max_{m∈K(i)} (‖W_Qᵀ R_iᵀ (k̃_m − c_i)‖ + a_im): the exact norms of the two linear functionals
-    dx_i ↦ (R_i W_Q dx_i)·(k̃_m − c_i) and dx_m ↦ q̃_i·(R_m W_K dx_m) (``attention_bounds`` step 3). ``[b, h, query]``."""
-    if rotations is None:
+    """s_i = max_{m∈K(i)} (‖W_Qᵀ M_iᵀ (k̃_m − c_i)‖ + a_im): the exact norms of the two linear functionals
+    dx_i ↦ (M_i W_Q dx_i)·(k̃_m − c_i) and dx_m ↦ q̃_i·(M_m W_K dx_m) (``attention_bounds`` step 3; M = R with RoPE
+    alone). ``[b, h, query]``."""
+    if query_maps is None:
         keys = torch.einsum("bhre,bhke->bhkr", gain_q, fwd.keys)
         centres = torch.einsum("bhre,bhqe->bhqr", gain_q, centre)
         return masked_max_distance(keys, centres, allowed) + query_norms[..., 0]
-    back_q = torch.einsum("bhrd,qed->bhqre", gain_q, rotations)  # G_Q R_iᵀ
+    back_q = _through_maps(gain_q, query_maps)  # G_Q M_iᵀ
     n_head, n_query, n_key = fwd.queries.shape[1], fwd.queries.shape[2], fwd.keys.shape[2]
     parts = []
     for rows in query_chunks(n_query, n_head * n_key * back_q.shape[-2]):
@@ -142,10 +183,10 @@ def output_spread(
 
 def key_sum_sensitivity(
     fwd: AttentionForward, distances: Tensor, out_factor: Tensor, gain_q: Tensor, query_norms: Tensor,
-    rotations: Tensor | None,
+    query_maps: Tensor | None,
 ) -> Tensor:  # fmt: skip
     """τ × the key-sum bound of the sensitivity part (module docstring): Σ_m p_im ‖W_O^(h)(v_m − y_i)‖ a_im +
-    ‖W_O^(h) C_i R_i W_Q‖, with ``distances`` from ``projected_values``. ``[b, h, query]``."""
+    ‖W_O^(h) C_i M_i W_Q‖, with ``distances`` from ``projected_values``. ``[b, h, query]``."""
     P = fwd.probabilities
     key_term = (P * query_norms * distances).sum(dim=-1)
     # C_i = Σ_m p_im (v_m − μ_v)(k̃_m − μ_k)ᵀ − (y_i − μ_v)(k̄_i − μ_k)ᵀ, centred on the key means μ for accuracy
@@ -159,8 +200,8 @@ def key_sum_sensitivity(
         C = torch.einsum("bhqm,bhmd,bhme->bhqde", P[:, :, rows], values, keys)
         C = C - outputs_c[:, :, rows, :, None] * keys_mean[:, :, rows, None, :]
         M = torch.einsum("bhfd,bhqde->bhqfe", out_factor, C)
-        if rotations is not None:
-            M = M @ rotations[rows]
+        if query_maps is not None:
+            M = M @ (query_maps[rows] if query_maps.ndim == 3 else query_maps[:, :, rows])
         M = torch.einsum("bhqfe,bhre->bhqfr", M, gain_q)
         parts.append(torch.linalg.matrix_norm(M, ord=2))
     return key_term + torch.cat(parts, dim=2)
@@ -207,30 +248,37 @@ SOFTMAX_ACCURACY_LIMIT = 2.0**-21
 
 
 def softmax_row_accuracy(
-    X: Tensor, Wq: Tensor, Wk: Tensor, b_q: Tensor | None, b_k: Tensor | None, P: Tensor, allowed: Tensor, tau: float
-) -> tuple[Tensor, Tensor]:
+    X: Tensor, Wq: Tensor, Wk: Tensor, b_q: Tensor | None, b_k: Tensor | None, P: Tensor, allowed: Tensor, tau: float,
+    *, q_norm: NormWeights | None = None, k_norm: NormWeights | None = None, query_inputs: Tensor | None = None,
+    key_inputs: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
     """(η, m) per row ``[b, h, query]``: p_j ≤ (1 + η) p̂_j for every key with p̂_j ≥ 2^-1000 and Σ p_j ≤ m over
     the other allowed keys, where p is the real-arithmetic softmax row at X and p̂ the float64 one.
 
     Score error: with A_q = |W_Q||x_i| + |b_Q| and A_k = |W_K||x_j| + |b_K| (entrywise), the float q, k are within
     γ_{d+1} A of the real ones, RoPE keeps ℓ2 norms (its own rounding ≤ γ_3 per coordinate), and the score and
     the softmax's shift by the row maximum add γ_{d_head} ‖q‖‖k‖ and 2u|û|: altogether |û_ij − u_ij| ≤ δ_i :=
-    16 γ_{d+d_head+8} ‖A_q,i‖ max_j ‖A_k,j‖/τ (a factor 4 above the sum of these terms). exp, the row sum and the
-    division add a relative γ_{n+8}, so p_j/p̂_j ∈ [e^-ζ, e^ζ] with ζ = 2δ_i + γ_{n+8}, η = 2ζ ≥ e^ζ − 1. Keys whose
-    p̂_j < 2^-1000 (underflow) hold real mass at most 2^-990 each. Rows with ζ > ``SOFTMAX_ACCURACY_LIMIT``
-    (about ‖A_q‖‖A_k‖/τ > 2^28/(d + d_head)) raise InputError: their float64 rows are not certified.
+    16 γ_{d+d_head+8} ‖A_q,i‖ max_j ‖A_k,j‖/τ (a factor 4 above the sum of these terms). Under QK-norm the errors
+    and norms of the two sides are bounded separately (``_side_error``) and δ_i := 2 (E_q (N_k + E_k) + N_q E_k +
+    (γ_{d_head} + 3u)(N_q + E_q)(N_k + E_k))/τ with E, N the error and norm bounds of the rotated query of row i
+    and the worst key. exp, the row sum and the division add a relative γ_{n+8}, so p_j/p̂_j ∈ [e^-ζ, e^ζ] with
+    ζ = 2δ_i + γ_{n+8}, η = 2ζ ≥ e^ζ − 1. Keys whose p̂_j < 2^-1000 (underflow) hold real mass at most 2^-990
+    each. Rows with ζ > ``SOFTMAX_ACCURACY_LIMIT`` (about ‖A_q‖‖A_k‖/τ > 2^28/(d + d_head)) raise InputError:
+    their float64 rows are not certified.
     """
     n_head, d_head, d_model = Wq.shape[-3:]
-    x_abs = X.to(torch.float64).abs()
-    a_q = torch.einsum("...hed,...qd->...hqe", Wq.to(torch.float64).abs(), x_abs)
-    a_k = torch.einsum("...hed,...kd->...hke", expand_kv_heads(Wk.to(torch.float64).abs(), n_head, -3), x_abs)
-    if b_q is not None:
-        a_q = a_q + b_q.to(torch.float64).abs()[..., :, None, :]
-    if b_k is not None:
-        a_k = a_k + expand_kv_heads(b_k.to(torch.float64).abs(), n_head, -2)[..., :, None, :]
-    magnitude = mul_up(norm2_upper_bound(a_q), norm2_upper_bound(a_k).amax(dim=-1, keepdim=True))
-    rate = math.nextafter(16.0 * gamma(d_model + d_head + 8) / tau, math.inf)
-    zeta = add_up(mul_up(mul_up(magnitude, rate), 2.0), gamma(P.shape[-1] + 8))
+    size_q, size_k = projection_magnitudes(X, Wq, b_q, n_head), projection_magnitudes(X, Wk, b_k, n_head)
+    if q_norm is None and k_norm is None:
+        magnitude = mul_up(size_q, size_k.amax(dim=-1, keepdim=True))
+        rate = math.nextafter(16.0 * gamma(d_model + d_head + 8) / tau, math.inf)
+        delta = mul_up(magnitude, rate)
+    else:
+        e_q, n_q = _side_error(size_q, q_norm, query_inputs, d_model)
+        e_k, n_k = (t.amax(dim=-1, keepdim=True) for t in _side_error(size_k, k_norm, key_inputs, d_model))
+        magnitude = mul_up(add_up(n_q, e_q), add_up(n_k, e_k))
+        errors = add_up(mul_up(e_q, add_up(n_k, e_k)), mul_up(n_q, e_k))
+        delta = div_up(mul_up(add_up(errors, mul_up(magnitude, gamma(d_head) + 3 * UNIT_ROUNDOFF)), 2.0), tau)
+    zeta = add_up(mul_up(delta, 2.0), gamma(P.shape[-1] + 8))
     worst = float(zeta.max()) if zeta.numel() else 0.0
     if not worst <= SOFTMAX_ACCURACY_LIMIT:
         raise InputError(
@@ -242,6 +290,46 @@ def softmax_row_accuracy(
     eta = mul_up(zeta, 2.0)
     underflowed = (allowed & (P < 2.0**-1000)).sum(dim=-1).to(torch.float64)
     return eta, underflowed * 2.0**-990
+
+
+def projection_magnitudes(X: Tensor, W: Tensor, b: Tensor | None, n_head: int) -> Tensor:
+    """‖A_t‖₂ with A_t = |W||x_t| + |b| entrywise, per query head and position ``[b, head, position]`` (key/value
+    weights repeated, GQA): the float projection W x_t + b is within γ_{d+1} A_t of the real one."""
+    x_abs = X.to(torch.float64).abs()
+    a = torch.einsum("...hed,...pd->...hpe", expand_kv_heads(W.to(torch.float64).abs(), n_head, -3), x_abs)
+    if b is not None:
+        a = a + expand_kv_heads(b.to(torch.float64).abs(), n_head, -2)[..., :, None, :]
+    return norm2_upper_bound(a)
+
+
+def qk_norm_scale_lower_bound(inputs: Tensor, norm: NormWeights, input_error: Tensor) -> Tensor:
+    """≤ r(a) = (‖a‖²/d + ε)^{1/2} at the real projection a, from the float one â ``[..., position, d]`` and
+    ‖a − â‖ ≤ ``input_error`` ``[..., position]``: r is (1/√d)-Lipschitz, so r(a) ≥ r(â) − ‖a − â‖/√d, and
+    r ≥ √ε always. ``[..., position]`` float64."""
+    d = inputs.shape[-1]
+    shifted = sub_down(
+        rmsnorm_scale_lower_bound(inputs, norm.eps), div_up(input_error, math.nextafter(math.sqrt(d), 0))
+    )
+    return torch.maximum(shifted, sqrt_down(torch.tensor(float(norm.eps), dtype=torch.float64)))
+
+
+def _side_error(
+    magnitude: Tensor, norm: NormWeights | None, inputs: Tensor | None, d_model: int
+) -> tuple[Tensor, Tensor]:
+    """(E, N) ``[b, h, position]``: ‖ṽ̂ − ṽ‖ ≤ E between the float and the real rotated query or key ṽ, and
+    ‖ṽ‖ ≤ N, from ‖A‖ (``softmax_row_accuracy``). Without a norm: E = (γ_{d+1} + 4γ_3)‖A‖, N = ‖A‖. Under QK-norm
+    ṽ = R N(a): the projection error e_a = γ_{d+1}‖A‖ moves N(a) by at most γ_max e_a / r_lo (‖J_N‖ ≤ γ_max/r
+    on the segment, r ≥ ``qk_norm_scale_lower_bound``), evaluating N at â adds γ_{d_head+6} per coordinate and
+    RoPE γ_3 per coordinate pair, with ‖N(â)‖ ≤ γ_max √d_head = N."""
+    projection_error = mul_up(magnitude, gamma(d_model + 1))
+    if norm is None or inputs is None:
+        return mul_up(magnitude, gamma(d_model + 1) + 4 * gamma(3)), magnitude
+    d_head = inputs.shape[-1]
+    gamma_max = norm.gamma.to(torch.float64).abs().amax()
+    radius = mul_up(gamma_max, math.nextafter(math.sqrt(d_head), math.inf))
+    moved = div_up(mul_up(projection_error, gamma_max), qk_norm_scale_lower_bound(inputs, norm, projection_error))
+    evaluation = mul_up(radius, gamma(d_head + 6) + 4 * gamma(3))
+    return add_up(moved, evaluation), radius.expand_as(moved)
 
 
 def real_row_theta_upper_bound(P: Tensor, theta_upper: Tensor, eta: Tensor, small_mass: Tensor) -> Tensor:

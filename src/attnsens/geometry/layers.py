@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from attnsens.errors import ConfigError
-from attnsens.geometry.attention import mha_forward
+from attnsens.geometry.attention import mha_forward, rms_norm_forward
 from attnsens.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights
 
 
@@ -33,12 +33,10 @@ def activation(name: str, x: Tensor) -> Tensor:
 
 def norm_forward(x: Tensor, norm: NormWeights) -> Tensor:
     """LayerNorm γ ⊙ (x − μ)/σ + β or RMSNorm γ ⊙ x/r, tokenwise over the last axis (docs/math.md §2.8)."""
-    gamma = norm.gamma.to(x.dtype)
-    if norm.kind == "layernorm":
-        centered = x - x.mean(dim=-1, keepdim=True)
-        y = centered / torch.sqrt(centered.square().mean(dim=-1, keepdim=True) + norm.eps) * gamma
-    else:
-        y = x / torch.sqrt(x.square().mean(dim=-1, keepdim=True) + norm.eps) * gamma
+    if norm.kind != "layernorm":
+        return rms_norm_forward(x, norm)
+    centered = x - x.mean(dim=-1, keepdim=True)
+    y = centered / torch.sqrt(centered.square().mean(dim=-1, keepdim=True) + norm.eps) * norm.gamma.to(x.dtype)
     return y if norm.beta is None else y + norm.beta.to(x.dtype)
 
 

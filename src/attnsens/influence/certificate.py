@@ -226,6 +226,11 @@ def _structure_reasons(layers: Sequence[LayerWeights]) -> list[str]:
     gated = [layer.index for layer in layers if layer.mlp.kind == "gated"]
     if gated:
         reasons.append(f"gated MLP in layer(s) {gated}: x ↦ W_out(act(W_gate x) ⊙ W_in x) is not globally Lipschitz")
+    qk_normed = [layer.index for layer in layers if layer.attention.q_norm or layer.attention.k_norm]
+    if qk_normed:
+        reasons.append(
+            f"QK-norm in layer(s) {qk_normed}: the scores N_q(W_Q y_j)·N_k(W_K y_r) are not the theorem's bilinear form"
+        )
     out_normed = _out_norm_layers(layers)
     if out_normed:
         reasons.append(

@@ -39,6 +39,7 @@ from attnsens._rounding import (
     product_spectral_norm_upper_bound,
     spectral_norm_upper_bound,
 )
+from attnsens.errors import ConfigError
 from attnsens.geometry.blocks import ffn_lipschitz_upper_bound
 from attnsens.geometry.layers import activation
 from attnsens.weights import LayerWeights
@@ -90,6 +91,11 @@ def block_constants(
         Upper bounds of every constant in real arithmetic: operator norms through ``attnsens._rounding`` (the
         rounding of the products W_Qᵀ W_K and W_O W_V included); ‖f_k(0)‖ inflated by a relative 1e-10.
     """
+    if layer.attention.q_norm is not None or layer.attention.k_norm is not None:
+        raise ConfigError(
+            f"layer {layer.index}: QK-norm scores are not a bilinear form W_Qᵀ W_K; the inverse-length constants "
+            "(docs/math.md §10.4) do not cover them"
+        )
     attention = layer.attention.per_query_head()
     f64 = torch.float64
     w_q, w_k, w_v, w_o = (t.detach().to(f64) for t in (attention.w_q, attention.w_k, attention.w_v, attention.w_o))

@@ -1,7 +1,7 @@
 """Families read from one declarative table (:data:`LAYOUTS`): the decoders Llama (SmolLM2), Mistral, Qwen2,
-Gemma, Gemma 2 (without its attention logit softcap), Phi-3, OPT and GPT-J, the encoder DistilBERT, plus the
-families whose blocks the geometry cannot bound yet (Qwen3, Gemma 3 and OLMo 2: QK-norm; Gemma 2 with a softcap),
-which are refused by name.
+Qwen3 (per-head QK-norm), Gemma, Gemma 2 (without its attention logit softcap), Phi-3, OPT and GPT-J, the
+encoder DistilBERT, plus the families whose blocks the geometry cannot bound yet (OLMo 2: QK-norm over all heads
+jointly; Gemma 2 with a softcap), which are refused by name (Gemma 3 is refused for its RoPE per layer type).
 
 A :class:`BlockLayout` says where a family keeps each part of a block and what it does differently: fused
 projections (Phi-3's ``qkv_proj`` = [q; k; v] rows, ``gate_up_proj`` = [gate; up] rows), Gemma's RMSNorm scale
@@ -78,10 +78,14 @@ class BlockLayout:
     causal: bool = True  # False: bidirectional encoder; Gemma's use_bidirectional_attention also turns it off
     query_scaled_in_projection: bool = False  # OPT: q = scaling·q_proj(x), the attention function gets scaling 1
     window: Literal["none", "config", "module"] = "none"  # where a sliding window is read
+    qk_norm: bool = False  # the attention's q_norm/k_norm: RMSNorm over each head's d_head (Qwen3, Gemma 3)
     refused: tuple[tuple[str, str], ...] = ()  # ("block.<attr>" or "config.<attr>" present and not None, why)
 
 
-_UNBOUNDED_QK_NORM = "QK-norm (RMSNorm of queries and keys) has no certified bound in attnsens.geometry yet"
+_JOINT_QK_NORM = (
+    "QK-norm over all heads jointly (one RMSNorm of the whole query projection) couples the heads; attnsens bounds "
+    "only the per-head QK-norm of Qwen3 and Gemma 3"
+)
 _SANDWICH: dict[str, Any] = {
     "mlp_norm": "pre_feedforward_layernorm",
     "attn_out_norm": "post_attention_layernorm",
@@ -93,7 +97,7 @@ LAYOUTS: dict[str, BlockLayout] = {
     "llama": BlockLayout(),
     "mistral": BlockLayout(window="config"),
     "qwen2": BlockLayout(window="module"),
-    "qwen3": BlockLayout(window="module", refused=(("block.self_attn.q_norm", _UNBOUNDED_QK_NORM),)),
+    "qwen3": BlockLayout(window="module", qk_norm=True),
     "gemma": BlockLayout(gamma_offset=1.0),
     "gemma2": BlockLayout(
         gamma_offset=1.0,
@@ -106,8 +110,8 @@ LAYOUTS: dict[str, BlockLayout] = {
         gamma_offset=1.0,
         activation="hidden_activation",
         window="module",
+        qk_norm=True,
         **_SANDWICH,
-        refused=(("block.self_attn.q_norm", _UNBOUNDED_QK_NORM),),
     ),
     "phi3": BlockLayout(qkv="qkv_proj", gate_up="mlp.gate_up_proj", window="config"),
     "olmo2": BlockLayout(
@@ -115,7 +119,7 @@ LAYOUTS: dict[str, BlockLayout] = {
         mlp_norm=None,
         attn_out_norm="post_attention_layernorm",
         mlp_out_norm="post_feedforward_layernorm",
-        refused=(("block.self_attn.q_norm", _UNBOUNDED_QK_NORM),),
+        refused=(("block.self_attn.q_norm", _JOINT_QK_NORM),),
     ),
     "opt": BlockLayout(
         blocks="decoder.layers",
@@ -294,6 +298,8 @@ class LayoutAdapter(HFAdapter):
             causal=s.causal,
             rotary=rotary,
             sliding_window=self.attention_window(index),
+            q_norm=self._norm(attn.q_norm) if lay.qk_norm else None,
+            k_norm=self._norm(attn.k_norm) if lay.qk_norm else None,
         )
         return LayerWeights(
             index=index,

@@ -2,12 +2,14 @@
 
 Layout: tensors
 ``layers.{i}.attention.{w_q,w_k,w_v,w_o,b_q,b_k,b_v,b_o}``, ``layers.{i}.mlp.{w_in,w_out,b_in,b_out,w_gate,b_gate}``,
-``layers.{i}.{attn_norm,mlp_norm,attn_out_norm,mlp_out_norm}.{gamma,beta}`` (absent = None; shapes as in
-``attnsens.weights``), and the metadata key ``attnsens.layers``: a JSON list with, per layer, ``placement``,
-``tau``, ``causal``, ``mlp_kind``, ``activation``, ``norm_kind``, ``norm_eps`` ([attn, mlp]), ``residual_scale``,
-``parallel_residual``, ``rotary`` (null or the fields of ``RotaryConfig``), ``sliding_window`` (null or an int)
-and, for the norms after each sublayer, ``out_norm_kinds`` and ``out_norm_eps`` ([attn, mlp], null where a
-layer has none). Files written before a key existed lack it: no sliding window, no norms after the sublayers.
+``layers.{i}.{attn_norm,mlp_norm,attn_out_norm,mlp_out_norm}.{gamma,beta}``,
+``layers.{i}.attention.{q_norm,k_norm}.gamma`` (QK-norm) (absent = None; shapes as in ``attnsens.weights``), and the
+metadata key ``attnsens.layers``: a JSON list with, per layer, ``placement``, ``tau``, ``causal``, ``mlp_kind``,
+``activation``, ``norm_kind``, ``norm_eps`` ([attn, mlp]), ``residual_scale``, ``parallel_residual``, ``rotary``
+(null or the fields of ``RotaryConfig``), ``sliding_window`` (null or an int), ``qk_norm_eps`` ([q, k], the
+QK-norms' ε) and, for the norms after each sublayer, ``out_norm_kinds`` and ``out_norm_eps`` ([attn, mlp], null
+where a layer has none). Files written before a key existed lack it: no sliding window, no QK-norm, no norms after
+the sublayers.
 """
 
 from __future__ import annotations
@@ -49,6 +51,10 @@ def save_layer_weights(layers: Sequence[LayerWeights], path: str | os.PathLike[s
                 value = None if obj is None else getattr(obj, name)
                 if value is not None:
                     tensors[f"layers.{i}.{part}.{name}"] = value.detach().contiguous().cpu()
+        qk_norms = {"q_norm": layer.attention.q_norm, "k_norm": layer.attention.k_norm}
+        for name, qk_norm in qk_norms.items():
+            if qk_norm is not None:
+                tensors[f"layers.{i}.attention.{name}.gamma"] = qk_norm.gamma.detach().contiguous().cpu()
         rotary = layer.attention.rotary
         out_norms = (layer.attn_out_norm, layer.mlp_out_norm)
         configs.append({
@@ -58,6 +64,7 @@ def save_layer_weights(layers: Sequence[LayerWeights], path: str | os.PathLike[s
             "norm_eps": [None if n is None else n.eps for n in (layer.attn_norm, layer.mlp_norm)],
             "residual_scale": layer.residual_scale, "parallel_residual": layer.parallel_residual,
             "rotary": None if rotary is None else vars(rotary), "sliding_window": layer.attention.sliding_window,
+            "qk_norm_eps": [None if n is None else n.eps for n in qk_norms.values()],
             "out_norm_kinds": [None if n is None else n.kind for n in out_norms],
             "out_norm_eps": [None if n is None else n.eps for n in out_norms],
         })  # fmt: skip
@@ -106,8 +113,12 @@ def _layer_from(tensors: dict[str, Tensor], i: int, cfg: dict[str, Any]) -> Laye
         kind = cfg["norm_kind"] if kind is None else kind
         return NormWeights(kind=kind, gamma=gamma, beta=get(part, "beta"), eps=eps)
 
-    out_kinds, out_eps = cfg.get("out_norm_kinds", [None, None]), cfg.get("out_norm_eps", [None, None])
+    def qk_norm(name: str, eps: float | None) -> NormWeights | None:
+        gamma = get("attention", f"{name}.gamma")
+        return None if gamma is None or eps is None else NormWeights(kind="rmsnorm", gamma=gamma, beta=None, eps=eps)
 
+    qk_eps = cfg.get("qk_norm_eps", [None, None])
+    out_kinds, out_eps = cfg.get("out_norm_kinds", [None, None]), cfg.get("out_norm_eps", [None, None])
     # Any: a required tensor the file lacks (None) fails the dataclass's shape checks, reported as FileFormatError.
     attention_tensors: dict[str, Any] = {n: get("attention", n) for n in _TENSORS["attention"]}
     mlp_tensors: dict[str, Any] = {n: get("mlp", n) for n in _TENSORS["mlp"]}
@@ -115,6 +126,7 @@ def _layer_from(tensors: dict[str, Tensor], i: int, cfg: dict[str, Any]) -> Laye
         **attention_tensors, tau=cfg["tau"], causal=cfg["causal"],
         sliding_window=cfg.get("sliding_window"),
         rotary=None if cfg["rotary"] is None else RotaryConfig(**cfg["rotary"]),
+        q_norm=qk_norm("q_norm", qk_eps[0]), k_norm=qk_norm("k_norm", qk_eps[1]),
     )  # fmt: skip
     mlp = MLPWeights(kind=cfg["mlp_kind"], activation=cfg["activation"], **mlp_tensors)
     return LayerWeights(

@@ -40,11 +40,12 @@ from transformers import (
 
 VOCAB = 53
 FAMILIES = ("gpt2", "gpt_neox", "llama", "bert")
-DECODER_FAMILIES = ("mistral", "qwen2", "gemma", "gemma2", "phi3", "opt", "opt_post", "gptj")
+DECODER_FAMILIES = ("mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "opt", "opt_post", "gptj")
 """Families bounded through the declarative decoder table (models/layouts.py); sliding windows of 5 keys; gemma2
 without its attention logit softcap (sandwich norms)."""
-REFUSED_FAMILIES = ("qwen3", "olmo2", "gemma3_text")
-"""Families whose rows are audited but whose blocks the geometry cannot bound yet (QK-norm)."""
+REFUSED_FAMILIES = ("olmo2", "gemma3_text")
+"""Families whose rows are audited but whose blocks the geometry cannot bound yet (OLMo 2: QK-norm over all heads;
+Gemma 3: RoPE per layer type)."""
 OUT_NORM_FAMILIES = ("gemma2", "gemma3_text", "olmo2")
 """Families whose blocks apply a norm to each sublayer's output; their norm gains are spread too."""
 ENCODER_FAMILIES = ("roberta", "electra", "distilbert")
@@ -120,6 +121,8 @@ def spread_weights(model: torch.nn.Module) -> None:
                 parameter.normal_(0.0, 0.35)
             elif parameter.ndim == 1 and "bias" in name:
                 parameter.normal_(0.0, 0.1)
+            elif name.endswith(("q_norm.weight", "k_norm.weight")):
+                parameter.uniform_(0.5, 2.5)  # trained QK-norm scales are far from 1; ones would hide a dropped norm
 
 
 def spread_norm_gains(model: torch.nn.Module, std: float = 0.2) -> None:

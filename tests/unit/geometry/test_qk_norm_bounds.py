@@ -1,0 +1,129 @@
+"""QK-norm (an RMSNorm of each head's query and key before RoPE, Qwen3 and Gemma 3) in the attention bounds:
+dense Jacobians ≤ certified local bound ≤ Lipschitz bound, and the norm's Jacobian is not optional."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from attnsens.errors import ShapeError
+from attnsens.geometry.attention import AttentionBiases, causal_mask, mha_forward
+from attnsens.geometry.attention_bounds import mha_lipschitz_upper_bound, mha_local_jacobian_upper_bound
+from attnsens.geometry.estimates import block_jacobian_norm_estimate
+from attnsens.geometry.norms import block_rms_norm
+from attnsens.weights import AttentionWeights, NormWeights, RotaryConfig
+from tests.reference.jacobian_oracles import block_inf_norm_lower_dense, block_inf_norm_scalar_tokens
+
+F64 = torch.float64
+ROPE = RotaryConfig(base=10.0, rotary_dim=4)
+
+
+def _norm(d_head: int, seed: int, *, eps: float = 1e-6) -> NormWeights:
+    g = torch.Generator().manual_seed(seed)
+    gamma = torch.exp(torch.empty(d_head, dtype=F64).uniform_(-1.0, 1.0, generator=g))  # scales 0.37–2.7
+    return NormWeights(kind="rmsnorm", gamma=gamma, beta=None, eps=eps)
+
+
+def _instances(n: int, n_query: int, d_model: int, n_head: int, n_kv: int, d_head: int, seed: int) -> dict:
+    """n random instances; the pre-norm scales spread over three decades (the norm removes them, so the
+    rows' concentration comes from γ and τ, and the Jacobian's size from 1/r)."""
+    g = torch.Generator().manual_seed(seed)
+    scale = torch.exp(torch.empty(n, 1, 1, 1, dtype=F64).uniform_(-3.0, 1.5, generator=g))
+    r = lambda *s: torch.randn(n, *s, generator=g, dtype=F64)  # noqa: E731
+    return {
+        "X": r(n_query, d_model), "Wq": r(n_head, d_head, d_model) * scale, "Wk": r(n_kv, d_head, d_model) * scale,
+        "Wv": r(n_kv, d_head, d_model), "Wo": r(d_model, n_head * d_head), "bq": r(n_head, d_head) * scale[..., 0],
+        "bk": r(n_kv, d_head) * scale[..., 0], "bv": r(n_kv, d_head), "bo": r(d_model),
+    }  # fmt: skip
+
+
+KEYS = ("X", "Wq", "Wk", "Wv", "Wo", "bq", "bk", "bv", "bo")
+
+
+def _dense(inst: dict, *, tau: float, mask, rotary, q_norm, k_norm) -> torch.Tensor:
+    def f(X, Wq, Wk, Wv, Wo, bq, bk, bv, bo):
+        biases = AttentionBiases(q=bq, k=bk, v=bv, o=bo)
+        return mha_forward(
+            X[None], Wq, Wk, Wv, Wo, tau=tau, mask=mask, biases=biases, rotary=rotary, q_norm=q_norm, k_norm=k_norm
+        ).output[0]
+
+    return torch.func.vmap(torch.func.jacrev(f))(*(inst[k] for k in KEYS))
+
+
+def _bounds(inst: dict, *, tau: float, mask, rotary, q_norm, k_norm):
+    biases = AttentionBiases(q=inst["bq"], k=inst["bk"], v=inst["bv"], o=inst["bo"])
+    X, W = inst["X"], [inst[k] for k in ("Wq", "Wk", "Wv", "Wo")]
+    norms = {"q_norm": q_norm, "k_norm": k_norm}
+    local = mha_local_jacobian_upper_bound(X, *W, tau=tau, mask=mask, biases=biases, rotary=rotary, **norms)
+    glob = mha_lipschitz_upper_bound(
+        *W, tau=tau, radius_rms=block_rms_norm(X), d_model=X.shape[-1], biases=biases, rotary=rotary, **norms
+    )
+    return local, glob
+
+
+@pytest.mark.parametrize(
+    ("n_kv", "causal", "rotary", "sides"),
+    [(2, False, None, "qk"), (1, True, ROPE, "qk"), (2, True, ROPE, "q"), (1, False, ROPE, "k")],
+)
+def test_dense_jacobian_below_local_below_lipschitz_under_qk_norm(n_kv, causal, rotary, sides) -> None:
+    n, L, d_head, tau = 400, 4, 4, 0.7
+    inst = _instances(n, L, 3, 2, n_kv, d_head, seed=11 + n_kv + 2 * causal)
+    mask = causal_mask(L) if causal else None
+    norms = {"q_norm": _norm(d_head, 1) if "q" in sides else None, "k_norm": _norm(d_head, 2) if "k" in sides else None}
+    lower = block_inf_norm_lower_dense(_dense(inst, tau=tau, mask=mask, rotary=rotary, **norms), iterations=30)
+    local, glob = _bounds(inst, tau=tau, mask=mask, rotary=rotary, **norms)
+    assert bool((lower <= local.upper_bound).all()), "an estimate exceeds the certified local bound"
+    assert bool((local.upper_bound <= local.paper_form_upper_bound * (1 + 1e-12)).all())
+    assert bool((local.paper_form_upper_bound <= glob.paper_form_upper_bound * (1 + 1e-12)).all())
+    assert bool((local.upper_bound <= glob.upper_bound * (1 + 1e-12)).all())
+    ratio = local.upper_bound / lower
+    assert float(ratio.median()) < 4.0, f"local bound ÷ dense lower bound median {float(ratio.median()):.2f}"
+
+
+def test_exact_norm_below_bound_for_scalar_tokens_under_qk_norm() -> None:
+    """d_model = 1 makes the block-∞ norm an exact 2^L enumeration (tests/reference/jacobian_oracles.py)."""
+    n, L, d_head, tau = 300, 5, 2, 0.5
+    inst = _instances(n, L, 1, 3, 3, d_head, seed=7)
+    norms = {"q_norm": _norm(d_head, 3), "k_norm": _norm(d_head, 4)}
+    mask = causal_mask(L)
+    exact = block_inf_norm_scalar_tokens(_dense(inst, tau=tau, mask=mask, rotary=None, **norms))
+    local, _ = _bounds(inst, tau=tau, mask=mask, rotary=None, **norms)
+    assert bool((exact <= local.upper_bound).all()), "an exact norm exceeds the certified local bound"
+
+
+def test_ignoring_the_qk_norm_would_understate_the_jacobian() -> None:
+    """Small pre-norm projections: the norm's 1/r amplifies the score sensitivity, and the bound follows it."""
+    L, d, d_head, tau = 6, 4, 4, 1.0
+    g = torch.Generator().manual_seed(5)
+    Wq, Wk = (torch.randn(1, d_head, d, generator=g, dtype=F64) * 0.01 for _ in range(2))
+    Wv, Wo = torch.randn(1, d_head, d, generator=g, dtype=F64), torch.randn(d, d_head, generator=g, dtype=F64)
+    X = torch.randn(1, L, d, generator=g, dtype=F64)
+    q_norm, k_norm = _norm(d_head, 5), _norm(d_head, 6)
+    f = lambda Z: mha_forward(Z, Wq, Wk, Wv, Wo, tau=tau, q_norm=q_norm, k_norm=k_norm).output  # noqa: E731
+    estimate = float(block_jacobian_norm_estimate(f, X, iterations=60, restarts=4)[0])
+    bound = float(
+        mha_local_jacobian_upper_bound(X, Wq, Wk, Wv, Wo, tau=tau, q_norm=q_norm, k_norm=k_norm).upper_bound[0]
+    )
+    without = float(mha_local_jacobian_upper_bound(X, Wq, Wk, Wv, Wo, tau=tau).upper_bound[0])
+    assert estimate > without, "the instance must show that a bound without the norm's Jacobian fails"
+    assert estimate <= bound
+
+
+def test_weights_form_carries_the_qk_norm_and_refuses_a_wrong_width() -> None:
+    inst = {k: v[0] for k, v in _instances(1, 5, 3, 2, 1, 4, seed=3).items()}
+    norms = {"q_norm": _norm(4, 1), "k_norm": _norm(4, 2)}
+    weights = AttentionWeights(
+        w_q=inst["Wq"], w_k=inst["Wk"], w_v=inst["Wv"], w_o=inst["Wo"], tau=2.0, causal=True, rotary=ROPE, **norms
+    )
+    X = inst["X"][None]
+    tensors = (inst["Wq"], inst["Wk"], inst["Wv"], inst["Wo"])
+    expected = mha_local_jacobian_upper_bound(X, *tensors, tau=2.0, mask=causal_mask(5), rotary=ROPE, **norms)
+    assert torch.equal(mha_local_jacobian_upper_bound(X, weights).upper_bound, expected.upper_bound)
+    lipschitz = mha_lipschitz_upper_bound(*tensors, tau=2.0, radius_rms=2.0, d_model=3, rotary=ROPE, **norms)
+    assert torch.equal(mha_lipschitz_upper_bound(weights, radius_rms=2.0).upper_bound, lipschitz.upper_bound)
+    per_head = weights.per_query_head()
+    assert per_head.q_norm is weights.q_norm and per_head.k_norm is weights.k_norm
+    with pytest.raises(ShapeError, match="q_norm must be an RMSNorm over one head's 4 coordinates"):
+        dataclasses.replace(weights, q_norm=_norm(3, 1))
