@@ -220,6 +220,9 @@ def _structure_reasons(layers: Sequence[LayerWeights]) -> list[str]:
         reasons.append(
             f"QK-norm in layer(s) {qk_normed}: the scores N_q(W_Q y_j)·N_k(W_K y_r) are not the theorem's bilinear form"
         )
+    capped = [layer.index for layer in layers if layer.attention.softcap is not None]
+    if capped:
+        reasons.append(f"softcapped scores in layer(s) {capped}: c·tanh(u/c) is not the theorem's bilinear form")
     if any(layer.attention.rotary is not None for layer in layers):
         reasons.append(
             "rotary positions: scores y_jᵀW_QᵀR_{r−j}W_K y_r are not the theorem's fixed bilinear form (RoPE is "

@@ -7,7 +7,8 @@ None; shapes as in ``attnsens.weights``), and
 the metadata key ``attnsens.layers``: a JSON list with, per layer, ``placement``, ``tau``, ``causal``,
 ``mlp_kind``, ``activation``, ``norm_kind``, ``norm_eps`` ([attn, mlp]), ``residual_scale``,
 ``parallel_residual``, ``rotary`` (null or the fields of ``RotaryConfig``), ``sliding_window`` (null or an int;
-absent in older files) and ``qk_norm_eps`` ([q, k], the QK-norms' ε; absent in older files).
+absent in older files), ``qk_norm_eps`` ([q, k], the QK-norms' ε) and ``softcap`` (null or the logit cap; both
+absent in older files).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ def save_layer_weights(layers: Sequence[LayerWeights], path: str | os.PathLike[s
             "residual_scale": layer.residual_scale, "parallel_residual": layer.parallel_residual,
             "rotary": None if rotary is None else vars(rotary), "sliding_window": layer.attention.sliding_window,
             "qk_norm_eps": [None if n is None else n.eps for n in qk_norms.values()],
+            "softcap": layer.attention.softcap,
         })  # fmt: skip
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -117,7 +119,7 @@ def _layer_from(tensors: dict[str, Tensor], i: int, cfg: dict[str, Any]) -> Laye
         **attention_tensors, tau=cfg["tau"], causal=cfg["causal"],
         sliding_window=cfg.get("sliding_window"),
         rotary=None if cfg["rotary"] is None else RotaryConfig(**cfg["rotary"]),
-        q_norm=qk_norm("q_norm", qk_eps[0]), k_norm=qk_norm("k_norm", qk_eps[1]),
+        q_norm=qk_norm("q_norm", qk_eps[0]), k_norm=qk_norm("k_norm", qk_eps[1]), softcap=cfg.get("softcap"),
     )  # fmt: skip
     mlp = MLPWeights(kind=cfg["mlp_kind"], activation=cfg["activation"], **mlp_tensors)
     return LayerWeights(
