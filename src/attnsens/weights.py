@@ -10,6 +10,7 @@ bounds read weights without loading the adapters. ``attnsens.models`` re-exports
   ``kv_head_of(h) = h // (head // kv_head)``.
 * ``w_o: [d_model, head * d_head]``; the columns ``h*d_head:(h+1)*d_head`` are head ``h``'s output block.
 * ``tau`` is the softmax temperature (``sqrt(d_head)`` for scaled dot-product attention): ``p = softmax(q·k / tau)``.
+* ``softcap`` c (Gemma 2): ``p = softmax(c·tanh(q·k / (tau·c)))``.
 * QK-norm (``q_norm``, ``k_norm``): ``q = R_t N_q(w_q[h] @ x + b_q[h])``, an RMSNorm over each head's d_head
   coordinates (shared by the heads) between the projection and RoPE.
 """
@@ -135,6 +136,7 @@ class AttentionWeights:
     sliding_window: int | None = None  # causal only: query t sees keys t − window < j ≤ t (Mistral, Qwen2, Phi-3)
     q_norm: NormWeights | None = None  # QK-norm: RMSNorm over each head's d_head query coordinates (Qwen3, Gemma 3)
     k_norm: NormWeights | None = None  # likewise for keys; both act after the biases and before RoPE
+    softcap: float | None = None  # Gemma 2: scores s = c·tanh(u/c) of u = q·k/τ before the mask and softmax
 
     def __post_init__(self) -> None:
         if self.sliding_window is not None and (not self.causal or self.sliding_window < 1):
@@ -160,6 +162,8 @@ class AttentionWeights:
         if not self.tau > 0:
             raise ConfigError(f"attention temperature tau must be > 0, got {self.tau}")
         check_qk_norms(d_head, self.q_norm, self.k_norm)
+        if self.softcap is not None and not self.softcap > 0:
+            raise ConfigError(f"attention softcap must be > 0 (or None), got {self.softcap}")
 
     @property
     def n_head(self) -> int:

@@ -12,7 +12,8 @@ depends on j, so it no longer cancels by softmax shift invariance (see ``attenti
 
 QK-norm (Qwen3, Gemma 3) normalizes each head's query and key before RoPE: q_i = R_i N_q(a_i) with
 a_i = W_Q x_i + b_Q and N(a) = γ ⊙ a / r(a), r(a) = (‖a‖²/d_head + ε)^{1/2}. The forward keeps the pre-norm a_i
-(``query_inputs``, ``key_inputs``): the bounds need them for the norm's Jacobian.
+(``query_inputs``, ``key_inputs``): the bounds need them for the norm's Jacobian. A logit softcap c (Gemma 2)
+replaces each score u by c·tanh(u/c) before the mask; the forward keeps the slopes 1 − tanh²(u/c).
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ class AttentionForward:
     queries, keys: rotated, biased ``[batch, head, query|key, d_head]``; values: biased
     ``[batch, head, key, d_head]``; head_outputs: ``[batch, head, query, d_head]`` = P V; allowed: bool
     ``[batch|1, 1|head, query, key]``; query_inputs, key_inputs: under QK-norm, the biased projections before the
-    norm (a_t in the module docstring, ``[batch, head, query|key, d_head]``), else None.
+    norm (a_t in the module docstring, ``[batch, head, query|key, d_head]``), else None; score_slopes: under a
+    softcap c, ds/du = 1 − tanh²(u/c) of every score ``[batch, head, query, key]``, else None.
     """
 
     output: Tensor
@@ -59,6 +61,7 @@ class AttentionForward:
     allowed: Tensor
     query_inputs: Tensor | None = None
     key_inputs: Tensor | None = None
+    score_slopes: Tensor | None = None
 
 
 def rms_norm_forward(x: Tensor, norm: NormWeights) -> Tensor:
@@ -243,6 +246,7 @@ def mha_forward(
     rotary: RotaryConfig | None = None,
     q_norm: NormWeights | None = None,
     k_norm: NormWeights | None = None,
+    softcap: float | None = None,
 ) -> AttentionForward: ...
 
 
@@ -259,6 +263,7 @@ def mha_forward(
     rotary: RotaryConfig | None = None,
     q_norm: NormWeights | None = None,
     k_norm: NormWeights | None = None,
+    softcap: float | None = None,
 ) -> AttentionForward:
     """z_i = W_O [y_i^1; …; y_i^H] + b_O with y_i^h = Σ_j P^h_ij v^h_j, P^h_i = softmax_{j allowed}(q_i·k_j/τ).
 
@@ -274,6 +279,7 @@ def mha_forward(
         biases: optional ``AttentionBiases``.
         rotary: optional RoPE applied to queries and keys after their biases.
         q_norm, k_norm: optional QK-norm (RMSNorm over d_head) applied after the biases, before RoPE.
+        softcap: optional logit cap c: the scores u = q·k/τ become c·tanh(u/c) before the mask (Gemma 2).
 
     Returns:
         ``AttentionForward`` (docs/math.md §2.6), in X's dtype.
@@ -281,7 +287,7 @@ def mha_forward(
     if isinstance(Wq, AttentionWeights):
         refuse_beside_weights(
             "mha_forward", Wk=Wk, Wv=Wv, Wo=Wo, tau=tau, mask=mask, biases=biases, rotary=rotary, q_norm=q_norm,
-            k_norm=k_norm,
+            k_norm=k_norm, softcap=softcap,
         )  # fmt: skip
         weights, dtype = Wq, X.dtype
         return mha_forward(
@@ -296,6 +302,7 @@ def mha_forward(
             rotary=weights.rotary,
             q_norm=weights.q_norm,
             k_norm=weights.k_norm,
+            softcap=weights.softcap,
         )
     Wk, Wv, Wo = projections_given("mha_forward", Wk, Wv, Wo)
     if tau is None:
@@ -322,6 +329,10 @@ def mha_forward(
         q, k = apply_rotary(q, rotary), apply_rotary(k, rotary)
     allowed = allowed_keys(mask, X.shape[1], X.device)
     scores = (q @ k.transpose(-1, -2)) / tau
+    score_slopes = None
+    if softcap is not None:
+        capped = torch.tanh(scores / softcap)
+        scores, score_slopes = capped * softcap, 1.0 - capped.square()
     # The most negative finite value, not −inf: masked weights are still exactly 0 after the softmax, and
     # higher-order autograd through the mask stays finite (no 0·∞).
     probabilities = torch.softmax(scores.masked_fill(~allowed, torch.finfo(scores.dtype).min), dim=-1)
@@ -340,4 +351,5 @@ def mha_forward(
         allowed=allowed,
         query_inputs=query_inputs,
         key_inputs=key_inputs,
+        score_slopes=score_slopes,
     )

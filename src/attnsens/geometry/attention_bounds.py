@@ -171,10 +171,11 @@ class _ScoreFactors:
 
 
 def _score_factors(
-    norms: ProjectionNorms, radius_l2: Tensor, rotary: RotaryConfig | None, q_norm: NormWeights | None,
+    norms: ProjectionNorms, radius_l2: Tensor, centred_keys: bool, q_norm: NormWeights | None,
     k_norm: NormWeights | None, floors: tuple[Tensor | float, Tensor | float], d_head: int,
 ) -> _ScoreFactors:  # fmt: skip
-    """Without QK-norm ‖W_Q‖, ‖W_Q‖R + ‖b_Q‖, ‖W_K‖ and ‖W_K‖R + β_K (module docstring). Under QK-norm the query
+    """Without QK-norm ‖W_Q‖, ‖W_Q‖R + ‖b_Q‖, ‖W_K‖ and ‖W_K‖R + β_K (module docstring; β_K = 0 only when the key
+    bias cancels: no RoPE and no softcap, whose slopes D_j break the shift by (dq·b_K)1). Under QK-norm the query
     is R_i N(a_i): ‖J_N(a)‖ ≤ γ_max/r(a) with r(a) ≥ the floor (√ε on every input, or the smallest certified r
     at X), and ‖N(a)‖ ≤ γ_max √d_head for every a, which also bounds the key radius with the centre m = 0."""
     R = radius_l2[..., None]
@@ -186,7 +187,7 @@ def _score_factors(
         gamma_max = norm.gamma.to(torch.float64).abs().amax()
         return div_up(mul_up(w, gamma_max), floor), mul_up(gamma_max, d_head_sqrt).expand_as(add_up(w, R))
 
-    key_bias = norms.b_k if rotary is not None else torch.zeros_like(norms.b_k)
+    key_bias = torch.zeros_like(norms.b_k) if centred_keys else norms.b_k
     q_lip, q_radius = side(norms.w_q, norms.b_q, q_norm, floors[0])
     k_lip, k_radius = side(norms.w_k, key_bias, k_norm, floors[1])
     return _ScoreFactors(q_lip=q_lip, q_radius=q_radius, k_lip=k_lip, k_radius=k_radius)
@@ -248,6 +249,7 @@ def mha_local_jacobian_upper_bound(
     rotary: RotaryConfig | None = None,
     q_norm: NormWeights | None = None,
     k_norm: NormWeights | None = None,
+    softcap: float | None = None,
     geometry: Geometry = "rms",
 ) -> MHALocalJacobianBound: ...
 
@@ -265,6 +267,7 @@ def mha_local_jacobian_upper_bound(
     rotary: RotaryConfig | None = None,
     q_norm: NormWeights | None = None,
     k_norm: NormWeights | None = None,
+    softcap: float | None = None,
     geometry: Geometry = "rms",
 ) -> MHALocalJacobianBound:
     """‖D MHA(X)‖_{b∞→b∞} ≤ ‖W_O‖ Σ_h (‖W_V^h‖ + (θ̃_h/τ) Φ_h), θ̃_h from the actual rows at X (module docstring).
@@ -277,7 +280,7 @@ def mha_local_jacobian_upper_bound(
         Wq: ``[head, d_head, d_model]``; Wk, Wv: ``[kv_head, d_head, d_model]``; Wo: ``[d_model, head * d_head]``;
             each may carry a leading batch axis matching X (biases likewise).
         tau: temperature; mask: bool ``[query, key]`` or ``[batch, query, key]`` (True = allowed);
-        biases, rotary, q_norm, k_norm: as in ``mha_forward``; geometry: convention of the reported radius.
+        biases, rotary, q_norm, k_norm, softcap: as in ``mha_forward``; geometry: convention of the reported radius.
 
     Returns:
         ``MHALocalJacobianBound``: certified upper bounds of the Jacobian's block-∞ operator norm at X
@@ -292,7 +295,7 @@ def mha_local_jacobian_upper_bound(
     if isinstance(Wq, AttentionWeights):
         refuse_beside_weights(
             "mha_local_jacobian_upper_bound", Wk=Wk, Wv=Wv, Wo=Wo, tau=tau, mask=mask, biases=biases, rotary=rotary,
-            q_norm=q_norm, k_norm=k_norm,
+            q_norm=q_norm, k_norm=k_norm, softcap=softcap,
         )  # fmt: skip
         weights = Wq
         return mha_local_jacobian_upper_bound(
@@ -307,6 +310,7 @@ def mha_local_jacobian_upper_bound(
             rotary=weights.rotary,
             q_norm=weights.q_norm,
             k_norm=weights.k_norm,
+            softcap=weights.softcap,
             geometry=geometry,
         )
     Wk, Wv, Wo = projections_given("mha_local_jacobian_upper_bound", Wk, Wv, Wo)
@@ -328,12 +332,13 @@ def mha_local_jacobian_upper_bound(
         rotary=rotary,
         q_norm=q_norm,
         k_norm=k_norm,
+        softcap=softcap,
     )
     norms = projection_norms(Wq, Wk, Wv, Wo, biases)
     allowed = fwd.allowed.expand_as(fwd.probabilities)
     eta, small_mass = T.softmax_row_accuracy(
         X, Wq, Wk, biases.q, biases.k, fwd.probabilities, allowed, tau, q_norm=q_norm, k_norm=k_norm,
-        query_inputs=fwd.query_inputs, key_inputs=fwd.key_inputs,
+        query_inputs=fwd.query_inputs, key_inputs=fwd.key_inputs, softcap=softcap,
     )  # fmt: skip
     stored_theta = certify(fwd.probabilities, dim=-1).upper.to(torch.float64)  # [batch, head, query]
     theta_upper = T.real_row_theta_upper_bound(fwd.probabilities, stored_theta, eta, small_mass)
@@ -350,7 +355,7 @@ def mha_local_jacobian_upper_bound(
     )
     key_mean = fwd.probabilities @ fwd.keys
     key_centre = torch.zeros_like(key_mean)
-    if f64["k"] is not None and rotary is None and k_norm is None:
+    if f64["k"] is not None and rotary is None and k_norm is None and softcap is None:
         key_centre = expand_kv_heads(f64["k"], n_head, -2)[..., :, None, :].expand_as(key_mean)
     batch = X.shape[0]
     gain_q = _per_sequence(T.gain_factor(Wq), batch, 3)
@@ -359,10 +364,25 @@ def mha_local_jacobian_upper_bound(
     query_maps = T.position_maps(fwd.query_inputs, q_norm, rotations)
     key_maps = T.position_maps(fwd.key_inputs, k_norm, rotations)
     query_norms = T.query_functional_norms(fwd, gain_k, key_maps)
-    score_spread = torch.minimum(
-        T.score_spread(fwd, key_mean, gain_q, query_norms, allowed, query_maps),
-        T.score_spread(fwd, key_centre, gain_q, query_norms, allowed, query_maps),
-    )
+    slopes = slack = plain_spread = None
+    if fwd.score_slopes is None or softcap is None:
+        score_spread = torch.minimum(
+            T.score_spread(fwd, key_mean, gain_q, query_norms, allowed, query_maps),
+            T.score_spread(fwd, key_centre, gain_q, query_norms, allowed, query_maps),
+        )
+    else:  # step 3 under a softcap (attention_terms.softcap_slopes): centre 0, or the key mean with its extra term
+        score_errors, _ = T.score_error(
+            X, Wq, Wk, biases.q, biases.k, tau, q_norm=q_norm, k_norm=k_norm, query_inputs=fwd.query_inputs,
+            key_inputs=fwd.key_inputs,
+        )  # fmt: skip
+        slopes, half_range, slack = T.softcap_slopes(fwd.score_slopes, score_errors, softcap, allowed)
+        centred = add_up(
+            T.score_spread(fwd, key_mean, gain_q, query_norms, allowed, query_maps, slopes),
+            mul_up(half_range, T.centre_functional_norms(gain_q, query_maps, key_mean)),
+        )
+        uncentred = T.score_spread(fwd, key_centre, gain_q, query_norms, allowed, query_maps, slopes)
+        score_spread = torch.minimum(centred, uncentred)
+        plain_spread = T.score_spread(fwd, key_centre, gain_q, query_norms, allowed, query_maps)
     sensitivity_rate = mul_up(div_up(theta_upper, float(tau)), score_spread)  # bounds ‖dp_i‖₁ per unit ‖dX‖
     per_row_head = add_up(mul_up(sensitivity_rate, value_spread), norms.w_v[..., None])  # [batch, head, query]
     row_bound = _combine_heads(per_row_head.transpose(-1, -2), norms.w_o[..., None], norms.w_o_head[..., None, :])
@@ -373,12 +393,15 @@ def mha_local_jacobian_upper_bound(
     out_factor = T.output_factor(Wo_batched, n_head)
     outputs, distances = T.projected_values(fwd, out_factor)
     theta_form = mul_up(sensitivity_rate, T.output_spread(outputs, distances, out_factor, f64["v"], allowed))
-    key_sum = T.key_sum_sensitivity(fwd, distances, out_factor, gain_q, query_norms, query_maps)
-    key_sum = add_up(
-        mul_up(key_sum, add_up(eta, 1.0)),
-        T.key_sum_weight_correction(fwd, distances, score_spread, norms.w_o_head, eta, small_mass, allowed),
-    )
-    key_sum_form = div_up(key_sum, float(tau))
+    if slopes is None or slack is None or plain_spread is None:
+        key_sum = T.key_sum_sensitivity(fwd, distances, out_factor, gain_q, query_norms, query_maps)
+        correction = T.key_sum_weight_correction(fwd, distances, score_spread, norms.w_o_head, eta, small_mass, allowed)
+    else:  # weights p̂ D̂ with the float slopes; the correction covers the real (p, D)
+        key_sum = T.key_sum_sensitivity(fwd, distances, out_factor, gain_q, query_norms, query_maps, fwd.score_slopes)
+        correction = T.softcap_key_sum_correction(
+            fwd, distances, plain_spread, norms.w_o_head, eta, small_mass, slack, allowed
+        )
+    key_sum_form = div_up(add_up(mul_up(key_sum, add_up(eta, 1.0)), correction), float(tau))
     head_value, joint_value = T.value_path_norms(_per_sequence(Wv, batch, 3), Wo_batched, out_factor)
     # The value part weighs keys by p̂; the real weights differ by at most (η + m) per head and key in total.
     value_part = add_up(
@@ -391,7 +414,8 @@ def mha_local_jacobian_upper_bound(
 
     radius_l2 = norm2_upper_bound(X, dim=-1).amax(dim=-1)
     floors = _qk_norm_floors(X, Wq, Wk, biases, fwd, q_norm, k_norm)
-    phi = _phi(norms, radius_l2, _score_factors(norms, radius_l2, rotary, q_norm, k_norm, floors, Wq.shape[-2]))
+    centred_keys = rotary is None and softcap is None
+    phi = _phi(norms, radius_l2, _score_factors(norms, radius_l2, centred_keys, q_norm, k_norm, floors, Wq.shape[-2]))
     theta_tilde = theta_upper.amax(dim=-1)
     sensitivity = div_up(mul_up(theta_tilde, phi), float(tau))
     paper_form = mul_up(norms.w_o, sum_upper_bound(add_up(norms.w_v, sensitivity), dim=-1))
@@ -428,6 +452,7 @@ def mha_lipschitz_upper_bound(
     rotary: RotaryConfig | None = None,
     q_norm: NormWeights | None = None,
     k_norm: NormWeights | None = None,
+    softcap: float | None = None,
 ) -> MHALipschitzBound: ...
 
 
@@ -444,6 +469,7 @@ def mha_lipschitz_upper_bound(
     rotary: RotaryConfig | None = None,
     q_norm: NormWeights | None = None,
     k_norm: NormWeights | None = None,
+    softcap: float | None = None,
 ) -> MHALipschitzBound:
     """Lip(MHA on {‖X‖_{∞,rms} ≤ R_rms}) ≤ ‖W_O‖ Σ_h (‖W_V^h‖ + Φ_h/τ), Φ_h with R = √d R_rms, θ = 1.
 
@@ -454,6 +480,7 @@ def mha_lipschitz_upper_bound(
         Wq, Wk, Wv, Wo: as in ``mha_local_jacobian_upper_bound`` (optionally batched: results gain that axis).
         tau: temperature; radius_rms: R_rms (scalar or ``[...]``); d_model: width d (must match the weights).
         biases, rotary: as in ``mha_forward`` (only ‖b_Q‖, and ‖b_K‖ under RoPE, enter).
+        softcap: the logit cap c (|ds| ≤ |du| with ds = sech²(u/c) du, so only the key bias's cancellation is lost).
         q_norm, k_norm: QK-norm; each normalized side enters through γ_max √d_head (its radius on every input)
             and ‖W‖ γ_max/√ε (its derivative bound where the projection vanishes, a loose but valid constant).
 
@@ -464,7 +491,7 @@ def mha_lipschitz_upper_bound(
     if isinstance(Wq, AttentionWeights):
         refuse_beside_weights(
             "mha_lipschitz_upper_bound", Wk=Wk, Wv=Wv, Wo=Wo, tau=tau, d_model=d_model, biases=biases, rotary=rotary,
-            q_norm=q_norm, k_norm=k_norm,
+            q_norm=q_norm, k_norm=k_norm, softcap=softcap,
         )  # fmt: skip
         weights = Wq
         return mha_lipschitz_upper_bound(
@@ -479,6 +506,7 @@ def mha_lipschitz_upper_bound(
             rotary=weights.rotary,
             q_norm=weights.q_norm,
             k_norm=weights.k_norm,
+            softcap=weights.softcap,
         )
     Wk, Wv, Wo = projections_given("mha_lipschitz_upper_bound", Wk, Wv, Wo)
     if Wq.ndim not in (3, 4) or Wq.shape[-1] != d_model:
@@ -493,7 +521,8 @@ def mha_lipschitz_upper_bound(
     floors = tuple(
         1.0 if n is None else sqrt_down(torch.tensor(float(n.eps), dtype=torch.float64)) for n in (q_norm, k_norm)
     )
-    factors = _score_factors(norms, radius_l2, rotary, q_norm, k_norm, (floors[0], floors[1]), Wq.shape[-2])
+    centred_keys = rotary is None and softcap is None
+    factors = _score_factors(norms, radius_l2, centred_keys, q_norm, k_norm, (floors[0], floors[1]), Wq.shape[-2])
     phi = _phi(norms, radius_l2, factors)
     sensitivity = div_up(phi, float(tau))
     per_head = add_up(norms.w_v, sensitivity)

@@ -51,6 +51,7 @@ from attnsens._rounding import (
     spectral_norm_upper_bound,
     sqrt_down,
     sub_down,
+    sub_up,
     sum_upper_bound,
 )
 from attnsens.errors import InputError
@@ -138,15 +139,19 @@ def query_functional_norms(fwd: AttentionForward, gain_k: Tensor, key_maps: Tens
 
 def score_spread(
     fwd: AttentionForward, centre: Tensor, gain_q: Tensor, query_norms: Tensor, allowed: Tensor,
-    query_maps: Tensor | None,
+    query_maps: Tensor | None, slopes: Tensor | None = None,
 ) -> Tensor:  # fmt: skip
     """s_i = max_{m∈K(i)} (‖W_Qᵀ M_iᵀ (k̃_m − c_i)‖ + a_im): the exact norms of the two linear functionals
     dx_i ↦ (M_i W_Q dx_i)·(k̃_m − c_i) and dx_m ↦ q̃_i·(M_m W_K dx_m) (``attention_bounds`` step 3; M = R with RoPE
-    alone). ``[b, h, query]``."""
+    alone). ``[b, h, query]``. With ``slopes`` D ``[b, h, query, key]`` (softcap), each key's term is weighted by
+    D_im before the maximum (``softcap_slopes``)."""
     if query_maps is None:
         keys = torch.einsum("bhre,bhke->bhkr", gain_q, fwd.keys)
         centres = torch.einsum("bhre,bhqe->bhqr", gain_q, centre)
-        return masked_max_distance(keys, centres, allowed) + query_norms[..., 0]
+        if slopes is None:
+            return masked_max_distance(keys, centres, allowed) + query_norms[..., 0]
+        distances = torch.cdist(centres, keys, compute_mode="donot_use_mm_for_euclid_dist")
+        return ((distances + query_norms) * slopes).masked_fill(~allowed, 0.0).amax(dim=-1)
     back_q = _through_maps(gain_q, query_maps)  # G_Q M_iᵀ
     n_head, n_query, n_key = fwd.queries.shape[1], fwd.queries.shape[2], fwd.keys.shape[2]
     parts = []
@@ -156,9 +161,41 @@ def score_spread(
             - torch.einsum("bhqre,bhqe->bhqr", back_q[:, :, rows], centre[:, :, rows])[..., None, :],
             dim=-1,
         )
-        spread = (key_norms + query_norms[:, :, rows]).masked_fill(~allowed[..., rows, :], 0.0)
-        parts.append(spread.amax(dim=-1))
+        spread = key_norms + query_norms[:, :, rows]
+        if slopes is not None:
+            spread = spread * slopes[:, :, rows]
+        parts.append(spread.masked_fill(~allowed[..., rows, :], 0.0).amax(dim=-1))
     return torch.cat(parts, dim=2)
+
+
+def centre_functional_norms(gain_q: Tensor, query_maps: Tensor | None, centre: Tensor) -> Tensor:
+    """‖W_Qᵀ M_iᵀ c_i‖, the norm of dx_i ↦ (M_i W_Q dx_i)·c_i, ``[b, h, query]``."""
+    if query_maps is None:
+        return torch.linalg.vector_norm(torch.einsum("bhre,bhqe->bhqr", gain_q, centre), dim=-1)
+    return torch.linalg.vector_norm(torch.einsum("bhqre,bhqe->bhqr", _through_maps(gain_q, query_maps), centre), dim=-1)
+
+
+SOFTCAP_SLOPE_LIPSCHITZ = 0.7698004  # max_x 2 tanh(x) sech²(x) = 4/(3√3) = 0.76980035..., rounded up
+
+
+def softcap_slopes(
+    slopes: Tensor, score_errors: Tensor, softcap: float, allowed: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(D⁺ ``[b, h, query, key]``, ½(max_m D⁺ − min_m D⁻), slack ``[b, h, query]``): bounds of the real slopes
+    D = sech²(u/c) of the softcapped scores from the float ones (|D − D̂| ≤ slack), and half their range over
+    each row's keys.
+
+    D is (4/(3√3))/c-Lipschitz in u and |û − u| ≤ δ_i (``score_error`` without the cap); its float evaluation
+    1 − tanh² adds at most 16u. Under a softcap the shift c of step 3 (``attention_bounds``) cannot be a multiple
+    of 1 any more: with du_j = δ + e_j, δ = (M_i W_Q dx_i)·μ/τ common to all keys, ds_j = D_j du_j and the shift
+    D* δ, D* = ½(max D⁺ + min D⁻), |ds_j − D*δ| ≤ D_j|e_j| + ½(max D⁺ − min D⁻)|δ|.
+    """
+    slack = add_up(div_up(mul_up(score_errors, SOFTCAP_SLOPE_LIPSCHITZ), softcap), 16 * UNIT_ROUNDOFF)
+    upper = add_up(slopes, slack[..., None]).clamp(max=1.0)
+    lower = sub_down(slopes, slack[..., None]).clamp(min=0.0)
+    top = upper.masked_fill(~allowed, 0.0).amax(dim=-1)
+    bottom = lower.masked_fill(~allowed, 1.0).amin(dim=-1)
+    return upper, mul_up(sub_up(top, bottom).clamp(min=0.0), 0.5), slack
 
 
 def projected_values(fwd: AttentionForward, out_factor: Tensor) -> tuple[Tensor, Tensor]:
@@ -183,22 +220,32 @@ def output_spread(
 
 def key_sum_sensitivity(
     fwd: AttentionForward, distances: Tensor, out_factor: Tensor, gain_q: Tensor, query_norms: Tensor,
-    query_maps: Tensor | None,
+    query_maps: Tensor | None, slopes: Tensor | None = None,
 ) -> Tensor:  # fmt: skip
     """τ × the key-sum bound of the sensitivity part (module docstring): Σ_m p_im ‖W_O^(h)(v_m − y_i)‖ a_im +
-    ‖W_O^(h) C_i M_i W_Q‖, with ``distances`` from ``projected_values``. ``[b, h, query]``."""
+    ‖W_O^(h) C_i M_i W_Q‖, with ``distances`` from ``projected_values``. ``[b, h, query]``.
+
+    Under a softcap the score changes are ds_m = D_m du_m, so every key weighs w_m = p_im D_im (``slopes`` D):
+    Σ_m w_m ‖W_O^(h)(v_m − y_i)‖ a_im + ‖W_O^(h) C'_i M_i W_Q‖ with C'_i = Σ_m w_m (v_m − y_i) k̃_mᵀ, where no key
+    shift κ is free any more (Σ_m w_m (v_m − y_i) ≠ 0)."""
     P = fwd.probabilities
-    key_term = (P * query_norms * distances).sum(dim=-1)
-    # C_i = Σ_m p_im (v_m − μ_v)(k̃_m − μ_k)ᵀ − (y_i − μ_v)(k̄_i − μ_k)ᵀ, centred on the key means μ for accuracy
+    weights = P if slopes is None else P * slopes
+    key_term = (weights * query_norms * distances).sum(dim=-1)
+    # C_i = Σ_m w_m (v_m − μ_v)(k̃_m − μ_k)ᵀ − (y_i − μ_v)(k̄_i − μ_k)ᵀ (+ (Σ_m w_m (v_m − y_i)) μ_kᵀ, zero when w = p),
+    # centred on the key and value means μ for accuracy; k̄_i = Σ_m w_m k̃_m
+    key_centre = fwd.keys.mean(dim=-2, keepdim=True)
     values = fwd.values - fwd.values.mean(dim=-2, keepdim=True)
-    keys = fwd.keys - fwd.keys.mean(dim=-2, keepdim=True)
+    keys = fwd.keys - key_centre
     outputs_c = P @ values
-    keys_mean = P @ keys
+    keys_mean = weights @ keys
+    shift = None if slopes is None else weights @ values - weights.sum(dim=-1, keepdim=True) * outputs_c
     n_head, n_query, d_head = P.shape[1], P.shape[2], values.shape[-1]
     parts = []
     for rows in query_chunks(n_query, n_head * d_head * d_head * 4):
-        C = torch.einsum("bhqm,bhmd,bhme->bhqde", P[:, :, rows], values, keys)
+        C = torch.einsum("bhqm,bhmd,bhme->bhqde", weights[:, :, rows], values, keys)
         C = C - outputs_c[:, :, rows, :, None] * keys_mean[:, :, rows, None, :]
+        if shift is not None:
+            C = C + shift[:, :, rows, :, None] * key_centre[:, :, :, None, :]
         M = torch.einsum("bhfd,bhqde->bhqfe", out_factor, C)
         if query_maps is not None:
             M = M @ (query_maps[rows] if query_maps.ndim == 3 else query_maps[:, :, rows])
@@ -247,24 +294,14 @@ SOFTMAX_ACCURACY_LIMIT = 2.0**-21
 """Largest accepted log-ratio bound ζ between the real and the float64 softmax weights (``softmax_row_accuracy``)."""
 
 
-def softmax_row_accuracy(
-    X: Tensor, Wq: Tensor, Wk: Tensor, b_q: Tensor | None, b_k: Tensor | None, P: Tensor, allowed: Tensor, tau: float,
+def score_error(
+    X: Tensor, Wq: Tensor, Wk: Tensor, b_q: Tensor | None, b_k: Tensor | None, tau: float,
     *, q_norm: NormWeights | None = None, k_norm: NormWeights | None = None, query_inputs: Tensor | None = None,
-    key_inputs: Tensor | None = None,
+    key_inputs: Tensor | None = None, softcap: float | None = None,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
-    """(η, m) per row ``[b, h, query]``: p_j ≤ (1 + η) p̂_j for every key with p̂_j ≥ 2^-1000 and Σ p_j ≤ m over
-    the other allowed keys, where p is the real-arithmetic softmax row at X and p̂ the float64 one.
-
-    Score error: with A_q = |W_Q||x_i| + |b_Q| and A_k = |W_K||x_j| + |b_K| (entrywise), the float q, k are within
-    γ_{d+1} A of the real ones, RoPE keeps ℓ2 norms (its own rounding ≤ γ_3 per coordinate), and the score and
-    the softmax's shift by the row maximum add γ_{d_head} ‖q‖‖k‖ and 2u|û|: altogether |û_ij − u_ij| ≤ δ_i :=
-    16 γ_{d+d_head+8} ‖A_q,i‖ max_j ‖A_k,j‖/τ (a factor 4 above the sum of these terms). Under QK-norm the errors
-    and norms of the two sides are bounded separately (``_side_error``) and δ_i := 2 (E_q (N_k + E_k) + N_q E_k +
-    (γ_{d_head} + 3u)(N_q + E_q)(N_k + E_k))/τ with E, N the error and norm bounds of the rotated query of row i
-    and the worst key. exp, the row sum and the division add a relative γ_{n+8}, so p_j/p̂_j ∈ [e^-ζ, e^ζ] with
-    ζ = 2δ_i + γ_{n+8}, η = 2ζ ≥ e^ζ − 1. Keys whose p̂_j < 2^-1000 (underflow) hold real mass at most 2^-990
-    each. Rows with ζ > ``SOFTMAX_ACCURACY_LIMIT`` (about ‖A_q‖‖A_k‖/τ > 2^28/(d + d_head)) raise InputError:
-    their float64 rows are not certified.
+    """(δ, M) per row ``[b, h, query]``: |û_ij − u_ij| ≤ δ_i for the scores of row i after the softmax's shift by
+    the row maximum (softcapped scores s = c tanh(u/c) when ``softcap``), and the bound M ≥ ‖q̃_i‖ max_j ‖k̃_j‖ it
+    was built from (``softmax_row_accuracy`` derives both).
     """
     n_head, d_head, d_model = Wq.shape[-3:]
     size_q, size_k = projection_magnitudes(X, Wq, b_q, n_head), projection_magnitudes(X, Wk, b_k, n_head)
@@ -278,6 +315,38 @@ def softmax_row_accuracy(
         magnitude = mul_up(add_up(n_q, e_q), add_up(n_k, e_k))
         errors = add_up(mul_up(e_q, add_up(n_k, e_k)), mul_up(n_q, e_k))
         delta = div_up(mul_up(add_up(errors, mul_up(magnitude, gamma(d_head) + 3 * UNIT_ROUNDOFF)), 2.0), tau)
+    if softcap is not None:
+        # tanh is 1-Lipschitz; its evaluation, the division and the product by c add 8u·c (|s| ≤ c), and the
+        # shift by the row maximum 2u·c
+        delta = add_up(delta, softcap * 16 * UNIT_ROUNDOFF)
+    return delta, magnitude
+
+
+def softmax_row_accuracy(
+    X: Tensor, Wq: Tensor, Wk: Tensor, b_q: Tensor | None, b_k: Tensor | None, P: Tensor, allowed: Tensor, tau: float,
+    *, q_norm: NormWeights | None = None, k_norm: NormWeights | None = None, query_inputs: Tensor | None = None,
+    key_inputs: Tensor | None = None, softcap: float | None = None,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """(η, m) per row ``[b, h, query]``: p_j ≤ (1 + η) p̂_j for every key with p̂_j ≥ 2^-1000 and Σ p_j ≤ m over
+    the other allowed keys, where p is the real-arithmetic softmax row at X and p̂ the float64 one.
+
+    Score error (``score_error``): with A_q = |W_Q||x_i| + |b_Q| and A_k = |W_K||x_j| + |b_K| (entrywise), the
+    float q, k are within γ_{d+1} A of the real ones, RoPE keeps ℓ2 norms (its own rounding ≤ γ_3 per coordinate),
+    and the score and the softmax's shift by the row maximum add γ_{d_head} ‖q‖‖k‖ and 2u|û|: altogether
+    |û_ij − u_ij| ≤ δ_i := 16 γ_{d+d_head+8} ‖A_q,i‖ max_j ‖A_k,j‖/τ (a factor 4 above the sum of these terms).
+    Under QK-norm the errors and norms of the two sides are bounded separately (``_side_error``) and
+    δ_i := 2 (E_q (N_k + E_k) + N_q E_k + (γ_{d_head} + 3u)(N_q + E_q)(N_k + E_k))/τ with E, N the error and norm
+    bounds of the rotated query of row i and the worst key. A softcap s = c tanh(u/c) is 1-Lipschitz and adds
+    16u·c for its own evaluation. exp, the row sum and the division add a relative γ_{n+8}, so p_j/p̂_j ∈
+    [e^-ζ, e^ζ] with ζ = 2δ_i + γ_{n+8}, η = 2ζ ≥ e^ζ − 1. Keys whose p̂_j < 2^-1000 (underflow) hold real mass
+    at most 2^-990 each. Rows with ζ > ``SOFTMAX_ACCURACY_LIMIT`` (about ‖A_q‖‖A_k‖/τ > 2^28/(d + d_head)) raise
+    InputError: their float64 rows are not certified.
+    """
+    d_head, d_model = Wq.shape[-2:]
+    delta, magnitude = score_error(
+        X, Wq, Wk, b_q, b_k, tau, q_norm=q_norm, k_norm=k_norm, query_inputs=query_inputs, key_inputs=key_inputs,
+        softcap=softcap,
+    )  # fmt: skip
     zeta = add_up(mul_up(delta, 2.0), gamma(P.shape[-1] + 8))
     worst = float(zeta.max()) if zeta.numel() else 0.0
     if not worst <= SOFTMAX_ACCURACY_LIMIT:
@@ -346,6 +415,30 @@ def real_row_theta_upper_bound(P: Tensor, theta_upper: Tensor, eta: Tensor, smal
     stored = add_up(theta_upper, mul_up(add_up(excess, 1.0), excess))
     factor = mul_up(add_up(eta, 1.0), add_up(eta, 1.0))
     return add_up(mul_up(factor, stored), mul_up(small_mass, 8.0))
+
+
+def softcap_key_sum_correction(
+    fwd: AttentionForward, distances: Tensor, plain_spread: Tensor, w_o_head: Tensor, eta: Tensor, small_mass: Tensor,
+    slope_slack: Tensor, allowed: Tensor,
+) -> Tensor:  # fmt: skip
+    """τ × the amount by which the softcapped key-sum form at the real (p, D) may exceed its value at the float
+    (p̂, D̂), ``[b, h, query]``: 2 s⁰_i (E_w (D_i + e_y) + ŝ e_y), s⁰_i the spread without slopes (≥ every a_im and
+    ‖W_Qᵀ M_iᵀ k̃_m‖), D_i = max_m ‖W_O^(h)(v_m − ŷ_i)‖, e_y = e_i + (η + m) D_i ≥ ‖W_O^(h)(y_i − ŷ_i)‖
+    (``key_sum_weight_correction``), ŝ ≥ Σ_m p̂_m.
+
+    |p_m D_m − p̂_m D̂_m| ≤ (1 + η) p̂_m |D_m − D̂_m| + η p̂_m for the keys with p̂_m ≥ 2^-1000 and the underflowed keys
+    hold mass ≤ m, so the weights move by E_w = ((1 + η) slack + η) ŝ + m in total; the key term moves by at most
+    (E_w (D_i + e_y) + ŝ e_y) max_m a_im and C'_i by at most the same times max_m ‖W_Qᵀ M_iᵀ k̃_m‖.
+    """
+    d_max = distances.masked_fill(~allowed, 0.0).amax(dim=-1)
+    value_norms = torch.linalg.vector_norm(fwd.values, dim=-1)  # [b, h, key]
+    value_max = value_norms[..., None, :].masked_fill(~allowed, 0.0).amax(dim=-1)
+    e = mul_up(mul_up(value_max, w_o_head[..., None]), 2.0 * gamma(fwd.probabilities.shape[-1] + 2) * (1 + 2.0**-30))
+    e_y = add_up(e, mul_up(add_up(eta, small_mass), d_max))
+    total = sum_upper_bound(fwd.probabilities)
+    moved = add_up(mul_up(add_up(mul_up(add_up(eta, 1.0), slope_slack), eta), total), small_mass)
+    change = add_up(mul_up(moved, add_up(d_max, e_y)), mul_up(total, e_y))
+    return mul_up(mul_up(plain_spread, 2.0), change)
 
 
 def key_sum_weight_correction(

@@ -91,10 +91,10 @@ def block_constants(
         Upper bounds of every constant in real arithmetic: operator norms through ``attnsens._rounding`` (the
         rounding of the products W_Qᵀ W_K and W_O W_V included); ‖f_k(0)‖ inflated by a relative 1e-10.
     """
-    if layer.attention.q_norm is not None or layer.attention.k_norm is not None:
+    if layer.attention.q_norm is not None or layer.attention.k_norm is not None or layer.attention.softcap:
         raise ConfigError(
-            f"layer {layer.index}: QK-norm scores are not a bilinear form W_Qᵀ W_K; the inverse-length constants "
-            "(docs/math.md §10.4) do not cover them"
+            f"layer {layer.index}: QK-norm or softcapped scores are not a bilinear form W_Qᵀ W_K; the inverse-length "
+            "constants (docs/math.md §10.4) do not cover them"
         )
     attention = layer.attention.per_query_head()
     f64 = torch.float64

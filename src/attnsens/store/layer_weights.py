@@ -7,9 +7,9 @@ Layout: tensors
 metadata key ``attnsens.layers``: a JSON list with, per layer, ``placement``, ``tau``, ``causal``, ``mlp_kind``,
 ``activation``, ``norm_kind``, ``norm_eps`` ([attn, mlp]), ``residual_scale``, ``parallel_residual``, ``rotary``
 (null or the fields of ``RotaryConfig``), ``sliding_window`` (null or an int), ``qk_norm_eps`` ([q, k], the
-QK-norms' ε) and, for the norms after each sublayer, ``out_norm_kinds`` and ``out_norm_eps`` ([attn, mlp], null
-where a layer has none). Files written before a key existed lack it: no sliding window, no QK-norm, no norms after
-the sublayers.
+QK-norms' ε), ``softcap`` (null or the logit cap) and, for the norms after each sublayer, ``out_norm_kinds`` and
+``out_norm_eps`` ([attn, mlp], null where a layer has none). Files written before a key existed lack it: no sliding
+window, no QK-norm, no softcap, no norms after the sublayers.
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ def save_layer_weights(layers: Sequence[LayerWeights], path: str | os.PathLike[s
             "residual_scale": layer.residual_scale, "parallel_residual": layer.parallel_residual,
             "rotary": None if rotary is None else vars(rotary), "sliding_window": layer.attention.sliding_window,
             "qk_norm_eps": [None if n is None else n.eps for n in qk_norms.values()],
+            "softcap": layer.attention.softcap,
             "out_norm_kinds": [None if n is None else n.kind for n in out_norms],
             "out_norm_eps": [None if n is None else n.eps for n in out_norms],
         })  # fmt: skip
@@ -126,7 +127,7 @@ def _layer_from(tensors: dict[str, Tensor], i: int, cfg: dict[str, Any]) -> Laye
         **attention_tensors, tau=cfg["tau"], causal=cfg["causal"],
         sliding_window=cfg.get("sliding_window"),
         rotary=None if cfg["rotary"] is None else RotaryConfig(**cfg["rotary"]),
-        q_norm=qk_norm("q_norm", qk_eps[0]), k_norm=qk_norm("k_norm", qk_eps[1]),
+        q_norm=qk_norm("q_norm", qk_eps[0]), k_norm=qk_norm("k_norm", qk_eps[1]), softcap=cfg.get("softcap"),
     )  # fmt: skip
     mlp = MLPWeights(kind=cfg["mlp_kind"], activation=cfg["activation"], **mlp_tensors)
     return LayerWeights(

@@ -39,13 +39,13 @@ def test_norms_after_the_sublayers_round_trip(tmp_path, placement: str, norm: st
 
 
 def test_a_file_without_the_new_keys_loads_without_output_norms(tmp_path) -> None:
-    """Files written before ``out_norm_kinds``/``out_norm_eps`` (and ``qk_norm_eps``, ``sliding_window``) existed."""
+    """Files written before ``out_norm_kinds``/``out_norm_eps`` (and the keys before them) existed."""
     path = save_layer_weights(tiny_layers("pre"), tmp_path / "new.safetensors")
     with safe_open(str(path), framework="pt") as handle:
         tensors = {key: handle.get_tensor(key) for key in handle.keys()}
         configs = json.loads(handle.metadata()[FORMAT_KEY])
     for config in configs:
-        for key in ("out_norm_kinds", "out_norm_eps", "qk_norm_eps", "sliding_window"):
+        for key in ("out_norm_kinds", "out_norm_eps", "qk_norm_eps", "softcap", "sliding_window"):
             del config[key]
     old = tmp_path / "old.safetensors"
     save_file(tensors, str(old), metadata={FORMAT_KEY: json.dumps(configs)})
