@@ -12,7 +12,8 @@ bounds read weights without loading the adapters. ``attnsens.models`` re-exports
 * ``tau`` is the softmax temperature (``sqrt(d_head)`` for scaled dot-product attention): ``p = softmax(q·k / tau)``.
 * ``softcap`` c (Gemma 2): ``p = softmax(c·tanh(q·k / (tau·c)))``.
 * QK-norm (``q_norm``, ``k_norm``): ``q = R_t N_q(w_q[h] @ x + b_q[h])``, an RMSNorm over each head's d_head
-  coordinates (shared by the heads) between the projection and RoPE.
+  coordinates (gamma ``[d_head]``, shared by the heads) between the projection and RoPE; or, with gamma
+  ``[head·d_head]`` (``[kv_head·d_head]`` for keys), one RMSNorm over all heads' projections at once (OLMo 2).
 """
 
 from __future__ import annotations
@@ -108,14 +109,24 @@ class NormWeights:
             raise ConfigError(f"norm eps must be >= 0, got {self.eps}")
 
 
-def check_qk_norms(d_head: int, q_norm: NormWeights | None, k_norm: NormWeights | None) -> None:
-    """ShapeError unless each given QK-norm is an RMSNorm with gamma ``[d_head]`` and no beta."""
-    for name, norm in (("q_norm", q_norm), ("k_norm", k_norm)):
-        if norm is not None and (norm.kind != "rmsnorm" or norm.beta is not None or norm.gamma.shape != (d_head,)):
+def check_qk_norms(
+    d_head: int, q_norm: NormWeights | None, k_norm: NormWeights | None, n_head: int = 1, n_kv_head: int = 1
+) -> None:
+    """ShapeError unless each given QK-norm is an RMSNorm without beta whose gamma is ``[d_head]`` (per head) or
+    covers all heads of its side jointly (``[n_head·d_head]`` for queries, ``[n_kv_head·d_head]`` for keys)."""
+    for name, norm, heads in (("q_norm", q_norm, n_head), ("k_norm", k_norm, n_kv_head)):
+        shapes = {(d_head,), (heads * d_head,)}
+        if norm is not None and (norm.kind != "rmsnorm" or norm.beta is not None or norm.gamma.shape not in shapes):
             raise ShapeError(
-                f"{name} must be an RMSNorm over one head's {d_head} coordinates (gamma [{d_head}], no beta), got "
-                f"{norm.kind} with gamma {tuple(norm.gamma.shape)}"
+                f"{name} must be an RMSNorm over one head's {d_head} coordinates or over all {heads} heads "
+                f"({heads * d_head}), without beta; got {norm.kind} with gamma {tuple(norm.gamma.shape)}"
             )
+
+
+def qk_norm_is_joint(norm: NormWeights, d_head: int) -> bool:
+    """Whether a QK-norm (``check_qk_norms``) normalizes all heads of its side at once (OLMo 2) rather than each
+    head's d_head coordinates (Qwen3, Gemma 3)."""
+    return norm.gamma.shape[0] != d_head
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,7 +145,7 @@ class AttentionWeights:
     causal: bool
     rotary: RotaryConfig | None = None
     sliding_window: int | None = None  # causal only: query t sees keys t − window < j ≤ t (Mistral, Qwen2, Phi-3)
-    q_norm: NormWeights | None = None  # QK-norm: RMSNorm over each head's d_head query coordinates (Qwen3, Gemma 3)
+    q_norm: NormWeights | None = None  # QK-norm: RMSNorm over each head's d_head (Qwen3, Gemma 3) or all heads (OLMo 2)
     k_norm: NormWeights | None = None  # likewise for keys; both act after the biases and before RoPE
     softcap: float | None = None  # Gemma 2: scores s = c·tanh(u/c) of u = q·k/τ before the mask and softmax
 
@@ -161,7 +172,7 @@ class AttentionWeights:
             raise ShapeError(f"w_o must be [{d_model}, {n_head * d_head}], got {tuple(self.w_o.shape)}")
         if not self.tau > 0:
             raise ConfigError(f"attention temperature tau must be > 0, got {self.tau}")
-        check_qk_norms(d_head, self.q_norm, self.k_norm)
+        check_qk_norms(d_head, self.q_norm, self.k_norm, n_head, n_kv)
         if self.softcap is not None and not self.softcap > 0:
             raise ConfigError(f"attention softcap must be > 0 (or None), got {self.softcap}")
 
@@ -194,8 +205,13 @@ class AttentionWeights:
         def repeat(t: Tensor) -> Tensor:
             return torch.repeat_interleave(t, group, dim=0)
 
+        k_norm = self.k_norm
+        if k_norm is not None and qk_norm_is_joint(k_norm, self.d_head):  # repeated heads keep mean(a²): same norm
+            gamma = repeat(k_norm.gamma.reshape(self.n_kv_head, self.d_head)).flatten()
+            k_norm = dataclasses.replace(k_norm, gamma=gamma)
         return dataclasses.replace(
             self,
+            k_norm=k_norm,
             w_k=repeat(self.w_k),
             w_v=repeat(self.w_v),
             b_k=None if self.b_k is None else repeat(self.b_k),

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from attnsens.errors import ConfigError, InputError, ShapeError
-from attnsens.weights import AttentionWeights, NormWeights, RotaryConfig, check_qk_norms
+from attnsens.weights import AttentionWeights, NormWeights, RotaryConfig, check_qk_norms, qk_norm_is_joint
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,6 +62,20 @@ class AttentionForward:
     query_inputs: Tensor | None = None
     key_inputs: Tensor | None = None
     score_slopes: Tensor | None = None
+
+
+def qk_norm_forward(x: Tensor, norm: NormWeights) -> Tensor:
+    """A QK-norm applied to queries or keys ``[..., head, position, d_head]`` (already repeated per query head for
+    keys): per head, or over all heads at once when gamma covers them (``weights.qk_norm_is_joint``; repeated key
+    heads keep mean(a²), so the norm over repeated heads is the norm over the key heads)."""
+    n_head, d_head = x.shape[-3], x.shape[-1]
+    if not qk_norm_is_joint(norm, d_head):
+        return rms_norm_forward(x, norm)
+    groups = norm.gamma.shape[0] // d_head
+    gamma = torch.repeat_interleave(norm.gamma.reshape(groups, d_head), n_head // groups, dim=0).flatten()
+    flat = einops.rearrange(x, "... head position e -> ... position (head e)")
+    normalized = rms_norm_forward(flat, NormWeights(kind="rmsnorm", gamma=gamma, beta=None, eps=norm.eps))
+    return einops.rearrange(normalized, "... position (head e) -> ... head position e", head=n_head)
 
 
 def rms_norm_forward(x: Tensor, norm: NormWeights) -> Tensor:
@@ -308,7 +322,7 @@ def mha_forward(
     if tau is None:
         raise ConfigError("mha_forward needs tau with the projection tensors")
     check_attention_shapes(X, Wq, Wk, Wv, Wo)
-    check_qk_norms(Wq.shape[-2], q_norm, k_norm)
+    check_qk_norms(Wq.shape[-2], q_norm, k_norm, Wq.shape[-3], Wk.shape[-3])
     biases = biases or AttentionBiases()
     n_head = Wq.shape[-3]
     q = torch.einsum("...hed,...qd->...hqe", Wq, X)
@@ -322,9 +336,9 @@ def mha_forward(
         v = v + expand_kv_heads(biases.v, n_head, -2)[..., :, None, :]
     query_inputs, key_inputs = (None if norm is None else x for x, norm in ((q, q_norm), (k, k_norm)))
     if q_norm is not None:
-        q = rms_norm_forward(q, q_norm)
+        q = qk_norm_forward(q, q_norm)
     if k_norm is not None:
-        k = rms_norm_forward(k, k_norm)
+        k = qk_norm_forward(k, k_norm)
     if rotary is not None:
         q, k = apply_rotary(q, rotary), apply_rotary(k, rotary)
     allowed = allowed_keys(mask, X.shape[1], X.device)

@@ -54,7 +54,6 @@ from torch import Tensor
 from attnsens._rounding import (
     add_up,
     div_up,
-    gamma,
     mul_up,
     norm2_upper_bound,
     spectral_norm_upper_bound,
@@ -75,7 +74,7 @@ from attnsens.geometry.attention import (
     refuse_beside_weights,
 )
 from attnsens.geometry.norms import Geometry, check_geometry
-from attnsens.weights import AttentionWeights, NormWeights, RotaryConfig
+from attnsens.weights import AttentionWeights, NormWeights, RotaryConfig, qk_norm_is_joint
 
 EVALUATION_ALLOWANCE = 1.0 + 2.0**-36
 """Relative outward rounding of the local bound: covers the float64 error of its own evaluation (eigenvalues,
@@ -172,24 +171,30 @@ class _ScoreFactors:
 
 def _score_factors(
     norms: ProjectionNorms, radius_l2: Tensor, centred_keys: bool, q_norm: NormWeights | None,
-    k_norm: NormWeights | None, floors: tuple[Tensor | float, Tensor | float], d_head: int,
+    k_norm: NormWeights | None, floors: tuple[Tensor | float, Tensor | float], Wq: Tensor, Wk: Tensor,
 ) -> _ScoreFactors:  # fmt: skip
     """Without QK-norm ‖W_Q‖, ‖W_Q‖R + ‖b_Q‖, ‖W_K‖ and ‖W_K‖R + β_K (module docstring; β_K = 0 only when the key
     bias cancels: no RoPE and no softcap, whose slopes D_j break the shift by (dq·b_K)1). Under QK-norm the query
     is R_i N(a_i): ‖J_N(a)‖ ≤ γ_max/r(a) with r(a) ≥ the floor (√ε on every input, or the smallest certified r
-    at X), and ‖N(a)‖ ≤ γ_max √d_head for every a, which also bounds the key radius with the centre m = 0."""
+    at X), and ‖N(a)‖ ≤ γ_max √k for every a (k = d_head, or all heads' D coordinates for a joint norm), which
+    also bounds the key radius with the centre m = 0. A joint norm mixes the heads, so its derivative bound uses
+    the norm ‖W_all‖ of all heads' projection at once."""
     R = radius_l2[..., None]
-    d_head_sqrt = math.nextafter(math.sqrt(d_head), math.inf)
 
-    def side(w: Tensor, bias: Tensor, norm: NormWeights | None, floor: Tensor | float) -> tuple[Tensor, Tensor]:
+    def side(
+        w: Tensor, bias: Tensor, norm: NormWeights | None, floor: Tensor | float, W: Tensor
+    ) -> tuple[Tensor, Tensor]:
         if norm is None:
             return w, add_up(mul_up(w, R), bias)
+        if qk_norm_is_joint(norm, W.shape[-2]):
+            w = spectral_norm_upper_bound(W.flatten(-3, -2))[..., None].expand_as(w)
         gamma_max = norm.gamma.to(torch.float64).abs().amax()
-        return div_up(mul_up(w, gamma_max), floor), mul_up(gamma_max, d_head_sqrt).expand_as(add_up(w, R))
+        width_sqrt = math.nextafter(math.sqrt(norm.gamma.shape[0]), math.inf)
+        return div_up(mul_up(w, gamma_max), floor), mul_up(gamma_max, width_sqrt).expand_as(add_up(w, R))
 
     key_bias = torch.zeros_like(norms.b_k) if centred_keys else norms.b_k
-    q_lip, q_radius = side(norms.w_q, norms.b_q, q_norm, floors[0])
-    k_lip, k_radius = side(norms.w_k, key_bias, k_norm, floors[1])
+    q_lip, q_radius = side(norms.w_q, norms.b_q, q_norm, floors[0], Wq)
+    k_lip, k_radius = side(norms.w_k, key_bias, k_norm, floors[1], Wk)
     return _ScoreFactors(q_lip=q_lip, q_radius=q_radius, k_lip=k_lip, k_radius=k_radius)
 
 
@@ -211,9 +216,19 @@ def _qk_norm_floors(
         if norm is None or inputs is None:
             floors.append(1.0)
             continue
-        error = mul_up(T.projection_magnitudes(X, W, b, n_head), gamma(Wq.shape[-1] + 1))
-        floors.append(T.qk_norm_scale_lower_bound(inputs, norm, error).amin(dim=-1))
+        floor, _ = T.qk_norm_floors(T.projection_magnitudes(X, W, b, n_head), norm, inputs, Wq.shape[-1])
+        floors.append(floor.amin(dim=-1))
     return floors[0], floors[1]
+
+
+def _factors(
+    W: Tensor, gain: Tensor, inputs: Tensor | None, norm: NormWeights | None, rotations: Tensor | None
+) -> Tensor | None:
+    """The functional factors F_t of one side (``attention_terms.functional_factors``, or ``joint_norm_factors``
+    under a QK-norm over all heads); W per query head."""
+    if norm is not None and inputs is not None and qk_norm_is_joint(norm, W.shape[-2]):
+        return T.joint_norm_factors(W, inputs, norm, rotations)
+    return T.functional_factors(gain, T.position_maps(inputs, norm, rotations))
 
 
 def _combine_heads(per_head: Tensor, w_o: Tensor, w_o_head: Tensor) -> Tensor:
@@ -361,14 +376,14 @@ def mha_local_jacobian_upper_bound(
     gain_q = _per_sequence(T.gain_factor(Wq), batch, 3)
     gain_k = _per_sequence(expand_kv_heads(T.gain_factor(Wk), n_head, -3), batch, 3)
     rotations = None if rotary is None else T.rotation_matrices(X.shape[1], Wq.shape[-2], rotary, X.device)
-    query_maps = T.position_maps(fwd.query_inputs, q_norm, rotations)
-    key_maps = T.position_maps(fwd.key_inputs, k_norm, rotations)
-    query_norms = T.query_functional_norms(fwd, gain_k, key_maps)
+    query_factors = _factors(Wq, gain_q, fwd.query_inputs, q_norm, rotations)
+    key_factors = _factors(expand_kv_heads(Wk, n_head, -3), gain_k, fwd.key_inputs, k_norm, rotations)
+    query_norms = T.query_functional_norms(fwd, gain_k, key_factors)
     slopes = slack = plain_spread = None
     if fwd.score_slopes is None or softcap is None:
         score_spread = torch.minimum(
-            T.score_spread(fwd, key_mean, gain_q, query_norms, allowed, query_maps),
-            T.score_spread(fwd, key_centre, gain_q, query_norms, allowed, query_maps),
+            T.score_spread(fwd, key_mean, gain_q, query_norms, allowed, query_factors),
+            T.score_spread(fwd, key_centre, gain_q, query_norms, allowed, query_factors),
         )
     else:  # step 3 under a softcap (attention_terms.softcap_slopes): centre 0, or the key mean with its extra term
         score_errors, _ = T.score_error(
@@ -377,12 +392,12 @@ def mha_local_jacobian_upper_bound(
         )  # fmt: skip
         slopes, half_range, slack = T.softcap_slopes(fwd.score_slopes, score_errors, softcap, allowed)
         centred = add_up(
-            T.score_spread(fwd, key_mean, gain_q, query_norms, allowed, query_maps, slopes),
-            mul_up(half_range, T.centre_functional_norms(gain_q, query_maps, key_mean)),
+            T.score_spread(fwd, key_mean, gain_q, query_norms, allowed, query_factors, slopes),
+            mul_up(half_range, T.centre_functional_norms(gain_q, query_factors, key_mean)),
         )
-        uncentred = T.score_spread(fwd, key_centre, gain_q, query_norms, allowed, query_maps, slopes)
+        uncentred = T.score_spread(fwd, key_centre, gain_q, query_norms, allowed, query_factors, slopes)
         score_spread = torch.minimum(centred, uncentred)
-        plain_spread = T.score_spread(fwd, key_centre, gain_q, query_norms, allowed, query_maps)
+        plain_spread = T.score_spread(fwd, key_centre, gain_q, query_norms, allowed, query_factors)
     sensitivity_rate = mul_up(div_up(theta_upper, float(tau)), score_spread)  # bounds ‖dp_i‖₁ per unit ‖dX‖
     per_row_head = add_up(mul_up(sensitivity_rate, value_spread), norms.w_v[..., None])  # [batch, head, query]
     row_bound = _combine_heads(per_row_head.transpose(-1, -2), norms.w_o[..., None], norms.w_o_head[..., None, :])
@@ -394,10 +409,12 @@ def mha_local_jacobian_upper_bound(
     outputs, distances = T.projected_values(fwd, out_factor)
     theta_form = mul_up(sensitivity_rate, T.output_spread(outputs, distances, out_factor, f64["v"], allowed))
     if slopes is None or slack is None or plain_spread is None:
-        key_sum = T.key_sum_sensitivity(fwd, distances, out_factor, gain_q, query_norms, query_maps)
+        key_sum = T.key_sum_sensitivity(fwd, distances, out_factor, gain_q, query_norms, query_factors)
         correction = T.key_sum_weight_correction(fwd, distances, score_spread, norms.w_o_head, eta, small_mass, allowed)
     else:  # weights p̂ D̂ with the float slopes; the correction covers the real (p, D)
-        key_sum = T.key_sum_sensitivity(fwd, distances, out_factor, gain_q, query_norms, query_maps, fwd.score_slopes)
+        key_sum = T.key_sum_sensitivity(
+            fwd, distances, out_factor, gain_q, query_norms, query_factors, fwd.score_slopes
+        )
         correction = T.softcap_key_sum_correction(
             fwd, distances, plain_spread, norms.w_o_head, eta, small_mass, slack, allowed
         )
@@ -415,7 +432,7 @@ def mha_local_jacobian_upper_bound(
     radius_l2 = norm2_upper_bound(X, dim=-1).amax(dim=-1)
     floors = _qk_norm_floors(X, Wq, Wk, biases, fwd, q_norm, k_norm)
     centred_keys = rotary is None and softcap is None
-    phi = _phi(norms, radius_l2, _score_factors(norms, radius_l2, centred_keys, q_norm, k_norm, floors, Wq.shape[-2]))
+    phi = _phi(norms, radius_l2, _score_factors(norms, radius_l2, centred_keys, q_norm, k_norm, floors, Wq, Wk))
     theta_tilde = theta_upper.amax(dim=-1)
     sensitivity = div_up(mul_up(theta_tilde, phi), float(tau))
     paper_form = mul_up(norms.w_o, sum_upper_bound(add_up(norms.w_v, sensitivity), dim=-1))
@@ -522,7 +539,7 @@ def mha_lipschitz_upper_bound(
         1.0 if n is None else sqrt_down(torch.tensor(float(n.eps), dtype=torch.float64)) for n in (q_norm, k_norm)
     )
     centred_keys = rotary is None and softcap is None
-    factors = _score_factors(norms, radius_l2, centred_keys, q_norm, k_norm, (floors[0], floors[1]), Wq.shape[-2])
+    factors = _score_factors(norms, radius_l2, centred_keys, q_norm, k_norm, (floors[0], floors[1]), Wq, Wk)
     phi = _phi(norms, radius_l2, factors)
     sensitivity = div_up(phi, float(tau))
     per_head = add_up(norms.w_v, sensitivity)

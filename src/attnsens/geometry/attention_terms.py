@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 
+import einops
 import torch
 from torch import Tensor
 
@@ -54,9 +55,9 @@ from attnsens._rounding import (
     sub_up,
     sum_upper_bound,
 )
-from attnsens.errors import InputError
+from attnsens.errors import InputError, ShapeError
 from attnsens.geometry.attention import AttentionForward, apply_rotary, expand_kv_heads
-from attnsens.weights import NormWeights, RotaryConfig
+from attnsens.weights import NormWeights, RotaryConfig, qk_norm_is_joint
 
 CHUNK_ELEMENTS = 1 << 22
 
@@ -105,13 +106,18 @@ def position_maps(inputs: Tensor | None, norm: NormWeights | None, rotations: Te
     RoPE alone, None for the identity."""
     if norm is None or inputs is None:
         return rotations
+    if qk_norm_is_joint(norm, inputs.shape[-1]):
+        raise ShapeError("a QK-norm over all heads has no per-head position maps; use joint_norm_factors")
     jacobians = norm_jacobians(inputs, norm)
     return jacobians if rotations is None else rotations @ jacobians
 
 
-def _through_maps(gain: Tensor, maps: Tensor) -> Tensor:
-    """G M_tᵀ ``[b, h, position, rank, d]`` for gain ``[b, h, rank, d]`` and maps shared ``[position, d, d]`` or
-    per head ``[b, h, position, d, d]``."""
+def functional_factors(gain: Tensor, maps: Tensor | None) -> Tensor | None:
+    """F_t = G M_tᵀ ``[b, h, position, rank, d]`` with ‖F_t w‖ the norm of dx_t ↦ (M_t W dx_t)·w, for gain
+    ``[b, h, rank, d]`` (``gain_factor``) and maps shared ``[position, d, d]`` or per head ``[b, h, position, d, d]``
+    (``position_maps``); None when every M_t is the identity (then F_t = G)."""
+    if maps is None:
+        return None
     if maps.ndim == 3:
         return torch.einsum("bhrd,ped->bhpre", gain, maps)
     return torch.einsum("bhrd,bhped->bhpre", gain, maps)
@@ -123,12 +129,12 @@ def masked_max_distance(points: Tensor, centres: Tensor, allowed: Tensor) -> Ten
     return distances.masked_fill(~allowed, 0.0).amax(dim=-1)
 
 
-def query_functional_norms(fwd: AttentionForward, gain_k: Tensor, key_maps: Tensor | None) -> Tensor:
-    """a_im = ‖W_Kᵀ M_mᵀ q̃_i‖, the norm of dx_m ↦ q̃_i·(M_m W_K dx_m) (M_m = R_m with RoPE alone):
-    ``[b, h, query, key]``, or ``[b, h, query, 1]`` when every M_m is the identity (then independent of m)."""
-    if key_maps is None:
+def query_functional_norms(fwd: AttentionForward, gain_k: Tensor, key_factors: Tensor | None) -> Tensor:
+    """a_im = ‖F^K_m q̃_i‖, the norm of dx_m ↦ q̃_i·(M_m W_K dx_m) (``functional_factors``): ``[b, h, query, key]``,
+    or ``[b, h, query, 1]`` when every M_m is the identity (F^K_m = G_K, independent of m)."""
+    if key_factors is None:
         return torch.linalg.vector_norm(torch.einsum("bhre,bhqe->bhqr", gain_k, fwd.queries), dim=-1)[..., None]
-    back_k = _through_maps(gain_k, key_maps)  # G_K M_mᵀ
+    back_k = key_factors  # G_K M_mᵀ
     n_head, n_query, n_key = fwd.queries.shape[1], fwd.queries.shape[2], fwd.keys.shape[2]
     parts = [
         torch.linalg.vector_norm(torch.einsum("bhmre,bhqe->bhqmr", back_k, fwd.queries[:, :, rows]), dim=-1)
@@ -139,20 +145,20 @@ def query_functional_norms(fwd: AttentionForward, gain_k: Tensor, key_maps: Tens
 
 def score_spread(
     fwd: AttentionForward, centre: Tensor, gain_q: Tensor, query_norms: Tensor, allowed: Tensor,
-    query_maps: Tensor | None, slopes: Tensor | None = None,
+    query_factors: Tensor | None, slopes: Tensor | None = None,
 ) -> Tensor:  # fmt: skip
-    """s_i = max_{m∈K(i)} (‖W_Qᵀ M_iᵀ (k̃_m − c_i)‖ + a_im): the exact norms of the two linear functionals
+    """s_i = max_{m∈K(i)} (‖F^Q_i (k̃_m − c_i)‖ + a_im): the exact norms of the two linear functionals
     dx_i ↦ (M_i W_Q dx_i)·(k̃_m − c_i) and dx_m ↦ q̃_i·(M_m W_K dx_m) (``attention_bounds`` step 3; M = R with RoPE
     alone). ``[b, h, query]``. With ``slopes`` D ``[b, h, query, key]`` (softcap), each key's term is weighted by
     D_im before the maximum (``softcap_slopes``)."""
-    if query_maps is None:
+    if query_factors is None:
         keys = torch.einsum("bhre,bhke->bhkr", gain_q, fwd.keys)
         centres = torch.einsum("bhre,bhqe->bhqr", gain_q, centre)
         if slopes is None:
             return masked_max_distance(keys, centres, allowed) + query_norms[..., 0]
         distances = torch.cdist(centres, keys, compute_mode="donot_use_mm_for_euclid_dist")
         return ((distances + query_norms) * slopes).masked_fill(~allowed, 0.0).amax(dim=-1)
-    back_q = _through_maps(gain_q, query_maps)  # G_Q M_iᵀ
+    back_q = query_factors  # G_Q M_iᵀ
     n_head, n_query, n_key = fwd.queries.shape[1], fwd.queries.shape[2], fwd.keys.shape[2]
     parts = []
     for rows in query_chunks(n_query, n_head * n_key * back_q.shape[-2]):
@@ -168,11 +174,11 @@ def score_spread(
     return torch.cat(parts, dim=2)
 
 
-def centre_functional_norms(gain_q: Tensor, query_maps: Tensor | None, centre: Tensor) -> Tensor:
-    """‖W_Qᵀ M_iᵀ c_i‖, the norm of dx_i ↦ (M_i W_Q dx_i)·c_i, ``[b, h, query]``."""
-    if query_maps is None:
+def centre_functional_norms(gain_q: Tensor, query_factors: Tensor | None, centre: Tensor) -> Tensor:
+    """‖F^Q_i c_i‖, the norm of dx_i ↦ (M_i W_Q dx_i)·c_i, ``[b, h, query]``."""
+    if query_factors is None:
         return torch.linalg.vector_norm(torch.einsum("bhre,bhqe->bhqr", gain_q, centre), dim=-1)
-    return torch.linalg.vector_norm(torch.einsum("bhqre,bhqe->bhqr", _through_maps(gain_q, query_maps), centre), dim=-1)
+    return torch.linalg.vector_norm(torch.einsum("bhqre,bhqe->bhqr", query_factors, centre), dim=-1)
 
 
 SOFTCAP_SLOPE_LIPSCHITZ = 0.7698004  # max_x 2 tanh(x) sech²(x) = 4/(3√3) = 0.76980035..., rounded up
@@ -220,7 +226,7 @@ def output_spread(
 
 def key_sum_sensitivity(
     fwd: AttentionForward, distances: Tensor, out_factor: Tensor, gain_q: Tensor, query_norms: Tensor,
-    query_maps: Tensor | None, slopes: Tensor | None = None,
+    query_factors: Tensor | None, slopes: Tensor | None = None,
 ) -> Tensor:  # fmt: skip
     """τ × the key-sum bound of the sensitivity part (module docstring): Σ_m p_im ‖W_O^(h)(v_m − y_i)‖ a_im +
     ‖W_O^(h) C_i M_i W_Q‖, with ``distances`` from ``projected_values``. ``[b, h, query]``.
@@ -247,9 +253,10 @@ def key_sum_sensitivity(
         if shift is not None:
             C = C + shift[:, :, rows, :, None] * key_centre[:, :, :, None, :]
         M = torch.einsum("bhfd,bhqde->bhqfe", out_factor, C)
-        if query_maps is not None:
-            M = M @ (query_maps[rows] if query_maps.ndim == 3 else query_maps[:, :, rows])
-        M = torch.einsum("bhqfe,bhre->bhqfr", M, gain_q)
+        if query_factors is None:
+            M = torch.einsum("bhqfe,bhre->bhqfr", M, gain_q)  # R_O C_i G_Qᵀ
+        else:
+            M = torch.einsum("bhqfe,bhqre->bhqfr", M, query_factors[:, :, rows])  # R_O C_i M_i G_Qᵀ
         parts.append(torch.linalg.matrix_norm(M, ord=2))
     return key_term + torch.cat(parts, dim=2)
 
@@ -382,23 +389,78 @@ def qk_norm_scale_lower_bound(inputs: Tensor, norm: NormWeights, input_error: Te
     return torch.maximum(shifted, sqrt_down(torch.tensor(float(norm.eps), dtype=torch.float64)))
 
 
+def own_heads(t: Tensor, norm: NormWeights, d_head: int) -> Tensor:
+    """The heads a joint QK-norm acts on, from a per-query-head tensor ``[b, head, ...]``: every query head for
+    queries, one query head per key head for (repeated) keys."""
+    groups = norm.gamma.shape[0] // d_head
+    return t[:, :: t.shape[1] // groups]
+
+
+def qk_norm_floors(magnitude: Tensor, norm: NormWeights, inputs: Tensor, d_model: int) -> tuple[Tensor, Tensor]:
+    """(r_lo, e_a) ``[b, head, position]``: a certified lower bound of the norm's r at the real projection and
+    the projection's error bound e_a = γ_{d+1}‖A‖ over the coordinates the norm reads (one head's, or all heads'
+    for a joint norm, ``weights.qk_norm_is_joint``), from ‖A‖ per head (``projection_magnitudes``)."""
+    d_head = inputs.shape[-1]
+    if not qk_norm_is_joint(norm, d_head):
+        error = mul_up(magnitude, gamma(d_model + 1))
+        return qk_norm_scale_lower_bound(inputs, norm, error), error
+    joint = einops.rearrange(own_heads(inputs.to(torch.float64), norm, d_head), "b h p e -> b p (h e)")
+    error = mul_up(norm2_upper_bound(own_heads(magnitude, norm, d_head), dim=1), gamma(d_model + 1))  # [b, p]
+    floor = qk_norm_scale_lower_bound(joint, norm, error)
+    return floor[:, None].expand_as(magnitude), error[:, None].expand_as(magnitude)
+
+
 def _side_error(
     magnitude: Tensor, norm: NormWeights | None, inputs: Tensor | None, d_model: int
 ) -> tuple[Tensor, Tensor]:
     """(E, N) ``[b, h, position]``: ‖ṽ̂ − ṽ‖ ≤ E between the float and the real rotated query or key ṽ, and
     ‖ṽ‖ ≤ N, from ‖A‖ (``softmax_row_accuracy``). Without a norm: E = (γ_{d+1} + 4γ_3)‖A‖, N = ‖A‖. Under QK-norm
     ṽ = R N(a): the projection error e_a = γ_{d+1}‖A‖ moves N(a) by at most γ_max e_a / r_lo (‖J_N‖ ≤ γ_max/r
-    on the segment, r ≥ ``qk_norm_scale_lower_bound``), evaluating N at â adds γ_{d_head+6} per coordinate and
-    RoPE γ_3 per coordinate pair, with ‖N(â)‖ ≤ γ_max √d_head = N."""
-    projection_error = mul_up(magnitude, gamma(d_model + 1))
+    on the segment, r ≥ ``qk_norm_floors``), evaluating N at â adds γ_{k+6} per coordinate and RoPE γ_3 per
+    coordinate pair, with ‖N(â)‖ ≤ γ_max √k = N, k the number of coordinates the norm reads (d_head, or all
+    heads' for a joint norm; e_a and r then also over all heads)."""
     if norm is None or inputs is None:
         return mul_up(magnitude, gamma(d_model + 1) + 4 * gamma(3)), magnitude
-    d_head = inputs.shape[-1]
+    width = norm.gamma.shape[0]
     gamma_max = norm.gamma.to(torch.float64).abs().amax()
-    radius = mul_up(gamma_max, math.nextafter(math.sqrt(d_head), math.inf))
-    moved = div_up(mul_up(projection_error, gamma_max), qk_norm_scale_lower_bound(inputs, norm, projection_error))
-    evaluation = mul_up(radius, gamma(d_head + 6) + 4 * gamma(3))
+    radius = mul_up(gamma_max, math.nextafter(math.sqrt(width), math.inf))
+    floor, projection_error = qk_norm_floors(magnitude, norm, inputs, d_model)
+    moved = div_up(mul_up(projection_error, gamma_max), floor)
+    evaluation = mul_up(radius, gamma(width + 6) + 4 * gamma(3))
     return add_up(moved, evaluation), radius.expand_as(moved)
+
+
+def joint_norm_factors(W: Tensor, inputs: Tensor, norm: NormWeights, rotations: Tensor | None) -> Tensor:
+    """F_t ``[b, head, position, d_head + 1, d_head]`` with ‖F_t w‖ the norm of dx_t ↦ (R_t dq^h_t)·w under a
+    QK-norm over all heads at once (module docstring, "Position maps").
+
+    With a = [a^1; …] the projections of all heads the norm reads (D coordinates), r = (‖a‖²/D + ε)^{1/2} and
+    g = W_allᵀ a, head h changes by dq^h = (1/r) diag(γ_h)(W_h dx − a_h (g·dx)/(D r²)), so the functional is
+    dx·(W_hᵀ z + g ζ) with z = diag(γ_h) R_tᵀ w / r and ζ = −(γ_h ⊙ a_h)·R_tᵀ w/(D r³). With W_hᵀ = Q R and
+    g = Q c + g⊥ (ρ = ‖g⊥‖), ‖W_hᵀ z + g ζ‖ = ‖[[R, c], [0, ρ]] [z; ζ]‖ exactly.
+
+    Args:
+        W: per-query-head projections ``[(b,) head, d_head, d_model]`` (key heads repeated); inputs: their biased
+            outputs before the norm ``[b, head, position, d_head]``; norm: the joint QK-norm (gamma over the
+            norm's own heads); rotations: R_t ``[position, d_head, d_head]`` or None.
+    """
+    n_head, d_head = inputs.shape[1], inputs.shape[-1]
+    a = inputs.to(torch.float64)
+    own = own_heads(a, norm, d_head)
+    width = norm.gamma.shape[0]
+    r = torch.sqrt(own.square().sum(dim=(1, 3)) / width + norm.eps)  # [b, position]
+    W64 = W.to(torch.float64).expand(a.shape[0], *W.shape[-3:])
+    g = torch.einsum("bhed,bhpe->bpd", own_heads(W64, norm, d_head), own)  # W_allᵀ a: [b, position, d_model]
+    Q, R = torch.linalg.qr(W64.transpose(-1, -2))  # W_hᵀ = Q R: [b, head, d_model, d_head], [b, head, d_head, d_head]
+    c = torch.einsum("bhdk,bpd->bhpk", Q, g)
+    rho = torch.linalg.vector_norm(g[:, None] - torch.einsum("bhdk,bhpk->bhpd", Q, c), dim=-1)  # [b, head, position]
+    gammas = torch.repeat_interleave(norm.gamma.to(torch.float64).reshape(-1, d_head), n_head // (width // d_head), 0)
+    eye = torch.eye(d_head, dtype=torch.float64, device=a.device)
+    back = eye.expand(a.shape[2], d_head, d_head) if rotations is None else rotations.transpose(-1, -2)  # R_tᵀ
+    top = gammas[None, :, None, :, None] * back[None, None] / r[:, None, :, None, None]  # diag(γ_h) R_tᵀ / r
+    bottom = -torch.einsum("bhpe,pef->bhpf", gammas[None, :, None, :] * a, back) / (width * r**3)[:, None, :, None]
+    upper = R[:, :, None] @ top + c[..., :, None] * bottom[..., None, :]
+    return torch.cat((upper, (rho[..., None] * bottom)[..., None, :]), dim=-2)
 
 
 def real_row_theta_upper_bound(P: Tensor, theta_upper: Tensor, eta: Tensor, small_mass: Tensor) -> Tensor:

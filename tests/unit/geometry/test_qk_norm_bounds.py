@@ -82,6 +82,40 @@ def test_dense_jacobian_below_local_below_lipschitz_under_qk_norm(n_kv, causal, 
     assert float(ratio.median()) < 4.0, f"local bound ÷ dense lower bound median {float(ratio.median()):.2f}"
 
 
+@pytest.mark.parametrize(("n_kv", "causal", "rotary"), [(2, False, None), (1, True, ROPE), (2, True, ROPE)])
+def test_dense_jacobian_below_local_below_lipschitz_under_a_joint_qk_norm(n_kv, causal, rotary) -> None:
+    """OLMo 2 normalizes all heads' queries (and all key heads' keys) at once, which couples the heads."""
+    n, L, n_head, d_head, tau = 400, 4, 2, 4, 0.7
+    inst = _instances(n, L, 3, n_head, n_kv, d_head, seed=41 + n_kv + 2 * causal)
+    mask = causal_mask(L) if causal else None
+    norms = {"q_norm": _norm(n_head * d_head, 7), "k_norm": _norm(n_kv * d_head, 8)}
+    lower = block_inf_norm_lower_dense(_dense(inst, tau=tau, mask=mask, rotary=rotary, **norms), iterations=30)
+    local, glob = _bounds(inst, tau=tau, mask=mask, rotary=rotary, **norms)
+    assert bool((lower <= local.upper_bound).all()), "an estimate exceeds the certified local bound"
+    assert bool((local.upper_bound <= local.paper_form_upper_bound * (1 + 1e-12)).all())
+    assert bool((local.upper_bound <= glob.upper_bound * (1 + 1e-12)).all())
+    ratio = local.upper_bound / lower
+    assert float(ratio.median()) < 4.0, f"local bound ÷ dense lower bound median {float(ratio.median()):.2f}"
+    per_head = {"q_norm": _norm(d_head, 7), "k_norm": _norm(d_head, 8)}
+    separate = mha_forward(inst["X"][:1], *(inst[k][0] for k in ("Wq", "Wk", "Wv", "Wo")), tau=tau, **per_head)
+    joint = mha_forward(inst["X"][:1], *(inst[k][0] for k in ("Wq", "Wk", "Wv", "Wo")), tau=tau, **norms)
+    assert not torch.allclose(separate.output, joint.output), "the joint norm must differ from the per-head one"
+
+
+def test_joint_qk_norm_forward_matches_a_norm_of_the_concatenated_projection() -> None:
+    inst = {k: v[0] for k, v in _instances(1, 5, 3, 2, 1, 4, seed=9).items()}
+    q_norm, k_norm = _norm(8, 1), _norm(4, 2)
+    fwd = mha_forward(inst["X"][None], inst["Wq"], inst["Wk"], inst["Wv"], inst["Wo"], tau=1.0, q_norm=q_norm,
+                      k_norm=k_norm)  # fmt: skip
+    a = torch.einsum("hed,qd->qhe", inst["Wq"], inst["X"]).reshape(5, 8)
+    expected = a / torch.sqrt(a.square().mean(dim=-1, keepdim=True) + q_norm.eps) * q_norm.gamma
+    torch.testing.assert_close(fwd.queries[0].permute(1, 0, 2).reshape(5, 8), expected)
+    keys = torch.einsum("hed,kd->khe", inst["Wk"], inst["X"]).reshape(5, 4)
+    keys = keys / torch.sqrt(keys.square().mean(dim=-1, keepdim=True) + k_norm.eps) * k_norm.gamma
+    for head in range(2):  # the one key head, repeated for both query heads
+        torch.testing.assert_close(fwd.keys[0, head], keys)
+
+
 def test_exact_norm_below_bound_for_scalar_tokens_under_qk_norm() -> None:
     """d_model = 1 makes the block-∞ norm an exact 2^L enumeration (tests/reference/jacobian_oracles.py)."""
     n, L, d_head, tau = 300, 5, 2, 0.5
@@ -125,5 +159,13 @@ def test_weights_form_carries_the_qk_norm_and_refuses_a_wrong_width() -> None:
     assert torch.equal(mha_lipschitz_upper_bound(weights, radius_rms=2.0).upper_bound, lipschitz.upper_bound)
     per_head = weights.per_query_head()
     assert per_head.q_norm is weights.q_norm and per_head.k_norm is weights.k_norm
-    with pytest.raises(ShapeError, match="q_norm must be an RMSNorm over one head's 4 coordinates"):
+    with pytest.raises(ShapeError, match="q_norm must be an RMSNorm over one head's 4 coordinates or over all 2"):
         dataclasses.replace(weights, q_norm=_norm(3, 1))
+    grouped = {k: v[0] for k, v in _instances(1, 5, 3, 4, 2, 4, seed=4).items()}  # 4 query heads, 2 key heads
+    joint = AttentionWeights(
+        w_q=grouped["Wq"], w_k=grouped["Wk"], w_v=grouped["Wv"], w_o=grouped["Wo"], tau=2.0, causal=True,
+        q_norm=_norm(16, 1), k_norm=_norm(8, 2),
+    )  # fmt: skip
+    assert joint.per_query_head().k_norm.gamma.shape == (16,)  # each key head's γ, repeated for its query heads
+    X = grouped["X"][None]
+    torch.testing.assert_close(mha_forward(X, joint.per_query_head()).output, mha_forward(X, joint).output)
