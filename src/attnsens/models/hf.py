@@ -197,18 +197,23 @@ def split_bias(bias: Tensor | None, n_head: int) -> Tensor | None:
     return None if bias is None else rearrange(bias, "(head d_head) -> head d_head", head=n_head)
 
 
-def rotary_of(config: Any, d_head: int) -> RotaryConfig:
-    """The RotaryConfig of a transformers config's ``rope_parameters`` (every RoPE type of ``ROPE_TYPES``).
+def rotary_of(config: Any, d_head: int, layer_type: str | None = None) -> RotaryConfig:
+    """The RotaryConfig of a transformers config's ``rope_parameters`` (every RoPE type of ``ROPE_TYPES``); for
+    models with one RoPE per layer type (Gemma 3: ``{"sliding_attention": …, "full_attention": …}``), the entry
+    of ``layer_type`` (``config.layer_types[i]`` of layer i).
 
     Raises:
-        UnsupportedModelError naming a RoPE type attnsens does not reproduce, or RoPE that differs by layer.
+        UnsupportedModelError naming a RoPE type attnsens does not reproduce, or RoPE per layer type without a
+        known ``layer_type``.
     """
     rope = dict(config.rope_parameters)
     if "rope_theta" not in rope:
-        raise UnsupportedModelError(
-            f"{config.model_type} uses a different RoPE per layer type ({', '.join(rope)}); attnsens reads one RoPE "
-            "per model"
-        )
+        if layer_type is None or not isinstance(rope.get(layer_type), dict):
+            raise UnsupportedModelError(
+                f"{config.model_type} uses a different RoPE per layer type ({', '.join(rope)}); the layer's type "
+                f"{layer_type!r} names none of them"
+            )
+        rope = dict(rope[layer_type])
     kind = rope.get("rope_type", "default")
     if kind not in ROPE_TYPES:
         raise UnsupportedModelError(
@@ -260,14 +265,18 @@ def spec_rotary(config: Any, d_head: int) -> RotaryConfig | None:
         return RotaryConfig(base=float(rope["rope_theta"]), rotary_dim=dim)
 
 
-def rotary_temperature(scaling: float, rotary: RotaryConfig, rotary_module: HFModule | None, d_head: int) -> float:
+def rotary_temperature(
+    scaling: float, rotary: RotaryConfig, rotary_module: HFModule | None, d_head: int, layer_type: str | None = None
+) -> float:
     """τ of a rotary attention whose cos/sin carry the factor m = ``rotary_module.attention_scaling`` (yarn,
-    longrope): q and k both scale by m on the rotating dimensions, so on a fully rotating head τ = 1/(scaling m²).
+    longrope; ``{layer_type}_attention_scaling`` with one RoPE per layer type): q and k both scale by m on the
+    rotating dimensions, so on a fully rotating head τ = 1/(scaling m²).
 
     Raises:
         UnsupportedModelError when m ≠ 1 on a partially rotating head (not a temperature change).
     """
-    m = float(getattr(rotary_module, "attention_scaling", 1.0))
+    per_type = None if layer_type is None else getattr(rotary_module, f"{layer_type}_attention_scaling", None)
+    m = float(getattr(rotary_module, "attention_scaling", 1.0) if per_type is None else per_type)
     if m != 1.0 and rotary.rotary_dim != d_head:
         raise UnsupportedModelError(
             f"RoPE {rotary.rope_type!r} with attention factor {m:.4g} on {rotary.rotary_dim} of {d_head} head "

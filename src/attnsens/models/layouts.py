@@ -1,15 +1,16 @@
 """Families read from one declarative table (:data:`LAYOUTS`): the decoders Llama (SmolLM2), Mistral, Qwen2,
-Qwen3 (per-head QK-norm), Gemma, Gemma 2 (without its attention logit softcap), Phi-3, OPT and GPT-J, the
-encoder DistilBERT, plus the families whose blocks the geometry cannot bound yet (OLMo 2: QK-norm over all heads
-jointly; Gemma 2 with a softcap), which are refused by name (Gemma 3 is refused for its RoPE per layer type).
+Qwen3 (per-head QK-norm), Gemma, Gemma 2 (sandwich norms, attention logit softcap), Gemma 3 (sandwich norms,
+per-head QK-norm, one RoPE per layer type), OLMo 2 (norms after each sublayer only, QK-norm over all heads),
+Phi-3, OPT and GPT-J, and the encoder DistilBERT.
 
 A :class:`BlockLayout` says where a family keeps each part of a block and what it does differently: fused
 projections (Phi-3's ``qkv_proj`` = [q; k; v] rows, ``gate_up_proj`` = [gate; up] rows), Gemma's RMSNorm scale
 (1 + w), a plain MLP (OPT's fc1/fc2), the query scaling folded into q_proj (OPT), GPT-J's parallel residual and
 interleaved rotary, norms after each sublayer (Gemma 2/3 beside their pre-norms, where ``post_attention_layernorm``
-is the norm of the attention *output*, unlike Llama; OLMo 2 without pre-norms), where a sliding window is read,
-and what makes a block unboundable. Everything else — GQA,
-every RoPE type (``hf.rotary_of``), biases, the yarn/longrope attention factor folded into τ — is common.
+is the norm of the attention *output*, unlike Llama; OLMo 2 without pre-norms), QK-norm, the softcap, where a
+sliding window is read. Everything else — GQA, every RoPE type
+(``hf.rotary_of``, per layer type from ``config.layer_types``), biases, the yarn/longrope attention factor folded
+into τ — is common.
 
 A GGUF Llama checkpoint stores q/k rows permuted for llama.cpp's interleaved rotary; transformers undoes that
 permutation while loading, so ``q_proj``/``k_proj`` are already in the rotate-half layout RotaryConfig uses.
@@ -78,14 +79,10 @@ class BlockLayout:
     causal: bool = True  # False: bidirectional encoder; Gemma's use_bidirectional_attention also turns it off
     query_scaled_in_projection: bool = False  # OPT: q = scaling·q_proj(x), the attention function gets scaling 1
     window: Literal["none", "config", "module"] = "none"  # where a sliding window is read
-    qk_norm: bool = False  # the attention's q_norm/k_norm: RMSNorm over each head's d_head (Qwen3, Gemma 3)
-    refused: tuple[tuple[str, str], ...] = ()  # ("block.<attr>" or "config.<attr>" present and not None, why)
+    qk_norm: bool = False  # the attention's q_norm/k_norm: per head (Qwen3, Gemma 3) or over all heads (OLMo 2)
+    softcap: str | None = None  # config attribute of the attention logit softcap (Gemma 2/3), None when absent
 
 
-_JOINT_QK_NORM = (
-    "QK-norm over all heads jointly (one RMSNorm of the whole query projection) couples the heads; attnsens bounds "
-    "only the per-head QK-norm of Qwen3 and Gemma 3"
-)
 _SANDWICH: dict[str, Any] = {
     "mlp_norm": "pre_feedforward_layernorm",
     "attn_out_norm": "post_attention_layernorm",
@@ -103,14 +100,15 @@ LAYOUTS: dict[str, BlockLayout] = {
         gamma_offset=1.0,
         activation="hidden_activation",
         window="module",
+        softcap="attn_logit_softcapping",
         **_SANDWICH,
-        refused=(("config.attn_logit_softcapping", "the attention logit softcap has no certified bound yet"),),
     ),
     "gemma3_text": BlockLayout(
         gamma_offset=1.0,
         activation="hidden_activation",
         window="module",
         qk_norm=True,
+        softcap="attn_logit_softcapping",
         **_SANDWICH,
     ),
     "phi3": BlockLayout(qkv="qkv_proj", gate_up="mlp.gate_up_proj", window="config"),
@@ -119,7 +117,7 @@ LAYOUTS: dict[str, BlockLayout] = {
         mlp_norm=None,
         attn_out_norm="post_attention_layernorm",
         mlp_out_norm="post_feedforward_layernorm",
-        refused=(("block.self_attn.q_norm", _JOINT_QK_NORM),),
+        qk_norm=True,
     ),
     "opt": BlockLayout(
         blocks="decoder.layers",
@@ -259,19 +257,7 @@ class LayoutAdapter(HFAdapter):
         return [*super().output_hook_points(layer), *normed]
 
     def read_layers(self) -> list[LayerWeights]:
-        for index, block in enumerate(self.blocks()):
-            self._refuse_unbounded(index, block)
         return [self._layer(i, block) for i, block in enumerate(self.blocks())]
-
-    def _refuse_unbounded(self, index: int, block: HFModule) -> None:
-        roots = {"block": block, "config": self.base.config}
-        for path, reason in self.layout.refused:
-            root, _, rest = path.partition(".")
-            if _get(roots[root], rest) is not None:
-                raise UnsupportedModelError(
-                    f"{self.family} layer {index}: {reason} ({path.replace('block.', '')}); attnsens audits its "
-                    f"attention rows but refuses to bound it"
-                )
 
     def _layer(self, index: int, block: HFModule) -> LayerWeights:
         s, lay, config = self.spec, self.layout, self.base.config
@@ -281,9 +267,11 @@ class LayoutAdapter(HFAdapter):
         tau = 1.0 / scaling
         if lay.query_scaled_in_projection:
             w_q, b_q, tau = w_q * scaling, None if b_q is None else b_q * scaling, 1.0
-        rotary = _rotary(lay, config, s.d_head, refuse=True)
+        layer_type = (getattr(config, "layer_types", None) or [None] * (index + 1))[index]
+        rotary = _rotary(lay, config, s.d_head, refuse=True, layer_type=layer_type)
         if rotary is not None:
-            tau = rotary_temperature(1.0 / tau, rotary, getattr(self.base, "rotary_emb", None), s.d_head)
+            rotary_module = getattr(self.base, "rotary_emb", None)
+            tau = rotary_temperature(1.0 / tau, rotary, rotary_module, s.d_head, layer_type)
         out = getattr(attn, lay.o)
         attention = AttentionWeights(
             w_q=split_heads(w_q, s.n_head),
@@ -300,6 +288,7 @@ class LayoutAdapter(HFAdapter):
             sliding_window=self.attention_window(index),
             q_norm=self._norm(attn.q_norm) if lay.qk_norm else None,
             k_norm=self._norm(attn.k_norm) if lay.qk_norm else None,
+            softcap=None if lay.softcap is None else getattr(config, lay.softcap, None),
         )
         return LayerWeights(
             index=index,
@@ -361,13 +350,15 @@ class LayoutAdapter(HFAdapter):
         return rms_norm(module, gamma_offset=self.layout.gamma_offset)
 
 
-def _rotary(layout: BlockLayout, config: Any, d_head: int, *, refuse: bool) -> RotaryConfig | None:
+def _rotary(
+    layout: BlockLayout, config: Any, d_head: int, *, refuse: bool, layer_type: str | None = None
+) -> RotaryConfig | None:
     """The layout's rotary: from ``rope_parameters`` (refusing unknown types when ``refuse``), GPT-J's fixed
     interleaved RoPE on the first ``rotary_dim`` dimensions, or None."""
     if layout.rotary == "gptj":
         return RotaryConfig(base=10000.0, rotary_dim=config.rotary_dim or d_head, interleaved=True)
     if layout.rotary == "rope_parameters":
-        return rotary_of(config, d_head) if refuse else spec_rotary(config, d_head)
+        return rotary_of(config, d_head, layer_type) if refuse else spec_rotary(config, d_head)
     return None
 
 

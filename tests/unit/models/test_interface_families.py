@@ -17,7 +17,6 @@ from tests.unit.models.tiny_models import (
     ENCODER_FAMILIES,
     FAMILIES,
     INTERFACE_FAMILIES,
-    REFUSED_FAMILIES,
     VISION_FAMILIES,
     VOCAB,
     eager_attentions,
@@ -29,7 +28,7 @@ LEFT_PADDED = torch.ones(2, 13, dtype=torch.long)
 LEFT_PADDED[1, :4] = 0
 RIGHT_PADDED = torch.ones(2, 13, dtype=torch.long)
 RIGHT_PADDED[0, 9:] = 0
-EVERY_FAMILY = (*FAMILIES, *DECODER_FAMILIES, *REFUSED_FAMILIES, *ENCODER_FAMILIES, *INTERFACE_FAMILIES)
+EVERY_FAMILY = (*FAMILIES, *DECODER_FAMILIES, *ENCODER_FAMILIES, *INTERFACE_FAMILIES)
 SOFTCAPPED = {"gemma2": {"attn_logit_softcapping": 2.0}}
 
 

@@ -40,12 +40,12 @@ from transformers import (
 
 VOCAB = 53
 FAMILIES = ("gpt2", "gpt_neox", "llama", "bert")
-DECODER_FAMILIES = ("mistral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "opt", "opt_post", "gptj")
+DECODER_FAMILIES = (
+    "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "olmo2", "phi3", "opt", "opt_post", "gptj",
+)  # fmt: skip
 """Families bounded through the declarative decoder table (models/layouts.py); sliding windows of 5 keys; gemma2
-without its attention logit softcap (sandwich norms)."""
-REFUSED_FAMILIES = ("olmo2", "gemma3_text")
-"""Families whose rows are audited but whose blocks the geometry cannot bound yet (OLMo 2: QK-norm over all heads;
-Gemma 3: RoPE per layer type)."""
+with sandwich norms and an attention logit softcap of 3 (eager attention), gemma3_text with per-head QK-norm and
+one RoPE per layer type, olmo2 with norms after each sublayer and a QK-norm over all heads."""
 OUT_NORM_FAMILIES = ("gemma2", "gemma3_text", "olmo2")
 """Families whose blocks apply a norm to each sublayer's output; their norm gains are spread too."""
 ENCODER_FAMILIES = ("roberta", "electra", "distilbert")
@@ -82,7 +82,7 @@ CONFIGS = {
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, {**_GQA, "head_dim": 6}),
     "gemma": (GemmaConfig, GemmaForCausalLM, {**_GQA, "head_dim": 8}),
     "gemma2": (Gemma2Config, Gemma2ForCausalLM, {**_GQA, "head_dim": 8, "sliding_window": 5,
-                                                 "attn_logit_softcapping": None}),
+                                                 "attn_logit_softcapping": 3.0}),
     "phi3": (Phi3Config, Phi3ForCausalLM, {**_GQA, "sliding_window": 5, "pad_token_id": 0, "bos_token_id": 0,
                                            "eos_token_id": 0}),
     "olmo2": (Olmo2Config, Olmo2ForCausalLM, {**_GQA, "pad_token_id": 0}),
