@@ -96,9 +96,13 @@ FAMILY_CONFIGS = {
     "qwen2": ("Qwen2Config", "Qwen2Model", _DECODER),
     "qwen3": ("Qwen3Config", "Qwen3Model", {**_DECODER, "head_dim": 16}),
     "gemma": ("GemmaConfig", "GemmaModel", {**_DECODER, "head_dim": 16}),
-    # Sandwich norms; its attention logit softcap has no certified bound, so the tiny model has none.
+    # Sandwich norms and the attention logit softcap of the released checkpoints (50).
     "gemma2": ("Gemma2Config", "Gemma2Model", {**_DECODER, "head_dim": 16, "query_pre_attn_scalar": 16,
-                                               "sliding_window": 16, "attn_logit_softcapping": None}),
+                                               "sliding_window": 16, "attn_logit_softcapping": 50.0}),
+    "gemma3_text": ("Gemma3TextConfig", "Gemma3TextModel", {**_DECODER, "head_dim": 16, "query_pre_attn_scalar": 16,
+                                                           "sliding_window": 16,
+                                                           "layer_types": ["sliding_attention", "full_attention"]}),
+    "olmo2": ("Olmo2Config", "Olmo2Model", {**_DECODER, "pad_token_id": 0}),
     "phi3": ("Phi3Config", "Phi3Model", {**_DECODER, "pad_token_id": 0}),
     "opt": ("OPTConfig", "OPTModel", {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64,
                                       "ffn_dim": 96, "max_position_embeddings": 64, "word_embed_proj_dim": 64}),
@@ -136,7 +140,7 @@ def tiny_family(model_type: str):
                 parameter.normal_(0.0, 0.1)
             elif "norm" in name.lower() or "ln_" in name:
                 # Gemma (and Gemma 2) store the gain as w in (1 + w), so a small w is a gain near 1 there too.
-                offset = 0.0 if model_type in ("gemma", "gemma2") else 1.0
+                offset = 0.0 if model_type in ("gemma", "gemma2", "gemma3_text") else 1.0
                 parameter.copy_(torch.randn_like(parameter) * 0.1 + offset)
     return load(model)
 
