@@ -27,6 +27,9 @@ class AttentionCall:
     is ``causal`` (sdpa's ``is_causal``) or every key, narrowed by ``window`` (keys t − window < j ≤ t) for
     kernels that apply the window themselves (flash attention). ``softcap`` c turns scores s into c·tanh(s/c);
     ``sinks`` [head] are logits of one extra key per head that takes probability mass and is not reported.
+    ``scores`` [batch, head, query, key] are the layer's own pre-softmax scores where a model exposes them
+    (TransformerLens' ``hook_attn_scores``): scaling, softcap, biases and masks (keys at the float minimum) are
+    already in them, so the rows are their softmax and nothing else of the call is used.
     """
 
     tau: float
@@ -35,6 +38,7 @@ class AttentionCall:
     window: int | None = None
     softcap: float | None = None
     sinks: Tensor | None = None
+    scores: Tensor | None = None
 
     def allowed(
         self, query_positions: Tensor, n: int, *, key_padding_mask: Tensor | None = None
@@ -99,13 +103,34 @@ def call_rows(
     key_padding_mask: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """The rows of ``call`` at ``query_positions``: :func:`attention_rows` under the call's mask, bias, softcap
-    and sinks. Returns ``(probs [batch, head, query, n] float32, n_keys [batch, query])``."""
+    and sinks, or the softmax of the call's own ``scores``. Returns ``(probs [batch, head, query, n] float32,
+    n_keys [batch, query])``."""
+    if call.scores is not None:
+        return _rows_of_scores(call.scores, query_positions, heads, key_padding_mask)
     allowed, bias, n_keys = call.allowed(query_positions, key.shape[2], key_padding_mask=key_padding_mask)
     probs = attention_rows(
         query, key, tau=call.tau, query_positions=query_positions, allowed=allowed, heads=heads, bias=bias,
         softcap=call.softcap, sinks=call.sinks,
     )  # fmt: skip
     return probs, n_keys
+
+
+def _rows_of_scores(
+    scores: Tensor, query_positions: Tensor, heads: Sequence[int] | None, key_padding_mask: Tensor | None
+) -> tuple[Tensor, Tensor]:
+    """Softmax rows of a layer's own scores [batch, head, n, n] at ``query_positions``; keys whose score is below
+    half the float minimum are masked (exact zeros), as are padding keys."""
+    picked = _rows_of(scores, query_positions).float()  # [batch, head, query, n]
+    if heads is not None and tuple(heads) != tuple(range(scores.shape[1])):
+        picked = picked[:, list(heads)]
+    allowed = picked > torch.finfo(scores.dtype).min / 2
+    if key_padding_mask is not None:
+        allowed = allowed & key_padding_mask.view(scores.shape[0], 1, 1, -1)
+    if not bool((allowed == allowed[:, :1]).all()):
+        raise UnsupportedModelError("the model's scores mask different keys in different heads; attnsens recomputes "
+                                    "rows only under one mask shared by every head")  # fmt: skip
+    probs = torch.softmax(picked.masked_fill(~allowed, float("-inf")), dim=-1)
+    return probs, allowed[:, 0].sum(dim=-1)
 
 
 def attention_rows(

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from attnsens.errors import InputError, UnsupportedModelError
 from attnsens.models.adapter import OUTPUT_FIELDS, ModelAdapter, ModelSpec, QueryKeyCallback
-from attnsens.models.hf_tap import hf_query_key_tap
+from attnsens.models.hf_tap import exposes_scores, hf_query_key_tap, scores_tap
 from attnsens.weights import ROPE_TYPES, Activation, MLPWeights, RotaryConfig
 
 HFModule = Any
@@ -70,8 +70,11 @@ class HFAdapter(ModelAdapter):
         self.base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
 
     def query_key_tap(self, on_query_key: QueryKeyCallback) -> contextlib.AbstractContextManager[None]:
+        modules = self.attention_modules()
+        if exposes_scores(modules):  # inside a TransformerLens bridge
+            return scores_tap(modules, on_query_key)
         implementation = self.base.config._attn_implementation or "eager"
-        return hf_query_key_tap(self.attention_modules(), implementation, on_query_key)
+        return hf_query_key_tap(modules, implementation, on_query_key)
 
     def layer_input_taps(self, record: Callable[[int, str, Tensor], None]) -> contextlib.AbstractContextManager[None]:
         return self._taps(self.hook_points, record)

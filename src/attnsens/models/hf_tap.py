@@ -9,7 +9,9 @@ works — sdpa included. Untapped modules (other models in the process) pass str
 Besides the tensors, the wrapper reads what the call asks for (:func:`attention_call`): the scaling, the mask the
 model built for this layer (causal, padding, sliding window, additive biases), a logit softcap and sink logits;
 an argument of unknown effect is refused by name. GPT-2's eager path with ``reorder_and_upcast_attn`` skips the
-interface, so its reordered method is wrapped instead while a tap is active.
+interface, so its reordered method is wrapped instead while a tap is active. A model inside a TransformerLens
+``TransformerBridge`` has its attention modules replaced by the bridge's components, which compute the rows
+themselves; their score hooks are tapped instead (:func:`scores_tap`).
 """
 
 from __future__ import annotations
@@ -127,6 +129,40 @@ def attention_call(
         softcap=None if softcap is None else float(softcap),
         sinks=None if sinks is None else sinks.detach(),
     )
+
+
+SCORES_HOOK = "hook_attn_scores"
+"""The hook point of a TransformerLens bridge attention component whose output is that layer's pre-softmax scores."""
+
+
+def exposes_scores(attention_modules: Sequence[torch.nn.Module]) -> bool:
+    """Whether every attention module is a TransformerLens bridge component (``TransformerBridge`` replaces the
+    model's attention modules in place and computes the rows itself, bypassing the attention interface)."""
+    return bool(attention_modules) and all(
+        isinstance(getattr(m, SCORES_HOOK, None), torch.nn.Module) for m in attention_modules
+    )
+
+
+@contextlib.contextmanager
+def scores_tap(attention_modules: Sequence[torch.nn.Module], on_query_key: QueryKeyCallback) -> Iterator[None]:
+    """Report each layer's own scores (``AttentionCall.scores``) from the bridge components' score hooks.
+
+    ``query`` and ``key`` passed to the callback are the scores themselves ([batch, head, n, n]); only their shape
+    is read. The rows are exactly the bridge's ``hook_pattern`` (softmax of these scores).
+    """
+
+    def report(layer: int) -> Callable[..., None]:
+        def hook(_module: torch.nn.Module, _args: Any, scores: Tensor) -> None:
+            on_query_key(layer, scores, scores, AttentionCall(tau=1.0, scores=scores.detach()))
+
+        return hook
+
+    handles = [getattr(m, SCORES_HOOK).register_forward_hook(report(i)) for i, m in enumerate(attention_modules)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def _make_wrapper(implementation: str, replaced: Any) -> Callable[..., Any]:

@@ -80,10 +80,11 @@ def load(
 
     Args:
         model: a ModelAdapter (returned as is); an alias (``smollm2``, ``minilm``, see ALIASES); a transformers
-            ``PreTrainedModel``; an ``attnsens.train.model.GPT``; a run, checkpoint or study folder written by
-            ``attnsens train`` / ``study``, or the ``SavedCheckpoint`` that ``attnsens.train.saved.find_checkpoint``
-            found in one; a local directory or ``.gguf`` file; or a Hugging Face hub id (needs network unless
-            cached).
+            ``PreTrainedModel``; a TransformerLens ``TransformerBridge`` or an nnsight ``LanguageModel`` (the
+            transformers module inside, with their tokenizer: :func:`unwrapped`); an ``attnsens.train.model.GPT``;
+            a run, checkpoint or study folder written by ``attnsens train`` / ``study``, or the ``SavedCheckpoint``
+            that ``attnsens.train.saved.find_checkpoint`` found in one; a local directory or ``.gguf`` file; or a
+            Hugging Face hub id (needs network unless cached).
         trust_remote_code: passed to transformers; off by default (remote code runs arbitrary Python).
         device, dtype: where and in which float type the weights live. A model object given by the caller is
             moved or cast only when these are given (in place, as ``Module.to`` does); a model read from disk
@@ -100,6 +101,11 @@ def load(
     """
     if isinstance(model, ModelAdapter):
         return model
+    inner = unwrapped(model)
+    if inner is not None:
+        module, own_tokenizer = inner
+        name = _module_name(module)
+        return _from_module(module, name=name, tokenizer=tokenizer or own_tokenizer, device=device, dtype=dtype)
     if isinstance(model, torch.nn.Module):
         return _from_module(model, name=_module_name(model), tokenizer=tokenizer, device=device, dtype=dtype)
     if not isinstance(model, str | os.PathLike):
@@ -169,6 +175,38 @@ def adapter_class(model_type: str) -> type[HFAdapter]:
     if not (isinstance(adapter, type) and issubclass(adapter, HFAdapter)):
         raise UnsupportedModelError(f"FAMILIES[{model_type!r}] = {FAMILIES[model_type]!r} is not an HFAdapter class")
     return adapter
+
+
+def unwrapped(model: Any) -> tuple[torch.nn.Module, Any] | None:
+    """(transformers module, tokenizer) inside an interpretability wrapper, or None for anything else.
+
+    * TransformerLens ``TransformerBridge`` (TransformerLens ≥ 4): ``original_model``. The bridge replaces the
+      module's attention modules by its own components, which compute the rows themselves; attnsens then reads
+      each layer's ``hook_attn_scores`` (``hf_tap.scores_tap``), so the audited rows are the bridge's
+      ``hook_pattern``. After ``enable_compatibility_mode()`` the bridge has rewritten the weights in place
+      (folded norms, centred writing weights): rows are unchanged, and the weights-fidelity gate decides whether the
+      normalized weights still reproduce the blocks before anything is bounded.
+    * nnsight ``LanguageModel`` (or any nnsight model over a transformers module): the wrapped module, untouched.
+    * TransformerLens' ``HookedTransformer`` (TransformerLens < 4) keeps its weights in its own layout and is
+      refused with an UnsupportedModelError naming the bridge.
+
+    Neither package is imported; the wrappers are recognised by their class's module.
+    """
+    package = type(model).__module__.split(".")[0]
+    if package == "transformer_lens":
+        if type(model).__name__ == "HookedTransformer" or not hasattr(model, "original_model"):
+            raise UnsupportedModelError(
+                f"a TransformerLens {type(model).__name__} keeps its weights in TransformerLens' own layout; pass a "
+                "TransformerBridge (TransformerBridge.boot_transformers(name, hf_model=...)) or the transformers model"
+            )
+        return model.original_model, getattr(model, "tokenizer", None)
+    if package == "nnsight":
+        state = vars(model)
+        module = state.get("_module")
+        if not isinstance(module, torch.nn.Module):
+            raise UnsupportedModelError(f"the nnsight {type(model).__name__} holds no torch module to audit")
+        return module, state.get("tokenizer")
+    return None
 
 
 def _from_module(
