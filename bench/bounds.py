@@ -103,6 +103,7 @@ FAMILY_CONFIGS = {
                                                            "sliding_window": 16,
                                                            "layer_types": ["sliding_attention", "full_attention"]}),
     "olmo2": ("Olmo2Config", "Olmo2Model", {**_DECODER, "pad_token_id": 0}),
+    "bloom": ("BloomConfig", "BloomModel", {"n_layer": 2, "n_head": 4, "hidden_size": 64}),
     "phi3": ("Phi3Config", "Phi3Model", {**_DECODER, "pad_token_id": 0}),
     "opt": ("OPTConfig", "OPTModel", {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64,
                                       "ffn_dim": 96, "max_position_embeddings": 64, "word_embed_proj_dim": 64}),
@@ -127,7 +128,7 @@ def tiny_family(model_type: str):
     hf_logging.set_verbosity_error()
     config_name, model_name, keywords = FAMILY_CONFIGS[model_type]
     torch.manual_seed(0)
-    implementation = "eager" if model_type == "gemma2" else "sdpa"  # transformers has no sdpa path for Gemma 2
+    implementation = "eager" if model_type in ("gemma2", "bloom") else "sdpa"  # transformers has no sdpa path for them
     config = getattr(transformers, config_name)(**keywords, vocab_size=97, attn_implementation=implementation)
     model = getattr(transformers, model_name)(config).eval()
     with torch.no_grad():

@@ -11,6 +11,7 @@ bounds read weights without loading the adapters. ``attnsens.models`` re-exports
 * ``w_o: [d_model, head * d_head]``; the columns ``h*d_head:(h+1)*d_head`` are head ``h``'s output block.
 * ``tau`` is the softmax temperature (``sqrt(d_head)`` for scaled dot-product attention): ``p = softmax(q·k / tau)``.
 * ``softcap`` c (Gemma 2): ``p = softmax(c·tanh(q·k / (tau·c)))``.
+* ``alibi_slopes`` m (BLOOM): ``p_ij = softmax_j(q_i·k_j / tau + m_h (j − i))``, a bias independent of the input.
 * QK-norm (``q_norm``, ``k_norm``): ``q = R_t N_q(w_q[h] @ x + b_q[h])``, an RMSNorm over each head's d_head
   coordinates (gamma ``[d_head]``, shared by the heads) between the projection and RoPE; or, with gamma
   ``[head·d_head]`` (``[kv_head·d_head]`` for keys), one RMSNorm over all heads' projections at once (OLMo 2).
@@ -148,6 +149,7 @@ class AttentionWeights:
     q_norm: NormWeights | None = None  # QK-norm: RMSNorm over each head's d_head (Qwen3, Gemma 3) or all heads (OLMo 2)
     k_norm: NormWeights | None = None  # likewise for keys; both act after the biases and before RoPE
     softcap: float | None = None  # Gemma 2: scores s = c·tanh(u/c) of u = q·k/τ before the mask and softmax
+    alibi_slopes: Tensor | None = None  # [head] ALiBi (BLOOM): head h adds m_h·(j − i) to the score of key j
 
     def __post_init__(self) -> None:
         if self.sliding_window is not None and (not self.causal or self.sliding_window < 1):
@@ -175,6 +177,9 @@ class AttentionWeights:
         check_qk_norms(d_head, self.q_norm, self.k_norm, n_head, n_kv)
         if self.softcap is not None and not self.softcap > 0:
             raise ConfigError(f"attention softcap must be > 0 (or None), got {self.softcap}")
+        if self.alibi_slopes is not None and self.alibi_slopes.shape != (n_head,):
+            raise ShapeError(f"alibi_slopes must be [{n_head}] (one slope per query head), got "
+                             f"{tuple(self.alibi_slopes.shape)}")  # fmt: skip
 
     @property
     def n_head(self) -> int:

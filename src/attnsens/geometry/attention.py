@@ -13,7 +13,8 @@ depends on j, so it no longer cancels by softmax shift invariance (see ``attenti
 QK-norm (Qwen3, Gemma 3) normalizes each head's query and key before RoPE: q_i = R_i N_q(a_i) with
 a_i = W_Q x_i + b_Q and N(a) = γ ⊙ a / r(a), r(a) = (‖a‖²/d_head + ε)^{1/2}. The forward keeps the pre-norm a_i
 (``query_inputs``, ``key_inputs``): the bounds need them for the norm's Jacobian. A logit softcap c (Gemma 2)
-replaces each score u by c·tanh(u/c) before the mask; the forward keeps the slopes 1 − tanh²(u/c).
+replaces each score u by c·tanh(u/c) before the mask; the forward keeps the slopes 1 − tanh²(u/c). ALiBi (BLOOM)
+adds m_h·(j − i), a constant of the input: it moves the rows and leaves every derivative formula as it is.
 """
 
 from __future__ import annotations
@@ -76,6 +77,13 @@ def qk_norm_forward(x: Tensor, norm: NormWeights) -> Tensor:
     flat = einops.rearrange(x, "... head position e -> ... position (head e)")
     normalized = rms_norm_forward(flat, NormWeights(kind="rmsnorm", gamma=gamma, beta=None, eps=norm.eps))
     return einops.rearrange(normalized, "... position (head e) -> ... head position e", head=n_head)
+
+
+def alibi_bias(slopes: Tensor, n: int) -> Tensor:
+    """ALiBi's additive scores m_h·(j − i) ``[head, n, n]`` (float64) for slopes ``[head]``; softmax rows are
+    unchanged by the row constant, so this equals BLOOM's m_h·j."""
+    offsets = torch.arange(n, dtype=torch.float64, device=slopes.device)
+    return slopes.to(torch.float64)[:, None, None] * (offsets[None, :] - offsets[:, None])
 
 
 def rms_norm_forward(x: Tensor, norm: NormWeights) -> Tensor:
@@ -261,6 +269,7 @@ def mha_forward(
     q_norm: NormWeights | None = None,
     k_norm: NormWeights | None = None,
     softcap: float | None = None,
+    alibi_slopes: Tensor | None = None,
 ) -> AttentionForward: ...
 
 
@@ -278,6 +287,7 @@ def mha_forward(
     q_norm: NormWeights | None = None,
     k_norm: NormWeights | None = None,
     softcap: float | None = None,
+    alibi_slopes: Tensor | None = None,
 ) -> AttentionForward:
     """z_i = W_O [y_i^1; …; y_i^H] + b_O with y_i^h = Σ_j P^h_ij v^h_j, P^h_i = softmax_{j allowed}(q_i·k_j/τ).
 
@@ -294,6 +304,7 @@ def mha_forward(
         rotary: optional RoPE applied to queries and keys after their biases.
         q_norm, k_norm: optional QK-norm (RMSNorm over d_head) applied after the biases, before RoPE.
         softcap: optional logit cap c: the scores u = q·k/τ become c·tanh(u/c) before the mask (Gemma 2).
+        alibi_slopes: optional ``[head]`` ALiBi slopes m: head h adds m_h·(j − i) to the (capped) scores.
 
     Returns:
         ``AttentionForward`` (docs/math.md §2.6), in X's dtype.
@@ -301,7 +312,7 @@ def mha_forward(
     if isinstance(Wq, AttentionWeights):
         refuse_beside_weights(
             "mha_forward", Wk=Wk, Wv=Wv, Wo=Wo, tau=tau, mask=mask, biases=biases, rotary=rotary, q_norm=q_norm,
-            k_norm=k_norm, softcap=softcap,
+            k_norm=k_norm, softcap=softcap, alibi_slopes=alibi_slopes,
         )  # fmt: skip
         weights, dtype = Wq, X.dtype
         return mha_forward(
@@ -317,6 +328,7 @@ def mha_forward(
             q_norm=weights.q_norm,
             k_norm=weights.k_norm,
             softcap=weights.softcap,
+            alibi_slopes=weights.alibi_slopes,
         )
     Wk, Wv, Wo = projections_given("mha_forward", Wk, Wv, Wo)
     if tau is None:
@@ -347,6 +359,8 @@ def mha_forward(
     if softcap is not None:
         capped = torch.tanh(scores / softcap)
         scores, score_slopes = capped * softcap, 1.0 - capped.square()
+    if alibi_slopes is not None:
+        scores = scores + alibi_bias(alibi_slopes, X.shape[1]).to(scores.dtype)
     # The most negative finite value, not −inf: masked weights are still exactly 0 after the softmax, and
     # higher-order autograd through the mask stays finite (no 0·∞).
     probabilities = torch.softmax(scores.masked_fill(~allowed, torch.finfo(scores.dtype).min), dim=-1)

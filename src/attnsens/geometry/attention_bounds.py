@@ -265,6 +265,7 @@ def mha_local_jacobian_upper_bound(
     q_norm: NormWeights | None = None,
     k_norm: NormWeights | None = None,
     softcap: float | None = None,
+    alibi_slopes: Tensor | None = None,
     geometry: Geometry = "rms",
 ) -> MHALocalJacobianBound: ...
 
@@ -283,6 +284,7 @@ def mha_local_jacobian_upper_bound(
     q_norm: NormWeights | None = None,
     k_norm: NormWeights | None = None,
     softcap: float | None = None,
+    alibi_slopes: Tensor | None = None,
     geometry: Geometry = "rms",
 ) -> MHALocalJacobianBound:
     """‖D MHA(X)‖_{b∞→b∞} ≤ ‖W_O‖ Σ_h (‖W_V^h‖ + (θ̃_h/τ) Φ_h), θ̃_h from the actual rows at X (module docstring).
@@ -295,7 +297,8 @@ def mha_local_jacobian_upper_bound(
         Wq: ``[head, d_head, d_model]``; Wk, Wv: ``[kv_head, d_head, d_model]``; Wo: ``[d_model, head * d_head]``;
             each may carry a leading batch axis matching X (biases likewise).
         tau: temperature; mask: bool ``[query, key]`` or ``[batch, query, key]`` (True = allowed);
-        biases, rotary, q_norm, k_norm, softcap: as in ``mha_forward``; geometry: convention of the reported radius.
+        biases, rotary, q_norm, k_norm, softcap, alibi_slopes: as in ``mha_forward``; geometry: convention of the
+            reported radius.
 
     Returns:
         ``MHALocalJacobianBound``: certified upper bounds of the Jacobian's block-∞ operator norm at X
@@ -310,7 +313,7 @@ def mha_local_jacobian_upper_bound(
     if isinstance(Wq, AttentionWeights):
         refuse_beside_weights(
             "mha_local_jacobian_upper_bound", Wk=Wk, Wv=Wv, Wo=Wo, tau=tau, mask=mask, biases=biases, rotary=rotary,
-            q_norm=q_norm, k_norm=k_norm, softcap=softcap,
+            q_norm=q_norm, k_norm=k_norm, softcap=softcap, alibi_slopes=alibi_slopes,
         )  # fmt: skip
         weights = Wq
         return mha_local_jacobian_upper_bound(
@@ -326,6 +329,7 @@ def mha_local_jacobian_upper_bound(
             q_norm=weights.q_norm,
             k_norm=weights.k_norm,
             softcap=weights.softcap,
+            alibi_slopes=weights.alibi_slopes,
             geometry=geometry,
         )
     Wk, Wv, Wo = projections_given("mha_local_jacobian_upper_bound", Wk, Wv, Wo)
@@ -348,12 +352,14 @@ def mha_local_jacobian_upper_bound(
         q_norm=q_norm,
         k_norm=k_norm,
         softcap=softcap,
+        alibi_slopes=alibi_slopes,
     )
     norms = projection_norms(Wq, Wk, Wv, Wo, biases)
+    position_bias = 0.0 if alibi_slopes is None else float(alibi_slopes.double().abs().max()) * (X.shape[1] - 1)
     allowed = fwd.allowed.expand_as(fwd.probabilities)
     eta, small_mass = T.softmax_row_accuracy(
         X, Wq, Wk, biases.q, biases.k, fwd.probabilities, allowed, tau, q_norm=q_norm, k_norm=k_norm,
-        query_inputs=fwd.query_inputs, key_inputs=fwd.key_inputs, softcap=softcap,
+        query_inputs=fwd.query_inputs, key_inputs=fwd.key_inputs, softcap=softcap, position_bias=position_bias,
     )  # fmt: skip
     stored_theta = certify(fwd.probabilities, dim=-1).upper.to(torch.float64)  # [batch, head, query]
     theta_upper = T.real_row_theta_upper_bound(fwd.probabilities, stored_theta, eta, small_mass)
@@ -498,6 +504,8 @@ def mha_lipschitz_upper_bound(
         tau: temperature; radius_rms: R_rms (scalar or ``[...]``); d_model: width d (must match the weights).
         biases, rotary: as in ``mha_forward`` (only ‖b_Q‖, and ‖b_K‖ under RoPE, enter).
         softcap: the logit cap c (|ds| ≤ |du| with ds = sech²(u/c) du, so only the key bias's cancellation is lost).
+            An additive bias independent of the input (ALiBi, ``AttentionWeights.alibi_slopes``) changes no derivative
+            and θ ≤ 1 holds for every row, so the constant holds with it unchanged.
         q_norm, k_norm: QK-norm; each normalized side enters through γ_max √d_head (its radius on every input)
             and ‖W‖ γ_max/√ε (its derivative bound where the projection vanishes, a loose but valid constant).
 

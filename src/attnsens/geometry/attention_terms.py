@@ -304,11 +304,13 @@ SOFTMAX_ACCURACY_LIMIT = 2.0**-21
 def score_error(
     X: Tensor, Wq: Tensor, Wk: Tensor, b_q: Tensor | None, b_k: Tensor | None, tau: float,
     *, q_norm: NormWeights | None = None, k_norm: NormWeights | None = None, query_inputs: Tensor | None = None,
-    key_inputs: Tensor | None = None, softcap: float | None = None,
+    key_inputs: Tensor | None = None, softcap: float | None = None, position_bias: float = 0.0,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """(δ, M) per row ``[b, h, query]``: |û_ij − u_ij| ≤ δ_i for the scores of row i after the softmax's shift by
     the row maximum (softcapped scores s = c tanh(u/c) when ``softcap``), and the bound M ≥ ‖q̃_i‖ max_j ‖k̃_j‖ it
-    was built from (``softmax_row_accuracy`` derives both).
+    was built from (``softmax_row_accuracy`` derives both). ``position_bias`` B ≥ |b_ij| bounds an additive bias
+    independent of the input (ALiBi: max_h |m_h| (n − 1)); forming it, adding it and the larger row maximum add
+    4u B + 2u M/τ.
     """
     n_head, d_head, d_model = Wq.shape[-3:]
     size_q, size_k = projection_magnitudes(X, Wq, b_q, n_head), projection_magnitudes(X, Wk, b_k, n_head)
@@ -326,13 +328,17 @@ def score_error(
         # tanh is 1-Lipschitz; its evaluation, the division and the product by c add 8u·c (|s| ≤ c), and the
         # shift by the row maximum 2u·c
         delta = add_up(delta, softcap * 16 * UNIT_ROUNDOFF)
+    if position_bias:
+        delta = add_up(
+            delta, add_up(mul_up(div_up(magnitude, tau), 2 * UNIT_ROUNDOFF), 4 * UNIT_ROUNDOFF * position_bias)
+        )
     return delta, magnitude
 
 
 def softmax_row_accuracy(
     X: Tensor, Wq: Tensor, Wk: Tensor, b_q: Tensor | None, b_k: Tensor | None, P: Tensor, allowed: Tensor, tau: float,
     *, q_norm: NormWeights | None = None, k_norm: NormWeights | None = None, query_inputs: Tensor | None = None,
-    key_inputs: Tensor | None = None, softcap: float | None = None,
+    key_inputs: Tensor | None = None, softcap: float | None = None, position_bias: float = 0.0,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """(η, m) per row ``[b, h, query]``: p_j ≤ (1 + η) p̂_j for every key with p̂_j ≥ 2^-1000 and Σ p_j ≤ m over
     the other allowed keys, where p is the real-arithmetic softmax row at X and p̂ the float64 one.
@@ -344,15 +350,16 @@ def softmax_row_accuracy(
     Under QK-norm the errors and norms of the two sides are bounded separately (``_side_error``) and
     δ_i := 2 (E_q (N_k + E_k) + N_q E_k + (γ_{d_head} + 3u)(N_q + E_q)(N_k + E_k))/τ with E, N the error and norm
     bounds of the rotated query of row i and the worst key. A softcap s = c tanh(u/c) is 1-Lipschitz and adds
-    16u·c for its own evaluation. exp, the row sum and the division add a relative γ_{n+8}, so p_j/p̂_j ∈
-    [e^-ζ, e^ζ] with ζ = 2δ_i + γ_{n+8}, η = 2ζ ≥ e^ζ − 1. Keys whose p̂_j < 2^-1000 (underflow) hold real mass
-    at most 2^-990 each. Rows with ζ > ``SOFTMAX_ACCURACY_LIMIT`` (about ‖A_q‖‖A_k‖/τ > 2^28/(d + d_head)) raise
-    InputError: their float64 rows are not certified.
+    16u·c for its own evaluation; an additive position bias |b| ≤ B (ALiBi) adds 4u B + 2u M/τ. exp, the row sum
+    and the division add a relative γ_{n+8}, so p_j/p̂_j ∈ [e^-ζ, e^ζ] with ζ = 2δ_i + γ_{n+8}, η = 2ζ ≥ e^ζ − 1.
+    Keys whose p̂_j < 2^-1000 (underflow) hold real mass at most 2^-990 each. Rows with ζ >
+    ``SOFTMAX_ACCURACY_LIMIT`` (about ‖A_q‖‖A_k‖/τ > 2^28/(d + d_head)) raise InputError: their float64 rows are
+    not certified.
     """
     d_head, d_model = Wq.shape[-2:]
     delta, magnitude = score_error(
         X, Wq, Wk, b_q, b_k, tau, q_norm=q_norm, k_norm=k_norm, query_inputs=query_inputs, key_inputs=key_inputs,
-        softcap=softcap,
+        softcap=softcap, position_bias=position_bias,
     )  # fmt: skip
     zeta = add_up(mul_up(delta, 2.0), gamma(P.shape[-1] + 8))
     worst = float(zeta.max()) if zeta.numel() else 0.0

@@ -231,6 +231,9 @@ def _structure_reasons(layers: Sequence[LayerWeights]) -> list[str]:
         reasons.append(
             f"QK-norm in layer(s) {qk_normed}: the scores N_q(W_Q y_j)·N_k(W_K y_r) are not the theorem's bilinear form"
         )
+    biased = [layer.index for layer in layers if layer.attention.alibi_slopes is not None]
+    if biased:
+        reasons.append(f"ALiBi in layer(s) {biased}: position biases m_h(j − i) are outside the theorem's scores")
     capped = [layer.index for layer in layers if layer.attention.softcap is not None]
     if capped:
         reasons.append(f"softcapped scores in layer(s) {capped}: c·tanh(u/c) is not the theorem's bilinear form")

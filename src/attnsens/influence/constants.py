@@ -91,10 +91,11 @@ def block_constants(
         Upper bounds of every constant in real arithmetic: operator norms through ``attnsens._rounding`` (the
         rounding of the products W_Qᵀ W_K and W_O W_V included); ‖f_k(0)‖ inflated by a relative 1e-10.
     """
-    if layer.attention.q_norm is not None or layer.attention.k_norm is not None or layer.attention.softcap:
+    attn = layer.attention
+    if attn.q_norm is not None or attn.k_norm is not None or attn.softcap or attn.alibi_slopes is not None:
         raise ConfigError(
-            f"layer {layer.index}: QK-norm or softcapped scores are not a bilinear form W_Qᵀ W_K; the inverse-length "
-            "constants (docs/math.md §10.4) do not cover them"
+            f"layer {layer.index}: QK-norm, softcapped or ALiBi scores are not the bilinear form W_Qᵀ W_K alone; the "
+            "inverse-length constants (docs/math.md §10.4) do not cover them"
         )
     attention = layer.attention.per_query_head()
     f64 = torch.float64

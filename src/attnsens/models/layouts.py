@@ -18,6 +18,7 @@ permutation while loading, so ``q_proj``/``k_proj`` are already in the rotate-ha
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -40,6 +41,7 @@ from attnsens.models.hf import (
     split_heads,
 )
 from attnsens.weights import (
+    Activation,
     AttentionWeights,
     LayerWeights,
     MLPWeights,
@@ -61,6 +63,9 @@ class BlockLayout:
     v: str = "v_proj"
     o: str = "o_proj"
     qkv: str | None = None  # fused [q; k; v] projection replacing q, k, v
+    qkv_interleaved: bool = False  # BLOOM: the fused rows are [head, (q, k, v), d_head] instead of [q; k; v]
+    attention_output: str | None = None  # module (in the block) whose output is the attention sublayer's output,
+    # when the attention module itself returns the residual sum (BLOOM); default the attention module
     mlp: str = "mlp"  # the module whose output is the MLP's output
     up: str = "mlp.up_proj"
     gate: str | None = "mlp.gate_proj"  # None: plain MLP down(act(up x))
@@ -73,6 +78,7 @@ class BlockLayout:
     norm: NormKind = "rmsnorm"
     gamma_offset: float = 0.0  # Gemma's RMSNorm multiplies by (1 + weight)
     activation: str = "hidden_act"  # config attribute naming the MLP activation
+    fixed_activation: Activation | None = None  # the activation of families whose config names none (BLOOM)
     rotary: Literal["rope_parameters", "gptj", "none"] = "rope_parameters"  # gptj: base 10⁴, pairs, rotary_dim
     parallel_residual: bool = False  # X + Attn(N1(X)) + MLP(N2(X)) (GPT-J: N1 = N2 = ln_1)
     post_norm: bool = False  # post-LN blocks always (DistilBERT); OPT reads do_layer_norm_before instead
@@ -81,6 +87,7 @@ class BlockLayout:
     window: Literal["none", "config", "module"] = "none"  # where a sliding window is read
     qk_norm: bool = False  # the attention's q_norm/k_norm: per head (Qwen3, Gemma 3) or over all heads (OLMo 2)
     softcap: str | None = None  # config attribute of the attention logit softcap (Gemma 2/3), None when absent
+    alibi: bool = False  # ALiBi slopes m_h = 2^(−8h/H) (BLOOM), the model's own slopes formula
 
 
 _SANDWICH: dict[str, Any] = {
@@ -112,6 +119,22 @@ LAYOUTS: dict[str, BlockLayout] = {
         **_SANDWICH,
     ),
     "phi3": BlockLayout(qkv="qkv_proj", gate_up="mlp.gate_up_proj", window="config"),
+    "bloom": BlockLayout(
+        blocks="h",
+        attention="self_attention",
+        qkv="query_key_value",
+        qkv_interleaved=True,
+        o="dense",
+        attention_output="self_attention.dense",
+        mlp="mlp.dense_4h_to_h",
+        up="mlp.dense_h_to_4h",
+        gate=None,
+        down="mlp.dense_4h_to_h",
+        norm="layernorm",
+        fixed_activation="gelu_tanh",
+        rotary="none",
+        alibi=True,
+    ),
     "olmo2": BlockLayout(
         attn_norm=None,
         mlp_norm=None,
@@ -170,6 +193,10 @@ LAYOUTS: dict[str, BlockLayout] = {
 """transformers ``model_type`` → layout; ``loading.FAMILIES`` maps each of these to :class:`LayoutAdapter`."""
 
 
+NO_POSITION_LIMIT = 1 << 20
+"""The context of families without learned or rotary positions (ALiBi): no limit of their own, only memory's."""
+
+
 def _get(root: Any, path: str) -> Any:
     for name in path.split("."):
         root = getattr(root, name, None)
@@ -198,7 +225,7 @@ class LayoutAdapter(HFAdapter):
             n_kv_head=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
             d_model=config.hidden_size,
             d_head=d_head,
-            max_positions=config.max_position_embeddings,
+            max_positions=getattr(config, "max_position_embeddings", None) or NO_POSITION_LIMIT,
             vocab_size=config.vocab_size,
             placement=placement,
             norm=layout.norm,
@@ -244,7 +271,8 @@ class LayoutAdapter(HFAdapter):
 
     def output_modules(self, layer: int) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
         block = self.blocks()[layer]
-        return getattr(block, self.layout.attention), _get(block, self.layout.mlp), block
+        attention = _get(block, self.layout.attention_output or self.layout.attention)
+        return attention, _get(block, self.layout.mlp), block
 
     def output_hook_points(self, layer: int) -> list[HookPoint]:
         """The outputs of every layout, plus the norms after the sublayers where the layout has them."""
@@ -289,6 +317,7 @@ class LayoutAdapter(HFAdapter):
             q_norm=self._norm(attn.q_norm) if lay.qk_norm else None,
             k_norm=self._norm(attn.k_norm) if lay.qk_norm else None,
             softcap=None if lay.softcap is None else getattr(config, lay.softcap, None),
+            alibi_slopes=alibi_slopes(s.n_head) if lay.alibi else None,
         )
         return LayerWeights(
             index=index,
@@ -310,6 +339,12 @@ class LayoutAdapter(HFAdapter):
             weights = [linear.weight.detach().clone() for linear in linears]
             return (*weights, *(copied(linear.bias) for linear in linears))
         fused = getattr(attn, self.layout.qkv)
+        if self.layout.qkv_interleaved:  # rows [head, (q, k, v), d_head]
+            rows = fused.weight.detach().reshape(s.n_head, 3, s.d_head, -1)
+            weights = [rows[:, part].reshape(s.n_head * s.d_head, -1).clone() for part in range(3)]
+            b = None if fused.bias is None else fused.bias.detach().reshape(s.n_head, 3, s.d_head)
+            biases = [None] * 3 if b is None else [b[:, part].reshape(-1).clone() for part in range(3)]
+            return (*weights, *biases)
         sizes = [s.n_head * s.d_head, s.n_kv_head * s.d_head, s.n_kv_head * s.d_head]
         weights = [w.clone() for w in fused.weight.detach().split(sizes, dim=0)]
         biases = [None] * 3 if fused.bias is None else [b.clone() for b in fused.bias.detach().split(sizes)]
@@ -317,7 +352,7 @@ class LayoutAdapter(HFAdapter):
 
     def _mlp(self, block: HFModule) -> MLPWeights:
         lay = self.layout
-        activation = activation_of(getattr(self.base.config, lay.activation))
+        activation = lay.fixed_activation or activation_of(getattr(self.base.config, lay.activation))
         down = _get(block, lay.down)
         if lay.gate_up is not None:
             fused = _get(block, lay.gate_up)
@@ -360,6 +395,17 @@ def _rotary(
     if layout.rotary == "rope_parameters":
         return rotary_of(config, d_head, layer_type) if refuse else spec_rotary(config, d_head)
     return None
+
+
+def alibi_slopes(n_head: int) -> Tensor:
+    """ALiBi's slopes (Press et al.): m_h = 2^(−8(h+1)/H') for the H' = 2^⌊log2 H⌋ first heads, then the odd
+    powers of 2^(−4/H') for the rest (BLOOM's formula). Float32 like the model; the gate checks they match."""
+    closest = 2 ** math.floor(math.log2(n_head))
+    base = 2.0 ** (-8.0 / closest)
+    slopes = [base ** (h + 1) for h in range(closest)]
+    extra_base = 2.0 ** (-4.0 / closest)
+    slopes += [extra_base ** (2 * h + 1) for h in range(min(closest, n_head - closest))]
+    return torch.tensor(slopes, dtype=torch.float32)
 
 
 def layout_of(model_type: str) -> BlockLayout:

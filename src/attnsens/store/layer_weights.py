@@ -1,7 +1,8 @@
 """The safetensors file of a list of normalized ``LayerWeights`` (``attnsens bounds FILE.safetensors``).
 
 Layout: tensors
-``layers.{i}.attention.{w_q,w_k,w_v,w_o,b_q,b_k,b_v,b_o}``, ``layers.{i}.mlp.{w_in,w_out,b_in,b_out,w_gate,b_gate}``,
+``layers.{i}.attention.{w_q,w_k,w_v,w_o,b_q,b_k,b_v,b_o,alibi_slopes}``,
+``layers.{i}.mlp.{w_in,w_out,b_in,b_out,w_gate,b_gate}``,
 ``layers.{i}.{attn_norm,mlp_norm,attn_out_norm,mlp_out_norm}.{gamma,beta}``,
 ``layers.{i}.attention.{q_norm,k_norm}.gamma`` (QK-norm) (absent = None; shapes as in ``attnsens.weights``), and the
 metadata key ``attnsens.layers``: a JSON list with, per layer, ``placement``, ``tau``, ``causal``, ``mlp_kind``,
@@ -29,7 +30,7 @@ FORMAT_KEY = "attnsens.layers"
 
 
 _TENSORS = {
-    "attention": ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o"),
+    "attention": ("w_q", "w_k", "w_v", "w_o", "b_q", "b_k", "b_v", "b_o", "alibi_slopes"),
     "mlp": ("w_in", "w_out", "b_in", "b_out", "w_gate", "b_gate"),
     "attn_norm": ("gamma", "beta"),
     "mlp_norm": ("gamma", "beta"),

@@ -27,12 +27,15 @@ from tests.unit.models.tiny_models import (
 IDS = torch.randint(2, VOCAB, (2, 13), generator=torch.Generator().manual_seed(7))
 WINDOWS = {"mistral": [5, 5], "qwen2": [None, 5], "qwen3": [None, None], "phi3": [5, 5], "gemma": [None, None],
            "gemma2": [5, None], "gemma3_text": [5, None], "olmo2": [None, None], "opt": [None, None],
-           "opt_post": [None, None], "gptj": [None, None]}  # fmt: skip
+           "opt_post": [None, None], "gptj": [None, None], "bloom": [None, None]}  # fmt: skip
 OUT_NORM_FIELDS = {"attn_out_norm", "mlp_out_norm"}
 
 
+EAGER_ONLY = ("gemma2", "bloom")  # transformers has no sdpa path for them
+
+
 def _model(family: str) -> torch.nn.Module:
-    return tiny_model(family, attn_implementation="eager" if family == "gemma2" else "sdpa")
+    return tiny_model(family, attn_implementation="eager" if family in EAGER_ONLY else "sdpa")
 
 
 @pytest.mark.parametrize("family", DECODER_FAMILIES)
@@ -63,6 +66,10 @@ def _swap(adapter: M.ModelAdapter, layer: int, first: str, second: str) -> None:
 
 
 MUTATIONS = {
+    "bloom: no ALiBi": ("bloom", 0, "attention", lambda a: _set(a, 0, "attention", alibi_slopes=None)),
+    "bloom: ALiBi slopes in reverse head order": ("bloom", 0, "attention", lambda a: _set(
+        a, 0, "attention", alibi_slopes=a.layers[0].attention.alibi_slopes.flip(0))
+    ),
     "gemma2: no softcap": ("gemma2", 0, "attention", lambda a: _set(a, 0, "attention", softcap=None)),
     "gemma3: full layer with the sliding layers' RoPE": ("gemma3_text", 1, "attention", lambda a: _set(
         a, 1, "attention", rotary=a.layers[0].attention.rotary)
@@ -114,7 +121,7 @@ def test_the_gate_refuses_mutated_decoder_weights(name: str) -> None:
     assert (caught.value.family, caught.value.layer, caught.value.field) == (adapter.family, layer, field)
 
 
-@pytest.mark.parametrize("family", ["mistral", "qwen2", "qwen3", "olmo2", "phi3"])
+@pytest.mark.parametrize("family", ["mistral", "qwen2", "qwen3", "olmo2", "phi3", "bloom"])
 def test_rows_match_eager_attention_with_sliding_windows_and_qk_norm(family: str) -> None:
     model = _model(family)
     adapter = M.load(model)
@@ -169,7 +176,7 @@ def test_softcapped_attention_rows_match_eager_with_the_cap_that_matters() -> No
         torch.testing.assert_close(chunk.probs, reference[chunk.layer], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("family", ["mistral", "qwen3", "phi3", "opt_post", "gemma2"])
+@pytest.mark.parametrize("family", ["mistral", "qwen3", "gemma2", "gemma3_text", "olmo2", "phi3", "opt_post", "bloom"])
 def test_bounds_of_decoder_families_hold(family: str) -> None:
     table = bound_model(M.load(_model(family)), IDS[:1], n_queries=4, iterations=8)
     layer_rows = table[table["head"] == -1]
@@ -198,5 +205,18 @@ def test_qk_norm_survives_the_weights_file_and_is_bounded_from_it(tmp_path) -> N
         assert read is not None and read.eps == original.eps
         torch.testing.assert_close(read.gamma, original.gamma)
     table = bound_model(back, seq_len=11, n_queries=2, iterations=3)
+    layer_rows = table[table["head"] == -1]
+    assert (layer_rows["mha_jacobian_estimate"] <= layer_rows["mha_local_jacobian_upper_bound"]).all()
+
+
+def test_alibi_survives_the_weights_file(tmp_path) -> None:
+    from attnsens.store.layer_weights import load_layer_weights, save_layer_weights
+
+    layers = M.load(_model("bloom")).layers
+    back = load_layer_weights(save_layer_weights(layers, tmp_path / "w.safetensors"))
+    slopes = back[0].attention.alibi_slopes
+    assert slopes is not None
+    torch.testing.assert_close(slopes, layers[0].attention.alibi_slopes)
+    table = bound_model(back, seq_len=9, n_queries=2, iterations=3)
     layer_rows = table[table["head"] == -1]
     assert (layer_rows["mha_jacobian_estimate"] <= layer_rows["mha_local_jacobian_upper_bound"]).all()

@@ -12,10 +12,10 @@ from tests.unit.models.tiny_models import tiny_model
 
 
 def test_unknown_family_lists_the_supported_ones() -> None:
-    from transformers import BloomConfig, BloomModel
+    from transformers import MptConfig, MptModel
 
-    model = BloomModel(BloomConfig(n_layer=1, n_head=2, hidden_size=8, vocab_size=11))
-    with pytest.raises(UnsupportedModelError, match=r"'bloom'.*gpt2, gpt_neox, llama, bert"):
+    model = MptModel(MptConfig(n_layers=1, n_heads=2, d_model=8, vocab_size=11))
+    with pytest.raises(UnsupportedModelError, match=r"'mpt'.*gpt2, gpt_neox, llama, bert"):
         M.load(model)
 
 

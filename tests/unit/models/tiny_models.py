@@ -6,6 +6,8 @@ import torch
 from transformers import (
     BertConfig,
     BertModel,
+    BloomConfig,
+    BloomForCausalLM,
     DistilBertConfig,
     DistilBertModel,
     ElectraConfig,
@@ -41,11 +43,12 @@ from transformers import (
 VOCAB = 53
 FAMILIES = ("gpt2", "gpt_neox", "llama", "bert")
 DECODER_FAMILIES = (
-    "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "olmo2", "phi3", "opt", "opt_post", "gptj",
+    "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "olmo2", "phi3", "opt", "opt_post", "gptj", "bloom",
 )  # fmt: skip
 """Families bounded through the declarative decoder table (models/layouts.py); sliding windows of 5 keys; gemma2
 with sandwich norms and an attention logit softcap of 3 (eager attention), gemma3_text with per-head QK-norm and
-one RoPE per layer type, olmo2 with norms after each sublayer and a QK-norm over all heads."""
+one RoPE per layer type, olmo2 with norms after each sublayer and a QK-norm over all heads, bloom with ALiBi and
+its fused per-head qkv (its own score computation)."""
 OUT_NORM_FAMILIES = ("gemma2", "gemma3_text", "olmo2")
 """Families whose blocks apply a norm to each sublayer's output; their norm gains are spread too."""
 ENCODER_FAMILIES = ("roberta", "electra", "distilbert")
@@ -86,6 +89,7 @@ CONFIGS = {
     "phi3": (Phi3Config, Phi3ForCausalLM, {**_GQA, "sliding_window": 5, "pad_token_id": 0, "bos_token_id": 0,
                                            "eos_token_id": 0}),
     "olmo2": (Olmo2Config, Olmo2ForCausalLM, {**_GQA, "pad_token_id": 0}),
+    "bloom": (BloomConfig, BloomForCausalLM, {"n_layer": 2, "n_head": 3, "hidden_size": 21}),
     "opt": (OPTConfig, OPTForCausalLM, {"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 21,
                                         "ffn_dim": 37, "max_position_embeddings": 41, "word_embed_proj_dim": 21,
                                         "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 0}),
@@ -150,14 +154,12 @@ INTERFACE_FAMILIES = ("mixtral", "phi", "stablelm", "starcoder2", "cohere", "mod
 """Families audited through the attention-function interface alone (models/interface.py): rows, no bounds."""
 VISION_FAMILIES = ("vit", "clip_vision")
 """Vision encoders audited through the interface: input pixel_values [batch, 3, 12, 12], 9 patches + [CLS]."""
-BYPASS_FAMILIES = ("gpt_neo", "falcon", "bloom")
+BYPASS_FAMILIES = ("gpt_neo", "falcon")
 """Families whose eager attention computes its own softmax: refused by name."""
 
 
 def _interface_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
     from transformers import (
-        BloomConfig,
-        BloomModel,
         CLIPTextConfig,
         CLIPTextModel,
         CLIPVisionConfig,
@@ -221,7 +223,6 @@ def _interface_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
                                                 "max_position_embeddings": 41}),
         "falcon": (FalconConfig, FalconModel, {"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 24,
                                                "alibi": True}),
-        "bloom": (BloomConfig, BloomModel, {"n_layer": 2, "n_head": 3, "hidden_size": 21}),
     }  # fmt: skip
 
 
