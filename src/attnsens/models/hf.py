@@ -148,7 +148,8 @@ def _register(
         return module.register_forward_pre_hook(pre_hook, with_kwargs=True)
 
     def post_hook(_module: torch.nn.Module, _args: Any, output: Any) -> None:
-        record(layer, field, output[0] if isinstance(output, tuple) else output)
+        # a copy: some blocks add to a sublayer's output in place afterwards (Falcon's mlp_output += attention_output)
+        record(layer, field, (output[0] if isinstance(output, tuple) else output).clone())
 
     return module.register_forward_hook(post_hook)
 

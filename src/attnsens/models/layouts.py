@@ -63,7 +63,9 @@ class BlockLayout:
     v: str = "v_proj"
     o: str = "o_proj"
     qkv: str | None = None  # fused [q; k; v] projection replacing q, k, v
-    qkv_interleaved: bool = False  # BLOOM: the fused rows are [head, (q, k, v), d_head] instead of [q; k; v]
+    qkv_order: Literal["blocks", "heads", "groups"] = "blocks"  # rows of the fused qkv: [q; k; v] blocks,
+    # [head, (q, k, v), d_head] (BLOOM, Falcon without multi-query) or [kv_head, (q × group, k, v), d_head] (Falcon's
+    # new decoder architecture)
     attention_output: str | None = None  # module (in the block) whose output is the attention sublayer's output,
     # when the attention module itself returns the residual sum (BLOOM); default the attention module
     mlp: str = "mlp"  # the module whose output is the MLP's output
@@ -123,7 +125,7 @@ LAYOUTS: dict[str, BlockLayout] = {
         blocks="h",
         attention="self_attention",
         qkv="query_key_value",
-        qkv_interleaved=True,
+        qkv_order="heads",
         o="dense",
         attention_output="self_attention.dense",
         mlp="mlp.dense_4h_to_h",
@@ -207,12 +209,21 @@ class LayoutAdapter(HFAdapter):
     """Any family of :data:`LAYOUTS`; ``family`` is the transformers ``model_type``."""
 
     def __init__(self, module: HFModule, *, name: str, tokenizer: Any = None) -> None:
-        self.layout = layout_of(module.base_model.config.model_type)
+        self.layout = self.layout_for(module.base_model.config)
         super().__init__(module, name=name, tokenizer=tokenizer)
 
     @classmethod
+    def layout_for(cls, config: Any) -> BlockLayout:
+        """The family's layout (a family whose blocks vary with its config overrides this)."""
+        return layout_of(config.model_type)
+
+    @classmethod
+    def kv_heads_of(cls, config: Any) -> int:
+        return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+
+    @classmethod
     def spec_of(cls, config: Any) -> ModelSpec:
-        layout = layout_of(config.model_type)
+        layout = cls.layout_for(config)
         d_head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         placement: Placement = (
             "none" if layout.attn_norm is None
@@ -222,7 +233,7 @@ class LayoutAdapter(HFAdapter):
         return ModelSpec(
             n_layer=config.num_hidden_layers,
             n_head=config.num_attention_heads,
-            n_kv_head=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+            n_kv_head=cls.kv_heads_of(config),
             d_model=config.hidden_size,
             d_head=d_head,
             max_positions=getattr(config, "max_position_embeddings", None) or NO_POSITION_LIMIT,
@@ -339,11 +350,16 @@ class LayoutAdapter(HFAdapter):
             weights = [linear.weight.detach().clone() for linear in linears]
             return (*weights, *(copied(linear.bias) for linear in linears))
         fused = getattr(attn, self.layout.qkv)
-        if self.layout.qkv_interleaved:  # rows [head, (q, k, v), d_head]
-            rows = fused.weight.detach().reshape(s.n_head, 3, s.d_head, -1)
-            weights = [rows[:, part].reshape(s.n_head * s.d_head, -1).clone() for part in range(3)]
-            b = None if fused.bias is None else fused.bias.detach().reshape(s.n_head, 3, s.d_head)
-            biases = [None] * 3 if b is None else [b[:, part].reshape(-1).clone() for part in range(3)]
+        if self.layout.qkv_order != "blocks":  # rows [head, (q, k, v), d_head] or [kv_head, (q × group, k, v), d_head]
+            group = 1 if self.layout.qkv_order == "heads" else s.n_head // s.n_kv_head
+            parts = (slice(0, group), slice(group, group + 1), slice(group + 1, group + 2))
+
+            def split(t: Tensor) -> list[Tensor]:
+                rows = t.detach().reshape(s.n_kv_head, group + 2, s.d_head, *t.shape[1:])
+                return [rows[:, part].reshape(-1, *t.shape[1:]).clone() for part in parts]
+
+            weights = split(fused.weight)
+            biases = [None] * 3 if fused.bias is None else split(fused.bias)
             return (*weights, *biases)
         sizes = [s.n_head * s.d_head, s.n_kv_head * s.d_head, s.n_kv_head * s.d_head]
         weights = [w.clone() for w in fused.weight.detach().split(sizes, dim=0)]

@@ -154,7 +154,7 @@ INTERFACE_FAMILIES = ("mixtral", "phi", "stablelm", "starcoder2", "cohere", "mod
 """Families audited through the attention-function interface alone (models/interface.py): rows, no bounds."""
 VISION_FAMILIES = ("vit", "clip_vision")
 """Vision encoders audited through the interface: input pixel_values [batch, 3, 12, 12], 9 patches + [CLS]."""
-BYPASS_FAMILIES = ("gpt_neo", "falcon")
+BYPASS_FAMILIES = ("gpt_neo",)
 """Families whose eager attention computes its own softmax: refused by name."""
 
 
