@@ -104,6 +104,9 @@ FAMILY_CONFIGS = {
                                                            "layer_types": ["sliding_attention", "full_attention"]}),
     "olmo2": ("Olmo2Config", "Olmo2Model", {**_DECODER, "pad_token_id": 0}),
     "bloom": ("BloomConfig", "BloomModel", {"n_layer": 2, "n_head": 4, "hidden_size": 64}),
+    # Falcon-7B's arrangement: multi-query attention, one LayerNorm for the parallel attention and MLP, RoPE.
+    "falcon": ("FalconConfig", "FalconModel", {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64,
+                                               "max_position_embeddings": 64}),
     "phi3": ("Phi3Config", "Phi3Model", {**_DECODER, "pad_token_id": 0}),
     "opt": ("OPTConfig", "OPTModel", {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64,
                                       "ffn_dim": 96, "max_position_embeddings": 64, "word_embed_proj_dim": 64}),
