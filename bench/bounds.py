@@ -104,6 +104,7 @@ FAMILY_CONFIGS = {
                                                            "layer_types": ["sliding_attention", "full_attention"]}),
     "olmo2": ("Olmo2Config", "Olmo2Model", {**_DECODER, "pad_token_id": 0}),
     "bloom": ("BloomConfig", "BloomModel", {"n_layer": 2, "n_head": 4, "hidden_size": 64}),
+    "mpt": ("MptConfig", "MptModel", {"n_layers": 2, "n_heads": 4, "d_model": 64, "max_seq_len": 64}),
     # Falcon-7B's arrangement: multi-query attention, one LayerNorm for the parallel attention and MLP, RoPE.
     "falcon": ("FalconConfig", "FalconModel", {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64,
                                                "max_position_embeddings": 64}),
@@ -131,7 +132,8 @@ def tiny_family(model_type: str):
     hf_logging.set_verbosity_error()
     config_name, model_name, keywords = FAMILY_CONFIGS[model_type]
     torch.manual_seed(0)
-    implementation = "eager" if model_type in ("gemma2", "bloom") else "sdpa"  # transformers has no sdpa path for them
+    eager_only = ("gemma2", "bloom", "mpt")  # transformers has no sdpa path for them
+    implementation = "eager" if model_type in eager_only else "sdpa"
     config = getattr(transformers, config_name)(**keywords, vocab_size=97, attn_implementation=implementation)
     model = getattr(transformers, model_name)(config).eval()
     with torch.no_grad():

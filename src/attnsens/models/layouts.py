@@ -89,7 +89,9 @@ class BlockLayout:
     window: Literal["none", "config", "module"] = "none"  # where a sliding window is read
     qk_norm: bool = False  # the attention's q_norm/k_norm: per head (Qwen3, Gemma 3) or over all heads (OLMo 2)
     softcap: str | None = None  # config attribute of the attention logit softcap (Gemma 2/3), None when absent
-    alibi: bool = False  # ALiBi slopes m_h = 2^(−8h/H) (BLOOM), the model's own slopes formula
+    alibi: Literal["none", "bloom", "mpt"] = "none"  # ALiBi, with the slopes formula of the family
+    scaling: str = "scaling"  # attention-module attribute holding the score scale 1/τ (default 1/√d_head)
+    positions: str = "max_position_embeddings"  # config attribute of the context length
 
 
 _SANDWICH: dict[str, Any] = {
@@ -135,7 +137,25 @@ LAYOUTS: dict[str, BlockLayout] = {
         norm="layernorm",
         fixed_activation="gelu_tanh",
         rotary="none",
-        alibi=True,
+        alibi="bloom",
+    ),
+    "mpt": BlockLayout(
+        blocks="blocks",
+        attention="attn",
+        qkv="Wqkv",
+        o="out_proj",
+        mlp="ffn.down_proj",
+        up="ffn.up_proj",
+        gate=None,
+        down="ffn.down_proj",
+        attn_norm="norm_1",
+        mlp_norm="norm_2",
+        norm="layernorm",
+        fixed_activation="gelu",
+        rotary="none",
+        alibi="mpt",
+        scaling="softmax_scale",
+        positions="max_seq_len",
     ),
     "olmo2": BlockLayout(
         attn_norm=None,
@@ -236,7 +256,7 @@ class LayoutAdapter(HFAdapter):
             n_kv_head=cls.kv_heads_of(config),
             d_model=config.hidden_size,
             d_head=d_head,
-            max_positions=getattr(config, "max_position_embeddings", None) or NO_POSITION_LIMIT,
+            max_positions=getattr(config, layout.positions, None) or NO_POSITION_LIMIT,
             vocab_size=config.vocab_size,
             placement=placement,
             norm=layout.norm,
@@ -302,7 +322,7 @@ class LayoutAdapter(HFAdapter):
         s, lay, config = self.spec, self.layout, self.base.config
         attn = getattr(block, lay.attention)
         w_q, w_k, w_v, b_q, b_k, b_v = self._projections(attn)
-        scaling = float(getattr(attn, "scaling", s.d_head**-0.5))
+        scaling = float(getattr(attn, lay.scaling, None) or s.d_head**-0.5)
         tau = 1.0 / scaling
         if lay.query_scaled_in_projection:
             w_q, b_q, tau = w_q * scaling, None if b_q is None else b_q * scaling, 1.0
@@ -328,7 +348,7 @@ class LayoutAdapter(HFAdapter):
             q_norm=self._norm(attn.q_norm) if lay.qk_norm else None,
             k_norm=self._norm(attn.k_norm) if lay.qk_norm else None,
             softcap=None if lay.softcap is None else getattr(config, lay.softcap, None),
-            alibi_slopes=alibi_slopes(s.n_head) if lay.alibi else None,
+            alibi_slopes=None if lay.alibi == "none" else ALIBI_SLOPES[lay.alibi](s.n_head),
         )
         return LayerWeights(
             index=index,
@@ -414,14 +434,29 @@ def _rotary(
 
 
 def alibi_slopes(n_head: int) -> Tensor:
-    """ALiBi's slopes (Press et al.): m_h = 2^(−8(h+1)/H') for the H' = 2^⌊log2 H⌋ first heads, then the odd
-    powers of 2^(−4/H') for the rest (BLOOM's formula). Float32 like the model; the gate checks they match."""
+    """ALiBi's slopes (Press et al.): m_h = b^(h+1) with b = 2^(−8/H') for the H' = 2^⌊log2 H⌋ first heads, then
+    the odd powers of 2^(−4/H') for the rest: BLOOM's formula, evaluated in float32 as the model does (torch.pow
+    of a float32 base), so the slopes are the model's to the bit."""
     closest = 2 ** math.floor(math.log2(n_head))
-    base = 2.0 ** (-8.0 / closest)
-    slopes = [base ** (h + 1) for h in range(closest)]
-    extra_base = 2.0 ** (-4.0 / closest)
-    slopes += [extra_base ** (2 * h + 1) for h in range(min(closest, n_head - closest))]
+    base = torch.tensor(2.0 ** (-8.0 / closest), dtype=torch.float32)
+    slopes = torch.pow(base, torch.arange(1, closest + 1, dtype=torch.int32))
+    if closest != n_head:
+        extra_base = torch.tensor(2.0 ** (-4.0 / closest), dtype=torch.float32)
+        odd = torch.arange(1, 1 + 2 * min(closest, n_head - closest), 2, dtype=torch.int32)
+        slopes = torch.cat([slopes, torch.pow(extra_base, odd)])
+    return slopes
+
+
+def mpt_alibi_slopes(n_head: int) -> Tensor:
+    """MPT's ALiBi slopes: 2^(−8(h+1)/H') for H' = 2^⌈log2 H⌉, interleaved (odd then even) when H' > H."""
+    padded = 2 ** math.ceil(math.log2(n_head))
+    slopes = [2.0 ** (-(h + 1) * 8.0 / padded) for h in range(padded)]
+    if padded != n_head:
+        slopes = (slopes[1::2] + slopes[::2])[:n_head]
     return torch.tensor(slopes, dtype=torch.float32)
+
+
+ALIBI_SLOPES = {"bloom": alibi_slopes, "mpt": mpt_alibi_slopes}
 
 
 def layout_of(model_type: str) -> BlockLayout:

@@ -33,6 +33,7 @@ FAMILIES: dict[str, str] = {
     "bert": "attnsens.models.bert:BertAdapter",
     "bloom": "attnsens.models.bloom:BloomAdapter",
     "falcon": "attnsens.models.falcon:FalconAdapter",
+    "mpt": "attnsens.models.mpt:MptAdapter",
     **{family: "attnsens.models.bert:BertAdapter" for family in ("roberta", "xlm-roberta", "camembert", "electra")},
     **{family: "attnsens.models.layouts:LayoutAdapter" for family in (
         "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2", "opt", "gptj", "distilbert",
@@ -44,7 +45,6 @@ transformers' attention-function interface are audited by ``attnsens.models.inte
 _OWN_SOFTMAX = "its eager attention computes the softmax itself (bypassing the attention-function interface)"
 BYPASSES: dict[str, str] = {
     "gpt_neo": _OWN_SOFTMAX,
-    "mpt": _OWN_SOFTMAX + " with ALiBi",
 }
 """Families refused by name before their weights are loaded; others without interface calls are refused on load."""
 

@@ -11,9 +11,10 @@ import torch
 
 import attnsens.models as M
 from attnsens.capture import RowSelection, capture_row_statistics
-from attnsens.errors import WeightsFidelityError
+from attnsens.errors import UnsupportedModelError, WeightsFidelityError
 from attnsens.geometry.layers import norm_forward
 from attnsens.models.fidelity import FIELDS
+from attnsens.models.layouts import alibi_slopes, mpt_alibi_slopes
 from attnsens.study.bounds import bound_model
 from tests.unit.models.tiny_models import (
     DECODER_FAMILIES,
@@ -27,11 +28,11 @@ from tests.unit.models.tiny_models import (
 IDS = torch.randint(2, VOCAB, (2, 13), generator=torch.Generator().manual_seed(7))
 WINDOWS = {"mistral": [5, 5], "qwen2": [None, 5], "qwen3": [None, None], "phi3": [5, 5], "gemma": [None, None],
            "gemma2": [5, None], "gemma3_text": [5, None], "olmo2": [None, None], "opt": [None, None],
-           "opt_post": [None, None], "gptj": [None, None], "bloom": [None, None]}  # fmt: skip
+           "opt_post": [None, None], "gptj": [None, None], "bloom": [None, None], "mpt": [None, None]}  # fmt: skip
 OUT_NORM_FIELDS = {"attn_out_norm", "mlp_out_norm"}
 
 
-EAGER_ONLY = ("gemma2", "bloom")  # transformers has no sdpa path for them
+EAGER_ONLY = ("gemma2", "bloom", "mpt")  # transformers has no sdpa path for them
 
 
 def _model(family: str) -> torch.nn.Module:
@@ -69,6 +70,9 @@ MUTATIONS = {
     "bloom: no ALiBi": ("bloom", 0, "attention", lambda a: _set(a, 0, "attention", alibi_slopes=None)),
     "bloom: ALiBi slopes in reverse head order": ("bloom", 0, "attention", lambda a: _set(
         a, 0, "attention", alibi_slopes=a.layers[0].attention.alibi_slopes.flip(0))
+    ),
+    "mpt: ALiBi slopes doubled": ("mpt", 0, "attention", lambda a: _set(
+        a, 0, "attention", alibi_slopes=a.layers[0].attention.alibi_slopes * 2)
     ),
     "gemma2: no softcap": ("gemma2", 0, "attention", lambda a: _set(a, 0, "attention", softcap=None)),
     "gemma3: full layer with the sliding layers' RoPE": ("gemma3_text", 1, "attention", lambda a: _set(
@@ -121,7 +125,7 @@ def test_the_gate_refuses_mutated_decoder_weights(name: str) -> None:
     assert (caught.value.family, caught.value.layer, caught.value.field) == (adapter.family, layer, field)
 
 
-@pytest.mark.parametrize("family", ["mistral", "qwen2", "qwen3", "olmo2", "phi3", "bloom"])
+@pytest.mark.parametrize("family", ["mistral", "qwen2", "qwen3", "olmo2", "phi3", "bloom", "mpt"])
 def test_rows_match_eager_attention_with_sliding_windows_and_qk_norm(family: str) -> None:
     model = _model(family)
     adapter = M.load(model)
@@ -176,7 +180,9 @@ def test_softcapped_attention_rows_match_eager_with_the_cap_that_matters() -> No
         torch.testing.assert_close(chunk.probs, reference[chunk.layer], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("family", ["mistral", "qwen3", "gemma2", "gemma3_text", "olmo2", "phi3", "opt_post", "bloom"])
+@pytest.mark.parametrize(
+    "family", ["mistral", "qwen3", "gemma2", "gemma3_text", "olmo2", "phi3", "opt_post", "bloom", "mpt"]
+)
 def test_bounds_of_decoder_families_hold(family: str) -> None:
     table = bound_model(M.load(_model(family)), IDS[:1], n_queries=4, iterations=8)
     layer_rows = table[table["head"] == -1]
@@ -220,3 +226,24 @@ def test_alibi_survives_the_weights_file(tmp_path) -> None:
     table = bound_model(back, seq_len=9, n_queries=2, iterations=3)
     layer_rows = table[table["head"] == -1]
     assert (layer_rows["mha_jacobian_estimate"] <= layer_rows["mha_local_jacobian_upper_bound"]).all()
+
+
+def test_mpt_with_clipped_qkv_is_audited_but_not_bounded() -> None:
+    model = tiny_model("mpt", attn_implementation="eager", attn_config={"clip_qkv": 0.5})
+    adapter = M.load(model)
+    reference = eager_attentions(model, IDS)
+    for chunk in adapter.stream_attention(IDS):
+        torch.testing.assert_close(chunk.probs, reference[chunk.layer], rtol=1e-5, atol=1e-6)
+    with pytest.raises(UnsupportedModelError, match="clamps its fused q, k, v"):
+        bound_model(adapter, IDS[:1])
+
+
+@pytest.mark.parametrize("n_head", [1, 3, 4, 6, 8, 12, 16, 20])
+def test_alibi_slopes_are_the_families_own(n_head: int) -> None:
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+    from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
+
+    bloom = build_alibi_tensor(torch.ones(1, 2, dtype=torch.long), n_head, torch.float32).view(n_head, 2)[:, 1]
+    torch.testing.assert_close(alibi_slopes(n_head), bloom, rtol=0, atol=0)
+    mpt = build_mpt_alibi_tensor(n_head, 2).view(n_head, 2)[:, 0].neg()
+    torch.testing.assert_close(mpt_alibi_slopes(n_head), mpt, rtol=0, atol=0)

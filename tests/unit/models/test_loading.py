@@ -12,10 +12,11 @@ from tests.unit.models.tiny_models import tiny_model
 
 
 def test_unknown_family_lists_the_supported_ones() -> None:
-    from transformers import MptConfig, MptModel
+    from transformers import GPTNeoConfig, GPTNeoModel
 
-    model = MptModel(MptConfig(n_layers=1, n_heads=2, d_model=8, vocab_size=11))
-    with pytest.raises(UnsupportedModelError, match=r"'mpt'.*gpt2, gpt_neox, llama, bert"):
+    config = GPTNeoConfig(num_layers=1, num_heads=2, hidden_size=8, vocab_size=11, attention_types=[[["global"], 1]])
+    model = GPTNeoModel(config)
+    with pytest.raises(UnsupportedModelError, match=r"'gpt_neo'.*gpt2, gpt_neox, llama, bert, bloom, falcon, mpt"):
         M.load(model)
 
 

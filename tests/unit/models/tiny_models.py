@@ -26,6 +26,8 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    MptConfig,
+    MptForCausalLM,
     Olmo2Config,
     Olmo2ForCausalLM,
     OPTConfig,
@@ -44,11 +46,12 @@ VOCAB = 53
 FAMILIES = ("gpt2", "gpt_neox", "llama", "bert")
 DECODER_FAMILIES = (
     "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "olmo2", "phi3", "opt", "opt_post", "gptj", "bloom",
+    "mpt",
 )  # fmt: skip
 """Families bounded through the declarative decoder table (models/layouts.py); sliding windows of 5 keys; gemma2
 with sandwich norms and an attention logit softcap of 3 (eager attention), gemma3_text with per-head QK-norm and
 one RoPE per layer type, olmo2 with norms after each sublayer and a QK-norm over all heads, bloom with ALiBi and
-its fused per-head qkv (its own score computation)."""
+its fused per-head qkv, mpt with its own ALiBi slopes (both audited through their own score computation)."""
 OUT_NORM_FAMILIES = ("gemma2", "gemma3_text", "olmo2")
 """Families whose blocks apply a norm to each sublayer's output; their norm gains are spread too."""
 ENCODER_FAMILIES = ("roberta", "electra", "distilbert")
@@ -90,6 +93,7 @@ CONFIGS = {
                                            "eos_token_id": 0}),
     "olmo2": (Olmo2Config, Olmo2ForCausalLM, {**_GQA, "pad_token_id": 0}),
     "bloom": (BloomConfig, BloomForCausalLM, {"n_layer": 2, "n_head": 3, "hidden_size": 21}),
+    "mpt": (MptConfig, MptForCausalLM, {"n_layers": 2, "n_heads": 3, "d_model": 21, "max_seq_len": 41}),
     "opt": (OPTConfig, OPTForCausalLM, {"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 21,
                                         "ffn_dim": 37, "max_position_embeddings": 41, "word_embed_proj_dim": 21,
                                         "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 0}),
