@@ -104,6 +104,8 @@ FAMILY_CONFIGS = {
                                                            "layer_types": ["sliding_attention", "full_attention"]}),
     "olmo2": ("Olmo2Config", "Olmo2Model", {**_DECODER, "pad_token_id": 0}),
     "bloom": ("BloomConfig", "BloomModel", {"n_layer": 2, "n_head": 4, "hidden_size": 64}),
+    "phi": ("PhiConfig", "PhiModel", {**_DECODER, "num_key_value_heads": 4}),
+    "cohere": ("CohereConfig", "CohereModel", _DECODER),
     "mpt": ("MptConfig", "MptModel", {"n_layers": 2, "n_heads": 4, "d_model": 64, "max_seq_len": 64}),
     # Falcon-7B's arrangement: multi-query attention, one LayerNorm for the parallel attention and MLP, RoPE.
     "falcon": ("FalconConfig", "FalconModel", {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64,

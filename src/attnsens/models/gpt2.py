@@ -92,11 +92,13 @@ class GPT2Adapter(HFAdapter):
 
 
 def layer_norm(module: HFModule) -> NormWeights:
-    """NormWeights of a ``torch.nn.LayerNorm`` (bias may be absent)."""
+    """NormWeights of a ``torch.nn.LayerNorm`` (bias may be absent) or of a LayerNorm module that keeps its ε as
+    ``variance_epsilon`` (Cohere)."""
     bias = getattr(module, "bias", None)
+    eps = getattr(module, "eps", None)
     return NormWeights(
         kind="layernorm",
         gamma=module.weight.detach().clone(),
         beta=copied(bias),
-        eps=float(module.eps),
+        eps=float(module.variance_epsilon if eps is None else eps),
     )

@@ -18,6 +18,7 @@ permutation while loading, so ``q_proj``/``k_proj`` are already in the rotate-ha
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -92,8 +93,14 @@ class BlockLayout:
     alibi: Literal["none", "bloom", "mpt"] = "none"  # ALiBi, with the slopes formula of the family
     scaling: str = "scaling"  # attention-module attribute holding the score scale 1/τ (default 1/√d_head)
     positions: str = "max_position_embeddings"  # config attribute of the context length
+    rotary_interleaved: bool = False  # RoPE on adjacent pairs (Cohere) instead of halves
+    parallel_if: str | None = None  # config flag that makes the block parallel on the attention norm (StableLM)
+    unsupported: tuple[tuple[str, str], ...] = ()  # (config attribute, why) refused for bounds when it is set
 
 
+_LAYERNORM_QK = (
+    "a LayerNorm of each head's queries and keys (a QK-norm with centring, which attnsens bounds only as RMSNorm)"
+)
 _SANDWICH: dict[str, Any] = {
     "mlp_norm": "pre_feedforward_layernorm",
     "attn_out_norm": "post_attention_layernorm",
@@ -123,6 +130,27 @@ LAYOUTS: dict[str, BlockLayout] = {
         **_SANDWICH,
     ),
     "phi3": BlockLayout(qkv="qkv_proj", gate_up="mlp.gate_up_proj", window="config"),
+    "phi": BlockLayout(
+        o="dense",
+        up="mlp.fc1",
+        gate=None,
+        down="mlp.fc2",
+        mlp_norm="input_layernorm",
+        norm="layernorm",
+        parallel_residual=True,
+        unsupported=(("qk_layernorm", _LAYERNORM_QK),),
+    ),
+    "stablelm": BlockLayout(
+        norm="layernorm", parallel_if="use_parallel_residual", unsupported=(("qk_layernorm", _LAYERNORM_QK),)
+    ),
+    "starcoder2": BlockLayout(up="mlp.c_fc", gate=None, down="mlp.c_proj", norm="layernorm", window="config"),
+    "cohere": BlockLayout(
+        mlp_norm="input_layernorm",
+        norm="layernorm",
+        parallel_residual=True,
+        rotary_interleaved=True,
+        unsupported=(("use_qk_norm", _LAYERNORM_QK),),
+    ),
     "bloom": BlockLayout(
         blocks="h",
         attention="self_attention",
@@ -234,8 +262,12 @@ class LayoutAdapter(HFAdapter):
 
     @classmethod
     def layout_for(cls, config: Any) -> BlockLayout:
-        """The family's layout (a family whose blocks vary with its config overrides this)."""
-        return layout_of(config.model_type)
+        """The family's layout, parallel when its ``parallel_if`` flag is set (a family whose blocks vary more with
+        its config overrides this)."""
+        layout = layout_of(config.model_type)
+        if layout.parallel_if is not None and getattr(config, layout.parallel_if, False):
+            return dataclasses.replace(layout, parallel_residual=True, mlp_norm=layout.attn_norm)
+        return layout
 
     @classmethod
     def kv_heads_of(cls, config: Any) -> int:
@@ -316,6 +348,11 @@ class LayoutAdapter(HFAdapter):
         return [*super().output_hook_points(layer), *normed]
 
     def read_layers(self) -> list[LayerWeights]:
+        for attribute, why in self.layout.unsupported:
+            if getattr(self.base.config, attribute, None):
+                raise UnsupportedModelError(
+                    f"{self.family} sets {attribute}: {why}; attnsens audits its attention rows but refuses to bound it"
+                )
         return [self._layer(i, block) for i, block in enumerate(self.blocks())]
 
     def _layer(self, index: int, block: HFModule) -> LayerWeights:
@@ -429,7 +466,10 @@ def _rotary(
     if layout.rotary == "gptj":
         return RotaryConfig(base=10000.0, rotary_dim=config.rotary_dim or d_head, interleaved=True)
     if layout.rotary == "rope_parameters":
-        return rotary_of(config, d_head, layer_type) if refuse else spec_rotary(config, d_head)
+        rotary = rotary_of(config, d_head, layer_type) if refuse else spec_rotary(config, d_head)
+        if rotary is not None and layout.rotary_interleaved:
+            rotary = dataclasses.replace(rotary, interleaved=True)
+        return rotary
     return None
 
 

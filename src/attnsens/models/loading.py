@@ -37,6 +37,7 @@ FAMILIES: dict[str, str] = {
     **{family: "attnsens.models.bert:BertAdapter" for family in ("roberta", "xlm-roberta", "camembert", "electra")},
     **{family: "attnsens.models.layouts:LayoutAdapter" for family in (
         "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2", "opt", "gptj", "distilbert",
+        "phi", "stablelm", "starcoder2", "cohere",
     )},
 }  # fmt: skip
 """transformers ``model_type`` → ``module:AdapterClass`` (bounds and audit); other families whose attention calls

@@ -28,7 +28,8 @@ from tests.unit.models.tiny_models import (
 IDS = torch.randint(2, VOCAB, (2, 13), generator=torch.Generator().manual_seed(7))
 WINDOWS = {"mistral": [5, 5], "qwen2": [None, 5], "qwen3": [None, None], "phi3": [5, 5], "gemma": [None, None],
            "gemma2": [5, None], "gemma3_text": [5, None], "olmo2": [None, None], "opt": [None, None],
-           "opt_post": [None, None], "gptj": [None, None], "bloom": [None, None], "mpt": [None, None]}  # fmt: skip
+           "opt_post": [None, None], "gptj": [None, None], "bloom": [None, None], "mpt": [None, None],
+           "phi": [None, None], "stablelm": [None, None], "starcoder2": [5, 5], "cohere": [None, None]}  # fmt: skip
 OUT_NORM_FIELDS = {"attn_out_norm", "mlp_out_norm"}
 
 
@@ -73,6 +74,16 @@ MUTATIONS = {
     ),
     "mpt: ALiBi slopes doubled": ("mpt", 0, "attention", lambda a: _set(
         a, 0, "attention", alibi_slopes=a.layers[0].attention.alibi_slopes * 2)
+    ),
+    "phi: sequential residual": (
+        "phi", 0, "mlp_norm", lambda a: a.layers.__setitem__(0, replace(a.layers[0], parallel_residual=False))
+    ),
+    "cohere: RoPE on halves": ("cohere", 1, "attention", lambda a: _set(
+        a, 1, "attention", rotary=replace(a.layers[1].attention.rotary, interleaved=False))
+    ),
+    "starcoder2: no MLP bias": ("starcoder2", 0, "mlp", lambda a: _set(a, 0, "mlp", b_in=None)),
+    "stablelm: rotary on every dimension": ("stablelm", 0, "attention", lambda a: _set(
+        a, 0, "attention", rotary=replace(a.layers[0].attention.rotary, rotary_dim=a.layers[0].attention.d_head))
     ),
     "gemma2: no softcap": ("gemma2", 0, "attention", lambda a: _set(a, 0, "attention", softcap=None)),
     "gemma3: full layer with the sliding layers' RoPE": ("gemma3_text", 1, "attention", lambda a: _set(
@@ -247,3 +258,22 @@ def test_alibi_slopes_are_the_families_own(n_head: int) -> None:
     torch.testing.assert_close(alibi_slopes(n_head), bloom, rtol=0, atol=0)
     mpt = build_mpt_alibi_tensor(n_head, 2).view(n_head, 2)[:, 0].neg()
     torch.testing.assert_close(mpt_alibi_slopes(n_head), mpt, rtol=0, atol=0)
+
+
+def test_stablelm_with_a_parallel_residual_reads_one_norm() -> None:
+    model = tiny_model("stablelm", use_parallel_residual=True)
+    adapter = M.load(model)
+    assert adapter.layout.parallel_residual and adapter.layout.mlp_norm == "input_layernorm"
+    M.check_weights_fidelity(adapter, IDS)
+
+
+@pytest.mark.parametrize(("family", "flag"), [("phi", "qk_layernorm"), ("stablelm", "qk_layernorm"),
+                                              ("cohere", "use_qk_norm")])  # fmt: skip
+def test_layernorm_qk_norms_are_audited_but_not_bounded(family: str, flag: str) -> None:
+    model = tiny_model(family, **{flag: True})
+    adapter = M.load(model)
+    reference = eager_attentions(model, IDS)
+    for chunk in adapter.stream_attention(IDS):
+        torch.testing.assert_close(chunk.probs, reference[chunk.layer], rtol=1e-5, atol=1e-6)
+    with pytest.raises(UnsupportedModelError, match=f"{family} sets {flag}: a LayerNorm of each head"):
+        bound_model(adapter, IDS[:1])

@@ -46,7 +46,7 @@ VOCAB = 53
 FAMILIES = ("gpt2", "gpt_neox", "llama", "bert")
 DECODER_FAMILIES = (
     "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "olmo2", "phi3", "opt", "opt_post", "gptj", "bloom",
-    "mpt",
+    "mpt", "phi", "stablelm", "starcoder2", "cohere",
 )  # fmt: skip
 """Families bounded through the declarative decoder table (models/layouts.py); sliding windows of 5 keys; gemma2
 with sandwich norms and an attention logit softcap of 3 (eager attention), gemma3_text with per-head QK-norm and
@@ -154,7 +154,7 @@ def eager_attentions(model: torch.nn.Module, input_ids: torch.Tensor, attention_
     return out.attentions
 
 
-INTERFACE_FAMILIES = ("mixtral", "phi", "stablelm", "starcoder2", "cohere", "modernbert", "clip_text")
+INTERFACE_FAMILIES = ("mixtral", "modernbert", "clip_text")
 """Families audited through the attention-function interface alone (models/interface.py): rows, no bounds."""
 VISION_FAMILIES = ("vit", "clip_vision")
 """Vision encoders audited through the interface: input pixel_values [batch, 3, 12, 12], 9 patches + [CLS]."""
