@@ -1,6 +1,6 @@
 """The model adapter: one object per loaded model exposing normalized weights, layer inputs and attention rows.
 
-Family modules (gpt2, neox, bert, layouts, own_gpt) subclass :class:`ModelAdapter` and supply: the normalized
+Family modules (gpt2, bert, layouts, own_gpt) subclass :class:`ModelAdapter` and supply: the normalized
 :class:`~attnsens.weights.LayerWeights`, a forward pass, a *query/key tap* — a context manager that calls
 ``on_query_key(layer, query, key, tau)`` with every layer's queries and keys (after any rotary embedding) while
 the model runs — and taps on each layer's inputs and outputs, which the weights-fidelity gate (models/fidelity.py)

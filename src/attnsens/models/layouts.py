@@ -94,7 +94,8 @@ class BlockLayout:
     scaling: str = "scaling"  # attention-module attribute holding the score scale 1/τ (default 1/√d_head)
     positions: str = "max_position_embeddings"  # config attribute of the context length
     rotary_interleaved: bool = False  # RoPE on adjacent pairs (Cohere) instead of halves
-    parallel_if: str | None = None  # config flag that makes the block parallel on the attention norm (StableLM)
+    parallel_if: str | None = None  # config flag that makes the block parallel (StableLM, GPT-NeoX)
+    parallel_shares_norm: bool = True  # under parallel_if: the MLP reads the attention norm (StableLM), or its own
     unsupported: tuple[tuple[str, str], ...] = ()  # (config attribute, why) refused for bounds when it is set
 
 
@@ -110,6 +111,18 @@ _SANDWICH: dict[str, Any] = {
 output there, and the MLP's pre-norm is ``pre_feedforward_layernorm``."""
 LAYOUTS: dict[str, BlockLayout] = {
     "llama": BlockLayout(),
+    "gpt_neox": BlockLayout(
+        attention="attention",
+        qkv="query_key_value",
+        qkv_order="heads",
+        o="dense",
+        up="mlp.dense_h_to_4h",
+        gate=None,
+        down="mlp.dense_4h_to_h",
+        norm="layernorm",
+        parallel_if="use_parallel_residual",
+        parallel_shares_norm=False,
+    ),
     "mistral": BlockLayout(window="config"),
     "qwen2": BlockLayout(window="module"),
     "qwen3": BlockLayout(window="module", qk_norm=True),
@@ -266,7 +279,8 @@ class LayoutAdapter(HFAdapter):
         its config overrides this)."""
         layout = layout_of(config.model_type)
         if layout.parallel_if is not None and getattr(config, layout.parallel_if, False):
-            return dataclasses.replace(layout, parallel_residual=True, mlp_norm=layout.attn_norm)
+            mlp_norm = layout.attn_norm if layout.parallel_shares_norm else layout.mlp_norm
+            return dataclasses.replace(layout, parallel_residual=True, mlp_norm=mlp_norm)
         return layout
 
     @classmethod

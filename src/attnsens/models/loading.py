@@ -28,7 +28,7 @@ AliasLoader = Callable[..., ModelAdapter] | str
 
 FAMILIES: dict[str, str] = {
     "gpt2": "attnsens.models.gpt2:GPT2Adapter",
-    "gpt_neox": "attnsens.models.neox:NeoXAdapter",
+    "gpt_neox": "attnsens.models.layouts:LayoutAdapter",
     "llama": "attnsens.models.layouts:LayoutAdapter",
     "bert": "attnsens.models.bert:BertAdapter",
     "bloom": "attnsens.models.bloom:BloomAdapter",

@@ -277,3 +277,16 @@ def test_layernorm_qk_norms_are_audited_but_not_bounded(family: str, flag: str) 
         torch.testing.assert_close(chunk.probs, reference[chunk.layer], rtol=1e-5, atol=1e-6)
     with pytest.raises(UnsupportedModelError, match=f"{family} sets {flag}: a LayerNorm of each head"):
         bound_model(adapter, IDS[:1])
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+def test_gpt_neox_reads_its_residual_arrangement_from_the_config(parallel: bool) -> None:
+    """GPT-NeoX (Pythia) is a layout entry: the parallel block keeps both LayerNorms, the sequential one chains them."""
+    adapter = M.load(tiny_model("gpt_neox", use_parallel_residual=parallel))
+    assert all(layer.parallel_residual == parallel for layer in adapter.layers)
+    assert adapter.layout.mlp_norm == "post_attention_layernorm"
+    M.check_weights_fidelity(adapter, IDS)
+    wrong = replace(adapter.layers[0], parallel_residual=not parallel)
+    adapter.layers[0] = wrong
+    with pytest.raises(WeightsFidelityError, match="layer 0"):
+        M.check_weights_fidelity(adapter, IDS)
