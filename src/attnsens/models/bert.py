@@ -13,13 +13,13 @@ from typing import Any
 import torch
 
 from attnsens.models.adapter import ModelSpec
-from attnsens.models.gpt2 import layer_norm
 from attnsens.models.hf import (
     HFAdapter,
     HFModule,
     HookPoint,
     activation_of,
     copied,
+    layer_norm,
     linear_mlp,
     split_bias,
     split_heads,

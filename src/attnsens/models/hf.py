@@ -19,7 +19,7 @@ from torch import Tensor
 from attnsens.errors import InputError, UnsupportedModelError
 from attnsens.models.adapter import OUTPUT_FIELDS, ModelAdapter, ModelSpec, QueryKeyCallback
 from attnsens.models.hf_tap import exposes_scores, hf_query_key_tap, scores_tap
-from attnsens.weights import ROPE_TYPES, Activation, MLPWeights, RotaryConfig
+from attnsens.weights import ROPE_TYPES, Activation, MLPWeights, NormWeights, RotaryConfig
 
 HFModule = Any
 """A transformers model or one of its submodules, read by the attribute names of its family (``block.attn.c_attn``,
@@ -303,3 +303,16 @@ def activation_of(name: str) -> Activation:
     if name not in known:
         raise UnsupportedModelError(f"activation {name!r} is not supported; supported: {', '.join(known)}")
     return known[name]
+
+
+def layer_norm(module: HFModule) -> NormWeights:
+    """NormWeights of a ``torch.nn.LayerNorm`` (bias may be absent) or of a LayerNorm module that keeps its ε as
+    ``variance_epsilon`` (Cohere)."""
+    bias = getattr(module, "bias", None)
+    eps = getattr(module, "eps", None)
+    return NormWeights(
+        kind="layernorm",
+        gamma=module.weight.detach().clone(),
+        beta=copied(bias),
+        eps=float(module.variance_epsilon if eps is None else eps),
+    )

@@ -1,7 +1,9 @@
-"""Families read from one declarative table (:data:`LAYOUTS`): the decoders Llama (SmolLM2), Mistral, Qwen2,
-Qwen3 (per-head QK-norm), Gemma, Gemma 2 (sandwich norms, attention logit softcap), Gemma 3 (sandwich norms,
-per-head QK-norm, one RoPE per layer type), OLMo 2 (norms after each sublayer only, QK-norm over all heads),
-Phi-3, OPT and GPT-J, and the encoder DistilBERT.
+"""Families read from one declarative table (:data:`LAYOUTS`): the decoders GPT-2 (Conv1D weights), GPT-NeoX
+(Pythia), Llama (SmolLM2), Mistral, Qwen2, Qwen3 (per-head QK-norm), Gemma, Gemma 2 (sandwich norms, attention
+logit softcap), Gemma 3 (sandwich norms, per-head QK-norm, one RoPE per layer type), OLMo 2 (norms after each
+sublayer only, QK-norm over all heads), Phi, Phi-3, StableLM, StarCoder2, Cohere, OPT, GPT-J, BLOOM and MPT
+(ALiBi; their taps live in ``bloom`` and ``mpt``), Falcon (``falcon`` picks its arrangement), and the encoder
+DistilBERT.
 
 A :class:`BlockLayout` says where a family keeps each part of a block and what it does differently: fused
 projections (Phi-3's ``qkv_proj`` = [q; k; v] rows, ``gate_up_proj`` = [gate; up] rows), Gemma's RMSNorm scale
@@ -28,13 +30,13 @@ from torch import Tensor
 
 from attnsens.errors import UnsupportedModelError
 from attnsens.models.adapter import NORMED_OUTPUT_FIELDS, ModelSpec
-from attnsens.models.gpt2 import layer_norm
 from attnsens.models.hf import (
     HFAdapter,
     HFModule,
     HookPoint,
     activation_of,
     copied,
+    layer_norm,
     rotary_of,
     rotary_temperature,
     spec_rotary,
@@ -94,6 +96,7 @@ class BlockLayout:
     scaling: str = "scaling"  # attention-module attribute holding the score scale 1/τ (default 1/√d_head)
     positions: str = "max_position_embeddings"  # config attribute of the context length
     rotary_interleaved: bool = False  # RoPE on adjacent pairs (Cohere) instead of halves
+    conv1d: bool = False  # GPT-2's Conv1D modules store weights as [in, out]
     parallel_if: str | None = None  # config flag that makes the block parallel (StableLM, GPT-NeoX)
     parallel_shares_norm: bool = True  # under parallel_if: the MLP reads the attention norm (StableLM), or its own
     unsupported: tuple[tuple[str, str], ...] = ()  # (config attribute, why) refused for bounds when it is set
@@ -111,6 +114,21 @@ _SANDWICH: dict[str, Any] = {
 output there, and the MLP's pre-norm is ``pre_feedforward_layernorm``."""
 LAYOUTS: dict[str, BlockLayout] = {
     "llama": BlockLayout(),
+    "gpt2": BlockLayout(
+        blocks="h",
+        attention="attn",
+        qkv="c_attn",
+        o="c_proj",
+        up="mlp.c_fc",
+        gate=None,
+        down="mlp.c_proj",
+        attn_norm="ln_1",
+        mlp_norm="ln_2",
+        norm="layernorm",
+        activation="activation_function",
+        rotary="none",
+        conv1d=True,
+    ),
     "gpt_neox": BlockLayout(
         attention="attention",
         qkv="query_key_value",
@@ -387,7 +405,7 @@ class LayoutAdapter(HFAdapter):
             w_q=split_heads(w_q, s.n_head),
             w_k=split_heads(w_k, s.n_kv_head),
             w_v=split_heads(w_v, s.n_kv_head),
-            w_o=out.weight.detach().clone(),
+            w_o=self._matrix(out).clone(),
             b_q=split_bias(b_q, s.n_head),
             b_k=split_bias(b_k, s.n_kv_head),
             b_v=split_bias(b_v, s.n_kv_head),
@@ -418,7 +436,7 @@ class LayoutAdapter(HFAdapter):
         s = self.spec
         if self.layout.qkv is None:
             linears = [getattr(attn, name) for name in (self.layout.q, self.layout.k, self.layout.v)]
-            weights = [linear.weight.detach().clone() for linear in linears]
+            weights = [self._matrix(linear).clone() for linear in linears]
             return (*weights, *(copied(linear.bias) for linear in linears))
         fused = getattr(attn, self.layout.qkv)
         if self.layout.qkv_order != "blocks":  # rows [head, (q, k, v), d_head] or [kv_head, (q × group, k, v), d_head]
@@ -429,11 +447,11 @@ class LayoutAdapter(HFAdapter):
                 rows = t.detach().reshape(s.n_kv_head, group + 2, s.d_head, *t.shape[1:])
                 return [rows[:, part].reshape(-1, *t.shape[1:]).clone() for part in parts]
 
-            weights = split(fused.weight)
+            weights = split(self._matrix(fused))
             biases = [None] * 3 if fused.bias is None else split(fused.bias)
             return (*weights, *biases)
         sizes = [s.n_head * s.d_head, s.n_kv_head * s.d_head, s.n_kv_head * s.d_head]
-        weights = [w.clone() for w in fused.weight.detach().split(sizes, dim=0)]
+        weights = [w.clone() for w in self._matrix(fused).split(sizes, dim=0)]
         biases = [None] * 3 if fused.bias is None else [b.clone() for b in fused.bias.detach().split(sizes)]
         return (*weights, *biases)
 
@@ -441,15 +459,16 @@ class LayoutAdapter(HFAdapter):
         lay = self.layout
         activation = lay.fixed_activation or activation_of(getattr(self.base.config, lay.activation))
         down = _get(block, lay.down)
+        w_gate: Tensor | None
         if lay.gate_up is not None:
             fused = _get(block, lay.gate_up)
-            w_gate, w_in = (w.clone() for w in fused.weight.detach().chunk(2, dim=0))
+            w_gate, w_in = (w.clone() for w in self._matrix(fused).chunk(2, dim=0))
             b_gate, b_in = (None, None) if fused.bias is None else (b.clone() for b in fused.bias.detach().chunk(2))
         else:
             up = _get(block, lay.up)
-            w_in, b_in = up.weight.detach().clone(), copied(up.bias)
+            w_in, b_in = self._matrix(up).clone(), copied(up.bias)
             gate = None if lay.gate is None else _get(block, lay.gate)
-            w_gate = None if gate is None else gate.weight.detach().clone()
+            w_gate = None if gate is None else self._matrix(gate).clone()
             b_gate = None if gate is None else copied(gate.bias)
         return MLPWeights(
             kind="mlp" if w_gate is None else "gated",
@@ -458,13 +477,18 @@ class LayoutAdapter(HFAdapter):
             b_in=b_in,
             w_gate=w_gate,
             b_gate=b_gate,
-            w_out=down.weight.detach().clone(),
+            w_out=self._matrix(down).clone(),
             b_out=copied(down.bias),
         )
 
     def read_norm(self, block: HFModule, name: str | None) -> NormWeights | None:
         """The NormWeights of the norm ``name`` of ``block`` (None for None), with the layout's kind and γ offset."""
         return None if name is None else self._norm(getattr(block, name))
+
+    def _matrix(self, linear: HFModule) -> Tensor:
+        """A linear map's weight as [out, in] (GPT-2's Conv1D stores [in, out])."""
+        weight = linear.weight.detach()
+        return weight.T if self.layout.conv1d else weight
 
     def _norm(self, module: HFModule) -> NormWeights:
         if self.layout.norm == "layernorm":

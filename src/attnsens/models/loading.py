@@ -27,7 +27,7 @@ AliasLoader = Callable[..., ModelAdapter] | str
 """``loader(*, device, dtype) -> ModelAdapter``, or its ``"module:function"`` name (imported on first use)."""
 
 FAMILIES: dict[str, str] = {
-    "gpt2": "attnsens.models.gpt2:GPT2Adapter",
+    "gpt2": "attnsens.models.layouts:LayoutAdapter",
     "gpt_neox": "attnsens.models.layouts:LayoutAdapter",
     "llama": "attnsens.models.layouts:LayoutAdapter",
     "bert": "attnsens.models.bert:BertAdapter",
