@@ -11,7 +11,6 @@ m_h·(j − i) (``AttentionWeights.alibi_slopes``), which give the same rows by 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -19,23 +18,15 @@ from torch import Tensor
 
 from attnsens.models.adapter import QueryKeyCallback
 from attnsens.models.attention import AttentionCall
+from attnsens.models.hf_tap import input_taps
 from attnsens.models.layouts import LayoutAdapter
 
 
 class BloomAdapter(LayoutAdapter):
     """BLOOM (``model_type`` "bloom"): the layout adapter, audited through its own score computation."""
 
-    @contextlib.contextmanager
-    def query_key_tap(self, on_query_key: QueryKeyCallback) -> Iterator[None]:
-        handles = [
-            module.register_forward_pre_hook(_scores_reporter(layer, module, on_query_key), with_kwargs=True)
-            for layer, module in enumerate(self.attention_modules())
-        ]
-        try:
-            yield
-        finally:
-            for handle in handles:
-                handle.remove()
+    def query_key_tap(self, on_query_key: QueryKeyCallback) -> contextlib.AbstractContextManager[None]:
+        return input_taps(self.attention_modules(), lambda layer, module: _scores_reporter(layer, module, on_query_key))
 
 
 def _scores_reporter(layer: int, module: torch.nn.Module, on_query_key: QueryKeyCallback) -> Any:

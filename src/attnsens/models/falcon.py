@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from collections.abc import Iterator
 from typing import Any, Literal
 
 import torch
@@ -29,6 +28,7 @@ from torch import Tensor
 
 from attnsens.models.adapter import QueryKeyCallback
 from attnsens.models.attention import AttentionCall
+from attnsens.models.hf_tap import input_taps
 from attnsens.models.layouts import LAYOUTS, BlockLayout, LayoutAdapter, alibi_slopes
 from attnsens.weights import LayerWeights
 
@@ -87,17 +87,8 @@ class FalconAdapter(LayoutAdapter):
             for layer in layers
         ]
 
-    @contextlib.contextmanager
-    def query_key_tap(self, on_query_key: QueryKeyCallback) -> Iterator[None]:
-        handles = [
-            module.register_forward_pre_hook(_reporter(layer, module, on_query_key), with_kwargs=True)
-            for layer, module in enumerate(self.attention_modules())
-        ]
-        try:
-            yield
-        finally:
-            for handle in handles:
-                handle.remove()
+    def query_key_tap(self, on_query_key: QueryKeyCallback) -> contextlib.AbstractContextManager[None]:
+        return input_taps(self.attention_modules(), lambda layer, module: _reporter(layer, module, on_query_key))
 
 
 def _reporter(layer: int, module: Any, on_query_key: QueryKeyCallback) -> Any:

@@ -131,6 +131,24 @@ def attention_call(
     )
 
 
+@contextlib.contextmanager
+def input_taps(
+    attention_modules: Sequence[torch.nn.Module], reporter: Callable[[int, Any], Callable[..., None]]
+) -> Iterator[None]:
+    """A forward pre-hook ``reporter(layer, module)`` (called with the module's args and kwargs) on every attention
+    module while the context is open: the tap of families whose attention bypasses the interface (BLOOM, Falcon,
+    MPT), which recompute what the module computes from what it receives."""
+    handles = [
+        module.register_forward_pre_hook(reporter(layer, module), with_kwargs=True)
+        for layer, module in enumerate(attention_modules)
+    ]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 SCORES_HOOK = "hook_attn_scores"
 """The hook point of a TransformerLens bridge attention component whose output is that layer's pre-softmax scores."""
 
