@@ -1,10 +1,11 @@
 """The model adapter: one object per loaded model exposing normalized weights, layer inputs and attention rows.
 
-Family modules (gpt2, bert, layouts, own_gpt) subclass :class:`ModelAdapter` and supply: the normalized
-:class:`~attnsens.weights.LayerWeights`, a forward pass, a *query/key tap* — a context manager that calls
-``on_query_key(layer, query, key, tau)`` with every layer's queries and keys (after any rotary embedding) while
-the model runs — and taps on each layer's inputs and outputs, which the weights-fidelity gate (models/fidelity.py)
-compares with the reference forward. Everything else (streaming rows, layer inputs) is written once here.
+Family modules (layouts with its BLOOM, Falcon and MPT taps, interface, own_gpt) subclass :class:`ModelAdapter`
+and supply: the normalized :class:`~attnsens.weights.LayerWeights`, a forward pass, a *query/key tap* — a context
+manager that calls ``on_query_key(layer, query, key, call)`` with every layer's queries and keys (after any rotary
+embedding) while the model runs — and taps on each layer's inputs and outputs, which the weights-fidelity gate
+(models/fidelity.py) compares with the reference forward. Everything else (streaming rows, layer inputs) is
+written once here.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 (Pythia), Llama (SmolLM2), Mistral, Qwen2, Qwen3 (per-head QK-norm), Gemma, Gemma 2 (sandwich norms, attention
 logit softcap), Gemma 3 (sandwich norms, per-head QK-norm, one RoPE per layer type), OLMo 2 (norms after each
 sublayer only, QK-norm over all heads), Phi, Phi-3, StableLM, StarCoder2, Cohere, OPT, GPT-J, BLOOM and MPT
-(ALiBi; their taps live in ``bloom`` and ``mpt``), Falcon (``falcon`` picks its arrangement), and the encoder
-DistilBERT.
+(ALiBi; their taps live in ``bloom`` and ``mpt``), Falcon (``falcon`` picks its arrangement), and the encoders
+BERT (all-MiniLM-L6-v2), RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA and DistilBERT.
 
 A :class:`BlockLayout` says where a family keeps each part of a block and what it does differently: fused
 projections (Phi-3's ``qkv_proj`` = [q; k; v] rows, ``gate_up_proj`` = [gate; up] rows), Gemma's RMSNorm scale
@@ -60,7 +60,8 @@ class BlockLayout:
     """Where one family keeps the parts of a block (attribute names) and its departures from Llama."""
 
     blocks: str = "layers"  # attribute of the base model (dotted) holding the blocks
-    attention: str = "self_attn"
+    attention: str = "self_attn"  # the attention sublayer (q, k, v, o, qkv and scaling are read relative to it)
+    tapped: str | None = None  # the module inside it that calls the attention function (BERT), default itself
     q: str = "q_proj"
     k: str = "k_proj"
     v: str = "v_proj"
@@ -88,6 +89,7 @@ class BlockLayout:
     parallel_residual: bool = False  # X + Attn(N1(X)) + MLP(N2(X)) (GPT-J: N1 = N2 = ln_1)
     post_norm: bool = False  # post-LN blocks always (DistilBERT); OPT reads do_layer_norm_before instead
     causal: bool = True  # False: bidirectional encoder; Gemma's use_bidirectional_attention also turns it off
+    causal_if: str | None = None  # config flag that makes an encoder layout causal (BERT's is_decoder)
     query_scaled_in_projection: bool = False  # OPT: q = scaling·q_proj(x), the attention function gets scaling 1
     window: Literal["none", "config", "module"] = "none"  # where a sliding window is read
     qk_norm: bool = False  # the attention's q_norm/k_norm: per head (Qwen3, Gemma 3) or over all heads (OLMo 2)
@@ -105,6 +107,30 @@ class BlockLayout:
 _LAYERNORM_QK = (
     "a LayerNorm of each head's queries and keys (a QK-norm with centring, which attnsens bounds only as RMSNorm)"
 )
+_BERT = BlockLayout(
+    blocks="encoder.layer",
+    attention="attention",
+    tapped="attention.self",
+    q="self.query",
+    k="self.key",
+    v="self.value",
+    o="output.dense",
+    scaling="self.scaling",
+    attention_output="attention.output.dense",
+    mlp="output.dense",
+    up="intermediate.dense",
+    gate=None,
+    down="output.dense",
+    attn_norm="attention.output.LayerNorm",
+    mlp_norm="output.LayerNorm",
+    norm="layernorm",
+    rotary="none",
+    post_norm=True,
+    causal=False,
+    causal_if="is_decoder",
+)
+"""BERT and the encoders with its block layout (RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA; all-MiniLM-L6-v2):
+A = LN1(X + Attn(X)), Y = LN2(A + MLP(A)); the sums entering the norms are their inputs."""
 _SANDWICH: dict[str, Any] = {
     "mlp_norm": "pre_feedforward_layernorm",
     "attn_out_norm": "post_attention_layernorm",
@@ -251,6 +277,7 @@ LAYOUTS: dict[str, BlockLayout] = {
         rotary="gptj",
         parallel_residual=True,
     ),
+    **{family: _BERT for family in ("bert", "roberta", "xlm-roberta", "camembert", "electra")},
     "distilbert": BlockLayout(
         blocks="transformer.layer",
         attention="attention",
@@ -324,7 +351,8 @@ class LayoutAdapter(HFAdapter):
             vocab_size=config.vocab_size,
             placement=placement,
             norm=layout.norm,
-            causal=layout.causal and not getattr(config, "use_bidirectional_attention", False),
+            causal=(layout.causal or bool(layout.causal_if and getattr(config, layout.causal_if, False)))
+            and not getattr(config, "use_bidirectional_attention", False),
             rotary=_rotary(layout, config, d_head, refuse=False),
         )
 
@@ -332,7 +360,7 @@ class LayoutAdapter(HFAdapter):
         return list(_get(self.base, self.layout.blocks))
 
     def attention_modules(self) -> list[torch.nn.Module]:
-        return [getattr(block, self.layout.attention) for block in self.blocks()]
+        return [_get(block, self.layout.tapped or self.layout.attention) for block in self.blocks()]
 
     def attention_window(self, layer: int) -> int | None:
         if self.layout.window == "config":
@@ -347,21 +375,21 @@ class LayoutAdapter(HFAdapter):
         if lay.attn_norm is None or lay.mlp_norm is None:  # placement "none"
             return [
                 (block, "input", "block_input"),
-                (getattr(block, lay.attention), "input", "attention_input"),
+                (_get(block, lay.attention), "input", "attention_input"),
                 (first_mlp, "input", "mlp_input"),
             ]
         if self.spec.placement == "pre":
             return [
                 (block, "input", "block_input"),
-                (getattr(block, lay.attn_norm), "output", "attention_input"),
-                (getattr(block, lay.mlp_norm), "output", "mlp_input"),
+                (_get(block, lay.attn_norm), "output", "attention_input"),
+                (_get(block, lay.mlp_norm), "output", "mlp_input"),
             ]
         return [
             (block, "input", "block_input"),
-            (getattr(block, lay.attention), "input", "attention_input"),
-            (getattr(block, lay.attn_norm), "input", "attention_residual_sum"),
+            (_get(block, lay.attention), "input", "attention_input"),
+            (_get(block, lay.attn_norm), "input", "attention_residual_sum"),
             (first_mlp, "input", "mlp_input"),
-            (getattr(block, lay.mlp_norm), "input", "mlp_residual_sum"),
+            (_get(block, lay.mlp_norm), "input", "mlp_residual_sum"),
         ]
 
     def output_modules(self, layer: int) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
@@ -389,9 +417,9 @@ class LayoutAdapter(HFAdapter):
 
     def _layer(self, index: int, block: HFModule) -> LayerWeights:
         s, lay, config = self.spec, self.layout, self.base.config
-        attn = getattr(block, lay.attention)
+        attn = _get(block, lay.attention)
         w_q, w_k, w_v, b_q, b_k, b_v = self._projections(attn)
-        scaling = float(getattr(attn, lay.scaling, None) or s.d_head**-0.5)
+        scaling = float(_get(attn, lay.scaling) or s.d_head**-0.5)
         tau = 1.0 / scaling
         if lay.query_scaled_in_projection:
             w_q, b_q, tau = w_q * scaling, None if b_q is None else b_q * scaling, 1.0
@@ -400,7 +428,7 @@ class LayoutAdapter(HFAdapter):
         if rotary is not None:
             rotary_module = getattr(self.base, "rotary_emb", None)
             tau = rotary_temperature(1.0 / tau, rotary, rotary_module, s.d_head, layer_type)
-        out = getattr(attn, lay.o)
+        out = _get(attn, lay.o)
         attention = AttentionWeights(
             w_q=split_heads(w_q, s.n_head),
             w_k=split_heads(w_k, s.n_kv_head),
@@ -435,10 +463,10 @@ class LayoutAdapter(HFAdapter):
         """w_q, w_k, w_v [out, d_model] and their biases (None when absent), split from a fused qkv if need be."""
         s = self.spec
         if self.layout.qkv is None:
-            linears = [getattr(attn, name) for name in (self.layout.q, self.layout.k, self.layout.v)]
+            linears = [_get(attn, name) for name in (self.layout.q, self.layout.k, self.layout.v)]
             weights = [self._matrix(linear).clone() for linear in linears]
             return (*weights, *(copied(linear.bias) for linear in linears))
-        fused = getattr(attn, self.layout.qkv)
+        fused = _get(attn, self.layout.qkv)
         if self.layout.qkv_order != "blocks":  # rows [head, (q, k, v), d_head] or [kv_head, (q × group, k, v), d_head]
             group = 1 if self.layout.qkv_order == "heads" else s.n_head // s.n_kv_head
             parts = (slice(0, group), slice(group, group + 1), slice(group + 1, group + 2))
@@ -483,7 +511,7 @@ class LayoutAdapter(HFAdapter):
 
     def read_norm(self, block: HFModule, name: str | None) -> NormWeights | None:
         """The NormWeights of the norm ``name`` of ``block`` (None for None), with the layout's kind and γ offset."""
-        return None if name is None else self._norm(getattr(block, name))
+        return None if name is None else self._norm(_get(block, name))
 
     def _matrix(self, linear: HFModule) -> Tensor:
         """A linear map's weight as [out, in] (GPT-2's Conv1D stores [in, out])."""

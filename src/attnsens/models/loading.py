@@ -30,14 +30,13 @@ FAMILIES: dict[str, str] = {
     "gpt2": "attnsens.models.layouts:LayoutAdapter",
     "gpt_neox": "attnsens.models.layouts:LayoutAdapter",
     "llama": "attnsens.models.layouts:LayoutAdapter",
-    "bert": "attnsens.models.bert:BertAdapter",
+    "bert": "attnsens.models.layouts:LayoutAdapter",
     "bloom": "attnsens.models.bloom:BloomAdapter",
     "falcon": "attnsens.models.falcon:FalconAdapter",
     "mpt": "attnsens.models.mpt:MptAdapter",
-    **{family: "attnsens.models.bert:BertAdapter" for family in ("roberta", "xlm-roberta", "camembert", "electra")},
     **{family: "attnsens.models.layouts:LayoutAdapter" for family in (
         "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2", "opt", "gptj", "distilbert",
-        "phi", "stablelm", "starcoder2", "cohere",
+        "phi", "stablelm", "starcoder2", "cohere", "roberta", "xlm-roberta", "camembert", "electra",
     )},
 }  # fmt: skip
 """transformers ``model_type`` → ``module:AdapterClass`` (bounds and audit); other families whose attention calls
