@@ -31,6 +31,7 @@ from attnsens import _rounding as rounding
 from attnsens import geometry as G
 from attnsens.errors import InputError
 from attnsens.geometry.attention import biases_of
+from attnsens.models.fidelity import probe_input_ids
 from attnsens.provenance import provenance
 from attnsens.study.bounds import bound_model
 
@@ -106,6 +107,8 @@ FAMILY_CONFIGS = {
     "bloom": ("BloomConfig", "BloomModel", {"n_layer": 2, "n_head": 4, "hidden_size": 64}),
     "phi": ("PhiConfig", "PhiModel", {**_DECODER, "num_key_value_heads": 4}),
     "cohere": ("CohereConfig", "CohereModel", _DECODER),
+    "vit": ("ViTConfig", "ViTModel", {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64,
+                                      "intermediate_size": 96, "image_size": 32, "patch_size": 8}),
     "mpt": ("MptConfig", "MptModel", {"n_layers": 2, "n_heads": 4, "d_model": 64, "max_seq_len": 64}),
     # Falcon-7B's arrangement: multi-query attention, one LayerNorm for the parallel attention and MLP, RoPE.
     "falcon": ("FalconConfig", "FalconModel", {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64,
@@ -220,9 +223,8 @@ def table_layer_seconds(name: str, adapter, input_ids, args: argparse.Namespace)
 def bench_model(name: str, adapter, args: argparse.Namespace) -> dict:
     try:
         input_ids = adapter.encode(TEXT, max_length=args.seq_len)
-    except InputError:  # a random-init own GPT has no tokenizer: seeded random tokens
-        generator = torch.Generator().manual_seed(0)
-        input_ids = torch.randint(0, adapter.spec.vocab_size, (1, args.seq_len), generator=generator)
+    except InputError:  # no tokenizer (a random-init model): seeded random tokens, or a seeded image for ViT
+        input_ids = probe_input_ids(adapter, args.seq_len)
     start = time.perf_counter()
     adapter.layer_inputs(input_ids)
     forward_s = time.perf_counter() - start
@@ -244,7 +246,8 @@ def bench_model(name: str, adapter, args: argparse.Namespace) -> dict:
         "length_dependent_naive": (layers["mha_length_dependent_upper_bound"] / estimate).tolist(),
         "block_local": (layers["residual_jacobian_upper_bound"] / layers["block_jacobian_estimate"]).tolist(),
     }
-    print(f"\n{name}: {len(layers)} layers, {input_ids.shape[1]} tokens, {torch.get_num_threads()} thread(s)")
+    n_tokens = adapter.sequence_shape(input_ids)[1]
+    print(f"\n{name}: {len(layers)} layers, {n_tokens} tokens, {torch.get_num_threads()} thread(s)")
     print(f"{'layer':>5} {'θ̃ max':>7} {'estimate':>9} {'local/est':>10} {'paper/est':>10} {'θ=1 Lip/est':>12} "
           f"{'naive/est':>10} {'block/est':>10} {'fwd ms':>8} {'cert ms':>8} {'cert/fwd':>9} {'table ms':>9} "
           f"{'table/fwd':>10}")  # fmt: skip
@@ -270,7 +273,7 @@ def bench_model(name: str, adapter, args: argparse.Namespace) -> dict:
           f"(ratio {bound_s / forward_s:.1f}); full table with estimates {full_s:.1f} s, of which the gate "
           f"(finiteness, weights fidelity) {gate_s:.2f} s")  # fmt: skip
     return {
-        "model": name, "n_layer": len(layers), "seq_len": int(input_ids.shape[1]), "ratios": ratios,
+        "model": name, "n_layer": len(layers), "seq_len": int(adapter.sequence_shape(input_ids)[1]), "ratios": ratios,
         "median_ratios": medians, "worst_theta_aware_local": worst, "layers_within_goal": within_goal,
         "bound_seconds": bound_s,
         "forward_seconds": forward_s, "bound_over_forward": bound_s / forward_s, "table_seconds": full_s,

@@ -72,9 +72,14 @@ class FieldFidelity:
 
 
 def probe_input_ids(adapter: ModelAdapter, length: int = PROBE_LENGTH) -> Tensor:
-    """Seeded token ids ``[1, n]`` (n = min(length, context)) for gating a model when no tokens are given."""
-    n = max(1, min(length, adapter.spec.max_positions))
+    """Seeded token ids ``[1, n]`` (n = min(length, context)) for gating a model when no tokens are given, or one
+    seeded image ``[1, channel, H, W]`` for a vision encoder."""
     generator = torch.Generator().manual_seed(0)
+    config = getattr(getattr(adapter.module, "base_model", None), "config", None)
+    if config is not None and getattr(config, "image_size", None) and getattr(config, "patch_size", None):
+        side = config.image_size  # a vision encoder: one seeded image of standard-normal pixels
+        return torch.randn(1, config.num_channels, side, side, generator=generator)
+    n = max(1, min(length, adapter.spec.max_positions))
     return torch.randint(0, adapter.spec.vocab_size, (1, n), generator=generator)
 
 

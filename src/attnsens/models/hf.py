@@ -16,7 +16,7 @@ import torch
 from einops import rearrange
 from torch import Tensor
 
-from attnsens.errors import InputError, UnsupportedModelError
+from attnsens.errors import InputError, ShapeError, UnsupportedModelError
 from attnsens.models.adapter import OUTPUT_FIELDS, ModelAdapter, ModelSpec, QueryKeyCallback
 from attnsens.models.hf_tap import exposes_scores, hf_query_key_tap, scores_tap
 from attnsens.weights import ROPE_TYPES, Activation, MLPWeights, NormWeights, RotaryConfig
@@ -67,7 +67,27 @@ class HFAdapter(ModelAdapter):
         return [(module, "output", field) for module, field in zip(modules, OUTPUT_FIELDS, strict=True)]
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> None:
-        self.base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        if is_vision(self.base.config):
+            self.base(pixel_values=input_ids)
+        else:
+            self.base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+
+    def check_input_ids(self, input_ids: Tensor) -> Tensor:
+        """Token ids as for every adapter; a vision model's input is ``pixel_values`` [batch, channel, H, W]."""
+        if not is_vision(self.base.config):
+            return super().check_input_ids(input_ids)
+        config = self.base.config
+        side = config.image_size
+        expected = (config.num_channels, side, side)
+        if not isinstance(input_ids, Tensor) or input_ids.ndim != 4 or tuple(input_ids.shape[1:]) != expected:
+            shape = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
+            raise ShapeError(f"{self.family} takes pixel_values [batch, {', '.join(map(str, expected))}], got {shape}")
+        return input_ids.to(self.device, next(self.module.parameters()).dtype)
+
+    def sequence_shape(self, input_ids: Tensor) -> tuple[int, int]:
+        if not is_vision(self.base.config):
+            return super().sequence_shape(input_ids)
+        return int(input_ids.shape[0]), self.spec.max_positions
 
     def query_key_tap(self, on_query_key: QueryKeyCallback) -> contextlib.AbstractContextManager[None]:
         modules = self.attention_modules()
@@ -199,6 +219,17 @@ def split_bias(bias: Tensor | None, n_head: int) -> Tensor | None: ...
 def split_bias(bias: Tensor | None, n_head: int) -> Tensor | None:
     """An ``[n_head * d_head]`` bias as ``[head, d_head]`` (None stays None)."""
     return None if bias is None else rearrange(bias, "(head d_head) -> head d_head", head=n_head)
+
+
+def is_vision(config: Any) -> bool:
+    """Whether a transformers config is a patch-based vision encoder (ViT, CLIP vision): its input is pixel_values,
+    its sequence the patches and one [CLS] token."""
+    return getattr(config, "image_size", None) is not None and getattr(config, "patch_size", None) is not None
+
+
+def vision_positions(config: Any) -> int:
+    """The sequence length of a vision encoder: one token per patch and [CLS]."""
+    return (config.image_size // config.patch_size) ** 2 + 1
 
 
 def rotary_of(config: Any, d_head: int, layer_type: str | None = None) -> RotaryConfig:

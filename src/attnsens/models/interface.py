@@ -21,9 +21,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from attnsens.errors import ShapeError, UnsupportedModelError
+from attnsens.errors import UnsupportedModelError
 from attnsens.models.adapter import ModelSpec
-from attnsens.models.hf import HFAdapter, HFModule
+from attnsens.models.hf import HFAdapter, HFModule, is_vision, vision_positions
 from attnsens.weights import LayerWeights
 
 
@@ -47,10 +47,6 @@ def _source_names_interface(function: Callable[..., Any]) -> bool:
 def interface_attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The modules of ``model`` that call the attention interface, in the model's order (one per layer)."""
     return [m for m in model.modules() if calls_attention_interface(type(m))]
-
-
-def _is_vision(config: Any) -> bool:
-    return getattr(config, "image_size", None) is not None and getattr(config, "patch_size", None) is not None
 
 
 class InterfaceAdapter(HFAdapter):
@@ -80,9 +76,8 @@ class InterfaceAdapter(HFAdapter):
     def spec_of(cls, config: Any) -> ModelSpec:
         n_head = config.num_attention_heads
         d_head = getattr(config, "head_dim", None) or config.hidden_size // n_head
-        if _is_vision(config):
-            patches = (config.image_size // config.patch_size) ** 2 + 1  # + [CLS]
-            positions, vocab = patches, 1
+        if is_vision(config):
+            positions, vocab = vision_positions(config), 1
         else:
             positions, vocab = config.max_position_embeddings, config.vocab_size
         return ModelSpec(
@@ -103,29 +98,6 @@ class InterfaceAdapter(HFAdapter):
 
     def attention_modules(self) -> list[torch.nn.Module]:
         return self._attention
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> None:
-        if _is_vision(self.base.config):
-            self.base(pixel_values=input_ids)
-        else:
-            self.base(input_ids=input_ids, attention_mask=attention_mask)
-
-    def check_input_ids(self, input_ids: Tensor) -> Tensor:
-        """Token ids as for every adapter; a vision model's input is ``pixel_values`` [batch, channel, H, W]."""
-        if not _is_vision(self.base.config):
-            return super().check_input_ids(input_ids)
-        config = self.base.config
-        side = config.image_size
-        expected = (config.num_channels, side, side)
-        if not isinstance(input_ids, Tensor) or input_ids.ndim != 4 or tuple(input_ids.shape[1:]) != expected:
-            shape = tuple(input_ids.shape) if isinstance(input_ids, Tensor) else type(input_ids).__name__
-            raise ShapeError(f"{self.family} takes pixel_values [batch, {', '.join(map(str, expected))}], got {shape}")
-        return input_ids.to(self.device, next(self.module.parameters()).dtype)
-
-    def sequence_shape(self, input_ids: Tensor) -> tuple[int, int]:
-        if not _is_vision(self.base.config):
-            return super().sequence_shape(input_ids)
-        return int(input_ids.shape[0]), self.spec.max_positions
 
     def read_layers(self) -> list[LayerWeights]:
         raise self._no_layout("normalized weights")

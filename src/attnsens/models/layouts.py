@@ -36,12 +36,14 @@ from attnsens.models.hf import (
     HookPoint,
     activation_of,
     copied,
+    is_vision,
     layer_norm,
     rotary_of,
     rotary_temperature,
     spec_rotary,
     split_bias,
     split_heads,
+    vision_positions,
 )
 from attnsens.weights import (
     Activation,
@@ -278,6 +280,17 @@ LAYOUTS: dict[str, BlockLayout] = {
         parallel_residual=True,
     ),
     **{family: _BERT for family in ("bert", "roberta", "xlm-roberta", "camembert", "electra")},
+    "vit": BlockLayout(
+        attention="attention",
+        up="mlp.fc1",
+        gate=None,
+        down="mlp.fc2",
+        attn_norm="layernorm_before",
+        mlp_norm="layernorm_after",
+        norm="layernorm",
+        rotary="none",
+        causal=False,
+    ),
     "distilbert": BlockLayout(
         blocks="transformer.layer",
         attention="attention",
@@ -341,14 +354,17 @@ class LayoutAdapter(HFAdapter):
             else "post" if layout.post_norm or not getattr(config, "do_layer_norm_before", True)
             else "pre"
         )  # fmt: skip
+        positions, vocab = getattr(config, layout.positions, None) or NO_POSITION_LIMIT, config.vocab_size
+        if is_vision(config):
+            positions, vocab = vision_positions(config), 1
         return ModelSpec(
             n_layer=config.num_hidden_layers,
             n_head=config.num_attention_heads,
             n_kv_head=cls.kv_heads_of(config),
             d_model=config.hidden_size,
             d_head=d_head,
-            max_positions=getattr(config, layout.positions, None) or NO_POSITION_LIMIT,
-            vocab_size=config.vocab_size,
+            max_positions=positions,
+            vocab_size=vocab,
             placement=placement,
             norm=layout.norm,
             causal=(layout.causal or bool(layout.causal_if and getattr(config, layout.causal_if, False)))

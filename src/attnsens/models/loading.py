@@ -36,7 +36,7 @@ FAMILIES: dict[str, str] = {
     "mpt": "attnsens.models.mpt:MptAdapter",
     **{family: "attnsens.models.layouts:LayoutAdapter" for family in (
         "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2", "opt", "gptj", "distilbert",
-        "phi", "stablelm", "starcoder2", "cohere", "roberta", "xlm-roberta", "camembert", "electra",
+        "phi", "stablelm", "starcoder2", "cohere", "roberta", "xlm-roberta", "camembert", "electra", "vit",
     )},
 }  # fmt: skip
 """transformers ``model_type`` → ``module:AdapterClass`` (bounds and audit); other families whose attention calls

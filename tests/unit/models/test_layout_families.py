@@ -290,3 +290,28 @@ def test_gpt_neox_reads_its_residual_arrangement_from_the_config(parallel: bool)
     adapter.layers[0] = wrong
     with pytest.raises(WeightsFidelityError, match="layer 0"):
         M.check_weights_fidelity(adapter, IDS)
+
+
+def test_vit_is_bounded_on_images() -> None:
+    """ViT is a layout entry read on pixel_values: rows, the gate (on given images or a seeded probe image), a
+    mutation swapping its two LayerNorms refused, and bounds that hold."""
+    model = tiny_model("vit")
+    pixels = torch.randn(2, 3, 12, 12, generator=torch.Generator().manual_seed(1))
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        reference = model(pixel_values=pixels, output_attentions=True).attentions
+    model.set_attn_implementation("sdpa")
+    adapter = M.load(model)
+    for chunk in adapter.stream_attention(pixels):
+        torch.testing.assert_close(chunk.probs, reference[chunk.layer], rtol=1e-5, atol=1e-6)
+    _, results = M.weights_fidelity(adapter, pixels)
+    assert max(r.relative_error for r in results) < 1e-5
+    M.check_weights_fidelity(adapter)  # the seeded probe image
+    table = bound_model(adapter, pixels[:1], n_queries=3, iterations=6)
+    layer_rows = table[table["head"] == -1]
+    assert (layer_rows["mha_jacobian_estimate"] <= layer_rows["mha_local_jacobian_upper_bound"]).all()
+    assert (layer_rows["block_jacobian_estimate"] <= layer_rows["residual_jacobian_upper_bound"]).all()
+    layer = adapter.layers[1]
+    adapter.layers[1] = replace(layer, attn_norm=layer.mlp_norm, mlp_norm=layer.attn_norm)
+    with pytest.raises(WeightsFidelityError, match="layer 1 attn_norm"):
+        M.check_weights_fidelity(adapter, pixels)
