@@ -337,13 +337,16 @@ def activation_of(name: str) -> Activation:
 
 
 def layer_norm(module: HFModule) -> NormWeights:
-    """NormWeights of a ``torch.nn.LayerNorm`` (bias may be absent) or of a LayerNorm module that keeps its ε as
+    """NormWeights of a ``torch.nn.LayerNorm`` (bias may be absent; without an elementwise affine map γ = 1, as
+    OPT's ``layer_norm_elementwise_affine=False``) or of a LayerNorm module that keeps its ε as
     ``variance_epsilon`` (Cohere)."""
     bias = getattr(module, "bias", None)
     eps = getattr(module, "eps", None)
+    weight = getattr(module, "weight", None)
+    gamma = torch.ones(module.normalized_shape) if weight is None else weight.detach().clone()
     return NormWeights(
         kind="layernorm",
-        gamma=module.weight.detach().clone(),
+        gamma=gamma,
         beta=copied(bias),
         eps=float(module.variance_epsilon if eps is None else eps),
     )

@@ -315,3 +315,14 @@ def test_vit_is_bounded_on_images() -> None:
     adapter.layers[1] = replace(layer, attn_norm=layer.mlp_norm, mlp_norm=layer.attn_norm)
     with pytest.raises(WeightsFidelityError, match="layer 1 attn_norm"):
         M.check_weights_fidelity(adapter, pixels)
+
+
+@pytest.mark.parametrize("family", ["opt", "opt_post"])
+def test_opt_without_an_elementwise_affine_norm_is_read_with_unit_gains(family: str) -> None:
+    adapter = M.load(tiny_model(family, layer_norm_elementwise_affine=False))
+    norm = adapter.layers[0].attn_norm
+    assert norm is not None and norm.beta is None and bool((norm.gamma == 1).all())
+    M.check_weights_fidelity(adapter, IDS)
+    table = bound_model(adapter, IDS[:1], n_queries=3, iterations=4)
+    layer_rows = table[table["head"] == -1]
+    assert (layer_rows["mha_jacobian_estimate"] <= layer_rows["mha_local_jacobian_upper_bound"]).all()
