@@ -14,10 +14,11 @@ Printed side by side, measured in this run:
 
 Memory method (CPU): each measured call runs in a fresh subprocess, started with no ``MALLOC_*`` allocator
 variables (a default environment), that loads the model from a float32 safetensors copy, warms up on the first
-64 tokens (numba compilation), then samples the resident set size (psutil, every 2 ms) during one call at the
-full length; the figure is the peak RSS during the call minus the RSS just before it, i.e. the extra memory the
-call needs on top of the loaded model. Times are the median of that call and ``--repeats - 1`` more. The eager
-baseline is skipped at lengths where all layers' attention would not fit in half the available memory.
+128 tokens (numba compilation and loading of every kernel the call runs), then samples the resident set size
+(psutil, every 2 ms) during one call at the full length; the figure is the peak RSS during the call minus the
+RSS just before it, i.e. the extra memory the call needs on top of the loaded model. Times are the median of that
+call and ``--repeats - 1`` more. The eager baseline is skipped at lengths where all layers' attention would not fit
+in half the available memory.
 
 Usage: ``python bench/audit.py [--lengths 512,2048,4096,8192] [--repeats 1] [--monitor-steps 0]``; appends one
 JSON line per length to bench/results/audit.jsonl.
@@ -42,6 +43,9 @@ import torch
 from _jsonl import append_record
 
 RESULTS = Path(__file__).resolve().parent / "results" / "audit.jsonl"
+WARMUP_TOKENS = 128
+"""Long enough that the warm-up runs the θ engine's parallel kernel too (9 heads × 128 rows × 128 keys ≥
+``attnsens.theta.certificate.PARALLEL_MIN_ELEMENTS``), so no kernel is loaded from numba's cache while timed."""
 
 
 class PeakRSS:
@@ -112,8 +116,8 @@ def measure(method: str, model_dir: str, seq_len: int, repeats: int) -> dict[str
 
     if method == "eager_posthoc":
         model.set_attn_implementation("eager")
-    full, ids = ids, ids[:, :64]
-    call()  # warm-up on a short prefix: numba compilation, first allocations
+    full, ids = ids, ids[:, :WARMUP_TOKENS]
+    call()  # warm-up on a short prefix: numba compilation and loading, first allocations
     ids = full
     start = time.perf_counter()
     with PeakRSS() as peak:
