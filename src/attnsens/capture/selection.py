@@ -20,10 +20,11 @@ SPEED_CHUNK_BYTES = 16 * 2**20
 scores, their softmax and the row statistics that read it then work in the processor's caches (a 32 MiB L3 on
 the reference machine), and glibc serves every chunk from the memory the previous one freed instead of mapping
 fresh pages."""
-SPEED_CHUNK_FRACTION = 8
-"""A default chunk holds at most 1/8 of the selected rows (rounded up, and at least ``MIN_CHUNK_ROWS``): a causal
-chunk computes a triangle of masked scores of about its own size squared, 1/16 of the useful ones at that size."""
-MIN_CHUNK_ROWS = 32
+SPEED_CHUNK_FRACTION = 4
+"""A default chunk holds at most 1/4 of the selected rows (rounded up, and at least ``MIN_CHUNK_ROWS``): a causal
+chunk of c of n rows computes about c²/2 masked scores, c/n of the n²/2 useful ones, while smaller chunks cost
+the θ engine more per row (fewer rows per call to share between threads)."""
+MIN_CHUNK_ROWS = 64
 """Fewest rows of a default chunk below the memory budget: smaller chunks cost more in per-call overhead than
 they save."""
 
@@ -39,7 +40,7 @@ class RowSelection:
     Rows are recomputed a chunk of queries at a time (:meth:`chunk_bounds`): ``chunk_size`` queries, or by default
     as many as keep the chunk's working set (scores and probabilities in float32, the key mask) within
     ``max_memory`` bytes (default 128 MiB: all 512 rows of a 9-head layer at n = 512, 221 rows at n = 8192), and
-    for speed no more than 1/8 of the rows (``SPEED_CHUNK_FRACTION``; at least ``MIN_CHUNK_ROWS``) and no more
+    for speed no more than 1/4 of the rows (``SPEED_CHUNK_FRACTION``; at least ``MIN_CHUNK_ROWS``) and no more
     than keep the float32 scores within ``SPEED_CHUNK_BYTES`` (16 MiB).
     With ``causal`` chunk bounds a chunk covers only the keys up to its last query (capture_row_statistics uses
     all keys, since the layer's own mask decides which count).

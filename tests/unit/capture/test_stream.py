@@ -193,15 +193,15 @@ def test_chunks_fit_the_memory_budget_and_stop_at_the_last_causal_key() -> None:
     assert causal == [(0, 3, 3), (3, 5, 5), (5, 7, 7)]
     assert C.RowSelection(chunk_size=2).chunk_bounds(positions, heads=5, n=7, causal=True)[1] == (2, 4, 4)
     # Default budget, one SmolLM2 sequence at its context: 128 MiB / (9 · 8 B + 2 B) / 8192 keys = 221 rows fit,
-    # and 16 MiB of float32 scores hold 16 MiB / (9 · 4 B) / 8192 keys = 56 rows.
+    # and 16 MiB of float32 scores hold 16 MiB / (9 · 4 B) / 8192 keys = 56 rows, raised to the 64-row minimum.
     full = C.RowSelection().chunk_bounds(torch.arange(8192).unsqueeze(0), heads=9, n=8192, causal=False)
-    assert full[0] == (0, 56, 8192)
+    assert full[0] == (0, 64, 8192)
     assert C.RowSelection(max_memory=2**20).chunk_bounds(torch.arange(8192).unsqueeze(0), heads=9, n=8192,
                                                          causal=False)[0] == (0, 1, 8192)  # fmt: skip
-    # At 2048 keys the scores limit is 227 rows, 1/8 of the rows is 256; at 512, 1/8 is 64 rows (of 512).
+    # At 2048 keys the scores limit is 227 rows, 1/4 of the rows is 512; at 512, 1/4 is 128 rows (of 512).
     assert C.RowSelection().chunk_bounds(torch.arange(2048).unsqueeze(0), heads=9, n=2048, causal=False)[0][1] == 227
-    assert C.RowSelection().chunk_bounds(torch.arange(512).unsqueeze(0), heads=9, n=512, causal=False)[0][1] == 64
-    # At least 32 rows under the speed limits (20 rows: one chunk), whatever the fraction.
-    assert C.RowSelection().chunk_bounds(torch.arange(20).unsqueeze(0), heads=9, n=20, causal=False) == [(0, 20, 20)]
+    assert C.RowSelection().chunk_bounds(torch.arange(512).unsqueeze(0), heads=9, n=512, causal=False)[0][1] == 128
+    # At least 64 rows under the speed limits (60 rows: one chunk), whatever the fraction.
+    assert C.RowSelection().chunk_bounds(torch.arange(60).unsqueeze(0), heads=9, n=60, causal=False) == [(0, 60, 60)]
     with pytest.raises(ConfigError, match="max_memory"):
         C.RowSelection(max_memory=0)
