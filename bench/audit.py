@@ -36,6 +36,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import torch
@@ -95,8 +96,8 @@ def posthoc_statistics(attentions: tuple[torch.Tensor, ...]) -> list[dict[str, t
     return out
 
 
-def measure(method: str, model_dir: str, seq_len: int, repeats: int) -> dict[str, float]:
-    """Run one method in this process: median seconds and peak extra RSS bytes of one call."""
+def measure(method: str, model_dir: str, seq_len: int, repeats: int) -> dict[str, object]:
+    """Run one method in this process: median seconds (and every call's), peak extra RSS bytes of the first call."""
     import attnsens as A
 
     adapter = A.models.load(model_dir)
@@ -127,7 +128,7 @@ def measure(method: str, model_dir: str, seq_len: int, repeats: int) -> dict[str
         start = time.perf_counter()
         call()
         seconds.append(time.perf_counter() - start)
-    return {"seconds": statistics.median(seconds), "peak_extra_bytes": peak.extra_bytes}
+    return {"seconds": statistics.median(seconds), "seconds_all": seconds, "peak_extra_bytes": peak.extra_bytes}
 
 
 def monitor_overhead(steps: int, every: int, repeats: int) -> dict[str, float]:
@@ -200,7 +201,7 @@ def prepare(model_dir: Path, seq_len: int) -> dict[str, object]:
     return {"model": "smollm2", "n_layer": adapter.spec.n_layer, "n_head": adapter.spec.n_head}
 
 
-def run_measure(method: str, model_dir: Path, seq_len: int, repeats: int) -> dict[str, float]:
+def run_measure(method: str, model_dir: Path, seq_len: int, repeats: int) -> dict[str, Any]:
     """``measure`` in a fresh subprocess whose environment has no glibc allocator variables."""
     env = {name: value for name, value in os.environ.items() if not name.startswith("MALLOC_")}
     command = [sys.executable, __file__, "--measure", method, "--model-dir", str(model_dir)]
@@ -241,7 +242,8 @@ def main() -> None:
             for method in methods:
                 results[method] = run_measure(method, model_dir, seq_len, args.repeats)
                 print(
-                    f"n={seq_len:>5} {method:>14}: {results[method]['seconds']:8.2f} s, "
+                    f"n={seq_len:>5} {method:>14}: {results[method]['seconds']:8.2f} s "
+                    f"({', '.join(f'{t:.2f}' for t in results[method]['seconds_all'])}), "
                     f"peak extra RSS {results[method]['peak_extra_bytes'] / 2**20:8.1f} MiB",
                     flush=True,
                 )
@@ -254,6 +256,7 @@ def main() -> None:
                 "torch_threads": torch.get_num_threads(),
                 "load_average_1min": psutil.getloadavg()[0],
                 **{f"{m}_s": r["seconds"] for m, r in results.items()},
+                **{f"{m}_s_all": r["seconds_all"] for m, r in results.items()},
                 **{f"{m}_peak_extra_bytes": r["peak_extra_bytes"] for m, r in results.items()},
                 "audit_over_forward_time": audit["seconds"] / forward["seconds"],
                 "eager_attention_bytes": attention_bytes,
