@@ -14,10 +14,11 @@ Printed side by side, measured in this run:
 
 Memory method (CPU): each measured call runs in a fresh subprocess, started with no ``MALLOC_*`` allocator
 variables (a default environment), that loads the model from a float32 safetensors copy, warms up on the first
-64 tokens (numba compilation), then samples the resident set size (psutil, every 2 ms) during one call at the
-full length; the figure is the peak RSS during the call minus the RSS just before it, i.e. the extra memory the
-call needs on top of the loaded model. Times are the median of that call and ``--repeats - 1`` more. The eager
-baseline is skipped at lengths where all layers' attention would not fit in half the available memory.
+128 tokens (numba compilation and loading of every kernel the call runs), then samples the resident set size
+(psutil, every 2 ms) during one call at the full length; the figure is the peak RSS during the call minus the
+RSS just before it, i.e. the extra memory the call needs on top of the loaded model. Times are the median of that
+call and ``--repeats - 1`` more. The eager baseline is skipped at lengths where all layers' attention would not fit
+in half the available memory.
 
 Usage: ``python bench/audit.py [--lengths 512,2048,4096,8192] [--repeats 1] [--monitor-steps 0]``; appends one
 JSON line per length to bench/results/audit.jsonl.
@@ -35,6 +36,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import torch
@@ -42,6 +44,9 @@ import torch
 from _jsonl import append_record
 
 RESULTS = Path(__file__).resolve().parent / "results" / "audit.jsonl"
+WARMUP_TOKENS = 128
+"""Long enough that the warm-up runs the θ engine's parallel kernel too (9 heads × 128 rows × 128 keys ≥
+``attnsens.theta.certificate.PARALLEL_MIN_ELEMENTS``), so no kernel is loaded from numba's cache while timed."""
 
 
 class PeakRSS:
@@ -91,8 +96,8 @@ def posthoc_statistics(attentions: tuple[torch.Tensor, ...]) -> list[dict[str, t
     return out
 
 
-def measure(method: str, model_dir: str, seq_len: int, repeats: int) -> dict[str, float]:
-    """Run one method in this process: median seconds and peak extra RSS bytes of one call."""
+def measure(method: str, model_dir: str, seq_len: int, repeats: int) -> dict[str, object]:
+    """Run one method in this process: median seconds (and every call's), peak extra RSS bytes of the first call."""
     import attnsens as A
 
     adapter = A.models.load(model_dir)
@@ -112,8 +117,8 @@ def measure(method: str, model_dir: str, seq_len: int, repeats: int) -> dict[str
 
     if method == "eager_posthoc":
         model.set_attn_implementation("eager")
-    full, ids = ids, ids[:, :64]
-    call()  # warm-up on a short prefix: numba compilation, first allocations
+    full, ids = ids, ids[:, :WARMUP_TOKENS]
+    call()  # warm-up on a short prefix: numba compilation and loading, first allocations
     ids = full
     start = time.perf_counter()
     with PeakRSS() as peak:
@@ -123,7 +128,7 @@ def measure(method: str, model_dir: str, seq_len: int, repeats: int) -> dict[str
         start = time.perf_counter()
         call()
         seconds.append(time.perf_counter() - start)
-    return {"seconds": statistics.median(seconds), "peak_extra_bytes": peak.extra_bytes}
+    return {"seconds": statistics.median(seconds), "seconds_all": seconds, "peak_extra_bytes": peak.extra_bytes}
 
 
 def monitor_overhead(steps: int, every: int, repeats: int) -> dict[str, float]:
@@ -196,7 +201,7 @@ def prepare(model_dir: Path, seq_len: int) -> dict[str, object]:
     return {"model": "smollm2", "n_layer": adapter.spec.n_layer, "n_head": adapter.spec.n_head}
 
 
-def run_measure(method: str, model_dir: Path, seq_len: int, repeats: int) -> dict[str, float]:
+def run_measure(method: str, model_dir: Path, seq_len: int, repeats: int) -> dict[str, Any]:
     """``measure`` in a fresh subprocess whose environment has no glibc allocator variables."""
     env = {name: value for name, value in os.environ.items() if not name.startswith("MALLOC_")}
     command = [sys.executable, __file__, "--measure", method, "--model-dir", str(model_dir)]
@@ -237,7 +242,8 @@ def main() -> None:
             for method in methods:
                 results[method] = run_measure(method, model_dir, seq_len, args.repeats)
                 print(
-                    f"n={seq_len:>5} {method:>14}: {results[method]['seconds']:8.2f} s, "
+                    f"n={seq_len:>5} {method:>14}: {results[method]['seconds']:8.2f} s "
+                    f"({', '.join(f'{t:.2f}' for t in results[method]['seconds_all'])}), "
                     f"peak extra RSS {results[method]['peak_extra_bytes'] / 2**20:8.1f} MiB",
                     flush=True,
                 )
@@ -250,6 +256,7 @@ def main() -> None:
                 "torch_threads": torch.get_num_threads(),
                 "load_average_1min": psutil.getloadavg()[0],
                 **{f"{m}_s": r["seconds"] for m, r in results.items()},
+                **{f"{m}_s_all": r["seconds_all"] for m, r in results.items()},
                 **{f"{m}_peak_extra_bytes": r["peak_extra_bytes"] for m, r in results.items()},
                 "audit_over_forward_time": audit["seconds"] / forward["seconds"],
                 "eager_attention_bytes": attention_bytes,

@@ -15,6 +15,18 @@ WORKING_BYTES_PER_SCORE = 8
 """Bytes per (head, query, key) while a chunk is reduced: float32 scores and the float32 softmax of them."""
 MASK_BYTES_PER_KEY = 2
 """Bytes per (query, key) of the chunk's boolean key mask and its negation."""
+SPEED_CHUNK_BYTES = 16 * 2**20
+"""Largest float32 scores tensor [batch, head, query, n] of a default chunk, however large the memory budget: the
+scores, their softmax and the row statistics that read it then work in the processor's caches (a 32 MiB L3 on
+the reference machine), and glibc serves every chunk from the memory the previous one freed instead of mapping
+fresh pages."""
+SPEED_CHUNK_FRACTION = 4
+"""A default chunk holds at most 1/4 of the selected rows (rounded up, and at least ``MIN_CHUNK_ROWS``): a causal
+chunk of c of n rows computes about c²/2 masked scores, c/n of the n²/2 useful ones, while smaller chunks cost
+the θ engine more per row (fewer rows per call to share between threads)."""
+MIN_CHUNK_ROWS = 64
+"""Fewest rows of a default chunk below the memory budget: smaller chunks cost more in per-call overhead than
+they save."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,7 +39,9 @@ class RowSelection:
 
     Rows are recomputed a chunk of queries at a time (:meth:`chunk_bounds`): ``chunk_size`` queries, or by default
     as many as keep the chunk's working set (scores and probabilities in float32, the key mask) within
-    ``max_memory`` bytes (default 128 MiB: all 512 rows of a 9-head layer at n = 512, 221 rows at n = 8192).
+    ``max_memory`` bytes (default 128 MiB: all 512 rows of a 9-head layer at n = 512, 221 rows at n = 8192), and
+    for speed no more than 1/4 of the rows (``SPEED_CHUNK_FRACTION``; at least ``MIN_CHUNK_ROWS``) and no more
+    than keep the float32 scores within ``SPEED_CHUNK_BYTES`` (16 MiB).
     With ``causal`` chunk bounds a chunk covers only the keys up to its last query (capture_row_statistics uses
     all keys, since the layer's own mask decides which count).
     """
@@ -80,21 +94,25 @@ class RowSelection:
     def chunk_bounds(self, positions: Tensor, *, heads: int, n: int, causal: bool) -> list[tuple[int, int, int]]:
         """``(first, stop, keys)`` per chunk: columns ``first:stop`` of ``positions`` [batch, query] (sorted per
         sequence) are recomputed together over the first ``keys`` keys (all n, or up to the chunk's last query
-        under a causal mask), each chunk holding ``chunk_size`` queries or as many as fit in ``max_memory``
-        (at least one)."""
+        under a causal mask), each chunk holding ``chunk_size`` queries, or as many as fit in ``max_memory`` (at
+        least one) and the speed limits of the class docstring."""
         count = positions.shape[1]
         if causal:
             widths = positions.max(dim=0).values.cpu() + 1  # non-decreasing: positions are sorted per sequence
         else:
             widths = torch.full((count,), n, dtype=torch.int64)
         bytes_per_key = positions.shape[0] * (heads * WORKING_BYTES_PER_SCORE + MASK_BYTES_PER_KEY)
+        bytes_per_score = positions.shape[0] * heads * 4
+        fraction = max(MIN_CHUNK_ROWS, -(-count // SPEED_CHUNK_FRACTION))
         bounds, first = [], 0
         while first < count:
             if self.chunk_size is not None:
                 stop = min(count, first + self.chunk_size)
             else:
-                cost = torch.arange(1, count - first + 1) * widths[first:] * bytes_per_key
-                stop = first + max(1, int(torch.searchsorted(cost, self.max_memory, right=True)))
+                pairs = torch.arange(1, count - first + 1) * widths[first:]  # (query, key) pairs of 1, 2, … rows
+                fits = int(torch.searchsorted(pairs * bytes_per_key, self.max_memory, right=True))
+                cached = int(torch.searchsorted(pairs * bytes_per_score, SPEED_CHUNK_BYTES, right=True))
+                stop = first + max(1, min(fits, fraction, max(MIN_CHUNK_ROWS, cached)))
             bounds.append((first, stop, int(widths[stop - 1])))
             first = stop
         return bounds

@@ -10,7 +10,7 @@ is one chunk's working set (``RowSelection.max_memory``), whatever the number of
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import torch
 from einops import rearrange
@@ -79,8 +79,9 @@ def capture_row_statistics(
     batch, n = model.sequence_shape(input_ids)
     positions = selection.query_positions(batch, n, device=input_ids.device)
     key_mask = key_padding_mask_of(attention_mask, input_ids)
-    # Every chunk spans all keys: the mask is the layer's own (causal, padding, window), so no key is
-    # dropped on the adapter's word; chunks are sized by the memory budget.
+    # Chunks are sized by the memory budget over every key, whatever the mask, so the budget holds for any layer;
+    # each chunk then computes only the keys the layer's own mask (causal, padding, window) allows to its rows,
+    # so no key is dropped on the adapter's word.
     bounds = selection.chunk_bounds(positions, heads=len(heads), n=n, causal=False)
     spans = [(first, stop) for first, stop, _keys in bounds]
     kept: list[RowBlock] = []
@@ -96,10 +97,15 @@ def capture_row_statistics(
             )
         query, key = query.detach(), key.detach()
         # The mask is the one the layer itself used (causal, padding, sliding window), read row by row.
-        chunks = chunked_rows(query, key, call, positions, spans, heads=heads, key_padding_mask=key_mask)
-        for chunk, probs, n_keys in chunks:
+        chunks = chunked_rows(
+            query, key, call, positions, spans, heads=heads, key_padding_mask=key_mask, narrow_keys=True
+        )
+        for chunk, probs, n_keys, key_start in chunks:
             n_keys = rearrange(n_keys, "batch query -> batch 1 query").expand(-1, len(heads), -1)
-            sink(RowBlock(layer=layer, heads=heads, query_positions=chunk, stats=row_statistics(probs, n_keys=n_keys)))
+            stats = row_statistics(probs, n_keys=n_keys)
+            if key_start:  # the chunk's rows start at key key_start; every key before it has probability 0
+                stats = replace(stats, argmax=stats.argmax + key_start)
+            sink(RowBlock(layer=layer, heads=heads, query_positions=chunk, stats=stats))
             del probs
         release_free_memory()
 

@@ -288,7 +288,7 @@ class ModelAdapter(ABC):
             count = positions.shape[1]
             spans = [(start, min(count, start + chunk_size)) for start in range(0, count, chunk_size)]
             chunks = chunked_rows(query, key, call, positions, spans, heads=head_list, key_padding_mask=key_mask)
-            for chunk_positions, probs, n_keys in chunks:
+            for chunk_positions, probs, n_keys, _ in chunks:  # every key: key_start is 0
                 yield AttentionChunk(
                     layer=layer, heads=head_list, query_positions=chunk_positions, probs=probs, n_keys=n_keys
                 )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 from einops import rearrange
@@ -70,6 +71,15 @@ class AttentionCall:
         return allowed, bias, allowed.sum(dim=-1)
 
 
+class RowChunk(NamedTuple):
+    """One chunk of recomputed rows: ``probs`` [batch, head, query, key] holds keys ``key_start`` onwards."""
+
+    query_positions: Tensor  # [batch, query]
+    probs: Tensor  # float32 [batch, head, query, key]; masked keys exactly zero
+    n_keys: Tensor  # [batch, query]: allowed keys of each row
+    key_start: int  # probs[..., j] is key key_start + j
+
+
 def chunked_rows(
     query: Tensor,
     key: Tensor,
@@ -79,17 +89,24 @@ def chunked_rows(
     *,
     heads: Sequence[int],
     key_padding_mask: Tensor | None,
-) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
-    """(query positions, probabilities, n_keys) of each chunk ``positions[:, first:stop]`` of one layer's rows, for
-    every (first, stop) in ``spans``: the one loop that recomputes rows chunk by chunk (``stream_attention`` yields
-    them, ``capture_row_statistics`` reduces them). A chunk's tensors are released before the next is computed,
-    so with a consumer that drops its own reference at most one chunk of probabilities exists at once."""
+    narrow_keys: bool = False,
+) -> Iterator[RowChunk]:
+    """A :class:`RowChunk` of each chunk ``positions[:, first:stop]`` of one layer's rows, for every (first, stop)
+    in ``spans``: the one loop that recomputes rows chunk by chunk (``stream_attention`` yields them,
+    ``capture_row_statistics`` reduces them). A chunk's tensors are released before the next is computed, so with a
+    consumer that drops its own reference at most one chunk of probabilities exists at once.
+
+    With ``narrow_keys`` a chunk's rows cover only the keys from the first to the last one that the layer's own
+    mask allows to some row of the chunk (a causal chunk stops at its last query's key; a sliding window also
+    starts late): every key outside that span is masked for every row of the chunk, so its probability is exactly
+    0 and it is not computed. Otherwise every chunk spans all keys (``key_start`` 0)."""
     for first, stop in spans:
         chunk = positions[:, first:stop]
-        probs, n_keys = call_rows(
-            query, key, call, query_positions=chunk, heads=heads, key_padding_mask=key_padding_mask
-        )
-        yield chunk, probs, n_keys
+        probs, n_keys, key_start = _chunk_rows(
+            query, key, call, query_positions=chunk, heads=heads, key_padding_mask=key_padding_mask,
+            narrow_keys=narrow_keys,
+        )  # fmt: skip
+        yield RowChunk(chunk, probs, n_keys, key_start)
         del probs, n_keys
 
 
@@ -105,14 +122,50 @@ def call_rows(
     """The rows of ``call`` at ``query_positions``: :func:`attention_rows` under the call's mask, bias, softcap
     and sinks, or the softmax of the call's own ``scores``. Returns ``(probs [batch, head, query, n] float32,
     n_keys [batch, query])``."""
+    probs, n_keys, _ = _chunk_rows(
+        query, key, call, query_positions=query_positions, heads=heads, key_padding_mask=key_padding_mask
+    )
+    return probs, n_keys
+
+
+def _chunk_rows(
+    query: Tensor,
+    key: Tensor,
+    call: AttentionCall,
+    *,
+    query_positions: Tensor,
+    heads: Sequence[int] | None,
+    key_padding_mask: Tensor | None,
+    narrow_keys: bool = False,
+) -> tuple[Tensor, Tensor, int]:
+    """``call_rows`` over all keys, or with ``narrow_keys`` over the span of keys the mask allows to some row;
+    also returns the span's first key. A call carrying its own ``scores`` spans all keys."""
     if call.scores is not None:
-        return _rows_of_scores(call.scores, query_positions, heads, key_padding_mask)
-    allowed, bias, n_keys = call.allowed(query_positions, key.shape[2], key_padding_mask=key_padding_mask)
+        probs, n_keys = _rows_of_scores(call.scores, query_positions, heads, key_padding_mask)
+        return probs, n_keys, 0
+    n = key.shape[2]
+    allowed, bias, n_keys = call.allowed(query_positions, n, key_padding_mask=key_padding_mask)
+    start, stop = allowed_span(allowed, n) if narrow_keys else (0, n)
+    if allowed is not None and (start, stop) != (0, n):
+        allowed = allowed[..., start:stop]
+        bias = None if bias is None else bias[..., start:stop]
     probs = attention_rows(
         query, key, tau=call.tau, query_positions=query_positions, allowed=allowed, heads=heads, bias=bias,
-        softcap=call.softcap, sinks=call.sinks,
+        softcap=call.softcap, sinks=call.sinks, keys=(start, stop),
     )  # fmt: skip
-    return probs, n_keys
+    return probs, n_keys, start
+
+
+def allowed_span(allowed: Tensor | None, n: int) -> tuple[int, int]:
+    """``(start, stop)``: the first key and one past the last key of n that ``allowed`` [..., n] allows to any row
+    (all n when ``allowed`` is None, or when it allows no key at all, so that fully masked rows stay as they were).
+    """
+    if allowed is None:
+        return 0, n
+    columns = torch.nonzero(allowed.reshape(-1, n).any(dim=0)).flatten()
+    if columns.numel() == 0:
+        return 0, n
+    return int(columns[0]), int(columns[-1]) + 1
 
 
 def _rows_of_scores(
@@ -144,6 +197,7 @@ def attention_rows(
     bias: Tensor | None = None,
     softcap: float | None = None,
     sinks: Tensor | None = None,
+    keys: tuple[int, int] | None = None,
 ) -> Tensor:
     """Rows p = softmax(q_t · K^T / tau) over the allowed keys of each selected query position t, in float32.
 
@@ -161,9 +215,13 @@ def attention_rows(
         bias: optional additive float [batch, query, n] (ALiBi or any bias the model adds to its scores).
         softcap: optional logit cap c.
         sinks: optional [head] sink logits (one per query head, before selecting ``heads``).
+        keys: ``(start, stop)``: compute only keys start ≤ j < stop, which must hold every key that ``allowed``
+            allows to any of the rows (the rest have probability exactly 0); ``allowed`` and ``bias`` then cover
+            those keys only. Default: all n.
 
     Returns:
-        float32 probs [batch, len(heads), query, n] with masked keys exactly zero (docs/math.md §2.6).
+        float32 probs [batch, len(heads), query, n] (or [..., stop − start] with ``keys``) with masked keys exactly
+        zero (docs/math.md §2.6).
     """
     batch, n_head, n, d_head = query.shape
     n_kv = key.shape[1] if key.ndim == 4 else 0
@@ -173,6 +231,11 @@ def attention_rows(
             f"got query {tuple(query.shape)} and key {tuple(key.shape)}"
         )
     group = n_head // n_kv
+    if keys is not None and tuple(keys) != (0, n):
+        start, stop = keys
+        if not 0 <= start < stop <= n:
+            raise ShapeError(f"keys {tuple(keys)} must satisfy 0 <= start < stop <= {n}")
+        key = key[:, :, start:stop]
     # Scaling the few queries instead of the many scores saves a pass over [head, query, key].
     q = _rows_of(query, query_positions).float() * (1.0 / tau)  # [batch, head, query, d_head]
     if heads is None or tuple(heads) == tuple(range(n_head)):
@@ -188,12 +251,25 @@ def attention_rows(
     if bias is not None:
         scores = scores + rearrange(bias, "batch query key -> batch 1 query key")
     if allowed is not None:  # scores: [batch, head, query, key]
-        scores.masked_fill_(~rearrange(allowed, "batch query key -> batch 1 query key"), float("-inf"))
+        # Only the keys that some row may not attend need the fill (a causal chunk's last few, not its prefix).
+        first, stop = _masked_span(allowed)
+        if first < stop:
+            band = rearrange(allowed[..., first:stop], "batch query key -> batch 1 query key")
+            scores[..., first:stop].masked_fill_(band.logical_not(), float("-inf"))
     if sinks is not None:
         chosen = sinks.float() if heads is None else sinks.float()[list(heads)]
         column = rearrange(chosen, "head -> 1 head 1 1").expand(*scores.shape[:-1], 1)
         return torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
     return torch.softmax(scores, dim=-1)
+
+
+def _masked_span(allowed: Tensor) -> tuple[int, int]:
+    """``(first, stop)``: the keys from the first to the last one that ``allowed`` [..., key] denies to some row
+    (first == stop when every row may attend every key)."""
+    denied = torch.nonzero(~allowed.reshape(-1, allowed.shape[-1]).all(dim=0)).flatten()
+    if denied.numel() == 0:
+        return 0, 0
+    return int(denied[0]), int(denied[-1]) + 1
 
 
 def _rows_of(query: Tensor, positions: Tensor) -> Tensor:

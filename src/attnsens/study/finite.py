@@ -47,7 +47,7 @@ def check_finite_layers(layers: Sequence[LayerWeights], *, name: str) -> None:
 
 def _check(named: Iterable[tuple[str, Tensor]], model: str, fix: str) -> None:
     for parameter, tensor in named:
-        if not tensor.is_floating_point() or bool(torch.isfinite(tensor).all()):
+        if not tensor.is_floating_point() or _all_finite(tensor):
             continue
         nan, inf = int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
         match = _LAYER.search(parameter)
@@ -56,3 +56,11 @@ def _check(named: Iterable[tuple[str, Tensor]], model: str, fix: str) -> None:
             f"{model} has non-finite weights: {where}parameter {parameter!r} {tuple(tensor.shape)} holds {nan} NaN "
             f"and {inf} ±Inf values; {fix}"
         )
+
+
+def _all_finite(tensor: Tensor) -> bool:
+    """Whether every entry is finite. A NaN or ±Inf entry makes the float sum NaN or ±Inf whatever the order
+    (NaN propagates, ∞ + finite = ∞, ∞ − ∞ = NaN), so a finite sum proves it in one read of the tensor; a
+    non-finite sum (a NaN, an Inf, or only an overflow of the sum) is settled entry by entry."""
+    with torch.no_grad():
+        return bool(torch.isfinite(tensor.sum())) or bool(torch.isfinite(tensor).all())

@@ -36,7 +36,10 @@ CKK_MAX_SUPPORT = 2048
 MAX_TOLERANCE = 1.0
 """Largest accepted ``tolerance``: rows with 0 ≤ s ≤ 2, where θ = s − 4·d*² keeps its meaning and radii stay finite."""
 PARALLEL_MIN_ELEMENTS = 1 << 16
-"""Smaller batches run on one thread: waking numba's thread pool costs more than certifying them."""
+PARALLEL_MIN_ROWS = 64
+"""Batches of fewer elements and fewer rows run on one thread: waking numba's thread pool costs more than
+certifying them. A batch of as many rows runs on the pool whatever its element count: rows of 25–48 keys cost up
+to milliseconds each in their exact proofs (the first rows of a causal chunk are such rows)."""
 
 
 @dataclass(frozen=True)
@@ -337,7 +340,8 @@ def _certify_rows_numba(
     out = {name: torch.zeros(n_rows, dtype=torch.float64) for name in ("row_sum", "p_max", "d_found", "d_lb", "err")}
     out["method"] = torch.zeros(n_rows, dtype=torch.int8)
     out["status"] = torch.zeros(n_rows, dtype=torch.int8)
-    kernel = kernels.certify_rows_balanced if x.size >= PARALLEL_MIN_ELEMENTS else kernels.certify_rows_serial
+    parallel = x.size >= PARALLEL_MIN_ELEMENTS or n_rows >= PARALLEL_MIN_ROWS
+    kernel = kernels.certify_rows_balanced if parallel else kernels.certify_rows_serial
     with keep_torch_threads():
         kernel(
             x, x.view(signed), signed.type(np.iinfo(signed).max), x.dtype.itemsize == 8, stop_distance,

@@ -76,3 +76,37 @@ def test_leading_shape_is_kept() -> None:
     stats = row_statistics(probs)
     assert stats.theta_lower.shape == stats.p_max.shape == stats.n_keys.shape == (2, 3, 5)
     assert stats.flatten().entropy.shape == (30,)
+
+
+def test_moments_of_subnormal_zero_and_negative_zero_entries_match_the_oracle() -> None:
+    """The vectorised moments pass: subnormal values (their second, math.log pass), ±0.0 (masked keys) and long
+    rows, against math.fsum and math.log."""
+    rows = torch.zeros(4, 300, dtype=torch.float32)
+    rows[0, :3] = torch.tensor([0.5, 0.25, 0.25])
+    rows[1, 0], rows[1, 5], rows[1, 6] = 1.0, 2.0**-140, 2.0**-149  # subnormal float32 values
+    rows[2] = torch.softmax(torch.randn(300, generator=torch.Generator().manual_seed(1)), dim=0)
+    rows[3, 10], rows[3, 11] = -0.0, 1.0
+    stats = row_statistics(rows)
+    for i, row in enumerate(rows.double().tolist()):
+        support = [v for v in row if v > 0]
+        entropy = -math.fsum(v * math.log(v) for v in support)
+        assert math.isclose(float(stats.entropy[i]), entropy, rel_tol=1e-14, abs_tol=1e-300)
+        assert math.isclose(float(stats.row_sum[i]), math.fsum(support), rel_tol=1e-14)
+        assert math.isclose(1.0 / float(stats.n_eff[i]), math.fsum(v * v for v in support), rel_tol=1e-14)
+        assert float(stats.p_max[i]) == max(row) and int(stats.argmax[i]) == row.index(max(row))
+        assert int(stats.n_keys[i]) == len(support)
+    assert float(stats.entropy[1]) > 0.0  # only the subnormal keys carry entropy
+
+
+def test_the_moments_logarithm_is_within_one_ulp_of_the_c_library() -> None:
+    import numpy as np
+
+    from attnsens.capture._numba_moments import _log
+
+    generator = np.random.default_rng(0)
+    bits = generator.integers(0x00800000, 0x7F800000, size=20_000, dtype=np.int64).astype(np.int32)
+    grid = np.float32(np.linspace(0.5, 2.0, 5_001)).view(np.int32)  # around 1, where log is smallest
+    for b in np.concatenate([bits, grid, np.float32([1.0, 2.0**-126, 1.4142135, 1.4142137, 3e38]).view(np.int32)]):
+        value = float(np.int32(b).view(np.float32))
+        expected = math.log(value)
+        assert abs(_log(b) - expected) <= math.ulp(expected), value

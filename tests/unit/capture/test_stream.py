@@ -46,25 +46,84 @@ def test_chunk_size_does_not_change_results_and_bounds_peak_rows(monkeypatch) ->
     adapter = M.load(tiny_model("llama"))
     ids = torch.randint(0, VOCAB, (2, 23))
     shapes = []
-    import attnsens.models.attention as rows_module  # the one chunk loop, chunked_rows, calls call_rows there
+    import attnsens.models.attention as rows_module  # the one chunk loop, chunked_rows, calls _chunk_rows there
 
-    original = rows_module.call_rows
+    original = rows_module._chunk_rows
 
     def spy(*args, **kwargs):
-        probs, n_keys = original(*args, **kwargs)
-        shapes.append(tuple(probs.shape))
-        return probs, n_keys
+        probs, n_keys, key_start = original(*args, **kwargs)
+        shapes.append((tuple(probs.shape), key_start))
+        return probs, n_keys, key_start
 
-    monkeypatch.setattr(rows_module, "call_rows", spy)
+    monkeypatch.setattr(rows_module, "_chunk_rows", spy)
     small = _concat(C.capture_row_statistics(adapter, ids, selection=C.RowSelection(chunk_size=4)))
-    # One [batch, head, chunk, key] block at a time, over every key: the layer's own mask decides which count.
+    # One [batch, head, chunk, key] block at a time, over the keys the layer's own (causal) mask allows to some
+    # row of the chunk: up to its last query.
     assert len(shapes) == 2 * 6
-    assert shapes[:6] == [(2, 6, 4, 23)] * 5 + [(2, 6, 3, 23)]
+    assert shapes[:6] == [((2, 6, 4, 4 * (i + 1)), 0) for i in range(5)] + [((2, 6, 3, 23), 0)]
     whole = _concat(C.capture_row_statistics(adapter, ids, selection=C.RowSelection(chunk_size=23)))
     # Rows are recomputed in float32, and a GEMM of 4 query rows may round differently from one of 23 on some
     # CPUs (different kernels by shape): results agree to a few float32 ulps, not bit for bit.
     for name in small:
         torch.testing.assert_close(small[name], whole[name], rtol=1e-6, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("family", ["mistral", "qwen2", "bert"])
+def test_chunks_cover_the_keys_the_mask_allows_and_argmax_counts_from_key_0(family: str) -> None:
+    """Sliding windows of 5 keys (Mistral in both layers, Qwen2 in one) start a chunk's keys late, a left-padded
+    batch as well; BERT (bidirectional) computes every key; every statistic, argmax included, is that of the
+    model's own eager rows."""
+    import attnsens.models.attention as rows_module
+
+    model = tiny_model(family)
+    adapter = M.load(model)
+    ids = torch.randint(2, VOCAB, (2, 19), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones(2, 19, dtype=torch.long)
+    mask[1, :4] = 0  # left padding: the second sequence's rows start at key 4
+    got = _concat(
+        C.capture_row_statistics(
+            adapter, ids, attention_mask=mask, selection=C.RowSelection(query_start=4, chunk_size=6)
+        )
+    )
+    reference = eager_attentions(model, ids, attention_mask=mask)
+    layer_of, head_of, batch_of, query_of = got["layer"], got["head"], got["batch"], got["query"]
+    probs = torch.stack(
+        [reference[l][b, h, q] for l, h, b, q in zip(layer_of, head_of, batch_of, query_of, strict=True)]
+    )
+    expected = C.row_statistics(probs, n_keys=got["n_keys"])
+    for f in fields(expected):
+        torch.testing.assert_close(got[f.name], getattr(expected, f.name), rtol=2e-5, atol=2e-6, msg=f.name)
+    # The narrowed chunks of a layer's (tapped) query and key, a windowed layer where there is one: each holds
+    # exactly the keys the mask allows to some of its rows, and every key outside that span is exactly 0 in the
+    # full rows.
+    kept = {}
+    with adapter.inference(), adapter.query_key_tap(lambda layer, q, k, call: kept.setdefault(layer, (q, k, call))):
+        adapter.forward(ids, mask)
+    windowed = [layer for layer in kept if adapter.attention_window(layer) is not None]
+    query, key, call = kept[windowed[0] if windowed else 0]
+    assert bool(windowed) == (family != "bert")
+    positions = torch.arange(4, 19).expand(2, -1)
+    spans = [(0, 6), (6, 12), (12, 15)]
+    heads = tuple(range(adapter.spec.n_head))
+    key_mask = rows_module.key_padding_mask_of(mask, ids)
+    narrow = list(rows_module.chunked_rows(query, key, call, positions, spans, heads=heads,
+                                           key_padding_mask=key_mask, narrow_keys=True))  # fmt: skip
+    full = list(rows_module.chunked_rows(query, key, call, positions, spans, heads=heads, key_padding_mask=key_mask))
+    starts = []
+    for chunk, whole in zip(narrow, full, strict=True):
+        assert whole.key_start == 0 and whole.probs.shape[-1] == 19
+        start, stop = chunk.key_start, chunk.key_start + chunk.probs.shape[-1]
+        starts.append(start)
+        torch.testing.assert_close(chunk.probs, whole.probs[..., start:stop], rtol=1e-6, atol=1e-7)
+        assert torch.equal(chunk.n_keys, whole.n_keys)
+        outside = torch.cat([whole.probs[..., :start], whole.probs[..., stop:]], dim=-1)
+        assert torch.equal(outside, torch.zeros_like(outside))
+        inside = whole.probs[..., start:stop]
+        assert bool((inside[..., 0] > 0).any()) and bool((inside[..., -1] > 0).any())  # the span is the tightest
+    if family == "bert":
+        assert [(c.key_start, c.probs.shape[-1]) for c in narrow] == [(0, 19)] * 3
+    else:
+        assert starts[-1] > 0  # the window leaves early keys out of late chunks
 
 
 def test_selection_layers_heads_and_range() -> None:
@@ -133,8 +192,16 @@ def test_chunks_fit_the_memory_budget_and_stop_at_the_last_causal_key() -> None:
     causal = C.RowSelection(max_memory=per_row * 2).chunk_bounds(positions, heads=5, n=7, causal=True)
     assert causal == [(0, 3, 3), (3, 5, 5), (5, 7, 7)]
     assert C.RowSelection(chunk_size=2).chunk_bounds(positions, heads=5, n=7, causal=True)[1] == (2, 4, 4)
-    # Default budget, one SmolLM2 sequence at its context: 128 MiB / (9 · 8 B + 2 B) / 8192 keys = 221 rows.
+    # Default budget, one SmolLM2 sequence at its context: 128 MiB / (9 · 8 B + 2 B) / 8192 keys = 221 rows fit,
+    # and 16 MiB of float32 scores hold 16 MiB / (9 · 4 B) / 8192 keys = 56 rows, raised to the 64-row minimum.
     full = C.RowSelection().chunk_bounds(torch.arange(8192).unsqueeze(0), heads=9, n=8192, causal=False)
-    assert full[0] == (0, 221, 8192)
+    assert full[0] == (0, 64, 8192)
+    assert C.RowSelection(max_memory=2**20).chunk_bounds(torch.arange(8192).unsqueeze(0), heads=9, n=8192,
+                                                         causal=False)[0] == (0, 1, 8192)  # fmt: skip
+    # At 2048 keys the scores limit is 227 rows, 1/4 of the rows is 512; at 512, 1/4 is 128 rows (of 512).
+    assert C.RowSelection().chunk_bounds(torch.arange(2048).unsqueeze(0), heads=9, n=2048, causal=False)[0][1] == 227
+    assert C.RowSelection().chunk_bounds(torch.arange(512).unsqueeze(0), heads=9, n=512, causal=False)[0][1] == 128
+    # At least 64 rows under the speed limits (60 rows: one chunk), whatever the fraction.
+    assert C.RowSelection().chunk_bounds(torch.arange(60).unsqueeze(0), heads=9, n=60, causal=False) == [(0, 60, 60)]
     with pytest.raises(ConfigError, match="max_memory"):
         C.RowSelection(max_memory=0)

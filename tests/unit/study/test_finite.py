@@ -57,3 +57,24 @@ def test_a_linear_algebra_failure_names_the_layer(monkeypatch) -> None:
     monkeypatch.setattr(torch.linalg, "svd", fail)
     with pytest.raises(InputError, match=r"^layer 0 of layers: .*failed to converge.*check that layer's weights"):
         bound_model(tiny_layers(n_layer=2), **FAST)
+
+
+def test_finite_weights_whose_sum_overflows_pass_and_a_single_bad_entry_is_found() -> None:
+    """The check reads each tensor once through its sum; a sum that overflows (finite entries) or is NaN/±Inf
+    is settled entry by entry, so neither a false alarm nor a missed entry is possible."""
+    from attnsens.study.finite import check_finite_module
+
+    module = torch.nn.Linear(4, 3)
+    with torch.no_grad():
+        module.weight.fill_(3e38)  # every entry finite, the float32 sum overflows to +inf
+    check_finite_module(module, name="m")
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        with torch.no_grad():
+            module.weight.fill_(1.0)
+            module.weight[2, 1] = bad
+        with pytest.raises(InputError, match=r"parameter 'weight' \(3, 4\)"):
+            check_finite_module(module, name="m")
+    with torch.no_grad():  # +inf and −inf: their sum is NaN
+        module.weight[0, 0], module.weight[0, 1] = float("inf"), -float("inf")
+    with pytest.raises(InputError, match="0 NaN and 3 ±Inf"):
+        check_finite_module(module, name="m")
