@@ -21,7 +21,7 @@ from attnsens.capture.selection import RowSelection
 from attnsens.capture.statistics import RowStats, row_statistics
 from attnsens.errors import UnsupportedModelError
 from attnsens.models.adapter import ModelAdapter
-from attnsens.models.attention import AttentionCall, chunked_rows, key_padding_mask_of
+from attnsens.models.attention import AttentionCall, RowWorkspace, chunked_rows, key_padding_mask_of
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,6 +84,8 @@ def capture_row_statistics(
     # so no key is dropped on the adapter's word.
     bounds = selection.chunk_bounds(positions, heads=len(heads), n=n, causal=False)
     spans = [(first, stop) for first, stop, _keys in bounds]
+    # One pair of score and probability buffers for every chunk of every layer (the budget's 8 bytes per score).
+    workspace = RowWorkspace(batch * len(heads) * max(stop - first for first, stop in spans) * n)
     kept: list[RowBlock] = []
     sink = on_block or kept.append
 
@@ -98,8 +100,9 @@ def capture_row_statistics(
         query, key = query.detach(), key.detach()
         # The mask is the one the layer itself used (causal, padding, sliding window), read row by row.
         chunks = chunked_rows(
-            query, key, call, positions, spans, heads=heads, key_padding_mask=key_mask, narrow_keys=True
-        )
+            query, key, call, positions, spans, heads=heads, key_padding_mask=key_mask, narrow_keys=True,
+            workspace=workspace,
+        )  # fmt: skip
         for chunk, probs, n_keys, key_start in chunks:
             n_keys = rearrange(n_keys, "batch query -> batch 1 query").expand(-1, len(heads), -1)
             stats = row_statistics(probs, n_keys=n_keys)

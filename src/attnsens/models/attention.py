@@ -71,6 +71,32 @@ class AttentionCall:
         return allowed, bias, allowed.sum(dim=-1)
 
 
+class RowWorkspace:
+    """Two float32 buffers, for the scores and the probabilities of one chunk, reused by every chunk of every layer.
+
+    Chunks of a causal layer grow key by key, so fresh tensors for each one would all differ in size, and glibc
+    would carve the small tensors a capture keeps out of the freed ones, so that the heap grew with the number of
+    chunks and layers. With one pair of buffers, sized for the largest chunk when first used, the rows of a chunk
+    live in them until the next chunk is computed.
+    """
+
+    def __init__(self, elements: int) -> None:
+        self.elements = elements
+        self._buffers: list[Tensor] = []
+
+    def views(self, shape: tuple[int, ...], device: torch.device) -> tuple[Tensor, Tensor] | None:
+        """Contiguous float32 ``shape`` views of the two buffers, or None when they would not fit."""
+        count = 1
+        for size in shape:
+            count *= size
+        if count > self.elements:
+            return None
+        if not self._buffers or self._buffers[0].device != device:
+            self._buffers = [torch.empty(self.elements, dtype=torch.float32, device=device) for _ in range(2)]
+        scores, probs = (buffer[:count].view(shape) for buffer in self._buffers)
+        return scores, probs
+
+
 class RowChunk(NamedTuple):
     """One chunk of recomputed rows: ``probs`` [batch, head, query, key] holds keys ``key_start`` onwards."""
 
@@ -90,6 +116,7 @@ def chunked_rows(
     heads: Sequence[int],
     key_padding_mask: Tensor | None,
     narrow_keys: bool = False,
+    workspace: RowWorkspace | None = None,
 ) -> Iterator[RowChunk]:
     """A :class:`RowChunk` of each chunk ``positions[:, first:stop]`` of one layer's rows, for every (first, stop)
     in ``spans``: the one loop that recomputes rows chunk by chunk (``stream_attention`` yields them,
@@ -99,12 +126,15 @@ def chunked_rows(
     With ``narrow_keys`` a chunk's rows cover only the keys from the first to the last one that the layer's own
     mask allows to some row of the chunk (a causal chunk stops at its last query's key; a sliding window also
     starts late): every key outside that span is masked for every row of the chunk, so its probability is exactly
-    0 and it is not computed. Otherwise every chunk spans all keys (``key_start`` 0)."""
+    0 and it is not computed. Otherwise every chunk spans all keys (``key_start`` 0).
+
+    With a ``workspace`` the scores and probabilities are computed in its buffers: a chunk's ``probs`` are then
+    overwritten by the next chunk, so the consumer must be done with them before it asks for the next."""
     for first, stop in spans:
         chunk = positions[:, first:stop]
         probs, n_keys, key_start = _chunk_rows(
             query, key, call, query_positions=chunk, heads=heads, key_padding_mask=key_padding_mask,
-            narrow_keys=narrow_keys,
+            narrow_keys=narrow_keys, workspace=workspace,
         )  # fmt: skip
         yield RowChunk(chunk, probs, n_keys, key_start)
         del probs, n_keys
@@ -137,6 +167,7 @@ def _chunk_rows(
     heads: Sequence[int] | None,
     key_padding_mask: Tensor | None,
     narrow_keys: bool = False,
+    workspace: RowWorkspace | None = None,
 ) -> tuple[Tensor, Tensor, int]:
     """``call_rows`` over all keys, or with ``narrow_keys`` over the span of keys the mask allows to some row;
     also returns the span's first key. A call carrying its own ``scores`` spans all keys."""
@@ -151,7 +182,7 @@ def _chunk_rows(
         bias = None if bias is None else bias[..., start:stop]
     probs = attention_rows(
         query, key, tau=call.tau, query_positions=query_positions, allowed=allowed, heads=heads, bias=bias,
-        softcap=call.softcap, sinks=call.sinks, keys=(start, stop),
+        softcap=call.softcap, sinks=call.sinks, keys=(start, stop), workspace=workspace,
     )  # fmt: skip
     return probs, n_keys, start
 
@@ -198,6 +229,7 @@ def attention_rows(
     softcap: float | None = None,
     sinks: Tensor | None = None,
     keys: tuple[int, int] | None = None,
+    workspace: RowWorkspace | None = None,
 ) -> Tensor:
     """Rows p = softmax(q_t · K^T / tau) over the allowed keys of each selected query position t, in float32.
 
@@ -218,6 +250,8 @@ def attention_rows(
         keys: ``(start, stop)``: compute only keys start ≤ j < stop, which must hold every key that ``allowed``
             allows to any of the rows (the rest have probability exactly 0); ``allowed`` and ``bias`` then cover
             those keys only. Default: all n.
+        workspace: compute the scores and probabilities in its buffers (the result is a view of one of them,
+            valid until the workspace is used again); without sinks only, else ignored.
 
     Returns:
         float32 probs [batch, len(heads), query, n] (or [..., stop − start] with ``keys``) with masked keys exactly
@@ -238,18 +272,29 @@ def attention_rows(
         key = key[:, :, start:stop]
     # Scaling the few queries instead of the many scores saves a pass over [head, query, key].
     q = _rows_of(query, query_positions).float() * (1.0 / tau)  # [batch, head, query, d_head]
-    if heads is None or tuple(heads) == tuple(range(n_head)):
+    head_list = list(range(n_head)) if heads is None else list(heads)
+    every_head = head_list == list(range(n_head))
+    views = None
+    if workspace is not None and sinks is None and every_head:
+        views = workspace.views((batch, n_head, q.shape[2], key.shape[2]), query.device)
+    if views is not None:
+        scores, probs = views
+        # One product per sequence and key head, its query heads stacked, written into the workspace.
+        stacked = rearrange(q, "batch (kv group) query d_head -> (batch kv) (group query) d_head", kv=n_kv)
+        keys_t = rearrange(key.float(), "batch kv key d_head -> (batch kv) d_head key")
+        torch.bmm(stacked, keys_t, out=scores.view(batch * n_kv, group * q.shape[2], key.shape[2]))
+    elif every_head:
         # Grouped heads share one key tensor through broadcasting: no copy of the keys per query head.
         q = rearrange(q, "batch (kv group) query d_head -> batch kv group query d_head", kv=n_kv)
         k = rearrange(key, "batch kv key d_head -> batch kv 1 d_head key")
         scores = rearrange(torch.matmul(q.float(), k.float()), "batch kv group query key -> batch (kv group) query key")
     else:
-        index = torch.as_tensor(list(heads), dtype=torch.long, device=query.device)
+        index = torch.as_tensor(head_list, dtype=torch.long, device=query.device)
         scores = torch.matmul(q[:, index], key[:, index // group].float().transpose(-1, -2))
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
+    if softcap is not None:  # in place: c·tanh(s/c), the same operations as out of place
+        scores.div_(softcap).tanh_().mul_(softcap)
     if bias is not None:
-        scores = scores + rearrange(bias, "batch query key -> batch 1 query key")
+        scores.add_(rearrange(bias, "batch query key -> batch 1 query key"))
     if allowed is not None:  # scores: [batch, head, query, key]
         # Only the keys that some row may not attend need the fill (a causal chunk's last few, not its prefix).
         first, stop = _masked_span(allowed)
@@ -257,9 +302,11 @@ def attention_rows(
             band = rearrange(allowed[..., first:stop], "batch query key -> batch 1 query key")
             scores[..., first:stop].masked_fill_(band.logical_not(), float("-inf"))
     if sinks is not None:
-        chosen = sinks.float() if heads is None else sinks.float()[list(heads)]
+        chosen = sinks.float()[head_list]
         column = rearrange(chosen, "head -> 1 head 1 1").expand(*scores.shape[:-1], 1)
         return torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
+    if views is not None:
+        return torch.softmax(scores, dim=-1, out=probs)
     return torch.softmax(scores, dim=-1)
 
 

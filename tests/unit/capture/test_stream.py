@@ -126,6 +126,43 @@ def test_chunks_cover_the_keys_the_mask_allows_and_argmax_counts_from_key_0(fami
         assert starts[-1] > 0  # the window leaves early keys out of late chunks
 
 
+@pytest.mark.parametrize("softcap", [None, 2.0])
+def test_chunks_in_a_workspace_equal_fresh_ones_and_reuse_its_memory(softcap: float | None) -> None:
+    """The capture's workspace: the same rows under a causal additive mask with a bias (ALiBi-like) and left
+    padding, with and without a softcap (to float32 rounding: its one product per key head stacks the query heads,
+    and a GEMM may round by shape; the masked keys exactly 0); every chunk in the same two buffers; a chunk too
+    large, or a subset of heads, falls back to fresh tensors."""
+    from attnsens.models.attention import AttentionCall, RowWorkspace, chunked_rows
+
+    generator = torch.Generator().manual_seed(5)
+    query, key = torch.randn(2, 6, 23, 5, generator=generator), torch.randn(2, 2, 23, 5, generator=generator)
+    distance = torch.arange(23).view(23, 1) - torch.arange(23).view(1, 23)
+    mask = torch.where(distance >= 0, -0.3 * distance.float(), torch.finfo(torch.float32).min)
+    mask = mask.expand(2, 1, 23, 23).clone()
+    mask[1, :, :, :3] = torch.finfo(torch.float32).min
+    call = AttentionCall(tau=5**0.5, mask=mask, softcap=softcap)
+    positions = torch.arange(3, 23).expand(2, -1)
+    spans = [(0, 7), (7, 14), (14, 20)]
+    workspace = RowWorkspace(2 * 6 * 7 * 23)
+    every = tuple(range(6))
+    fresh = list(chunked_rows(query, key, call, positions, spans, heads=every, key_padding_mask=None, narrow_keys=True))
+    pointers = set()
+    reused = chunked_rows(query, key, call, positions, spans, heads=every, key_padding_mask=None, narrow_keys=True,
+                          workspace=workspace)  # fmt: skip
+    for chunk, expected in zip(reused, fresh, strict=True):
+        assert chunk.key_start == expected.key_start
+        torch.testing.assert_close(chunk.probs, expected.probs, rtol=1e-6, atol=1e-7)
+        assert torch.equal(chunk.probs == 0, expected.probs == 0)
+        pointers.add(chunk.probs.data_ptr())
+    assert len(pointers) == 1
+    small = RowWorkspace(10)  # too small: fresh tensors, the same rows
+    for heads, space in ((every, small), ((4, 1), workspace)):
+        chunks = chunked_rows(query, key, call, positions, spans, heads=heads, key_padding_mask=None, narrow_keys=True,
+                              workspace=space)  # fmt: skip
+        for chunk, expected in zip(chunks, fresh, strict=True):
+            assert torch.equal(chunk.probs, expected.probs[:, list(heads)])
+
+
 def test_selection_layers_heads_and_range() -> None:
     adapter = M.load(tiny_model("gpt2"))
     ids = torch.randint(0, VOCAB, (1, 20))
