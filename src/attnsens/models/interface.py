@@ -23,6 +23,7 @@ from torch import Tensor
 
 from attnsens.errors import UnsupportedModelError
 from attnsens.models.adapter import ModelSpec
+from attnsens.models.attention import AttentionCall
 from attnsens.models.hf import HFAdapter, HFModule, is_vision, vision_positions
 from attnsens.weights import LayerWeights
 
@@ -68,9 +69,37 @@ class InterfaceAdapter(HFAdapter):
                 "cannot tap its queries and keys; this family is not supported"
             )
         super().__init__(module, name=name, tokenizer=tokenizer)
-        # Causality is the attention layers' own flag (sdpa's is_causal); the rows use the mask of each call.
-        causal = bool(getattr(self._attention[0], "is_causal", False))
-        self.spec = replace(self.spec, n_layer=len(self._attention), causal=causal)
+        self.spec = replace(self.spec, n_layer=len(self._attention), causal=self._first_layer_is_causal())
+
+    def _first_layer_is_causal(self) -> bool:
+        """Whether the first attention layer is causal, as the model calls it (the spec's flag; each row uses the
+        mask of its own call whatever this says).
+
+        The layer's ``is_causal`` attribute is not the whole story: the CLIP text tower keeps ``is_causal = False``
+        on its layers and passes a causal mask (and ``is_causal=True``) at call time. So a text model whose layer
+        does not say it is causal is run once on two tokens, and its first call is read: causal when it has no
+        mask and asks for the causal pattern, or when its mask hides the second key from the first query.
+        """
+        if bool(getattr(self._attention[0], "is_causal", False)):
+            return True
+        if is_vision(self.base.config):
+            return False
+        calls: list[AttentionCall] = []
+
+        def record(layer: int, _query: Tensor, _key: Tensor, call: AttentionCall) -> None:
+            if layer == 0:
+                calls.append(call)
+
+        probe = torch.zeros(1, 2, dtype=torch.long, device=self.device)
+        with torch.no_grad(), self.query_key_tap(record):
+            self.forward(probe)
+        if not calls:
+            return False
+        call = calls[0]
+        if call.mask is None:
+            return call.causal
+        allowed, _, _ = call.allowed(torch.zeros(1, 1, dtype=torch.long), call.mask.shape[-1])
+        return allowed is not None and not bool(allowed[0, 0, 1])
 
     @classmethod
     def spec_of(cls, config: Any) -> ModelSpec:

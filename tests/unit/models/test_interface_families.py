@@ -66,6 +66,19 @@ def test_sliding_windows_are_read_from_the_mask_of_each_layer(family: str) -> No
     assert [widest[0], widest[1]] == expected[family]
 
 
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("family", INTERFACE_FAMILIES)
+def test_the_spec_says_causal_exactly_when_the_rows_are(family: str, implementation: str) -> None:
+    """The CLIP text tower's layers say ``is_causal = False`` and are called with a causal mask: the spec follows
+    the calls, not the attribute."""
+    adapter = M.load(tiny_model(family, attn_implementation=implementation))
+    first_layer = [chunk for chunk in adapter.stream_attention(IDS) if chunk.layer == 0]
+    # No row sees a later key (Mixtral's tiny config also has a window).
+    rows_causal = all(bool((chunk.n_keys <= chunk.query_positions + 1).all()) for chunk in first_layer)
+    assert adapter.spec.causal == rows_causal
+    assert adapter.spec.causal == (family != "modernbert")
+
+
 @pytest.mark.parametrize("family", BYPASS_FAMILIES)
 def test_families_whose_attention_bypasses_the_interface_are_refused_by_name(family: str) -> None:
     with pytest.raises(UnsupportedModelError, match=f"'{family}' is not supported: its eager attention computes"):
