@@ -157,9 +157,17 @@ def test_placements_side_by_side_with_baselines_and_a_pretrained_reference(
         return OwnGPTAdapter(GPT(reference_model), name="micro-reference", tokenizer=tokenizer)
 
     monkeypatch.setitem(loading.ALIASES, "micro-reference", reference)
-    config = micro_study(corpus, placements=("pre", "post"), seeds=(0,), reference="micro-reference")
+    config = micro_study(
+        corpus,
+        placements=("pre", "post"),
+        seeds=(0,),
+        reference="micro-reference",
+        placement_train={"post": {"lr": 1e-3}},
+    )
     run_study(config, tmp_path)
     assert (tmp_path / "runs" / "placement=post" / "seed=0" / "checkpoints").is_dir()
+    peak_lr = query(tmp_path, "SELECT run_id, max(lr) AS lr FROM training GROUP BY 1").set_index("run_id")["lr"]
+    assert peak_lr.to_dict() == pytest.approx({"micro-pre": 3e-3, "micro-post": 1e-3})
     per_run = query(tmp_path, "SELECT run_id, step, count(*) AS n FROM rows GROUP BY ALL ORDER BY ALL")
     trained = per_run[per_run["run_id"] != "reference-micro-reference"]
     assert trained[["run_id", "step"]].values.tolist() == [
@@ -174,6 +182,31 @@ def test_placements_side_by_side_with_baselines_and_a_pretrained_reference(
     assert 0 < bigram < unigram  # a bigram fitted on the text beats its unigram
     sizes = baselines.xs("model", level="name")["n_parameters"]
     assert sizes["micro-pre"] == sum(p.numel() for p in GPT(config.model_for("pre")).parameters())
+
+
+def test_each_placement_trains_with_its_own_warmup_and_peak_learning_rate() -> None:
+    """The tiny preset trains Post-LN and DeepNorm to 2e-3 after 300 warmup steps (with Pre-LN's 60 steps to 6e-3
+    its Post-LN stays at the unigram loss); an explicit setting is every placement's, and a study of one placement
+    records no per-placement settings."""
+    both = StudyConfig.from_preset("tiny", placements=("pre", "post"))
+    pre, post = both.train_for("pre"), both.train_for("post")
+    assert (pre.lr, pre.warmup_steps, post.lr, post.warmup_steps) == (6e-3, 60, 2e-3, 300)
+    assert (pre.steps, pre.batch_size) == (post.steps, post.batch_size) == (1200, 16)
+    assert both.describe()["placement_train"] == {"post": {"lr": 2e-3, "warmup_steps": 300}}
+    assert "placement_train" not in StudyConfig.from_preset("tiny").describe()  # as recorded before there were any
+    explicit = StudyConfig.from_preset("tiny", placements=("pre", "post"), lr=1e-3)
+    assert explicit.train_for("post").lr == explicit.train_for("pre").lr == 1e-3
+    assert explicit.train_for("post").warmup_steps == 300
+    mixed = StudyConfig.from_preset("tiny", placements=("pre", "post"), placement_train={"post": {"lr": 3e-3}})
+    assert (mixed.train_for("post").lr, mixed.train_for("post").warmup_steps) == (3e-3, 300)
+    with pytest.raises(ConfigError, match="need lr > 0"):
+        micro_study(Path("x"), placements=("pre", "post"), placement_train={"post": {"lr": -1.0}})
+    with pytest.raises(ConfigError, match="cannot have its own steps: every placement shares"):
+        micro_study(Path("x"), placement_train={"pre": {"steps": 8}})
+    with pytest.raises(ConfigError, match=r"GPTConfig\.norm must be one of"):
+        micro_study(Path("x"), placement_train={"pst": {"lr": 1e-3}})
+    result = CliRunner().invoke(app, ["study", "--lr", "pre=fast", "--out", "unused"])
+    assert result.exit_code == 1 and "--lr must be a number such as 6e-3 or pairs" in result.output
 
 
 def test_bounds_every_stride_checkpoints_and_always_the_last() -> None:

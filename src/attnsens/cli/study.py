@@ -27,6 +27,14 @@ def study(
             help="Comma-separated block variants trained side by side: pre, post, deepnorm, none.",
         ),
     ] = "pre",
+    lr: Annotated[
+        str | None,
+        typer.Option(
+            "--lr",
+            help="Peak learning rate of every placement (6e-3), or per placement (pre=6e-3,post=2e-3); default: "
+            "the preset's (tiny: 6e-3 for pre after 60 warmup steps; 2e-3 for post and deepnorm after 300).",
+        ),
+    ] = None,
     reference: Annotated[
         str | None,
         typer.Option("--reference", help="Pretrained model audited on the same text as the trained end (smollm2)."),
@@ -59,6 +67,7 @@ def study(
     except ValueError as err:
         raise ConfigError(f"--seeds must be comma-separated integers such as 0,1,2, got {seeds!r}") from err
     placement_list = tuple(p.strip() for p in placements.split(",") if p.strip())
+    lr_all, placement_lr = _learning_rates(lr)
     study_config = StudyConfig.from_preset(
         config,
         seeds=seed_list,
@@ -68,6 +77,8 @@ def study(
         data=None if data is None else str(data),
         batch_size=batch_size,
         bounds=bounds,
+        lr=lr_all,
+        placement_train={placement: {"lr": rate} for placement, rate in placement_lr.items()},
     )
     # torchrun sets RANK before the process group exists (run_study joins it).
     is_writer = int(os.environ.get("RANK", "0")) == 0
@@ -103,3 +114,20 @@ class SeedProgress:
             self.report.label = f"{record['run_id']} seed {record['seed']}: training"
             self.current = TrainingProgress(self.report, self.steps)
         self.current.on_record(record)
+
+
+def _learning_rates(value: str | None) -> tuple[float | None, dict[str, float]]:
+    """``--lr`` as (one rate for every placement, or None; per-placement rates)."""
+    from attnsens.errors import ConfigError
+
+    if value is None:
+        return None, {}
+    try:
+        if "=" not in value:
+            return float(value), {}
+        pairs = (part.split("=", 1) for part in value.split(",") if part.strip())
+        return None, {name.strip(): float(rate) for name, rate in pairs}
+    except ValueError as err:
+        raise ConfigError(
+            f"--lr must be a number such as 6e-3 or pairs such as pre=6e-3,post=2e-3, got {value!r}"
+        ) from err

@@ -29,8 +29,8 @@ each seed trains with DDP and the (seed, checkpoint) audits are shared out among
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -53,12 +53,13 @@ class StudyConfig:
     """What to train (model, optimizer, data, seeds) and how to audit each checkpoint.
 
     ``placements`` are the residual-block variants trained side by side (default: ``model.norm`` alone); each
-    trains every seed. The audit reads the first ``audit_sequences`` blocks of the fixed evaluation batch and
-    samples ``rows_per_sequence`` query positions t ≥ ``min_query`` in each (docs/math.md §9.4: rows with few keys
-    are trivially dominant); the bounds use the first ``bound_tokens`` tokens of one evaluation block, at every
-    ``bound_stride``-th checkpoint (and the last). ``reference`` names a pretrained model (an alias of
-    attnsens.models.load, e.g. ``smollm2``) audited on the text of the same evaluation blocks, re-tokenized with
-    its own tokenizer: the trained end of the spectrum.
+    trains every seed, with ``train`` except for the settings ``placement_train`` gives that placement (Post-LN
+    needs a longer warmup than Pre-LN: ``train_for``). The audit reads the first ``audit_sequences`` blocks of the fixed
+    evaluation batch and samples ``rows_per_sequence`` query positions t ≥ ``min_query`` in each (docs/math.md
+    §9.4: rows with few keys are trivially dominant); the bounds use the first ``bound_tokens`` tokens of one
+    evaluation block, at every ``bound_stride``-th checkpoint (and the last). ``reference`` names a pretrained model
+    (an alias of attnsens.models.load, e.g. ``smollm2``) audited on the text of the same evaluation blocks,
+    re-tokenized with its own tokenizer: the trained end of the spectrum.
     """
 
     name: str
@@ -66,6 +67,7 @@ class StudyConfig:
     train: TrainConfig
     data: DataConfig
     placements: tuple[str, ...] | None = None
+    placement_train: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     seeds: tuple[int, ...] = (0, 1, 2)
     audit_sequences: int = 4
     rows_per_sequence: int | None = 32
@@ -85,6 +87,21 @@ class StudyConfig:
             raise ConfigError(f"placements must be distinct and non-empty, got {placements}")
         for placement in placements:
             norm_placement(placement)
+        for placement, settings in self.placement_train.items():
+            norm_placement(placement)
+            shared = sorted(set(settings) & SHARED_TRAIN_FIELDS)
+            unknown = sorted(set(settings) - {f.name for f in fields(TrainConfig)})
+            if shared or unknown:
+                raise ConfigError(
+                    f"placement {placement!r} cannot have its own {', '.join(shared + unknown)}: every placement "
+                    f"shares {', '.join(sorted(SHARED_TRAIN_FIELDS))}, and a placement may change only the other "
+                    "TrainConfig fields"
+                )
+        # Only the placements trained keep their settings (the preset's defaults name every placement).
+        kept = {p: dict(settings) for p, settings in self.placement_train.items() if p in placements and settings}
+        object.__setattr__(self, "placement_train", kept)
+        for placement in kept:
+            self.train_for(placement)  # TrainConfig checks the values
         if not isinstance(self.bound_stride, int) or self.bound_stride < 1:
             raise ConfigError(f"bound_stride must be a positive integer, got {self.bound_stride!r}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
@@ -120,13 +137,23 @@ class StudyConfig:
         """The study of a GPT preset; ``tiny`` defaults are sized for ``make demo`` (2 CPU cores, minutes)."""
         model = preset(name, norm=placements[0])
         defaults = STUDY_DEFAULTS.get(name, STUDY_DEFAULTS["tiny"])
+        explicit = {key: overrides.pop(key, None) for key in ("lr", "warmup_steps")}
         train_config = preset_train_config(
             name,
             steps=steps or defaults["steps"],
             batch_size=overrides.pop("batch_size", None) or defaults.get("batch_size"),
-            lr=overrides.pop("lr", None),
-            warmup_steps=overrides.pop("warmup_steps", None),
+            **explicit,
         )
+        # A setting given explicitly is every placement's; the others keep the preset's settings per placement,
+        # under those given per placement.
+        given = overrides.pop("placement_train", {})
+        placement_train = {
+            placement: {key: value for key, value in settings.items() if explicit.get(key) is None}
+            for placement, settings in defaults.get("placement_train", {}).items()
+        }
+        for placement, settings in given.items():
+            placement_train[placement] = {**placement_train.get(placement, {}), **settings}
+        overrides["placement_train"] = placement_train
         data_config = default_data_config(model, source=data)
         return cls(
             name=name,
@@ -150,6 +177,10 @@ class StudyConfig:
     def model_for(self, placement: str) -> GPTConfig:
         return replace(self.model, norm=norm_placement(placement))
 
+    def train_for(self, placement: str) -> TrainConfig:
+        """The optimizer settings of ``placement``'s runs: ``train`` with that placement's own settings, if any."""
+        return replace(self.train, **self.placement_train.get(placement, {}))
+
     def bounds_at(self, step: int) -> bool:
         """Whether checkpoint ``step`` gets certified bounds: every ``bound_stride``-th scheduled checkpoint,
         counting from the first, and always the last."""
@@ -157,14 +188,23 @@ class StudyConfig:
         return self.bounds and (schedule.index(step) % self.bound_stride == 0 or step == schedule[-1])
 
     def describe(self) -> dict[str, Any]:
-        """JSON-ready record of the whole configuration (stored in the manifest; a rerun must match it)."""
-        return asdict(self)
+        """JSON-ready record of the whole configuration (stored in the manifest; a rerun must match it). Without
+        per-placement settings the record has no ``placement_train`` key, as studies had before there were any."""
+        record = asdict(self)
+        if not record["placement_train"]:
+            del record["placement_train"]
+        return record
 
 
 # tiny: sized so that `make demo` (two seeds and the SmolLM2 reference) finishes in about 6 minutes on 2 CPU cores
 # and its runs get well below the bigram baseline, with heads that concentrate (tests/slow/test_demo_regime.py).
+# Post-LN and DeepNorm warm up over 300 steps to a peak learning rate of 2·10^-3: with Pre-LN's 60 steps to
+# 6·10^-3 the tiny Post-LN GPT stays at the unigram loss (README, "What the study shows").
+POST_LN_TRAIN = {"lr": 2e-3, "warmup_steps": 300}
+SHARED_TRAIN_FIELDS = frozenset({"steps", "seed", "batch_size", "micro_batch_size", "checkpoints"})
+"""What every placement of a study shares: the same steps, checkpoints and data order, so runs compare step by step."""
 STUDY_DEFAULTS: dict[str, dict[str, Any]] = {
-    "tiny": {"steps": 1200, "batch_size": 16},
+    "tiny": {"steps": 1200, "batch_size": 16, "placement_train": {"post": POST_LN_TRAIN, "deepnorm": POST_LN_TRAIN}},
     "small": {"steps": 5000},
     "medium": {"steps": 5000},
     "large": {"steps": 5000},
@@ -314,7 +354,7 @@ def _train_seed(
     progress = _CheckpointLog(label, config.train.steps, say)
     result = train(
         config.model_for(placement),
-        replace(config.train, seed=seed),
+        replace(config.train_for(placement), seed=seed),
         config.data,
         run_dir,
         resume=True,
