@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -182,6 +183,26 @@ def test_placements_side_by_side_with_baselines_and_a_pretrained_reference(
     assert 0 < bigram < unigram  # a bigram fitted on the text beats its unigram
     sizes = baselines.xs("model", level="name")["n_parameters"]
     assert sizes["micro-pre"] == sum(p.numel() for p in GPT(config.model_for("pre")).parameters())
+
+    # The report never averages two placements together: per-run figures, and per-run rows in the bound table.
+    from attnsens.report import build_report
+    from attnsens.report.data import load_run
+    from attnsens.report.html_parts import fmt
+    from attnsens.report.sections import bounds_section, placements_section
+
+    html = build_report(tmp_path).read_text(encoding="utf-8")
+    for title in ("Certified bounds", "Layer × head", "Gradient norms by parameter group", "LayerNorm condition"):
+        for run in ("micro-pre", "micro-post"):
+            assert f'alt="{title}, {run}"' in html, (title, run)
+    data = load_run(tmp_path)
+    body = bounds_section(data).body
+    layer = data.bounds[(data.bounds["head"] == -1) & (data.bounds["step"] == 4)]
+    for run in ("micro-pre", "micro-post"):
+        expected = layer.loc[layer["run_id"] == run, "mha_local_jacobian_upper_bound"].groupby(layer["layer"]).mean()
+        for index, value in expected.items():
+            (row,) = [r for r in re.findall(r"<tr>(.*?)</tr>", body) if r.startswith(f"<td>{run}</td><td>{index}</td>")]
+            assert f"<td>{fmt(value)}</td>" in row, (run, index, row)
+    assert "micro-post warms up over 2 steps to a peak of 0.001" in placements_section(data).body
 
 
 def test_each_placement_trains_with_its_own_warmup_and_peak_learning_rate() -> None:

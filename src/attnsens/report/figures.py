@@ -191,8 +191,9 @@ def theta_vs_pmax_figure(rows: pd.DataFrame, *, max_points: int = 20_000, seed: 
 
 
 @styled
-def layer_head_heatmap_figure(summary: pd.DataFrame, *, step: int | None = None) -> Figure:
-    """Layer × head heatmaps of median θ lower bound and median p_max at one checkpoint (default: the last)."""
+def layer_head_heatmap_figure(summary: pd.DataFrame, *, step: int | None = None, run: str | None = None) -> Figure:
+    """Layer × head heatmaps of median θ lower bound and median p_max at one checkpoint (default: the last), of
+    one run (``run`` names it in the title) or of every run at that checkpoint pooled."""
     frame = require_columns(summary, (*_LAYER_COLUMNS, "theta_lower_median", "p_max_median"), "heatmap")
     heads = frame[frame["head"] != ALL_HEADS]
     if heads.empty:
@@ -232,4 +233,10 @@ def layer_head_heatmap_figure(summary: pd.DataFrame, *, step: int | None = None)
                         color="white" if (value < 0.6) == (cmap == "viridis") else "black",
                     )
         fig.colorbar(image, ax=ax, fraction=0.046, pad=0.02).outline.set_visible(False)
-    return finish(fig, f"Per head at checkpoint {step:,}")
+    if run is None:
+        title = f"Per head at checkpoint {step:,}"
+    elif step == 0 and heads["step"].nunique() == 1:  # one audit of a pretrained model: no checkpoint to name
+        title = f"Per head — {run}"
+    else:
+        title = f"Per head at checkpoint {step:,} — {run}"
+    return finish(fig, title)

@@ -84,8 +84,9 @@ def training_figure(training: pd.DataFrame, baselines: pd.DataFrame | None = Non
 
 
 @styled
-def grad_norms_figure(grad_norms: pd.DataFrame) -> Figure:
-    """Per-group gradient ℓ2 norms vs step: one panel per parameter group, one line per layer (mean over seeds)."""
+def grad_norms_figure(grad_norms: pd.DataFrame, *, title: str | None = None) -> Figure:
+    """Per-group gradient ℓ2 norms vs step: one panel per parameter group, one line per layer (mean over seeds;
+    pass one run's records, as the report does)."""
     frame = require_columns(grad_norms, ("step", "layer", "group", "grad_norm"), "grad_norms_figure")
     groups = sorted(frame["group"].unique())
     ncols = min(len(groups), 4)
@@ -103,7 +104,7 @@ def grad_norms_figure(grad_norms: pd.DataFrame) -> Figure:
         ax.set_title(str(group), loc="left")
         ax.set_xlabel("step")
     add_layer_colorbar(fig, axes, frame["layer"].unique())
-    return fig
+    return finish(fig, title)
 
 
 def _layer_level(bounds: pd.DataFrame, step: int | None) -> tuple[pd.DataFrame, int]:
@@ -118,8 +119,9 @@ def _layer_level(bounds: pd.DataFrame, step: int | None) -> tuple[pd.DataFrame, 
 
 
 @styled
-def bounds_figure(bounds: pd.DataFrame, *, step: int | None = None) -> Figure:
-    """Per layer: certified MHA bounds beside the empirical Jacobian norm (log scale), and their tightness ratio."""
+def bounds_figure(bounds: pd.DataFrame, *, step: int | None = None, run: str | None = None) -> Figure:
+    """Per layer: certified MHA bounds beside the empirical Jacobian norm (log scale), and their tightness ratio
+    (mean over seeds; pass one run's records, as the report does, and name it with ``run``)."""
     per_layer, step = _layer_level(bounds, step)
     present = [line for line in _BOUND_LINES if line[0] in per_layer and per_layer[line[0]].notna().any()]
     if not present:
@@ -143,7 +145,7 @@ def bounds_figure(bounds: pd.DataFrame, *, step: int | None = None) -> Figure:
     layer_axis(axes[1])
     axes[1].set_ylabel("certified local bound / estimate")
     axes[1].set_title("tightness ratio (1 = tight)", loc="left")
-    return finish(fig, f"Certified bounds at checkpoint {step:,}")
+    return finish(fig, f"Certified bounds at checkpoint {step:,}" + ("" if run is None else f" — {run}"))
 
 
 @styled
@@ -168,8 +170,9 @@ def norm_products_figure(bounds: pd.DataFrame) -> Figure:
 
 
 @styled
-def ln_condition_figure(bounds: pd.DataFrame) -> Figure:
-    """Fraction of tokens meeting the LayerNorm contraction condition (T6), and the median ratio ‖γ‖_∞/σ."""
+def ln_condition_figure(bounds: pd.DataFrame, *, title: str | None = None) -> Figure:
+    """Fraction of tokens meeting the LayerNorm contraction condition (T6), and the median ratio ‖γ‖_∞/σ (mean over
+    seeds; pass one run's records, as the report does)."""
     frame = require_columns(bounds, ("step", "layer", "head", "ln_condition_fraction"), "ln_condition_figure")
     layer = frame[(frame["head"] == ALL_HEADS) & frame["ln_condition_fraction"].notna()]
     if layer.empty:
@@ -198,7 +201,7 @@ def ln_condition_figure(bounds: pd.DataFrame) -> Figure:
     axes[0].set_ylim(0, 1.05)
     if multi_step:
         add_layer_colorbar(fig, axes, layer["layer"].unique())
-    return fig
+    return finish(fig, title)
 
 
 def loglog_slope(n: np.ndarray, values: np.ndarray) -> float:

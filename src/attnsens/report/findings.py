@@ -91,7 +91,7 @@ def evaluate_findings(data: RunData) -> list[Finding]:
     for run_id, part in cells.groupby("run_id", sort=True):
         pretrained = data.run_kinds.get(str(run_id)) == "pretrained"
         findings += [
-            theta_finding(part, run_id=str(run_id)),
+            theta_finding(part, run_id=str(run_id), pretrained=pretrained),
             concentration_finding(part, run_id=str(run_id), pretrained=pretrained),
             dominant_finding(part, data, run_id=str(run_id)),
         ]
@@ -102,11 +102,14 @@ def _subset(cells: pd.DataFrame, name: str) -> pd.DataFrame:
     return cells[cells["subset"] == name]
 
 
-def _where(cell: pd.Series) -> str:
+def _where(cell: pd.Series, *, pretrained: bool = False) -> str:
+    """Where a cell is: its layer, and for a training run its checkpoint and seed (a pretrained model has neither)."""
+    if pretrained:
+        return f"layer {int(cell['layer'])}"
     return f"layer {int(cell['layer'])}, step {int(cell['step']):,}, seed {int(cell['seed'])}"
 
 
-def theta_finding(cells: pd.DataFrame, *, run_id: str) -> Finding:
+def theta_finding(cells: pd.DataFrame, *, run_id: str, pretrained: bool = False) -> Finding:
     """θ near 1: every cell's median θ lower bound ≥ NEAR_ONE; trivially implied where median p_max is small."""
     every, core = _subset(cells, "all"), _subset(cells, "core")
     worst = every.loc[every["theta_lower_median"].idxmin()]
@@ -114,8 +117,10 @@ def theta_finding(cells: pd.DataFrame, *, run_id: str) -> Finding:
     informative = every[every["p_max_median"] > TRIVIAL_P_MAX]
     n = len(every)
     measured = (
-        f"Threshold: median θ lower bound ≥ {NEAR_ONE} in each of {n} (layer, checkpoint, seed) cells. "
-        f"Lowest: {worst['theta_lower_median']:.4f} ({_where(worst)}, median p_max {worst['p_max_median']:.3f}, "
+        f"Threshold: median θ lower bound ≥ {NEAR_ONE} in each of {n} "
+        f"{'layers' if pretrained else '(layer, checkpoint, seed) cells'}. "
+        f"Lowest: {worst['theta_lower_median']:.4f} ({_where(worst, pretrained=pretrained)}, "
+        f"median p_max {worst['p_max_median']:.3f}, "
         f"p_max·n {worst['p_max_n_median']:.2f}). "
     )
     core_below = core[core["theta_lower_median"] < NEAR_ONE]
@@ -242,12 +247,19 @@ def dominant_finding(cells: pd.DataFrame, data: RunData, *, run_id: str) -> Find
     sinks = int(every["n_dominant_sink"].sum())
     cell_fraction = every["n_dominant"] / every["n_rows"]
     majority = every[cell_fraction >= MAJORITY]
-    measured = (
-        f"Thresholds: dominant rows appear when ≥ {DOMINANT_MIN_FRACTION:.0%} of the rows at the last checkpoint "
-        f"have p_max ≥ s/2, and are a minority when below {MAJORITY:.0%} in every (layer, checkpoint, seed) cell. "
-        f"Dominant rows: {_count(dominant, total)} overall, {_percent(last_fraction)} at checkpoint {last:,}; "
-        f"largest cell fraction {_percent(cell_fraction.max())}. "
-    )
+    if data.run_kinds.get(run_id) == "pretrained":  # one audit: no checkpoints, no seeds
+        measured = (
+            f"Thresholds: dominant rows appear when ≥ {DOMINANT_MIN_FRACTION:.0%} of the rows have p_max ≥ s/2, "
+            f"and are a minority when below {MAJORITY:.0%} in every layer. Dominant rows: {_count(dominant, total)}; "
+            f"largest layer fraction {_percent(cell_fraction.max())}. "
+        )
+    else:
+        measured = (
+            f"Thresholds: dominant rows appear when ≥ {DOMINANT_MIN_FRACTION:.0%} of the rows at the last checkpoint "
+            f"have p_max ≥ s/2, and are a minority when below {MAJORITY:.0%} in every (layer, checkpoint, seed) "
+            f"cell. Dominant rows: {_count(dominant, total)} overall, {_percent(last_fraction)} at checkpoint "
+            f"{last:,}; largest cell fraction {_percent(cell_fraction.max())}. "
+        )
     problems: list[str] = []
     if dominant:
         core_dominant = int(core["n_dominant"].sum())
@@ -267,7 +279,8 @@ def dominant_finding(cells: pd.DataFrame, data: RunData, *, run_id: str) -> Find
     if not majority.empty:
         layers = sorted(int(x) for x in majority["layer"].unique())
         problems.append(
-            f"they are a majority in {len(majority)} of {len(every)} cells (layers {_compact(layers)}, "
+            f"they are a majority in {len(majority)} of {len(every)} "
+            f"{'layers' if data.run_kinds.get(run_id) == 'pretrained' else 'cells'} (layers {_compact(layers)}, "
             f"{_count(int(majority['n_dominant_sink'].sum()), int(majority['n_dominant'].sum()))} of those rows "
             "are sink rows)"
         )
@@ -289,6 +302,11 @@ def dominant_finding(cells: pd.DataFrame, data: RunData, *, run_id: str) -> Find
     pretrained = data.run_kinds.get(run_id) == "pretrained"  # one audit of a trained model: no checkpoint steps
     table.columns = ["pretrained" if pretrained else f"step {int(c):,}" for c in table.columns]
     table = table.map(_percent)  # one format for the whole table: 0.0977 % beside 2.0 %, not 9.766e-04 beside 0.0200
+    caption = "Share of dominant-atom rows per layer and checkpoint (mean over seeds), all rows."
+    if table.shape[1] > table.shape[0]:  # more checkpoints than layers: one row per checkpoint, so the table fits
+        table = table.T.rename_axis(index="checkpoint", columns=None)
+        table.columns = [f"layer {int(layer)}" for layer in table.columns]
+        caption = "Share of dominant-atom rows per checkpoint and layer (mean over seeds), all rows."
     return Finding(
         key="dominant",
         run_id=run_id,
@@ -296,7 +314,7 @@ def dominant_finding(cells: pd.DataFrame, data: RunData, *, run_id: str) -> Find
         status=status,
         measured=measured,
         table=table.reset_index(),
-        table_caption="Share of dominant-atom rows per layer and checkpoint (mean over seeds), all rows.",
+        table_caption=caption,
     )
 
 

@@ -9,6 +9,7 @@ import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import pandas as pd
 from matplotlib.figure import Figure
@@ -78,6 +79,14 @@ def _figure(build: Callable[[], Figure], caption: str, *, title: str, fmt_: str 
     except InputError as err:
         return f'<p class="note">Figure “{esc(title)}” not drawn: {esc(err)}</p>'
     return figure_html(fig, caption, title=title, fmt_=fmt_)
+
+
+def _by_run(frame: pd.DataFrame) -> list[tuple[str | None, pd.DataFrame]]:
+    """``frame`` split by run, so that nothing of two placements (or a reference) is averaged together; one
+    unnamed part when it holds a single run."""
+    if "run_id" not in frame or frame["run_id"].nunique() <= 1:
+        return [(None, frame)]
+    return [(str(run), part) for run, part in frame.groupby("run_id", sort=True)]
 
 
 def overview_section(data: RunData, omitted: list[str]) -> Section:
@@ -269,7 +278,16 @@ def heads_section(data: RunData) -> Section:
         "averaged over seeds. Shows whether low θ is spread over the model or confined to a few heads "
         "(e.g. sink or previous-token heads)."
     )
-    body = _figure(lambda: figures.layer_head_heatmap_figure(data.summary), caption, title="Layer × head", fmt_="png")
+    summary = _present(data.summary, "summary")
+    body = "".join(
+        _figure(
+            partial(figures.layer_head_heatmap_figure, part, run=run),
+            caption,
+            title="Layer × head" if run is None else f"Layer × head, {run}",
+            fmt_="png",
+        )
+        for run, part in _by_run(summary)
+    )
     return Section(anchor="heads", title="Layer × head", body=body)
 
 
@@ -283,13 +301,14 @@ def training_section(data: RunData) -> Section:
     )
     body = _figure(lambda: figures_bounds.training_figure(data.training, data.baselines), caption, title="Training")
     if data.grad_norms is not None and not data.grad_norms.empty:
-        body += _figure(
-            lambda: figures_bounds.grad_norms_figure(data.grad_norms),
-            "Gradient ℓ2 norm of each parameter group before clipping, per layer (colour: depth; layer −1 = "
-            "parameters outside the blocks), mean over seeds: where the gradient signal sits while attention "
-            "changes (docs/math.md §9.5).",
-            title="Gradient norms by parameter group",
-        )
+        for run, part in _by_run(data.grad_norms):
+            body += _figure(
+                partial(figures_bounds.grad_norms_figure, part, title=run),
+                "Gradient ℓ2 norm of each parameter group before clipping, per layer (colour: depth; layer −1 = "
+                "parameters outside the blocks), mean over seeds: where the gradient signal sits while attention "
+                "changes (docs/math.md §9.5).",
+                title="Gradient norms by parameter group" + ("" if run is None else f", {run}"),
+            )
     return Section(anchor="training", title="Training", body=body)
 
 
@@ -301,7 +320,14 @@ def bounds_section(data: RunData) -> Section:
         "norm found by autograd (a lower estimate of the true norm); right: their ratio. Tests how much the "
         "distribution-aware bound (docs/math.md T4/T5) gains over the worst case and how tight it is."
     )
-    body = _figure(lambda: figures_bounds.bounds_figure(bounds), caption, title="Certified bounds")
+    body = "".join(
+        _figure(
+            partial(figures_bounds.bounds_figure, part, run=run),
+            caption,
+            title="Certified bounds" + ("" if run is None else f", {run}"),
+        )
+        for run, part in _by_run(bounds)
+    )
     if bounds["step"].nunique() > 1:
         body += _figure(
             lambda: figures_bounds.bounds_by_step_figure(bounds),
@@ -318,14 +344,19 @@ def bounds_section(data: RunData) -> Section:
     body += _vacuous(bounds)
     layer = bounds[bounds["head"] == ALL_HEADS]
     if not layer.empty:
-        last = layer[layer["step"] == layer["step"].max()]
+        # Each run's last checkpoint (a pretrained reference has only step 0), never two runs averaged together.
+        last = layer[layer["step"] == layer.groupby("run_id")["step"].transform("max")]
         columns = [c for c in _BOUND_TABLE_COLUMNS if c in last and last[c].notna().any()]
-        table = last.groupby("layer", as_index=False)[columns].mean().rename(columns=_BOUND_TABLE_COLUMNS)
+        keys = ["run_id", "layer"] if last["run_id"].nunique() > 1 else ["layer"]
+        table = (
+            last.groupby(keys, as_index=False)[columns].mean().rename(columns={"run_id": "run", **_BOUND_TABLE_COLUMNS})
+        )
         norm = ", ".join(sorted(str(v) for v in last["norm"].dropna().unique()))
+        at = "each run's last checkpoint" if len(keys) > 1 else f"checkpoint {int(last['step'].max()):,}"
         body += table_html(
             table,
             caption=(
-                f"Layer-level records at checkpoint {int(last['step'].max()):,}, mean over seeds, in the {norm} norm. "
+                f"Layer-level records at {at}, mean over seeds, in the {norm} norm. "
                 "Bounds are certified upper bounds; estimates are autograd lower estimates; tightness = local bound "
                 "/ estimate (below 1 would be a violated bound); LN condition = fraction of tokens meeting T6."
             ),
@@ -393,14 +424,26 @@ def _vacuous(bounds: pd.DataFrame) -> str:
     )
 
 
+def _schedules(data: RunData) -> str:
+    """'; learning rate: run A warms up over N steps to a peak of x, run B …' from the training table, or ''."""
+    training = data.training
+    if training is None or training.empty or not {"run_id", "step", "lr"} <= set(training.columns):
+        return ""
+    parts = []
+    for run, part in training.groupby("run_id", sort=True):
+        peak = part.loc[part["lr"].idxmax()]
+        parts.append(f"{run} warms up over {int(peak['step']):,} steps to a peak of {peak['lr']:.3g}")
+    return "; learning rate: " + ", ".join(parts)
+
+
 def placements_section(data: RunData) -> Section:
     """Pre-LN against Post-LN: residual-stream Jacobians, θ and concentration per placement (docs/math.md T8)."""
     bounds, cells = _present(data.bounds, "bounds"), data.cells
     body = (
         "<p>The paper's structural distinction: a pre-LN block adds its branch to the identity, so its residual "
         "Jacobian is I + J_branch and stays ≥ 1 − ‖J_branch‖; a post-LN block normalizes after the sum, has no "
-        "identity term, and its Jacobian is whatever the LayerNorm projection leaves (docs/math.md T6, T8). Both "
-        "placements below were trained with the same seeds, data order and optimizer.</p>"
+        "identity term, and its Jacobian is whatever the LayerNorm projection leaves (docs/math.md T6, T8). The "
+        f"placements below were trained with the same seeds, data order, steps and batches{_schedules(data)}.</p>"
     )
     body += _figure(
         lambda: figures_bounds.residual_jacobian_figure(bounds),
@@ -460,7 +503,15 @@ def layernorm_section(data: RunData) -> Section:
         "test it; this is the measurement."
     )
     bounds = _present(data.bounds, "bounds")
-    body = _figure(lambda: figures_bounds.ln_condition_figure(bounds), caption, title="LayerNorm condition")
+    body = "".join(
+        _figure(
+            partial(figures_bounds.ln_condition_figure, part, title=run),
+            caption,
+            title="LayerNorm condition" + ("" if run is None else f", {run}"),
+        )
+        for run, part in _by_run(bounds)
+        if part["ln_condition_fraction"].notna().any() or run is None
+    )
     layer = bounds[(bounds["head"] == ALL_HEADS) & bounds["ln_condition_fraction"].notna()]
     sentences = []
     for run, part in layer.groupby("run_id"):

@@ -173,6 +173,9 @@ def test_pretrained_runs_have_no_trajectory_and_are_judged_separately():
     assert "median p_max·n 45.00" in pretrained["concentration"].measured
     assert pretrained["theta"].status == "disagrees"
     assert list(pretrained["dominant"].table.columns) == ["layer", "pretrained"]  # not "step 0"
+    for finding in pretrained.values():  # a pretrained model has no checkpoints and no seeds
+        assert not any(word in finding.measured for word in ("step 0", "checkpoint 0", "seed 0")), finding.measured
+    assert "in each of 3 layers" in pretrained["theta"].measured
 
 
 def test_cells_leave_sink_and_early_rows_out_of_the_core():
@@ -244,4 +247,20 @@ def test_dominant_table_prints_every_share_in_one_format() -> None:
     rows = _rows(p_max={0: 0.02, 100: 0.05}, dominant_rows={100: 1}, layers=1, seeds=(0,), n_rows=200)
     table = _by_key(_data(rows))["dominant"].table
     assert table is not None
-    assert table.drop(columns="layer").to_numpy().tolist() == [["0 %", "0.5 %"]]
+    assert table.drop(columns="checkpoint").to_numpy().tolist() == [["0 %"], ["0.5 %"]]
+
+
+def test_dominant_table_puts_the_longer_of_layers_and_checkpoints_down_the_page() -> None:
+    """Thirteen checkpoints of four layers are thirteen rows (the table fits an 800 px page); two checkpoints of
+    three layers stay one row per layer."""
+    steps = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 1200)
+    rows = _rows(
+        steps=steps, p_max=dict.fromkeys(steps, 0.05), dominant_rows={1200: 1}, layers=4, seeds=(0,), n_rows=20
+    )
+    table = _by_key(_data(rows))["dominant"].table
+    assert table is not None
+    assert list(table.columns) == ["checkpoint", "layer 0", "layer 1", "layer 2", "layer 3"]
+    assert table["checkpoint"].tolist() == [f"step {step:,}" for step in steps]
+    rows = _rows(p_max={0: 0.02, 100: 0.05}, dominant_rows={100: 1}, layers=3, seeds=(0,), n_rows=200)
+    table = _by_key(_data(rows))["dominant"].table
+    assert table is not None and list(table.columns) == ["layer", "step 0", "step 100"]
