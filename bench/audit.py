@@ -7,6 +7,9 @@ Printed side by side, measured in this run:
   smaller denominator, so the ratio is conservative). Goal ≤ 2.
 * time and peak memory: the audit / the way it is done today — an eager forward with ``output_attentions=True``
   (all layers' [head, n, n] tensors at once) followed by the same per-row torch statistics without θ.
+* the same for TransformerLens (where it is installed): ``TransformerBridge.run_with_cache`` on the same weights,
+  caching only the ``hook_pattern`` of every layer (the least a user asking for attention would cache), followed
+  by the same statistics.
 * monitor: a tiny GPT training loop with and without ``SensitivityMonitor`` (probe every k = 50 steps);
   overhead = time spent in the monitor's probes / training time of the same run (the difference between
   separate runs with and without the monitor is also recorded, but on a shared machine it drifts with load
@@ -100,9 +103,13 @@ def measure(method: str, model_dir: str, seq_len: int, repeats: int) -> dict[str
     """Run one method in this process: median seconds (and every call's), peak extra RSS bytes of the first call."""
     import attnsens as A
 
-    adapter = A.models.load(model_dir)
-    model = adapter.module
     ids = torch.load(Path(model_dir) / "ids.pt", weights_only=True)[:, :seq_len]
+    if method == "tl_run_with_cache":
+        bridge = transformer_lens_bridge(model_dir)
+        n_layer = bridge.cfg.n_layers
+    else:
+        adapter = A.models.load(model_dir)
+        model = adapter.module
 
     def call() -> None:
         with torch.no_grad():
@@ -112,6 +119,9 @@ def measure(method: str, model_dir: str, seq_len: int, repeats: int) -> dict[str
                 A.study.audit(adapter, ids)
             elif method == "eager_posthoc":
                 posthoc_statistics(model(input_ids=ids, output_attentions=True).attentions)
+            elif method == "tl_run_with_cache":
+                _, cache = bridge.run_with_cache(ids, names_filter=lambda name: name.endswith("attn.hook_pattern"))
+                posthoc_statistics(tuple(cache[f"blocks.{layer}.attn.hook_pattern"] for layer in range(n_layer)))
             else:
                 raise ValueError(method)
 
@@ -129,6 +139,24 @@ def measure(method: str, model_dir: str, seq_len: int, repeats: int) -> dict[str
         call()
         seconds.append(time.perf_counter() - start)
     return {"seconds": statistics.median(seconds), "seconds_all": seconds, "peak_extra_bytes": peak.extra_bytes}
+
+
+def transformer_lens_bridge(model_dir: str) -> Any:
+    """A TransformerLens ``TransformerBridge`` around the same weights (the causal-LM class the bridge expects; its
+    LM head is tied to the embeddings, so nothing is added), in eager attention as the bridge requires."""
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager")
+    model.eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return TransformerBridge.boot_transformers("smollm2", hf_model=model, tokenizer=tokenizer)
+
+
+def has_transformer_lens() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("transformer_lens") is not None
 
 
 def monitor_overhead(steps: int, every: int, repeats: int) -> dict[str, float]:
@@ -237,12 +265,14 @@ def main() -> None:
         model_dir = Path(tmp)
         info = prepare(model_dir, max(lengths))
         for seq_len in lengths:
-            methods = ["forward", "audit"] + (["eager_posthoc"] if eager_fits(info, seq_len) else [])
+            methods = ["forward", "audit"]
+            if eager_fits(info, seq_len):
+                methods += ["eager_posthoc"] + (["tl_run_with_cache"] if has_transformer_lens() else [])
             results = {}
             for method in methods:
                 results[method] = run_measure(method, model_dir, seq_len, args.repeats)
                 print(
-                    f"n={seq_len:>5} {method:>14}: {results[method]['seconds']:8.2f} s "
+                    f"n={seq_len:>5} {method:>17}: {results[method]['seconds']:8.2f} s "
                     f"({', '.join(f'{t:.2f}' for t in results[method]['seconds_all'])}), "
                     f"peak extra RSS {results[method]['peak_extra_bytes'] / 2**20:8.1f} MiB",
                     flush=True,
@@ -266,6 +296,10 @@ def main() -> None:
                 baseline = results["eager_posthoc"]
                 record["audit_over_eager_posthoc_time"] = audit["seconds"] / baseline["seconds"]
                 record["audit_over_eager_posthoc_memory"] = audit["peak_extra_bytes"] / baseline["peak_extra_bytes"]
+            if "tl_run_with_cache" in results:
+                baseline = results["tl_run_with_cache"]
+                record["audit_over_tl_cache_time"] = audit["seconds"] / baseline["seconds"]
+                record["audit_over_tl_cache_memory"] = audit["peak_extra_bytes"] / baseline["peak_extra_bytes"]
             records.append(record)
     print_table(records)
     monitor = monitor_overhead(args.monitor_steps, args.every, args.repeats) if args.monitor_steps > 0 else None
@@ -286,18 +320,24 @@ def print_table(records: list[dict[str, object]]) -> None:
         value = record.get(f"{method}_s")
         return "—" if value is None else f"{value:.1f}"
 
+    def ratio(record: dict[str, object], key: str) -> str:
+        value = record.get(key)
+        return "—" if value is None else f"{value:.3f}"
+
     print(
         "| n | forward s | forward MiB | audit s | audit MiB | eager+stats s | eager+stats MiB "
-        "| audit ÷ forward (time) | audit MiB ÷ all layers' attention | audit ÷ eager (memory) |"
+        "| TL cache+stats s | TL cache+stats MiB | audit ÷ forward (time) | audit MiB ÷ all layers' attention "
+        "| audit ÷ eager (time, memory) | audit ÷ TL (time, memory) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in records:
-        eager_memory = r.get("audit_over_eager_posthoc_memory")
         print(
             f"| {r['seq_len']} | {sec(r, 'forward')} | {mib(r, 'forward')} | {sec(r, 'audit')} | {mib(r, 'audit')} "
-            f"| {sec(r, 'eager_posthoc')} | {mib(r, 'eager_posthoc')} | {r['audit_over_forward_time']:.2f} "
+            f"| {sec(r, 'eager_posthoc')} | {mib(r, 'eager_posthoc')} "
+            f"| {sec(r, 'tl_run_with_cache')} | {mib(r, 'tl_run_with_cache')} | {r['audit_over_forward_time']:.2f} "
             f"| {r['audit_memory_over_eager_attention_bytes']:.3f} "
-            f"| {'—' if eager_memory is None else f'{eager_memory:.3f}'} |"
+            f"| {ratio(r, 'audit_over_eager_posthoc_time')}, {ratio(r, 'audit_over_eager_posthoc_memory')} "
+            f"| {ratio(r, 'audit_over_tl_cache_time')}, {ratio(r, 'audit_over_tl_cache_memory')} |"
         )
 
 
