@@ -2,7 +2,8 @@
 
 transformers reads a ``.gguf`` file by parsing all of its metadata and dequantizing every tensor, and it parses
 the file again for the configuration, for the weights and for the tokenizer: about 20 s for SmolLM2-135M on two
-cores, against about 2 s for the same model as a safetensors folder. The first load of a GGUF file therefore
+cores, against about 2 s for the same model as a safetensors folder (``one_parse_per_file`` lets the three reads
+share one parse). The first load of a GGUF file therefore
 saves what transformers made of it — ``config.json``, ``model.safetensors`` with the dequantized float32 weights,
 the tokenizer files — in ``<root>/<stem>-<key>``, and every later load reads that folder. The root is
 ``$ATTNSENS_MODEL_CACHE`` when set, else ``$XDG_CACHE_HOME/attnsens/models`` (``~/.cache/attnsens/models``);
@@ -18,15 +19,17 @@ disk) only costs the next load the GGUF parse again.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import json
 import os
 import shutil
 import struct
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 MARKER = "attnsens-gguf-source.json"
 """Written last into a converted folder: the GGUF file it came from (a folder without it is not used)."""
@@ -77,6 +80,41 @@ def save_conversion(gguf_path: str | os.PathLike[str], write: Callable[[Path], N
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # gone already after the rename; a partial folder otherwise
     return final
+
+
+@contextlib.contextmanager
+def one_parse_per_file() -> Iterator[None]:
+    """While open, transformers' three reads of a GGUF file (configuration, tokenizer, weights) share one parse.
+
+    transformers builds a fresh ``gguf.GGUFReader`` for each read, and decoding every metadata field costs seconds
+    for a tokenizer of 49,152 tokens; its weight loader also rebuilds gguf's tensor-name table (a pure function of
+    the architecture and the block count) once per tensor. Both are looked up on the ``gguf`` module at call time,
+    so for the length of the conversion they are replaced by memoizing versions: the reader is read-only (a memory
+    map) and shared per path, the table is computed once per key. The originals are restored on exit; if a future
+    gguf lacks either name, it is left alone and the conversion only takes longer.
+    """
+    import gguf
+
+    originals: dict[str, Any] = {name: getattr(gguf, name, None) for name in ("GGUFReader", "get_tensor_name_map")}
+    reader_type, name_map = originals["GGUFReader"], originals["get_tensor_name_map"]
+    readers: dict[tuple[str, str], Any] = {}
+
+    def shared_reader(path: Any, mode: str = "r") -> Any:
+        key = (str(Path(path).resolve()), mode)
+        if key not in readers:
+            readers[key] = reader_type(path, mode)
+        return readers[key]
+
+    try:
+        if reader_type is not None:
+            setattr(gguf, "GGUFReader", shared_reader)  # noqa: B010 (the module attribute transformers looks up)
+        if name_map is not None:
+            setattr(gguf, "get_tensor_name_map", functools.cache(name_map))  # noqa: B010
+        yield
+    finally:
+        for name, original in originals.items():
+            if original is not None:
+                setattr(gguf, name, original)
 
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}

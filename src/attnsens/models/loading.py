@@ -303,7 +303,8 @@ def _from_gguf(path: Path, name: str, *, device: Any, dtype: torch.dtype) -> Mod
     if folder is not None:
         return _from_pretrained(str(folder), name, device=device, dtype=dtype)
     # Converted at float32 on the CPU whatever was asked, so the saved folder serves every later dtype.
-    converted = _from_pretrained(str(path.parent), name, gguf_file=path.name, device="cpu", dtype=torch.float32)
+    with gguf_cache.one_parse_per_file():
+        converted = _from_pretrained(str(path.parent), name, gguf_file=path.name, device="cpu", dtype=torch.float32)
     module: Any = converted.module
     tokenizer = getattr(converted, "tokenizer", None)
     gguf_cache.save_conversion(path, lambda staging: _save_converted(module, tokenizer, staging))

@@ -73,6 +73,36 @@ def test_second_load_reads_the_converted_folder_with_the_same_weights(tiny_gguf,
         assert torch.equal(first.module(ids).last_hidden_state, second.module(ids).last_hidden_state)
 
 
+def test_the_conversion_parses_the_file_once_and_converts_the_same_weights(tiny_gguf, monkeypatch) -> None:
+    """transformers reads the file three times (configuration, tokenizer, weights); during the conversion the
+    reads share one parse and one tensor-name table, the weights are those of a plain transformers load, and
+    gguf's own functions are back in place afterwards."""
+    import gguf
+    from transformers import AutoModel
+
+    original_reader, original_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    parses, tables = [], []
+
+    def counting_reader(path, mode="r"):
+        parses.append(str(path))
+        return original_reader(path, mode)
+
+    def counting_map(arch, n_blocks):
+        tables.append((arch, n_blocks))
+        return original_map(arch, n_blocks)
+
+    monkeypatch.setattr(gguf, "GGUFReader", counting_reader)
+    monkeypatch.setattr(gguf, "get_tensor_name_map", counting_map)
+    converted = M.load(str(tiny_gguf))
+    assert len(parses) == 1 and len(tables) == 1
+    assert gguf.GGUFReader is counting_reader and gguf.get_tensor_name_map is counting_map  # restored
+    parses.clear()
+    plain = AutoModel.from_pretrained(str(tiny_gguf.parent), gguf_file=tiny_gguf.name)
+    assert len(parses) >= 2  # what the shared parse saves
+    for a, b in zip(converted.module.state_dict().values(), plain.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+
+
 def test_the_folder_keeps_float32_whatever_dtype_the_first_load_asked_for(tiny_gguf) -> None:
     from safetensors import safe_open
 
