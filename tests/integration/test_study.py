@@ -195,7 +195,7 @@ def test_placements_side_by_side_with_baselines_and_a_pretrained_reference(
         for run in ("micro-pre", "micro-post"):
             assert f'alt="{title}, {run}"' in html, (title, run)
     data = load_run(tmp_path)
-    body = bounds_section(data).body
+    body = bounds_section(data).body.split("The rest of each block")[0]  # the attention table
     layer = data.bounds[(data.bounds["head"] == -1) & (data.bounds["step"] == 4)]
     for run in ("micro-pre", "micro-post"):
         expected = layer.loc[layer["run_id"] == run, "mha_local_jacobian_upper_bound"].groupby(layer["layer"]).mean()
