@@ -25,6 +25,7 @@ from attnsens.errors import UnsupportedModelError
 from attnsens.models.adapter import ModelSpec
 from attnsens.models.attention import AttentionCall
 from attnsens.models.hf import HFAdapter, HFModule, is_vision, vision_positions
+from attnsens.models.hf_tap import SCORES_HOOK
 from attnsens.weights import LayerWeights
 
 
@@ -46,7 +47,11 @@ def _source_names_interface(function: Callable[..., Any]) -> bool:
 
 
 def interface_attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The modules of ``model`` that call the attention interface, in the model's order (one per layer)."""
+    """The modules of ``model`` that call the attention interface, in the model's order (one per layer); inside a
+    TransformerLens bridge, the bridge's attention components that took their place (hf_tap.scores_tap)."""
+    bridged = [m for m in model.modules() if isinstance(getattr(m, SCORES_HOOK, None), torch.nn.Module)]
+    if bridged:
+        return bridged
     return [m for m in model.modules() if calls_attention_interface(type(m))]
 
 
@@ -78,7 +83,8 @@ class InterfaceAdapter(HFAdapter):
         The layer's ``is_causal`` attribute is not the whole story: the CLIP text tower keeps ``is_causal = False``
         on its layers and passes a causal mask (and ``is_causal=True``) at call time. So a text model whose layer
         does not say it is causal is run once on two tokens, and its first call is read: causal when it has no
-        mask and asks for the causal pattern, or when its mask hides the second key from the first query.
+        mask and asks for the causal pattern, or when its mask (inside a TransformerLens bridge: its scores) hides
+        the second key from the first query.
         """
         if bool(getattr(self._attention[0], "is_causal", False)):
             return True
@@ -96,6 +102,8 @@ class InterfaceAdapter(HFAdapter):
         if not calls:
             return False
         call = calls[0]
+        if call.scores is not None:  # a TransformerLens bridge's own scores: masked keys sit at the float minimum
+            return bool(call.scores[0, 0, 0, -1] <= torch.finfo(call.scores.dtype).min / 2)
         if call.mask is None:
             return call.causal
         allowed, _, _ = call.allowed(torch.zeros(1, 1, dtype=torch.long), call.mask.shape[-1])

@@ -92,3 +92,19 @@ def test_an_nnsight_model_is_audited_through_its_module(wrapper: str) -> None:
         torch.testing.assert_close(chunk.probs, reference[chunk.layer], rtol=1e-5, atol=1e-6)
     M.check_weights_fidelity(adapter, IDS)
     assert adapter.encode("w3 w4 w5").tolist() == [[3, 4, 5]]
+
+
+def test_an_audit_only_family_inside_a_bridge_is_audited_through_the_bridge_components() -> None:
+    """Mixtral has no block layout: its attention layers are found as the bridge's components (the original
+    modules they wrap are never called), its rows are the bridge's own, causal with Mixtral's sliding window."""
+    model = tiny_model("mixtral", attn_implementation="eager")
+    reference = eager_attentions(model, IDS)
+    adapter = M.load(_bridge(model))
+    assert adapter.spec.causal and adapter.spec.n_layer == 2
+    chunks = list(adapter.stream_attention(IDS, chunk_size=4))
+    assert sorted({chunk.layer for chunk in chunks}) == [0, 1]
+    for chunk in chunks:
+        index = chunk.query_positions[:, None, :, None].expand(-1, len(chunk.heads), -1, IDS.shape[1])
+        torch.testing.assert_close(chunk.probs, torch.gather(reference[chunk.layer], 2, index), rtol=1e-5, atol=1e-6)
+    with pytest.raises(UnsupportedModelError, match="no block layout"):
+        bound_model(adapter, IDS[:1])
