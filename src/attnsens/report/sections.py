@@ -9,7 +9,6 @@ import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 
 import pandas as pd
 from matplotlib.figure import Figure
@@ -283,7 +282,7 @@ def heads_section(data: RunData) -> Section:
     summary = _present(data.summary, "summary")
     body = "".join(
         _figure(
-            partial(figures.layer_head_heatmap_figure, part, run=run),
+            functools.partial(figures.layer_head_heatmap_figure, part, run=run),
             caption,
             title="Layer × head" if run is None else f"Layer × head, {run}",
             fmt_="png",
@@ -305,7 +304,7 @@ def training_section(data: RunData) -> Section:
     if data.grad_norms is not None and not data.grad_norms.empty:
         for run, part in _by_run(data.grad_norms):
             body += _figure(
-                partial(figures_bounds.grad_norms_figure, part, title=run),
+                functools.partial(figures_bounds.grad_norms_figure, part, title=run),
                 "Gradient ℓ2 norm of each parameter group before clipping, per layer (colour: depth; layer −1 = "
                 "parameters outside the blocks), mean over seeds: where the gradient signal sits while attention "
                 "changes (docs/math.md §9.5).",
@@ -324,7 +323,7 @@ def bounds_section(data: RunData) -> Section:
     )
     body = "".join(
         _figure(
-            partial(figures_bounds.bounds_figure, part, run=run),
+            functools.partial(figures_bounds.bounds_figure, part, run=run),
             caption,
             title="Certified bounds" + ("" if run is None else f", {run}"),
         )
@@ -523,7 +522,7 @@ def layernorm_section(data: RunData) -> Section:
     bounds = _present(data.bounds, "bounds")
     body = "".join(
         _figure(
-            partial(figures_bounds.ln_condition_figure, part, title=run),
+            functools.partial(figures_bounds.ln_condition_figure, part, title=run),
             caption,
             title="LayerNorm condition" + ("" if run is None else f", {run}"),
         )
