@@ -193,10 +193,15 @@ def allowed_span(allowed: Tensor | None, n: int) -> tuple[int, int]:
     """
     if allowed is None:
         return 0, n
-    columns = torch.nonzero(allowed.reshape(-1, n).any(dim=0)).flatten()
-    if columns.numel() == 0:
-        return 0, n
-    return int(columns[0]), int(columns[-1]) + 1
+    return _column_span(allowed.reshape(-1, n).any(dim=0)) or (0, n)
+
+
+def _column_span(columns: Tensor) -> tuple[int, int] | None:
+    """``(first, stop)``: the first True of the bool vector ``columns`` and one past its last, or None."""
+    indices = torch.nonzero(columns).flatten()
+    if indices.numel() == 0:
+        return None
+    return int(indices[0]), int(indices[-1]) + 1
 
 
 def _rows_of_scores(
@@ -313,10 +318,7 @@ def attention_rows(
 def _masked_span(allowed: Tensor) -> tuple[int, int]:
     """``(first, stop)``: the keys from the first to the last one that ``allowed`` [..., key] denies to some row
     (first == stop when every row may attend every key)."""
-    denied = torch.nonzero(~allowed.reshape(-1, allowed.shape[-1]).all(dim=0)).flatten()
-    if denied.numel() == 0:
-        return 0, 0
-    return int(denied[0]), int(denied[-1]) + 1
+    return _column_span(~allowed.reshape(-1, allowed.shape[-1]).all(dim=0)) or (0, 0)
 
 
 def _rows_of(query: Tensor, positions: Tensor) -> Tensor:

@@ -153,12 +153,15 @@ SCORES_HOOK = "hook_attn_scores"
 """The hook point of a TransformerLens bridge attention component whose output is that layer's pre-softmax scores."""
 
 
+def is_bridge_attention(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is a TransformerLens bridge's attention component (it has a ``hook_attn_scores``)."""
+    return isinstance(getattr(module, SCORES_HOOK, None), torch.nn.Module)
+
+
 def exposes_scores(attention_modules: Sequence[torch.nn.Module]) -> bool:
     """Whether every attention module is a TransformerLens bridge component (``TransformerBridge`` replaces the
     model's attention modules in place and computes the rows itself, bypassing the attention interface)."""
-    return bool(attention_modules) and all(
-        isinstance(getattr(m, SCORES_HOOK, None), torch.nn.Module) for m in attention_modules
-    )
+    return bool(attention_modules) and all(is_bridge_attention(m) for m in attention_modules)
 
 
 @contextlib.contextmanager

@@ -25,7 +25,7 @@ from attnsens.errors import UnsupportedModelError
 from attnsens.models.adapter import ModelSpec
 from attnsens.models.attention import AttentionCall
 from attnsens.models.hf import HFAdapter, HFModule, is_vision, vision_positions
-from attnsens.models.hf_tap import SCORES_HOOK
+from attnsens.models.hf_tap import is_bridge_attention
 from attnsens.weights import LayerWeights
 
 
@@ -49,7 +49,7 @@ def _source_names_interface(function: Callable[..., Any]) -> bool:
 def interface_attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The modules of ``model`` that call the attention interface, in the model's order (one per layer); inside a
     TransformerLens bridge, the bridge's attention components that took their place (hf_tap.scores_tap)."""
-    bridged = [m for m in model.modules() if isinstance(getattr(m, SCORES_HOOK, None), torch.nn.Module)]
+    bridged = [m for m in model.modules() if is_bridge_attention(m)]
     if bridged:
         return bridged
     return [m for m in model.modules() if calls_attention_interface(type(m))]

@@ -247,7 +247,8 @@ def dominant_finding(cells: pd.DataFrame, data: RunData, *, run_id: str) -> Find
     sinks = int(every["n_dominant_sink"].sum())
     cell_fraction = every["n_dominant"] / every["n_rows"]
     majority = every[cell_fraction >= MAJORITY]
-    if data.run_kinds.get(run_id) == "pretrained":  # one audit: no checkpoints, no seeds
+    pretrained = data.run_kinds.get(run_id) == "pretrained"  # one audit of a trained model: no checkpoints, no seeds
+    if pretrained:
         measured = (
             f"Thresholds: dominant rows appear when ≥ {DOMINANT_MIN_FRACTION:.0%} of the rows have p_max ≥ s/2, "
             f"and are a minority when below {MAJORITY:.0%} in every layer. Dominant rows: {_count(dominant, total)}; "
@@ -280,7 +281,7 @@ def dominant_finding(cells: pd.DataFrame, data: RunData, *, run_id: str) -> Find
         layers = sorted(int(x) for x in majority["layer"].unique())
         problems.append(
             f"they are a majority in {len(majority)} of {len(every)} "
-            f"{'layers' if data.run_kinds.get(run_id) == 'pretrained' else 'cells'} (layers {_compact(layers)}, "
+            f"{'layers' if pretrained else 'cells'} (layers {_compact(layers)}, "
             f"{_count(int(majority['n_dominant_sink'].sum()), int(majority['n_dominant'].sum()))} of those rows "
             "are sink rows)"
         )
@@ -299,7 +300,6 @@ def dominant_finding(cells: pd.DataFrame, data: RunData, *, run_id: str) -> Find
     table = every.assign(fraction=cell_fraction).pivot_table(
         index="layer", columns="step", values="fraction", aggfunc="mean"
     )
-    pretrained = data.run_kinds.get(run_id) == "pretrained"  # one audit of a trained model: no checkpoint steps
     table.columns = ["pretrained" if pretrained else f"step {int(c):,}" for c in table.columns]
     table = table.map(_percent)  # one format for the whole table: 0.0977 % beside 2.0 %, not 9.766e-04 beside 0.0200
     caption = "Share of dominant-atom rows per layer and checkpoint (mean over seeds), all rows."

@@ -90,6 +90,26 @@ def _by_run(frame: pd.DataFrame) -> list[tuple[str | None, pd.DataFrame]]:
     return [(str(run), part) for run, part in frame.groupby("run_id", sort=True)]
 
 
+def _figures_by_run(
+    frame: pd.DataFrame,
+    build: Callable[[pd.DataFrame, str | None], Figure],
+    caption: str,
+    *,
+    title: str,
+    fmt_: str = "svg",
+    keep: Callable[[pd.DataFrame], bool] = lambda _part: True,
+) -> str:
+    """``build(part, run)`` for each run's part of ``frame`` (``_by_run``), titled "title, run"; of several runs
+    only those ``keep`` accepts (a single run is always drawn, or its note says why not)."""
+    return "".join(
+        _figure(
+            functools.partial(build, part, run), caption, title=title if run is None else f"{title}, {run}", fmt_=fmt_
+        )
+        for run, part in _by_run(frame)
+        if run is None or keep(part)
+    )
+
+
 def overview_section(data: RunData, omitted: list[str]) -> Section:
     info = data.overview
     items = []
@@ -279,15 +299,12 @@ def heads_section(data: RunData) -> Section:
         "averaged over seeds. Shows whether low θ is spread over the model or confined to a few heads "
         "(e.g. sink or previous-token heads)."
     )
-    summary = _present(data.summary, "summary")
-    body = "".join(
-        _figure(
-            functools.partial(figures.layer_head_heatmap_figure, part, run=run),
-            caption,
-            title="Layer × head" if run is None else f"Layer × head, {run}",
-            fmt_="png",
-        )
-        for run, part in _by_run(summary)
+    body = _figures_by_run(
+        _present(data.summary, "summary"),
+        lambda part, run: figures.layer_head_heatmap_figure(part, run=run),
+        caption,
+        title="Layer × head",
+        fmt_="png",
     )
     return Section(anchor="heads", title="Layer × head", body=body)
 
@@ -302,14 +319,14 @@ def training_section(data: RunData) -> Section:
     )
     body = _figure(lambda: figures_bounds.training_figure(data.training, data.baselines), caption, title="Training")
     if data.grad_norms is not None and not data.grad_norms.empty:
-        for run, part in _by_run(data.grad_norms):
-            body += _figure(
-                functools.partial(figures_bounds.grad_norms_figure, part, title=run),
-                "Gradient ℓ2 norm of each parameter group before clipping, per layer (colour: depth; layer −1 = "
-                "parameters outside the blocks), mean over seeds: where the gradient signal sits while attention "
-                "changes (docs/math.md §9.5).",
-                title="Gradient norms by parameter group" + ("" if run is None else f", {run}"),
-            )
+        body += _figures_by_run(
+            data.grad_norms,
+            lambda part, run: figures_bounds.grad_norms_figure(part, title=run),
+            "Gradient ℓ2 norm of each parameter group before clipping, per layer (colour: depth; layer −1 = "
+            "parameters outside the blocks), mean over seeds: where the gradient signal sits while attention "
+            "changes (docs/math.md §9.5).",
+            title="Gradient norms by parameter group",
+        )
     return Section(anchor="training", title="Training", body=body)
 
 
@@ -321,13 +338,8 @@ def bounds_section(data: RunData) -> Section:
         "norm found by autograd (a lower estimate of the true norm); right: their ratio. Tests how much the "
         "distribution-aware bound (docs/math.md T4/T5) gains over the worst case and how tight it is."
     )
-    body = "".join(
-        _figure(
-            functools.partial(figures_bounds.bounds_figure, part, run=run),
-            caption,
-            title="Certified bounds" + ("" if run is None else f", {run}"),
-        )
-        for run, part in _by_run(bounds)
+    body = _figures_by_run(
+        bounds, lambda part, run: figures_bounds.bounds_figure(part, run=run), caption, title="Certified bounds"
     )
     if bounds["step"].nunique() > 1:
         body += _figure(
@@ -520,14 +532,12 @@ def layernorm_section(data: RunData) -> Section:
         "test it; this is the measurement."
     )
     bounds = _present(data.bounds, "bounds")
-    body = "".join(
-        _figure(
-            functools.partial(figures_bounds.ln_condition_figure, part, title=run),
-            caption,
-            title="LayerNorm condition" + ("" if run is None else f", {run}"),
-        )
-        for run, part in _by_run(bounds)
-        if part["ln_condition_fraction"].notna().any() or run is None
+    body = _figures_by_run(
+        bounds,
+        lambda part, run: figures_bounds.ln_condition_figure(part, title=run),
+        caption,
+        title="LayerNorm condition",
+        keep=lambda part: bool(part["ln_condition_fraction"].notna().any()),
     )
     layer = bounds[(bounds["head"] == ALL_HEADS) & bounds["ln_condition_fraction"].notna()]
     sentences = []
