@@ -14,13 +14,22 @@ biases N(0, 0.1²), norm gains 1 + N(0, 0.1²); every model first passes the wei
 ``bound_model``). Appends one JSON line per model to bench/results/bounds.jsonl.
 
     .venv/bin/python bench/bounds.py [--seq-len 32] [--queries 6] [--iterations 12] [--threads 1] [--models ...]
+
+``--against REV`` measures instead the cost of a change: the certified bounds of every layer (as above, weight norms
+computed afresh), timed in this tree and in a checkout of the git revision REV (a temporary worktree, run in a
+subprocess on the same models and inputs), alternating for ``--rounds`` rounds, and prints this tree ÷ REV.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -221,10 +230,7 @@ def table_layer_seconds(name: str, adapter, input_ids, args: argparse.Namespace)
 
 
 def bench_model(name: str, adapter, args: argparse.Namespace) -> dict:
-    try:
-        input_ids = adapter.encode(TEXT, max_length=args.seq_len)
-    except InputError:  # no tokenizer (a random-init model): seeded random tokens, or a seeded image for ViT
-        input_ids = probe_input_ids(adapter, args.seq_len)
+    input_ids = model_inputs(adapter, args.seq_len)
     start = time.perf_counter()
     adapter.layer_inputs(input_ids)
     forward_s = time.perf_counter() - start
@@ -283,6 +289,51 @@ def bench_model(name: str, adapter, args: argparse.Namespace) -> dict:
     }  # fmt: skip
 
 
+def model_inputs(adapter, seq_len: int):
+    try:
+        return adapter.encode(TEXT, max_length=seq_len)
+    except InputError:  # no tokenizer (a random-init model): seeded random tokens, or a seeded image for ViT
+        return probe_input_ids(adapter, seq_len)
+
+
+def certified_seconds(adapter, input_ids) -> float:
+    """Seconds of the certified bounds of all layers, weight norms computed afresh (after one warm-up pass)."""
+    rounding._CACHE.clear()
+    return sum(certified_layer_seconds(adapter, input_ids))
+
+
+def compare_against(revision: str, names: list[str], loaders: dict, args: argparse.Namespace) -> None:
+    """This tree's certified-bound time ÷ that of ``revision``, per model, alternating rounds (module docstring)."""
+    repo = Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = Path(tmp) / "tree"
+        subprocess.run(["git", "-C", str(repo), "worktree", "add", "--detach", str(tree), revision], check=True,
+                       capture_output=True)  # fmt: skip
+        try:
+            env = {**os.environ, "PYTHONPATH": f"{tree / 'src'}{os.pathsep}{Path(__file__).parent}"}
+            for name in names:
+                adapter = loaders[name]()
+                input_ids = model_inputs(adapter, args.seq_len)
+                certified_layer_seconds(adapter, input_ids)  # warm-up
+                here, there = [], []
+                for _ in range(args.rounds):
+                    here.append(certified_seconds(adapter, input_ids))
+                    out = subprocess.run(
+                        [sys.executable, __file__, "--certified-only", "--models", name, "--seq-len",
+                         str(args.seq_len), "--threads", str(args.threads)],
+                        check=True, capture_output=True, text=True, env=env,
+                    )  # fmt: skip
+                    there.append(json.loads(out.stdout.strip().splitlines()[-1])[name])
+                a, b = statistics.median(here), statistics.median(there)
+                print(f"{name}: certified bounds of all layers {a:.3f} s here, {b:.3f} s at {revision} "
+                      f"(medians of {args.rounds}); here ÷ {revision} = {a / b:.2f}")  # fmt: skip
+                append_record(RESULTS, {"bench": "bounds_against", "model": name, "revision": revision,
+                                        "seconds_here": here, "seconds_revision": there, "ratio": a / b,
+                                        "threads": torch.get_num_threads(), "provenance": provenance()})  # fmt: skip
+        finally:
+            subprocess.run(["git", "-C", str(repo), "worktree", "remove", "--force", str(tree)], check=False)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seq-len", type=int, default=32)
@@ -294,12 +345,25 @@ def main() -> None:
         default="all",
         help="comma-separated: tiny_gpt, tiny_gpt_trained, smollm2, minilm, family:<model_type>",
     )
+    parser.add_argument("--against", metavar="REV", help="time the certified bounds here and at git revision REV")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of --against")
+    parser.add_argument("--certified-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     loaders = {"tiny_gpt": tiny_gpt, "tiny_gpt_trained": tiny_gpt_trained, "smollm2": lambda: packaged("smollm2"),
                "minilm": lambda: packaged("minilm")}  # fmt: skip
     loaders.update({f"family:{family}": lambda family=family: tiny_family(family) for family in FAMILY_CONFIGS})
-    for name in list(loaders) if args.models == "all" else args.models.split(","):
+    names = list(loaders) if args.models == "all" else args.models.split(",")
+    if args.certified_only:  # one measurement for --against, printed as JSON
+        adapter = loaders[names[0]]()
+        input_ids = model_inputs(adapter, args.seq_len)
+        certified_layer_seconds(adapter, input_ids)
+        print(json.dumps({names[0]: certified_seconds(adapter, input_ids)}))
+        return
+    if args.against:
+        compare_against(args.against, names, loaders, args)
+        return
+    for name in names:
         try:
             adapter = loaders[name]()
         except Exception as err:  # a missing optional model must not stop the other benchmark

@@ -15,17 +15,14 @@ operation carries a proved error radius. The argument, in three rules:
    For nonnegative terms Σ x_i ∈ [fl(Σ)·(1 − 2γ), fl(Σ)·(1 + 2γ)] (γ ≤ 2^-20), and ``sum_upper_bound`` /
    ``sum_lower_bound`` evaluate that product with rule 1. Underflowed terms are rounded in the safe direction
    first (``square_up``/``square_down``), so gradual underflow costs nothing extra.
-3. **Spectral norms.** ``spectral_norm_upper_bound`` needs no accuracy claim about the eigensolver. With the
-   float Gram matrix Ĝ = fl(W Wᵀ) (smaller side, inner size k), any computed eigenpairs (V, Λ) and the exact
-   residual E = Ĝ − V Λ Vᵀ, Ĝ ⪯ V Λ₊ Vᵀ + ‖E‖₂ I, hence
-
-       ‖W‖₂² = λ_max(W Wᵀ) ≤ λ̂₊·(1 + ‖VᵀV − I‖_F) + ‖E‖_F + γ_k ‖W‖_F²,
-
-   using λ_max(V Λ₊ Vᵀ) ≤ λ̂₊ ‖V‖₂², ‖V‖₂² ≤ 1 + ‖VᵀV − I‖₂ and ‖Ĝ − W Wᵀ‖₂ ≤ γ_k ‖|W||W|ᵀ‖_F ≤ γ_k ‖W‖_F².
-   The two Frobenius norms are evaluated in float64 and enlarged by their own rule-2 radii (entrywise
-   |fl(VᵀV) − VᵀV| ≤ γ_m |V|ᵀ|V| and |fl(VΛVᵀ) − VΛVᵀ| ≤ γ_{m+1} |V||Λ||V|ᵀ, whose Frobenius norms are at most
-   γ ‖V‖_F² and γ max|λ| ‖V‖_F²). For a well-computed eigendecomposition every correction is a few hundred
-   ulps, so the bound is the float64 norm to about 13 digits.
+3. **Spectral norms.** ``spectral_norm_upper_bound`` needs no accuracy claim about any eigensolver. With the
+   float Gram matrix Ĝ = fl(W Wᵀ) (smaller side, inner size k), ‖W‖₂² = λ_max(W Wᵀ) ≤ λ_max(Ĝ) + γ_k ‖W‖_F²
+   (‖Ĝ − W Wᵀ‖₂ ≤ γ_k ‖|W||W|ᵀ‖_F ≤ γ_k ‖W‖_F²), and λ_max(Ĝ) is certified by a shifted Cholesky factorization:
+   if Cholesky completes on fl(t I − Ĝ), then λ_max(Ĝ) ≤ t + u (t + max|Ĝ_ii|) + γ_{2m+2} ‖L̂‖_F² (Higham,
+   Thm 10.3, ``_cholesky_top_eigenvalue_bound``), with t just above the computed top eigenvalue. Where the
+   factorization fails the bound falls back to any computed eigenpairs (V, Λ) and the exact residual
+   E = Ĝ − V Λ Vᵀ: Ĝ ⪯ V Λ₊ Vᵀ + ‖E‖₂ I, hence λ_max(Ĝ) ≤ λ̂₊·(1 + ‖VᵀV − I‖_F) + ‖E‖_F, each Frobenius norm
+   enlarged by its own rule-2 radius. Either way the bound is the float64 norm to about 10 digits or better.
 
 LayerNorm σ and RMSNorm r bounded below (``layernorm_scale_lower_bound``, ``rmsnorm_scale_lower_bound``) follow
 the same rules; the LayerNorm centring is exact in real arithmetic for any centre c because
@@ -159,11 +156,12 @@ def frobenius_norm_upper_bound(M: Tensor) -> Tensor:
     return norm2_upper_bound(M, (-2, -1))
 
 
-def spectral_norm_upper_bound(W: Tensor) -> Tensor:
+def spectral_norm_upper_bound(W: Tensor, *, remember: bool = True) -> Tensor:
     """≥ ‖W‖₂ = σ_max(W) in real arithmetic, batched over leading axes (rule 3 of the module docstring).
 
     Args:
         W: ``[..., rows, cols]``, any floating dtype (the stored values are the real matrix).
+        remember: keep the result for this tensor (``cached_on``; off for per-row matrices used once).
 
     Returns:
         ``[...]`` float64 certified upper bound; within a few hundred ulps of the float64 norm in practice.
@@ -171,6 +169,8 @@ def spectral_norm_upper_bound(W: Tensor) -> Tensor:
     >>> float(spectral_norm_upper_bound(torch.tensor([[3.0, 0.0], [0.0, 4.0]]))) >= 4.0
     True
     """
+    if not remember:
+        return _spectral_norm_upper_bound_scaled(W)
     return cached_on((W,), "spectral_norm_upper_bound", lambda: _spectral_norm_upper_bound_scaled(W))
 
 
@@ -226,15 +226,63 @@ def _spectral_norm_upper_bound_scaled(W: Tensor) -> Tensor:
 
 
 def _spectral_norm_upper_bound_unscaled(W: Tensor) -> Tensor:
+    """Rule 3: a shifted Cholesky certificate of λ_max(Ĝ), with the eigenvector residual bound as a fallback."""
     k = max(W.shape[-1], W.shape[-2])
     gram = W @ W.transpose(-1, -2) if W.shape[-2] <= W.shape[-1] else W.transpose(-1, -2) @ W
     m = gram.shape[-1]
     if m == 0 or k == 0:
         return torch.zeros(W.shape[:-2], dtype=torch.float64, device=W.device)
+    gram_error = mul_up(sum_upper_bound(square_up(W), (-2, -1)), gamma(k))  # ‖Ĝ − W Wᵀ‖₂ ≤ γ_k ‖W‖_F²
+    lam = _cholesky_top_eigenvalue_bound(gram)
+    missing = ~torch.isfinite(lam)
+    if bool(missing.any()):
+        lam = torch.where(missing, _residual_top_eigenvalue_bound(gram), lam)
+    return sqrt_up(add_up(lam, gram_error))
+
+
+def _cholesky_top_eigenvalue_bound(gram: Tensor) -> Tensor:
+    """≥ λ_max(Ĝ) for symmetric float matrices Ĝ ``[..., m, m]`` (+∞ where the certificate fails).
+
+    With t ≥ 0 a float, A = fl(t I − Ĝ) differs from t I − Ĝ only on the diagonal, by at most u (t + max|Ĝ_ii|).
+    If Cholesky runs to completion on A, its computed factor satisfies L̂L̂ᵀ = A + ΔA with |ΔA| ≤ γ_{m+1}|L̂||L̂|ᵀ
+    (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., Thm 10.3: every entry is one inner product
+    evaluated in some order, which also covers the blocked and recursive orders of LAPACK; the constant is
+    doubled here as a margin). Then t I − Ĝ ⪰ −(D + ΔA), hence
+
+        λ_max(Ĝ) ≤ t + u (t + max|Ĝ_ii|) + γ_{2m+2} ‖L̂‖_F²,
+
+    needing only an estimate of λ_max to choose t: the computed top eigenvalue plus 4(m + 1)u·tr Ĝ, enlarged
+    once more where that factorization fails. No claim on the eigensolver's accuracy enters.
+    """
+    m = gram.shape[-1]
+    diagonal = gram.diagonal(dim1=-2, dim2=-1)
+    trace = sum_upper_bound(diagonal.abs())
+    estimate = torch.linalg.eigvalsh(gram)[..., -1].clamp_min(0.0)
+    eye = torch.eye(m, dtype=gram.dtype, device=gram.device)
+    result = torch.full_like(estimate, math.inf)
+    for margin in (4.0 * (m + 1) * UNIT_ROUNDOFF, 2.0**-20):
+        shift = add_up(estimate, mul_up(trace, margin))
+        factor, info = torch.linalg.cholesky_ex(shift[..., None, None] * eye - gram)
+        done = (info == 0) & ~torch.isfinite(result)
+        if bool(done.any()):
+            spread = add_up(shift, diagonal.abs().amax(dim=-1))
+            bound = add_up(
+                add_up(shift, mul_up(spread, UNIT_ROUNDOFF * (1 + 2.0**-50))),
+                mul_up(sum_upper_bound(square_up(factor), (-2, -1)), gamma(2 * m + 2)),
+            )
+            result = torch.where(done, bound, result)
+        if bool(torch.isfinite(result).all()):
+            break
+    return result
+
+
+def _residual_top_eigenvalue_bound(gram: Tensor) -> Tensor:
+    """≥ λ_max(Ĝ) from any computed eigenpairs (V, Λ) and the residual E = Ĝ − V Λ Vᵀ (module docstring, rule 3)."""
+    m = gram.shape[-1]
     eigenvalues, V = torch.linalg.eigh(gram)
     top = eigenvalues[..., -1].clamp_min(0.0)
     v_sq = sum_upper_bound(square_up(V), (-2, -1))  # ‖V‖_F²
-    eye = torch.eye(m, dtype=torch.float64, device=W.device)
+    eye = torch.eye(m, dtype=torch.float64, device=gram.device)
     orthogonality = add_up(
         mul_up(frobenius_norm_upper_bound(V.transpose(-1, -2) @ V - eye), 1.0 + 4 * UNIT_ROUNDOFF),
         mul_up(v_sq, gamma(m + 1)),
@@ -245,9 +293,7 @@ def _spectral_norm_upper_bound_unscaled(W: Tensor) -> Tensor:
         mul_up(frobenius_norm_upper_bound(residual), 1.0 + 4 * UNIT_ROUNDOFF),
         mul_up(mul_up(magnitude, v_sq), 2 * gamma(m + 2)),
     )
-    gram_error = mul_up(sum_upper_bound(square_up(W), (-2, -1)), gamma(k))
-    lam = add_up(add_up(mul_up(top, add_up(orthogonality, 1.0)), residual_norm), gram_error)
-    return sqrt_up(lam)
+    return add_up(mul_up(top, add_up(orthogonality, 1.0)), residual_norm)
 
 
 def layernorm_scale_lower_bound(x: Tensor, eps: float) -> Tensor:

@@ -29,15 +29,16 @@ bias). Heads combine through W_O: ‖dz_i‖ ≤ ‖W_O‖ Σ_h g_ih (the paper'
 weighs every key by p_ij instead of taking the worst key (both derived in ``attention_terms``). Each is valid;
 the reported ``upper_bound`` is the max over rows of the smallest.
 
-Rounding (``attnsens._rounding``). Every norm of a weight or bias is a certified upper bound and every product,
-quotient and sum of the final formulas is rounded up; the Lipschitz bound is rigorous in real arithmetic. The
-local bound is about the real softmax rows at X, which float64 can miss by far when scores are huge (a
-one-hot-looking row whose runner-up weight is off by a large factor): ``attention_terms.softmax_row_accuracy``
+Rounding (``attnsens._rounding``, ``attention_accuracy``). Every norm of a weight or bias is a certified upper bound
+and every product, quotient and sum of the final formulas is rounded up; both bounds are rigorous in real
+arithmetic. The local bound is about the real softmax rows at X, which float64 can miss by far when scores are
+huge (a one-hot-looking row whose runner-up weight is off by a large factor): ``attention_terms.softmax_row_accuracy``
 bounds the ratio of the real to the float weights from the scores' magnitude (p ≤ (1 + η) p̂), refuses rows
 beyond a documented range with an InputError, and θ, the value part and the key-sum form are enlarged by
-exactly what that ratio allows (``real_row_theta_upper_bound``, ``key_sum_weight_correction``). The float64
-evaluation of the remaining per-row terms (distances, the gain and output factors, C_i's norm) is covered by the
-relative ``EVALUATION_ALLOWANCE``.
+exactly what that ratio allows (``real_row_theta_upper_bound``, ``key_sum_weight_correction``). The remaining
+per-row terms (distances of values, spreads of keys, functional norms, the key-sum matrices) are evaluated in
+float64 from the float forward and carry the proved radii of ``attention_accuracy``: the input errors of the
+float values, keys and queries, the accuracy of the factors G and R_O, and that of every evaluated norm.
 Grouped-query attention changes nothing: each query head reads its own (shared) W_K^g, W_V^g.
 The operator maps d_model → d_model tokens, so its value is the same in the RMS and ℓ2 block conventions.
 """
@@ -61,6 +62,7 @@ from attnsens._rounding import (
     sum_upper_bound,
 )
 from attnsens.errors import ConfigError, ShapeError
+from attnsens.geometry import attention_accuracy as A
 from attnsens.geometry import attention_terms as T
 from attnsens.geometry.attention import (
     AttentionBiases,
@@ -75,10 +77,6 @@ from attnsens.geometry.attention import (
 )
 from attnsens.geometry.norms import Geometry, check_geometry
 from attnsens.weights import AttentionWeights, NormWeights, RotaryConfig, qk_norm_is_joint
-
-EVALUATION_ALLOWANCE = 1.0 + 2.0**-36
-"""Relative outward rounding of the local bound: covers the float64 error of its own evaluation (eigenvalues,
-distances, sums; a few hundred ulps at most) and is invisible at any printed precision."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -221,14 +219,51 @@ def _qk_norm_floors(
     return floors[0], floors[1]
 
 
-def _factors(
-    W: Tensor, gain: Tensor, inputs: Tensor | None, norm: NormWeights | None, rotations: Tensor | None
-) -> Tensor | None:
-    """The functional factors F_t of one side (``attention_terms.functional_factors``, or ``joint_norm_factors``
-    under a QK-norm over all heads); W per query head."""
-    if norm is not None and inputs is not None and qk_norm_is_joint(norm, W.shape[-2]):
-        return T.joint_norm_factors(W, inputs, norm, rotations)
-    return T.functional_factors(gain, T.position_maps(inputs, norm, rotations))
+def _side(
+    X: Tensor, W: Tensor, b: Tensor | None, norm: NormWeights | None, inputs: Tensor | None,
+    rotations: Tensor | None, w_norm: Tensor, n_head: int,
+) -> tuple[Tensor, Tensor | None, A.FactorAccuracy]:  # fmt: skip
+    """(Ĝ ``[batch, head, rank, d_head]``, the functional factors F̂_t or None, their ``FactorAccuracy``) of the
+    query or key side (``attention_accuracy``): W as given (key heads not yet repeated), w_norm ≥ ‖W‖ per query
+    head ``[batch, head]``."""
+    batch = X.shape[0]
+    accuracy = A.gain_accuracy(W)
+    gain = A.GainAccuracy(
+        gain=_per_sequence(expand_kv_heads(accuracy.gain, n_head, -3), batch, 3),
+        **{k: _per_sequence(expand_kv_heads(getattr(accuracy, k), n_head, -1), batch, 1)
+           for k in ("basis_norm", "residual", "frobenius")},
+    )  # fmt: skip
+    if norm is not None and inputs is not None:
+        floor, input_error = T.qk_norm_floors(T.projection_magnitudes(X, W, b, n_head), norm, inputs, X.shape[-1])
+        if qk_norm_is_joint(norm, W.shape[-2]):
+            w_all = _per_sequence(spectral_norm_upper_bound(W.flatten(-3, -2))[..., None], batch, 1)
+            factors, side = T.joint_norm_factors(
+                expand_kv_heads(W, n_head, -3), inputs, norm, rotations, floor, input_error, w_all.expand_as(w_norm)
+            )
+            return gain.gain, factors, side
+        gamma_max = norm.gamma.to(torch.float64).abs().amax()
+        jacobians = T.norm_jacobians(inputs, norm)
+        maps = jacobians if rotations is None else rotations @ jacobians
+        map_error = A.qk_norm_map_error(jacobians, rotations, gamma_max, floor, input_error)
+        rotation_norm = 1.0 if rotations is None else A.schur_norm_upper_bound(rotations)
+        map_norm = div_up(mul_up(floor.new_ones(()) * rotation_norm, gamma_max), floor)
+        factors = T.functional_factors(gain.gain, maps)
+        return gain.gain, factors, A.mapped_factor_accuracy(gain, factors, maps, map_error, w_norm, map_norm)
+    if rotations is not None:
+        factors = T.functional_factors(gain.gain, rotations)
+        side = A.mapped_factor_accuracy(gain, factors, rotations, None, w_norm, A.schur_norm_upper_bound(rotations))
+        return gain.gain, factors, side
+    return gain.gain, None, A.plain_factor_accuracy(gain, w_norm)
+
+
+def _output_accuracy(Wo: Tensor, n_head: int, batch: int) -> A.OutputAccuracy:
+    """``attention_accuracy.output_accuracy`` of W_O with a batch axis on every tensor."""
+    accuracy = A.output_accuracy(Wo, n_head)
+    fields = {k: getattr(accuracy, k) for k in ("factor", "scale", "slack", "residual", "basis_norm", "frobenius")}
+    shared = {"factor": 3}
+    return A.OutputAccuracy(
+        floor=accuracy.floor, **{k: _per_sequence(t, batch, shared.get(k, 1)) for k, t in fields.items()}
+    )
 
 
 def _combine_heads(per_head: Tensor, w_o: Tensor, w_o_head: Tensor) -> Tensor:
@@ -365,32 +400,44 @@ def mha_local_jacobian_upper_bound(
     theta_upper = T.real_row_theta_upper_bound(fwd.probabilities, stored_theta, eta, small_mass)
     n_head = Wq.shape[-3]
 
+    batch = X.shape[0]
+    value_errors = T.value_errors(X, Wv, biases.v, n_head)  # [batch, head, key]
+    query_errors = T.projection_errors(X, Wq, biases.q, q_norm, fwd.query_inputs, n_head)
+    key_errors = T.projection_errors(X, Wk, biases.k, k_norm, fwd.key_inputs, n_head)
+    key_radius = T.KeyRadius(
+        norm=A.row_max_of_keys(norm2_upper_bound(fwd.keys), allowed), error=A.row_max_of_keys(key_errors, allowed)
+    )
+    value_error_max = A.row_max_of_keys(value_errors, allowed)
+
     value_centre_bias = (
         torch.zeros_like(fwd.head_outputs)
         if f64["v"] is None
         else (expand_kv_heads(f64["v"], n_head, -2)[..., :, None, :].expand_as(fwd.head_outputs))
     )
     value_spread = torch.minimum(
-        T.masked_max_distance(fwd.values, fwd.head_outputs, allowed),
-        T.masked_max_distance(fwd.values, value_centre_bias, allowed),
+        T.max_value_distance(fwd.values, fwd.head_outputs, value_errors, allowed),
+        T.max_value_distance(fwd.values, value_centre_bias, value_errors, allowed),
     )
     key_mean = fwd.probabilities @ fwd.keys
     key_centre = torch.zeros_like(key_mean)
     if f64["k"] is not None and rotary is None and k_norm is None and softcap is None:
         key_centre = expand_kv_heads(f64["k"], n_head, -2)[..., :, None, :].expand_as(key_mean)
-    batch = X.shape[0]
-    gain_q = _per_sequence(T.gain_factor(Wq), batch, 3)
-    gain_k = _per_sequence(expand_kv_heads(T.gain_factor(Wk), n_head, -3), batch, 3)
     rotations = None if rotary is None else T.rotation_matrices(X.shape[1], Wq.shape[-2], rotary, X.device)
-    query_factors = _factors(Wq, gain_q, fwd.query_inputs, q_norm, rotations)
-    key_factors = _factors(expand_kv_heads(Wk, n_head, -3), gain_k, fwd.key_inputs, k_norm, rotations)
-    query_norms = T.query_functional_norms(fwd, gain_k, key_factors)
+    sides = [
+        _side(X, W, b, norm, inputs, rotations, _per_sequence(w_norm, batch, 1), n_head)
+        for W, b, norm, inputs, w_norm in (
+            (Wq, biases.q, q_norm, fwd.query_inputs, norms.w_q), (Wk, biases.k, k_norm, fwd.key_inputs, norms.w_k)
+        )
+    ]  # fmt: skip
+    (gain_q, query_factors, accuracy_q), (gain_k, key_factors, accuracy_k) = sides
+    query_norms = T.query_functional_norms(fwd, gain_k, key_factors, accuracy_k, query_errors)
+
+    def spread(centre: Tensor, slopes: Tensor | None = None) -> Tensor:
+        return T.score_spread(fwd, centre, gain_q, query_norms, allowed, query_factors, accuracy_q, key_radius, slopes)
+
     slopes = slack = plain_spread = None
     if fwd.score_slopes is None or softcap is None:
-        score_spread = torch.minimum(
-            T.score_spread(fwd, key_mean, gain_q, query_norms, allowed, query_factors),
-            T.score_spread(fwd, key_centre, gain_q, query_norms, allowed, query_factors),
-        )
+        score_spread = torch.minimum(spread(key_mean), spread(key_centre))
     else:  # step 3 under a softcap (attention_terms.softcap_slopes): centre 0, or the key mean with its extra term
         score_errors, _ = T.score_error(
             X, Wq, Wk, biases.q, biases.k, tau, q_norm=q_norm, k_norm=k_norm, query_inputs=fwd.query_inputs,
@@ -398,12 +445,11 @@ def mha_local_jacobian_upper_bound(
         )  # fmt: skip
         slopes, half_range, slack = T.softcap_slopes(fwd.score_slopes, score_errors, softcap, allowed)
         centred = add_up(
-            T.score_spread(fwd, key_mean, gain_q, query_norms, allowed, query_factors, slopes),
-            mul_up(half_range, T.centre_functional_norms(gain_q, query_factors, key_mean)),
+            spread(key_mean, slopes),
+            mul_up(half_range, T.centre_functional_norms(gain_q, query_factors, key_mean, accuracy_q)),
         )
-        uncentred = T.score_spread(fwd, key_centre, gain_q, query_norms, allowed, query_factors, slopes)
-        score_spread = torch.minimum(centred, uncentred)
-        plain_spread = T.score_spread(fwd, key_centre, gain_q, query_norms, allowed, query_factors)
+        score_spread = torch.minimum(centred, spread(key_centre, slopes))
+        plain_spread = spread(key_centre)
     sensitivity_rate = mul_up(div_up(theta_upper, float(tau)), score_spread)  # bounds ‖dp_i‖₁ per unit ‖dX‖
     per_row_head = add_up(mul_up(sensitivity_rate, value_spread), norms.w_v[..., None])  # [batch, head, query]
     row_bound = _combine_heads(per_row_head.transpose(-1, -2), norms.w_o[..., None], norms.w_o_head[..., None, :])
@@ -411,29 +457,41 @@ def mha_local_jacobian_upper_bound(
     # W_O applied per head before norms are taken: value part of all heads together, and per head the better
     # of the θ form and the key-sum form of the sensitivity part (attention_terms).
     Wo_batched = _per_sequence(Wo, batch, 2)
-    out_factor = T.output_factor(Wo_batched, n_head)
-    outputs, distances = T.projected_values(fwd, out_factor)
-    theta_form = mul_up(sensitivity_rate, T.output_spread(outputs, distances, out_factor, f64["v"], allowed))
+    output = _output_accuracy(Wo, n_head, batch)
+    w_o_head = _per_sequence(norms.w_o_head, batch, 1)
+    outputs, distances = T.projected_values(fwd, output, value_errors, w_o_head)
+    theta_form = mul_up(
+        sensitivity_rate,
+        T.output_spread(fwd, outputs, distances, output, f64["v"], allowed, value_errors, w_o_head),
+    )
+    key_sum_inputs = T.KeySumInputs(
+        accuracy=accuracy_q, output=output, keys=key_radius, value_error_max=value_error_max,
+        centres=(key_mean, key_centre), w_o_head=w_o_head,
+    )  # fmt: skip
+    cutoff = mul_up(theta_form, float(tau))  # rows where the key-sum form cannot win need no spectral norm
     if slopes is None or slack is None or plain_spread is None:
-        key_sum = T.key_sum_sensitivity(fwd, distances, out_factor, gain_q, query_norms, query_factors)
-        correction = T.key_sum_weight_correction(fwd, distances, score_spread, norms.w_o_head, eta, small_mass, allowed)
+        key_sum = T.key_sum_sensitivity(
+            fwd, distances, gain_q, query_norms, query_factors, key_sum_inputs, cutoff=cutoff
+        )
+        correction = T.key_sum_weight_correction(
+            fwd, distances, score_spread, norms.w_o_head, eta, small_mass, allowed, value_error_max
+        )
     else:  # weights p̂ D̂ with the float slopes; the correction covers the real (p, D)
         key_sum = T.key_sum_sensitivity(
-            fwd, distances, out_factor, gain_q, query_norms, query_factors, fwd.score_slopes
+            fwd, distances, gain_q, query_norms, query_factors, key_sum_inputs, fwd.score_slopes, cutoff
         )
         correction = T.softcap_key_sum_correction(
-            fwd, distances, plain_spread, norms.w_o_head, eta, small_mass, slack, allowed
+            fwd, distances, plain_spread, norms.w_o_head, eta, small_mass, slack, allowed, value_error_max
         )
     key_sum_form = div_up(add_up(mul_up(key_sum, add_up(eta, 1.0)), correction), float(tau))
-    head_value, joint_value = T.value_path_norms(_per_sequence(Wv, batch, 3), Wo_batched, out_factor)
+    head_value, joint_value = T.value_path_norms(_per_sequence(Wv, batch, 3), Wo_batched, output)
     # The value part weighs keys by p̂; the real weights differ by at most (η + m) per head and key in total.
     value_part = add_up(
         T.joint_value_path(fwd.probabilities, head_value, joint_value),
         sum_upper_bound(mul_up(head_value[..., None], add_up(eta, small_mass)), dim=-2),
     )
     projected = add_up(value_part, sum_upper_bound(torch.minimum(theta_form, key_sum_form), dim=-2))
-    # Both forms can be attained exactly (one-hot rows), so the float64 evaluation is rounded outward.
-    row_bound = mul_up(torch.minimum(row_bound, projected), EVALUATION_ALLOWANCE)
+    row_bound = torch.minimum(row_bound, projected)
 
     radius_l2 = norm2_upper_bound(X, dim=-1).amax(dim=-1)
     floors = _qk_norm_floors(X, Wq, Wk, biases, fwd, q_norm, k_norm)

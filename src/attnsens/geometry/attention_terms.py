@@ -22,17 +22,22 @@ best w is 0 or one of the p^h_im (the bound is piecewise linear in w), and w = 0
 
 Position maps. Every formula above uses the rotation R_t only as the linear map from a head's projection W dx_t
 to the change of its rotated query or key. Under QK-norm that map is M_t = R_t J_N(a_t), the norm's Jacobian at
-the biased projection a_t followed by RoPE (``position_maps``), and the formulas hold with M_t in place of R_t:
+the biased projection a_t followed by RoPE (``norm_jacobians``), and the formulas hold with M_t in place of R_t:
 the functionals become dx_i ↦ (M^q_i W_Q dx_i)·w with norm ‖G_Q M^qᵀ_i w‖, and C_i R_i W_Q becomes C_i M^q_i W_Q.
 
 Norms of maps into a head's output go through R_O^(h), the triangular factor of W_O^(h) = Q R_O^(h)
 (‖W_O^(h) z‖ = ‖R_O^(h) z‖); norms of maps out of W_Q, W_K through the gain factors G with ‖Wᵀv‖ = ‖G v‖
 (‖B W‖ = ‖B Gᵀ‖). Large intermediate tensors are built in query chunks of at most ``CHUNK_ELEMENTS`` entries.
+
+Rounding. Each function returns an upper bound of its term in real arithmetic: the float64 forward's values,
+keys and queries, the factors G and R_O and every evaluated norm carry the proved radii of
+``attention_accuracy``, and every further operation is rounded up (``attnsens._rounding``).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import einops
 import torch
@@ -40,10 +45,13 @@ from torch import Tensor
 
 from attnsens._rounding import (
     UNIT_ROUNDOFF,
+    add_down,
     add_up,
     cached_on,
     div_up,
+    frobenius_norm_upper_bound,
     gamma,
+    mul_down,
     mul_up,
     norm2_upper_bound,
     product_spectral_norm_upper_bound,
@@ -51,11 +59,14 @@ from attnsens._rounding import (
     round_up,
     spectral_norm_upper_bound,
     sqrt_down,
+    sqrt_up,
     sub_down,
     sub_up,
+    sum_lower_bound,
     sum_upper_bound,
 )
-from attnsens.errors import InputError, ShapeError
+from attnsens.errors import InputError
+from attnsens.geometry import attention_accuracy as A
 from attnsens.geometry.attention import AttentionForward, apply_rotary, expand_kv_heads
 from attnsens.weights import NormWeights, RotaryConfig, qk_norm_is_joint
 
@@ -66,20 +77,6 @@ def query_chunks(n_query: int, elements_per_query: int) -> list[slice]:
     """Consecutive query slices whose intermediates stay under ``CHUNK_ELEMENTS`` entries."""
     size = max(1, CHUNK_ELEMENTS // max(1, elements_per_query))
     return [slice(start, min(n_query, start + size)) for start in range(0, n_query, size)]
-
-
-def gain_factor(W: Tensor) -> Tensor:
-    """G with ‖Wᵀ v‖₂ = ‖G v‖₂ for every v: G = diag(S) Uᵀ from W = U S Vᵀ. ``[..., d_head, d_model]`` →
-    ``[..., rank, d_head]`` (float64)."""
-    U, S, _ = torch.linalg.svd(W.to(torch.float64), full_matrices=False)
-    return S[..., :, None] * U.transpose(-1, -2)
-
-
-def output_factor(Wo: Tensor, n_head: int) -> Tensor:
-    """R_O^(h) ``[..., head, d_head, d_head]``: triangular factor of each head's W_O block (‖W_O^(h) z‖ = ‖R_O z‖)."""
-    d_head = Wo.shape[-1] // n_head
-    heads = Wo.to(torch.float64).reshape(*Wo.shape[:-1], n_head, d_head).movedim(-2, -3)
-    return torch.linalg.qr(heads, mode="r").R
 
 
 def rotation_matrices(n_pos: int, d_head: int, rotary: RotaryConfig, device: torch.device) -> Tensor:
@@ -100,85 +97,116 @@ def norm_jacobians(inputs: Tensor, norm: NormWeights) -> Tensor:
     return norm.gamma.to(torch.float64)[:, None] * projector / r[..., None]
 
 
-def position_maps(inputs: Tensor | None, norm: NormWeights | None, rotations: Tensor | None) -> Tensor | None:
-    """M_t, the Jacobian at position t of the map from a head's biased projection to its rotated, normalized query
-    or key (module docstring): R_t J_N(a_t) ``[b, h, position, d, d]`` under QK-norm, R_t ``[position, d, d]`` with
-    RoPE alone, None for the identity."""
-    if norm is None or inputs is None:
-        return rotations
-    if qk_norm_is_joint(norm, inputs.shape[-1]):
-        raise ShapeError("a QK-norm over all heads has no per-head position maps; use joint_norm_factors")
-    jacobians = norm_jacobians(inputs, norm)
-    return jacobians if rotations is None else rotations @ jacobians
-
-
-def functional_factors(gain: Tensor, maps: Tensor | None) -> Tensor | None:
+def functional_factors(gain: Tensor, maps: Tensor) -> Tensor:
     """F_t = G M_tᵀ ``[b, h, position, rank, d]`` with ‖F_t w‖ the norm of dx_t ↦ (M_t W dx_t)·w, for gain
-    ``[b, h, rank, d]`` (``gain_factor``) and maps shared ``[position, d, d]`` or per head ``[b, h, position, d, d]``
-    (``position_maps``); None when every M_t is the identity (then F_t = G)."""
-    if maps is None:
-        return None
+    ``[b, h, rank, d]`` (``attention_accuracy.gain_accuracy``) and maps shared ``[position, d, d]`` (RoPE) or per
+    head ``[b, h, position, d, d]`` (R_t J_N(a_t) under a per-head QK-norm); without maps F_t = G."""
     if maps.ndim == 3:
         return torch.einsum("bhrd,ped->bhpre", gain, maps)
     return torch.einsum("bhrd,bhped->bhpre", gain, maps)
 
 
-def masked_max_distance(points: Tensor, centres: Tensor, allowed: Tensor) -> Tensor:
-    """max_{j allowed for i} ‖points_j − centres_i‖: points ``[b, h, key, e]``, centres ``[b, h, query, e]``."""
-    distances = torch.cdist(centres, points, compute_mode="donot_use_mm_for_euclid_dist")
-    return distances.masked_fill(~allowed, 0.0).amax(dim=-1)
+def max_value_distance(values: Tensor, centres: Tensor, value_errors: Tensor, allowed: Tensor) -> Tensor:
+    """≥ max_{m∈K(i)} ‖v_m − c_i‖ for the real values v_m (within ``value_errors`` ``[b, h, key]`` of the float
+    ``values`` ``[b, h, key, e]``) and float centres c_i ``[b, h, query, e]``: ``[b, h, query]``."""
+    distances = torch.cdist(centres, values, compute_mode="donot_use_mm_for_euclid_dist")
+    computed = A.norm_upper(A.masked_max(distances, allowed), values.shape[-1])
+    return add_up(computed, A.row_max_of_keys(value_errors, allowed))
 
 
-def query_functional_norms(fwd: AttentionForward, gain_k: Tensor, key_factors: Tensor | None) -> Tensor:
-    """a_im = ‖F^K_m q̃_i‖, the norm of dx_m ↦ q̃_i·(M_m W_K dx_m) (``functional_factors``): ``[b, h, query, key]``,
-    or ``[b, h, query, 1]`` when every M_m is the identity (F^K_m = G_K, independent of m)."""
+def query_functional_norms(
+    fwd: AttentionForward, gain_k: Tensor, key_factors: Tensor | None, accuracy: A.FactorAccuracy,
+    query_errors: Tensor,
+) -> Tensor:  # fmt: skip
+    """a_im ≥ ‖Φ^K_m q̃_i‖, the norm of dx_m ↦ q̃_i·(M_m W_K dx_m) (``functional_factors``) at the real query q̃_i
+    (within ``query_errors`` ``[b, h, query]`` of the float one): ``[b, h, query, key]``, or ``[b, h, query, 1]``
+    when every M_m is the identity (F^K_m = G_K, independent of m). ``accuracy``: the key side's
+    ``attention_accuracy.FactorAccuracy``."""
     if key_factors is None:
-        return torch.linalg.vector_norm(torch.einsum("bhre,bhqe->bhqr", gain_k, fwd.queries), dim=-1)[..., None]
-    back_k = key_factors  # G_K M_mᵀ
-    n_head, n_query, n_key = fwd.queries.shape[1], fwd.queries.shape[2], fwd.keys.shape[2]
-    parts = [
-        torch.linalg.vector_norm(torch.einsum("bhmre,bhqe->bhqmr", back_k, fwd.queries[:, :, rows]), dim=-1)
-        for rows in query_chunks(n_query, n_head * n_key * back_k.shape[-2])
-    ]
-    return torch.cat(parts, dim=2)
+        computed = torch.linalg.vector_norm(torch.einsum("bhre,bhqe->bhqr", gain_k, fwd.queries), dim=-1)[..., None]
+    else:
+        back_k = key_factors  # G_K M_mᵀ
+        n_head, n_query, n_key = fwd.queries.shape[1], fwd.queries.shape[2], fwd.keys.shape[2]
+        parts = [
+            torch.linalg.vector_norm(torch.einsum("bhmre,bhqe->bhqmr", back_k, fwd.queries[:, :, rows]), dim=-1)
+            for rows in query_chunks(n_query, n_head * n_key * back_k.shape[-2])
+        ]
+        computed = torch.cat(parts, dim=2)
+    query_norms = norm2_upper_bound(fwd.queries)[..., None]  # [b, h, query, 1]
+    bounded = add_up(
+        add_up(mul_up(computed, accuracy.scale[..., None]), mul_up(accuracy.slack[..., None, :], query_norms)),
+        accuracy.floor,
+    )
+    return add_up(bounded, mul_up(accuracy.lip[..., None, :], query_errors[..., None]))
 
 
 def score_spread(
     fwd: AttentionForward, centre: Tensor, gain_q: Tensor, query_norms: Tensor, allowed: Tensor,
-    query_factors: Tensor | None, slopes: Tensor | None = None,
+    query_factors: Tensor | None, accuracy: A.FactorAccuracy, key_radius: KeyRadius, slopes: Tensor | None = None,
 ) -> Tensor:  # fmt: skip
-    """s_i = max_{m∈K(i)} (‖F^Q_i (k̃_m − c_i)‖ + a_im): the exact norms of the two linear functionals
+    """s_i ≥ max_{m∈K(i)} (‖Φ^Q_i (k̃_m − c_i)‖ + a_im): the norms of the two linear functionals
     dx_i ↦ (M_i W_Q dx_i)·(k̃_m − c_i) and dx_m ↦ q̃_i·(M_m W_K dx_m) (``attention_bounds`` step 3; M = R with RoPE
-    alone). ``[b, h, query]``. With ``slopes`` D ``[b, h, query, key]`` (softcap), each key's term is weighted by
-    D_im before the maximum (``softcap_slopes``)."""
+    alone) at the real keys, for float centres c_i and certified ``query_norms`` a_im (``query_functional_norms``).
+    ``[b, h, query]``. With ``slopes`` D ≤ 1 ``[b, h, query, key]`` (softcap), each key's term is weighted by
+    D_im before the maximum (``softcap_slopes``).
+
+    The float64 distance d̂_im of the products F̂_i k̂_m and F̂_i c_i bounds the real norm through the query side's
+    ``accuracy``: ≤ scale·d̂_im + slack_i (‖k̂_m‖ + ‖c_i‖) + lip_i ‖k̃_m − k̂_m‖ + floor; the key-dependent part is
+    taken at its row maximum (``key_radius``) after the maximum over keys."""
+    scale = accuracy.scale[..., None]  # [b, h, 1, 1]
     if query_factors is None:
         keys = torch.einsum("bhre,bhke->bhkr", gain_q, fwd.keys)
         centres = torch.einsum("bhre,bhqe->bhqr", gain_q, centre)
-        if slopes is None:
-            return masked_max_distance(keys, centres, allowed) + query_norms[..., 0]
-        distances = torch.cdist(centres, keys, compute_mode="donot_use_mm_for_euclid_dist")
-        return ((distances + query_norms) * slopes).masked_fill(~allowed, 0.0).amax(dim=-1)
-    back_q = query_factors  # G_Q M_iᵀ
-    n_head, n_query, n_key = fwd.queries.shape[1], fwd.queries.shape[2], fwd.keys.shape[2]
-    parts = []
-    for rows in query_chunks(n_query, n_head * n_key * back_q.shape[-2]):
-        key_norms = torch.linalg.vector_norm(
-            torch.einsum("bhqre,bhme->bhqmr", back_q[:, :, rows], fwd.keys)
-            - torch.einsum("bhqre,bhqe->bhqr", back_q[:, :, rows], centre[:, :, rows])[..., None, :],
-            dim=-1,
-        )
-        spread = key_norms + query_norms[:, :, rows]
+        inner = torch.cdist(centres, keys, compute_mode="donot_use_mm_for_euclid_dist") * scale + query_norms
         if slopes is not None:
-            spread = spread * slopes[:, :, rows]
-        parts.append(spread.masked_fill(~allowed[..., rows, :], 0.0).amax(dim=-1))
-    return torch.cat(parts, dim=2)
+            inner = inner * slopes
+        computed = A.masked_max(inner, allowed)
+    else:
+        back_q = query_factors  # G_Q M_iᵀ
+        n_head, n_query, n_key = fwd.queries.shape[1], fwd.queries.shape[2], fwd.keys.shape[2]
+        parts = []
+        for rows in query_chunks(n_query, n_head * n_key * back_q.shape[-2]):
+            key_norms = torch.linalg.vector_norm(
+                torch.einsum("bhqre,bhme->bhqmr", back_q[:, :, rows], fwd.keys)
+                - torch.einsum("bhqre,bhqe->bhqr", back_q[:, :, rows], centre[:, :, rows])[..., None, :],
+                dim=-1,
+            )
+            inner = key_norms * scale + query_norms[:, :, rows]
+            if slopes is not None:
+                inner = inner * slopes[:, :, rows]
+            parts.append(A.masked_max(inner, allowed[..., rows, :]))
+        computed = torch.cat(parts, dim=2)
+    computed = A.inflate(computed, 3)  # the float products and the sum inside the maximum, all nonnegative
+    radius = add_up(
+        add_up(
+            mul_up(accuracy.slack, add_up(key_radius.norm, norm2_upper_bound(centre))),
+            mul_up(accuracy.lip, key_radius.error),
+        ),
+        accuracy.floor,
+    )
+    return add_up(computed, radius)
 
 
-def centre_functional_norms(gain_q: Tensor, query_factors: Tensor | None, centre: Tensor) -> Tensor:
-    """‖F^Q_i c_i‖, the norm of dx_i ↦ (M_i W_Q dx_i)·c_i, ``[b, h, query]``."""
+def centre_functional_norms(
+    gain_q: Tensor, query_factors: Tensor | None, centre: Tensor, accuracy: A.FactorAccuracy
+) -> Tensor:
+    """≥ ‖Φ^Q_i c_i‖, the norm of dx_i ↦ (M_i W_Q dx_i)·c_i for float centres c_i, ``[b, h, query]``."""
     if query_factors is None:
-        return torch.linalg.vector_norm(torch.einsum("bhre,bhqe->bhqr", gain_q, centre), dim=-1)
-    return torch.linalg.vector_norm(torch.einsum("bhqre,bhqe->bhqr", query_factors, centre), dim=-1)
+        computed = torch.linalg.vector_norm(torch.einsum("bhre,bhqe->bhqr", gain_q, centre), dim=-1)
+    else:
+        computed = torch.linalg.vector_norm(torch.einsum("bhqre,bhqe->bhqr", query_factors, centre), dim=-1)
+    return add_up(
+        add_up(mul_up(computed, accuracy.scale), mul_up(accuracy.slack, norm2_upper_bound(centre))), accuracy.floor
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class KeyRadius:
+    """Row maxima over each row's allowed keys ``[b, h, query]`` of ‖k̂_m‖ (``norm``) and of the keys' input
+    errors ‖k̃_m − k̂_m‖ (``error``)."""
+
+    norm: Tensor
+    error: Tensor
 
 
 SOFTCAP_SLOPE_LIPSCHITZ = 0.7698004  # max_x 2 tanh(x) sech²(x) = 4/(3√3) = 0.76980035..., rounded up
@@ -204,68 +232,180 @@ def softcap_slopes(
     return upper, mul_up(sub_up(top, bottom).clamp(min=0.0), 0.5), slack
 
 
-def projected_values(fwd: AttentionForward, out_factor: Tensor) -> tuple[Tensor, Tensor]:
-    """(R_O v_m ``[b, h, key, d]``, ‖W_O^(h)(v_m − y_i)‖ ``[b, h, query, key]``): each head's values and their
-    distances to its outputs seen through W_O^(h), shared by both forms of the sensitivity part."""
-    outputs = torch.einsum("bhde,bhke->bhkd", out_factor, fwd.values)
-    centres = torch.einsum("bhde,bhqe->bhqd", out_factor, fwd.head_outputs)
-    return outputs, torch.cdist(centres, outputs, compute_mode="donot_use_mm_for_euclid_dist")
+def projected_values(
+    fwd: AttentionForward, output: A.OutputAccuracy, value_errors: Tensor, w_o_head: Tensor
+) -> tuple[Tensor, Tensor]:
+    """(R_O v̂_m ``[b, h, key, d]``, D_im ≥ ‖W_O^(h)(v_m − ŷ_i)‖ ``[b, h, query, key]``): each head's values seen
+    through W_O^(h), and certified distances of the real values to the float outputs ŷ_i, shared by both forms
+    of the sensitivity part. ``output``: the heads' ``attention_accuracy.output_accuracy`` (batched);
+    ``value_errors`` ``[b, h, key]``; w_o_head ≥ ‖W_O^(h)‖ ``[b, h]``."""
+    R = output.factor
+    outputs = torch.einsum("bhde,bhke->bhkd", R, fwd.values)
+    centres = torch.einsum("bhde,bhqe->bhqd", R, fwd.head_outputs)
+    computed = torch.cdist(centres, outputs, compute_mode="donot_use_mm_for_euclid_dist")
+    key_part = add_up(
+        mul_up(output.slack[..., None], norm2_upper_bound(fwd.values)), mul_up(w_o_head[..., None], value_errors)
+    )
+    query_part = add_up(mul_up(output.slack[..., None], norm2_upper_bound(fwd.head_outputs)), output.floor)
+    distances = add_up(
+        add_up(mul_up(computed, output.scale[..., None, None]), key_part[..., None, :]), query_part[..., None]
+    )
+    return outputs, distances
 
 
 def output_spread(
-    outputs: Tensor, distances: Tensor, out_factor: Tensor, b_v: Tensor | None, allowed: Tensor
-) -> Tensor:
-    """min_c max_{m∈K(i)} ‖W_O^(h)(v_m − c)‖ over c ∈ {y_i, b_V}, from ``projected_values``: ``[b, h, query]``."""
-    spread = distances.masked_fill(~allowed, 0.0).amax(dim=-1)
-    bias_centre = outputs.new_zeros(*outputs.shape[:2], distances.shape[2], outputs.shape[-1])
+    fwd: AttentionForward, outputs: Tensor, distances: Tensor, output: A.OutputAccuracy, b_v: Tensor | None,
+    allowed: Tensor, value_errors: Tensor, w_o_head: Tensor,
+) -> Tensor:  # fmt: skip
+    """≥ min_c max_{m∈K(i)} ‖W_O^(h)(v_m − c)‖ over c ∈ {ŷ_i, b_V} at the real values, from ``projected_values``:
+    ``[b, h, query]``."""
+    spread = A.masked_max(distances, allowed)
+    R = output.factor
+    bias_centre = outputs.new_zeros(*outputs.shape[:2], 1, outputs.shape[-1])
+    bias_norm = torch.zeros_like(output.slack)
     if b_v is not None:
-        bias = expand_kv_heads(b_v, out_factor.shape[1], -2).expand(out_factor.shape[0], -1, -1)
-        bias_centre = torch.einsum("bhde,bhe->bhd", out_factor, bias)[..., None, :].expand_as(bias_centre)
-    return torch.minimum(spread, masked_max_distance(outputs, bias_centre, allowed))
+        bias = expand_kv_heads(b_v.to(torch.float64), R.shape[1], -2).expand(R.shape[0], -1, -1)
+        bias_centre = torch.einsum("bhde,bhe->bhd", R, bias)[..., None, :]
+        bias_norm = norm2_upper_bound(bias)
+    computed = torch.cdist(bias_centre, outputs, compute_mode="donot_use_mm_for_euclid_dist")  # [b, h, 1, key]
+    key_part = add_up(
+        add_up(
+            mul_up(output.slack[..., None], norm2_upper_bound(fwd.values)), mul_up(w_o_head[..., None], value_errors)
+        ),
+        add_up(mul_up(output.slack, bias_norm), output.floor)[..., None],
+    )
+    to_bias = add_up(mul_up(computed[..., 0, :], output.scale[..., None]), key_part)  # [b, h, key]
+    return torch.minimum(spread, A.row_max_of_keys(to_bias, allowed))
+
+
+@dataclass(frozen=True, kw_only=True)
+class KeySumInputs:
+    """What the key-sum form's certificate needs beside the forward (``key_sum_sensitivity``): the query side's
+    ``FactorAccuracy`` and per-position factor norms ‖F̂_i‖_F are not needed separately (they enter the slack);
+    ``value_errors`` ``[b, h, key]``, ``keys`` (``KeyRadius`` of the row's keys), the centres c_i the score spread
+    uses (to bound ‖μ_k − c_i‖), and ``value_error_max`` ``[b, h, query]`` (the row maximum of value_errors)."""
+
+    accuracy: A.FactorAccuracy
+    output: A.OutputAccuracy
+    keys: KeyRadius
+    value_error_max: Tensor
+    centres: tuple[Tensor, ...]
+    w_o_head: Tensor
 
 
 def key_sum_sensitivity(
-    fwd: AttentionForward, distances: Tensor, out_factor: Tensor, gain_q: Tensor, query_norms: Tensor,
-    query_factors: Tensor | None, slopes: Tensor | None = None,
+    fwd: AttentionForward, distances: Tensor, gain_q: Tensor, query_norms: Tensor, query_factors: Tensor | None,
+    inputs: KeySumInputs, slopes: Tensor | None = None, cutoff: Tensor | None = None,
 ) -> Tensor:  # fmt: skip
-    """τ × the key-sum bound of the sensitivity part (module docstring): Σ_m p_im ‖W_O^(h)(v_m − y_i)‖ a_im +
-    ‖W_O^(h) C_i M_i W_Q‖, with ``distances`` from ``projected_values``. ``[b, h, query]``.
+    """τ × the key-sum bound of the sensitivity part (module docstring) at the real values and keys and the float
+    weights: ≥ Σ_m p_im D_im a_im + ‖W_O^(h) C_i M_i W_Q‖, with certified ``distances`` D (``projected_values``)
+    and ``query_norms`` a (``query_functional_norms``). ``[b, h, query]``.
 
     Under a softcap the score changes are ds_m = D_m du_m, so every key weighs w_m = p_im D_im (``slopes`` D):
     Σ_m w_m ‖W_O^(h)(v_m − y_i)‖ a_im + ‖W_O^(h) C'_i M_i W_Q‖ with C'_i = Σ_m w_m (v_m − y_i) k̃_mᵀ, where no key
-    shift κ is free any more (Σ_m w_m (v_m − y_i) ≠ 0)."""
+    shift κ is free any more (Σ_m w_m (v_m − y_i) ≠ 0).
+
+    C_i is evaluated as Σ_m w_m (v̂_m − μ_v)(k̂_m − μ_k)ᵀ − ȳ_i k̄_iᵀ (centred on the means μ for accuracy), whose
+    real value is Σ_m w_m (v_m − ỹ_i)(k̃_m − μ_k)ᵀ with ỹ_i = μ_v + Σ_m p̂_m (v_m − μ_v). Its certificate
+    (``_key_matrix_radius``) adds: the input errors of v and k (the bilinear form B(a, b) = Σ w a bᵀ − (Σ p̂ a)(Σ w b)ᵀ
+    has ‖B‖_F ≤ (ŝ + ŝ²) max‖a‖ max‖b‖); its float64 evaluation (γ_{n+8} times the same bound of the magnitudes);
+    the change of ỹ_i to ŷ_i and of the centre μ_k to the row's c_i; and the factors R̂_O and F̂_i
+    (‖W_O^(h) X M_i W_Q‖ ≤ ‖Q̂‖(scale ‖fl(R̂_O X F̂_iᵀ)‖ + 2 slack_i ‖R̂_O‖_F‖X‖_F) + ‖E_O‖‖X‖_F lip_i), with a
+    certified spectral norm of the evaluated d_head × rank matrix.
+
+    ``cutoff`` ``[b, h, query]``: rows whose result is certainly at least the cutoff (the key term plus
+    ‖fl M‖_F/√rank, a lower bound of the whole) get the Frobenius norm instead of the spectral norm, still an
+    upper bound; the caller takes the minimum with a form at most the cutoff, so only the other rows need the
+    (costlier) certified spectral norm.
+    """
     P = fwd.probabilities
-    weights = P if slopes is None else P * slopes
-    key_term = (weights * query_norms * distances).sum(dim=-1)
-    # C_i = Σ_m w_m (v_m − μ_v)(k̃_m − μ_k)ᵀ − (y_i − μ_v)(k̄_i − μ_k)ᵀ (+ (Σ_m w_m (v_m − y_i)) μ_kᵀ, zero when w = p),
-    # centred on the key and value means μ for accuracy; k̄_i = Σ_m w_m k̃_m
+    weights = P if slopes is None else mul_up(P, slopes)
+    key_term = sum_upper_bound(mul_up(mul_up(weights, query_norms), distances))
     key_centre = fwd.keys.mean(dim=-2, keepdim=True)
-    values = fwd.values - fwd.values.mean(dim=-2, keepdim=True)
+    value_centre = fwd.values.mean(dim=-2, keepdim=True)
+    values = fwd.values - value_centre
     keys = fwd.keys - key_centre
     outputs_c = P @ values
     keys_mean = weights @ keys
     shift = None if slopes is None else weights @ values - weights.sum(dim=-1, keepdim=True) * outputs_c
+    output, accuracy = inputs.output, inputs.accuracy
     n_head, n_query, d_head = P.shape[1], P.shape[2], values.shape[-1]
-    parts = []
+    spectral, frobenius = [], []
     for rows in query_chunks(n_query, n_head * d_head * d_head * 4):
         C = torch.einsum("bhqm,bhmd,bhme->bhqde", weights[:, :, rows], values, keys)
         C = C - outputs_c[:, :, rows, :, None] * keys_mean[:, :, rows, None, :]
         if shift is not None:
             C = C + shift[:, :, rows, :, None] * key_centre[:, :, :, None, :]
-        M = torch.einsum("bhfd,bhqde->bhqfe", out_factor, C)
+        M = torch.einsum("bhfd,bhqde->bhqfe", output.factor, C)
         if query_factors is None:
             M = torch.einsum("bhqfe,bhre->bhqfr", M, gain_q)  # R_O C_i G_Qᵀ
         else:
             M = torch.einsum("bhqfe,bhqre->bhqfr", M, query_factors[:, :, rows])  # R_O C_i M_i G_Qᵀ
-        parts.append(torch.linalg.matrix_norm(M, ord=2))
-    return key_term + torch.cat(parts, dim=2)
+        norm = frobenius_norm_upper_bound(M)
+        need = torch.ones_like(norm, dtype=torch.bool)
+        if cutoff is not None:
+            rank = min(M.shape[-2:])
+            lower = mul_down(
+                norm, (1.0 - 2.0 * gamma(M.shape[-1] * M.shape[-2] + 4)) / math.sqrt(rank) * (1 - 2.0**-50)
+            )
+            need = add_down(key_term[:, :, rows], sub_down(lower, A.UNDERFLOW_FLOOR)) < cutoff[:, :, rows]
+        if bool(need.any()):
+            norm = norm.masked_scatter(need, spectral_norm_upper_bound(M[need], remember=False))
+        spectral.append(norm)
+        frobenius.append(frobenius_norm_upper_bound(C))
+    computed, c_norm = torch.cat(spectral, dim=2), torch.cat(frobenius, dim=2)
+    x_norm = mul_up(mul_up(c_norm, output.frobenius[..., None]), 1.0 + 2.0 * gamma(d_head))  # ≥ ‖R̂_O C‖_F
+    factors = add_up(
+        mul_up(
+            output.basis_norm[..., None],
+            add_up(mul_up(computed, accuracy.scale), mul_up(accuracy.slack, mul_up(x_norm, 2.0))),
+        ),
+        mul_up(mul_up(output.residual[..., None], c_norm), accuracy.lip),
+    )
+    radius = _key_matrix_radius(fwd, weights, values, keys, key_centre, value_centre, inputs, slopes is not None)
+    return add_up(add_up(key_term, factors), mul_up(mul_up(inputs.w_o_head[..., None], accuracy.lip), radius))
+
+
+def _key_matrix_radius(
+    fwd: AttentionForward, weights: Tensor, values: Tensor, keys: Tensor, key_centre: Tensor, value_centre: Tensor,
+    inputs: KeySumInputs, softcap: bool,
+) -> Tensor:  # fmt: skip
+    """≥ ‖C_i − Ĉ_i‖ measured through W_O^(h) and Φ^Q_i, divided by ‖W_O^(h)‖ lip_i (``key_sum_sensitivity``):
+    input errors, evaluation and the change of centres, ``[b, h, query]``."""
+    P = fwd.probabilities
+    n_key = P.shape[-1]
+    total = sum_upper_bound(P)  # ŝ ≥ Σ p̂ (the weights w ≤ p̂ sum to at most the same)
+    both = add_up(total, mul_up(total, total))
+    value_spread = norm2_upper_bound(values).amax(dim=-1, keepdim=True)  # ≥ max_m ‖v̂_m − μ_v‖ (global), [b, h, 1]
+    key_spread = norm2_upper_bound(keys).amax(dim=-1, keepdim=True)
+    if softcap:  # C' is not centred on μ_k: its key factor is k̂_m = (k̂_m − μ_k) + μ_k
+        key_spread = add_up(key_spread, norm2_upper_bound(key_centre))
+    e_v, e_k = inputs.value_error_max, inputs.keys.error
+    moved = mul_up(both, add_up(mul_up(e_v, add_up(key_spread, e_k)), mul_up(value_spread, e_k)))
+    evaluated = mul_up(mul_up(both, mul_up(value_spread, key_spread)), gamma(n_key + 8))
+    # ‖Σ p̂ v − ŝ ŷ‖ and ‖ỹ − ŷ‖ at the real values: ŷ = fl(P V) is within γ_n ŝ max‖v̂‖ of P V̂
+    value_max = norm2_upper_bound(fwd.values).amax(dim=-1, keepdim=True)
+    off_one = torch.maximum(sub_up(total, 1.0), sub_up(torch.ones_like(total), sum_lower_bound(P))).clamp_min(0.0)
+    base = add_up(mul_up(mul_up(total, value_max), gamma(n_key)), mul_up(total, e_v))
+    output_gap = add_up(base, mul_up(off_one, norm2_upper_bound(fwd.head_outputs)))
+    mean_gap = add_up(base, mul_up(off_one, norm2_upper_bound(value_centre)))
+    key_reach = add_up(key_spread, e_k)
+    if softcap:
+        centres = mul_up(mul_up(mean_gap, total), key_reach)
+    else:
+        gap = torch.stack([norm2_upper_bound(c - key_centre) for c in inputs.centres]).amax(dim=0)
+        centres = add_up(mul_up(output_gap, gap), mul_up(mul_up(mean_gap, total), key_reach))
+    return add_up(add_up(moved, evaluated), centres)
 
 
 def joint_value_path(P: Tensor, head_norms: Tensor, joint_norm: Tensor) -> Tensor:
-    """Σ_m min_{w≥0} (w ‖Σ_h A_h‖ + Σ_h |p^h_im − w| ‖A_h‖) (module docstring): ``[b, query]``.
+    """≥ Σ_m min_{w≥0} (w ‖Σ_h A_h‖ + Σ_h |p^h_im − w| ‖A_h‖) (module docstring): ``[b, query]``.
+
+    Every term is a product or sum of nonnegative floats (|p − w| one rounded difference), so the float64 value is
+    within a relative γ_{head + key + 4} of the real one and is enlarged by that.
 
     Args:
-        P: ``[b, head, query, key]``; head_norms: ‖A_h‖ ``[b, head]``; joint_norm: ‖Σ_h A_h‖ ``[b]``.
+        P: ``[b, head, query, key]``; head_norms: ≥ ‖A_h‖ ``[b, head]``; joint_norm: ≥ ‖Σ_h A_h‖ ``[b]``.
     """
     n_head, n_query, n_key = P.shape[1], P.shape[2], P.shape[3]
     per_head = head_norms[:, None, None, None, :]  # [b, 1, 1, 1, head]
@@ -277,24 +417,29 @@ def joint_value_path(P: Tensor, head_norms: Tensor, joint_norm: Tensor) -> Tenso
             (p[..., None, :] - weights[..., :, None]).abs() * per_head
         ).sum(dim=-1)
         parts.append(cost.amin(dim=-1).sum(dim=-1))
-    return torch.cat(parts, dim=1)
+    return A.inflate(torch.cat(parts, dim=1), n_head + n_key + 4)
 
 
-def value_path_norms(Wv: Tensor, Wo: Tensor, out_factor: Tensor) -> tuple[Tensor, Tensor]:
-    """(‖W_O^(h) W_V^h‖ ``[b, head]``, ‖Σ_h W_O^(h) W_V^h‖ ``[b]``) for weights ``[b, kv_head, d_head, d_model]``,
-    ``[b, d_model, head·d_head]``."""
+def value_path_norms(Wv: Tensor, Wo: Tensor, output: A.OutputAccuracy) -> tuple[Tensor, Tensor]:
+    """(≥ ‖W_O^(h) W_V^h‖ ``[b, head]``, ≥ ‖Σ_h W_O^(h) W_V^h‖ ``[b]``) for weights ``[b, kv_head, d_head, d_model]``,
+    ``[b, d_model, head·d_head]``; ``output``: the heads' ``attention_accuracy.output_accuracy``.
+
+    Per head through the QR factor: ‖W_O^(h) W_V‖ ≤ ‖Q̂‖ ‖R̂_O W_V‖ + ‖E_O‖ ‖W_V‖, the product R̂_O W_V with its own
+    rounding bounded (``product_spectral_norm_upper_bound``, as for W_O·W_V, where cancellation can lose all of it).
+    """
 
     def compute() -> tuple[Tensor, Tensor]:
-        n_head = out_factor.shape[1]
+        n_head = output.factor.shape[1]
         values = expand_kv_heads(Wv.to(torch.float64), n_head, -3)
-        per_head = spectral_norm_upper_bound(out_factor @ values)
-        # W_O·W_V is formed here from the stored weights: its own rounding error is bounded too (cancellation can
-        # lose all of it). per_head goes through the QR factor R_O, covered by the bound's evaluation allowance.
+        through_factor = product_spectral_norm_upper_bound(output.factor, values)
+        per_head = add_up(
+            mul_up(output.basis_norm, through_factor), mul_up(output.residual, spectral_norm_upper_bound(values))
+        )
         joint = product_spectral_norm_upper_bound(Wo, values.flatten(-3, -2))
         return per_head, joint
 
-    # out_factor is a function of Wo, so the weights alone determine the result
-    return cached_on((Wv, Wo), f"value_path_norms:{out_factor.shape[1]}", compute)
+    # the output accuracy is a function of Wo, so the weights alone determine the result
+    return cached_on((Wv, Wo), f"value_path_norms:{output.factor.shape[1]}", compute)
 
 
 SOFTMAX_ACCURACY_LIMIT = 2.0**-21
@@ -385,6 +530,21 @@ def projection_magnitudes(X: Tensor, W: Tensor, b: Tensor | None, n_head: int) -
     return norm2_upper_bound(a)
 
 
+def value_errors(X: Tensor, Wv: Tensor, b_v: Tensor | None, n_head: int) -> Tensor:
+    """≥ ‖v_t − v̂_t‖ between the real and the float64 value of each position, per query head ``[b, head, key]``:
+    γ_{d+1}‖A^V_t‖ with A^V_t = |W_V||x_t| + |b_V| (the float64 projection and its bias)."""
+    return mul_up(projection_magnitudes(X, Wv, b_v, n_head), gamma(X.shape[-1] + 1))
+
+
+def projection_errors(
+    X: Tensor, W: Tensor, b: Tensor | None, norm: NormWeights | None, inputs: Tensor | None, n_head: int
+) -> Tensor:
+    """≥ ‖ṽ_t − v̂_t‖ between the real and the float64 rotated (and normalized) query or key of each position,
+    per query head ``[b, head, position]`` (``_side_error``)."""
+    errors, _ = _side_error(projection_magnitudes(X, W, b, n_head), norm, inputs, X.shape[-1])
+    return errors
+
+
 def qk_norm_scale_lower_bound(inputs: Tensor, norm: NormWeights, input_error: Tensor) -> Tensor:
     """≤ r(a) = (‖a‖²/d + ε)^{1/2} at the real projection a, from the float one â ``[..., position, d]`` and
     ‖a − â‖ ≤ ``input_error`` ``[..., position]``: r is (1/√d)-Lipschitz, so r(a) ≥ r(â) − ‖a − â‖/√d, and
@@ -437,19 +597,33 @@ def _side_error(
     return add_up(moved, evaluation), radius.expand_as(moved)
 
 
-def joint_norm_factors(W: Tensor, inputs: Tensor, norm: NormWeights, rotations: Tensor | None) -> Tensor:
-    """F_t ``[b, head, position, d_head + 1, d_head]`` with ‖F_t w‖ the norm of dx_t ↦ (R_t dq^h_t)·w under a
-    QK-norm over all heads at once (module docstring, "Position maps").
+def joint_norm_factors(
+    W: Tensor, inputs: Tensor, norm: NormWeights, rotations: Tensor | None, floor: Tensor, input_error: Tensor,
+    w_all_norm: Tensor,
+) -> tuple[Tensor, A.FactorAccuracy]:  # fmt: skip
+    """(F̂_t ``[b, head, position, d_head + 1, d_head]``, its ``FactorAccuracy``), ‖F_t w‖ the norm of
+    dx_t ↦ (R_t dq^h_t)·w under a QK-norm over all heads at once (module docstring, "Position maps").
 
     With a = [a^1; …] the projections of all heads the norm reads (D coordinates), r = (‖a‖²/D + ε)^{1/2} and
     g = W_allᵀ a, head h changes by dq^h = (1/r) diag(γ_h)(W_h dx − a_h (g·dx)/(D r²)), so the functional is
     dx·(W_hᵀ z + g ζ) with z = diag(γ_h) R_tᵀ w / r and ζ = −(γ_h ⊙ a_h)·R_tᵀ w/(D r³). With W_hᵀ = Q R and
     g = Q c + g⊥ (ρ = ‖g⊥‖), ‖W_hᵀ z + g ζ‖ = ‖[[R, c], [0, ρ]] [z; ζ]‖ exactly.
 
+    Accuracy (all at the float projection â, then moved to the real a):
+    * [W_hᵀ, g̃] = [Q̂, n] T + [E₁, 0] with n = (g̃ − Q̂ĉ)/ρ, ρ = ‖g̃ − Q̂ĉ‖ and T = [[R̂, ĉ], [0, ρ]]. With
+      α = R̂z + ĉζ, β = ρζ and ν = ‖Q̂ᵀ(g̃ − Q̂ĉ)‖: ‖Q̂α + nβ‖² ≤ ‖Q̂‖²α² + β² + 2(ν/ρ)αβ ≤ (max(‖Q̂‖², 1) + ν/ρ)‖Ty‖²,
+      and always ≤ (‖Q̂‖² + 1)‖Ty‖² (Cauchy–Schwarz): the per-position scale.
+    * T with the float ρ̂ moves by |ρ − ρ̂| |ζ|, |ζ| ≤ γ_max ‖R_t‖ ‖w‖/(√D r²); F̂_t = fl(T̂ Ẑ) is within
+      γ_{d+2}‖T̂‖_F‖Ẑ‖_F of T̂Ẑ, and Ẑ = [top; bottom] within γ_{4D+24} of its real value at â entrywise
+      (magnitudes γ_max‖R_t‖_F/r and γ_max‖R_t‖_F/(√D r²)).
+    * ‖E₁ z‖ ≤ ‖E₁‖ γ_max ‖R_t‖ ‖w‖/r; the float g̃ is within γ_D ‖W_all‖_F ‖â‖ of W_allᵀâ, and ‖â‖‖â_h‖ ≤ D r²;
+      the real a moves the Jacobian by ≤ 5 γ_max ‖a − â‖/(√D r_lo²) (``attention_accuracy.qk_norm_map_error``).
+
     Args:
         W: per-query-head projections ``[(b,) head, d_head, d_model]`` (key heads repeated); inputs: their biased
             outputs before the norm ``[b, head, position, d_head]``; norm: the joint QK-norm (gamma over the
-            norm's own heads); rotations: R_t ``[position, d_head, d_head]`` or None.
+            norm's own heads); rotations: R_t ``[position, d_head, d_head]`` or None; floor, input_error: r_lo and
+            ‖a − â‖ per position (``qk_norm_floors``, ``[b, head, position]``); w_all_norm: ≥ ‖W_all‖₂ ``[b, head]``.
     """
     n_head, d_head = inputs.shape[1], inputs.shape[-1]
     a = inputs.to(torch.float64)
@@ -457,17 +631,68 @@ def joint_norm_factors(W: Tensor, inputs: Tensor, norm: NormWeights, rotations: 
     width = norm.gamma.shape[0]
     r = torch.sqrt(own.square().sum(dim=(1, 3)) / width + norm.eps)  # [b, position]
     W64 = W.to(torch.float64).expand(a.shape[0], *W.shape[-3:])
-    g = torch.einsum("bhed,bhpe->bpd", own_heads(W64, norm, d_head), own)  # W_allᵀ a: [b, position, d_model]
+    W_own = own_heads(W64, norm, d_head)
+    g = torch.einsum("bhed,bhpe->bpd", W_own, own)  # W_allᵀ a: [b, position, d_model]
     Q, R = torch.linalg.qr(W64.transpose(-1, -2))  # W_hᵀ = Q R: [b, head, d_model, d_head], [b, head, d_head, d_head]
     c = torch.einsum("bhdk,bpd->bhpk", Q, g)
-    rho = torch.linalg.vector_norm(g[:, None] - torch.einsum("bhdk,bhpk->bhpd", Q, c), dim=-1)  # [b, head, position]
+    residual = g[:, None] - torch.einsum("bhdk,bhpk->bhpd", Q, c)  # [b, head, position, d_model]
+    rho = torch.linalg.vector_norm(residual, dim=-1)  # [b, head, position]
     gammas = torch.repeat_interleave(norm.gamma.to(torch.float64).reshape(-1, d_head), n_head // (width // d_head), 0)
     eye = torch.eye(d_head, dtype=torch.float64, device=a.device)
     back = eye.expand(a.shape[2], d_head, d_head) if rotations is None else rotations.transpose(-1, -2)  # R_tᵀ
     top = gammas[None, :, None, :, None] * back[None, None] / r[:, None, :, None, None]  # diag(γ_h) R_tᵀ / r
     bottom = -torch.einsum("bhpe,pef->bhpf", gammas[None, :, None, :] * a, back) / (width * r**3)[:, None, :, None]
     upper = R[:, :, None] @ top + c[..., :, None] * bottom[..., None, :]
-    return torch.cat((upper, (rho[..., None] * bottom)[..., None, :]), dim=-2)
+    factors = torch.cat((upper, (rho[..., None] * bottom)[..., None, :]), dim=-2)
+
+    d_model = W64.shape[-1]
+    gamma_max = norm.gamma.to(torch.float64).abs().amax()
+    rot_norm = torch.ones(a.shape[2], dtype=torch.float64, device=a.device)
+    rot_fro = torch.full_like(rot_norm, math.nextafter(math.sqrt(d_head), math.inf))
+    if rotations is not None:
+        rot_norm, rot_fro = A.schur_norm_upper_bound(rotations), frobenius_norm_upper_bound(rotations)
+    basis_sq = A.gram_deviation_bound(Q)  # ≥ ‖Q̂ᵀQ̂ − I‖: ‖Q̂‖² ≤ 1 + that, [b, head]
+    q_fro, r_fro = frobenius_norm_upper_bound(Q), frobenius_norm_upper_bound(R)
+    e1 = A.residual_bound(W64.transpose(-1, -2), Q, R)  # ≥ ‖W_hᵀ − Q̂R̂‖, [b, head]
+    c_norm, g_norm = norm2_upper_bound(c), norm2_upper_bound(g)[:, None]  # [b, head, position]
+    res_error = mul_up(add_up(g_norm, mul_up(q_fro[..., None], c_norm)), gamma(d_head + 1))
+    rho_up = A.norm_upper(rho, d_model)
+    rho_low = sub_down(mul_down(rho, 1.0 - 2.0 * gamma(d_model + 4)), res_error).clamp_min(0.0)
+    rho_gap = add_up(sub_up(rho_up, rho_low), A.UNDERFLOW_FLOOR)  # ≥ |ρ − ρ̂|
+    nu = add_up(
+        add_up(
+            A.norm_upper(torch.linalg.vector_norm(torch.einsum("bhdk,bhpd->bhpk", Q, residual), dim=-1), d_head),
+            mul_up(mul_up(q_fro[..., None], rho_up), gamma(d_model)),
+        ),
+        mul_up(sqrt_up(add_up(basis_sq, 1.0))[..., None], res_error),
+    )
+    q_sq = add_up(basis_sq, 1.0)[..., None]  # ≥ ‖Q̂‖², [b, head, 1]
+    tight = add_up(q_sq.clamp_min(1.0), torch.where(rho_low > 0, div_up(nu, rho_low), torch.full_like(nu, math.inf)))
+    scale = mul_up(sqrt_up(torch.minimum(add_up(q_sq, 1.0), tight)), 1.0 + 2.0 * gamma(d_head + 5))
+    r_lo, sqrt_width = floor, math.nextafter(math.sqrt(width), 0.0)
+    r_sq_lo = mul_down(mul_down(r_lo, r_lo), sqrt_width)  # ≤ √D r_lo²
+    zeta = div_up(mul_up(gamma_max, rot_norm), r_sq_lo)  # ≥ |ζ| per unit ‖w‖
+    top_error = div_up(mul_up(mul_up(gamma_max, rot_fro), gamma(4 * width + 24)), r_lo)
+    bottom_error = div_up(mul_up(mul_up(gamma_max, rot_fro), gamma(4 * width + 24)), r_sq_lo)
+    t_fro = sqrt_up(add_up(add_up(mul_up(r_fro, r_fro)[..., None], mul_up(c_norm, c_norm)), mul_up(rho_up, rho_up)))
+    z_fro = norm2_upper_bound(torch.cat((top.flatten(-2), bottom), dim=-1))
+    evaluation = add_up(
+        add_up(mul_up(mul_up(t_fro, z_fro), gamma(d_head + 2)), mul_up(r_fro[..., None], top_error)),
+        mul_up(add_up(c_norm, rho_up), bottom_error),
+    )
+    inner = add_up(
+        add_up(mul_up(frobenius_norm_upper_bound(factors), gamma(d_head)), evaluation), mul_up(rho_gap, zeta)
+    )
+    w_all_fro = frobenius_norm_upper_bound(W_own.flatten(-3, -2))  # [b]
+    z_bound = div_up(mul_up(gamma_max, rot_norm), r_lo)  # ≥ ‖z‖ per unit ‖w‖
+    outer = add_up(
+        mul_up(z_bound, add_up(e1[..., None], mul_up(w_all_fro[:, None, None], gamma(width)))),
+        div_up(mul_up(mul_up(mul_up(w_all_norm[..., None], rot_norm), gamma_max), mul_up(input_error, 5.0)), r_sq_lo),
+    )
+    slack = add_up(mul_up(scale, inner), outer)
+    lip = div_up(mul_up(mul_up(w_all_norm[..., None], rot_norm), gamma_max), r_lo)
+    accuracy = A.FactorAccuracy(scale=scale, slack=slack, lip=lip, floor=mul_up(scale.amax(), A.UNDERFLOW_FLOOR).item())
+    return factors, accuracy
 
 
 def real_row_theta_upper_bound(P: Tensor, theta_upper: Tensor, eta: Tensor, small_mass: Tensor) -> Tensor:
@@ -488,7 +713,7 @@ def real_row_theta_upper_bound(P: Tensor, theta_upper: Tensor, eta: Tensor, smal
 
 def softcap_key_sum_correction(
     fwd: AttentionForward, distances: Tensor, plain_spread: Tensor, w_o_head: Tensor, eta: Tensor, small_mass: Tensor,
-    slope_slack: Tensor, allowed: Tensor,
+    slope_slack: Tensor, allowed: Tensor, value_error_max: Tensor,
 ) -> Tensor:  # fmt: skip
     """τ × the amount by which the softcapped key-sum form at the real (p, D) may exceed its value at the float
     (p̂, D̂), ``[b, h, query]``: 2 s⁰_i (E_w (D_i + e_y) + ŝ e_y), s⁰_i the spread without slopes (≥ every a_im and
@@ -503,8 +728,10 @@ def softcap_key_sum_correction(
     value_norms = torch.linalg.vector_norm(fwd.values, dim=-1)  # [b, h, key]
     value_max = value_norms[..., None, :].masked_fill(~allowed, 0.0).amax(dim=-1)
     e = mul_up(mul_up(value_max, w_o_head[..., None]), 2.0 * gamma(fwd.probabilities.shape[-1] + 2) * (1 + 2.0**-30))
+    e = add_up(e, mul_up(w_o_head[..., None], value_error_max))  # Σ_m p_m (v_m − v̂_m), Σ p = 1
     e_y = add_up(e, mul_up(add_up(eta, small_mass), d_max))
     total = sum_upper_bound(fwd.probabilities)
+    slope_slack = add_up(slope_slack, 2 * UNIT_ROUNDOFF)  # the key-sum weights are p̂ D̂ rounded up
     moved = add_up(mul_up(add_up(mul_up(add_up(eta, 1.0), slope_slack), eta), total), small_mass)
     change = add_up(mul_up(moved, add_up(d_max, e_y)), mul_up(total, e_y))
     return mul_up(mul_up(plain_spread, 2.0), change)
@@ -512,7 +739,7 @@ def softcap_key_sum_correction(
 
 def key_sum_weight_correction(
     fwd: AttentionForward, distances: Tensor, score_spread: Tensor, w_o_head: Tensor, eta: Tensor, small_mass: Tensor,
-    allowed: Tensor,
+    allowed: Tensor, value_error_max: Tensor,
 ) -> Tensor:  # fmt: skip
     """τ × the amount by which the key-sum form at the real row p may exceed its value at the float row p̂,
     ``[b, h, query]``: 2 s_i (3 (η + m) D_i + e_i), D_i = max_m ‖W_O^(h)(v_m − ŷ_i)‖, e_i = 2 γ_{n+2} ‖W_O^(h)‖
@@ -525,5 +752,6 @@ def key_sum_weight_correction(
     value_norms = torch.linalg.vector_norm(fwd.values, dim=-1)  # [b, h, key]
     value_max = value_norms[..., None, :].masked_fill(~allowed, 0.0).amax(dim=-1)
     e = mul_up(mul_up(value_max, w_o_head[..., None]), 2.0 * gamma(fwd.probabilities.shape[-1] + 2) * (1 + 2.0**-30))
+    e = add_up(e, mul_up(w_o_head[..., None], value_error_max))  # Σ_m p_m (v_m − v̂_m), Σ p = 1
     weights = add_up(eta, small_mass)
     return mul_up(mul_up(score_spread, 2.0), add_up(mul_up(mul_up(weights, d_max), 3.0), e))

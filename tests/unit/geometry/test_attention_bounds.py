@@ -227,9 +227,13 @@ def test_attention_weights_and_tensors_are_not_mixed() -> None:
 
 
 def test_key_sum_form_is_never_looser_than_the_theta_form_on_two_key_rows() -> None:
-    """With two keys E_p‖v − y‖ = 2ε(1−ε)D ≤ θ · max_j ‖v_j − c‖ for every centre c (attention_terms)."""
+    """With two keys E_p‖v − y‖ = 2ε(1−ε)D ≤ θ · max_j ‖v_j − c‖ for every centre c (attention_terms), up to the
+    certified terms' absolute radii."""
+    from attnsens._rounding import norm2_upper_bound
+    from attnsens.geometry import attention_accuracy as A
     from attnsens.geometry import attention_terms as T
     from attnsens.geometry.attention import expand_kv_heads
+    from attnsens.geometry.attention_bounds import _output_accuracy, _side, projection_norms
 
     n, tau = 500, 0.7
     inst = _instances(n, 2, 3, 2, 1, 2, seed=11)
@@ -237,17 +241,36 @@ def test_key_sum_form_is_never_looser_than_the_theta_form_on_two_key_rows() -> N
     X, Wq, Wk, Wv, Wo = (inst[k] for k in ("X", "Wq", "Wk", "Wv", "Wo"))
     fwd = mha_forward(X, Wq, Wk, Wv, Wo, tau=tau, biases=biases)
     allowed = fwd.allowed.expand_as(fwd.probabilities)
-    out_factor = T.output_factor(Wo, 2)
-    gain_q, gain_k = T.gain_factor(Wq), expand_kv_heads(T.gain_factor(Wk), 2, -3)
-    query_norms = T.query_functional_norms(fwd, gain_k, None)
+    batch = X.shape[0]
+    norms = projection_norms(Wq, Wk, Wv, Wo, biases)
+    w_norms = {k: getattr(norms, k).expand(batch, -1) for k in ("w_q", "w_k", "w_o_head")}
+    gain_q, _, accuracy_q = _side(X, Wq, inst["bq"], None, None, None, w_norms["w_q"], 2)
+    gain_k, _, accuracy_k = _side(X, Wk, inst["bk"], None, None, None, w_norms["w_k"], 2)
+    value_errors = T.value_errors(X, Wv, inst["bv"], 2)
+    key_errors = T.projection_errors(X, Wk, inst["bk"], None, None, 2)
+    key_radius = T.KeyRadius(
+        norm=A.row_max_of_keys(norm2_upper_bound(fwd.keys), allowed), error=A.row_max_of_keys(key_errors, allowed)
+    )
+    query_errors = T.projection_errors(X, Wq, inst["bq"], None, None, 2)
+    query_norms = T.query_functional_norms(fwd, gain_k, None, accuracy_k, query_errors)
     key_centre = expand_kv_heads(inst["bk"], 2, -2)[..., None, :].expand_as(fwd.queries)
+    key_mean = fwd.probabilities @ fwd.keys
     spread = torch.minimum(
-        T.score_spread(fwd, fwd.probabilities @ fwd.keys, gain_q, query_norms, allowed, None),
-        T.score_spread(fwd, key_centre, gain_q, query_norms, allowed, None),
+        T.score_spread(fwd, key_mean, gain_q, query_norms, allowed, None, accuracy_q, key_radius),
+        T.score_spread(fwd, key_centre, gain_q, query_norms, allowed, None, accuracy_q, key_radius),
     )
     theta = 4 * fwd.probabilities[..., 0] * fwd.probabilities[..., 1]  # θ of a two-atom row
-    outputs, distances = T.projected_values(fwd, out_factor)
-    theta_form = theta / tau * spread * T.output_spread(outputs, distances, out_factor, inst["bv"], allowed)
-    key_sum_form = T.key_sum_sensitivity(fwd, distances, out_factor, gain_q, query_norms, None) / tau
-    assert bool((key_sum_form <= theta_form * (1 + 1e-9) + 1e-300).all())
+    output = _output_accuracy(Wo, 2, batch)
+    outputs, distances = T.projected_values(fwd, output, value_errors, w_norms["w_o_head"])
+    output_spread = T.output_spread(
+        fwd, outputs, distances, output, inst["bv"], allowed, value_errors, w_norms["w_o_head"]
+    )
+    theta_form = theta / tau * spread * output_spread
+    inputs = T.KeySumInputs(
+        accuracy=accuracy_q, output=output, keys=key_radius, value_error_max=A.row_max_of_keys(value_errors, allowed),
+        centres=(key_mean, key_centre), w_o_head=w_norms["w_o_head"],
+    )  # fmt: skip
+    key_sum_form = T.key_sum_sensitivity(fwd, distances, gain_q, query_norms, None, inputs) / tau
+    # the forms' identity is exact; the certified values differ by their absolute radii (input errors, ≤ 1e-9 here)
+    assert bool((key_sum_form <= theta_form * (1 + 1e-9) + 1e-9).all())
     assert float((key_sum_form < 0.9 * theta_form).to(F64).mean()) > 0.1, "the key-sum form should often win"
