@@ -70,48 +70,44 @@ def gamma(k: int) -> float:
     return math.nextafter(math.nextafter(ku / (1.0 - ku), math.inf) * (1 + 2.0**-50), math.inf)
 
 
-def _as_tensor(x: Tensor | float, like: Tensor) -> Tensor:
-    return x if isinstance(x, Tensor) else torch.as_tensor(x, dtype=like.dtype, device=like.device)
-
-
 def add_up(a: Tensor, b: Tensor | float) -> Tensor:
     """≥ a + b."""
-    return round_up(a + _as_tensor(b, a))
+    return round_up(a + b)
 
 
 def add_down(a: Tensor, b: Tensor | float) -> Tensor:
     """≤ a + b."""
-    return round_down(a + _as_tensor(b, a))
+    return round_down(a + b)
 
 
 def sub_down(a: Tensor, b: Tensor | float) -> Tensor:
     """≤ a − b."""
-    return round_down(a - _as_tensor(b, a))
+    return round_down(a - b)
 
 
 def sub_up(a: Tensor, b: Tensor | float) -> Tensor:
     """≥ a − b."""
-    return round_up(a - _as_tensor(b, a))
+    return round_up(a - b)
 
 
 def mul_up(a: Tensor, b: Tensor | float) -> Tensor:
     """≥ a·b."""
-    return round_up(a * _as_tensor(b, a))
+    return round_up(a * b)
 
 
 def mul_down(a: Tensor, b: Tensor | float) -> Tensor:
     """≤ a·b."""
-    return round_down(a * _as_tensor(b, a))
+    return round_down(a * b)
 
 
 def div_up(a: Tensor, b: Tensor | float) -> Tensor:
     """≥ a/b."""
-    return round_up(a / _as_tensor(b, a))
+    return round_up(a / b)
 
 
 def div_down(a: Tensor, b: Tensor | float) -> Tensor:
     """≤ a/b."""
-    return round_down(a / _as_tensor(b, a))
+    return round_down(a / b)
 
 
 def sqrt_up(x: Tensor) -> Tensor:

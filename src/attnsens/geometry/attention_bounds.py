@@ -484,7 +484,9 @@ def mha_local_jacobian_upper_bound(
             fwd, distances, plain_spread, norms.w_o_head, eta, small_mass, slack, allowed, value_error_max
         )
     key_sum_form = div_up(add_up(mul_up(key_sum, add_up(eta, 1.0)), correction), float(tau))
-    head_value, joint_value = T.value_path_norms(_per_sequence(Wv, batch, 3), Wo_batched, output)
+    head_value, joint_value = T.value_path_norms(
+        _per_sequence(Wv, batch, 3), Wo_batched, output, _per_sequence(norms.w_v, batch, 1)
+    )
     # The value part weighs keys by p̂; the real weights differ by at most (η + m) per head and key in total.
     value_part = add_up(
         T.joint_value_path(fwd.probabilities, head_value, joint_value),

@@ -420,9 +420,10 @@ def joint_value_path(P: Tensor, head_norms: Tensor, joint_norm: Tensor) -> Tenso
     return A.inflate(torch.cat(parts, dim=1), n_head + n_key + 4)
 
 
-def value_path_norms(Wv: Tensor, Wo: Tensor, output: A.OutputAccuracy) -> tuple[Tensor, Tensor]:
+def value_path_norms(Wv: Tensor, Wo: Tensor, output: A.OutputAccuracy, w_v: Tensor) -> tuple[Tensor, Tensor]:
     """(≥ ‖W_O^(h) W_V^h‖ ``[b, head]``, ≥ ‖Σ_h W_O^(h) W_V^h‖ ``[b]``) for weights ``[b, kv_head, d_head, d_model]``,
-    ``[b, d_model, head·d_head]``; ``output``: the heads' ``attention_accuracy.output_accuracy``.
+    ``[b, d_model, head·d_head]``; ``output``: the heads' ``attention_accuracy.output_accuracy``; w_v ≥ ‖W_V^h‖ per
+    query head ``[b, head]``.
 
     Per head through the QR factor: ‖W_O^(h) W_V‖ ≤ ‖Q̂‖ ‖R̂_O W_V‖ + ‖E_O‖ ‖W_V‖, the product R̂_O W_V with its own
     rounding bounded (``product_spectral_norm_upper_bound``, as for W_O·W_V, where cancellation can lose all of it).
@@ -432,9 +433,7 @@ def value_path_norms(Wv: Tensor, Wo: Tensor, output: A.OutputAccuracy) -> tuple[
         n_head = output.factor.shape[1]
         values = expand_kv_heads(Wv.to(torch.float64), n_head, -3)
         through_factor = product_spectral_norm_upper_bound(output.factor, values)
-        per_head = add_up(
-            mul_up(output.basis_norm, through_factor), mul_up(output.residual, spectral_norm_upper_bound(values))
-        )
+        per_head = add_up(mul_up(output.basis_norm, through_factor), mul_up(output.residual, w_v))
         joint = product_spectral_norm_upper_bound(Wo, values.flatten(-3, -2))
         return per_head, joint
 

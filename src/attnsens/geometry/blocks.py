@@ -57,6 +57,7 @@ from torch import Tensor
 from attnsens._rounding import (
     add_up,
     div_up,
+    gamma,
     mul_up,
     norm2_upper_bound,
     spectral_norm_upper_bound,
@@ -74,6 +75,17 @@ from attnsens.geometry.norms import Geometry
 from attnsens.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights
 
 ACTIVATION_LIPSCHITZ = {"gelu": 1.128905, "gelu_tanh": 1.128994, "relu": 1.0, "silu": 1.099840}
+
+ACTIVATION_CURVATURE = {"gelu": 0.81, "gelu_tanh": 1.0, "silu": 0.87}
+"""max_z |act''(z)|, rounded up: gelu'' = φ(z)(2 − z²), at most 2φ(0) = 0.7979 (and z²φ(z) ≤ 2φ(√2) elsewhere);
+silu'' = σ'(z)(2 − z tanh(z/2)) with σ' ≤ 1/4 and |z| tanh(|z|/2) σ'(z) ≤ |z| e^-|z| ≤ 1/e, so ≤ 0.5 + 1/e;
+the second derivative of gelu_tanh peaks at √(2/π) = 0.7979 at z = 0 (an 801-point grid on [−8, 8] plus half a
+step times the largest third derivative there, 0.78, checked in the tests; outside, sech² of the argument is
+below e^-25)."""
+
+ACTIVATION_EVALUATION_ERROR = 2.0**-40
+"""Absolute error, per unit of max(1, |z|), of the float64 act(z) and act'(z): a few roundings and elementary
+functions accurate to a few ulps, on terms of magnitude at most 2 max(1, |z|), so a wide margin."""
 
 
 def _sqrt_up(d: int) -> float:
@@ -132,21 +144,42 @@ def ffn_local_jacobian_upper_bound(x: Tensor, mlp: MLPWeights) -> Tensor:
 
 def ffn_token_jacobian_upper_bound(x: Tensor, mlp: MLPWeights) -> Tensor:
     """The per-token bounds behind ``ffn_local_jacobian_upper_bound``: ``[batch, query]`` float64, each a certified
-    bound of ‖Dφ(x_t)‖₂ (the map is tokenwise, so its block-∞ norm is their max over t)."""
+    bound of ‖Dφ(x_t)‖₂ (the map is tokenwise, so its block-∞ norm is their max over t).
+
+    The slopes are those of the real pre-activations z = W x + b, within r = γ_{d+1}(|W||x| + |b|) of the float
+    ones ẑ: |act'(z)| ≤ min(Lip(act), |act'(ẑ)| + e(ẑ) + curvature·r), e the evaluation error
+    (``ACTIVATION_EVALUATION_ERROR``, ``ACTIVATION_CURVATURE``); relu's slope is 1 wherever [ẑ − r, ẑ + r] reaches
+    0 or above. Gated maps bound |u| by |û| + r_u and |a(g)| by |a(ĝ)| + e + Lip(a)·r_g."""
     x64 = x.detach().to(torch.float64)
-    w_in = mlp.w_in.to(torch.float64)
-    up = x64 @ w_in.T + (0.0 if mlp.b_in is None else mlp.b_in.to(torch.float64))
-    pre = up
-    if mlp.kind == "gated":
-        pre = x64 @ mlp.gate.to(torch.float64).T + (0.0 if mlp.b_gate is None else mlp.b_gate.to(torch.float64))
+    d_model = x64.shape[-1]
+
+    def projection(W: Tensor, b: Tensor | None) -> tuple[Tensor, Tensor]:
+        W64 = W.to(torch.float64)
+        value = x64 @ W64.T + (0.0 if b is None else b.to(torch.float64))
+        magnitude = x64.abs() @ W64.abs().T + (0.0 if b is None else b.to(torch.float64).abs())
+        return value, mul_up(magnitude, gamma(d_model + 1) * (1 + 2 * gamma(d_model + 1)))
+
+    up, up_radius = projection(mlp.w_in, mlp.b_in)
+    pre, pre_radius = (up, up_radius) if mlp.kind != "gated" else projection(mlp.gate, mlp.b_gate)
     pre = pre.requires_grad_(True)
     with torch.enable_grad():
         (slope,) = torch.autograd.grad(activation(mlp.activation, pre).sum(), pre)
+    pre = pre.detach()
+    lip = activation_lipschitz(mlp.activation)
+    error = mul_up(pre.abs().clamp_min(1.0), ACTIVATION_EVALUATION_ERROR)
+    if mlp.activation == "relu":
+        slope_bound = (add_up(pre, pre_radius) >= 0).to(torch.float64)
+    else:
+        moved = add_up(error, mul_up(pre_radius, ACTIVATION_CURVATURE[mlp.activation]))
+        slope_bound = add_up(slope.abs(), moved).clamp_max(lip)
     w_out_norm, w_in_norm = spectral_norm_upper_bound(mlp.w_out), spectral_norm_upper_bound(mlp.w_in)
     if mlp.kind != "gated":
-        return mul_up(mul_up(w_out_norm, slope.abs().amax(dim=-1)), w_in_norm)
-    gate_term = mul_up((slope * up).abs().amax(dim=-1), spectral_norm_upper_bound(mlp.gate))
-    up_term = mul_up(activation(mlp.activation, pre.detach()).abs().amax(dim=-1), w_in_norm)
+        return mul_up(mul_up(w_out_norm, slope_bound.amax(dim=-1)), w_in_norm)
+    gate_slopes = mul_up(slope_bound, add_up(up.abs(), up_radius)).amax(dim=-1)
+    gate_term = mul_up(gate_slopes, spectral_norm_upper_bound(mlp.gate))
+    values = activation(mlp.activation, pre).abs()
+    value_bound = add_up(add_up(values, error), mul_up(pre_radius, lip))
+    up_term = mul_up(value_bound.amax(dim=-1), w_in_norm)
     return mul_up(w_out_norm, add_up(gate_term, up_term))
 
 
@@ -310,6 +343,9 @@ def block_local_jacobian_bound(
     none: (1 + ‖J_F‖)(1 + ‖J_A‖), every factor bounded at the point where it is evaluated. With norms after the
     sublayers (pre or none), each branch gains ‖J_N_out‖ at the sublayer's actual output, taken row by row with the
     attention bound's rows and token by token with the FFN's (module docstring).
+
+    Each factor is bounded at the float64 intermediate point computed here (N₁(x), x + A(·), …), not yet widened
+    by that point's forward rounding (docs/architecture.md, "Rounding").
 
     Args:
         x: ``[batch, query, d_model]`` block input.

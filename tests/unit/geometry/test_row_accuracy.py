@@ -289,3 +289,62 @@ def test_post_ln_block_bound_with_a_huge_offset_is_not_below_the_300_bit_norm() 
         product = J2 * J1
         top = max(mpmath.eigsy(product.T * product, eigvals_only=True))
         assert mpmath.mpf(bound) ** 2 >= top, (bound, float(mpmath.sqrt(top)))
+
+
+def _one_unit_mlp(activation_name: str, w_in: list[float], b_in: float) -> object:
+    from attnsens.weights import MLPWeights
+
+    return MLPWeights(
+        kind="mlp", activation=activation_name, w_in=torch.tensor([w_in], dtype=F64),
+        w_out=torch.tensor([[1.0], [2.0]], dtype=F64), b_in=torch.tensor([b_in], dtype=F64), b_out=None,
+        w_gate=None, b_gate=None,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "x", "w_in", "b_in"),
+    [
+        # the float pre-activation fl(1 + 2^-60) − 1 = 0 has relu' = 0; the real one is 2^-60 > 0, slope 1
+        ("relu", [1.0, 2.0**-60], [1.0, 1.0], -1.0),
+        # fl(2^40 + 0.50005) rounds the pre-activation down to 0.5, where gelu' is smaller than at the real 0.50005
+        ("gelu", [2.0**40, 0.5 + 0.4 * 2.0**-13], [1.0, 1.0], -(2.0**40)),
+        ("gelu_tanh", [2.0**40, 0.5 + 0.4 * 2.0**-13], [1.0, 1.0], -(2.0**40)),
+        ("silu", [2.0**40, -1.5 + 0.4 * 2.0**-13], [1.0, 1.0], -(2.0**40)),
+    ],
+)
+def test_ffn_token_bound_follows_the_real_pre_activation(name: str, x: list[float], w_in: list, b_in: float) -> None:
+    """One hidden unit: Dφ(x) = w_out act'(z) w_inᵀ has norm ‖w_out‖ |act'(z)| ‖w_in‖ exactly, z = w_in·x + b the
+    real pre-activation (300-bit); the float one differs, and the bound must follow the real slope."""
+    from attnsens.geometry.blocks import ffn_token_jacobian_upper_bound
+
+    bound = float(ffn_token_jacobian_upper_bound(torch.tensor([[x]], dtype=F64), _one_unit_mlp(name, w_in, b_in))[0, 0])
+    with mpmath.workprec(300):
+        z = mpmath.fsum(mpmath.mpf(a) * mpmath.mpf(b) for a, b in zip(w_in, x, strict=True)) + mpmath.mpf(b_in)
+        c, k = mpmath.sqrt(2 / mpmath.pi), mpmath.mpf("0.044715")
+        act = {
+            "relu": lambda t: max(t, 0),
+            "gelu": lambda t: t * mpmath.ncdf(t),
+            "gelu_tanh": lambda t: t / 2 * (1 + mpmath.tanh(c * (t + k * t**3))),
+            "silu": lambda t: t / (1 + mpmath.exp(-t)),
+        }[name]
+        slope = (1 if z > 0 else 0) if name == "relu" else mpmath.diff(act, z)
+        exact = mpmath.sqrt(5) * abs(slope) * mpmath.sqrt(mpmath.fsum(mpmath.mpf(w) ** 2 for w in w_in))
+    assert mpmath.mpf(bound) >= exact, (bound, float(exact))
+
+
+def test_activation_curvature_constants_hold_on_a_fine_grid() -> None:
+    """ACTIVATION_CURVATURE ≥ max |act''| on [−8, 8]: the grid maximum plus half a step times max |act'''|."""
+    from attnsens.geometry.blocks import ACTIVATION_CURVATURE
+
+    c, k = mpmath.sqrt(2 / mpmath.pi), mpmath.mpf("0.044715")
+    functions = {
+        "gelu": lambda t: t * mpmath.ncdf(t),
+        "gelu_tanh": lambda t: t / 2 * (1 + mpmath.tanh(c * (t + k * t**3))),
+        "silu": lambda t: t / (1 + mpmath.exp(-t)),
+    }
+    with mpmath.workdps(25):
+        for name, f in functions.items():
+            grid = [mpmath.mpf(-8) + mpmath.mpf(16) * i / 800 for i in range(801)]
+            second = max(abs(mpmath.diff(f, t, 2)) for t in grid)
+            third = max(abs(mpmath.diff(f, t, 3)) for t in grid)
+            assert second + third * mpmath.mpf(16) / 800 / 2 <= ACTIVATION_CURVATURE[name], name
