@@ -6,8 +6,8 @@ the real quantities, and each gets a radius here, so that every term the bound u
 real counterpart (docs/architecture.md, "Rounding"):
 
 1. **Inputs.** The float64 forward's query, key and value of a position differ from the real ones:
-   ‖v_t − v̂_t‖ ≤ γ_{d+1}‖A^V_t‖ with A^V = |W_V||x_t| + |b_V| (``value_errors``), and the rotated query and key
-   errors of ``attention_terms._side_error``. A term that is a norm of Φ w, Φ a linear map with ‖Φ‖ ≤ lip,
+   ‖v_t − v̂_t‖ ≤ γ_{d+1}‖A^V_t‖ with A^V = |W_V||x_t| + |b_V| (``attention_terms.value_errors``), and the rotated
+   query and key errors of ``attention_terms.projection_errors``. A term that is a norm of Φ w, Φ a linear map with ‖Φ‖ ≤ lip,
    moves by at most lip·‖w − ŵ‖.
 2. **Factors.** Norms of maps out of W_Q, W_K go through a small factor F̂_t instead of the map Φ_t itself
    (``attention_terms``, "Position maps"). ``FactorAccuracy`` states, for every vector w,
@@ -31,7 +31,8 @@ at most ‖A‖_F‖B‖_F:
 * A position map M̂_t (RoPE's rotation R_t, exactly the cos/sin table the forward uses, or a per-head QK-norm's
   R_t J_N(a_t)): F̂_t = fl(Ĝ M̂_tᵀ), slack_t = ‖V̂‖γ_d(‖Ĝ‖_F‖M̂_t‖_F + ‖F̂_t‖_F) + ‖E_W‖‖M̂_t‖_F + ‖W‖ε_t with
   ε_t ≥ ‖M_t − M̂_t‖ (``qk_norm_map_error``).
-* A QK-norm over all heads (``joint_factor_accuracy``): the factor [[R, c], [0, ρ]] of ``joint_norm_factors``.
+* A QK-norm over all heads: the factor [[R, c], [0, ρ]], with its accuracy derived in
+  ``attention_terms.joint_norm_factors``.
 """
 
 from __future__ import annotations

@@ -245,8 +245,8 @@ def _side(
         jacobians = T.norm_jacobians(inputs, norm)
         maps = jacobians if rotations is None else rotations @ jacobians
         map_error = A.qk_norm_map_error(jacobians, rotations, gamma_max, floor, input_error)
-        rotation_norm = 1.0 if rotations is None else A.schur_norm_upper_bound(rotations)
-        map_norm = div_up(mul_up(floor.new_ones(()) * rotation_norm, gamma_max), floor)
+        rotation_norm = floor.new_ones(()) if rotations is None else A.schur_norm_upper_bound(rotations)
+        map_norm = div_up(mul_up(rotation_norm, gamma_max), floor)  # ≥ ‖R_t J_N(a_t)‖ at the real a_t
         factors = T.functional_factors(gain.gain, maps)
         return gain.gain, factors, A.mapped_factor_accuracy(gain, factors, maps, map_error, w_norm, map_norm)
     if rotations is not None:

@@ -281,9 +281,9 @@ def output_spread(
 @dataclass(frozen=True, kw_only=True)
 class KeySumInputs:
     """What the key-sum form's certificate needs beside the forward (``key_sum_sensitivity``): the query side's
-    ``FactorAccuracy`` and per-position factor norms ‖F̂_i‖_F are not needed separately (they enter the slack);
-    ``value_errors`` ``[b, h, key]``, ``keys`` (``KeyRadius`` of the row's keys), the centres c_i the score spread
-    uses (to bound ‖μ_k − c_i‖), and ``value_error_max`` ``[b, h, query]`` (the row maximum of value_errors)."""
+    ``accuracy`` (``attention_accuracy.FactorAccuracy``), the heads' ``output`` accuracy, the row maxima of the
+    keys' norms and input errors (``keys``) and of the values' input errors (``value_error_max`` ``[b, h, query]``),
+    the centres c_i the score spread uses (to bound ‖μ_k − c_i‖) and w_o_head ≥ ‖W_O^(h)‖ ``[b, h]``."""
 
     accuracy: A.FactorAccuracy
     output: A.OutputAccuracy

@@ -348,3 +348,18 @@ def test_activation_curvature_constants_hold_on_a_fine_grid() -> None:
             second = max(abs(mpmath.diff(f, t, 2)) for t in grid)
             third = max(abs(mpmath.diff(f, t, 3)) for t in grid)
             assert second + third * mpmath.mpf(16) / 800 / 2 <= ACTIVATION_CURVATURE[name], name
+
+
+def test_distances_are_formed_from_differences_as_the_radius_assumes() -> None:
+    """norm_upper's relative radius holds only if torch.cdist (donot_use_mm_for_euclid_dist) subtracts before it
+    squares: near-equal points of magnitude 2^40 keep their distance to the last bits (the Gram formula would not)."""
+    gen = torch.Generator().manual_seed(9)
+    base = 2.0**40 + torch.randn(1, 6, 5, generator=gen, dtype=F64)
+    points = base + torch.randn(1, 6, 5, generator=gen, dtype=F64) * 2.0**-10
+    computed = torch.cdist(base, points, compute_mode="donot_use_mm_for_euclid_dist")
+    bounded = A.norm_upper(computed, 5)
+    for i in range(6):
+        for j in range(6):
+            exact = sum((Fraction(base[0, i, k].item()) - Fraction(points[0, j, k].item())) ** 2 for k in range(5))
+            assert Fraction(bounded[0, i, j].item()) ** 2 >= exact
+            assert Fraction(computed[0, i, j].item()) ** 2 >= exact * (1 - Fraction(1, 2**40))
