@@ -7,8 +7,8 @@ real counterpart (docs/architecture.md, "Rounding"):
 
 1. **Inputs.** The float64 forward's query, key and value of a position differ from the real ones:
    ‖v_t − v̂_t‖ ≤ γ_{d+1}‖A^V_t‖ with A^V = |W_V||x_t| + |b_V| (``attention_terms.value_errors``), and the rotated
-   query and key errors of ``attention_terms.projection_errors``. A term that is a norm of Φ w, Φ a linear map with ‖Φ‖ ≤ lip,
-   moves by at most lip·‖w − ŵ‖.
+   query and key errors of ``attention_terms.projection_errors``. A term that is a norm of Φ w, Φ a linear map
+   with ‖Φ‖ ≤ lip, moves by at most lip·‖w − ŵ‖.
 2. **Factors.** Norms of maps out of W_Q, W_K go through a small factor F̂_t instead of the map Φ_t itself
    (``attention_terms``, "Position maps"). ``FactorAccuracy`` states, for every vector w,
 
