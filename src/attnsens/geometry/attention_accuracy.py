@@ -100,6 +100,11 @@ def residual_bound(M: Tensor, Q: Tensor, R: Tensor) -> Tensor:
     return add_up(computed, mul_up(magnitude, gamma(Q.shape[-1] + 1)))
 
 
+def scaled_floor(scale: Tensor) -> float:
+    """The underflow radius of a computed norm multiplied by the largest ``scale`` it is read through."""
+    return mul_up(scale.amax(), UNDERFLOW_FLOOR).item() if scale.numel() else UNDERFLOW_FLOOR
+
+
 @dataclass(frozen=True, kw_only=True)
 class FactorAccuracy:
     """‖Φ_t w‖ ≤ scale·fl‖fl(F̂_t w)‖ + slack_t·‖w‖ + floor for every w, and ‖Φ_t‖ ≤ lip_t (module docstring).
@@ -149,7 +154,7 @@ def plain_factor_accuracy(gain: GainAccuracy, lip: Tensor) -> FactorAccuracy:
     slack = add_up(mul_up(mul_up(gain.basis_norm, gain.frobenius), gamma(d_head)), gain.residual)
     return FactorAccuracy(
         scale=scale[..., None], slack=slack[..., None], lip=lip[..., None],
-        floor=mul_up(scale.amax(), UNDERFLOW_FLOOR).item() if scale.numel() else UNDERFLOW_FLOOR,
+        floor=scaled_floor(scale),
     )  # fmt: skip
 
 
@@ -177,7 +182,7 @@ def mapped_factor_accuracy(
     lip = mul_up(w_norm[..., None], map_norm)
     return FactorAccuracy(
         scale=scale[..., None], slack=slack, lip=lip.expand_as(slack),
-        floor=mul_up(scale.amax(), UNDERFLOW_FLOOR).item() if scale.numel() else UNDERFLOW_FLOOR,
+        floor=scaled_floor(scale),
     )  # fmt: skip
 
 
@@ -239,7 +244,7 @@ def output_accuracy(Wo: Tensor, n_head: int) -> OutputAccuracy:
         r_fro = frobenius_norm_upper_bound(R)
         scale = inflate(basis_norm, d_head + 4)
         slack = add_up(mul_up(mul_up(basis_norm, r_fro), gamma(d_head)), residual)
-        floor = mul_up(scale.amax(), UNDERFLOW_FLOOR).item() if scale.numel() else UNDERFLOW_FLOOR
+        floor = scaled_floor(scale)
         return OutputAccuracy(
             factor=R, scale=scale, slack=slack, residual=residual, basis_norm=basis_norm, frobenius=r_fro,
             floor=floor,

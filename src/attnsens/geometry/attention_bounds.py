@@ -66,7 +66,6 @@ from attnsens.geometry import attention_accuracy as A
 from attnsens.geometry import attention_terms as T
 from attnsens.geometry.attention import (
     AttentionBiases,
-    AttentionForward,
     attention_mask_of,
     biases_of,
     check_attention_shapes,
@@ -202,58 +201,64 @@ def _phi(norms: ProjectionNorms, radius_l2: Tensor, factors: _ScoreFactors) -> T
     return mul_up(mul_up(norms.w_v, radius_l2[..., None]), score)
 
 
-def _qk_norm_floors(
-    X: Tensor, Wq: Tensor, Wk: Tensor, biases: AttentionBiases, fwd: AttentionForward, q_norm: NormWeights | None,
-    k_norm: NormWeights | None,
-) -> tuple[Tensor | float, Tensor | float]:  # fmt: skip
-    """The smallest certified r(a) over the positions of each sequence and head ``[batch, head]`` (1.0 where that
-    side has no norm; unused there)."""
-    n_head = Wq.shape[-3]
-    floors: list[Tensor | float] = []
-    for W, b, norm, inputs in ((Wq, biases.q, q_norm, fwd.query_inputs), (Wk, biases.k, k_norm, fwd.key_inputs)):
-        if norm is None or inputs is None:
-            floors.append(1.0)
-            continue
-        floor, _ = T.qk_norm_floors(T.projection_magnitudes(X, W, b, n_head), norm, inputs, Wq.shape[-1])
-        floors.append(floor.amin(dim=-1))
-    return floors[0], floors[1]
+@dataclass(frozen=True, kw_only=True)
+class _Side:
+    """The query or key side of the local bound (``attention_accuracy``): ``gain`` Ĝ ``[batch, head, rank,
+    d_head]``, the functional ``factors`` F̂_t or None, their ``accuracy``, the rotated (and normalized) vectors'
+    input ``errors`` ``[batch, head, position]`` and, under a QK-norm, the certified ``floor`` r_lo
+    ``[batch, head, position]`` (1.0 without one)."""
+
+    gain: Tensor
+    factors: Tensor | None
+    accuracy: A.FactorAccuracy
+    errors: Tensor
+    floor: Tensor | float
 
 
 def _side(
     X: Tensor, W: Tensor, b: Tensor | None, norm: NormWeights | None, inputs: Tensor | None,
     rotations: Tensor | None, w_norm: Tensor, n_head: int,
-) -> tuple[Tensor, Tensor | None, A.FactorAccuracy]:  # fmt: skip
-    """(Ĝ ``[batch, head, rank, d_head]``, the functional factors F̂_t or None, their ``FactorAccuracy``) of the
-    query or key side (``attention_accuracy``): W as given (key heads not yet repeated), w_norm ≥ ‖W‖ per query
-    head ``[batch, head]``."""
-    batch = X.shape[0]
+) -> _Side:  # fmt: skip
+    """One ``_Side``: W as given (key heads not yet repeated), w_norm ≥ ‖W‖ per query head ``[batch, head]``; the
+    projection magnitudes and QK-norm floors are computed once here."""
+    batch, d_model = X.shape[0], X.shape[-1]
     accuracy = A.gain_accuracy(W)
     gain = A.GainAccuracy(
         gain=_per_sequence(expand_kv_heads(accuracy.gain, n_head, -3), batch, 3),
         **{k: _per_sequence(expand_kv_heads(getattr(accuracy, k), n_head, -1), batch, 1)
            for k in ("basis_norm", "residual", "frobenius")},
     )  # fmt: skip
-    if norm is not None and inputs is not None:
-        floor, input_error = T.qk_norm_floors(T.projection_magnitudes(X, W, b, n_head), norm, inputs, X.shape[-1])
-        if qk_norm_is_joint(norm, W.shape[-2]):
-            w_all = _per_sequence(spectral_norm_upper_bound(W.flatten(-3, -2))[..., None], batch, 1)
-            factors, side = T.joint_norm_factors(
-                expand_kv_heads(W, n_head, -3), inputs, norm, rotations, floor, input_error, w_all.expand_as(w_norm)
-            )
-            return gain.gain, factors, side
-        gamma_max = norm.gamma.to(torch.float64).abs().amax()
-        jacobians = T.norm_jacobians(inputs, norm)
-        maps = jacobians if rotations is None else rotations @ jacobians
-        map_error = A.qk_norm_map_error(jacobians, rotations, gamma_max, floor, input_error)
-        rotation_norm = floor.new_ones(()) if rotations is None else A.schur_norm_upper_bound(rotations)
-        map_norm = div_up(mul_up(rotation_norm, gamma_max), floor)  # ≥ ‖R_t J_N(a_t)‖ at the real a_t
-        factors = T.functional_factors(gain.gain, maps)
-        return gain.gain, factors, A.mapped_factor_accuracy(gain, factors, maps, map_error, w_norm, map_norm)
-    if rotations is not None:
+    magnitude = T.projection_magnitudes(X, W, b, n_head)
+    if norm is None or inputs is None:
+        errors = T.projection_errors(magnitude, norm, inputs, d_model)
+        if rotations is None:
+            return _Side(gain=gain.gain, factors=None, accuracy=A.plain_factor_accuracy(gain, w_norm), errors=errors,
+                         floor=1.0)  # fmt: skip
         factors = T.functional_factors(gain.gain, rotations)
         side = A.mapped_factor_accuracy(gain, factors, rotations, None, w_norm, A.schur_norm_upper_bound(rotations))
-        return gain.gain, factors, side
-    return gain.gain, None, A.plain_factor_accuracy(gain, w_norm)
+        return _Side(gain=gain.gain, factors=factors, accuracy=side, errors=errors, floor=1.0)
+    floor, input_error = T.qk_norm_floors(magnitude, norm, inputs, d_model)
+    errors = T.projection_errors(magnitude, norm, inputs, d_model, (floor, input_error))
+    if qk_norm_is_joint(norm, W.shape[-2]):
+        w_all = _per_sequence(spectral_norm_upper_bound(W.flatten(-3, -2))[..., None], batch, 1)
+        factors, side = T.joint_norm_factors(
+            expand_kv_heads(W, n_head, -3), inputs, norm, rotations, floor, input_error, w_all.expand_as(w_norm)
+        )
+        return _Side(gain=gain.gain, factors=factors, accuracy=side, errors=errors, floor=floor)
+    gamma_max = norm.gamma.to(torch.float64).abs().amax()
+    jacobians = T.norm_jacobians(inputs, norm)
+    maps = jacobians if rotations is None else rotations @ jacobians
+    map_error = A.qk_norm_map_error(jacobians, rotations, gamma_max, floor, input_error)
+    rotation_norm = floor.new_ones(()) if rotations is None else A.schur_norm_upper_bound(rotations)
+    map_norm = div_up(mul_up(rotation_norm, gamma_max), floor)  # ≥ ‖R_t J_N(a_t)‖ at the real a_t
+    factors = T.functional_factors(gain.gain, maps)
+    side = A.mapped_factor_accuracy(gain, factors, maps, map_error, w_norm, map_norm)
+    return _Side(gain=gain.gain, factors=factors, accuracy=side, errors=errors, floor=floor)
+
+
+def _smallest_floor(side: _Side) -> Tensor | float:
+    """The smallest certified r of a QK-norm over each sequence's positions ``[batch, head]`` (1.0 without one)."""
+    return side.floor if isinstance(side.floor, float) else side.floor.amin(dim=-1)
 
 
 def _output_accuracy(Wo: Tensor, n_head: int, batch: int) -> A.OutputAccuracy:
@@ -402,11 +407,6 @@ def mha_local_jacobian_upper_bound(
 
     batch = X.shape[0]
     value_errors = T.value_errors(X, Wv, biases.v, n_head)  # [batch, head, key]
-    query_errors = T.projection_errors(X, Wq, biases.q, q_norm, fwd.query_inputs, n_head)
-    key_errors = T.projection_errors(X, Wk, biases.k, k_norm, fwd.key_inputs, n_head)
-    key_radius = T.KeyRadius(
-        norm=A.row_max_of_keys(norm2_upper_bound(fwd.keys), allowed), error=A.row_max_of_keys(key_errors, allowed)
-    )
     value_error_max = A.row_max_of_keys(value_errors, allowed)
 
     value_centre_bias = (
@@ -423,14 +423,18 @@ def mha_local_jacobian_upper_bound(
     if f64["k"] is not None and rotary is None and k_norm is None and softcap is None:
         key_centre = expand_kv_heads(f64["k"], n_head, -2)[..., :, None, :].expand_as(key_mean)
     rotations = None if rotary is None else T.rotation_matrices(X.shape[1], Wq.shape[-2], rotary, X.device)
-    sides = [
+    query_side, key_side = (
         _side(X, W, b, norm, inputs, rotations, _per_sequence(w_norm, batch, 1), n_head)
         for W, b, norm, inputs, w_norm in (
             (Wq, biases.q, q_norm, fwd.query_inputs, norms.w_q), (Wk, biases.k, k_norm, fwd.key_inputs, norms.w_k)
         )
-    ]  # fmt: skip
-    (gain_q, query_factors, accuracy_q), (gain_k, key_factors, accuracy_k) = sides
-    query_norms = T.query_functional_norms(fwd, gain_k, key_factors, accuracy_k, query_errors)
+    )  # fmt: skip
+    gain_q, query_factors, accuracy_q = query_side.gain, query_side.factors, query_side.accuracy
+    key_radius = T.KeyRadius(
+        norm=A.row_max_of_keys(norm2_upper_bound(fwd.keys), allowed),
+        error=A.row_max_of_keys(key_side.errors, allowed),
+    )
+    query_norms = T.query_functional_norms(fwd, key_side.gain, key_side.factors, key_side.accuracy, query_side.errors)
 
     def spread(centre: Tensor, slopes: Tensor | None = None) -> Tensor:
         return T.score_spread(fwd, centre, gain_q, query_norms, allowed, query_factors, accuracy_q, key_radius, slopes)
@@ -459,11 +463,8 @@ def mha_local_jacobian_upper_bound(
     Wo_batched = _per_sequence(Wo, batch, 2)
     output = _output_accuracy(Wo, n_head, batch)
     w_o_head = _per_sequence(norms.w_o_head, batch, 1)
-    outputs, distances = T.projected_values(fwd, output, value_errors, w_o_head)
-    theta_form = mul_up(
-        sensitivity_rate,
-        T.output_spread(fwd, outputs, distances, output, f64["v"], allowed, value_errors, w_o_head),
-    )
+    outputs, distances, value_radius = T.projected_values(fwd, output, value_errors, w_o_head)
+    theta_form = mul_up(sensitivity_rate, T.output_spread(outputs, distances, value_radius, output, f64["v"], allowed))
     key_sum_inputs = T.KeySumInputs(
         accuracy=accuracy_q, output=output, keys=key_radius, value_error_max=value_error_max,
         centres=(key_mean, key_centre), w_o_head=w_o_head,
@@ -496,7 +497,7 @@ def mha_local_jacobian_upper_bound(
     row_bound = torch.minimum(row_bound, projected)
 
     radius_l2 = norm2_upper_bound(X, dim=-1).amax(dim=-1)
-    floors = _qk_norm_floors(X, Wq, Wk, biases, fwd, q_norm, k_norm)
+    floors = (_smallest_floor(query_side), _smallest_floor(key_side))
     centred_keys = rotary is None and softcap is None
     phi = _phi(norms, radius_l2, _score_factors(norms, radius_l2, centred_keys, q_norm, k_norm, floors, Wq, Wk))
     theta_tilde = theta_upper.amax(dim=-1)

@@ -234,28 +234,30 @@ def softcap_slopes(
 
 def projected_values(
     fwd: AttentionForward, output: A.OutputAccuracy, value_errors: Tensor, w_o_head: Tensor
-) -> tuple[Tensor, Tensor]:
-    """(R_O v̂_m ``[b, h, key, d]``, D_im ≥ ‖W_O^(h)(v_m − ŷ_i)‖ ``[b, h, query, key]``): each head's values seen
-    through W_O^(h), and certified distances of the real values to the float outputs ŷ_i, shared by both forms
-    of the sensitivity part. ``output``: the heads' ``attention_accuracy.output_accuracy`` (batched);
-    ``value_errors`` ``[b, h, key]``; w_o_head ≥ ‖W_O^(h)‖ ``[b, h]``."""
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(R_O v̂_m ``[b, h, key, d]``, D_im ≥ ‖W_O^(h)(v_m − ŷ_i)‖ ``[b, h, query, key]``, the per-key radius
+    ``[b, h, key]``): each head's values seen through W_O^(h), certified distances of the real values to the float
+    outputs ŷ_i (shared by both forms of the sensitivity part), and what a distance from v̂_m gains for the
+    value's side (slack·‖v̂_m‖ + ‖W_O^(h)‖‖v_m − v̂_m‖, reused by ``output_spread``). ``output``: the heads'
+    ``attention_accuracy.output_accuracy`` (batched); ``value_errors`` ``[b, h, key]``; w_o_head ≥ ‖W_O^(h)‖
+    ``[b, h]``."""
     R = output.factor
     outputs = torch.einsum("bhde,bhke->bhkd", R, fwd.values)
     centres = torch.einsum("bhde,bhqe->bhqd", R, fwd.head_outputs)
     computed = torch.cdist(centres, outputs, compute_mode="donot_use_mm_for_euclid_dist")
-    key_part = add_up(
+    value_radius = add_up(
         mul_up(output.slack[..., None], norm2_upper_bound(fwd.values)), mul_up(w_o_head[..., None], value_errors)
     )
     query_part = add_up(mul_up(output.slack[..., None], norm2_upper_bound(fwd.head_outputs)), output.floor)
     distances = add_up(
-        add_up(mul_up(computed, output.scale[..., None, None]), key_part[..., None, :]), query_part[..., None]
+        add_up(mul_up(computed, output.scale[..., None, None]), value_radius[..., None, :]), query_part[..., None]
     )
-    return outputs, distances
+    return outputs, distances, value_radius
 
 
 def output_spread(
-    fwd: AttentionForward, outputs: Tensor, distances: Tensor, output: A.OutputAccuracy, b_v: Tensor | None,
-    allowed: Tensor, value_errors: Tensor, w_o_head: Tensor,
+    outputs: Tensor, distances: Tensor, value_radius: Tensor, output: A.OutputAccuracy, b_v: Tensor | None,
+    allowed: Tensor,
 ) -> Tensor:  # fmt: skip
     """≥ min_c max_{m∈K(i)} ‖W_O^(h)(v_m − c)‖ over c ∈ {ŷ_i, b_V} at the real values, from ``projected_values``:
     ``[b, h, query]``."""
@@ -268,12 +270,7 @@ def output_spread(
         bias_centre = torch.einsum("bhde,bhe->bhd", R, bias)[..., None, :]
         bias_norm = norm2_upper_bound(bias)
     computed = torch.cdist(bias_centre, outputs, compute_mode="donot_use_mm_for_euclid_dist")  # [b, h, 1, key]
-    key_part = add_up(
-        add_up(
-            mul_up(output.slack[..., None], norm2_upper_bound(fwd.values)), mul_up(w_o_head[..., None], value_errors)
-        ),
-        add_up(mul_up(output.slack, bias_norm), output.floor)[..., None],
-    )
+    key_part = add_up(value_radius, add_up(mul_up(output.slack, bias_norm), output.floor)[..., None])
     to_bias = add_up(mul_up(computed[..., 0, :], output.scale[..., None]), key_part)  # [b, h, key]
     return torch.minimum(spread, A.row_max_of_keys(to_bias, allowed))
 
@@ -536,11 +533,13 @@ def value_errors(X: Tensor, Wv: Tensor, b_v: Tensor | None, n_head: int) -> Tens
 
 
 def projection_errors(
-    X: Tensor, W: Tensor, b: Tensor | None, norm: NormWeights | None, inputs: Tensor | None, n_head: int
-) -> Tensor:
+    magnitude: Tensor, norm: NormWeights | None, inputs: Tensor | None, d_model: int,
+    floors: tuple[Tensor, Tensor] | None = None,
+) -> Tensor:  # fmt: skip
     """≥ ‖ṽ_t − v̂_t‖ between the real and the float64 rotated (and normalized) query or key of each position,
-    per query head ``[b, head, position]`` (``_side_error``)."""
-    errors, _ = _side_error(projection_magnitudes(X, W, b, n_head), norm, inputs, X.shape[-1])
+    per query head ``[b, head, position]``, from ‖A‖ (``projection_magnitudes``; ``_side_error``, ``floors`` as
+    there)."""
+    errors, _ = _side_error(magnitude, norm, inputs, d_model, floors)
     return errors
 
 
@@ -577,20 +576,22 @@ def qk_norm_floors(magnitude: Tensor, norm: NormWeights, inputs: Tensor, d_model
 
 
 def _side_error(
-    magnitude: Tensor, norm: NormWeights | None, inputs: Tensor | None, d_model: int
-) -> tuple[Tensor, Tensor]:
+    magnitude: Tensor, norm: NormWeights | None, inputs: Tensor | None, d_model: int,
+    floors: tuple[Tensor, Tensor] | None = None,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
     """(E, N) ``[b, h, position]``: ‖ṽ̂ − ṽ‖ ≤ E between the float and the real rotated query or key ṽ, and
     ‖ṽ‖ ≤ N, from ‖A‖ (``softmax_row_accuracy``). Without a norm: E = (γ_{d+1} + 4γ_3)‖A‖, N = ‖A‖. Under QK-norm
     ṽ = R N(a): the projection error e_a = γ_{d+1}‖A‖ moves N(a) by at most γ_max e_a / r_lo (‖J_N‖ ≤ γ_max/r
     on the segment, r ≥ ``qk_norm_floors``), evaluating N at â adds γ_{k+6} per coordinate and RoPE γ_3 per
     coordinate pair, with ‖N(â)‖ ≤ γ_max √k = N, k the number of coordinates the norm reads (d_head, or all
-    heads' for a joint norm; e_a and r then also over all heads)."""
+    heads' for a joint norm; e_a and r then also over all heads). ``floors``: ``qk_norm_floors`` of the same
+    arguments, when the caller already has them."""
     if norm is None or inputs is None:
         return mul_up(magnitude, gamma(d_model + 1) + 4 * gamma(3)), magnitude
     width = norm.gamma.shape[0]
     gamma_max = norm.gamma.to(torch.float64).abs().amax()
     radius = mul_up(gamma_max, math.nextafter(math.sqrt(width), math.inf))
-    floor, projection_error = qk_norm_floors(magnitude, norm, inputs, d_model)
+    floor, projection_error = floors if floors is not None else qk_norm_floors(magnitude, norm, inputs, d_model)
     moved = div_up(mul_up(projection_error, gamma_max), floor)
     evaluation = mul_up(radius, gamma(width + 6) + 4 * gamma(3))
     return add_up(moved, evaluation), radius.expand_as(moved)
@@ -690,7 +691,7 @@ def joint_norm_factors(
     )
     slack = add_up(mul_up(scale, inner), outer)
     lip = div_up(mul_up(mul_up(w_all_norm[..., None], rot_norm), gamma_max), r_lo)
-    accuracy = A.FactorAccuracy(scale=scale, slack=slack, lip=lip, floor=mul_up(scale.amax(), A.UNDERFLOW_FLOOR).item())
+    accuracy = A.FactorAccuracy(scale=scale, slack=slack, lip=lip, floor=A.scaled_floor(scale))
     return factors, accuracy
 
 
@@ -710,6 +711,18 @@ def real_row_theta_upper_bound(P: Tensor, theta_upper: Tensor, eta: Tensor, smal
     return add_up(mul_up(factor, stored), mul_up(small_mass, 8.0))
 
 
+def _output_errors(
+    fwd: AttentionForward, distances: Tensor, w_o_head: Tensor, allowed: Tensor, value_error_max: Tensor
+) -> tuple[Tensor, Tensor]:
+    """(D_i ≥ max_m ‖W_O^(h)(v_m − ŷ_i)‖, e_i ≥ ‖W_O^(h)(Σ_m p̂_m v_m − ŷ_i)‖ plus the values' input errors)
+    ``[b, h, query]``, shared by both weight corrections of the key-sum form: e_i = 2 γ_{n+2} ‖W_O^(h)‖ max_m ‖v̂_m‖
+    + ‖W_O^(h)‖ max_m ‖v_m − v̂_m‖ (Σ_m p_m (v_m − v̂_m) with Σ p = 1)."""
+    d_max = A.masked_max(distances, allowed)
+    value_max = A.row_max_of_keys(torch.linalg.vector_norm(fwd.values, dim=-1), allowed)
+    e = mul_up(mul_up(value_max, w_o_head[..., None]), 2.0 * gamma(fwd.probabilities.shape[-1] + 2) * (1 + 2.0**-30))
+    return d_max, add_up(e, mul_up(w_o_head[..., None], value_error_max))
+
+
 def softcap_key_sum_correction(
     fwd: AttentionForward, distances: Tensor, plain_spread: Tensor, w_o_head: Tensor, eta: Tensor, small_mass: Tensor,
     slope_slack: Tensor, allowed: Tensor, value_error_max: Tensor,
@@ -723,11 +736,7 @@ def softcap_key_sum_correction(
     hold mass ≤ m, so the weights move by E_w = ((1 + η) slack + η) ŝ + m in total; the key term moves by at most
     (E_w (D_i + e_y) + ŝ e_y) max_m a_im and C'_i by at most the same times max_m ‖W_Qᵀ M_iᵀ k̃_m‖.
     """
-    d_max = distances.masked_fill(~allowed, 0.0).amax(dim=-1)
-    value_norms = torch.linalg.vector_norm(fwd.values, dim=-1)  # [b, h, key]
-    value_max = value_norms[..., None, :].masked_fill(~allowed, 0.0).amax(dim=-1)
-    e = mul_up(mul_up(value_max, w_o_head[..., None]), 2.0 * gamma(fwd.probabilities.shape[-1] + 2) * (1 + 2.0**-30))
-    e = add_up(e, mul_up(w_o_head[..., None], value_error_max))  # Σ_m p_m (v_m − v̂_m), Σ p = 1
+    d_max, e = _output_errors(fwd, distances, w_o_head, allowed, value_error_max)
     e_y = add_up(e, mul_up(add_up(eta, small_mass), d_max))
     total = sum_upper_bound(fwd.probabilities)
     slope_slack = add_up(slope_slack, 2 * UNIT_ROUNDOFF)  # the key-sum weights are p̂ D̂ rounded up
@@ -747,10 +756,6 @@ def key_sum_weight_correction(
     With y = Σ p_m v_m: ‖W_O^(h)(y − ŷ)‖ ≤ e_i + (η + m) D_i; the key term gains at most
     (η + m) D_i a_max + (that) a_max and C_i at most (η + m) D_i K + (that) K, with a_max, K ≤ s_i.
     """
-    d_max = distances.masked_fill(~allowed, 0.0).amax(dim=-1)
-    value_norms = torch.linalg.vector_norm(fwd.values, dim=-1)  # [b, h, key]
-    value_max = value_norms[..., None, :].masked_fill(~allowed, 0.0).amax(dim=-1)
-    e = mul_up(mul_up(value_max, w_o_head[..., None]), 2.0 * gamma(fwd.probabilities.shape[-1] + 2) * (1 + 2.0**-30))
-    e = add_up(e, mul_up(w_o_head[..., None], value_error_max))  # Σ_m p_m (v_m − v̂_m), Σ p = 1
+    d_max, e = _output_errors(fwd, distances, w_o_head, allowed, value_error_max)
     weights = add_up(eta, small_mass)
     return mul_up(mul_up(score_spread, 2.0), add_up(mul_up(mul_up(weights, d_max), 3.0), e))

@@ -244,15 +244,15 @@ def test_key_sum_form_is_never_looser_than_the_theta_form_on_two_key_rows() -> N
     batch = X.shape[0]
     norms = projection_norms(Wq, Wk, Wv, Wo, biases)
     w_norms = {k: getattr(norms, k).expand(batch, -1) for k in ("w_q", "w_k", "w_o_head")}
-    gain_q, _, accuracy_q = _side(X, Wq, inst["bq"], None, None, None, w_norms["w_q"], 2)
-    gain_k, _, accuracy_k = _side(X, Wk, inst["bk"], None, None, None, w_norms["w_k"], 2)
+    query_side = _side(X, Wq, inst["bq"], None, None, None, w_norms["w_q"], 2)
+    key_side = _side(X, Wk, inst["bk"], None, None, None, w_norms["w_k"], 2)
+    gain_q, accuracy_q = query_side.gain, query_side.accuracy
     value_errors = T.value_errors(X, Wv, inst["bv"], 2)
-    key_errors = T.projection_errors(X, Wk, inst["bk"], None, None, 2)
     key_radius = T.KeyRadius(
-        norm=A.row_max_of_keys(norm2_upper_bound(fwd.keys), allowed), error=A.row_max_of_keys(key_errors, allowed)
+        norm=A.row_max_of_keys(norm2_upper_bound(fwd.keys), allowed),
+        error=A.row_max_of_keys(key_side.errors, allowed),
     )
-    query_errors = T.projection_errors(X, Wq, inst["bq"], None, None, 2)
-    query_norms = T.query_functional_norms(fwd, gain_k, None, accuracy_k, query_errors)
+    query_norms = T.query_functional_norms(fwd, key_side.gain, None, key_side.accuracy, query_side.errors)
     key_centre = expand_kv_heads(inst["bk"], 2, -2)[..., None, :].expand_as(fwd.queries)
     key_mean = fwd.probabilities @ fwd.keys
     spread = torch.minimum(
@@ -261,10 +261,8 @@ def test_key_sum_form_is_never_looser_than_the_theta_form_on_two_key_rows() -> N
     )
     theta = 4 * fwd.probabilities[..., 0] * fwd.probabilities[..., 1]  # θ of a two-atom row
     output = _output_accuracy(Wo, 2, batch)
-    outputs, distances = T.projected_values(fwd, output, value_errors, w_norms["w_o_head"])
-    output_spread = T.output_spread(
-        fwd, outputs, distances, output, inst["bv"], allowed, value_errors, w_norms["w_o_head"]
-    )
+    outputs, distances, value_radius = T.projected_values(fwd, output, value_errors, w_norms["w_o_head"])
+    output_spread = T.output_spread(outputs, distances, value_radius, output, inst["bv"], allowed)
     theta_form = theta / tau * spread * output_spread
     inputs = T.KeySumInputs(
         accuracy=accuracy_q, output=output, keys=key_radius, value_error_max=A.row_max_of_keys(value_errors, allowed),
