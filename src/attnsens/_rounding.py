@@ -147,6 +147,19 @@ def norm2_upper_bound(x: Tensor, dim: int | tuple[int, ...] = -1) -> Tensor:
     return sqrt_up(sum_upper_bound(square_up(x.to(torch.float64).abs()), dim))
 
 
+def norm2_lower_bound(x: Tensor, dim: int | tuple[int, ...] = -1) -> Tensor:
+    """≤ ‖x‖₂ over ``dim`` (float64)."""
+    return sqrt_down(sum_lower_bound(square_down(x.to(torch.float64).abs()), dim))
+
+
+def mean_offset_upper_bound(centred: Tensor) -> Tensor:
+    """≥ |mean(x) − c| per token, from the float y = fl(x − c) ``[..., d]`` of any float centre c: the real
+    x_i − c is within one rounding of y_i, so |Σ (x_i − c)|/d ≤ (|fl Σ y| + (γ_d + 2u) Σ |y|)/d (rule 2)."""
+    d = centred.shape[-1]
+    spread = sum_upper_bound(round_up(centred.abs()))
+    return div_up(add_up(centred.sum(dim=-1).abs(), mul_up(spread, gamma(d) + 2 * UNIT_ROUNDOFF)), float(d))
+
+
 def frobenius_norm_upper_bound(M: Tensor) -> Tensor:
     """≥ ‖M‖_F over the last two axes (float64)."""
     return norm2_upper_bound(M, (-2, -1))
@@ -307,9 +320,7 @@ def layernorm_scale_lower_bound(x: Tensor, eps: float) -> Tensor:
     y = x - centre  # real x_i − c lies within one ulp of the float y_i (rule 1)
     y_abs_low = round_down(y.abs()).clamp_min(0.0)
     squares = sum_lower_bound(square_down(y_abs_low))
-    # |mean(x) − c| = |Σ (x_i − c)|/d ≤ (|fl Σ y| + (γ_d + 2u) Σ |y|)/d
-    spread = sum_upper_bound(round_up(y.abs()))
-    offset = div_up(add_up(y.sum(dim=-1).abs(), mul_up(spread, gamma(d) + 2 * UNIT_ROUNDOFF)), float(d))
+    offset = mean_offset_upper_bound(y)  # ≥ |mean(x) − c|
     variance = sub_down(div_down(squares, float(d)), square_up(offset)).clamp_min(0.0)
     return sqrt_down(add_down(variance, float(eps)))
 

@@ -55,10 +55,13 @@ from torch import Tensor
 from attnsens._rounding import (
     add_up,
     div_up,
+    gamma,
     mul_up,
     norm2_upper_bound,
     spectral_norm_upper_bound,
     sqrt_down,
+    sub_up,
+    sum_lower_bound,
     sum_upper_bound,
 )
 from attnsens.errors import ConfigError, ShapeError
@@ -66,6 +69,7 @@ from attnsens.geometry import attention_accuracy as A
 from attnsens.geometry import attention_terms as T
 from attnsens.geometry.attention import (
     AttentionBiases,
+    AttentionForward,
     attention_mask_of,
     biases_of,
     check_attention_shapes,
@@ -99,7 +103,10 @@ class MHALocalJacobianBound:
     upper_bound ``[batch]``: the tightest certified bound (max over rows of the best head combination);
     paper_form_upper_bound ``[batch]``: ‖W_O‖ Σ_h (‖W_V^h‖ + θ̃_h Φ_h/τ); row_upper_bound ``[batch, query]``;
     value_term ``[head]``: ‖W_V^h‖; sensitivity_term ``[batch, head]``: θ̃_h Φ_h/τ; theta_tilde, phi
-    ``[batch, head]``; radius ``[batch]``: ‖X‖ in ``geometry``; norms: ``ProjectionNorms``; geometry.
+    ``[batch, head]``; radius ``[batch]``: ‖X‖ in ``geometry`` (plus the input radius when one is given);
+    norms: ``ProjectionNorms``; geometry. output ``[batch, query, d_model]``: the float64 MHA(X) and
+    output_radius ``[batch, query]``: ≥ ‖MHA(U)_i − output_i‖₂ for the real input U (X itself, or any U within
+    the input radius), the forward enclosure a chain rule evaluates the next factor on.
     """
 
     upper_bound: Tensor
@@ -112,6 +119,8 @@ class MHALocalJacobianBound:
     radius: Tensor
     norms: ProjectionNorms
     geometry: str
+    output: Tensor
+    output_radius: Tensor
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -217,10 +226,11 @@ class _Side:
 
 def _side(
     X: Tensor, W: Tensor, b: Tensor | None, norm: NormWeights | None, inputs: Tensor | None,
-    rotations: Tensor | None, w_norm: Tensor, n_head: int,
+    rotations: Tensor | None, w_norm: Tensor, n_head: int, shift: Tensor | None = None,
 ) -> _Side:  # fmt: skip
-    """One ``_Side``: W as given (key heads not yet repeated), w_norm ≥ ‖W‖ per query head ``[batch, head]``; the
-    projection magnitudes and QK-norm floors are computed once here."""
+    """One ``_Side``: W as given (key heads not yet repeated), w_norm ≥ ‖W‖ per query head ``[batch, head]``,
+    ``shift`` the input radius's share of the projection errors (``attention_terms.input_shift``); the projection
+    magnitudes and QK-norm floors are computed once here."""
     batch, d_model = X.shape[0], X.shape[-1]
     accuracy = A.gain_accuracy(W)
     gain = A.GainAccuracy(
@@ -230,14 +240,14 @@ def _side(
     )  # fmt: skip
     magnitude = T.projection_magnitudes(X, W, b, n_head)
     if norm is None or inputs is None:
-        errors = T.projection_errors(magnitude, norm, inputs, d_model)
+        errors = T.projection_errors(magnitude, norm, inputs, d_model, shift=shift)
         if rotations is None:
             return _Side(gain=gain.gain, factors=None, accuracy=A.plain_factor_accuracy(gain, w_norm), errors=errors,
                          floor=1.0)  # fmt: skip
         factors = T.functional_factors(gain.gain, rotations)
         side = A.mapped_factor_accuracy(gain, factors, rotations, None, w_norm, A.schur_norm_upper_bound(rotations))
         return _Side(gain=gain.gain, factors=factors, accuracy=side, errors=errors, floor=1.0)
-    floor, input_error = T.qk_norm_floors(magnitude, norm, inputs, d_model)
+    floor, input_error = T.qk_norm_floors(magnitude, norm, inputs, d_model, shift)
     errors = T.projection_errors(magnitude, norm, inputs, d_model, (floor, input_error))
     if qk_norm_is_joint(norm, W.shape[-2]):
         w_all = _per_sequence(spectral_norm_upper_bound(W.flatten(-3, -2))[..., None], batch, 1)
@@ -286,7 +296,7 @@ def _per_sequence(t: Tensor, batch: int, shared_ndim: int) -> Tensor:
 
 @overload
 def mha_local_jacobian_upper_bound(
-    X: Tensor, weights: AttentionWeights, /, *, geometry: Geometry = "rms"
+    X: Tensor, weights: AttentionWeights, /, *, geometry: Geometry = "rms", input_radius: Tensor | None = None
 ) -> MHALocalJacobianBound: ...
 
 
@@ -307,6 +317,7 @@ def mha_local_jacobian_upper_bound(
     softcap: float | None = None,
     alibi_slopes: Tensor | None = None,
     geometry: Geometry = "rms",
+    input_radius: Tensor | None = None,
 ) -> MHALocalJacobianBound: ...
 
 
@@ -326,6 +337,7 @@ def mha_local_jacobian_upper_bound(
     softcap: float | None = None,
     alibi_slopes: Tensor | None = None,
     geometry: Geometry = "rms",
+    input_radius: Tensor | None = None,
 ) -> MHALocalJacobianBound:
     """‖D MHA(X)‖_{b∞→b∞} ≤ ‖W_O‖ Σ_h (‖W_V^h‖ + (θ̃_h/τ) Φ_h), θ̃_h from the actual rows at X (module docstring).
 
@@ -339,10 +351,15 @@ def mha_local_jacobian_upper_bound(
         tau: temperature; mask: bool ``[query, key]`` or ``[batch, query, key]`` (True = allowed);
         biases, rotary, q_norm, k_norm, softcap, alibi_slopes: as in ``mha_forward``; geometry: convention of the
             reported radius.
+        input_radius: ``[batch, query]`` ℓ2 radii δ_t ≥ 0, or None (X is the input). With radii the bounds hold
+            at every U with ‖U_t − X_t‖₂ ≤ δ_t, so at a real input that a float64 X only approximates (a block's
+            N₁(x), docs/architecture.md "Rounding"): every projection error gains ‖W^h‖ δ_t
+            (``attention_terms.input_shift``), and so do the scores, the softmax rows' accuracy and the QK-norm floors.
 
     Returns:
-        ``MHALocalJacobianBound``: certified upper bounds of the Jacobian's block-∞ operator norm at X
-        (docs/math.md T4/T5, θ̃_h = max over rows of an upper bound of the real softmax row's θ), float64.
+        ``MHALocalJacobianBound``: certified upper bounds of the Jacobian's block-∞ operator norm at X (or on the
+        ball of ``input_radius``; docs/math.md T4/T5, θ̃_h = max over rows of an upper bound of the real softmax
+        row's θ) and the forward enclosure of MHA there, float64.
 
     Raises:
         InputError: scores too large for the float64 softmax rows to be certified (about ‖A_q‖‖A_k‖/τ beyond
@@ -371,6 +388,7 @@ def mha_local_jacobian_upper_bound(
             softcap=weights.softcap,
             alibi_slopes=weights.alibi_slopes,
             geometry=geometry,
+            input_radius=input_radius,
         )
     Wk, Wv, Wo = projections_given("mha_local_jacobian_upper_bound", Wk, Wv, Wo)
     geometry = check_geometry(geometry)
@@ -395,18 +413,22 @@ def mha_local_jacobian_upper_bound(
         alibi_slopes=alibi_slopes,
     )
     norms = projection_norms(Wq, Wk, Wv, Wo, biases)
+    delta = _input_radius(input_radius, X)
+    shift_q, shift_k, shift_v = (T.input_shift(w, delta) for w in (norms.w_q, norms.w_k, norms.w_v))
+    shifts = None if shift_q is None or shift_k is None else (shift_q, shift_k)
     position_bias = 0.0 if alibi_slopes is None else float(alibi_slopes.double().abs().max()) * (X.shape[1] - 1)
     allowed = fwd.allowed.expand_as(fwd.probabilities)
     eta, small_mass = T.softmax_row_accuracy(
         X, Wq, Wk, biases.q, biases.k, fwd.probabilities, allowed, tau, q_norm=q_norm, k_norm=k_norm,
         query_inputs=fwd.query_inputs, key_inputs=fwd.key_inputs, softcap=softcap, position_bias=position_bias,
+        shifts=shifts,
     )  # fmt: skip
     stored_theta = certify(fwd.probabilities, dim=-1).upper.to(torch.float64)  # [batch, head, query]
     theta_upper = T.real_row_theta_upper_bound(fwd.probabilities, stored_theta, eta, small_mass)
     n_head = Wq.shape[-3]
 
     batch = X.shape[0]
-    value_errors = T.value_errors(X, Wv, biases.v, n_head)  # [batch, head, key]
+    value_errors = T.value_errors(X, Wv, biases.v, n_head, shift_v)  # [batch, head, key]
     value_error_max = A.row_max_of_keys(value_errors, allowed)
 
     value_centre_bias = (
@@ -424,9 +446,10 @@ def mha_local_jacobian_upper_bound(
         key_centre = expand_kv_heads(f64["k"], n_head, -2)[..., :, None, :].expand_as(key_mean)
     rotations = None if rotary is None else T.rotation_matrices(X.shape[1], Wq.shape[-2], rotary, X.device)
     query_side, key_side = (
-        _side(X, W, b, norm, inputs, rotations, _per_sequence(w_norm, batch, 1), n_head)
-        for W, b, norm, inputs, w_norm in (
-            (Wq, biases.q, q_norm, fwd.query_inputs, norms.w_q), (Wk, biases.k, k_norm, fwd.key_inputs, norms.w_k)
+        _side(X, W, b, norm, inputs, rotations, _per_sequence(w_norm, batch, 1), n_head, shift)
+        for W, b, norm, inputs, w_norm, shift in (
+            (Wq, biases.q, q_norm, fwd.query_inputs, norms.w_q, shift_q),
+            (Wk, biases.k, k_norm, fwd.key_inputs, norms.w_k, shift_k),
         )
     )  # fmt: skip
     gain_q, query_factors, accuracy_q = query_side.gain, query_side.factors, query_side.accuracy
@@ -445,7 +468,7 @@ def mha_local_jacobian_upper_bound(
     else:  # step 3 under a softcap (attention_terms.softcap_slopes): centre 0, or the key mean with its extra term
         score_errors, _ = T.score_error(
             X, Wq, Wk, biases.q, biases.k, tau, q_norm=q_norm, k_norm=k_norm, query_inputs=fwd.query_inputs,
-            key_inputs=fwd.key_inputs,
+            key_inputs=fwd.key_inputs, shifts=shifts,
         )  # fmt: skip
         slopes, half_range, slack = T.softcap_slopes(fwd.score_slopes, score_errors, softcap, allowed)
         centred = add_up(
@@ -497,6 +520,8 @@ def mha_local_jacobian_upper_bound(
     row_bound = torch.minimum(row_bound, projected)
 
     radius_l2 = norm2_upper_bound(X, dim=-1).amax(dim=-1)
+    if delta is not None:
+        radius_l2 = add_up(radius_l2, delta.amax(dim=-1))
     floors = (_smallest_floor(query_side), _smallest_floor(key_side))
     centred_keys = rotary is None and softcap is None
     phi = _phi(norms, radius_l2, _score_factors(norms, radius_l2, centred_keys, q_norm, k_norm, floors, Wq, Wk))
@@ -515,7 +540,55 @@ def mha_local_jacobian_upper_bound(
         radius=radius,
         norms=norms,
         geometry=geometry,
+        output=fwd.output,
+        output_radius=_output_radius(fwd, Wo, f64["o"], value_errors, eta, small_mass, norms),
     )
+
+
+def _input_radius(input_radius: Tensor | None, X: Tensor) -> Tensor | None:
+    """The input radii as float64 ``[batch, query]`` (None when absent), checked to be finite and ≥ 0."""
+    if input_radius is None:
+        return None
+    delta = torch.as_tensor(input_radius, dtype=torch.float64, device=X.device).expand(X.shape[:-1])
+    if not bool(((delta >= 0) & torch.isfinite(delta)).all()):
+        raise ConfigError("input_radius must be finite and ≥ 0 at every position")
+    return delta
+
+
+def _output_radius(
+    fwd: AttentionForward, Wo: Tensor, b_o: Tensor | None, value_errors: Tensor, eta: Tensor, small_mass: Tensor,
+    norms: ProjectionNorms,
+) -> Tensor:  # fmt: skip
+    """≥ ‖MHA(U)_i − ẑ_i‖₂ per row ``[batch, query]``, ẑ the float64 output at X and U the real input (within
+    the radii already folded into ``value_errors``, ``eta`` and ``small_mass``).
+
+    Per head, with p the real row, v the real values, ŷ the float head output and ŝ = Σ_m p̂_m:
+    Σ_m p_m v_m − ŷ = Σ_m p_m (v_m − v̂_m) + Σ_m (p_m − p̂_m)(v̂_m − ŷ) + (1 − ŝ) ŷ + (Σ_m p̂_m v̂_m − ŷ), since
+    Σ p = 1; |p_m − p̂_m| ≤ η p̂_m (p/p̂ ∈ [e^-ζ, e^ζ], ``softmax_row_accuracy``) on the keys with p̂_m ≥ 2^-1000
+    and ≤ 2^-990 on the others, so the head output is within e_h = max_m ‖v_m − v̂_m‖ + (η ŝ + m) max_m ‖v̂_m − ŷ‖
+    + |1 − ŝ| ‖ŷ‖ + γ_n ŝ max_m ‖v̂_m‖ of ŷ (the last term: the float product P̂V̂). W_O maps the heads' errors to
+    at most min(‖W_O‖ ‖e‖₂, Σ_h ‖W_O^(h)‖ e_h), and the float output projection adds γ_{HD+1} ‖|Ŷ||W_O|ᵀ + |b_O|‖.
+    """
+    P, allowed = fwd.probabilities, fwd.allowed.expand_as(fwd.probabilities)
+    n_key = P.shape[-1]
+    total_up, total_down = sum_upper_bound(P), sum_lower_bound(P)
+    off_one = torch.maximum(sub_up(total_up, 1.0), sub_up(-total_down, -1.0)).clamp_min(0.0)
+    zero = torch.zeros_like(value_errors)
+    spread = T.max_value_distance(fwd.values, fwd.head_outputs, zero, allowed)  # ≥ max_m ‖v̂_m − ŷ_i‖
+    value_max = A.row_max_of_keys(A.norm_upper(torch.linalg.vector_norm(fwd.values, dim=-1), P.shape[-1]), allowed)
+    head_norm = A.norm_upper(torch.linalg.vector_norm(fwd.head_outputs, dim=-1), fwd.head_outputs.shape[-1])
+    head_error = add_up(
+        add_up(A.row_max_of_keys(value_errors, allowed), mul_up(add_up(mul_up(eta, total_up), small_mass), spread)),
+        add_up(mul_up(off_one, head_norm), mul_up(mul_up(total_up, value_max), gamma(n_key))),
+    )  # [batch, head, query]
+    mixed = _combine_heads(head_error.transpose(-1, -2), norms.w_o[..., None], norms.w_o_head[..., None, :])
+    concatenated = fwd.head_outputs.abs().transpose(1, 2).flatten(-2)  # [batch, query, head·d_head]
+    magnitude = concatenated @ Wo.to(torch.float64).abs().transpose(-1, -2)
+    if b_o is not None:
+        magnitude = magnitude + b_o.abs()[..., None, :]
+    width = concatenated.shape[-1] + 1  # the float magnitude is itself within γ_width of the real one
+    rounding = mul_up(norm2_upper_bound(magnitude), gamma(width) * (1 + 2 * gamma(width)))
+    return add_up(mixed, rounding)
 
 
 @overload

@@ -446,22 +446,27 @@ def score_error(
     X: Tensor, Wq: Tensor, Wk: Tensor, b_q: Tensor | None, b_k: Tensor | None, tau: float,
     *, q_norm: NormWeights | None = None, k_norm: NormWeights | None = None, query_inputs: Tensor | None = None,
     key_inputs: Tensor | None = None, softcap: float | None = None, position_bias: float = 0.0,
+    shifts: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """(δ, M) per row ``[b, h, query]``: |û_ij − u_ij| ≤ δ_i for the scores of row i after the softmax's shift by
     the row maximum (softcapped scores s = c tanh(u/c) when ``softcap``), and the bound M ≥ ‖q̃_i‖ max_j ‖k̃_j‖ it
     was built from (``softmax_row_accuracy`` derives both). ``position_bias`` B ≥ |b_ij| bounds an additive bias
     independent of the input (ALiBi: max_h |m_h| (n − 1)); forming it, adding it and the larger row maximum add
-    4u B + 2u M/τ.
+    4u B + 2u M/τ. ``shifts`` (query side, key side; ``input_shift``): the scores are those of a real input u
+    near X, and both sides' errors are widened by them (the separate bound of the QK-norm case then applies).
     """
     n_head, d_head, d_model = Wq.shape[-3:]
     size_q, size_k = projection_magnitudes(X, Wq, b_q, n_head), projection_magnitudes(X, Wk, b_k, n_head)
-    if q_norm is None and k_norm is None:
+    shift_q, shift_k = (None, None) if shifts is None else shifts
+    if q_norm is None and k_norm is None and shifts is None:
         magnitude = mul_up(size_q, size_k.amax(dim=-1, keepdim=True))
         rate = math.nextafter(16.0 * gamma(d_model + d_head + 8) / tau, math.inf)
         delta = mul_up(magnitude, rate)
     else:
-        e_q, n_q = _side_error(size_q, q_norm, query_inputs, d_model)
-        e_k, n_k = (t.amax(dim=-1, keepdim=True) for t in _side_error(size_k, k_norm, key_inputs, d_model))
+        e_q, n_q = _side_error(size_q, q_norm, query_inputs, d_model, shift=shift_q)
+        e_k, n_k = (
+            t.amax(dim=-1, keepdim=True) for t in _side_error(size_k, k_norm, key_inputs, d_model, shift=shift_k)
+        )
         magnitude = mul_up(add_up(n_q, e_q), add_up(n_k, e_k))
         errors = add_up(mul_up(e_q, add_up(n_k, e_k)), mul_up(n_q, e_k))
         delta = div_up(mul_up(add_up(errors, mul_up(magnitude, gamma(d_head) + 3 * UNIT_ROUNDOFF)), 2.0), tau)
@@ -480,6 +485,7 @@ def softmax_row_accuracy(
     X: Tensor, Wq: Tensor, Wk: Tensor, b_q: Tensor | None, b_k: Tensor | None, P: Tensor, allowed: Tensor, tau: float,
     *, q_norm: NormWeights | None = None, k_norm: NormWeights | None = None, query_inputs: Tensor | None = None,
     key_inputs: Tensor | None = None, softcap: float | None = None, position_bias: float = 0.0,
+    shifts: tuple[Tensor, Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """(η, m) per row ``[b, h, query]``: p_j ≤ (1 + η) p̂_j for every key with p̂_j ≥ 2^-1000 and Σ p_j ≤ m over
     the other allowed keys, where p is the real-arithmetic softmax row at X and p̂ the float64 one.
@@ -493,17 +499,27 @@ def softmax_row_accuracy(
     bounds of the rotated query of row i and the worst key. A softcap s = c tanh(u/c) is 1-Lipschitz and adds
     16u·c for its own evaluation; an additive position bias |b| ≤ B (ALiBi) adds 4u B + 2u M/τ. exp, the row sum
     and the division add a relative γ_{n+8}, so p_j/p̂_j ∈ [e^-ζ, e^ζ] with ζ = 2δ_i + γ_{n+8}, η = 2ζ ≥ e^ζ − 1.
-    Keys whose p̂_j < 2^-1000 (underflow) hold real mass at most 2^-990 each. Rows with ζ >
-    ``SOFTMAX_ACCURACY_LIMIT`` (about ‖A_q‖‖A_k‖/τ > 2^28/(d + d_head)) raise InputError: their float64 rows are
-    not certified.
+    A row with a single allowed key has η = 0. Keys whose p̂_j < 2^-1000 (underflow) hold real mass at most
+    2^-990 each. Rows with ζ > ``SOFTMAX_ACCURACY_LIMIT`` (about ‖A_q‖‖A_k‖/τ > 2^28/(d + d_head)) raise
+    InputError: their float64 rows are not certified. ``shifts``: as in ``score_error`` (then p is the row at a
+    real input near X, and a radius that breaks the limit is refused as such).
     """
     d_head, d_model = Wq.shape[-2:]
     delta, magnitude = score_error(
         X, Wq, Wk, b_q, b_k, tau, q_norm=q_norm, k_norm=k_norm, query_inputs=query_inputs, key_inputs=key_inputs,
-        softcap=softcap, position_bias=position_bias,
+        softcap=softcap, position_bias=position_bias, shifts=shifts,
     )  # fmt: skip
     zeta = add_up(mul_up(delta, 2.0), gamma(P.shape[-1] + 8))
+    # A row with one allowed key is [1] in both arithmetics (fl(exp(0)/exp(0)) = 1), whatever its score.
+    zeta = torch.where(allowed.sum(dim=-1) == 1, torch.zeros_like(zeta), zeta)
     worst = float(zeta.max()) if zeta.numel() else 0.0
+    if not worst <= SOFTMAX_ACCURACY_LIMIT and shifts is not None:
+        raise InputError(
+            f"the attention input is only known within an input radius (a float64 intermediate of the forward) "
+            f"that moves the real softmax weights by up to a factor e^{worst:.3g}, beyond the certified "
+            f"e^{SOFTMAX_ACCURACY_LIMIT:.3g}: the float64 forward is too inaccurate at this input to certify the "
+            f"attention factor (huge offsets or biases upstream); evaluate the block nearer its inputs' scale"
+        )
     if not worst <= SOFTMAX_ACCURACY_LIMIT:
         raise InputError(
             f"attention scores too large for a certified float64 softmax: the score bound ‖A_q‖‖A_k‖/τ reaches "
@@ -526,20 +542,31 @@ def projection_magnitudes(X: Tensor, W: Tensor, b: Tensor | None, n_head: int) -
     return norm2_upper_bound(a)
 
 
-def value_errors(X: Tensor, Wv: Tensor, b_v: Tensor | None, n_head: int) -> Tensor:
+def value_errors(X: Tensor, Wv: Tensor, b_v: Tensor | None, n_head: int, shift: Tensor | None = None) -> Tensor:
     """≥ ‖v_t − v̂_t‖ between the real and the float64 value of each position, per query head ``[b, head, key]``:
-    γ_{d+1}‖A^V_t‖ with A^V_t = |W_V||x_t| + |b_V| (the float64 projection and its bias)."""
-    return mul_up(projection_magnitudes(X, Wv, b_v, n_head), gamma(X.shape[-1] + 1))
+    γ_{d+1}‖A^V_t‖ with A^V_t = |W_V||x_t| + |b_V| (the float64 projection and its bias), plus ``shift``
+    ≥ ‖W_V^h‖ ‖u_t − x_t‖ when the real input u is only known to lie near X (``input_shift``)."""
+    errors = mul_up(projection_magnitudes(X, Wv, b_v, n_head), gamma(X.shape[-1] + 1))
+    return errors if shift is None else add_up(errors, shift)
+
+
+def input_shift(w_norm: Tensor, input_radius: Tensor | None) -> Tensor | None:
+    """≥ ‖W^h (u_t − x_t)‖ per query head and position ``[b, head, position]`` from w_norm ≥ ‖W^h‖ (``[head]`` or
+    ``[b, head]``) and the input radius ``[b, position]`` (the real input u_t within it of the float x_t); None
+    when the input is exact."""
+    if input_radius is None:
+        return None
+    return mul_up(w_norm[..., None], input_radius[:, None, :])
 
 
 def projection_errors(
     magnitude: Tensor, norm: NormWeights | None, inputs: Tensor | None, d_model: int,
-    floors: tuple[Tensor, Tensor] | None = None,
+    floors: tuple[Tensor, Tensor] | None = None, shift: Tensor | None = None,
 ) -> Tensor:  # fmt: skip
     """≥ ‖ṽ_t − v̂_t‖ between the real and the float64 rotated (and normalized) query or key of each position,
-    per query head ``[b, head, position]``, from ‖A‖ (``projection_magnitudes``; ``_side_error``, ``floors`` as
-    there)."""
-    errors, _ = _side_error(magnitude, norm, inputs, d_model, floors)
+    per query head ``[b, head, position]``, from ‖A‖ (``projection_magnitudes``; ``_side_error``, ``floors`` and
+    ``shift`` as there)."""
+    errors, _ = _side_error(magnitude, norm, inputs, d_model, floors, shift)
     return errors
 
 
@@ -561,23 +588,31 @@ def own_heads(t: Tensor, norm: NormWeights, d_head: int) -> Tensor:
     return t[:, :: t.shape[1] // groups]
 
 
-def qk_norm_floors(magnitude: Tensor, norm: NormWeights, inputs: Tensor, d_model: int) -> tuple[Tensor, Tensor]:
+def qk_norm_floors(
+    magnitude: Tensor, norm: NormWeights, inputs: Tensor, d_model: int, shift: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """(r_lo, e_a) ``[b, head, position]``: a certified lower bound of the norm's r at the real projection and
-    the projection's error bound e_a = γ_{d+1}‖A‖ over the coordinates the norm reads (one head's, or all heads'
-    for a joint norm, ``weights.qk_norm_is_joint``), from ‖A‖ per head (``projection_magnitudes``)."""
+    the projection's error bound e_a = γ_{d+1}‖A‖ (+ ``shift`` ≥ ‖W^h‖‖u_t − x_t‖ per head, ``input_shift``) over
+    the coordinates the norm reads (one head's, or all heads' for a joint norm, ``weights.qk_norm_is_joint``:
+    then the ℓ2 norm of the heads' errors), from ‖A‖ per head (``projection_magnitudes``)."""
     d_head = inputs.shape[-1]
     if not qk_norm_is_joint(norm, d_head):
         error = mul_up(magnitude, gamma(d_model + 1))
+        error = error if shift is None else add_up(error, shift)
         return qk_norm_scale_lower_bound(inputs, norm, error), error
     joint = einops.rearrange(own_heads(inputs.to(torch.float64), norm, d_head), "b h p e -> b p (h e)")
-    error = mul_up(norm2_upper_bound(own_heads(magnitude, norm, d_head), dim=1), gamma(d_model + 1))  # [b, p]
+    if shift is None:
+        error = mul_up(norm2_upper_bound(own_heads(magnitude, norm, d_head), dim=1), gamma(d_model + 1))  # [b, p]
+    else:
+        per_head = add_up(mul_up(magnitude, gamma(d_model + 1)), shift)
+        error = norm2_upper_bound(own_heads(per_head, norm, d_head), dim=1)
     floor = qk_norm_scale_lower_bound(joint, norm, error)
     return floor[:, None].expand_as(magnitude), error[:, None].expand_as(magnitude)
 
 
 def _side_error(
     magnitude: Tensor, norm: NormWeights | None, inputs: Tensor | None, d_model: int,
-    floors: tuple[Tensor, Tensor] | None = None,
+    floors: tuple[Tensor, Tensor] | None = None, shift: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """(E, N) ``[b, h, position]``: ‖ṽ̂ − ṽ‖ ≤ E between the float and the real rotated query or key ṽ, and
     ‖ṽ‖ ≤ N, from ‖A‖ (``softmax_row_accuracy``). Without a norm: E = (γ_{d+1} + 4γ_3)‖A‖, N = ‖A‖. Under QK-norm
@@ -585,13 +620,15 @@ def _side_error(
     on the segment, r ≥ ``qk_norm_floors``), evaluating N at â adds γ_{k+6} per coordinate and RoPE γ_3 per
     coordinate pair, with ‖N(â)‖ ≤ γ_max √k = N, k the number of coordinates the norm reads (d_head, or all
     heads' for a joint norm; e_a and r then also over all heads). ``floors``: ``qk_norm_floors`` of the same
-    arguments, when the caller already has them."""
+    arguments, when the caller already has them. ``shift`` ≥ ‖W^h‖‖u_t − x_t‖ (``input_shift``) widens E, or e_a
+    under a norm, when the real input u is only known to lie near X; N stays a bound of the float vector."""
     if norm is None or inputs is None:
-        return mul_up(magnitude, gamma(d_model + 1) + 4 * gamma(3)), magnitude
+        errors = mul_up(magnitude, gamma(d_model + 1) + 4 * gamma(3))
+        return (errors if shift is None else add_up(errors, shift)), magnitude
     width = norm.gamma.shape[0]
     gamma_max = norm.gamma.to(torch.float64).abs().amax()
     radius = mul_up(gamma_max, math.nextafter(math.sqrt(width), math.inf))
-    floor, projection_error = floors if floors is not None else qk_norm_floors(magnitude, norm, inputs, d_model)
+    floor, projection_error = floors if floors is not None else qk_norm_floors(magnitude, norm, inputs, d_model, shift)
     moved = div_up(mul_up(projection_error, gamma_max), floor)
     evaluation = mul_up(radius, gamma(width + 6) + 4 * gamma(3))
     return add_up(moved, evaluation), radius.expand_as(moved)

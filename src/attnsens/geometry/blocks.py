@@ -69,8 +69,9 @@ from attnsens.geometry.attention_bounds import (
     mha_lipschitz_upper_bound,
     mha_local_jacobian_upper_bound,
 )
+from attnsens.geometry.enclosures import Enclosure, exact, norm_enclosure, residual_sum
 from attnsens.geometry.jacobians import norm_jacobian_spectral_norm_upper_bound
-from attnsens.geometry.layers import activation, norm_forward
+from attnsens.geometry.layers import activation
 from attnsens.geometry.norms import Geometry
 from attnsens.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights
 
@@ -129,44 +130,63 @@ def ffn_lipschitz_upper_bound(mlp: MLPWeights, *, radius_l2: float | Tensor | No
     return mul_up(w_out, add_up(gate_term, mul_up(w_in, gate_max)))
 
 
-def ffn_local_jacobian_upper_bound(x: Tensor, mlp: MLPWeights) -> Tensor:
+def ffn_local_jacobian_upper_bound(x: Tensor, mlp: MLPWeights, *, input_radius: Tensor | None = None) -> Tensor:
     """max_t ‖Dφ(x_t)‖₂ bound from the actual pre-activations: ‖W_out‖ ‖act'(h_t)‖_∞ ‖W_in‖ (plain) or
     ‖W_out‖ (‖a'(g)⊙u‖_∞ ‖W_gate‖ + ‖a(g)‖_∞ ‖W_in‖) (gated).
 
     Args:
         x: ``[batch, query, d_model]`` MLP inputs.
+        input_radius: as in ``ffn_token_jacobian_upper_bound``.
 
     Returns:
         ``[batch]`` float64 certified bound of the Jacobian's block-∞ operator norm at x.
     """
-    return ffn_token_jacobian_upper_bound(x, mlp).amax(dim=-1)
+    return ffn_token_jacobian_upper_bound(x, mlp, input_radius=input_radius).amax(dim=-1)
 
 
-def ffn_token_jacobian_upper_bound(x: Tensor, mlp: MLPWeights) -> Tensor:
+def _pre_activation(x: Tensor, W: Tensor, b: Tensor | None, input_radius: Tensor | None) -> tuple[Tensor, Tensor]:
+    """(ẑ, r) ``[batch, query, hidden]``: the float W x + b and r ≥ |z − ẑ| entrywise for the real z = W X + b,
+    r = γ_{d+1}(|W||x| + |b|) (the float magnitude itself enlarged by its own rounding) plus ‖w_j‖₂ δ_t when the
+    real input X is only known within ``input_radius`` δ ``[batch, query]`` of x (Cauchy–Schwarz)."""
+    d_model = x.shape[-1]
+    W64 = W.to(torch.float64)
+    value = x @ W64.T + (0.0 if b is None else b.to(torch.float64))
+    magnitude = x.abs() @ W64.abs().T + (0.0 if b is None else b.to(torch.float64).abs())
+    radius = mul_up(magnitude, gamma(d_model + 1) * (1 + 2 * gamma(d_model + 1)))
+    if input_radius is not None:
+        radius = add_up(radius, mul_up(_rows_l2(W64), input_radius.to(torch.float64)[..., None]))
+    return value, radius
+
+
+def _activation_error(pre: Tensor, name: str) -> Tensor:
+    """≥ the absolute error of the float act(ẑ) and act'(ẑ) (``ACTIVATION_EVALUATION_ERROR``; relu is exact)."""
+    if name == "relu":
+        return torch.zeros_like(pre)
+    return mul_up(pre.abs().clamp_min(1.0), ACTIVATION_EVALUATION_ERROR)
+
+
+def ffn_token_jacobian_upper_bound(x: Tensor, mlp: MLPWeights, *, input_radius: Tensor | None = None) -> Tensor:
     """The per-token bounds behind ``ffn_local_jacobian_upper_bound``: ``[batch, query]`` float64, each a certified
     bound of ‖Dφ(x_t)‖₂ (the map is tokenwise, so its block-∞ norm is their max over t).
 
     The slopes are those of the real pre-activations z = W x + b, within r = γ_{d+1}(|W||x| + |b|) of the float
     ones ẑ: |act'(z)| ≤ min(Lip(act), |act'(ẑ)| + e(ẑ) + curvature·r), e the evaluation error
     (``ACTIVATION_EVALUATION_ERROR``, ``ACTIVATION_CURVATURE``); relu's slope is 1 wherever [ẑ − r, ẑ + r] reaches
-    0 or above. Gated maps bound |u| by |û| + r_u and |a(g)| by |a(ĝ)| + e + Lip(a)·r_g."""
+    0 or above. Gated maps bound |u| by |û| + r_u and |a(g)| by |a(ĝ)| + e + Lip(a)·r_g. With ``input_radius``
+    δ ``[batch, query]`` the bound holds at every input within δ_t of x_t: r grows by ‖w_j‖₂ δ_t per unit j, and
+    every bound above holds on the whole interval [ẑ − r, ẑ + r]."""
     x64 = x.detach().to(torch.float64)
-    d_model = x64.shape[-1]
-
-    def projection(W: Tensor, b: Tensor | None) -> tuple[Tensor, Tensor]:
-        W64 = W.to(torch.float64)
-        value = x64 @ W64.T + (0.0 if b is None else b.to(torch.float64))
-        magnitude = x64.abs() @ W64.abs().T + (0.0 if b is None else b.to(torch.float64).abs())
-        return value, mul_up(magnitude, gamma(d_model + 1) * (1 + 2 * gamma(d_model + 1)))
-
-    up, up_radius = projection(mlp.w_in, mlp.b_in)
-    pre, pre_radius = (up, up_radius) if mlp.kind != "gated" else projection(mlp.gate, mlp.b_gate)
+    up, up_radius = _pre_activation(x64, mlp.w_in, mlp.b_in, input_radius)
+    if mlp.kind != "gated":
+        pre, pre_radius = up, up_radius
+    else:
+        pre, pre_radius = _pre_activation(x64, mlp.gate, mlp.b_gate, input_radius)
     pre = pre.requires_grad_(True)
     with torch.enable_grad():
         (slope,) = torch.autograd.grad(activation(mlp.activation, pre).sum(), pre)
     pre = pre.detach()
     lip = activation_lipschitz(mlp.activation)
-    error = mul_up(pre.abs().clamp_min(1.0), ACTIVATION_EVALUATION_ERROR)
+    error = _activation_error(pre, mlp.activation)
     if mlp.activation == "relu":
         slope_bound = (add_up(pre, pre_radius) >= 0).to(torch.float64)
     else:
@@ -181,6 +201,41 @@ def ffn_token_jacobian_upper_bound(x: Tensor, mlp: MLPWeights) -> Tensor:
     value_bound = add_up(add_up(values, error), mul_up(pre_radius, lip))
     up_term = mul_up(value_bound.amax(dim=-1), w_in_norm)
     return mul_up(w_out_norm, add_up(gate_term, up_term))
+
+
+def mlp_enclosure(x: Enclosure, mlp: MLPWeights) -> Enclosure:
+    """The float64 MLP output at x̂ (the operations of ``layers.mlp_forward``) and a radius ≥ ‖φ(X)_t − φ̂_t‖₂ for
+    every real X within ``x.radius`` of ``x.value``.
+
+    With r the pre-activations' radius (``_pre_activation``) and e the activation's evaluation error, the hidden
+    units are within ε_j = Lip(act) r_j + e_j of the float ones (plain), or, for h = a(g) u,
+    |a(g)u − fl(â û)| ≤ (Lip(a) r^g_j + e_j)(|û_j| + r^u_j) + |â_j| r^u_j + γ₁|ĥ_j| (gated). The output projection
+    maps them to ≤ ‖W_out‖ ‖ε‖₂ and adds its own rounding γ_{k+1}‖|W_out||ĥ| + |b_out|‖ (k hidden units)."""
+    x64, radius = x.value, x.radius_or_none
+    up, up_radius = _pre_activation(x64, mlp.w_in, mlp.b_in, radius)
+    lip = activation_lipschitz(mlp.activation)
+    if mlp.kind == "gated":
+        gate, gate_radius = _pre_activation(x64, mlp.gate, mlp.b_gate, radius)
+        gated = activation(mlp.activation, gate)
+        hidden = gated * up
+        gate_error = add_up(mul_up(gate_radius, lip), _activation_error(gate, mlp.activation))
+        hidden_error = add_up(
+            add_up(mul_up(gate_error, add_up(up.abs(), up_radius)), mul_up(gated.abs(), up_radius)),
+            mul_up(hidden.abs(), gamma(1)),
+        )
+    else:
+        hidden = activation(mlp.activation, up)
+        hidden_error = add_up(mul_up(up_radius, lip), _activation_error(up, mlp.activation))
+    w_out = mlp.w_out.to(torch.float64)
+    value = hidden @ w_out.T
+    magnitude = hidden.abs() @ w_out.abs().T
+    if mlp.b_out is not None:
+        value = value + mlp.b_out.to(torch.float64)
+        magnitude = magnitude + mlp.b_out.to(torch.float64).abs()
+    width = hidden.shape[-1] + 1
+    rounding = mul_up(norm2_upper_bound(magnitude), gamma(width) * (1 + 2 * gamma(width)))
+    moved = mul_up(spectral_norm_upper_bound(mlp.w_out), norm2_upper_bound(hidden_error))
+    return Enclosure(value, add_up(moved, rounding))
 
 
 def norm_output_radius_rms(norm: NormWeights) -> Tensor:
@@ -305,12 +360,28 @@ def block_lipschitz_upper_bound(layer: LayerWeights, *, input_radius_rms: float 
     return result(bound, lip_attn, lip_ffn, one, one)
 
 
-def _attention_local(x: Tensor, attention: AttentionWeights, geometry: Geometry = "rms") -> MHALocalJacobianBound:
-    return mha_local_jacobian_upper_bound(x, attention, geometry=geometry)
+def _attention_local(u: Enclosure, attention: AttentionWeights, geometry: Geometry = "rms") -> MHALocalJacobianBound:
+    """The local attention bound on the ball of ``u`` (at u's value when it is exact)."""
+    return mha_local_jacobian_upper_bound(u.value, attention, geometry=geometry, input_radius=u.radius_or_none)
 
 
-def _norm_local(x: Tensor, norm: NormWeights) -> Tensor:
-    return norm_jacobian_spectral_norm_upper_bound(x, norm.gamma, norm.eps, norm.kind).amax(dim=-1)
+def _attention_output(bound: MHALocalJacobianBound) -> Enclosure:
+    return Enclosure(bound.output, bound.output_radius)
+
+
+def _norm_tokens(x: Enclosure, norm: NormWeights) -> Tensor:
+    """``[batch, query]``: ‖J_N‖₂ ≤ ‖γ‖_∞/σ per token over the ball of ``x`` (docs/math.md T6)."""
+    return norm_jacobian_spectral_norm_upper_bound(
+        x.value, norm.gamma, norm.eps, norm.kind, input_radius=x.radius_or_none
+    )
+
+
+def _norm_local(x: Enclosure, norm: NormWeights) -> Tensor:
+    return _norm_tokens(x, norm).amax(dim=-1)
+
+
+def _ffn_local(x: Enclosure, mlp: MLPWeights) -> Tensor:
+    return ffn_local_jacobian_upper_bound(x.value, mlp, input_radius=x.radius_or_none)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -344,8 +415,8 @@ def block_local_jacobian_bound(
     sublayers (pre or none), each branch gains ‖J_N_out‖ at the sublayer's actual output, taken row by row with the
     attention bound's rows and token by token with the FFN's (module docstring).
 
-    Each factor is bounded at the float64 intermediate point computed here (N₁(x), x + A(·), …), not yet widened
-    by that point's forward rounding (docs/architecture.md, "Rounding").
+    x is exact; every later factor is bounded over a proved enclosure of its real argument (N₁(x), x + A(·), …),
+    the float64 intermediate and its forward-error radius (``enclosures``, docs/architecture.md "Rounding").
 
     Args:
         x: ``[batch, query, d_model]`` block input.
@@ -355,70 +426,62 @@ def block_local_jacobian_bound(
         ``BlockLocalJacobianBound``: the ``[batch]`` float64 certified bound (docs/math.md T4–T8 combined) and the
         attention factor's own bound.
     """
-    from attnsens.geometry.layers import attention_sublayer, mlp_forward
-
-    x = x.detach().to(torch.float64)
+    x0 = exact(x)
     if layer.has_out_norms:
-        return _out_norm_block_local_bound(x, layer, geometry)
+        return _out_norm_block_local_bound(x0, layer, geometry)
     if layer.placement == "none":
-        attention = _attention_local(x, layer.attention, geometry)
-        y = x + attention_sublayer(x, layer.attention)
-        bound = mul_up(add_up(attention.upper_bound, 1.0), add_up(ffn_local_jacobian_upper_bound(y, layer.mlp), 1.0))
-        return BlockLocalJacobianBound(upper_bound=bound, attention=attention, attention_input=x)
+        attention = _attention_local(x0, layer.attention, geometry)
+        y = residual_sum(x0, _attention_output(attention))
+        bound = mul_up(add_up(attention.upper_bound, 1.0), add_up(_ffn_local(y, layer.mlp), 1.0))
+        return BlockLocalJacobianBound(upper_bound=bound, attention=attention, attention_input=x0.value)
     attn_norm, mlp_norm = layer.norms()
     if layer.parallel_residual:
-        h_attn, h_mlp = norm_forward(x, attn_norm), norm_forward(x, mlp_norm)
+        h_attn, h_mlp = norm_enclosure(x0, attn_norm), norm_enclosure(x0, mlp_norm)
         attention = _attention_local(h_attn, layer.attention, geometry)
-        attn = mul_up(_norm_local(x, attn_norm), attention.upper_bound)
-        ffn = mul_up(_norm_local(x, mlp_norm), ffn_local_jacobian_upper_bound(h_mlp, layer.mlp))
+        attn = mul_up(_norm_local(x0, attn_norm), attention.upper_bound)
+        ffn = mul_up(_norm_local(x0, mlp_norm), _ffn_local(h_mlp, layer.mlp))
         return BlockLocalJacobianBound(
-            upper_bound=add_up(add_up(attn, ffn), 1.0), attention=attention, attention_input=h_attn
+            upper_bound=add_up(add_up(attn, ffn), 1.0), attention=attention, attention_input=h_attn.value
         )
     if layer.placement == "pre":
-        h = norm_forward(x, attn_norm)
+        h = norm_enclosure(x0, attn_norm)
         attention = _attention_local(h, layer.attention, geometry)
-        first = add_up(mul_up(_norm_local(x, attn_norm), attention.upper_bound), 1.0)
-        y = x + attention_sublayer(h, layer.attention)
-        g = norm_forward(y, mlp_norm)
-        second = add_up(mul_up(_norm_local(y, mlp_norm), ffn_local_jacobian_upper_bound(g, layer.mlp)), 1.0)
-        return BlockLocalJacobianBound(upper_bound=mul_up(first, second), attention=attention, attention_input=h)
-    attention = _attention_local(x, layer.attention, geometry)
+        first = add_up(mul_up(_norm_local(x0, attn_norm), attention.upper_bound), 1.0)
+        y = residual_sum(x0, _attention_output(attention))
+        g = norm_enclosure(y, mlp_norm)
+        second = add_up(mul_up(_norm_local(y, mlp_norm), _ffn_local(g, layer.mlp)), 1.0)
+        return BlockLocalJacobianBound(upper_bound=mul_up(first, second), attention=attention, attention_input=h.value)
+    attention = _attention_local(x0, layer.attention, geometry)
     alpha = layer.residual_scale
-    s1 = alpha * x + attention_sublayer(x, layer.attention)
-    first = mul_up(_norm_local(s1, attn_norm), add_up(attention.upper_bound, alpha))
-    y = norm_forward(s1, attn_norm)
-    s2 = alpha * y + mlp_forward(y, layer.mlp)
-    second = mul_up(_norm_local(s2, mlp_norm), add_up(ffn_local_jacobian_upper_bound(y, layer.mlp), alpha))
-    return BlockLocalJacobianBound(upper_bound=mul_up(first, second), attention=attention, attention_input=x)
+    s1 = residual_sum(x0, _attention_output(attention), alpha)
+    first = mul_up(_norm_local(s1, attn_norm), add_up(attention.upper_bound, abs(alpha)))
+    y = norm_enclosure(s1, attn_norm)
+    s2 = residual_sum(y, mlp_enclosure(y, layer.mlp), alpha)
+    second = mul_up(_norm_local(s2, mlp_norm), add_up(_ffn_local(y, layer.mlp), abs(alpha)))
+    return BlockLocalJacobianBound(upper_bound=mul_up(first, second), attention=attention, attention_input=x0.value)
 
 
-def _token_norm_factor(y: Tensor, norm: NormWeights) -> Tensor:
-    """``[batch, query]``: ‖J_N(y_t)‖₂ ≤ ‖γ‖_∞/σ(y_t) per token (docs/math.md T6)."""
-    return norm_jacobian_spectral_norm_upper_bound(y, norm.gamma, norm.eps, norm.kind)
-
-
-def _out_norm_block_local_bound(x: Tensor, layer: LayerWeights, geometry: Geometry) -> BlockLocalJacobianBound:
+def _out_norm_block_local_bound(x: Enclosure, layer: LayerWeights, geometry: Geometry) -> BlockLocalJacobianBound:
     """(1 + max_i ‖J_N_ao(a_i)‖ ρ_i · max_t ‖J_N₁(x_t)‖)(1 + max_t ‖J_N_mo(f_t)‖ ‖DF(g_t)‖ ‖J_N₂(h_t)‖) for a
-    "pre" or "none" block with norms after its sublayers (module docstring; a missing norm is a factor 1)."""
-    from attnsens.geometry.layers import attention_sublayer, mlp_forward
-
+    "pre" or "none" block with norms after its sublayers (module docstring; a missing norm is a factor 1), every
+    factor bounded over the enclosure of its real argument (``enclosures``)."""
     attn_norm, mlp_norm = layer.attn_norm, layer.mlp_norm  # both set ("pre") or both None ("none")
-    u = x if attn_norm is None else norm_forward(x, attn_norm)
+    u = x if attn_norm is None else norm_enclosure(x, attn_norm)
     attention = _attention_local(u, layer.attention, geometry)
-    a = attention_sublayer(u, layer.attention)
+    a = _attention_output(attention)
     rows = attention.row_upper_bound  # [batch, query]: row i's bound per unit block-∞ input
     if layer.attn_out_norm is not None:
-        rows = mul_up(_token_norm_factor(a, layer.attn_out_norm), rows)
-        a = norm_forward(a, layer.attn_out_norm)
+        rows = mul_up(_norm_tokens(a, layer.attn_out_norm), rows)
+        a = norm_enclosure(a, layer.attn_out_norm)
     attn_branch = rows.amax(dim=-1)
     if attn_norm is not None:
         attn_branch = mul_up(attn_branch, _norm_local(x, attn_norm))
-    h = x + a
-    g = h if mlp_norm is None else norm_forward(h, mlp_norm)
-    tokens = ffn_token_jacobian_upper_bound(g, layer.mlp)  # [batch, query]
+    h = residual_sum(x, a)
+    g = h if mlp_norm is None else norm_enclosure(h, mlp_norm)
+    tokens = ffn_token_jacobian_upper_bound(g.value, layer.mlp, input_radius=g.radius_or_none)  # [batch, query]
     if layer.mlp_out_norm is not None:
-        tokens = mul_up(_token_norm_factor(mlp_forward(g, layer.mlp), layer.mlp_out_norm), tokens)
+        tokens = mul_up(_norm_tokens(mlp_enclosure(g, layer.mlp), layer.mlp_out_norm), tokens)
     if mlp_norm is not None:
-        tokens = mul_up(tokens, _token_norm_factor(h, mlp_norm))
+        tokens = mul_up(tokens, _norm_tokens(h, mlp_norm))
     bound = mul_up(add_up(attn_branch, 1.0), add_up(tokens.amax(dim=-1), 1.0))
-    return BlockLocalJacobianBound(upper_bound=bound, attention=attention, attention_input=u)
+    return BlockLocalJacobianBound(upper_bound=bound, attention=attention, attention_input=u.value)

@@ -29,10 +29,18 @@ quotient is rounded up.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
-from attnsens._rounding import div_up, layernorm_scale_lower_bound, rmsnorm_scale_lower_bound
+from attnsens._rounding import (
+    div_up,
+    layernorm_scale_lower_bound,
+    rmsnorm_scale_lower_bound,
+    sqrt_down,
+    sub_down,
+)
 from attnsens.errors import ConfigError, ShapeError
 
 
@@ -145,7 +153,9 @@ def rmsnorm_jacobian(x: Tensor, gamma: Tensor, eps: float) -> Tensor:
     return gamma[:, None] * (eye - x_hat.unsqueeze(-1) * x_hat.unsqueeze(-2) / d) / r
 
 
-def norm_jacobian_spectral_norm_upper_bound(x: Tensor, gamma: Tensor, eps: float, kind: str) -> Tensor:
+def norm_jacobian_spectral_norm_upper_bound(
+    x: Tensor, gamma: Tensor, eps: float, kind: str, *, input_radius: Tensor | None = None
+) -> Tensor:
     """‖J_N(x)‖₂ ≤ ‖γ‖_∞/σ(x) (LayerNorm) or ‖γ‖_∞/r(x) (RMSNorm), per token.
 
     Args:
@@ -153,6 +163,9 @@ def norm_jacobian_spectral_norm_upper_bound(x: Tensor, gamma: Tensor, eps: float
         gamma: ``[d_model]``.
         eps: the norm's ε.
         kind: ``"layernorm"`` or ``"rmsnorm"``.
+        input_radius: ``[...]`` ℓ2 radii δ ≥ 0, or None. With radii the bound holds at every point within δ of
+            x, token by token: σ and r are (1/√d)-Lipschitz in ℓ2 (σ(x) = (‖Px‖²/d + ε)^{1/2}, P the centring), so
+            σ ≥ σ(x) − δ/√d there, and σ ≥ √ε everywhere (``enclosures``: a real intermediate near a float one).
 
     Returns:
         ``[...]`` float64 certified upper bound in real arithmetic (docs/math.md T6 and the RMSNorm extension above;
@@ -166,4 +179,7 @@ def norm_jacobian_spectral_norm_upper_bound(x: Tensor, gamma: Tensor, eps: float
         scale = rmsnorm_scale_lower_bound(x, eps)
     else:
         raise ConfigError(f"norm kind must be 'layernorm' or 'rmsnorm', got {kind!r}")
+    if input_radius is not None:
+        shifted = sub_down(scale, div_up(input_radius.to(torch.float64), math.nextafter(math.sqrt(x.shape[-1]), 0.0)))
+        scale = torch.maximum(shifted, sqrt_down(torch.tensor(float(eps), dtype=torch.float64)))
     return div_up(gamma.to(torch.float64).abs().amax(), scale)

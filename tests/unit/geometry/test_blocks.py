@@ -82,10 +82,12 @@ def test_parallel_residual_block_bound() -> None:
 @pytest.mark.parametrize("placement", ["pre", "post", "none", "parallel"])
 def test_block_bound_carries_the_attention_bound_of_its_chain_rule(placement: str) -> None:
     """The attention factor returned with the block bound is the MHA bound at the point the chain rule uses (N₁ of
-    the input for pre-LN and parallel blocks), so a caller reporting both computes the attention bound once."""
+    the input for pre-LN and parallel blocks, over that float point's enclosure), so a caller reporting both
+    computes the attention bound once."""
     from attnsens.geometry.attention import attention_mask_of, biases_of
     from attnsens.geometry.attention_bounds import mha_local_jacobian_upper_bound
     from attnsens.geometry.blocks import block_local_jacobian_bound
+    from attnsens.geometry.enclosures import exact, norm_enclosure
 
     layer = tiny_layers("pre" if placement == "parallel" else placement, seed=7)[0]
     if placement == "parallel":
@@ -95,9 +97,15 @@ def test_block_bound_carries_the_attention_bound_of_its_chain_rule(placement: st
     expected_input = X if placement in ("post", "none") else norm_forward(X, layer.attn_norm)
     assert torch.equal(bound.attention_input, expected_input)
     attn = layer.attention
-    direct = mha_local_jacobian_upper_bound(
-        expected_input, attn.w_q, attn.w_k, attn.w_v, attn.w_o, tau=attn.tau, mask=attention_mask_of(attn, 7),
-        biases=biases_of(attn), rotary=attn.rotary,
+    radius = None if placement in ("post", "none") else norm_enclosure(exact(X), layer.attn_norm).radius
+    direct, at_point = (
+        mha_local_jacobian_upper_bound(
+            expected_input, attn.w_q, attn.w_k, attn.w_v, attn.w_o, tau=attn.tau, mask=attention_mask_of(attn, 7),
+            biases=biases_of(attn), rotary=attn.rotary, input_radius=r,
+        )
+        for r in (radius, None)
     )  # fmt: skip
     assert torch.equal(bound.attention.upper_bound, direct.upper_bound)
+    assert bool((direct.upper_bound >= at_point.upper_bound).all())
+    assert bool((direct.upper_bound <= at_point.upper_bound * (1 + 1e-9)).all())  # a radius of rounding size
     assert torch.equal(bound.upper_bound, block_local_jacobian_upper_bound(X, layer))
