@@ -43,7 +43,8 @@ missing norm is the identity (factor 1). ``mlp_out_norm``'s output ball bounds t
 this block, so it is not used.
 
 Every certified number here is evaluated with ``attnsens._rounding``: spectral norms and row norms as certified
-upper bounds, products and sums rounded up.
+upper bounds, products and sums rounded up. The local bounds' factors after the block input are bounded over the
+proved enclosures of their real arguments (``enclosures``): the float64 intermediate and its forward-error radius.
 """
 
 from __future__ import annotations

@@ -331,3 +331,162 @@ def test_pre_ln_block_bound_at_a_huge_offset_is_not_below_the_300_bit_norm(ks: t
     assert mpmath.mpf(bound) >= true, (bound, float(true))
     assert mpmath.mpf(_point_evaluated_pre_ln_bound(x, layer)) < true  # mutation: the old chain rule
     assert math.isfinite(bound)
+
+
+def _mp_matrix(W: torch.Tensor) -> list:
+    return [[mpmath.mpf(float(v)) for v in row] for row in W]
+
+
+def _mp_apply(W: list, x: list, b: torch.Tensor | None = None) -> list:
+    out = [mpmath.fsum(row[i] * x[i] for i in range(len(x))) for row in W]
+    return out if b is None else [out[j] + mpmath.mpf(float(b[j])) for j in range(len(out))]
+
+
+def _mp_attention(tokens: list, attention: AttentionWeights) -> list:
+    """Causal MHA of ``attention`` (no RoPE or QK-norm) in mpmath, token by token."""
+    n_head = attention.w_q.shape[0]
+    group = n_head // attention.w_k.shape[0]
+    heads = []
+    for h in range(n_head):
+        g = h // group
+        q = [_mp_apply(_mp_matrix(attention.w_q[h]), t, None if attention.b_q is None else attention.b_q[h])
+             for t in tokens]  # fmt: skip
+        k = [_mp_apply(_mp_matrix(attention.w_k[g]), t, None if attention.b_k is None else attention.b_k[g])
+             for t in tokens]  # fmt: skip
+        v = [_mp_apply(_mp_matrix(attention.w_v[g]), t, None if attention.b_v is None else attention.b_v[g])
+             for t in tokens]  # fmt: skip
+        rows = []
+        for i in range(len(tokens)):
+            scores = [mpmath.fsum(a * b for a, b in zip(q[i], k[j], strict=True)) / attention.tau for j in range(i + 1)]
+            top = max(scores)
+            weights = [mpmath.exp(s - top) for s in scores]
+            total = mpmath.fsum(weights)
+            rows.append([mpmath.fsum(weights[j] / total * v[j][e] for j in range(i + 1)) for e in range(len(v[0]))])
+        heads.append(rows)
+    w_o = _mp_matrix(attention.w_o)
+    return [_mp_apply(w_o, [c for h in range(n_head) for c in heads[h][i]], attention.b_o) for i in range(len(tokens))]
+
+
+def _mp_block(tokens: list, layer: LayerWeights) -> list:
+    """One block of any placement (``LayerWeights``) in mpmath, as ``layers.block_forward`` computes it."""
+
+    def norm(x: list, weights: NormWeights | None) -> list:
+        if weights is None:
+            return x
+        beta = None if weights.beta is None else _mp_vector(weights.beta)
+        return _mp_norm(x, _mp_vector(weights.gamma), beta, weights.eps, weights.kind)
+
+    def add(a: list, b: list, scale: float = 1.0) -> list:
+        return [[scale * s + t for s, t in zip(u, w, strict=True)] for u, w in zip(a, b, strict=True)]
+
+    mlp = [lambda t: _mp_mlp(t, layer.mlp)][0]
+    if layer.parallel_residual:
+        attn = _mp_attention([norm(t, layer.attn_norm) for t in tokens], layer.attention)
+        return add(add(tokens, attn), [mlp(norm(t, layer.mlp_norm)) for t in tokens])
+    if layer.placement == "post":
+        alpha = layer.residual_scale
+        y = [norm(t, layer.attn_norm) for t in add(tokens, _mp_attention(tokens, layer.attention), alpha)]
+        return [norm(t, layer.mlp_norm) for t in add(y, [mlp(t) for t in y], alpha)]
+    attn = _mp_attention([norm(t, layer.attn_norm) for t in tokens], layer.attention)
+    h = add(tokens, [norm(t, layer.attn_out_norm) for t in attn])
+    return add(h, [norm(mlp(norm(t, layer.mlp_norm)), layer.mlp_out_norm) for t in h])
+
+
+def _mp_block_jacobian_lower_bound(x: torch.Tensor, layer: LayerWeights) -> mpmath.mpf:
+    """max_{i,j} ‖∂y_i/∂x_j‖₂ ≤ ‖D block(X)‖_{b∞→b∞} (a perturbation of one token), by 300-bit central
+    differences; equal to the norm for one token."""
+    n, d = x.shape[-2:]
+    with mpmath.workprec(PREC):
+        tokens = [_mp_vector(x[0, t]) for t in range(n)]
+        step = mpmath.mpf(2) ** -120
+        columns = {}
+        for j in range(n):
+            for m in range(d):
+                up = [list(t) for t in tokens]
+                down = [list(t) for t in tokens]
+                up[j][m] += step
+                down[j][m] -= step
+                f_up, f_down = _mp_block(up, layer), _mp_block(down, layer)
+                columns[j, m] = [[(f_up[i][e] - f_down[i][e]) / (2 * step) for e in range(d)] for i in range(n)]
+        best = mpmath.mpf(0)
+        for i in range(n):
+            for j in range(n):
+                J = mpmath.matrix([[columns[j, m][i][e] for m in range(d)] for e in range(d)])
+                best = max(best, mpmath.sqrt(max(mpmath.eigsy(J.T * J, eigvals_only=True))))
+        return best
+
+
+def _tiny_block(placement: str, *, out_norms: bool = False, parallel: bool = False) -> LayerWeights:
+    import dataclasses
+
+    from tests.unit.geometry.tiny_layers import tiny_layers
+
+    layer = tiny_layers(placement, n_layer=1, d_model=6, n_head=2, d_head=3, d_ff=8, out_norms=out_norms, seed=4)[0]
+    return dataclasses.replace(layer, parallel_residual=True) if parallel else layer
+
+
+BLOCKS = {
+    "pre": dict(placement="pre"),
+    "parallel": dict(placement="pre", parallel=True),
+    "pre_out_norms": dict(placement="pre", out_norms=True),
+    "none_out_norms": dict(placement="none", out_norms=True),
+    "post": dict(placement="post"),
+    "none": dict(placement="none"),
+}
+
+
+NORMALIZED_ATTENTION_INPUT = ("pre", "parallel", "pre_out_norms")  # attention reads N₁(x), not x
+
+
+@pytest.mark.parametrize(
+    "name, offset", [(n, 0.0) for n in BLOCKS] + [(n, 2.0**30) for n in NORMALIZED_ATTENTION_INPUT]
+)
+def test_block_bound_of_every_placement_is_above_the_300_bit_token_jacobians(name: str, offset: float) -> None:
+    """Three tokens, random weights: the block bound is above every token-to-token Jacobian norm of the real
+    block (a lower bound of its block-∞ norm), on ordinary inputs and, where the attention reads normalized
+    inputs, on inputs at 2^30 (spread 2^8) whose float64 intermediates lose their low bits."""
+    layer = _tiny_block(**BLOCKS[name])
+    g = torch.Generator().manual_seed(8)
+    x = offset + torch.randn(1, 3, 6, generator=g, dtype=F64) * (2.0**8 if offset else 1.0)
+    bound = float(block_local_jacobian_upper_bound(x, layer)[0])
+    lower = _mp_block_jacobian_lower_bound(x, layer)
+    assert mpmath.mpf(bound) >= lower, (bound, float(lower))
+
+
+def test_attention_reading_inputs_at_2_40_through_a_norm_is_refused_not_guessed() -> None:
+    """At 2^40 (spread 2^14) float64 loses N₁(x) to about 10^-7: the softmax rows of the real N₁(x) are beyond the
+    certified range, and the block bound says so instead of returning a number."""
+    from attnsens.errors import InputError
+
+    layer = _tiny_block("pre")
+    g = torch.Generator().manual_seed(8)
+    x = 2.0**40 + torch.randn(1, 3, 6, generator=g, dtype=F64) * 2.0**14
+    with pytest.raises(InputError, match="input radius"):
+        block_local_jacobian_upper_bound(x, layer)
+
+
+def test_post_ln_block_bound_when_a_bias_of_2_60_rounds_the_residual_sum_is_not_below_the_real_norm() -> None:
+    """A post-LN block whose attention adds b_O = 2^60: the real s₁ = 4x + b_O has 4x's spread (LayerNorm ignores
+    the shift), but float64 rounds s₁ to multiples of 256 and widens its spread, so the point-evaluated ‖J_N₁(ŝ₁)‖
+    is 14 % below the real one. The bound over s₁'s enclosure stays above the exact one-token norm."""
+    import dataclasses
+
+    d = 6
+    layer = _tiny_block("post")
+    eye = torch.eye(d, dtype=F64)
+    attention = dataclasses.replace(
+        layer.attention, w_q=torch.zeros(2, 3, d, dtype=F64), w_k=torch.zeros(2, 3, d, dtype=F64),
+        w_v=eye.reshape(2, 3, d).clone(), w_o=3 * eye, b_q=None, b_k=None, b_v=None,
+        b_o=torch.full((d,), 2.0**60, dtype=F64),
+    )  # fmt: skip
+    mlp = dataclasses.replace(layer.mlp, w_in=torch.zeros_like(layer.mlp.w_in), b_in=None, b_out=None)
+    norm = NormWeights(kind="layernorm", gamma=torch.ones(d, dtype=F64), beta=None, eps=1e-5)
+    layer = dataclasses.replace(layer, attention=attention, mlp=mlp, attn_norm=norm, mlp_norm=norm)
+    x = torch.tensor([[[65.0, -65.0, 65.0, -65.0, 64.0, -64.0]]], dtype=F64)
+    bound = float(block_local_jacobian_upper_bound(x, layer)[0])
+    true = _mp_block_jacobian_lower_bound(x, layer)  # one token: the exact norm
+    assert mpmath.mpf(bound) >= true, (bound, float(true))
+    s1 = x + attention_sublayer(x, layer.attention)
+    point = float(norm_jacobian_spectral_norm_upper_bound(s1, norm.gamma, norm.eps, norm.kind).amax())
+    real = float(norm_jacobian_spectral_norm_upper_bound(4 * x, norm.gamma, norm.eps, norm.kind).amax())
+    assert point < real / 1.1  # mutation: the factor at the float ŝ₁ is below the real one
