@@ -43,6 +43,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from attnsens._rounding import add_up, gamma, mul_up, norm2_upper_bound, round_up, sqrt_up, square_up, sum_upper_bound
 from attnsens.errors import ConfigError, UnsupportedModelError
 from attnsens.geometry.blocks import norm_lipschitz_upper_bound
 from attnsens.influence.constants import BlockConstants, HeadOutput, block_constants
@@ -98,8 +99,8 @@ class InfluenceCertificate:
             rows = run_recursion(
                 self.blocks, embedding_norm=self.embedding_norm, embedding_diameter=self.embedding_diameter, length=n
             )
-            return rows[-1].log_other_positions[0] / _LN10 - math.log10(n)
-        return log_poly_at(self.log_polynomial, _harmonic(n)) / _LN10 - math.log10(n)
+            return _up(_log10_of_exp(rows[-1].log_other_positions[0]) - _log10_down(n))
+        return _up(_log10_of_exp(log_poly_at(self.log_polynomial, _harmonic(n))) - _log10_down(n))
 
     def influence_upper_bound(self, n: int, *, tightened: bool = False) -> float:
         """The certified bound on ‖Δy_n‖₂ at length n as a float (inf on overflow)."""
@@ -111,13 +112,13 @@ class InfluenceCertificate:
         log10_constant = self._require()
         if self.unembedding_spread is None:
             raise ConfigError("no unembedding was given, so no probability bound; pass unembedding=[vocab, d_model]")
-        return math.log10(self.unembedding_spread / 2) + log10_constant
+        return _up(_log10(self.unembedding_spread / 2) + log10_constant)
 
     def log10_probability_change_upper_bound(self, n: int) -> float:
         """log10 of the bound on ‖p − p'‖₁ at length n: spread · ‖Δy_n‖/2 (module docstring)."""
         if self.unembedding_spread is None:
             raise ConfigError("no unembedding was given, so no probability bound; pass unembedding=[vocab, d_model]")
-        return math.log10(self.unembedding_spread / 2) + self.log10_influence_upper_bound(n)
+        return _up(_log10(self.unembedding_spread / 2) + self.log10_influence_upper_bound(n))
 
     def log10_length_for_probability_change(self, eta: float) -> float:
         """log10 n*(η): for every n ≥ n*, ‖p − p'‖₁ ≤ η; n* = spread · C/(2η) (unmasked attention).
@@ -131,7 +132,7 @@ class InfluenceCertificate:
             raise ConfigError(f"eta must be > 0, got {eta}")
         if self.unembedding_spread is None:
             raise ConfigError("no unembedding was given, so no probability bound; pass unembedding=[vocab, d_model]")
-        return math.log10(self.unembedding_spread / (2 * eta)) + log10_constant
+        return _up(_log10(_up(self.unembedding_spread / (2 * eta))) + log10_constant)
 
     def table(self) -> list[dict[str, Any]]:
         """Per-layer rows: Λ_k, ‖f_k(0)‖, B_k, A_k, log10 e^{2A_k}, log10 D_k, log10 E_k(1), degree of E_k in H_n."""
@@ -144,7 +145,7 @@ class InfluenceCertificate:
                 "score_upper_bound": row.score_upper_bound,
                 "log10_weight_ratio": row.log_weight_ratio / _LN10,
                 "log10_changed_position_upper_bound": row.log_changed_position / _LN10,
-                "log10_other_positions_upper_bound": log_poly_at(row.log_other_positions, 1.0) / _LN10,
+                "log10_other_positions_upper_bound": _log10_of_exp(log_poly_at(row.log_other_positions, 1.0)),
                 "harmonic_degree": len(row.log_other_positions) - 1,
             }
             for row in self.layers
@@ -166,21 +167,66 @@ class InfluenceCertificate:
             )
 
 
+def _up(x: float) -> float:
+    return x if not math.isfinite(x) else math.nextafter(x, math.inf)
+
+
+def _down(x: float) -> float:
+    return x if not math.isfinite(x) else math.nextafter(x, -math.inf)
+
+
+def _log10(x: float) -> float:
+    """≥ log10 x (``math.log10`` is within one ulp; two steps up cover it)."""
+    return _up(_up(math.log10(x))) if x > 0 else -math.inf
+
+
+def _log10_down(x: float) -> float:
+    """≤ log10 x."""
+    return _down(_down(math.log10(x))) if x > 0 else -math.inf
+
+
+_LN10_LOW, _LN10_HIGH = _down(_down(_LN10)), _up(_up(_LN10))
+
+
+def _log10_of_exp(log_value: float) -> float:
+    """≥ log_value / ln 10, the log10 of e^log_value."""
+    return _up(log_value / (_LN10_LOW if log_value >= 0 else _LN10_HIGH))
+
+
 def _pow10(log10_value: float | None) -> float:
+    """≥ 10^x (``float.__pow__`` is within one ulp; two steps up), inf on overflow."""
     if log10_value is None:
         return math.nan
-    return math.inf if log10_value > 308 else 10.0**log10_value
+    return math.inf if log10_value > 308 else _up(_up(10.0**log10_value))
 
 
 def _harmonic(n: int) -> float:
-    return float(torch.arange(1, n + 1, dtype=torch.float64).reciprocal().sum()) * (1 + 1e-12)
+    """≥ H_n = Σ_{r≤n} 1/r: each reciprocal rounded up, the sum bounded with its γ_{n−1} radius."""
+    reciprocals = round_up(torch.arange(1, n + 1, dtype=torch.float64).reciprocal())
+    return float(sum_upper_bound(reciprocals))
 
 
-def _max_distance_upper_bound(rows: Tensor) -> float:
+def _max_distance_upper_bound(rows: Tensor, *, chunk: int = 1024) -> float:
+    """≥ max_{a,b} ‖r_a − r_b‖₂ in real arithmetic.
+
+    ‖r_a − r_b‖² = ‖r_a‖² + ‖r_b‖² − 2 r_a·r_b, and the float Gram entry is within γ_d ‖r_a‖‖r_b‖ of r_a·r_b
+    (Cauchy–Schwarz on Higham's |fl(xᵀy) − xᵀy| ≤ γ_d |x|ᵀ|y|), so n_a² + n_b² − 2 fl(r_a·r_b) + 2γ_d n_a n_b with
+    n ≥ ‖r‖, every step rounded up, bounds the squared distance whatever cancellation the Gram form suffers. Above
+    ``_EXACT_DISTANCE_VOCAB`` rows it is 2 max_a ‖r_a‖.
+    """
     rows = rows.detach().to(torch.float64)
+    norms = norm2_upper_bound(rows)
     if rows.shape[0] > _EXACT_DISTANCE_VOCAB:
-        return 2 * float(torch.linalg.vector_norm(rows, dim=-1).max())
-    return float(torch.cdist(rows, rows).max()) * (1 + 1e-10)
+        return float(mul_up(norms.max(), 2.0))
+    squares = square_up(norms)
+    slack = 2 * gamma(rows.shape[-1]) * (1 + 2.0**-40)
+    best = 0.0
+    for start in range(0, rows.shape[0], chunk):
+        gram = rows[start : start + chunk] @ rows.T
+        cross = add_up(mul_up(gram, -2.0), mul_up(mul_up(norms[start : start + chunk, None], norms[None]), slack))
+        squared = add_up(add_up(squares[start : start + chunk, None], squares[None]), cross)
+        best = max(best, float(squared.max()))
+    return float(sqrt_up(torch.tensor(max(best, 0.0), dtype=torch.float64)))
 
 
 def norm_lipschitz_constant(norm: NormWeights) -> float:
@@ -196,7 +242,10 @@ def _norm_reasons(
     worst = 0.0
     for layer in layers:
         norms = [n for n in _layer_norms(layer) if n is not None]
-        per_block.append(math.prod(norm_lipschitz_constant(n) for n in norms))
+        factor = 1.0
+        for norm in norms:
+            factor = _up(factor * norm_lipschitz_constant(norm))
+        per_block.append(factor)
         worst = max([worst, *(norm_lipschitz_constant(n) for n in norms)])
     normed = [layer for layer in layers if layer.placement != "none"]
     if normed:
@@ -338,7 +387,7 @@ def certified_constant(
     if not unmodelled:
         rows = run_recursion(blocks, embedding_norm=embedding_norm, embedding_diameter=embedding_diameter)
         polynomial = rows[-1].log_other_positions
-        log10_constant = log_poly_at(polynomial, 1.0) / _LN10 + math.log10(final_norm_factor)
+        log10_constant = _up(_log10_of_exp(log_poly_at(polynomial, 1.0)) + _log10(final_norm_factor))
     spread = None if inputs.unembedding is None else _max_distance_upper_bound(inputs.unembedding)
     return InfluenceCertificate(
         applicable=not reasons,

@@ -34,21 +34,18 @@ from torch import Tensor
 from attnsens._rounding import (
     add_up,
     div_up,
+    gamma,
     mul_up,
     norm2_upper_bound,
     product_spectral_norm_upper_bound,
     spectral_norm_upper_bound,
 )
 from attnsens.errors import ConfigError
-from attnsens.geometry.blocks import ffn_lipschitz_upper_bound
-from attnsens.geometry.layers import activation
-from attnsens.weights import LayerWeights
+from attnsens.geometry.blocks import ffn_lipschitz_upper_bound, mlp_enclosure
+from attnsens.geometry.enclosures import Enclosure, residual_sum
+from attnsens.weights import LayerWeights, MLPWeights
 
 HeadOutput = Literal["ov", "split"]
-
-# ‖f_k(0)‖ is evaluated through the activation in float64 without an error model: it alone is inflated by this
-# relative amount. Every operator norm is a certified upper bound in real arithmetic (attnsens._rounding).
-NORM_ROUNDING_MARGIN = 1e-10
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,8 +69,12 @@ class BlockConstants:
     heads: tuple[HeadConstants, ...]
 
 
-def _upper(value: Tensor | float) -> float:
-    return float(value) * (1 + NORM_ROUNDING_MARGIN)
+def _f_zero_norm_upper_bound(c_o: Tensor, c_o_radius: Tensor, mlp: MLPWeights) -> float:
+    """≥ ‖f_k(0)‖ = ‖c + φ(c)‖ for the real constant c within ``c_o_radius`` of the float ``c_o``: the MLP's and
+    the sum's forward enclosures (``geometry.enclosures``, ``geometry.blocks.mlp_enclosure``)."""
+    c = Enclosure(c_o[None, None], c_o_radius.reshape(1, 1))
+    total = residual_sum(c, mlp_enclosure(c, mlp))
+    return float(add_up(norm2_upper_bound(total.value[0, 0]), total.radius[0, 0]))
 
 
 def block_constants(
@@ -89,7 +90,8 @@ def block_constants(
 
     Returns:
         Upper bounds of every constant in real arithmetic: operator norms through ``attnsens._rounding`` (the
-        rounding of the products W_Qᵀ W_K and W_O W_V included); ‖f_k(0)‖ inflated by a relative 1e-10.
+        rounding of the products W_Qᵀ W_K and W_O W_V included), ‖f_k(0)‖ from the forward enclosures of the
+        constant c (``b_O`` plus the value biases' image), the MLP and their sum.
     """
     attn = layer.attention
     if attn.q_norm is not None or attn.k_norm is not None or attn.softcap or attn.alibi_slopes is not None:
@@ -116,9 +118,14 @@ def block_constants(
     c_o = torch.zeros(d_model, dtype=f64) if attention.b_o is None else attention.b_o.detach().to(f64)
     mlp_lipschitz = float(ffn_lipschitz_upper_bound(layer.mlp))  # ‖W₂‖ Lip(act) ‖W₁‖, docs/math.md §2.7
     one = torch.ones((), dtype=f64)
+    c_o_radius = torch.zeros((), dtype=f64)
     if head_output == "ov":
         value_norms = product_spectral_norm_upper_bound(out_blocks, w_v)
         offsets = torch.zeros(n_head, dtype=f64)
+        # c = b_O + Σ_h W_O^(h) b_V^(h): one float product and sum, within γ_{H·d_head+1}(|W_O||b_V| + |b_O|)
+        magnitude = torch.einsum("hdk,hk->d", out_blocks.abs(), b_v.abs()) + c_o.abs()
+        width = n_head * d_head + 1
+        c_o_radius = mul_up(norm2_upper_bound(magnitude), gamma(width) * (1 + 2 * gamma(width)))
         c_o = c_o + torch.einsum("hdk,hk->d", out_blocks, b_v)
         lipschitz = float(add_up(one, mlp_lipschitz))
     else:
@@ -126,13 +133,6 @@ def block_constants(
         offsets = norm2_upper_bound(b_v)
         out_norm = max(1.0, float(spectral_norm_upper_bound(out_blocks).max()))
         lipschitz = float(mul_up(add_up(one, mlp_lipschitz), out_norm))
-    mlp = layer.mlp
-    hidden = mlp.w_in.detach().to(f64) @ c_o
-    if mlp.b_in is not None:
-        hidden = hidden + mlp.b_in.detach().to(f64)
-    f_zero = c_o + mlp.w_out.detach().to(f64) @ activation(mlp.activation, hidden)
-    if mlp.b_out is not None:
-        f_zero = f_zero + mlp.b_out.detach().to(f64)
     heads = tuple(
         HeadConstants(
             score_norm=float(score_norms[h]),
@@ -145,7 +145,7 @@ def block_constants(
     return BlockConstants(
         index=layer.index,
         lipschitz=float(mul_up(torch.tensor(lipschitz, dtype=f64), norm_lipschitz)),
-        f_zero_norm=_upper(torch.linalg.vector_norm(f_zero)),
+        f_zero_norm=_f_zero_norm_upper_bound(c_o, c_o_radius, layer.mlp),
         causal=attention.causal,
         heads=heads,
     )

@@ -15,15 +15,19 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from attnsens._rounding import add_up, mul_up, norm2_upper_bound, sqrt_up, square_up, sum_upper_bound
 from attnsens.errors import ConfigError, ShapeError, UnsupportedModelError
+from attnsens.geometry.attention_accuracy import norm_upper
 from attnsens.models.own_gpt import gpt_layer_weights
 from attnsens.train.model import GPT
 from attnsens.weights import LayerWeights, NormWeights
 
 PositionKind = Literal["none", "sinusoidal", "learned"]
 
-# Relative margin on the analytic sinusoidal bound: the model adds a float32 rounding of sin/cos to each token.
-_FLOAT32_TABLE_MARGIN = 1e-6
+# A stored sin/cos pair (s·fl(sin x), s·fl(cos x)) lies within s·2^-21 of the pair at the same x, whatever the
+# precision of the table and of its angle (float32 or better, sin/cos within a few ulps): the bound covers every
+# angle, so only the pair's own rounding is added, s·2^-21 per pair.
+_TABLE_PAIR_ROUNDING = 2.0**-21
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,23 +89,29 @@ def sinusoidal_position_bound(token_embedding: Tensor, *, scale: float) -> Posit
 
     ‖v + p_j‖² = ‖v‖² + ‖p_j‖² + 2⟨v, p_j⟩ with ‖p_j‖² ≤ s²·⌈d/2⌉, and each sin/cos pair contributes
     s(v_{2i} sin + v_{2i+1} cos) ≤ s·√(v_{2i}² + v_{2i+1}²) to ⟨v, p_j⟩ (an unpaired last sine at odd d at most
-    s|v_{d−1}|). This is never larger than ‖v‖ + s√⌈d/2⌉ and is exact up to the choice of j.
+    s|v_{d−1}|). This is never larger than ‖v‖ + s√⌈d/2⌉ and is exact up to the choice of j. The stored table's
+    rounding adds at most s·2^-21·√⌈d/2⌉, and every step is rounded up (``attnsens._rounding``).
 
     Args:
         token_embedding: [vocab, d_model].
         scale: the amplitude s ≥ 0.
 
     Returns:
-        PositionBound(kind="sinusoidal", max_length=None), inflated by a relative 1e-6 for float32 tables.
+        PositionBound(kind="sinusoidal", max_length=None).
     """
     v = token_embedding.detach().to(torch.float64)
     d_model = v.shape[1]
-    pair_norms = torch.linalg.vector_norm(v[:, : 2 * (d_model // 2)].reshape(v.shape[0], -1, 2), dim=-1)
-    cross = pair_norms.sum(dim=-1)
+    pairs = math.ceil(d_model / 2)
+    pair_norms = norm2_upper_bound(v[:, : 2 * (d_model // 2)].reshape(v.shape[0], -1, 2))
     if d_model % 2:
-        cross = cross + v[:, -1].abs()
-    squared = v.square().sum(dim=-1) + scale**2 * math.ceil(d_model / 2) + 2 * scale * cross
-    bound = squared.sqrt() * (1 + _FLOAT32_TABLE_MARGIN)
+        pair_norms = torch.cat((pair_norms, v[:, -1:].abs()), dim=-1)
+    cross = sum_upper_bound(pair_norms)
+    amplitude = torch.tensor(float(scale), dtype=torch.float64)
+    token = sum_upper_bound(square_up(v.abs()))
+    position = mul_up(square_up(amplitude), float(pairs))
+    squared = add_up(add_up(token, position), mul_up(mul_up(cross, 2.0), amplitude))
+    rounding = mul_up(mul_up(amplitude, _TABLE_PAIR_ROUNDING), sqrt_up(torch.tensor(float(pairs), dtype=torch.float64)))
+    bound = add_up(sqrt_up(squared), rounding)
     return PositionBound(kind="sinusoidal", embedding_norm_upper_bound=bound, max_length=None)
 
 
@@ -116,9 +126,9 @@ def learned_position_bound(token_embedding: Tensor, position_table: Tensor, *, c
     v = token_embedding.detach().to(torch.float64)
     p = position_table.detach().to(torch.float64)
     bounds = [
-        torch.linalg.vector_norm(v[start : start + chunk, None, :] + p[None], dim=-1).amax(dim=-1)
+        norm_upper(torch.linalg.vector_norm(v[start : start + chunk, None, :] + p[None], dim=-1), v.shape[1]).amax(-1)
         for start in range(0, v.shape[0], chunk)
-    ]
+    ]  # the float sums v + p and their norms carry rule 3 of attnsens._rounding (attention_accuracy.norm_upper)
     return PositionBound(kind="learned", embedding_norm_upper_bound=torch.cat(bounds), max_length=p.shape[0])
 
 
@@ -140,7 +150,7 @@ def certificate_inputs(
         if token_embedding is None:
             raise ConfigError("certifying a bare layer list needs token_embedding=[vocab, d_model]; pass it")
         if positions is None:
-            norms = torch.linalg.vector_norm(token_embedding.detach().to(torch.float64), dim=-1)
+            norms = norm2_upper_bound(token_embedding.detach().to(torch.float64))
             positions = PositionBound(kind="none", embedding_norm_upper_bound=norms, max_length=None)
         return CertificateInputs(
             token_embedding=token_embedding, positions=positions, layers=tuple(model), unembedding=unembedding
@@ -162,7 +172,7 @@ def _gpt_inputs(gpt: GPT) -> CertificateInputs:
     elif gpt.wpe is not None:  # learned positions
         positions = learned_position_bound(embedding, gpt.wpe.weight)
     else:
-        norms = torch.linalg.vector_norm(embedding.to(torch.float64), dim=-1)
+        norms = norm2_upper_bound(embedding.to(torch.float64))
         positions = PositionBound(kind="none", embedding_norm_upper_bound=norms, max_length=None)
     final_norm = None
     if gpt.ln_f is not None:

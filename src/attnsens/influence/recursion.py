@@ -33,6 +33,12 @@ substitution with S = E (unmasked) reproduces steps 3–5 exactly, so one code p
 
 Finite-n tightening (unmasked only): at a given n the weight bound e^{2A}/(e^{2A} + n − 1) replaces e^{2A}/n and
 δ_j ≤ E/n replaces δ_j ≤ E in K^in; the result bounds ‖Δy_n‖ at that n only.
+
+Rounding. Every quantity is an upper bound of a nonnegative real number and every formula is increasing in its
+inputs, so each operation is rounded up (``_up``, one step to the next float), except the one subtracted term of the
+finite-n weight bound, which is rounded down. ``math.log`` and ``math.exp`` are within one ulp of the real value
+(the C library's, as CPython calls it); two steps in the safe direction cover them. The result is an upper bound
+in real arithmetic of the recursion at the given constants.
 """
 
 from __future__ import annotations
@@ -65,15 +71,69 @@ class LayerBounds:
     log_head_change: LogPolynomial  # Σ_h F_{k,h}
 
 
+def _up(x: float) -> float:
+    """The float above x (x itself when infinite or NaN): ≥ the real result of the operation that gave x."""
+    return x if not math.isfinite(x) else math.nextafter(x, math.inf)
+
+
+def _down(x: float) -> float:
+    """The float below x (x itself when infinite or NaN)."""
+    return x if not math.isfinite(x) else math.nextafter(x, -math.inf)
+
+
 def _log(x: float) -> float:
-    return math.log(x) if x > 0 else -math.inf
+    """≥ ln x (−∞ at 0): ``math.log`` is within one ulp, and two steps up cover it."""
+    return _up(_up(math.log(x))) if x > 0 else -math.inf
+
+
+def _log_down(x: float) -> float:
+    """≤ ln x (−∞ at 0)."""
+    return _down(_down(math.log(x))) if x > 0 else -math.inf
+
+
+def _exp(x: float) -> float:
+    """≥ e^x."""
+    return math.inf if x > 709.0 else _up(_up(math.exp(x)))
+
+
+def _exp_down(x: float) -> float:
+    """≤ e^x (≥ 0)."""
+    return 0.0 if x < -745.0 else max(0.0, _down(_down(math.exp(x))))
 
 
 def _logsumexp(*values: float) -> float:
+    """≥ log Σ e^v (every step rounded up)."""
     top = max(values)
     if math.isinf(top):
         return top
-    return top + math.log(sum(math.exp(v - top) for v in values))
+    total = 0.0
+    for v in values:
+        total = _up(total + _exp(_up(v - top)))
+    return _up(top + _log(total))
+
+
+def _logsumexp_down(*values: float) -> float:
+    """≤ log Σ e^v (every step rounded down)."""
+    top = max(values)
+    if math.isinf(top):
+        return top
+    total = 0.0
+    for v in values:
+        total = _down(total + _exp_down(_down(v - top)))
+    return _down(top + _log_down(total))
+
+
+def _plus(*terms: float) -> float:
+    """≥ the sum, each addition rounded up."""
+    total = 0.0
+    for term in terms:
+        total = _up(total + term)
+    return total
+
+
+def _times(a: float, b: float) -> float:
+    """≥ a·b for a, b ≥ 0."""
+    return _up(a * b)
 
 
 def _poly_add(*polys: LogPolynomial) -> LogPolynomial:
@@ -85,7 +145,7 @@ def _poly_add(*polys: LogPolynomial) -> LogPolynomial:
 
 
 def _poly_scale(poly: LogPolynomial, log_factor: float) -> LogPolynomial:
-    return tuple(c + log_factor for c in poly)
+    return tuple(_up(c + log_factor) for c in poly)
 
 
 def _poly_times_h(poly: LogPolynomial) -> LogPolynomial:
@@ -99,9 +159,9 @@ def log_poly_max(*polys: LogPolynomial) -> LogPolynomial:
 
 
 def log_poly_at(poly: LogPolynomial, harmonic: float) -> float:
-    """log Σ_m c_m H^m for H > 0."""
-    log_h = math.log(harmonic)
-    return _logsumexp(*(c + m * log_h for m, c in enumerate(poly)))
+    """≥ log Σ_m c_m H^m for H > 0 (rounded up)."""
+    log_h = _log(harmonic)
+    return _logsumexp(*(_up(c + _times(m, log_h)) if m else c for m, c in enumerate(poly)))
 
 
 def run_recursion(
@@ -120,37 +180,38 @@ def run_recursion(
     """
     log_other: LogPolynomial = (-math.inf,)
     hidden, log_changed = embedding_norm, _log(embedding_diameter)
+    log_two = _log(2.0)
     rows = []
     for block in blocks:
         log_hidden = _log(hidden)
         head_sum: LogPolynomial = (-math.inf,)
         omegas, scores = [], []
         for head in block.heads:
-            score = head.score_norm * hidden**2 + head.query_bias_score_norm * hidden  # A_{k,h}
-            scores.append(score)
+            score = _plus(_times(head.score_norm, _times(hidden, hidden)), _times(head.query_bias_score_norm, hidden))
+            scores.append(score)  # A_{k,h}
             log_rho = 2 * score
             log_query_change = log_other  # δ_j ≤ E (n ≥ 1)
             if length is not None and not block.causal:
-                log_rho = math.log(length) + 2 * score - _logsumexp(2 * score, _log(length - 1))
-                log_query_change = _poly_scale(log_other, -math.log(length))
-            log_kappa = _log(head.score_norm) + log_hidden
+                log_rho = _up(_up(_log(length) + 2 * score) - _logsumexp_down(2 * score, _log_down(length - 1)))
+                log_query_change = _poly_scale(log_other, -_log_down(length))
+            log_kappa = _up(_log(head.score_norm) + log_hidden)
             log_bias = _log(head.query_bias_score_norm)
             k_in = _poly_add(
                 _poly_scale(log_query_change, log_kappa),
-                (_logsumexp(log_kappa, log_bias) + log_changed,),
+                (_up(_logsumexp(log_kappa, log_bias) + log_changed),),
             )
             mixed = _poly_times_h(_poly_scale(log_other, 2 * score)) if block.causal else log_other  # S
             k_out = _poly_add(_poly_scale(log_other, log_kappa), _poly_scale(mixed, _logsumexp(log_kappa, log_bias)))
-            omega = _poly_scale(_poly_add(_poly_scale(k_in, log_rho), k_out), math.log(2))
+            omega = _poly_scale(_poly_add(_poly_scale(k_in, log_rho), k_out), log_two)
             omegas.append(omega)
-            change = _poly_add((log_rho + log_changed,), mixed, _poly_scale(omega, log_hidden))
+            change = _poly_add((_up(log_rho + log_changed),), mixed, _poly_scale(omega, log_hidden))
             head_sum = _poly_add(head_sum, _poly_scale(change, _log(head.value_norm)))
-        value_sum = sum(h.value_norm for h in block.heads)
-        new_hidden = block.f_zero_norm + block.lipschitz * (
-            hidden + sum(h.value_norm * hidden + h.value_offset_norm for h in block.heads)
-        )
+        value_sum = _plus(*(h.value_norm for h in block.heads))
+        value_parts = _plus(*(_plus(_times(h.value_norm, hidden), h.value_offset_norm) for h in block.heads))
+        new_hidden = _plus(block.f_zero_norm, _times(block.lipschitz, _plus(hidden, value_parts)))
         log_changed = min(
-            _log(2 * new_hidden), _log(block.lipschitz) + _logsumexp(log_changed, _log(2 * value_sum) + log_hidden)
+            _log(2 * new_hidden),
+            _up(_log(block.lipschitz) + _logsumexp(log_changed, _up(_log(2 * value_sum) + log_hidden))),
         )
         log_other = _poly_scale(_poly_add(log_other, head_sum), _log(block.lipschitz))
         hidden = new_hidden
