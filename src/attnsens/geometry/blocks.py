@@ -392,12 +392,14 @@ class BlockLocalJacobianBound:
     upper_bound ``[batch]``; attention: the ``MHALocalJacobianBound`` of the attention sublayer at attention_input
     ``[batch, query, d_model]`` (float64), the point the chain rule evaluates it at (N₁ of the block input for
     pre-LN and parallel blocks, the block input itself otherwise). A caller that also reports the attention
-    bound reads it here instead of computing it a second time.
+    bound reads it here instead of computing it a second time. mlp_input: the enclosure of the MLP's real input
+    (``enclosures.Enclosure``), for a caller that needs a certified radius of it.
     """
 
     upper_bound: Tensor
     attention: MHALocalJacobianBound
     attention_input: Tensor
+    mlp_input: Enclosure
 
 
 def block_local_jacobian_upper_bound(x: Tensor, layer: LayerWeights) -> Tensor:
@@ -434,7 +436,7 @@ def block_local_jacobian_bound(
         attention = _attention_local(x0, layer.attention, geometry)
         y = residual_sum(x0, _attention_output(attention))
         bound = mul_up(add_up(attention.upper_bound, 1.0), add_up(_ffn_local(y, layer.mlp), 1.0))
-        return BlockLocalJacobianBound(upper_bound=bound, attention=attention, attention_input=x0.value)
+        return BlockLocalJacobianBound(upper_bound=bound, attention=attention, attention_input=x0.value, mlp_input=y)
     attn_norm, mlp_norm = layer.norms()
     if layer.parallel_residual:
         h_attn, h_mlp = norm_enclosure(x0, attn_norm), norm_enclosure(x0, mlp_norm)
@@ -442,7 +444,10 @@ def block_local_jacobian_bound(
         attn = mul_up(_norm_local(x0, attn_norm), attention.upper_bound)
         ffn = mul_up(_norm_local(x0, mlp_norm), _ffn_local(h_mlp, layer.mlp))
         return BlockLocalJacobianBound(
-            upper_bound=add_up(add_up(attn, ffn), 1.0), attention=attention, attention_input=h_attn.value
+            upper_bound=add_up(add_up(attn, ffn), 1.0),
+            attention=attention,
+            attention_input=h_attn.value,
+            mlp_input=h_mlp,
         )
     if layer.placement == "pre":
         h = norm_enclosure(x0, attn_norm)
@@ -451,7 +456,9 @@ def block_local_jacobian_bound(
         y = residual_sum(x0, _attention_output(attention))
         g = norm_enclosure(y, mlp_norm)
         second = add_up(mul_up(_norm_local(y, mlp_norm), _ffn_local(g, layer.mlp)), 1.0)
-        return BlockLocalJacobianBound(upper_bound=mul_up(first, second), attention=attention, attention_input=h.value)
+        return BlockLocalJacobianBound(
+            upper_bound=mul_up(first, second), attention=attention, attention_input=h.value, mlp_input=g
+        )
     attention = _attention_local(x0, layer.attention, geometry)
     alpha = layer.residual_scale
     s1 = residual_sum(x0, _attention_output(attention), alpha)
@@ -459,7 +466,9 @@ def block_local_jacobian_bound(
     y = norm_enclosure(s1, attn_norm)
     s2 = residual_sum(y, mlp_enclosure(y, layer.mlp), alpha)
     second = mul_up(_norm_local(s2, mlp_norm), add_up(_ffn_local(y, layer.mlp), abs(alpha)))
-    return BlockLocalJacobianBound(upper_bound=mul_up(first, second), attention=attention, attention_input=x0.value)
+    return BlockLocalJacobianBound(
+        upper_bound=mul_up(first, second), attention=attention, attention_input=x0.value, mlp_input=y
+    )
 
 
 def _out_norm_block_local_bound(x: Enclosure, layer: LayerWeights, geometry: Geometry) -> BlockLocalJacobianBound:
@@ -485,4 +494,4 @@ def _out_norm_block_local_bound(x: Enclosure, layer: LayerWeights, geometry: Geo
     if mlp_norm is not None:
         tokens = mul_up(tokens, _norm_tokens(h, mlp_norm))
     bound = mul_up(add_up(attn_branch, 1.0), add_up(tokens.amax(dim=-1), 1.0))
-    return BlockLocalJacobianBound(upper_bound=bound, attention=attention, attention_input=u.value)
+    return BlockLocalJacobianBound(upper_bound=bound, attention=attention, attention_input=u.value, mlp_input=g)

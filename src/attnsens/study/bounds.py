@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from attnsens import geometry as G
+from attnsens._rounding import add_up, div_up, mul_up, norm2_upper_bound
 from attnsens.errors import InputError
 from attnsens.geometry.attention import biases_of
 from attnsens.geometry.layers import attention_sublayer, synthetic_block_input
@@ -42,6 +43,17 @@ from attnsens.models.fidelity import check_weights_fidelity
 from attnsens.seeding import derived_generator
 from attnsens.store.schema import BOUNDS
 from attnsens.weights import AttentionWeights, LayerWeights
+
+
+def _rms_upper_bound(X: Tensor) -> Tensor:
+    """≥ ‖X‖_{∞,rms} over the tokens of ``X`` [batch, query, d_model] (one value for the whole tensor)."""
+    return div_up(norm2_upper_bound(X).amax(), math.nextafter(math.sqrt(X.shape[-1]), 0.0))
+
+
+def _head_bound(w_o: float, w_v: float, sensitivity: float, tau: float) -> float:
+    """‖W_O^(h)‖ (‖W_V^h‖ + sensitivity/τ), every step rounded up (the per-head column of the table)."""
+    one = torch.tensor(sensitivity, dtype=torch.float64)
+    return float(mul_up(add_up(div_up(one, tau), w_v), w_o))
 
 
 def _attention_call(attention: AttentionWeights) -> Callable[[Tensor], Tensor]:
@@ -85,8 +97,8 @@ def _layer_records(
     args = (attn.w_q, attn.w_k, attn.w_v, attn.w_o)
     if layer.placement == "pre":
         radius_rms = G.norm_output_radius_rms(layer.norms()[0])
-    else:
-        radius_rms = G.block_rms_norm(x_attn).amax()
+    else:  # the attention reads the (exact) block input
+        radius_rms = _rms_upper_bound(x_attn)
     lipschitz = G.mha_lipschitz_upper_bound(
         *args, tau=attn.tau, radius_rms=radius_rms, d_model=attn.d_model, biases=biases_of(attn), rotary=attn.rotary
     )
@@ -116,20 +128,22 @@ def _layer_records(
             "value_path_norm_product": float(norms.w_o) * w_v,
             "quartic_norm_product": float(norms.w_o) * w_q * w_k * w_v,
             "phi": phi, "theta_tilde": theta_tilde,
-            "mha_local_jacobian_upper_bound": w_oh * (w_v + theta_tilde * phi / attn.tau),
-            "mha_lipschitz_upper_bound": w_oh * (w_v + float(lipschitz.phi[h]) / attn.tau),
+            "mha_local_jacobian_upper_bound": _head_bound(w_oh, w_v, theta_tilde * phi, attn.tau),
+            "mha_lipschitz_upper_bound": _head_bound(w_oh, w_v, float(lipschitz.phi[h]), attn.tau),
         })  # fmt: skip
 
     d_model = attn.d_model
+    sqrt_d = math.nextafter(math.sqrt(d_model), math.inf)
     if layer.placement == "pre":
-        mlp_radius = G.norm_output_radius_rms(layer.norms()[1]) * math.sqrt(d_model)
+        mlp_radius = mul_up(G.norm_output_radius_rms(layer.norms()[1]), sqrt_d)
         block = G.block_lipschitz_upper_bound(layer)
     else:
+        mlp_input = block_local_bound.mlp_input  # the real MLP input lies within its radius of the float one
         mlp_radius = (
-            G.norm_output_radius_rms(layer.norms()[0]) * math.sqrt(d_model) if layer.placement == "post"
-            else G.block_l2_norm(entry["mlp_input"].to(torch.float64)).amax()
+            mul_up(G.norm_output_radius_rms(layer.norms()[0]), sqrt_d) if layer.placement == "post"
+            else add_up(norm2_upper_bound(mlp_input.value).amax(), mlp_input.radius.amax())
         )  # fmt: skip
-        block = G.block_lipschitz_upper_bound(layer, input_radius_rms=float(G.block_rms_norm(block_input).amax()))
+        block = G.block_lipschitz_upper_bound(layer, input_radius_rms=float(_rms_upper_bound(block_input)))
     block_local = float(block_local_bound.upper_bound.amax())
     block_estimate = estimate(lambda z: G.block_forward(z, layer), block_input, "block")
     local_bound = float(local.upper_bound.amax())
