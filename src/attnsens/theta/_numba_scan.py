@@ -12,6 +12,7 @@ import math
 import numpy as np
 
 from attnsens._numba_cache import cached_njit
+from attnsens.theta._constants import EXACT_SUM_QUANTA_LOG2, SMALLEST_EXACT_SUM
 from attnsens.theta.methods import RowStatus
 
 _OK = int(RowStatus.OK)
@@ -26,6 +27,38 @@ def _lowest_bit(x):
     m, e = math.frexp(x)
     mantissa = np.int64(m * 9007199254740992.0)
     return math.ldexp(np.float64(mantissa & -mantissa), e - 53)
+
+
+@cached_njit()
+def _proving_quantum(total):
+    """The smallest power of two q with total ≤ 2^52·q (total > 0)."""
+    m, e = math.frexp(total)
+    if m == 0.5:  # total is itself a power of two
+        e -= 1
+    return math.ldexp(1.0, e - EXACT_SUM_QUANTA_LOG2)
+
+
+@cached_njit()
+def _all_multiples(row, end, q):
+    """Whether every positive entry of row[:end] is an integer multiple of the power of two q."""
+    for i in range(end):
+        x = np.float64(row[i])
+        if x > 0.0:
+            y = x / q  # exact: q is a power of two and x/q ≤ 2^52 for the entries of a row the quantum can prove
+            if y != math.floor(y):
+                return False
+    return True
+
+
+@cached_njit()
+def _row_lowest_bit(row, end):
+    """The lowest set mantissa bit over the positive entries of row[:end]: every entry is a multiple of it."""
+    q = np.inf
+    for i in range(end):
+        x = np.float64(row[i])
+        if x > 0.0:
+            q = min(q, _lowest_bit(x))
+    return q
 
 
 @cached_njit()
@@ -105,7 +138,10 @@ def scan_row(row, bits, no_positive, exact_quantum, k_top):
     (about 2.5·K on attention rows), and p_max is found in the slice holding the largest maximum. Rows settled
     by p_max alone (dominant atom) or by meet-in-the-middle never run the top-K search. Without
     ``exact_quantum`` the values are float32 numbers, so the unit in the last place of the smallest positive
-    entry divides all of them.
+    entry divides all of them. When that quantum leaves the sums unproved (ŝ > 2^52·q) but the lowest set bit over
+    the row (a multiple of it) proves them, q is that lowest bit, as for float64 rows: a second pass checks that
+    every entry is a multiple of the smallest power of two that would prove them, and stops at the first that is
+    not (on attention rows, the first tiny entry with a full mantissa).
 
     Returns (ŝ, n, p_max, q, end, status, threshold, first).
     """
@@ -155,13 +191,13 @@ def scan_row(row, bits, no_positive, exact_quantum, k_top):
     q = np.inf
     if status == _OK:
         if exact_quantum:
-            for i in range(end):
-                x = np.float64(row[i])
-                if x > 0.0:
-                    q = min(q, _lowest_bit(x))
+            q = _row_lowest_bit(row, end)
         else:
             # float32 bits: biased exponent f ≥ 1 has ulp 2^(f − 150); subnormals (f = 0) have ulp 2^-149.
             q = math.ldexp(1.0, max(int(np.int64(smallest) >> 23), 1) - 150)
+            if not total <= math.ldexp(q, EXACT_SUM_QUANTA_LOG2) and total >= SMALLEST_EXACT_SUM:
+                if _all_multiples(row, end, _proving_quantum(total)):
+                    q = _row_lowest_bit(row, end)
     return total, n, p_max, q, end, status, threshold, first
 
 

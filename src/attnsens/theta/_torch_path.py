@@ -42,7 +42,7 @@ def certify_rows_torch(
     positive = x > 0
     n = positive.sum(-1)
     p_max = x.amax(-1) if n_keys > 0 else s
-    q = _quantum(x, positive, exact_quantum=rows.dtype == torch.float64)
+    q = _quantum(x, positive, s, exact_quantum=rows.dtype == torch.float64)
     err = _error_radius(s, n, q)
 
     method = torch.zeros(n_rows, dtype=torch.int8, device=x.device)
@@ -113,17 +113,22 @@ def _mark(method: torch.Tensor, rows: torch.Tensor, code: ThetaMethod) -> torch.
     return torch.where(rows, torch.tensor(int(code), dtype=torch.int8, device=method.device), method)
 
 
-def _quantum(x: torch.Tensor, positive: torch.Tensor, *, exact_quantum: bool) -> torch.Tensor:
-    """A power of two dividing every value of the row: the lowest set bit (float64 input) or 2^(e_min − 24)."""
+def _quantum(x: torch.Tensor, positive: torch.Tensor, s: torch.Tensor, *, exact_quantum: bool) -> torch.Tensor:
+    """A power of two dividing every value of the row: the lowest set bit (float64 input), or 2^(e_min − 24) for
+    float32 input, replaced by the lowest set bit where only that one proves the sums (ŝ ≤ 2^52·q;
+    ``_numba_scan.scan_row``)."""
     inf = torch.full_like(x, torch.inf)
+    mantissa, exponent = torch.frexp(x)
+    bits = (mantissa * 2.0**53).to(torch.int64)
+    lowest = torch.ldexp((bits & -bits).to(torch.float64), (exponent - 53).to(torch.float64))
+    lowest_bit = torch.where(positive, lowest, inf).amin(-1)
     if exact_quantum:
-        mantissa, exponent = torch.frexp(x)
-        bits = (mantissa * 2.0**53).to(torch.int64)
-        lowest = torch.ldexp((bits & -bits).to(torch.float64), (exponent - 53).to(torch.float64))
-        return torch.where(positive, lowest, inf).amin(-1)
+        return lowest_bit
     p_min = torch.where(positive, x, inf).amin(-1)
     _, exponent = torch.frexp(torch.where(torch.isfinite(p_min), p_min, torch.ones_like(p_min)))
-    return torch.ldexp(torch.ones_like(p_min), (exponent - 24).to(torch.float64))
+    ulp = torch.ldexp(torch.ones_like(p_min), (exponent - 24).to(torch.float64))
+    only_lowest = (s > ulp * 2.0**EXACT_SUM_QUANTA_LOG2) & (s <= lowest_bit * 2.0**EXACT_SUM_QUANTA_LOG2)
+    return torch.where(only_lowest, lowest_bit, ulp)
 
 
 def _error_radius(s: torch.Tensor, n: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

@@ -18,8 +18,8 @@ applies unchanged and ``theta_enclosure`` turns the numbers into a rigorous inte
 finish — support ≤ ``mitm_max_support`` (solved exactly on the CPU), or best d above the stop distance and not
 proved exact — get method 0, are compacted, and are finished by the CPU cascade passed in as ``finish``.
 
-The float32 quantum differs from the CPU kernels' only for subnormal p_min, where 2^-149 (which divides every
-float32) replaces 2^(e_min − 24); the exact-sum criterion ŝ ≤ 2^52·q fails for such rows either way.
+The float32 quantum is the CPU kernels': 2^(e_min − 24), or the lowest set bit over the row where that leaves the
+sums unproved (ŝ > 2^52·q; a subnormal p_min has 2^-149, which divides every float32).
 """
 
 from __future__ import annotations
@@ -58,24 +58,28 @@ def _pow2(k):
 
 
 @triton.jit
-def _log2_quantum(raw, x, positive, EXACT_QUANTUM: tl.constexpr):
+def _log2_quantum(raw, x, s, positive, EXACT_QUANTUM: tl.constexpr, QUANTA_LOG2: tl.constexpr):
     """Per row, log2 of a power of two q dividing every value of the row (int64).
 
     float64 rows: the lowest set mantissa bit over the row; float32 rows: 2^(e_min − 24) from the smallest
-    non-zero (2^-149 when it is subnormal).
+    non-zero (2^-149 when it is subnormal), replaced by the lowest set bit where only that one proves ŝ ≤ 2^52·q.
     """
+    bits = x.to(tl.int64, bitcast=True)
+    biased = (bits >> 52) & 0x7FF
+    mantissa = bits & 0xFFFFFFFFFFFFF
+    mantissa = tl.where(biased > 0, mantissa | (1 << 52), mantissa)
+    lowest = (mantissa & (-mantissa)).to(tl.float64)
+    lowest_exp = ((lowest.to(tl.int64, bitcast=True) >> 52) & 0x7FF) - 1023
+    per_key = lowest_exp + tl.maximum(biased, 1) - 1075
+    lowest_bit = tl.min(tl.where(positive, per_key, 1 << 20), axis=1)
     if EXACT_QUANTUM:
-        bits = x.to(tl.int64, bitcast=True)
-        biased = (bits >> 52) & 0x7FF
-        mantissa = bits & 0xFFFFFFFFFFFFF
-        mantissa = tl.where(biased > 0, mantissa | (1 << 52), mantissa)
-        lowest = (mantissa & (-mantissa)).to(tl.float64)
-        lowest_exp = ((lowest.to(tl.int64, bitcast=True) >> 52) & 0x7FF) - 1023
-        per_key = lowest_exp + tl.maximum(biased, 1) - 1075
-        return tl.min(tl.where(positive, per_key, 1 << 20), axis=1)
+        return lowest_bit
     p_min = tl.min(tl.where(positive, raw, float("inf")), axis=1)
-    biased = (p_min.to(tl.int32, bitcast=True) >> 23) & 0xFF
-    return (tl.maximum(biased, 1) - 150).to(tl.int64)
+    biased_min = (p_min.to(tl.int32, bitcast=True) >> 23) & 0xFF
+    ulp = (tl.maximum(biased_min, 1) - 150).to(tl.int64)
+    by_ulp = s <= _pow2(tl.minimum(tl.maximum(ulp + QUANTA_LOG2, -1022), 1023))
+    by_lowest = s <= _pow2(tl.minimum(tl.maximum(lowest_bit + QUANTA_LOG2, -1022), 1023))
+    return tl.where(~by_ulp & by_lowest, lowest_bit, ulp)
 
 
 @triton.jit
@@ -143,7 +147,7 @@ def _certificate_kernel(
         status = tl.where((status == 0) & (tl.abs(s - 1.0) > tolerance), BAD_SUM, status)
 
     # Rounding radius E (``_numba_kernels._error_radius``): 0 when ŝ ≤ 2^52·q makes every partial sum exact.
-    log2_q = _log2_quantum(raw, x, positive, EXACT_QUANTUM)
+    log2_q = _log2_quantum(raw, x, s, positive, EXACT_QUANTUM, QUANTA_LOG2)
     exact_sums = (s >= smallest_exact_sum) & (s <= _pow2(tl.minimum(tl.maximum(log2_q + QUANTA_LOG2, -1022), 1023)))
     err = tl.where(exact_sums, 0.0, (PER_KEY * n.to(tl.float64) + OFFSET) * UNIT * s * SLACK)
     q = tl.where(log2_q >= -1022, _pow2(tl.minimum(tl.maximum(log2_q, -1022), 1023)), 0.0)

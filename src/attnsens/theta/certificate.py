@@ -50,10 +50,10 @@ class ThetaCertificate:
         lower, upper: float64 bounds with lower ≤ θ ≤ upper for the real-number θ of the stored values,
             always (rounding included).
         exact: bool; the optimal bisection d* is proved, and [lower, upper] is the float64 enclosure of that
-            one real number: width ≤ 2^-49·max(1, s) when the kernels prove the row's sums error-free in
-            float64: s ≤ 2^52·q for the quantum q, the lowest set bit over a float64 row, and for float32 (and
-            float16/bfloat16) rows the coarser ulp 2^(e − 24) of the smallest positive value m·2^e, m ∈ [½, 1) (so
-            [0.5, 0.5 − 2^-24, 2^-30] in float32 has q = 2^-53 and no such promise); e.g. float32 rows with
+            one real number: width ≤ 2^-49·max(1, s) when the row's sums are error-free in float64:
+            s ≤ 2^52·q for q the lowest set bit over the row, whatever its dtype (float32, float16 and bfloat16
+            rows try the ulp 2^(e − 24) of their smallest positive value m·2^e first, and the lowest set bit
+            where that fails: [0.5, 0.5 − 2^-24, 2^-30] in float32 has q = 2^-30), e.g. every float32 row with
             p_min ≥ 2^-29, or tiny rows (s < 2^-900, enclosed as [s − s², s] directly); otherwise width
             ≤ (16·d* + 4)·E + 2^-49·max(1, s) with E ≤ (2n + 16)·2^-53·s the rounding radius (n = support size).
         method: int8 ``ThetaMethod`` code of the stage where refinement stopped.

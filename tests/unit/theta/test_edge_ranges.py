@@ -51,3 +51,24 @@ def test_overflowing_squares_give_a_sound_interval_without_nan() -> None:
 def test_tolerance_beyond_one_is_refused(tolerance: float) -> None:
     with pytest.raises(ConfigError, match="tolerance"):
         certify(torch.tensor([1e200] * 3, dtype=F64), tolerance=tolerance)
+
+
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+@pytest.mark.parametrize(
+    "row, dtype",
+    [
+        ([0.5, 0.5 - 2.0**-24, 2.0**-30], torch.float32),  # ulp(p_min) = 2^-53 leaves ŝ > 2^52·q; the lowest bit 2^-30
+        ([0.5, 0.5 - 2.0**-9, 2.0**-40], torch.bfloat16),
+        ([0.25, 0.25, 0.5 - 2.0**-20, 2.0**-20], torch.float16),
+    ],
+)
+def test_float32_family_rows_with_few_low_bits_keep_the_width_promise(row, dtype, backend: str) -> None:
+    """Error-free at the lowest set bit over the row, so exact with width ≤ 2^-49·max(1, s), on every backend;
+    the interval holds the exact rational θ."""
+    stored = torch.tensor(row, dtype=dtype)
+    cert = certify(stored, tolerance=1e-2, backend=backend)
+    values = [float(v) for v in stored.to(F64)]
+    theta = _theta_exact(values)
+    assert bool(cert.exact)
+    assert float(cert.upper - cert.lower) <= 2.0**-49 * max(1.0, float(cert.row_sum))
+    assert Fraction(float(cert.lower)) <= theta <= Fraction(float(cert.upper))

@@ -225,9 +225,11 @@ def test_error_radius_and_quantum_match_the_cpu_rounding_model() -> None:
     dyadic = torch.randint(1, 2**16, (3, 40), generator=torch.Generator().manual_seed(1)).to(torch.float64)
     tiny = softmax_rows(3, 40, 1.0, seed=2)
     tiny[:, 0] = 2.0**-40
+    # ulp(p_min) = 2^-53 leaves ŝ > 2^52·q; the lowest set bit 2^-30 proves the sums error-free
+    few_bits = torch.tensor([[0.5, 0.25] + [2.0**-30] * 38, [0.5, 0.125] + [2.0**-29] * 38], dtype=torch.float32)
     blocks = {
         torch.float64: [softmax_rows(3, 40, 1.0, seed=1, dtype=torch.float64), dyadic / 2.0**22],
-        torch.float32: [softmax_rows(3, 40, 1.0, seed=3), tiny],
+        torch.float32: [softmax_rows(3, 40, 1.0, seed=3), tiny, few_bits],
     }
     for dtype, parts in blocks.items():
         rows = torch.cat(parts).to(dtype)
@@ -235,7 +237,7 @@ def test_error_radius_and_quantum_match_the_cpu_rounding_model() -> None:
         x = rows.to(torch.float64)
         positive = x > 0
         expected = _error_radius(
-            x.sum(-1), positive.sum(-1), _quantum(x, positive, exact_quantum=dtype == torch.float64)
+            x.sum(-1), positive.sum(-1), _quantum(x, positive, x.sum(-1), exact_quantum=dtype == torch.float64)
         )
         assert torch.equal(got["err"] == 0, expected == 0)
         assert [sums_error_free(row) for row in rows] == (expected == 0).tolist()
