@@ -575,8 +575,9 @@ def _output_radius(
     off_one = torch.maximum(sub_up(total_up, 1.0), sub_up(-total_down, -1.0)).clamp_min(0.0)
     zero = torch.zeros_like(value_errors)
     spread = T.max_value_distance(fwd.values, fwd.head_outputs, zero, allowed)  # ≥ max_m ‖v̂_m − ŷ_i‖
-    value_max = A.row_max_of_keys(A.norm_upper(torch.linalg.vector_norm(fwd.values, dim=-1), P.shape[-1]), allowed)
-    head_norm = A.norm_upper(torch.linalg.vector_norm(fwd.head_outputs, dim=-1), fwd.head_outputs.shape[-1])
+    d_head = fwd.values.shape[-1]
+    value_max = A.row_max_of_keys(A.norm_upper(torch.linalg.vector_norm(fwd.values, dim=-1), d_head), allowed)
+    head_norm = A.norm_upper(torch.linalg.vector_norm(fwd.head_outputs, dim=-1), d_head)
     head_error = add_up(
         add_up(A.row_max_of_keys(value_errors, allowed), mul_up(add_up(mul_up(eta, total_up), small_mass), spread)),
         add_up(mul_up(off_one, head_norm), mul_up(mul_up(total_up, value_max), gamma(n_key))),

@@ -92,7 +92,9 @@ def _log_down(x: float) -> float:
 
 
 def _exp(x: float) -> float:
-    """≥ e^x."""
+    """≥ e^x (0 exactly at −∞, a zero coefficient)."""
+    if x == -math.inf:
+        return 0.0
     return math.inf if x > 709.0 else _up(_up(math.exp(x)))
 
 
