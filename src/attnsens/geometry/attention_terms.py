@@ -515,10 +515,10 @@ def softmax_row_accuracy(
     worst = float(zeta.max()) if zeta.numel() else 0.0
     if not worst <= SOFTMAX_ACCURACY_LIMIT and shifts is not None:
         raise InputError(
-            f"the attention input is only known within an input radius (a float64 intermediate of the forward) "
-            f"that moves the real softmax weights by up to a factor e^{worst:.3g}, beyond the certified "
-            f"e^{SOFTMAX_ACCURACY_LIMIT:.3g}: the float64 forward is too inaccurate at this input to certify the "
-            f"attention factor (huge offsets or biases upstream); evaluate the block nearer its inputs' scale"
+            f"the attention input is only known within an input radius, being a float64 intermediate of the "
+            f"block (N₁(x) of an input whose common offset dwarfs its spread, or a sum behind a huge bias), and "
+            f"that radius moves the real softmax weights by up to a factor e^{worst:.3g}, beyond the certified "
+            f"e^{SOFTMAX_ACCURACY_LIMIT:.3g}: float64 is too inaccurate at this input for a certified bound"
         )
     if not worst <= SOFTMAX_ACCURACY_LIMIT:
         raise InputError(
