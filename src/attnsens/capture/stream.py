@@ -2,8 +2,8 @@
 
 The adapter's query/key tap hands us each layer's (post-rotary) queries and keys as the layer runs; rows are
 recomputed in float32 for one chunk of queries at a time, reduced by :func:`row_statistics` and dropped before
-the next chunk, and the freed heap pages go back to the operating system after each layer
-(:mod:`attnsens.capture.allocator`). Nothing of size layers × n² ever exists: the extra peak memory of the rows
+the next chunk, and, when a chunk's buffers reach ``TRIM_WORKING_SET``, the freed heap pages go back to the
+operating system after each layer (:mod:`attnsens.capture.allocator`). Nothing of size layers × n² ever exists: the extra peak memory of the rows
 is one chunk's working set (``RowSelection.max_memory``), whatever the number of layers.
 """
 
@@ -22,6 +22,10 @@ from attnsens.capture.statistics import RowStats, row_statistics
 from attnsens.errors import UnsupportedModelError
 from attnsens.models.adapter import ModelAdapter
 from attnsens.models.attention import AttentionCall, RowWorkspace, chunked_rows, key_padding_mask_of
+
+TRIM_WORKING_SET = 64 * 2**20
+"""Chunks whose two buffers reach this many bytes trim the heap after each layer (``allocator``); below it a
+layer's freed buffers are few and small, the next layer reuses them, and the trim (about 2 ms) is skipped."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,6 +90,7 @@ def capture_row_statistics(
     spans = [(first, stop) for first, stop, _keys in bounds]
     # One pair of score and probability buffers for every chunk of every layer (the budget's 8 bytes per score).
     workspace = RowWorkspace(batch * len(heads) * max(stop - first for first, stop in spans) * n)
+    trim_each_layer = 8 * workspace.elements >= TRIM_WORKING_SET
     kept: list[RowBlock] = []
     sink = on_block or kept.append
 
@@ -110,7 +115,8 @@ def capture_row_statistics(
                 stats = replace(stats, argmax=stats.argmax + key_start)
             sink(RowBlock(layer=layer, heads=heads, query_positions=chunk, stats=stats))
             del probs
-        release_free_memory()
+        if trim_each_layer:
+            release_free_memory()
 
     with model.inference(), model.query_key_tap(reduce_layer):
         model.forward(input_ids, attention_mask)
