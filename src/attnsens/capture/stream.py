@@ -3,8 +3,9 @@
 The adapter's query/key tap hands us each layer's (post-rotary) queries and keys as the layer runs; rows are
 recomputed in float32 for one chunk of queries at a time, reduced by :func:`row_statistics` and dropped before
 the next chunk, and, when a chunk's buffers reach ``TRIM_WORKING_SET``, the freed heap pages go back to the
-operating system after each layer (:mod:`attnsens.capture.allocator`). Nothing of size layers × n² ever exists: the extra peak memory of the rows
-is one chunk's working set (``RowSelection.max_memory``), whatever the number of layers.
+operating system after each layer (:mod:`attnsens.capture.allocator`). Nothing of size layers × n² ever exists:
+the extra peak memory of the rows is one chunk's working set (``RowSelection.max_memory``), whatever the number
+of layers.
 """
 
 from __future__ import annotations
