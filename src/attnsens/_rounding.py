@@ -70,6 +70,32 @@ def gamma(k: int) -> float:
     return math.nextafter(math.nextafter(ku / (1.0 - ku), math.inf) * (1 + 2.0**-50), math.inf)
 
 
+def product_error_factor(terms: int) -> float:
+    """c with |fl(Σ_j a_j b_j) − Σ_j a_j b_j| ≤ c·m̂ for a sum of ``terms`` products (a bias counts as one), where
+    m̂ = fl(Σ_j |a_j||b_j|) is the magnitude as float64 computes it: γ_terms (rule 2), enlarged by 1 + 2γ_terms
+    because m̂ is itself within γ_terms of the real magnitude."""
+    g = gamma(terms)
+    return g * (1 + 2 * g)
+
+
+def float_up(x: float) -> float:
+    """The float above the Python float x (x itself when infinite or NaN): ≥ the real result of the one
+    operation that gave x (rule 1)."""
+    return x if not math.isfinite(x) else math.nextafter(x, math.inf)
+
+
+def float_down(x: float) -> float:
+    """The float below the Python float x (x itself when infinite or NaN)."""
+    return x if not math.isfinite(x) else math.nextafter(x, -math.inf)
+
+
+def scale_lower_bound_on_ball(scale: Tensor, radius: Tensor, d: int, eps: float) -> Tensor:
+    """≤ the norm scale (‖Pz‖²/d + ε)^{1/2} at every z within ``radius`` of a point where it is ≥ ``scale``
+    (P the centring for LayerNorm, the identity for RMSNorm): it is (1/√d)-Lipschitz in ℓ2 and ≥ √ε everywhere."""
+    shifted = sub_down(scale, div_up(radius.to(torch.float64), math.nextafter(math.sqrt(d), 0)))
+    return torch.maximum(shifted, sqrt_down(torch.tensor(float(eps), dtype=torch.float64)))
+
+
 def add_up(a: Tensor, b: Tensor | float) -> Tensor:
     """≥ a + b."""
     return round_up(a + b)

@@ -58,6 +58,7 @@ from attnsens._rounding import (
     gamma,
     mul_up,
     norm2_upper_bound,
+    product_error_factor,
     spectral_norm_upper_bound,
     sqrt_down,
     sub_up,
@@ -436,8 +437,9 @@ def mha_local_jacobian_upper_bound(
         if f64["v"] is None
         else (expand_kv_heads(f64["v"], n_head, -2)[..., :, None, :].expand_as(fwd.head_outputs))
     )
+    head_distance = T.float_value_distance(fwd.values, fwd.head_outputs, allowed)  # ≥ max_m ‖v̂_m − ŷ_i‖
     value_spread = torch.minimum(
-        T.max_value_distance(fwd.values, fwd.head_outputs, value_errors, allowed),
+        add_up(head_distance, value_error_max),
         T.max_value_distance(fwd.values, value_centre_bias, value_errors, allowed),
     )
     key_mean = fwd.probabilities @ fwd.keys
@@ -541,7 +543,7 @@ def mha_local_jacobian_upper_bound(
         norms=norms,
         geometry=geometry,
         output=fwd.output,
-        output_radius=_output_radius(fwd, Wo, f64["o"], value_errors, eta, small_mass, norms),
+        output_radius=_output_radius(fwd, Wo, f64["o"], head_distance, value_error_max, eta, small_mass, norms),
     )
 
 
@@ -556,11 +558,12 @@ def _input_radius(input_radius: Tensor | None, X: Tensor) -> Tensor | None:
 
 
 def _output_radius(
-    fwd: AttentionForward, Wo: Tensor, b_o: Tensor | None, value_errors: Tensor, eta: Tensor, small_mass: Tensor,
-    norms: ProjectionNorms,
+    fwd: AttentionForward, Wo: Tensor, b_o: Tensor | None, head_distance: Tensor, value_error_max: Tensor,
+    eta: Tensor, small_mass: Tensor, norms: ProjectionNorms,
 ) -> Tensor:  # fmt: skip
     """≥ ‖MHA(U)_i − ẑ_i‖₂ per row ``[batch, query]``, ẑ the float64 output at X and U the real input (within
-    the radii already folded into ``value_errors``, ``eta`` and ``small_mass``).
+    the radii already folded into ``value_error_max`` ≥ max_m ‖v_m − v̂_m‖, ``eta`` and ``small_mass``), from
+    ``head_distance`` ≥ max_m ‖v̂_m − ŷ_i‖ (``attention_terms.float_value_distance``).
 
     Per head, with p the real row, v the real values, ŷ the float head output and ŝ = Σ_m p̂_m:
     Σ_m p_m v_m − ŷ = Σ_m p_m (v_m − v̂_m) + Σ_m (p_m − p̂_m)(v̂_m − ŷ) + (1 − ŝ) ŷ + (Σ_m p̂_m v̂_m − ŷ), since
@@ -573,13 +576,11 @@ def _output_radius(
     n_key = P.shape[-1]
     total_up, total_down = sum_upper_bound(P), sum_lower_bound(P)
     off_one = torch.maximum(sub_up(total_up, 1.0), sub_up(-total_down, -1.0)).clamp_min(0.0)
-    zero = torch.zeros_like(value_errors)
-    spread = T.max_value_distance(fwd.values, fwd.head_outputs, zero, allowed)  # ≥ max_m ‖v̂_m − ŷ_i‖
     d_head = fwd.values.shape[-1]
     value_max = A.row_max_of_keys(A.norm_upper(torch.linalg.vector_norm(fwd.values, dim=-1), d_head), allowed)
     head_norm = A.norm_upper(torch.linalg.vector_norm(fwd.head_outputs, dim=-1), d_head)
     head_error = add_up(
-        add_up(A.row_max_of_keys(value_errors, allowed), mul_up(add_up(mul_up(eta, total_up), small_mass), spread)),
+        add_up(value_error_max, mul_up(add_up(mul_up(eta, total_up), small_mass), head_distance)),
         add_up(mul_up(off_one, head_norm), mul_up(mul_up(total_up, value_max), gamma(n_key))),
     )  # [batch, head, query]
     mixed = _combine_heads(head_error.transpose(-1, -2), norms.w_o[..., None], norms.w_o_head[..., None, :])
@@ -587,8 +588,7 @@ def _output_radius(
     magnitude = concatenated @ Wo.to(torch.float64).abs().transpose(-1, -2)
     if b_o is not None:
         magnitude = magnitude + b_o.abs()[..., None, :]
-    width = concatenated.shape[-1] + 1  # the float magnitude is itself within γ_width of the real one
-    rounding = mul_up(norm2_upper_bound(magnitude), gamma(width) * (1 + 2 * gamma(width)))
+    rounding = mul_up(norm2_upper_bound(magnitude), product_error_factor(concatenated.shape[-1] + 1))
     return add_up(mixed, rounding)
 
 

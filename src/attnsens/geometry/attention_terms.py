@@ -57,8 +57,8 @@ from attnsens._rounding import (
     product_spectral_norm_upper_bound,
     rmsnorm_scale_lower_bound,
     round_up,
+    scale_lower_bound_on_ball,
     spectral_norm_upper_bound,
-    sqrt_down,
     sqrt_up,
     sub_down,
     sub_up,
@@ -106,12 +106,17 @@ def functional_factors(gain: Tensor, maps: Tensor) -> Tensor:
     return torch.einsum("bhrd,bhped->bhpre", gain, maps)
 
 
+def float_value_distance(values: Tensor, centres: Tensor, allowed: Tensor) -> Tensor:
+    """≥ max_{m∈K(i)} ‖v̂_m − c_i‖ for the float ``values`` ``[b, h, key, e]`` and float centres c_i
+    ``[b, h, query, e]``: ``[b, h, query]`` (differences formed coordinate by coordinate, rule 3)."""
+    distances = torch.cdist(centres, values, compute_mode="donot_use_mm_for_euclid_dist")
+    return A.norm_upper(A.masked_max(distances, allowed), values.shape[-1])
+
+
 def max_value_distance(values: Tensor, centres: Tensor, value_errors: Tensor, allowed: Tensor) -> Tensor:
     """≥ max_{m∈K(i)} ‖v_m − c_i‖ for the real values v_m (within ``value_errors`` ``[b, h, key]`` of the float
     ``values`` ``[b, h, key, e]``) and float centres c_i ``[b, h, query, e]``: ``[b, h, query]``."""
-    distances = torch.cdist(centres, values, compute_mode="donot_use_mm_for_euclid_dist")
-    computed = A.norm_upper(A.masked_max(distances, allowed), values.shape[-1])
-    return add_up(computed, A.row_max_of_keys(value_errors, allowed))
+    return add_up(float_value_distance(values, centres, allowed), A.row_max_of_keys(value_errors, allowed))
 
 
 def query_functional_norms(
@@ -574,11 +579,9 @@ def qk_norm_scale_lower_bound(inputs: Tensor, norm: NormWeights, input_error: Te
     """≤ r(a) = (‖a‖²/d + ε)^{1/2} at the real projection a, from the float one â ``[..., position, d]`` and
     ‖a − â‖ ≤ ``input_error`` ``[..., position]``: r is (1/√d)-Lipschitz, so r(a) ≥ r(â) − ‖a − â‖/√d, and
     r ≥ √ε always. ``[..., position]`` float64."""
-    d = inputs.shape[-1]
-    shifted = sub_down(
-        rmsnorm_scale_lower_bound(inputs, norm.eps), div_up(input_error, math.nextafter(math.sqrt(d), 0))
+    return scale_lower_bound_on_ball(
+        rmsnorm_scale_lower_bound(inputs, norm.eps), input_error, inputs.shape[-1], norm.eps
     )
-    return torch.maximum(shifted, sqrt_down(torch.tensor(float(norm.eps), dtype=torch.float64)))
 
 
 def own_heads(t: Tensor, norm: NormWeights, d_head: int) -> Tensor:

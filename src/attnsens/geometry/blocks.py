@@ -61,6 +61,7 @@ from attnsens._rounding import (
     gamma,
     mul_up,
     norm2_upper_bound,
+    product_error_factor,
     spectral_norm_upper_bound,
     sqrt_down,
 )
@@ -153,7 +154,7 @@ def _pre_activation(x: Tensor, W: Tensor, b: Tensor | None, input_radius: Tensor
     W64 = W.to(torch.float64)
     value = x @ W64.T + (0.0 if b is None else b.to(torch.float64))
     magnitude = x.abs() @ W64.abs().T + (0.0 if b is None else b.to(torch.float64).abs())
-    radius = mul_up(magnitude, gamma(d_model + 1) * (1 + 2 * gamma(d_model + 1)))
+    radius = mul_up(magnitude, product_error_factor(d_model + 1))
     if input_radius is not None:
         radius = add_up(radius, mul_up(_rows_l2(W64), input_radius.to(torch.float64)[..., None]))
     return value, radius
@@ -233,8 +234,7 @@ def mlp_enclosure(x: Enclosure, mlp: MLPWeights) -> Enclosure:
     if mlp.b_out is not None:
         value = value + mlp.b_out.to(torch.float64)
         magnitude = magnitude + mlp.b_out.to(torch.float64).abs()
-    width = hidden.shape[-1] + 1
-    rounding = mul_up(norm2_upper_bound(magnitude), gamma(width) * (1 + 2 * gamma(width)))
+    rounding = mul_up(norm2_upper_bound(magnitude), product_error_factor(hidden.shape[-1] + 1))
     moved = mul_up(spectral_norm_upper_bound(mlp.w_out), norm2_upper_bound(hidden_error))
     return Enclosure(value, add_up(moved, rounding))
 

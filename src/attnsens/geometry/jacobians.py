@@ -29,8 +29,6 @@ quotient is rounded up.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
@@ -38,8 +36,7 @@ from attnsens._rounding import (
     div_up,
     layernorm_scale_lower_bound,
     rmsnorm_scale_lower_bound,
-    sqrt_down,
-    sub_down,
+    scale_lower_bound_on_ball,
 )
 from attnsens.errors import ConfigError, ShapeError
 
@@ -180,6 +177,5 @@ def norm_jacobian_spectral_norm_upper_bound(
     else:
         raise ConfigError(f"norm kind must be 'layernorm' or 'rmsnorm', got {kind!r}")
     if input_radius is not None:
-        shifted = sub_down(scale, div_up(input_radius.to(torch.float64), math.nextafter(math.sqrt(x.shape[-1]), 0.0)))
-        scale = torch.maximum(shifted, sqrt_down(torch.tensor(float(eps), dtype=torch.float64)))
+        scale = scale_lower_bound_on_ball(scale, input_radius, x.shape[-1], eps)
     return div_up(gamma.to(torch.float64).abs().amax(), scale)

@@ -44,6 +44,8 @@ import torch
 from torch import Tensor
 
 from attnsens._rounding import add_up, gamma, mul_up, norm2_upper_bound, round_up, sqrt_up, square_up, sum_upper_bound
+from attnsens._rounding import float_down as _down
+from attnsens._rounding import float_up as _up
 from attnsens.errors import ConfigError, UnsupportedModelError
 from attnsens.geometry.blocks import norm_lipschitz_upper_bound
 from attnsens.influence.constants import BlockConstants, HeadOutput, block_constants
@@ -165,14 +167,6 @@ class InfluenceCertificate:
                 f"length {n} exceeds the {self.max_length} learned positions the certificate covers; "
                 "use n <= max_length or sinusoidal positions"
             )
-
-
-def _up(x: float) -> float:
-    return x if not math.isfinite(x) else math.nextafter(x, math.inf)
-
-
-def _down(x: float) -> float:
-    return x if not math.isfinite(x) else math.nextafter(x, -math.inf)
 
 
 def _log10(x: float) -> float:

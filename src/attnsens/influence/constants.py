@@ -34,9 +34,9 @@ from torch import Tensor
 from attnsens._rounding import (
     add_up,
     div_up,
-    gamma,
     mul_up,
     norm2_upper_bound,
+    product_error_factor,
     product_spectral_norm_upper_bound,
     spectral_norm_upper_bound,
 )
@@ -124,8 +124,7 @@ def block_constants(
         offsets = torch.zeros(n_head, dtype=f64)
         # c = b_O + Σ_h W_O^(h) b_V^(h): one float product and sum, within γ_{H·d_head+1}(|W_O||b_V| + |b_O|)
         magnitude = torch.einsum("hdk,hk->d", out_blocks.abs(), b_v.abs()) + c_o.abs()
-        width = n_head * d_head + 1
-        c_o_radius = mul_up(norm2_upper_bound(magnitude), gamma(width) * (1 + 2 * gamma(width)))
+        c_o_radius = mul_up(norm2_upper_bound(magnitude), product_error_factor(n_head * d_head + 1))
         c_o = c_o + torch.einsum("hdk,hk->d", out_blocks, b_v)
         lipschitz = float(add_up(one, mlp_lipschitz))
     else:

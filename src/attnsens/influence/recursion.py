@@ -47,6 +47,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from attnsens._rounding import float_down, float_up
 from attnsens.influence.constants import BlockConstants
 
 LogPolynomial = tuple[float, ...]  # log c_m of Σ_m c_m H^m, c_m ≥ 0 (−inf for c_m = 0)
@@ -71,14 +72,7 @@ class LayerBounds:
     log_head_change: LogPolynomial  # Σ_h F_{k,h}
 
 
-def _up(x: float) -> float:
-    """The float above x (x itself when infinite or NaN): ≥ the real result of the operation that gave x."""
-    return x if not math.isfinite(x) else math.nextafter(x, math.inf)
-
-
-def _down(x: float) -> float:
-    """The float below x (x itself when infinite or NaN)."""
-    return x if not math.isfinite(x) else math.nextafter(x, -math.inf)
+_up, _down = float_up, float_down  # module names, so a test can swap them for round-to-nearest
 
 
 def _log(x: float) -> float:
@@ -103,26 +97,16 @@ def _exp_down(x: float) -> float:
     return 0.0 if x < -745.0 else max(0.0, _down(_down(math.exp(x))))
 
 
-def _logsumexp(*values: float) -> float:
-    """≥ log Σ e^v (every step rounded up)."""
+def _logsumexp(*values: float, down: bool = False) -> float:
+    """≥ log Σ e^v, every step rounded up (≤, every step rounded down, with ``down``)."""
     top = max(values)
     if math.isinf(top):
         return top
+    step, exp, log = (_down, _exp_down, _log_down) if down else (_up, _exp, _log)
     total = 0.0
     for v in values:
-        total = _up(total + _exp(_up(v - top)))
-    return _up(top + _log(total))
-
-
-def _logsumexp_down(*values: float) -> float:
-    """≤ log Σ e^v (every step rounded down)."""
-    top = max(values)
-    if math.isinf(top):
-        return top
-    total = 0.0
-    for v in values:
-        total = _down(total + _exp_down(_down(v - top)))
-    return _down(top + _log_down(total))
+        total = step(total + exp(step(v - top)))
+    return step(top + log(total))
 
 
 def _plus(*terms: float) -> float:
@@ -194,7 +178,7 @@ def run_recursion(
             log_rho = 2 * score
             log_query_change = log_other  # δ_j ≤ E (n ≥ 1)
             if length is not None and not block.causal:
-                log_rho = _up(_up(_log(length) + 2 * score) - _logsumexp_down(2 * score, _log_down(length - 1)))
+                log_rho = _up(_up(_log(length) + 2 * score) - _logsumexp(2 * score, _log_down(length - 1), down=True))
                 log_query_change = _poly_scale(log_other, -_log_down(length))
             log_kappa = _up(_log(head.score_norm) + log_hidden)
             log_bias = _log(head.query_bias_score_norm)
