@@ -538,13 +538,14 @@ def softmax_row_accuracy(
 
 
 def projection_magnitudes(X: Tensor, W: Tensor, b: Tensor | None, n_head: int) -> Tensor:
-    """‖A_t‖₂ with A_t = |W||x_t| + |b| entrywise, per query head and position ``[b, head, position]`` (key/value
-    weights repeated, GQA): the float projection W x_t + b is within γ_{d+1} A_t of the real one."""
+    """≥ ‖A_t‖₂ with A_t = |W||x_t| + |b| entrywise, per query head and position ``[b, head, position]`` (key/value
+    weights repeated, GQA): the float projection W x_t + b is within γ_{d+1} A_t of the real one. A_t is formed in
+    float64 too, within γ_{d+1} of the real one, so its norm is enlarged by 1 + 2γ_{d+1}."""
     x_abs = X.to(torch.float64).abs()
     a = torch.einsum("...hed,...pd->...hpe", expand_kv_heads(W.to(torch.float64).abs(), n_head, -3), x_abs)
     if b is not None:
         a = a + expand_kv_heads(b.to(torch.float64).abs(), n_head, -2)[..., :, None, :]
-    return norm2_upper_bound(a)
+    return mul_up(norm2_upper_bound(a), 1 + 2 * gamma(X.shape[-1] + 1))
 
 
 def value_errors(X: Tensor, Wv: Tensor, b_v: Tensor | None, n_head: int, shift: Tensor | None = None) -> Tensor:
