@@ -208,6 +208,9 @@ def top_k(row, bits, threshold, first, end, top_v, top_i):
     for k in range(top_v.size):
         top_v[k] = -1.0
         top_i[k] = -1
+    last = top_v.size - 1
     for i in range(first, end):
         if bits[i] >= threshold:
-            _insert_top(top_v, top_i, np.float64(row[i]), i)
+            x = np.float64(row[i])
+            if x > top_v[last]:  # else it would change nothing: ties keep the earlier index
+                _insert_top(top_v, top_i, x, i)
