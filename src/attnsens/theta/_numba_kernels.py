@@ -15,7 +15,8 @@ whole row first-fit into t = ŝ/2 (no top-K needed when it settles, as on about 
 top-8 relaxation; meet-in-the-middle and its shortcuts for short rows; one-target first-fit into the best top-8
 target; then in ``_numba_refine``: 16-target first-fit, Karmarkar–Karp and the greedy split with best exchanges,
 the cardinality-pruned search and the top-14 relaxation, budgeted CKK. This module holds the driver. Rows are
-processed in blocks of ``ROW_BLOCK``; both first-fit passes, chains of dependent add/compare steps, run
+processed in blocks of ``ROW_BLOCK``. The whole-row first-fit adds whole blocks of keys by vectorised sums while
+they fit (``_whole_row_first_fit``); the top-8-target first-fit, a chain of dependent add/compare steps, runs
 interleaved over the block's rows so that the chains overlap in the pipeline.
 
 Every function is compiled with ``attnsens._numba_cache.cached_njit``: the on-disk cache sits in a folder
@@ -159,8 +160,13 @@ def _first_fit_quad(x, rows, skip, targets, stop, stop_d, out):
         s2 = _next_skip(skip[2, k2], stop)
         s3 = _next_skip(skip[3, k3], stop)
         segment_end = min(min(min(s0, s1), min(s2, s3)), check)
-        for j in range(i, segment_end):
-            state = _fit_step(np.float64(row0[j]), np.float64(row1[j]), np.float64(row2[j]), np.float64(row3[j]),
+        # Views indexed from 0: no negative-index wraparound checks in the chain.
+        a0 = row0[i:segment_end]
+        a1 = row1[i:segment_end]
+        a2 = row2[i:segment_end]
+        a3 = row3[i:segment_end]
+        for j in range(a0.size):
+            state = _fit_step(np.float64(a0[j]), np.float64(a1[j]), np.float64(a2[j]), np.float64(a3[j]),
                               g0, g1, g2, g3, state)  # fmt: skip
         if segment_end >= stop:
             break
@@ -191,6 +197,48 @@ def _first_fit_quad(x, rows, skip, targets, stop, stop_d, out):
     out[1] = f1 if f1 < np.inf else _fill_distance(g1, c1, e1)
     out[2] = f2 if f2 < np.inf else _fill_distance(g2, c2, e2)
     out[3] = f3 if f3 < np.inf else _fill_distance(g3, c3, e3)
+
+
+@cached_njit(fastmath={"reassoc"})
+def _block_sum(block):
+    """Σ block in float64, in whatever order vectorises (the error radius E holds for every summation order)."""
+    total = 0.0
+    for i in range(block.size):
+        total += np.float64(block[i])
+    return total
+
+
+@cached_njit()
+def _whole_row_first_fit(row, end, g, stop_d):
+    """First-fit of row[:end] in key order into the capacity g; returns its distance min(gap, e_min − gap).
+
+    While the row's running total stays below g every key fits, so whole blocks of ``FREEZE_EVERY`` keys are
+    added by one vectorised sum each as long as the block fits; from the first block that does not, keys go
+    one by one, each added if it still fits, the smallest that did not remembered. Every ``FREEZE_EVERY`` keys
+    the walk ends once the distance is ≤ ``stop_d``. The filled subset's sum is one float64 sum of its values
+    (block sums, then the sum of those and single keys), within the rounding model of this module.
+    """
+    filled = 0.0
+    i = 0
+    while i + FREEZE_EVERY <= end:
+        block = _block_sum(row[i : i + FREEZE_EVERY])
+        if filled + block > g:
+            break
+        filled += block
+        i += FREEZE_EVERY
+    smallest_over = np.inf
+    while i < end:
+        segment = row[i : min(end, i + FREEZE_EVERY)]
+        for j in range(segment.size):
+            v = np.float64(segment[j])
+            trial = filled + v
+            fits = trial <= g
+            filled = trial if fits else filled
+            smallest_over = smallest_over if fits else min(smallest_over, v)
+        i += segment.size
+        if _fill_distance(g, filled, smallest_over) <= stop_d:
+            break
+    return _fill_distance(g, filled, smallest_over)
 
 
 @cached_njit()
@@ -242,9 +290,9 @@ def _certify_block(
     thresholds = np.zeros(ROW_BLOCK, bits.dtype)
     firsts = np.zeros(ROW_BLOCK, np.int64)
     targets = np.zeros(ROW_BLOCK)
-    plain = np.empty(ROW_BLOCK, np.int64)
+    whole_row = np.empty(ROW_BLOCK, np.int64)
     pending = np.empty(ROW_BLOCK, np.int64)
-    n_plain = 0
+    n_whole_row = 0
     n_pending = 0
     short_support = max(mitm_max, SHORT_ROW_SUPPORT)
     for j in range(nb):
@@ -274,28 +322,24 @@ def _certify_block(
         d_found[r] = np.inf
         d_lb[r] = 0.0
         if n > short_support:  # long rows try the whole row into t first: no top-K needed when it settles
-            targets[j] = t
-            plain[n_plain] = j
-            n_plain += 1
+            whole_row[n_whole_row] = j
+            n_whole_row += 1
         else:
             pending[n_pending] = j
             n_pending += 1
 
-    if n_plain > 0:
-        plain_d = np.empty(n_plain)
-        _interleaved_first_fit(x, r0, plain, n_plain, skip, targets, ends, stop_d, plain_d)
-        for a in range(n_plain):
-            j = plain[a]
-            r = r0 + j
-            stage = settled(plain_d[a], qs[j], err[r], stop_d, _FF_ONE)
-            if stage:
-                d_found[r] = plain_d[a]
-                d_lb[r] = plain_d[a] if stage == _PERFECT else 0.0
-                method[r] = stage
-                continue
-            d_found[r] = plain_d[a]
-            pending[n_pending] = j
-            n_pending += 1
+    for a in range(n_whole_row):
+        j = whole_row[a]
+        r = r0 + j
+        d = _whole_row_first_fit(x[r], ends[j], 0.5 * row_sum[r], stop_d)
+        d_found[r] = d
+        stage = settled(d, qs[j], err[r], stop_d, _FF_ONE)
+        if stage:
+            d_lb[r] = d if stage == _PERFECT else 0.0
+            method[r] = stage
+            continue
+        pending[n_pending] = j
+        n_pending += 1
 
     n_open = 0
     for a in range(n_pending):

@@ -94,16 +94,19 @@ def _has_negative(row):
 
 @cached_njit()
 def _support_end(bits, no_positive):
-    """1 + the index of the last entry that is not ±0.0 (0 for an all-zero row); whole 16-entry blocks first."""
+    """1 + the index of the last entry that is not ±0.0 (0 for an all-zero row); whole blocks of 64, then 16
+    entries first (a causal row's zero tail is often most of it)."""
     zero = no_positive - no_positive
     end = bits.size
-    while end >= 16:
-        seen = zero
-        for i in range(end - 16, end):
-            seen |= bits[i] & no_positive  # clears the sign bit: −0.0 reads as 0
-        if seen != zero:
-            break
-        end -= 16
+    for width in (64, 16):
+        while end >= width:
+            seen = zero
+            block = bits[end - width : end]
+            for i in range(width):
+                seen |= block[i] & no_positive  # clears the sign bit: −0.0 reads as 0
+            if seen != zero:
+                break
+            end -= width
     while end > 0 and bits[end - 1] & no_positive == zero:
         end -= 1
     return end
@@ -118,8 +121,9 @@ def _span_threshold(bits, first, end, k_top, no_positive):
     for c in range(k_top):
         start = min(end, first + c * width)
         high = zero
-        for i in range(start, min(end, start + width)):
-            high = max(high, bits[i])
+        segment = bits[start : min(end, start + width)]
+        for i in range(segment.size):
+            high = max(high, segment[i])
         threshold = min(threshold, high)
     return threshold
 
@@ -159,8 +163,9 @@ def scan_row(row, bits, no_positive, exact_quantum, k_top):
         start = min(end, c * width)
         stop = min(end, start + width)
         high = zero
-        for i in range(start, stop):
-            v = bits[i]
+        segment = bits[start:stop]  # indexed from 0, the loop vectorises (no negative-index wraparound checks)
+        for i in range(segment.size):
+            v = segment[i]
             positive = v > zero
             high = max(high, v)
             lowest = min(lowest, v)
@@ -209,8 +214,9 @@ def top_k(row, bits, threshold, first, end, top_v, top_i):
         top_v[k] = -1.0
         top_i[k] = -1
     last = top_v.size - 1
-    for i in range(first, end):
-        if bits[i] >= threshold:
-            x = np.float64(row[i])
+    span = bits[first:end]
+    for j in range(span.size):
+        if span[j] >= threshold:
+            x = np.float64(row[first + j])
             if x > top_v[last]:  # else it would change nothing: ties keep the earlier index
-                _insert_top(top_v, top_i, x, i)
+                _insert_top(top_v, top_i, x, first + j)

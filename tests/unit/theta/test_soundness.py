@@ -176,26 +176,38 @@ def test_perfect_bisection_certifies_theta_equal_to_the_row_sum(backend: str) ->
     torch.testing.assert_close(cert.upper, torch.ones(3, dtype=torch.float64), rtol=0, atol=0)
 
 
+def half_quantum_rows(pairs: tuple[int, ...], high: int, seed: int) -> tuple[torch.Tensor, list[Fraction]]:
+    """Rows of equal pairs of integers in [1, high) plus one key of 1, scaled by the power of two q that brings the
+    sum into (1/2, 1]: every split is an odd number of q/2 from s/2, and q/2 is attained (θ = s − q²)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows, quanta = [], []
+    for n_pairs in pairs:
+        half = torch.randint(1, high, (n_pairs,), generator=gen).to(torch.float64)
+        ints = torch.cat([half, half, torch.ones(1, dtype=torch.float64)])
+        ints = ints[torch.randperm(ints.numel(), generator=gen)]
+        scale = 2.0 ** -float(torch.ceil(torch.log2(ints.sum())))
+        rows.append(torch.nn.functional.pad(ints * scale, (0, 1001 - ints.numel())))
+        quanta.append(Fraction(scale))
+    return torch.stack(rows), quanta
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_planted_half_quantum_split_long_rows(backend: str, dtype: torch.dtype) -> None:
     """Equal pairs plus one key of one quantum q: the total is odd in units of q, so every split is at least q/2
     from s/2, and splitting each pair with the extra key on one side attains it: θ = s − q² exactly. Long
     near-uniform rows like these settle in the first first-fit passes (whole row into s/2, then the top-8
-    target), which must report a real subset's distance and no lower bound beyond parity."""
-    gen = torch.Generator().manual_seed(11)
-    rows, quanta = [], []
-    for n_pairs in (25, 40, 63, 150, 500) * 3:
-        half = torch.randint(2**4, 2**12, (n_pairs,), generator=gen).to(torch.float64)
-        ints = torch.cat([half, half, torch.ones(1, dtype=torch.float64)])
-        ints = ints[torch.randperm(ints.numel(), generator=gen)]
-        scale = 2.0 ** -float(torch.ceil(torch.log2(ints.sum())))
-        rows.append(torch.nn.functional.pad(ints * scale, (0, 1001 - ints.numel())))
-        quanta.append(Fraction(scale))
-    batch = torch.stack(rows).to(dtype)
+    target), which must report a real subset's distance and no lower bound beyond parity. In the coarse rows
+    q/2 ≥ 2^-13 exceeds the float32 stop distance 2^-13.5, so a first-fit can end them only with a perfect
+    split (2d ≤ q): any distance it miscomputes below q/2 is claimed exact and caught."""
+    fine, fine_q = half_quantum_rows((25, 40, 63, 150, 500) * 3, 2**12, seed=11)
+    coarse, coarse_q = half_quantum_rows((25, 40, 63, 150, 300, 500) * 2, 4, seed=12)
+    batch = torch.cat([fine, coarse]).to(dtype)
+    quanta = fine_q + coarse_q
+    assert all(q / 2 > Fraction(2.0**-13.5) for q in coarse_q)
     cert = certify(batch, backend=backend, tolerance=1.0)
     first_fit = (ThetaMethod.FIRST_FIT_ONE_TARGET, ThetaMethod.FIRST_FIT_SIXTEEN_TARGETS)
-    assert sum(int(m) in first_fit for m in cert.method) >= 5  # the stages under test settle some of these rows
+    assert sum(int(m) in first_fit for m in cert.method[: len(fine)]) >= 5  # the stages under test settle rows
     for i, row in enumerate(batch):
         s = sum(Fraction(v) for v in row.tolist())
         theta = s - quanta[i] ** 2
