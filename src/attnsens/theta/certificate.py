@@ -26,9 +26,12 @@ from attnsens.theta.methods import ThetaMethod
 Precision = Literal["float32", "float64"]
 Backend = Literal["auto", "numba", "torch", "triton"]
 
-STOP_DISTANCE = {"float32": 2.0**-13.5, "float64": 2.0**-28}
+STOP_DISTANCE = {"float32": 2.0**-13.5 * (1.0 - 2.0**-12), "float64": 2.0**-28}
 """Refinement stops once d ≤ this: then 4d² is below half an ulp of θ ≈ 1 in that format
-(docs/theta-algorithms.md §1)."""
+(docs/theta-algorithms.md §1). The float32 distance sits a relative 2^-12 below 2^-13.5, so that 4d² leaves
+2^-25·(1 − (1 − 2^-12)²) ≈ 1.5·10^-11 of room for what the interval adds to it when sums carry rounding (2E + 8dE,
+E = (2n + 16)·u·ŝ: about 7·10^-12 at n = 16,384 keys) and for its outward rounding: the width stays ≤ 2^-25.
+At 2^-13.5 itself a 428-key SmolLM2 row came out at 2^-25 + 1.8·10^-13."""
 
 MITM_MAX_SUPPORT = 24
 CKK_NODE_BUDGET = 20_000
@@ -171,7 +174,8 @@ def certify(
 
     Args:
         p: [..., key, ...] float16/bfloat16/float32/float64 probabilities, key axis ``dim``, on any device.
-        precision: "float32" stops refining at d ≤ 2^-13.5 (θ fixed to float32 resolution, width ≤ 2^-25),
+        precision: "float32" stops refining at d ≤ 2^-13.5·(1 − 2^-12) (θ fixed to float32 resolution, width
+            ≤ 2^-25 on rows of up to 16,384 keys),
             "float64" at d ≤ 2^-28.
         normalize: renormalise each row by its float64 sum instead of checking it.
         tolerance: largest accepted |s − 1| when ``normalize`` is False, at most ``MAX_TOLERANCE`` = 1; default

@@ -19,6 +19,7 @@ import torch
 
 from attnsens.theta import ThetaMethod, certify, exact
 from attnsens.theta._numba_partition import four_list_perfect_split, group_cardinality_bound
+from attnsens.theta.certificate import CKK_MAX_SUPPORT, CKK_NODE_BUDGET, MITM_MAX_SUPPORT, run_cascade
 from tests.reference.theta_oracles import theta_dyadic_meet_in_the_middle
 from tests.unit.theta.test_cardinality import assert_bound_claims, best_twice_gap, integer_rows, local_search_theta
 from tests.unit.theta.test_soundness import assert_certificate_sound
@@ -237,3 +238,30 @@ def test_brute_force_agrees_with_the_integer_oracle() -> None:
     for n in (5, 9, 12):
         values = near_uniform_integers(n, 0.2, rng, scale=1000)
         assert best_twice_gap([int(v) for v in values]) == twice_optimal_gap(values)
+
+
+SMOLLM2_ROW = Path(__file__).resolve().parents[2] / "data" / "smollm2_wide_row.npz"
+"""One row of SmolLM2-135M's attention on the first 512 tokens of the Shakespeare corpus (row 128,939 of all
+138,240: 428 keys, p_max 0.42, sums with rounding), the one row of that audit wider than 2^-25 when refinement
+stopped at d ≤ 2^-13.5 exactly."""
+
+
+def test_every_real_row_reaches_float32_resolution(real_rows: torch.Tensor) -> None:
+    """Every fixture row, of 25–63 keys, within 2^-25 by default: the 63-key near-uniform row on which exchanges
+    and CKK stall (3.2·10^-8 wide before the last cardinality-pruned search) included."""
+    cert = certify(real_rows)
+    width = cert.upper - cert.lower
+    assert float(width.max()) <= 2.0**-25, f"widest row {int(width.argmax())}: {float(width.max()):.3g}"
+
+
+def test_stop_distance_leaves_room_for_the_error_radius() -> None:
+    """A row whose sums carry rounding stops a relative 2^-12 below d = 2^-13.5, so that 2E and the outward rounding
+    fit within 2^-25; stopping at 2^-13.5 itself left this real row 1.8·10^-13 too wide."""
+    row = torch.from_numpy(np.load(SMOLLM2_ROW)["rows"])
+    cert = certify(row)
+    assert float(cert.upper - cert.lower) <= 2.0**-25
+    at_edge, _ = run_cascade(
+        row, -1, stop_distance=2.0**-13.5, mitm_max_support=MITM_MAX_SUPPORT, ckk_node_budget=CKK_NODE_BUDGET,
+        ckk_max_support=CKK_MAX_SUPPORT, normalize=False, tolerance=1e-3, backend="numba",
+    )  # fmt: skip
+    assert float(at_edge.upper - at_edge.lower) > 2.0**-25  # the row is one the margin is for
