@@ -2,7 +2,8 @@
 
 Same mathematics and the same rounding model as ``_numba_kernels`` (its module docstring): exact
 meet-in-the-middle for small supports, dominant atom, top-8 relaxation (exact when d_lb > 0, else the upper
-bound), the cardinality bound (exact when positive), first-fit of the tail in original order into the 16 best
+bound), the cardinality bound and, on rows of at most 48 keys, its three-group form (exact when positive),
+first-fit of the tail in original order into the 16 best
 top-8 targets (a loop over key columns, vectorised over rows), then greedy balancing in descending order (LPT)
 refined by best single exchanges, and plain LPT for what is left. No Karmarkar–Karp and no CKK, so intervals
 can be wider than the numba path's, never unsound.
@@ -27,6 +28,10 @@ from attnsens.theta._validation import row_status
 from attnsens.theta.methods import ThetaMethod
 
 MITM_CHUNK_ELEMENTS = 1 << 22
+GROUP_BOUND_MAX_SUPPORT = 48
+"""Rows of at most this many non-zeros that the cardinality bound leaves open get its three-group form (the
+numba path's ``prove_short_row`` applies it to the same rows)."""
+GROUP_BOUND_CHUNK_ROWS = 256
 
 
 def certify_rows_torch(
@@ -87,6 +92,17 @@ def certify_rows_torch(
         cardinality = torch.zeros_like(done).index_put((idx,), proved)
         method = _mark(method, cardinality, ThetaMethod.CARDINALITY_BOUND)
         done |= cardinality
+
+    grouped_rows = ~done & (n <= GROUP_BOUND_MAX_SUPPORT)
+    if grouped_rows.any():
+        idx = torch.nonzero(grouped_rows).flatten()
+        d_group = _group_cardinality_bound(x[idx], t[idx], min(GROUP_BOUND_MAX_SUPPORT, n_keys))
+        proved = d_group > err[idx]
+        d_found = d_found.index_put((idx,), torch.where(proved, d_group, d_found[idx]))
+        d_lb = d_lb.index_put((idx,), torch.maximum(d_lb[idx], d_group))
+        grouped = torch.zeros_like(done).index_put((idx,), proved)
+        method = _mark(method, grouped, ThetaMethod.CARDINALITY_BOUND)
+        done |= grouped
 
     heuristics = (
         (ThetaMethod.FIRST_FIT_SIXTEEN_TARGETS, lambda i: _first_fit(x[i], top_i[i], sums[i], t[i], rest[i])),
@@ -189,6 +205,64 @@ def _cardinality_bound(x: torch.Tensor, sums: torch.Tensor, t: torch.Tensor, k_s
     above = torch.where(k < m, smallest.gather(-1, (k + 1).clamp(max=m)) - g, torch.inf)
     inside = torch.where(below > 0, torch.minimum(below, above), torch.zeros_like(g))
     return torch.where(g <= 0, -g, inside).amin(-1)
+
+
+def _group_cardinality_bound(x: torch.Tensor, t: torch.Tensor, width: int) -> torch.Tensor:
+    """d_lb of ``_numba_partition.group_cardinality_bound`` per row of at most ``width`` non-zeros: the sorted
+    values cut at their two largest gaps into groups A > B > C (the first of equal gaps, as there), and the least
+    distance from t to [L_a + L_b + L_c, U_a + U_b + U_c] over every count (a, b, c) of keys taken from each group
+    (L / U: sums of the smallest / largest keys of the group), summed in the same order as the numba form.
+
+    The counts a run in a loop; each step covers every (b, c) of every row at once ([row, width + 1, width + 1]),
+    in blocks of ``GROUP_BOUND_CHUNK_ROWS`` rows.
+    """
+    vals = x.topk(width, dim=-1).values  # descending; zeros after the support
+    n = (vals > 0).sum(-1)
+    keys = torch.arange(width, device=x.device)
+    gaps = torch.where(keys[:-1] < (n - 1).unsqueeze(-1), vals[:, :-1] - vals[:, 1:], -1.0)
+    first = gaps.argmax(-1)  # torch.argmax: the first of equal maxima
+    second = torch.where(keys[:-1] == first.unsqueeze(-1), -2.0, gaps).argmax(-1)
+    cut_1 = torch.minimum(first, second) + 1
+    cut_2 = torch.maximum(first, second) + 1
+    cut_1 = torch.where(n > 1, cut_1, n)
+    cut_2 = torch.where(n > 1, cut_2, n)
+    zero = torch.zeros_like(cut_1)
+    groups = [_group_prefix_sums(vals, lo, hi, width) for lo, hi in ((zero, cut_1), (cut_1, cut_2), (cut_2, n))]
+    (small_a, large_a, size_a), (small_b, large_b, size_b), (small_c, large_c, size_c) = groups
+    counts = torch.arange(width + 1, device=x.device)
+    best = torch.full_like(t, torch.inf)
+    for start in range(0, x.shape[0], GROUP_BOUND_CHUNK_ROWS):
+        rows = slice(start, start + GROUP_BOUND_CHUNK_ROWS)
+        tt = t[rows].view(-1, 1, 1)
+        valid_bc = (counts.view(1, -1, 1) <= size_b[rows].view(-1, 1, 1)) & (
+            counts.view(1, 1, -1) <= size_c[rows].view(-1, 1, 1)
+        )
+        chunk_best = best[rows]
+        for a in range(int(size_a[rows].max()) + 1):
+            low = (small_a[rows, a].view(-1, 1, 1) + small_b[rows].unsqueeze(-1)) + small_c[rows].unsqueeze(-2)
+            high = (large_a[rows, a].view(-1, 1, 1) + large_b[rows].unsqueeze(-1)) + large_c[rows].unsqueeze(-2)
+            dist = torch.where(low > tt, low - tt, torch.where(high < tt, tt - high, torch.zeros_like(low)))
+            valid = valid_bc & (a <= size_a[rows]).view(-1, 1, 1)
+            dist = torch.where(valid, dist, torch.full_like(dist, torch.inf))
+            chunk_best = torch.minimum(chunk_best, dist.flatten(1).amin(-1))
+        best[rows] = chunk_best
+    return best
+
+
+def _group_prefix_sums(
+    vals: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, width: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(smallest, largest, size): [row, width + 1] sums of the k smallest / largest of vals[lo:hi] (descending),
+    k = 0 … width (held at the group's total past its size), and the group's size."""
+    size = hi - lo
+    k = torch.arange(width, device=vals.device).unsqueeze(0)
+    inside = k < size.unsqueeze(-1)
+    largest_first = vals.gather(-1, (lo.unsqueeze(-1) + k).clamp(max=width - 1))
+    smallest_first = vals.gather(-1, (hi.unsqueeze(-1) - 1 - k).clamp(min=0))
+    zero = torch.zeros(vals.shape[0], 1, dtype=vals.dtype, device=vals.device)
+    largest = torch.cat([zero, torch.where(inside, largest_first, 0.0).cumsum(-1)], -1)
+    smallest = torch.cat([zero, torch.where(inside, smallest_first, 0.0).cumsum(-1)], -1)
+    return smallest, largest, size
 
 
 def _first_fit(

@@ -265,3 +265,44 @@ def test_stop_distance_leaves_room_for_the_error_radius() -> None:
         ckk_max_support=CKK_MAX_SUPPORT, normalize=False, tolerance=1e-3, backend="numba",
     )  # fmt: skip
     assert float(at_edge.upper - at_edge.lower) > 2.0**-25  # the row is one the margin is for
+
+
+# The torch path's form of the three-group bound.
+
+
+def torch_group_stage(vals_desc: np.ndarray, k_top: int, t: float) -> tuple[float, float]:
+    """The torch form on one row; its only claim is d_lb (the upper end is the row's total, always valid)."""
+    from attnsens.theta._torch_path import _group_cardinality_bound
+
+    row = torch.from_numpy(vals_desc).unsqueeze(0)
+    d_lb = _group_cardinality_bound(row, torch.tensor([t], dtype=torch.float64), min(48, vals_desc.size))
+    return float(d_lb[0]), float(vals_desc.sum())
+
+
+def test_torch_group_bound_is_a_bound_and_exact_when_positive() -> None:
+    assert_bound_claims(torch_group_stage, integer_rows(5) + clustered_rows(0))
+
+
+def test_torch_group_bound_equals_the_numba_bound(real_rows: torch.Tensor) -> None:
+    """Bit for bit, on the real rows of ≤ 48 keys and on clustered integer rows: the same cuts (first of equal
+    gaps), the same prefix sums and the same order of addition."""
+    from attnsens.theta._torch_path import _group_cardinality_bound
+
+    rows = real_rows[support(real_rows) <= 48].double()
+    clustered = [torch.tensor(r + [0] * (64 - len(r)), dtype=torch.float64) for r in clustered_rows(2)]
+    rows = torch.cat([rows, torch.stack(clustered)])
+    t = 0.5 * rows.sum(-1)
+    got = _group_cardinality_bound(rows, t, 48)
+    descending = [np.sort(r[r > 0].numpy())[::-1].copy() for r in rows]
+    want = [group_cardinality_bound(vals, float(h))[0] for vals, h in zip(descending, t, strict=True)]
+    assert torch.equal(got, torch.tensor(want, dtype=torch.float64))
+    assert int((got > 0).sum()) >= 20  # not vacuous
+
+
+def test_torch_path_proves_the_clustered_real_row(real_rows: torch.Tensor) -> None:
+    source = np.load(FIXTURE)["source_index"]
+    row = real_rows[int(np.flatnonzero(source == CLUSTERED_ROW)[0])]
+    cert = certify(row, backend="torch")
+    assert bool(cert.exact) and int(cert.method) == ThetaMethod.CARDINALITY_BOUND
+    theta = theta_dyadic_meet_in_the_middle(*dyadic(row))
+    assert_certificate_sound(float(cert.lower), float(cert.upper), theta, "clustered row, torch path")
