@@ -10,7 +10,7 @@ operands are bounded by s, so its absolute error is at most (1.5·n + 13)·u·s 
 We use E = (2n + 16)·u·ŝ·(1 + 2^-10). When every value is an integer multiple of a power-of-two quantum q and
 ŝ ≤ 2^52·q, every partial sum and difference is an exact float64, so E = 0.
 
-Order of the cascade per row: scan (``_numba_scan``); dominant atom; on rows longer than the short-row limit, the
+Order of the cascade per row: scan (``_numba_scan``); dominant atom; on rows of more than 128 keys, the
 whole row first-fit into t = ŝ/2 (no top-K needed when it settles, as on about 80 % of long real attention rows);
 top-8 relaxation; meet-in-the-middle and its shortcuts for short rows; one-target first-fit into the best top-8
 target; then in ``_numba_refine``: 16-target first-fit, Karmarkar–Karp and the greedy split with best exchanges,
@@ -43,6 +43,7 @@ from attnsens.theta._constants import (
 )
 from attnsens.theta._numba_partition import meet_in_the_middle
 from attnsens.theta._numba_refine import (
+    EXACT_FIRST_MAX_SUPPORT,
     FREEZE_EVERY,
     MITM_FALLBACK_SUPPORT,
     SHORT_ROW_SUPPORT,
@@ -321,7 +322,7 @@ def _certify_block(
             continue
         d_found[r] = np.inf
         d_lb[r] = 0.0
-        if n > short_support:  # long rows try the whole row into t first: no top-K needed when it settles
+        if n > EXACT_FIRST_MAX_SUPPORT:  # long rows try the whole row into t first: no top-K when it settles
             whole_row[n_whole_row] = j
             n_whole_row += 1
         else:

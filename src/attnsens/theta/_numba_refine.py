@@ -44,8 +44,9 @@ cardinality-pruned search of 200,000 nodes (about 1 ms). Such rows are near-unif
 63-key row of the tiny GPT's early attention (values 0.0087–0.0175), exchanges stalled at 1.7·10^-4 and CKK
 with 2,000,000 nodes at 3.3·10^-4, while this search reached 5.1·10^-5 within the 8.6·10^-5 stop distance."""
 EXACT_FIRST_MAX_SUPPORT = 128
-"""Rows of at most this many keys run the stages that can end exact first: Karmarkar–Karp (which often finds a
-perfect split) before the exchanges, and the cardinality-pruned search before the top-14 relaxation. Longer rows
+"""Rows of at most this many keys run the stages that can end exact first: no whole-row first-fit
+(``_numba_kernels``), Karmarkar–Karp (which often finds a perfect split) before the exchanges, and the
+cardinality-pruned search before the top-14 relaxation. Longer rows
 take the cheap stages first: there KK's sliding window costs O(n²) moves on near-uniform rows (60 µs at 700
 keys, against 4 µs for the exchanges, which settle 98 % of the rows that reach them) and the search can spend its
 20,000 nodes (4 ms) on a row the top-14 relaxation proves in 25 µs."""
