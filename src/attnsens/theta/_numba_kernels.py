@@ -53,7 +53,7 @@ from attnsens.theta._numba_refine import (
     relaxation_scratch,
     settled,
 )
-from attnsens.theta._numba_scan import scan_row, top_k
+from attnsens.theta._numba_scan import float64_sum, scan_row, top_k
 from attnsens.theta.methods import RowStatus, ThetaMethod
 
 ROW_BLOCK = 8
@@ -200,15 +200,6 @@ def _first_fit_quad(x, rows, skip, targets, stop, stop_d, out):
     out[3] = f3 if f3 < np.inf else _fill_distance(g3, c3, e3)
 
 
-@cached_njit(fastmath={"reassoc"})
-def _block_sum(block):
-    """Σ block in float64, in whatever order vectorises (the error radius E holds for every summation order)."""
-    total = 0.0
-    for i in range(block.size):
-        total += np.float64(block[i])
-    return total
-
-
 @cached_njit()
 def _whole_row_first_fit(row, end, g, stop_d):
     """First-fit of row[:end] in key order into the capacity g; returns its distance min(gap, e_min − gap).
@@ -222,7 +213,7 @@ def _whole_row_first_fit(row, end, g, stop_d):
     filled = 0.0
     i = 0
     while i + FREEZE_EVERY <= end:
-        block = _block_sum(row[i : i + FREEZE_EVERY])
+        block = float64_sum(row[i : i + FREEZE_EVERY])
         if filled + block > g:
             break
         filled += block

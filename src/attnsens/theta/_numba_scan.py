@@ -76,8 +76,9 @@ def _insert_top(top_v, top_i, x, i):
 
 
 @cached_njit(fastmath={"reassoc"})
-def _row_sum(row):
-    """Σ row in float64, in whatever order vectorises: the error radius E holds for every summation order."""
+def float64_sum(row):
+    """Σ row in float64, in whatever order vectorises: the error radius E holds for every summation order (the row
+    scan's sum, and the whole-row first-fit's block sums)."""
     total = 0.0
     for i in range(row.size):
         total += np.float64(row[i])
@@ -150,7 +151,7 @@ def scan_row(row, bits, no_positive, exact_quantum, k_top):
     Returns (ŝ, n, p_max, q, end, status, threshold, first).
     """
     end = _support_end(bits, no_positive)
-    total = _row_sum(row[:end])  # the ±0.0 past ``end`` add exactly nothing
+    total = float64_sum(row[:end])  # the ±0.0 past ``end`` add exactly nothing
     zero = no_positive - no_positive
     lowest = zero
     smallest = no_positive

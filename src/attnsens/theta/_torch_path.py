@@ -86,23 +86,13 @@ def certify_rows_torch(
     if not done.all():
         idx = torch.nonzero(~done).flatten()
         d_card = _cardinality_bound(x[idx], sums[idx], t[idx], k_small)
-        proved = d_card > err[idx]
-        d_found = d_found.index_put((idx,), torch.where(proved, d_card, d_found[idx]))
-        d_lb = d_lb.index_put((idx,), torch.maximum(d_lb[idx], d_card))
-        cardinality = torch.zeros_like(done).index_put((idx,), proved)
-        method = _mark(method, cardinality, ThetaMethod.CARDINALITY_BOUND)
-        done |= cardinality
+        d_found, d_lb, method, done = _apply_cardinality_bound(idx, d_card, err, d_found, d_lb, method, done)
 
     grouped_rows = ~done & (n <= GROUP_BOUND_MAX_SUPPORT)
     if grouped_rows.any():
         idx = torch.nonzero(grouped_rows).flatten()
         d_group = _group_cardinality_bound(x[idx], t[idx], min(GROUP_BOUND_MAX_SUPPORT, n_keys))
-        proved = d_group > err[idx]
-        d_found = d_found.index_put((idx,), torch.where(proved, d_group, d_found[idx]))
-        d_lb = d_lb.index_put((idx,), torch.maximum(d_lb[idx], d_group))
-        grouped = torch.zeros_like(done).index_put((idx,), proved)
-        method = _mark(method, grouped, ThetaMethod.CARDINALITY_BOUND)
-        done |= grouped
+        d_found, d_lb, method, done = _apply_cardinality_bound(idx, d_group, err, d_found, d_lb, method, done)
 
     heuristics = (
         (ThetaMethod.FIRST_FIT_SIXTEEN_TARGETS, lambda i: _first_fit(x[i], top_i[i], sums[i], t[i], rest[i])),
@@ -123,6 +113,24 @@ def certify_rows_torch(
         done |= reached
     return {"row_sum": s, "p_max": p_max, "d_found": d_found, "d_lb": d_lb, "err": err, "method": method,
             "status": status}  # fmt: skip
+
+
+def _apply_cardinality_bound(
+    idx: torch.Tensor,
+    bound: torch.Tensor,
+    err: torch.Tensor,
+    d_found: torch.Tensor,
+    d_lb: torch.Tensor,
+    method: torch.Tensor,
+    done: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fold a cardinality lower bound on d* of rows ``idx`` into (d_found, d_lb, method, done): rows where it
+    exceeds E are proved (d* = the bound, ``CARDINALITY_BOUND``), the others keep it as their lower bound."""
+    proved = bound > err[idx]
+    d_found = d_found.index_put((idx,), torch.where(proved, bound, d_found[idx]))
+    d_lb = d_lb.index_put((idx,), torch.maximum(d_lb[idx], bound))
+    settled = torch.zeros_like(done).index_put((idx,), proved)
+    return d_found, d_lb, _mark(method, settled, ThetaMethod.CARDINALITY_BOUND), done | settled
 
 
 def _mark(method: torch.Tensor, rows: torch.Tensor, code: ThetaMethod) -> torch.Tensor:
