@@ -15,6 +15,8 @@ CKK_EXHAUSTED = 0
 CKK_PERFECT = 1
 CKK_THRESHOLD = 2
 CKK_OUT_OF_NODES = 3
+LIST_START = 1 << 12
+"""First buffer size of each half's list in ``count_pruned_meet_in_the_middle`` (doubled as needed)."""
 
 
 @cached_njit()
@@ -380,6 +382,167 @@ def cardinality_branch_and_bound(vals_desc, t, quantum, budget):
 
 
 @cached_njit()
+def _sums_of_count(vals_desc, prefix, count, lo, hi, out, budget):
+    """The sums in [lo, hi] of the subsets of exactly ``count`` of ``vals_desc`` (descending; ``prefix`` their
+    prefix sums), written to ``out``; returns (how many, nodes visited), or (−1, nodes) when ``out`` is full or the
+    ``budget`` of nodes is spent.
+
+    Depth-first over the values (in, then out), every branch cut when its remaining picks cannot bring the sum into
+    [lo, hi]: the r largest of the values left add prefix[i + r] − prefix[i], the r smallest prefix[m] − prefix[m −
+    r]. Only for error-free sums (every prefix difference exact)."""
+    m = vals_desc.size
+    picked = np.zeros(m + 1, np.int64)
+    mass = np.zeros(m + 1)
+    stage = np.zeros(m + 1, np.int8)
+    found = 0
+    nodes = 0
+    depth = 0
+    while depth >= 0:
+        if stage[depth] == 0:
+            nodes += 1
+            if nodes > budget:
+                return -1, nodes
+            r = count - picked[depth]
+            if r == 0:
+                if lo <= mass[depth] <= hi:
+                    if found == out.size:
+                        return -1, nodes
+                    out[found] = mass[depth]
+                    found += 1
+                depth -= 1
+                continue
+            if (
+                r > m - depth
+                or mass[depth] + (prefix[depth + r] - prefix[depth]) < lo
+                or mass[depth] + (prefix[m] - prefix[m - r]) > hi
+            ):
+                depth -= 1
+                continue
+        if stage[depth] == 2:
+            stage[depth] = 0
+            depth -= 1
+            continue
+        take = stage[depth] == 0
+        stage[depth] += 1
+        picked[depth + 1] = picked[depth] + (1 if take else 0)
+        mass[depth + 1] = mass[depth] + vals_desc[depth] if take else mass[depth]
+        stage[depth + 1] = 0
+        depth += 1
+    return found, nodes
+
+
+@cached_njit()
+def _closest_pair_sum(a, b, t):
+    """min |x + y − t| over x in ``a`` and y in ``b`` (both sorted ascending), by one two-pointer sweep."""
+    i = 0
+    j = b.size - 1
+    best = np.inf
+    while i < a.size and j >= 0:
+        v = (a[i] + b[j]) - t
+        best = min(best, abs(v))
+        if v < 0.0:
+            i += 1
+        else:
+            j -= 1
+    return best
+
+
+@cached_njit()
+def count_tail_score(vals_desc, t):
+    """How far t lies in the tail of the subset sums of the count nearest it: min over k of |t − k·μ| / σ_k, with
+    μ the mean value and σ_k the spread of the sums of k values drawn without replacement. Large (≳ 2) on
+    near-uniform rows with an odd count, where ``count_pruned_meet_in_the_middle`` lists few sums; near 0 where t
+    is the centre of a count and it would list them all."""
+    n = vals_desc.size
+    total = 0.0
+    for v in vals_desc:
+        total += v
+    mean = total / n
+    spread = 0.0
+    for v in vals_desc:
+        spread += (v - mean) * (v - mean)
+    variance = spread / max(n - 1, 1)
+    best = np.inf
+    for k in range(1, n):
+        sigma = np.sqrt(k * (n - k) / n * variance)
+        best = min(best, abs(t - k * mean) / sigma if sigma > 0.0 else np.inf)
+    return best
+
+
+@cached_njit()
+def count_pruned_meet_in_the_middle(vals_desc, t, d_found, budget):
+    """Exact d* by meet-in-the-middle over the subset counts that can reach t, each half's sums pruned to those
+    that can still pair within d_found of t; returns (d, proved).
+
+    Only counts k whose interval [L_k, U_k] (the sums of the k smallest / largest values) comes within d of t can
+    hold a subset that beats ``d_found`` (the distance of a real subset, so d* ≤ d_found), and a set of count k and
+    its complement (count n − k) are equally far from t = s/2, so the counts k ≤ n/2 suffice. The values, sorted,
+    are dealt alternately into halves A and B; a subset with j values of A and k − j of B pairs a sum x of A with
+    a sum y of B, and x must lie in [t − d − U^B_(k−j), t + d − L^B_(k−j)] (and y likewise), so each half lists
+    only such sums (``_sums_of_count``), and one sweep of the two sorted lists finds the closest pair. Every subset
+    within d of t is some such pair, so the least distance found, or d_found, is d*.
+
+    Where t lies in the tail of its counts' sums (near-uniform rows with an odd count and no perfect split, which
+    the cardinality bound cannot settle), the lists hold a few hundred sums instead of the 2^(n/2) of plain
+    meet-in-the-middle. Where t is at the centre of a count (even counts) nothing is pruned and the lists are
+    that size; ``budget`` caps the search nodes over all lists (proved is False when it runs out). Only for
+    error-free sums: every sum, bound and difference is then exact.
+    """
+    n = vals_desc.size
+    d = d_found
+    half_a = vals_desc[0::2].copy()
+    half_b = vals_desc[1::2].copy()
+    m_a = half_a.size
+    m_b = half_b.size
+    prefix = np.zeros(n + 1)
+    prefix_a = np.zeros(m_a + 1)
+    prefix_b = np.zeros(m_b + 1)
+    for i in range(n):
+        prefix[i + 1] = prefix[i] + vals_desc[i]
+    for i in range(m_a):
+        prefix_a[i + 1] = prefix_a[i] + half_a[i]
+    for i in range(m_b):
+        prefix_b[i + 1] = prefix_b[i] + half_b[i]
+    largest_list = 1 << max(m_a, m_b)
+    list_a = np.empty(min(largest_list, LIST_START))
+    list_b = np.empty(min(largest_list, LIST_START))
+    nodes = 0
+    for k in range(n // 2 + 1):
+        if (prefix[n] - prefix[n - k]) > t + d or prefix[k] < t - d:  # [L_k, U_k] misses [t − d, t + d]
+            continue  # (as does [L_(n−k), U_(n−k)] = [s − U_k, s − L_k]: s = 2t)
+        for j in range(max(0, k - m_b), min(k, m_a) + 1):
+            c = k - j
+            low_b, high_b = prefix_b[m_b] - prefix_b[m_b - c], prefix_b[c]
+            low_a, high_a = prefix_a[m_a] - prefix_a[m_a - j], prefix_a[j]
+            if low_a + low_b > t + d or high_a + high_b < t - d:
+                continue
+            while True:  # a list that outgrows its buffer is listed again into one twice the size
+                found_a, used = _sums_of_count(half_a, prefix_a, j, t - d - high_b, t + d - low_b, list_a,
+                                               budget - nodes)  # fmt: skip
+                nodes += used
+                if found_a >= 0 or nodes >= budget:
+                    break
+                list_a = np.empty(2 * list_a.size)
+            if found_a < 0:
+                return d, False
+            if found_a == 0:
+                continue
+            while True:
+                found_b, used = _sums_of_count(half_b, prefix_b, c, t - d - high_a, t + d - low_a, list_b,
+                                               budget - nodes)  # fmt: skip
+                nodes += used
+                if found_b >= 0 or nodes >= budget:
+                    break
+                list_b = np.empty(2 * list_b.size)
+            if found_b < 0:
+                return d, False
+            if found_b == 0:
+                continue
+            d = min(d, _closest_pair_sum(np.sort(list_a[:found_a]), np.sort(list_b[:found_b]), t))
+    return d, True
+
+
+@cached_njit()
 def _group_prefixes(vals_desc, lo, hi):
     """(smallest, largest): sums of the k smallest / largest of vals_desc[lo:hi], k = 0 … hi − lo."""
     m = hi - lo
@@ -458,7 +621,7 @@ FOUR_LIST_GROUP = 10
 FOUR_LIST_FLIPS = 2
 """Smallest of the greedily split larger values put on either side: 2^2 targets for the same lists, since sums of
 clustered values crowd into bumps and one target may fall between them."""
-FOUR_LIST_MIN_EXPECTED = 2.0
+FOUR_LIST_MIN_EXPECTED = 0.25
 """Rows expected to have fewer perfect splits than this skip the search (it would rarely find one)."""
 FOUR_LIST_MAX_PAIRS = 1 << 12
 """Largest expected size of one list of pair sums: the modulus is raised until the lists are this short."""

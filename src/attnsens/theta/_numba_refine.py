@@ -15,6 +15,8 @@ from attnsens.theta._numba_partition import (
     cardinality_branch_and_bound,
     cardinality_relaxation,
     complete_karmarkar_karp,
+    count_pruned_meet_in_the_middle,
+    count_tail_score,
     descending_support,
     four_list_perfect_split,
     group_cardinality_bound,
@@ -34,9 +36,9 @@ above the stop distance (≤ 1 s at 48 keys; on early-training attention about o
 short always end at the precision asked."""
 REFINE_SEARCH_NODES = 20_000
 """Node budget of the cardinality-pruned search for rows the heuristics leave open (about 0.4 ms)."""
-FOUR_LIST_MIN_SUPPORT = 33
-"""Rows of at least this many keys try the four-list search for a perfect split; shorter ones have too few perfect
-splits for it to pay, and meet-in-the-middle over them costs at most ~1.5 ms."""
+COUNT_MITM_MIN_TAIL = 1.5
+"""Rows whose target lies at least this many spreads from the centre of its count's sums take the count-pruned
+meet-in-the-middle (``prove_short_row``); nearer the centre it would list every sum."""
 LAST_SEARCH_MAX_SUPPORT = 128
 LAST_SEARCH_NODES = 200_000
 """Rows of 49–128 keys with error-free sums that every stage leaves above the stop distance get a last
@@ -67,6 +69,7 @@ _CARDINALITY = int(ThetaMethod.CARDINALITY_BOUND)
 _SEARCH_PROVED = int(ThetaMethod.CARDINALITY_SEARCH)
 _SEARCH_FOUND = int(ThetaMethod.CARDINALITY_SEARCH_BUDGET)
 _MITM = int(ThetaMethod.MEET_IN_THE_MIDDLE)
+_COUNT_MITM = int(ThetaMethod.COUNT_PRUNED_MITM)
 
 
 @cached_njit()
@@ -328,27 +331,27 @@ def refine_row(
 def prove_short_row(row, n, t, q, e, k_top, probe_nodes, search_nodes):
     """The proofs that settle most rows too long for a cheap meet-in-the-middle without enumerating them all: the
     cardinality bound and its three-group form, then (sums error-free) a perfect split found by a CKK search of
-    ``probe_nodes`` nodes or, on rows of at least ``FOUR_LIST_MIN_SUPPORT`` keys, by the four-list search, and
-    last the cardinality-pruned search within ``search_nodes`` nodes.
+    ``probe_nodes`` nodes or by the four-list search, and last the count-pruned meet-in-the-middle within
+    ``search_nodes`` nodes.
 
-    Returns (d*, method), or (∞, 0) when none applies and the row needs meet-in-the-middle.
+    Returns (d*, method), or (∞, 0) when none applies and the row needs the full meet-in-the-middle.
     """
     vals = descending_support(row, n)
-    d_card, _ = cardinality_relaxation(vals, k_top, t)
+    d_card, d_best = cardinality_relaxation(vals, k_top, t)
     if d_card > e:
         return d_card, _CARDINALITY
-    d_group, _ = group_cardinality_bound(vals, t)
+    d_group, d_end = group_cardinality_bound(vals, t)
     if d_group > e:
         return d_group, _CARDINALITY
     if e == 0.0:
         best_diff, outcome = complete_karmarkar_karp(vals, -1.0, q, probe_nodes)
         if outcome == CKK_EXHAUSTED or outcome == CKK_PERFECT:
             return 0.5 * best_diff, _CKK_PROVED
-        if n >= FOUR_LIST_MIN_SUPPORT:
-            d = four_list_perfect_split(vals, q)
-            if proves_perfect(d, q, e):
-                return d, _PERFECT
-        d, proved = cardinality_branch_and_bound(vals, t, q, search_nodes)
-        if proved:
-            return d, _SEARCH_PROVED
+        d = four_list_perfect_split(vals, q)
+        if proves_perfect(d, q, e):
+            return d, _PERFECT
+        if count_tail_score(vals, t) >= COUNT_MITM_MIN_TAIL:
+            d, proved = count_pruned_meet_in_the_middle(vals, t, min(d_best, d_end, 0.5 * best_diff), search_nodes)
+            if proved:
+                return d, _COUNT_MITM
     return np.inf, 0

@@ -60,6 +60,13 @@ class ThetaMethod(IntEnum):
     placed, exhausted its tree or met the perfect-partition rule within its node budget."""
     CARDINALITY_SEARCH_BUDGET = 17
     """that search ran out of nodes, but the best split it found reached the threshold (not exact)."""
+    FIRST_FIT_BINADES = 18
+    """first-fit decreasing by binade (the largest values first, key order within a binade) into s/2 reached the
+    threshold: long rows that the key-order fill leaves open."""
+    COUNT_PRUNED_MITM = 19
+    """exact: meet-in-the-middle over the subset counts whose sums can come near s/2, each half's sums cut to those
+    that can still pair near it, found no subset closer than the best known (near-uniform rows with an odd count
+    and no perfect split, where the cardinality bound cannot settle them)."""
 
     @property
     def is_exact(self) -> bool:
@@ -77,6 +84,7 @@ _EXACT_METHODS = frozenset(
         ThetaMethod.CKK_PROVED,
         ThetaMethod.CARDINALITY_BOUND,
         ThetaMethod.CARDINALITY_SEARCH,
+        ThetaMethod.COUNT_PRUNED_MITM,
     }
 )
 

@@ -9,6 +9,7 @@ local search, and each check is shown to catch a deliberately wrong version of i
 
 from __future__ import annotations
 
+import functools
 import math
 from fractions import Fraction
 from pathlib import Path
@@ -18,8 +19,17 @@ import pytest
 import torch
 
 from attnsens.theta import ThetaMethod, certify, exact
-from attnsens.theta._numba_partition import four_list_perfect_split, group_cardinality_bound
-from attnsens.theta.certificate import CKK_MAX_SUPPORT, CKK_NODE_BUDGET, MITM_MAX_SUPPORT, run_cascade
+from attnsens.theta._constants import ERROR_RADIUS_OFFSET, ERROR_RADIUS_PER_KEY, ERROR_RADIUS_SLACK, UNIT_ROUNDOFF
+from attnsens.theta._enclosure import theta_enclosure
+from attnsens.theta._numba_partition import (
+    cardinality_relaxation,
+    count_pruned_meet_in_the_middle,
+    count_tail_score,
+    four_list_perfect_split,
+    group_cardinality_bound,
+)
+from attnsens.theta._numba_refine import COUNT_MITM_MIN_TAIL
+from attnsens.theta.certificate import STOP_DISTANCE
 from tests.reference.theta_oracles import theta_dyadic_meet_in_the_middle
 from tests.unit.theta.test_cardinality import assert_bound_claims, best_twice_gap, integer_rows, local_search_theta
 from tests.unit.theta.test_soundness import assert_certificate_sound
@@ -255,16 +265,24 @@ def test_every_real_row_reaches_float32_resolution(real_rows: torch.Tensor) -> N
 
 
 def test_stop_distance_leaves_room_for_the_error_radius() -> None:
-    """A row whose sums carry rounding stops a relative 2^-12 below d = 2^-13.5, so that 2E and the outward rounding
-    fit within 2^-25; stopping at 2^-13.5 itself left this real row 1.8·10^-13 too wide."""
+    """A row whose sums carry rounding (E > 0) and whose best split lies just within the stop distance fits in
+    2^-25 only because that distance is a relative 2^-12 below 2^-13.5: with this real row's sum and error radius,
+    a split at 2^-13.5 itself encloses θ in an interval wider than 2^-25. (The cascade settled this row at the
+    margin before the binade first-fit; it now ends far below it.)"""
     row = torch.from_numpy(np.load(SMOLLM2_ROW)["rows"])
     cert = certify(row)
     assert float(cert.upper - cert.lower) <= 2.0**-25
-    at_edge, _ = run_cascade(
-        row, -1, stop_distance=2.0**-13.5, mitm_max_support=MITM_MAX_SUPPORT, ckk_node_budget=CKK_NODE_BUDGET,
-        ckk_max_support=CKK_MAX_SUPPORT, normalize=False, tolerance=1e-3, backend="numba",
-    )  # fmt: skip
-    assert float(at_edge.upper - at_edge.lower) > 2.0**-25  # the row is one the margin is for
+    s = float(cert.row_sum[0])
+    n = int((row > 0).sum())
+    err = (ERROR_RADIUS_PER_KEY * n + ERROR_RADIUS_OFFSET) * UNIT_ROUNDOFF * s * ERROR_RADIUS_SLACK
+
+    def width_at(d: float) -> float:
+        as_row = functools.partial(torch.tensor, dtype=torch.float64)
+        lower, upper = theta_enclosure(as_row([s]), as_row([d]), as_row([0.0]), as_row([err]))
+        return float(upper[0] - lower[0])
+
+    assert width_at(STOP_DISTANCE["float32"]) <= 2.0**-25
+    assert width_at(2.0**-13.5) > 2.0**-25  # the row is one the margin is for
 
 
 # The torch path's form of the three-group bound.
@@ -306,3 +324,74 @@ def test_torch_path_proves_the_clustered_real_row(real_rows: torch.Tensor) -> No
     assert bool(cert.exact) and int(cert.method) == ThetaMethod.CARDINALITY_BOUND
     theta = theta_dyadic_meet_in_the_middle(*dyadic(row))
     assert_certificate_sound(float(cert.lower), float(cert.upper), theta, "clustered row, torch path")
+
+
+# The count-pruned meet-in-the-middle.
+
+
+def odd_tail_rows(rng: np.random.Generator) -> list[np.ndarray]:
+    """Near-uniform integer rows of an odd count (t = s/2 in the tail of the sums of the two middle counts), the
+    regime the count-pruned search is for, at spreads where the cardinality bound leaves some open."""
+    return [near_uniform_integers(n, spread, rng, scale=2**16) for n in (25, 27, 29, 31, 35) for spread in (0.03, 0.06)]
+
+
+def assert_count_search_claims(search, rows: list[np.ndarray]) -> int:
+    """Whenever the search claims a proof, its d is d* (integer meet-in-the-middle oracle); it is started from
+    the distance of a real split (the sorted greedy one). Returns the number of proofs."""
+    proved = 0
+    for values in rows:
+        vals = np.sort(values)[::-1].copy()
+        t = 0.5 * float(vals.sum())
+        greedy = 0.0
+        for v in vals:
+            greedy += v if greedy + v <= t else 0.0
+        d, claimed = search(vals, t, t - greedy, 2_000_000)
+        if claimed:
+            proved += 1
+            twice = twice_optimal_gap(vals)
+            assert 2 * Fraction(d) == twice, f"n={vals.size}: claimed 2d={2 * d}, true 2d*={twice}"
+    return proved
+
+
+def wrong_count_search_trusting_a_shorter_distance(vals_desc: np.ndarray, t: float, d_found: float, budget: int):
+    """A plausible bug in a caller: the window narrowed far below the distance of the split actually found, so when
+    nothing lies within it the search 'proves' the found distance, which is not optimal."""
+    narrow = d_found * 2.0**-30
+    d, proved = count_pruned_meet_in_the_middle(vals_desc, t, narrow, budget)
+    return (d_found, proved) if d == narrow else (d, proved)
+
+
+def test_count_pruned_search_proves_real_optima() -> None:
+    rows = odd_tail_rows(np.random.default_rng(3))
+    rows += [near_uniform_integers(n, 0.05, np.random.default_rng(n), scale=2**16) for n in (26, 30)]
+    proved = assert_count_search_claims(count_pruned_meet_in_the_middle, rows)
+    assert proved == len(rows)  # with a large budget every row is proved
+
+
+def test_meta_count_search_check_catches_a_narrowed_window() -> None:
+    with pytest.raises(AssertionError):
+        rows = odd_tail_rows(np.random.default_rng(3))
+        assert_count_search_claims(wrong_count_search_trusting_a_shorter_distance, rows)
+
+
+def test_count_pruned_search_lists_few_sums_on_odd_real_rows(real_rows: torch.Tensor) -> None:
+    """The real odd rows of 25–36 keys without a perfect split whose target lies in the tail of its count (the
+    cardinality bound settles none of them): the search proves each within 100,000 nodes, at least half within
+    the 5,000 that ``certify`` gives it, and agrees with the oracle every time."""
+    n = support(real_rows)
+    rows = oracle_rows(real_rows[(n % 2 == 1) & (n <= ORACLE_MAX_SUPPORT)])
+    tried = quick = 0
+    for row in rows:
+        vals = np.sort(row[row > 0].double().numpy())[::-1].copy()
+        t = 0.5 * vals.sum()
+        if count_tail_score(vals, t) < COUNT_MITM_MIN_TAIL or cardinality_relaxation(vals, 8, t)[0] > 0:
+            continue
+        theta = theta_dyadic_meet_in_the_middle(*dyadic(row))
+        if sum(Fraction(v) for v in row.tolist()) == theta:  # a perfect split: the four-list search's rows
+            continue
+        tried += 1
+        quick += count_pruned_meet_in_the_middle(vals, t, 2.0**-13.5, 5_000)[1]
+        d, claimed = count_pruned_meet_in_the_middle(vals, t, 2.0**-13.5, 100_000)
+        assert claimed
+        assert sum(Fraction(v) for v in row.tolist()) - 4 * Fraction(d) ** 2 == theta
+    assert tried >= 8 and 2 * quick >= tried, (tried, quick)

@@ -212,3 +212,43 @@ def test_planted_half_quantum_split_long_rows(backend: str, dtype: torch.dtype) 
         s = sum(Fraction(v) for v in row.tolist())
         theta = s - quanta[i] ** 2
         assert_certificate_sound(float(cert.lower[i]), float(cert.upper[i]), theta, f"half-quantum row {i}")
+
+
+def sink_half_quantum_rows(sizes: tuple[int, ...], high: int, seed: int) -> tuple[torch.Tensor, list[Fraction]]:
+    """Half-quantum rows (``half_quantum_rows``) led by a large pair like an attention sink: one copy at key 0, the
+    other at the last key, each about 30 % of the row, and the keys between in ascending order. A fill in key order
+    takes the first copy, spends the small keys while the total is still far below s/2 and is left with a gap that
+    only larger keys follow."""
+    gen = torch.Generator().manual_seed(seed)
+    rows, quanta = [], []
+    for n_pairs in sizes:
+        half = torch.randint(1, high, (n_pairs,), generator=gen).to(torch.float64)
+        sink = torch.tensor([float(torch.ceil(0.45 * half.sum()))], dtype=torch.float64)
+        middle = torch.cat([half, half, torch.ones(1, dtype=torch.float64)])
+        ints = torch.cat([sink, middle.sort().values, sink])
+        scale = 2.0 ** -float(torch.ceil(torch.log2(ints.sum())))
+        rows.append(torch.nn.functional.pad(ints * scale, (0, 1003 - ints.numel())))
+        quanta.append(Fraction(scale))
+    return torch.stack(rows), quanta
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_planted_half_quantum_split_binade_first_fit(dtype: torch.dtype) -> None:
+    """Sink-led half-quantum rows (θ = s − q² exactly) that the key-order fill leaves open: the binade first-fit
+    settles them, and must report the distance of a real subset. In the coarse rows q/2 exceeds the stop distance,
+    so it can end them only with a claimed perfect split: a binade added whole without fitting, or a key counted
+    twice, claims a distance below q/2 and is caught; in the fine rows it ends at the stop distance and its own
+    method code shows it ran. A binade added whole when it overshoots reports a subset beyond s/2 as within the
+    stop distance, which leaves the interval wider than 2^-25."""
+    fine, fine_q = sink_half_quantum_rows((80, 150, 300, 500) * 4, 2**12, seed=21)
+    coarse, coarse_q = sink_half_quantum_rows((80, 150, 250) * 4, 4, seed=22)
+    assert all(q / 2 > Fraction(2.0**-13.5) for q in coarse_q)
+    batch = torch.cat([fine, coarse]).to(dtype)
+    quanta = fine_q + coarse_q
+    cert = certify(batch, tolerance=1.0)
+    methods = [ThetaMethod(int(m)) for m in cert.method]
+    assert methods[: len(fine)].count(ThetaMethod.FIRST_FIT_BINADES) >= 4, methods  # the stage under test settles rows
+    for i, row in enumerate(batch):
+        s = sum(Fraction(v) for v in row.tolist())
+        assert_certificate_sound(float(cert.lower[i]), float(cert.upper[i]), s - quanta[i] ** 2, f"sink row {i}")
+    assert float(cert.width[: len(fine)].max()) <= 2.0**-25  # and each fine row's subset is as close as it says
