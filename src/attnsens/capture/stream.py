@@ -22,7 +22,13 @@ from attnsens.capture.selection import RowSelection
 from attnsens.capture.statistics import RowStats, row_statistics
 from attnsens.errors import UnsupportedModelError
 from attnsens.models.adapter import ModelAdapter
-from attnsens.models.attention import AttentionCall, RowWorkspace, chunked_rows, key_padding_mask_of
+from attnsens.models.attention import (
+    AttentionCall,
+    RowWorkspace,
+    attention_output,
+    chunked_rows,
+    key_padding_mask_of,
+)
 
 TRIM_WORKING_SET = 64 * 2**20
 """Chunks whose two buffers reach this many bytes trim the heap after each layer (``allocator``); below it a
@@ -95,9 +101,12 @@ def capture_row_statistics(
     kept: list[RowBlock] = []
     sink = on_block or kept.append
 
-    def reduce_layer(layer: int, query: Tensor, key: Tensor, call: AttentionCall) -> None:
+    every_row = bool(key_mask is None and heads == tuple(range(model.spec.n_head)) and positions.shape[1] == n)
+    every_row = every_row and bool((positions == torch.arange(n, device=positions.device)).all())
+
+    def reduce_layer(layer: int, query: Tensor, key: Tensor, call: AttentionCall) -> Tensor | None:
         if layer not in layers:
-            return
+            return None
         if call.sinks is not None:
             raise UnsupportedModelError(
                 f"layer {layer} of {model.name!r} has attention sinks: its rows sum to less than 1 and the row "
@@ -109,7 +118,16 @@ def capture_row_statistics(
             query, key, call, positions, spans, heads=heads, key_padding_mask=key_mask, narrow_keys=True,
             workspace=workspace,
         )  # fmt: skip
+        # With every row of a float32 layer at hand, its output is computed from them in place of the layer's own
+        # call (float32 rows: the output agrees with the layer's own to float32 rounding, not more precise than it).
+        fused = every_row and call.scores is None and query.shape[2] == key.shape[2] and query.dtype == torch.float32
+        value = call.value if fused else None
+        batch, n_head, _, d_head = query.shape
+        output = None if value is None else value.new_empty(batch, n, n_head, d_head)
         for chunk, probs, n_keys, key_start in chunks:
+            if output is not None and value is not None:
+                first = int(chunk[0, 0])
+                output[:, first : first + chunk.shape[1]] = attention_output(probs, value, key_start)
             n_keys = rearrange(n_keys, "batch query -> batch 1 query").expand(-1, len(heads), -1)
             stats = row_statistics(probs, n_keys=n_keys)
             if key_start:  # the chunk's rows start at key key_start; every key before it has probability 0
@@ -118,6 +136,7 @@ def capture_row_statistics(
             del probs
         if trim_each_layer:
             release_free_memory()
+        return output
 
     with model.inference(), model.query_key_tap(reduce_layer):
         model.forward(input_ids, attention_mask)

@@ -28,9 +28,10 @@ NORMED_OUTPUT_FIELDS = ("normed_attention_output", "normed_mlp_output")
 """What ``layer_output_taps`` also reports for a layer with norms after its sublayers (``LayerWeights.attn_out_norm``,
 ``mlp_out_norm``): the output of each such norm, i.e. what the sublayer adds to the residual stream."""
 
-QueryKeyCallback = Callable[[int, Tensor, Tensor, AttentionCall], None]
+QueryKeyCallback = Callable[[int, Tensor, Tensor, AttentionCall], Tensor | None]
 """``on_query_key(layer, query [batch, head, query, d_head], key [batch, kv_head, key, d_head], call)``: the
-call's τ, mask, softcap and sinks are those the layer used (models/attention.AttentionCall)."""
+call's τ, mask, softcap and sinks are those the layer used (models/attention.AttentionCall). A callback returns
+None, or, where the call carries the layer's ``value``, the layer's attention output to use in place of its own."""
 
 
 @dataclass(frozen=True, kw_only=True)

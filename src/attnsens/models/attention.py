@@ -31,6 +31,11 @@ class AttentionCall:
     ``scores`` [batch, head, query, key] are the layer's own pre-softmax scores where a model exposes them
     (TransformerLens' ``hook_attn_scores``): scaling, softcap, biases and masks (keys at the float minimum) are
     already in them, so the rows are their softmax and nothing else of the call is used.
+
+    ``value`` [batch, kv_head, key, d_head] are the layer's values where the tap lets the callback compute the
+    layer's output in its place (the Hugging Face attention interface, without dropout or returned weights): a
+    callback that returns the output [batch, query, head, d_head], softmax(rows)·V in the query's dtype, replaces
+    the layer's own attention call, so the rows it reduces are the ones the forward goes on with.
     """
 
     tau: float
@@ -40,6 +45,7 @@ class AttentionCall:
     softcap: float | None = None
     sinks: Tensor | None = None
     scores: Tensor | None = None
+    value: Tensor | None = None
 
     def allowed(
         self, query_positions: Tensor, n: int, *, key_padding_mask: Tensor | None = None
@@ -313,6 +319,20 @@ def attention_rows(
     if views is not None:
         return torch.softmax(scores, dim=-1, out=probs)
     return torch.softmax(scores, dim=-1)
+
+
+def attention_output(probs: Tensor, value: Tensor, key_start: int = 0) -> Tensor:
+    """The attention output of rows ``probs`` [batch, head, query, key] (keys ``key_start`` onwards) over ``value``
+    [batch, kv_head, n, d_head]: Σ_j p_j·v_j per row, [batch, query, head, d_head] in the values' dtype, as the
+    Hugging Face attention interface returns it. Query head h reads key head h // (head / kv_head); the product
+    is one float32 batched matrix product per sequence and key head, its query heads stacked."""
+    batch, n_head, n_query, n_key = probs.shape
+    n_kv = value.shape[1]
+    span = value[:, :, key_start : key_start + n_key].float()
+    stacked = probs.reshape(batch * n_kv, (n_head // n_kv) * n_query, n_key)
+    out = torch.bmm(stacked, span.reshape(batch * n_kv, n_key, value.shape[3]))
+    out = rearrange(out, "(batch kv) (group query) d -> batch query (kv group) d", batch=batch, query=n_query)
+    return out.to(value.dtype)
 
 
 def _masked_span(allowed: Tensor) -> tuple[int, int]:

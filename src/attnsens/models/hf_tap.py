@@ -3,8 +3,10 @@
 Every supported HF family calls its attention through ``ALL_ATTENTION_FUNCTIONS.get_interface(impl, eager)``
 with queries and keys already projected, split into heads and rotated (RoPE). While a tap is active we place a
 thin wrapper under the model's implementation name (``"sdpa"``, ``"eager"``, ...) that reports the tensors of
-tapped modules and then calls the original function, so the model's output is unchanged and any implementation
-works — sdpa included. Untapped modules (other models in the process) pass straight through.
+tapped modules and then calls the original function, so any implementation works — sdpa included. A callback
+may instead return the layer's output (softmax(rows)·V, from the rows it computed anyway; ``AttentionCall.value``):
+the wrapper then returns that and skips the original call. Untapped modules (other models in the process) pass
+straight through.
 
 Besides the tensors, the wrapper reads what the call asks for (:func:`attention_call`): the scaling, the mask the
 model built for this layer (causal, padding, sliding window, additive biases), a logit softcap and sink logits;
@@ -88,7 +90,8 @@ def _reported_reordered(module: torch.nn.Module, layer: int, on_query_key: Query
 
     def reordered(query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None = None) -> Any:
         # The same softmax(q·k·scaling + mask) as the interface, computed in float32 with the scale on the product.
-        call = attention_call(module, "eager", query, (value, attention_mask), {"scaling": module.scaling})
+        # Its output comes from the method itself: the call offers no values to compute it from.
+        call = attention_call(module, "eager", query, (None, attention_mask), {"scaling": module.scaling})
         on_query_key(layer, query, key, call)
         return original(query, key, value, attention_mask)
 
@@ -118,6 +121,10 @@ def attention_call(
     scaling = kwargs.get("scaling")
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
+    # The values, where the callback may compute the output instead: no dropout, no weights asked back.
+    value = args[0] if args and isinstance(args[0], Tensor) else None
+    if kwargs.get("dropout") or kwargs.get("output_attentions"):
+        value = None
     is_causal = kwargs.get("is_causal")
     is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
     softcap, sinks = kwargs.get("softcap"), kwargs.get("s_aux")
@@ -128,6 +135,7 @@ def attention_call(
         window=None if implementation in _MASKED_BY_ITSELF else kwargs.get("sliding_window"),
         softcap=None if softcap is None else float(softcap),
         sinks=None if sinks is None else sinks.detach(),
+        value=value,
     )
 
 
@@ -202,7 +210,9 @@ def _make_wrapper(implementation: str, replaced: Any) -> Callable[..., Any]:
         entry = _TAPPED.get(id(module))
         if entry is not None:
             layer, callback = entry
-            callback(layer, query, key, attention_call(module, implementation, query, args, kwargs))
+            output = callback(layer, query, key, attention_call(module, implementation, query, args, kwargs))
+            if isinstance(output, Tensor):  # the callback computed the layer's output from the rows it reduced
+                return output, None
         return original_for(module)(module, query, key, *args, **kwargs)
 
     return tapped_attention

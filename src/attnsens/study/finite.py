@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import weakref
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -58,9 +59,27 @@ def _check(named: Iterable[tuple[str, Tensor]], model: str, fix: str) -> None:
         )
 
 
+_CHECKED: dict[int, tuple[weakref.ref[Tensor], int, int]] = {}
+"""id(tensor) → (the tensor, its version counter and data pointer) when it was last found finite: a tensor that has
+not been written since (torch bumps ``_version`` on every in-place write, optimizer steps included) is not read
+again, so auditing a loaded model chunk after chunk or sequence after sequence checks its weights once."""
+
+
 def _all_finite(tensor: Tensor) -> bool:
     """Whether every entry is finite. A NaN or ±Inf entry makes the float sum NaN or ±Inf whatever the order
     (NaN propagates, ∞ + finite = ∞, ∞ − ∞ = NaN), so a finite sum proves it in one read of the tensor; a
     non-finite sum (a NaN, an Inf, or only an overflow of the sum) is settled entry by entry."""
+    stamp = (tensor._version, tensor.data_ptr())
+    seen = _CHECKED.get(id(tensor))
+    if seen is not None and seen[0]() is tensor and seen[1:] == stamp:
+        return True
     with torch.no_grad():
-        return bool(torch.isfinite(tensor.sum())) or bool(torch.isfinite(tensor).all())
+        finite = bool(torch.isfinite(tensor.sum())) or bool(torch.isfinite(tensor).all())
+    if finite:
+        key = id(tensor)
+
+        def forget(_ref: weakref.ref[Tensor]) -> None:
+            _CHECKED.pop(key, None)
+
+        _CHECKED[key] = (weakref.ref(tensor, forget), *stamp)
+    return finite

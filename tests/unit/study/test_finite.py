@@ -78,3 +78,17 @@ def test_finite_weights_whose_sum_overflows_pass_and_a_single_bad_entry_is_found
         module.weight[0, 0], module.weight[0, 1] = float("inf"), -float("inf")
     with pytest.raises(InputError, match="0 NaN and 3 ±Inf"):
         check_finite_module(module, name="m")
+
+
+def test_a_weight_written_after_a_passed_check_is_read_again() -> None:
+    """Checked weights are not read twice while unchanged; an in-place write (an optimizer step, a fill) makes the
+    next check read the tensor again and find the NaN."""
+    from attnsens.study.finite import check_finite_module
+
+    module = torch.nn.Linear(4, 4)
+    check_finite_module(module, name="m")
+    check_finite_module(module, name="m")
+    with torch.no_grad():
+        module.weight[1, 2] = float("nan")
+    with pytest.raises(InputError, match="NaN"):
+        check_finite_module(module, name="m")
