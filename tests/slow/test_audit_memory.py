@@ -72,8 +72,16 @@ def _measure(layers: int) -> dict[str, int]:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _least(layers: int, runs: int = 2) -> dict[str, int]:
+    """Each figure's least over ``runs`` fresh subprocesses: a sampled peak RSS moves by several MiB from run to run
+    (allocator and thread timing; the capture's peak of the same 3-layer model measured 20–25 MiB), which a
+    growth with the layer count would not do."""
+    measured = [_measure(layers) for _ in range(runs)]
+    return {key: min(m[key] for m in measured) for key in measured[0]}
+
+
 def test_peak_extra_memory_is_bounded_and_independent_of_the_layer_count() -> None:
-    few, many = _measure(3), _measure(12)
+    few, many = _least(3), _least(12)
     # The rows' working set is one chunk of one layer: four times the layers leave the capture's peak unchanged.
     assert many["capture"] - few["capture"] <= 8 * 2**20, (few, many)
     for got in (few, many):
