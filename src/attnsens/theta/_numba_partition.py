@@ -74,12 +74,9 @@ def descending_support(row, n):
 
 
 @cached_njit()
-def meet_in_the_middle(row, n, t):
-    """d* = min_S |p(S) − t| over the n non-zeros: two sorted half-lists, one two-pointer sweep."""
-    vals = support_values(row, n)
-    half = n // 2
-    a = _sorted_subset_sums(vals[:half])
-    b = _sorted_subset_sums(vals[half:])
+def _closest_pair_sum(a, b, t):
+    """min |x + y − t| over x in ``a`` and y in ``b`` (both sorted ascending), by one two-pointer sweep (one list
+    ascending, the other descending); 0 as soon as a pair meets t."""
     i = 0
     j = b.size - 1
     best = np.inf
@@ -87,11 +84,19 @@ def meet_in_the_middle(row, n, t):
         v = (a[i] + b[j]) - t
         if v == 0.0:
             return 0.0
-        below = v < 0.0
+        below = v < 0.0  # branch-free: which pointer moves is data, not control flow
         best = min(best, abs(v))
         i += below
         j -= not below
     return best
+
+
+@cached_njit()
+def meet_in_the_middle(row, n, t):
+    """d* = min_S |p(S) − t| over the n non-zeros: two sorted half-lists, one two-pointer sweep."""
+    vals = support_values(row, n)
+    half = n // 2
+    return _closest_pair_sum(_sorted_subset_sums(vals[:half]), _sorted_subset_sums(vals[half:]), t)
 
 
 @cached_njit()
@@ -339,10 +344,7 @@ def cardinality_branch_and_bound(vals_desc, t, quantum, budget):
     so callers use it only then.
     """
     n = vals_desc.size
-    prefix = np.empty(n + 1)
-    prefix[0] = 0.0
-    for i in range(n):
-        prefix[i + 1] = prefix[i] + vals_desc[i]
+    prefix = _prefix_sums(vals_desc)
     mass = np.zeros(n + 1)
     stage = np.zeros(n + 1, np.int8)  # 0: new node, 1: first child done, 2: both done
     take_first = np.zeros(n + 1, np.bool_)
@@ -432,19 +434,25 @@ def _sums_of_count(vals_desc, prefix, count, lo, hi, out, budget):
 
 
 @cached_njit()
-def _closest_pair_sum(a, b, t):
-    """min |x + y − t| over x in ``a`` and y in ``b`` (both sorted ascending), by one two-pointer sweep."""
-    i = 0
-    j = b.size - 1
-    best = np.inf
-    while i < a.size and j >= 0:
-        v = (a[i] + b[j]) - t
-        best = min(best, abs(v))
-        if v < 0.0:
-            i += 1
-        else:
-            j -= 1
-    return best
+def _listed_sums(vals_desc, prefix, count, lo, hi, buffer, budget):
+    """``_sums_of_count`` into ``buffer``, listed again into one twice the size while it outgrows it; returns
+    (how many, nodes visited over every attempt, the buffer holding them), how many −1 when ``budget`` is spent."""
+    nodes = 0
+    while True:
+        found, used = _sums_of_count(vals_desc, prefix, count, lo, hi, buffer, budget - nodes)
+        nodes += used
+        if found >= 0 or nodes >= budget:
+            return found, nodes, buffer
+        buffer = np.empty(2 * buffer.size)
+
+
+@cached_njit()
+def _prefix_sums(values):
+    """prefix[i] = values[0] + … + values[i − 1], i = 0 … len(values)."""
+    prefix = np.zeros(values.size + 1)
+    for i in range(values.size):
+        prefix[i + 1] = prefix[i] + values[i]
+    return prefix
 
 
 @cached_njit()
@@ -494,15 +502,9 @@ def count_pruned_meet_in_the_middle(vals_desc, t, d_found, budget):
     half_b = vals_desc[1::2].copy()
     m_a = half_a.size
     m_b = half_b.size
-    prefix = np.zeros(n + 1)
-    prefix_a = np.zeros(m_a + 1)
-    prefix_b = np.zeros(m_b + 1)
-    for i in range(n):
-        prefix[i + 1] = prefix[i] + vals_desc[i]
-    for i in range(m_a):
-        prefix_a[i + 1] = prefix_a[i] + half_a[i]
-    for i in range(m_b):
-        prefix_b[i + 1] = prefix_b[i] + half_b[i]
+    prefix = _prefix_sums(vals_desc)
+    prefix_a = _prefix_sums(half_a)
+    prefix_b = _prefix_sums(half_b)
     largest_list = 1 << max(m_a, m_b)
     list_a = np.empty(min(largest_list, LIST_START))
     list_b = np.empty(min(largest_list, LIST_START))
@@ -516,24 +518,16 @@ def count_pruned_meet_in_the_middle(vals_desc, t, d_found, budget):
             low_a, high_a = prefix_a[m_a] - prefix_a[m_a - j], prefix_a[j]
             if low_a + low_b > t + d or high_a + high_b < t - d:
                 continue
-            while True:  # a list that outgrows its buffer is listed again into one twice the size
-                found_a, used = _sums_of_count(half_a, prefix_a, j, t - d - high_b, t + d - low_b, list_a,
-                                               budget - nodes)  # fmt: skip
-                nodes += used
-                if found_a >= 0 or nodes >= budget:
-                    break
-                list_a = np.empty(2 * list_a.size)
+            found_a, used, list_a = _listed_sums(half_a, prefix_a, j, t - d - high_b, t + d - low_b, list_a,
+                                                 budget - nodes)  # fmt: skip
+            nodes += used
             if found_a < 0:
                 return d, False
             if found_a == 0:
                 continue
-            while True:
-                found_b, used = _sums_of_count(half_b, prefix_b, c, t - d - high_a, t + d - low_a, list_b,
-                                               budget - nodes)  # fmt: skip
-                nodes += used
-                if found_b >= 0 or nodes >= budget:
-                    break
-                list_b = np.empty(2 * list_b.size)
+            found_b, used, list_b = _listed_sums(half_b, prefix_b, c, t - d - high_a, t + d - low_a, list_b,
+                                                 budget - nodes)  # fmt: skip
+            nodes += used
             if found_b < 0:
                 return d, False
             if found_b == 0:

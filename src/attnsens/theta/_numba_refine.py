@@ -337,10 +337,10 @@ def prove_short_row(row, n, t, q, e, k_top, probe_nodes, search_nodes):
     Returns (d*, method), or (∞, 0) when none applies and the row needs the full meet-in-the-middle.
     """
     vals = descending_support(row, n)
-    d_card, d_best = cardinality_relaxation(vals, k_top, t)
+    d_card, d_card_end = cardinality_relaxation(vals, k_top, t)
     if d_card > e:
         return d_card, _CARDINALITY
-    d_group, d_end = group_cardinality_bound(vals, t)
+    d_group, d_group_end = group_cardinality_bound(vals, t)
     if d_group > e:
         return d_group, _CARDINALITY
     if e == 0.0:
@@ -351,7 +351,8 @@ def prove_short_row(row, n, t, q, e, k_top, probe_nodes, search_nodes):
         if proves_perfect(d, q, e):
             return d, _PERFECT
         if count_tail_score(vals, t) >= COUNT_MITM_MIN_TAIL:
-            d, proved = count_pruned_meet_in_the_middle(vals, t, min(d_best, d_end, 0.5 * best_diff), search_nodes)
+            d_known = min(d_card_end, d_group_end, 0.5 * best_diff)  # each the distance of a real subset
+            d, proved = count_pruned_meet_in_the_middle(vals, t, d_known, search_nodes)
             if proved:
                 return d, _COUNT_MITM
     return np.inf, 0
