@@ -21,32 +21,38 @@ LIST_START = 1 << 12
 
 @cached_njit()
 def _sorted_subset_sums(vals):
-    """All 2^m subset sums of ``vals`` in ascending order, by merge-doubling (no sort, O(2^m))."""
+    """All 2^m subset sums of ``vals`` in ascending order, by merge-doubling (no sort, O(2^m)).
+
+    Each doubling merges the sorted list L with L + v from both ends at once: the front takes the smaller head
+    (L's on ties) and the back the larger tail (L + v's on ties), ``size`` steps each. The two halves are the
+    smallest and largest ``size`` sums under one order (value, then L before L + v), so together they are the
+    merged list, as a one-ended merge would write it. A branch-free merge step waits on its own loads; two
+    independent chains in one loop run in about 0.6× the time.
+    """
     size_all = 1 << vals.size
     out = np.empty(size_all)
     tmp = np.empty(size_all)
     out[0] = 0.0
     size = 1
     for v in vals:
-        i = 0
+        i = 0  # front heads of L and L + v (i + j = k ≤ size − 1 at every read)
         j = 0
-        k = 0
-        while i < size and j < size:  # branch-free: which list advances is data, not control flow
+        i_back = size - 1  # back tails
+        j_back = size - 1
+        last = 2 * size - 1
+        for k in range(size):
             a = out[i]
             b = out[j] + v
-            take_a = a <= b
+            take_a = a <= b  # branch-free: which list advances is data, not control flow
             tmp[k] = a if take_a else b
             i += take_a
             j += not take_a
-            k += 1
-        while i < size:
-            tmp[k] = out[i]
-            i += 1
-            k += 1
-        while j < size:
-            tmp[k] = out[j] + v
-            j += 1
-            k += 1
+            a_back = out[i_back]
+            b_back = out[j_back] + v
+            take_a_back = a_back > b_back
+            tmp[last - k] = a_back if take_a_back else b_back
+            i_back -= take_a_back
+            j_back -= not take_a_back
         out, tmp = tmp, out
         size *= 2
     return out
@@ -666,13 +672,17 @@ def _hash_slot(x, shift):
 
 
 @cached_njit()
-def _insert_pair_sums(left, right_grouped, right_offsets, modulus, residue, table, used, stamp, shift):
-    """Stores every x + y with x in ``left``, y in the right list and x + y ≡ ``residue`` (mod ``modulus``) in the
-    open-addressing ``table`` (slots whose ``used`` equals ``stamp`` are taken); False if the table fills up."""
+def _insert_pair_sums(left, left_residues, right_grouped, right_offsets, modulus, residue, table, used, stamp, shift):
+    """Stores every x + y with x in ``left`` (``left_residues`` its residues), y in the right list and
+    x + y ≡ ``residue`` (mod ``modulus``) in the open-addressing ``table`` (slots whose ``used`` equals ``stamp``
+    are taken); False if the table fills up."""
     mask = table.size - 1
     count = 0
-    for x in left:
-        r = (residue - x) % modulus
+    for a in range(left.size):
+        x = left[a]
+        r = residue - left_residues[a]  # both in [0, M): no division in the loop
+        if r < 0:
+            r += modulus
         for i in range(right_offsets[r], right_offsets[r + 1]):
             value = x + right_grouped[i]
             slot = _hash_slot(value, shift)
@@ -688,12 +698,16 @@ def _insert_pair_sums(left, right_grouped, right_offsets, modulus, residue, tabl
 
 
 @cached_njit()
-def _meets_pair_sum(left, right_grouped, right_offsets, modulus, residue, target, table, used, stamp, shift):
-    """Whether target − (x + y) is in the table for some x in ``left`` and y in the right list with x + y ≡
-    ``residue`` (mod ``modulus``)."""
+def _meets_pair_sum(left, left_residues, right_grouped, right_offsets, modulus, residue, target, table, used, stamp,
+                    shift):  # fmt: skip
+    """Whether target − (x + y) is in the table for some x in ``left`` (``left_residues`` its residues) and y in
+    the right list with x + y ≡ ``residue`` (mod ``modulus``)."""
     mask = table.size - 1
-    for x in left:
-        r = (residue - x) % modulus
+    for a in range(left.size):
+        x = left[a]
+        r = residue - left_residues[a]
+        if r < 0:
+            r += modulus
         for i in range(right_offsets[r], right_offsets[r + 1]):
             wanted = target - (x + right_grouped[i])
             slot = _hash_slot(wanted, shift)
@@ -761,6 +775,8 @@ def four_list_perfect_split(vals_desc, q):
     lists = [_subset_sums_int(searched[g::4].copy()) for g in range(4)]
     grouped_2, offsets_2 = _by_residue(lists[1], modulus)
     grouped_4, offsets_4 = _by_residue(lists[3], modulus)
+    residues_1 = lists[0] % modulus
+    residues_3 = lists[2] % modulus
     log_size = 1
     while (1 << log_size) < 4 * pairs:
         log_size += 1
@@ -769,12 +785,13 @@ def four_list_perfect_split(vals_desc, q):
     used = np.zeros(1 << log_size, np.int64)
     for residue in range(tries):
         stamp = residue + 1
-        if not _insert_pair_sums(lists[0], grouped_2, offsets_2, modulus, residue, table, used, stamp, shift):
+        if not _insert_pair_sums(lists[0], residues_1, grouped_2, offsets_2, modulus, residue, table, used, stamp,
+                                 shift):  # fmt: skip
             return np.inf  # far more pair sums than expected: the residues are not spread, give up
         for target in targets:
             if 0 <= target <= searched_sum and _meets_pair_sum(
-                lists[2], grouped_4, offsets_4, modulus, (target - residue) % modulus, target, table, used, stamp,
-                shift,
+                lists[2], residues_3, grouped_4, offsets_4, modulus, (target - residue) % modulus, target, table, used,
+                stamp, shift,
             ):  # fmt: skip
                 return 0.5 * q * float(total % 2)
     return np.inf

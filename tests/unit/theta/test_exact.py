@@ -70,3 +70,31 @@ def test_meet_in_the_middle_at_48() -> None:
     value = float(exact(rows, tolerance=1.0)[0])
     ints, exponent = cases[0]
     assert abs(Fraction(value) - theta_dyadic_meet_in_the_middle(ints, exponent)) <= Fraction(2.0**-52)
+
+
+@pytest.mark.parametrize("case", ["random", "ties", "repeated", "one"])
+def test_sorted_subset_sums_is_every_subset_sum_in_order(case: str) -> None:
+    """The two-ended merge-doubling lists the multiset of all 2^m subset sums, ascending, bit for bit as a sort of
+    the sums formed in the same order would (ties between L and L + v, and within L, included)."""
+    import itertools
+
+    import numpy as np
+
+    from attnsens.theta._numba_partition import _sorted_subset_sums
+
+    rng = np.random.default_rng(5)
+    vals = {
+        "random": rng.random(11),
+        "ties": np.array([0.25, 0.25, 0.5, 0.125, 0.125, 0.375, 0.25, 0.75]),
+        "repeated": np.full(9, 1.0 / 3.0),
+        "one": np.array([0.5]),
+    }[case]
+    sums = []
+    for mask in itertools.product((0, 1), repeat=vals.size):
+        total = 0.0
+        for k, bit in enumerate(mask):  # the doubling adds values in list order, to sums formed the same way
+            total = total + vals[k] if bit else total
+        sums.append(total)
+    listed = _sorted_subset_sums(vals)
+    assert listed.shape == (2**vals.size,)
+    assert np.array_equal(listed, np.sort(np.array(sums)))
