@@ -24,6 +24,7 @@ from attnsens.theta._enclosure import theta_enclosure
 from attnsens.theta._numba_partition import (
     cardinality_relaxation,
     count_pruned_meet_in_the_middle,
+    _expected_count_at,
     count_tail_score,
     four_list_perfect_split,
     group_cardinality_bound,
@@ -395,3 +396,28 @@ def test_count_pruned_search_lists_few_sums_on_odd_real_rows(real_rows: torch.Te
         assert claimed
         assert sum(Fraction(v) for v in row.tolist()) - 4 * Fraction(d) ** 2 == theta
     assert tried >= 8 and 2 * quick >= tried, (tried, quick)
+
+
+def test_four_list_estimate_counts_subsets_count_by_count() -> None:
+    """The four-list search sizes its modulus and decides whether to run from the expected number of subsets with
+    sum exactly T. On near-uniform values it must match the true count at a count's centre and be ≈ 0 between
+    two counts' bumps, where one Gaussian over all subset sums is wrong both ways (7× too low at a centre, > 10
+    between bumps where there are none)."""
+    rng = np.random.default_rng(3)
+    values = rng.integers(9_600, 10_400, 20).astype(np.int64)  # ±4 %: the early-training rows' spread
+    sums = np.zeros(1, np.int64)
+    for v in values:
+        sums = np.concatenate([sums, sums + v])
+    mean = float(values.mean())
+    spread = 0.5 * math.sqrt(float((values.astype(float) ** 2).sum()))
+    for k in (8.0, 10.0, 10.5, 11.5):
+        target = round(k * mean)
+        window = 200
+        true = float(((sums >= target - window) & (sums <= target + window)).sum()) / (2 * window + 1)
+        estimate = _expected_count_at(values, float(target))
+        one_gaussian = 2.0**values.size / (math.sqrt(2 * math.pi) * spread)
+        one_gaussian *= math.exp(-0.5 * ((target - values.sum() / 2) / spread) ** 2)
+        if k == int(k):
+            assert true > 50 and abs(estimate / true - 1.0) < 0.25, (k, true, estimate)
+        else:
+            assert true == 0.0 and estimate < 0.01 < 10.0 < one_gaussian, (k, estimate, one_gaussian)
