@@ -22,9 +22,9 @@ from attnsens.theta import ThetaMethod, certify, exact
 from attnsens.theta._constants import ERROR_RADIUS_OFFSET, ERROR_RADIUS_PER_KEY, ERROR_RADIUS_SLACK, UNIT_ROUNDOFF
 from attnsens.theta._enclosure import theta_enclosure
 from attnsens.theta._numba_partition import (
+    _expected_count_at,
     cardinality_relaxation,
     count_pruned_meet_in_the_middle,
-    _expected_count_at,
     count_tail_score,
     four_list_perfect_split,
     group_cardinality_bound,
