@@ -14,7 +14,8 @@ kernels (ŝ, p_max, d̂, d̂_lb, E; ``_numba_kernels`` docstring) plus the metho
 
 Every distance is the absolute value of a computed signed sum of distinct stored values and t = ŝ/2 with at
 most n + 16 float64 additions (scan and tree reductions included), so the rounding radius E of the CPU kernels
-applies unchanged and ``theta_enclosure`` turns the numbers into a rigorous interval. Rows the kernel cannot
+applies unchanged and ``theta_enclosure`` turns the numbers into a rigorous interval. Rows both launches leave
+open get the cardinality bound on the device (``cardinality_stage``, in torch). Rows none of this can
 finish — support ≤ ``mitm_max_support`` (solved exactly on the CPU), or best d above the stop distance and not
 proved exact — get method 0, are compacted, and are finished by the CPU cascade passed in as ``finish``.
 
@@ -39,6 +40,12 @@ from attnsens.theta._constants import (
     N_TARGETS,
     SMALLEST_EXACT_SUM,
     UNIT_ROUNDOFF,
+)
+from attnsens.theta._torch_path import (
+    GROUP_BOUND_MAX_SUPPORT,
+    _cardinality_bound,
+    _group_cardinality_bound,
+    _subset_sums,
 )
 from attnsens.theta.methods import RowStatus, ThetaMethod
 
@@ -236,12 +243,41 @@ def certify_rows_triton(
     refine = open_rows[(rows[open_rows] > 0).sum(-1) > mitm_max_support]
     if refine.numel() > 0:
         _launch(rows, refine, out, stop_distance, mitm_max_support, check_sum, tolerance, REFINE_TARGETS, None)
+        cardinality_stage(rows, refine[out["method"][refine] == 0], out)
         open_rows = open_rows[out["method"][open_rows] == 0]
     if open_rows.numel() > 0:
         finished = finish(rows[open_rows].cpu())
         for name, value in finished.items():
             out[name][open_rows] = value.to(rows.device)
     return out
+
+
+def cardinality_stage(rows: torch.Tensor, index: torch.Tensor, out: dict[str, torch.Tensor]) -> None:
+    """The cardinality bound and, on rows of at most 48 keys, its three-group form (§3 step 4), on the device for
+    the rows ``index`` that both kernel passes left open; rows it proves get d̂ = d̂_lb = the bound and
+    ``CARDINALITY_BOUND`` in ``out``, the rest stay open for ``finish``.
+
+    These are mostly near-uniform rows with an odd count (early training), where no split is near perfect and no
+    fill can settle them: without this stage every one of them went to the CPU. The bounds are the torch path's
+    (bit for bit the numba path's, from the sorted values' prefix sums), with t = ŝ/2 from the kernel's own sum,
+    so every distance is again t minus a sum of distinct stored values and E applies unchanged."""
+    if index.numel() == 0:
+        return
+    x = rows[index].to(torch.float64)
+    n_keys = x.shape[-1]
+    t = 0.5 * out["row_sum"][index]
+    err = out["err"][index]
+    k_small = min(K_SMALL, n_keys)
+    bound = _cardinality_bound(x, _subset_sums(x.topk(k_small, dim=-1).values), t, k_small)
+    short = (x > 0).sum(-1) <= GROUP_BOUND_MAX_SUPPORT
+    if bool(short.any()):
+        grouped = _group_cardinality_bound(x[short], t[short], min(GROUP_BOUND_MAX_SUPPORT, n_keys))
+        bound[short] = torch.maximum(bound[short], grouped)
+    proved = bound > err
+    settled = index[proved]
+    out["d_found"][settled] = bound[proved]
+    out["d_lb"][settled] = bound[proved]
+    out["method"][settled] = int(ThetaMethod.CARDINALITY_BOUND)
 
 
 def kernel_pass(

@@ -341,3 +341,55 @@ def test_subnormal_rows_are_enclosed_on_the_triton_backend() -> None:
     for row in ([2.0**-1074] * 3, [3 * 2.0**-1074, 2.0**-1073]):
         cert = certify(torch.tensor(row, dtype=torch.float64), backend="triton", tolerance=1.0)
         assert Fraction(float(cert.lower)) <= theta_fraction(row) <= Fraction(float(cert.upper))
+
+
+def _real_early_rows() -> torch.Tensor:
+    """The tiny GPT's early-training rows of 25–36 keys (the test fixture of ``test_real_rows``), whose exact θ the
+    integer meet-in-the-middle oracle gives."""
+    import numpy as np
+
+    from tests.unit.theta.test_real_rows import FIXTURE, oracle_rows
+
+    return oracle_rows(torch.from_numpy(np.load(FIXTURE)["rows"]))
+
+
+def _certify_on_the_kernel(rows: torch.Tensor) -> tuple[dict[str, torch.Tensor], set[int]]:
+    """``certify_rows_triton`` at float32 precision, with the indices of the rows it sent to the CPU cascade."""
+    from attnsens.theta.certificate import MITM_MAX_SUPPORT, STOP_DISTANCE, _certify_rows_numba, _numba_kernels
+
+    sent: set[int] = set()
+
+    def finish(sub: torch.Tensor) -> dict[str, torch.Tensor]:
+        for row in sub:
+            sent.add(int(torch.nonzero((rows == row).all(-1)).flatten()[0]))
+        return _certify_rows_numba(_numba_kernels(), sub, STOP_DISTANCE["float32"], MITM_MAX_SUPPORT, 100_000,
+                                   2048, True, 1e-3)  # fmt: skip
+
+    out = triton_kernel.certify_rows_triton(rows, STOP_DISTANCE["float32"], MITM_MAX_SUPPORT, True, 1e-3, finish)
+    return out, sent
+
+
+def test_cardinality_stage_proves_real_rows_on_the_device() -> None:
+    """Near-uniform real rows the fills leave open are proved by the cardinality bound on the device, hold the
+    exact θ, and are not sent to the CPU."""
+    from tests.reference.theta_oracles import theta_dyadic_meet_in_the_middle
+    from tests.unit.theta.test_real_rows import dyadic
+
+    rows = _real_early_rows()
+    out, sent = _certify_on_the_kernel(rows)
+    lower, upper = theta_enclosure(out["row_sum"], out["d_found"], out["d_lb"], out["err"])
+    proved = torch.nonzero(out["method"] == int(ThetaMethod.CARDINALITY_BOUND)).flatten().tolist()
+    on_device = [i for i in proved if i not in sent]
+    assert len(on_device) >= 10, (len(proved), len(sent), len(rows))
+    for i in on_device:
+        theta = theta_dyadic_meet_in_the_middle(*dyadic(rows[i]))
+        assert_sound(float(lower[i]), float(upper[i]), theta, f"real row {i}")
+        assert float(upper[i] - lower[i]) <= 2.0**-45, f"real row {i}: the bound's endpoint is the optimum"
+
+
+def test_meta_cardinality_stage_check_catches_a_wrong_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bound one float32 quantum too high (a count's interval end off by one value's rounding) must fail."""
+    original = triton_kernel._cardinality_bound
+    monkeypatch.setattr(triton_kernel, "_cardinality_bound", lambda *args: original(*args) + 2.0**-24)
+    with pytest.raises(AssertionError):
+        test_cardinality_stage_proves_real_rows_on_the_device()
