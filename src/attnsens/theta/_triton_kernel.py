@@ -15,9 +15,10 @@ kernels (ŝ, p_max, d̂, d̂_lb, E; ``_numba_kernels`` docstring) plus the metho
 Every distance is the absolute value of a computed signed sum of distinct stored values and t = ŝ/2 with at
 most n + 16 float64 additions (scan and tree reductions included), so the rounding radius E of the CPU kernels
 applies unchanged and ``theta_enclosure`` turns the numbers into a rigorous interval. Rows both launches leave
-open get the cardinality bound on the device (``cardinality_stage``, in torch). Rows none of this can
-finish — support ≤ ``mitm_max_support`` (solved exactly on the CPU), or best d above the stop distance and not
-proved exact — get method 0, are compacted, and are finished by the CPU cascade passed in as ``finish``.
+open go through the stages that vectorise over rows, in torch on the device (``device_stages``):
+meet-in-the-middle for supports ≤ ``mitm_max_support``, the cardinality bound, LPT with exchanges. Rows none of
+this can finish (best d above the stop distance and not proved exact) keep method 0 and are finished by the CPU
+cascade passed in as ``finish``.
 
 The float32 quantum is the CPU kernels': 2^(e_min − 24), or the lowest set bit over the row where that leaves the
 sums unproved (ŝ > 2^52·q; a subnormal p_min has 2^-149, which divides every float32).
@@ -44,7 +45,10 @@ from attnsens.theta._constants import (
 from attnsens.theta._torch_path import (
     GROUP_BOUND_MAX_SUPPORT,
     _cardinality_bound,
+    _greedy_with_exchanges,
     _group_cardinality_bound,
+    _meet_in_the_middle,
+    _quantum,
     _subset_sums,
 )
 from attnsens.theta.methods import RowStatus, ThetaMethod
@@ -54,6 +58,10 @@ REFINE_TARGETS = N_TARGETS
 """Targets of the second pass, run only on the rows the first (one-target) pass leaves open (tkff M = 16, §3)."""
 MAX_KEYS = 16384
 """Longest row kept in registers; longer rows go to ``finish`` whole."""
+EXACT_FIRST_MAX_SUPPORT = 128
+"""Rows of 25–128 keys the cardinality bound leaves open go to ``finish`` without the exchanges: there the CPU
+cascade runs the stages that can end exact first (``_numba_refine.prove_short_row``, Karmarkar–Karp, the
+cardinality-pruned search), where the exchanges would stop at the stop distance."""
 
 RowCascade = Callable[[torch.Tensor], dict[str, torch.Tensor]]
 
@@ -243,8 +251,9 @@ def certify_rows_triton(
     refine = open_rows[(rows[open_rows] > 0).sum(-1) > mitm_max_support]
     if refine.numel() > 0:
         _launch(rows, refine, out, stop_distance, mitm_max_support, check_sum, tolerance, REFINE_TARGETS, None)
-        cardinality_stage(rows, refine[out["method"][refine] == 0], out)
         open_rows = open_rows[out["method"][open_rows] == 0]
+    if open_rows.numel() > 0:
+        open_rows = device_stages(rows, open_rows, out, stop_distance, mitm_max_support)
     if open_rows.numel() > 0:
         finished = finish(rows[open_rows].cpu())
         for name, value in finished.items():
@@ -252,32 +261,63 @@ def certify_rows_triton(
     return out
 
 
-def cardinality_stage(rows: torch.Tensor, index: torch.Tensor, out: dict[str, torch.Tensor]) -> None:
-    """The cardinality bound and, on rows of at most 48 keys, its three-group form (§3 step 4), on the device for
-    the rows ``index`` that both kernel passes left open; rows it proves get d̂ = d̂_lb = the bound and
-    ``CARDINALITY_BOUND`` in ``out``, the rest stay open for ``finish``.
+def device_stages(
+    rows: torch.Tensor, index: torch.Tensor, out: dict[str, torch.Tensor], stop_distance: float, mitm_max_support: int
+) -> torch.Tensor:
+    """The stages after the kernel that vectorise over rows, in torch on the rows' device, for the valid rows
+    ``index`` both launches left open; returns the rows still open (for ``finish``).
 
-    These are mostly near-uniform rows with an odd count (early training), where no split is near perfect and no
-    fill can settle them: without this stage every one of them went to the CPU. The bounds are the torch path's
-    (bit for bit the numba path's, from the sorted values' prefix sums), with t = ŝ/2 from the kernel's own sum,
-    so every distance is again t minus a sum of distinct stored values and E applies unchanged."""
-    if index.numel() == 0:
-        return
+    * Rows of at most ``mitm_max_support`` keys: meet-in-the-middle (``MEET_IN_THE_MIDDLE``, exact).
+    * Longer rows: the cardinality bound and, on rows of at most 48 keys, its three-group form (§3 step 4,
+      ``CARDINALITY_BOUND``). These are mostly near-uniform rows with an odd count, which no fill settles.
+    * Rows of more than ``EXACT_FIRST_MAX_SUPPORT`` keys still open: the LPT split and best single exchanges
+      (``SWAP_DESCENT``, or ``PERFECT_PARTITION`` when 2d ≤ q with error-free sums). Shorter ones are left to the
+      CPU cascade, which proves most of them optimal.
+
+    The functions are the torch path's, with t = ŝ/2 from the kernel's own sum, so every distance is again t minus
+    a sum of distinct stored values and the kernel's E applies unchanged; d̂_lb of a row the exchanges settle is
+    the kernel's top-8 bound."""
     x = rows[index].to(torch.float64)
     n_keys = x.shape[-1]
+    n = (x > 0).sum(-1)
     t = 0.5 * out["row_sum"][index]
     err = out["err"][index]
+    short = n <= mitm_max_support
+    if bool(short.any()):
+        d = _meet_in_the_middle(x[short], t[short], min(mitm_max_support, n_keys))
+        _settle(out, index[short], d, d, ThetaMethod.MEET_IN_THE_MIDDLE)
+    long = torch.nonzero(~short).flatten()
+    if long.numel() == 0:
+        return index[:0]
+    x, n, t, err, index = x[long], n[long], t[long], err[long], index[long]
     k_small = min(K_SMALL, n_keys)
     bound = _cardinality_bound(x, _subset_sums(x.topk(k_small, dim=-1).values), t, k_small)
-    short = (x > 0).sum(-1) <= GROUP_BOUND_MAX_SUPPORT
-    if bool(short.any()):
-        grouped = _group_cardinality_bound(x[short], t[short], min(GROUP_BOUND_MAX_SUPPORT, n_keys))
-        bound[short] = torch.maximum(bound[short], grouped)
+    grouped = n <= GROUP_BOUND_MAX_SUPPORT
+    if bool(grouped.any()):
+        group_bound = _group_cardinality_bound(x[grouped], t[grouped], min(GROUP_BOUND_MAX_SUPPORT, n_keys))
+        bound[grouped] = torch.maximum(bound[grouped], group_bound)
     proved = bound > err
-    settled = index[proved]
-    out["d_found"][settled] = bound[proved]
-    out["d_lb"][settled] = bound[proved]
-    out["method"][settled] = int(ThetaMethod.CARDINALITY_BOUND)
+    _settle(out, index[proved], bound[proved], bound[proved], ThetaMethod.CARDINALITY_BOUND)
+    short_open = ~proved & (n <= EXACT_FIRST_MAX_SUPPORT)
+    left = ~proved & ~short_open
+    cpu = index[short_open]
+    x, t, err, index = x[left], t[left], err[left], index[left]
+    if index.numel() == 0:
+        return cpu
+    d = torch.minimum(out["d_found"][index], _greedy_with_exchanges(x, t, stop_distance))
+    q = _quantum(x, x > 0, out["row_sum"][index], exact_quantum=rows.dtype == torch.float64)
+    perfect = (err == 0.0) & (2.0 * d <= q)
+    _settle(out, index[perfect], d[perfect], d[perfect], ThetaMethod.PERFECT_PARTITION)
+    reached = ~perfect & (d <= stop_distance)
+    _settle(out, index[reached], d[reached], out["d_lb"][index[reached]], ThetaMethod.SWAP_DESCENT)
+    return torch.cat([cpu, index[~perfect & ~reached]])
+
+
+def _settle(out: dict[str, torch.Tensor], index: torch.Tensor, d_found: torch.Tensor, d_lb: torch.Tensor,
+            method: ThetaMethod) -> None:  # fmt: skip
+    out["d_found"][index] = d_found
+    out["d_lb"][index] = d_lb
+    out["method"][index] = int(method)
 
 
 def kernel_pass(

@@ -89,7 +89,7 @@ def test_causal_zero_padded_rows_agree_with_cpu_cascade() -> None:
         rows = causal_rows(61, sigma, seed=int(sigma))
         assert_agrees_with_cpu(rows, [f"causal σ={sigma} row {r}" for r in range(rows.shape[0])])
         cert = certify(rows, backend="triton")
-        assert bool(cert.exact[:24].all()), "rows with ≤ 24 keys are finished exactly by the CPU cascade"
+        assert bool(cert.exact[:24].all()), "rows with ≤ 24 keys are solved exactly (meet-in-the-middle on the device)"
 
 
 @pytest.mark.parametrize("length", [1, 2])
@@ -393,3 +393,47 @@ def test_meta_cardinality_stage_check_catches_a_wrong_bound(monkeypatch: pytest.
     monkeypatch.setattr(triton_kernel, "_cardinality_bound", lambda *args: original(*args) + 2.0**-24)
     with pytest.raises(AssertionError):
         test_cardinality_stage_proves_real_rows_on_the_device()
+
+
+def test_short_rows_are_solved_exactly_on_the_device() -> None:
+    """Rows of at most 24 keys (masked keys anywhere) get meet-in-the-middle on the device, never the CPU."""
+    rows = torch.cat([with_zeros(softmax_rows(8, 24, sigma, seed=j), 0.3, seed=j) for j, sigma in enumerate(SIGMAS)])
+    rows = torch.cat([rows, causal_rows(24, 1.0, seed=3)])
+
+    def no_fallback(sub: torch.Tensor) -> dict[str, torch.Tensor]:
+        raise AssertionError(f"{sub.shape[0]} rows of ≤ 24 keys were sent to the CPU cascade")
+
+    got = triton_kernel.certify_rows_triton(rows, 2.0**-13.5, 24, False, 0.0, finish=no_fallback)
+    lower, upper = theta_enclosure(got["row_sum"], got["d_found"], got["d_lb"], got["err"])
+    for i, row in enumerate(rows):
+        theta = theta_fraction(row.tolist())
+        assert_sound(float(lower[i]), float(upper[i]), theta, f"row {i}")
+    assert bool((got["method"] == int(ThetaMethod.MEET_IN_THE_MIDDLE)).all())
+    assert torch.equal(got["d_found"], got["d_lb"]), "meet-in-the-middle is exact: d̂ = d̂_lb"
+
+
+def test_device_exchanges_settle_long_rows_soundly() -> None:
+    """Long rows handed to the device stages as open: the ones the exchanges settle end within float32
+    resolution, inside the CPU cascade's interval."""
+    rows = torch.cat([softmax_rows(12, 300, sigma, seed=40 + j) for j, sigma in enumerate((0.25, 0.5, 1.0))])
+    stop = 2.0**-13.5
+    out = triton_kernel.kernel_pass(rows, stop, 24, False, 0.0)
+    out["method"].zero_()  # every row open: the kernel's own d̂ and d̂_lb stay, as after its launches
+    open_rows = triton_kernel.device_stages(rows, torch.arange(rows.shape[0]), out, stop, 24)
+    settled = torch.ones(rows.shape[0], dtype=torch.bool)
+    settled[open_rows] = False
+    swapped = out["method"] == int(ThetaMethod.SWAP_DESCENT)
+    assert int(swapped.sum()) >= rows.shape[0] // 2
+    lower, upper = theta_enclosure(out["row_sum"], out["d_found"], out["d_lb"], out["err"])
+    cpu = certify(rows, backend="numba")
+    for i in torch.nonzero(settled).flatten().tolist():
+        assert lower[i] <= cpu.upper[i] and cpu.lower[i] <= upper[i], f"row {i}: disjoint from the CPU interval"
+        assert float(upper[i] - lower[i]) <= 2.0**-25, f"row {i}"
+    # A stop distance no exchange reaches: every row not proved stays open for the CPU.
+    out = triton_kernel.kernel_pass(rows, 2.0**-60, 24, False, 0.0)
+    out["method"].zero_()
+    open_rows = triton_kernel.device_stages(rows, torch.arange(rows.shape[0]), out, 2.0**-60, 24)
+    proved = {ThetaMethod.CARDINALITY_BOUND, ThetaMethod.PERFECT_PARTITION}
+    assert bool((out["method"][open_rows] == 0).all())
+    assert all(ThetaMethod(int(m)) in proved for m in out["method"] if m), "only proofs settle at this stop distance"
+    assert open_rows.numel() > 0
