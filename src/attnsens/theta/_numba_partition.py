@@ -759,9 +759,7 @@ def four_list_perfect_split(vals_desc, q):
             if (choice >> k) & 1:
                 side += ints[n_fixed - n_flip + k]
         targets[choice] = total // 2 - side
-    expected = 0.0  # perfect splits of the best-placed target
-    for target in targets:
-        expected = max(expected, _expected_count_at(searched, float(target)))
+    expected = _expected_count_at(searched, targets)  # perfect splits of the best-placed target
     if expected < FOUR_LIST_MIN_EXPECTED:
         return np.inf
     modulus = _four_list_modulus(expected, 1 << (2 * group))
@@ -794,9 +792,10 @@ def four_list_perfect_split(vals_desc, q):
 
 
 @cached_njit()
-def _expected_count_at(values, target):
-    """Expected number of subsets of the int64 ``values`` whose sum is exactly ``target``: Σ_k C(m, k)·φ(z_k)/σ_k,
-    the sums of k values drawn without replacement taken as Gaussian (mean k·μ, σ_k² = k(m − k)/m · var).
+def _expected_count_at(values, targets):
+    """The largest over ``targets`` of the expected number of subsets of the int64 ``values`` whose sum is exactly
+    that target: Σ_k C(m, k)·φ(z_k)/σ_k, the sums of k values drawn without replacement taken as Gaussian (mean
+    k·μ, σ_k² = k(m − k)/m · var).
 
     Count by count, not one Gaussian over all subsets: on near-uniform rows the sums crowd into one bump per count,
     and a target between two bumps (an odd count's s/2) has far fewer subsets than one Gaussian of the spread of
@@ -811,16 +810,22 @@ def _expected_count_at(values, target):
     for x in values:
         variance += (float(x) - mean) ** 2
     variance /= max(m - 1, 1)
-    expected = 0.0
-    log_binomial = 0.0  # log C(m, k)
+    log_binomial = np.empty(m)  # log C(m, k), k = 1 … m − 1 (index k)
+    sigma = np.empty(m)
+    log_binomial[0] = 0.0
     for k in range(1, m):
-        log_binomial += np.log((m - k + 1) / k)
-        sigma = np.sqrt(k * (m - k) / m * variance)
-        if sigma > 0.0:
-            z = (target - k * mean) / sigma
-            if abs(z) < 40.0:
-                expected += np.exp(log_binomial - 0.5 * z * z) / (2.5066282746310002 * sigma)
-    return expected
+        log_binomial[k] = log_binomial[k - 1] + np.log((m - k + 1) / k)
+        sigma[k] = np.sqrt(k * (m - k) / m * variance)
+    best = 0.0
+    for target in targets:
+        expected = 0.0
+        for k in range(1, m):
+            if sigma[k] > 0.0:
+                z = (float(target) - k * mean) / sigma[k]
+                if abs(z) < 40.0:
+                    expected += np.exp(log_binomial[k] - 0.5 * z * z) / (2.5066282746310002 * sigma[k])
+        best = max(best, expected)
+    return best
 
 
 @cached_njit()

@@ -414,7 +414,7 @@ def test_four_list_estimate_counts_subsets_count_by_count() -> None:
         target = round(k * mean)
         window = 200
         true = float(((sums >= target - window) & (sums <= target + window)).sum()) / (2 * window + 1)
-        estimate = _expected_count_at(values, float(target))
+        estimate = _expected_count_at(values, np.array([target], np.int64))
         one_gaussian = 2.0**values.size / (math.sqrt(2 * math.pi) * spread)
         one_gaussian *= math.exp(-0.5 * ((target - values.sum() / 2) / spread) ** 2)
         if k == int(k):
