@@ -330,9 +330,9 @@ def refine_row(
 @cached_njit()
 def prove_short_row(row, n, t, q, e, k_top, probe_nodes, search_nodes):
     """The proofs that settle most rows too long for a cheap meet-in-the-middle without enumerating them all: the
-    cardinality bound and its three-group form, then (sums error-free) a perfect split found by a CKK search of
-    ``probe_nodes`` nodes or by the four-list search, and last the count-pruned meet-in-the-middle within
-    ``search_nodes`` nodes.
+    cardinality bound and its three-group form, then (sums error-free) a perfect split found by the four-list
+    search or a CKK search of ``probe_nodes`` nodes (which also proves an optimum by exhausting its tree), and
+    last the count-pruned meet-in-the-middle within ``search_nodes`` nodes.
 
     Returns (d*, method), or (∞, 0) when none applies and the row needs the full meet-in-the-middle.
     """
@@ -344,12 +344,15 @@ def prove_short_row(row, n, t, q, e, k_top, probe_nodes, search_nodes):
     if d_group > e:
         return d_group, _CARDINALITY
     if e == 0.0:
-        best_diff, outcome = complete_karmarkar_karp(vals, -1.0, q, probe_nodes)
-        if outcome == CKK_EXHAUSTED or outcome == CKK_PERFECT:
-            return 0.5 * best_diff, _CKK_PROVED
+        # The four-list search first: on the tiny GPT's short rows it finds the perfect splits the CKK probe would
+        # (and 8 times as many), and the probe then runs only on the rows it leaves. The two stages on those
+        # 8,524 rows: 0.31 → 0.28 s; the tensor 0.53 → 0.49–0.51 s (alternating runs), the same values.
         d = four_list_perfect_split(vals, q)
         if proves_perfect(d, q, e):
             return d, _PERFECT
+        best_diff, outcome = complete_karmarkar_karp(vals, -1.0, q, probe_nodes)
+        if outcome == CKK_EXHAUSTED or outcome == CKK_PERFECT:
+            return 0.5 * best_diff, _CKK_PROVED
         if count_tail_score(vals, t) >= COUNT_MITM_MIN_TAIL:
             d_known = min(d_card_end, d_group_end, 0.5 * best_diff)  # each the distance of a real subset
             d, proved = count_pruned_meet_in_the_middle(vals, t, d_known, search_nodes)
