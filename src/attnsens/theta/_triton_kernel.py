@@ -301,10 +301,13 @@ def device_stages(
     short_open = ~proved & (n <= EXACT_FIRST_MAX_SUPPORT)
     left = ~proved & ~short_open
     cpu = index[short_open]
-    x, t, err, index = x[left], t[left], err[left], index[left]
+    x, n, t, err, index = x[left], n[left], t[left], err[left], index[left]
     if index.numel() == 0:
         return cpu
-    d = torch.minimum(out["d_found"][index], _greedy_with_exchanges(x, t, stop_distance))
+    # The LPT split steps through the keys one column at a time (a few launches each): only as far as the
+    # longest support among these rows, not the padded width.
+    support = x.topk(int(n.max()), dim=-1).values
+    d = torch.minimum(out["d_found"][index], _greedy_with_exchanges(support, t, stop_distance))
     q = _quantum(x, x > 0, out["row_sum"][index], exact_quantum=rows.dtype == torch.float64)
     perfect = (err == 0.0) & (2.0 * d <= q)
     _settle(out, index[perfect], d[perfect], d[perfect], ThetaMethod.PERFECT_PARTITION)
