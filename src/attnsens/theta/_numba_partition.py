@@ -467,20 +467,30 @@ def count_tail_score(vals_desc, t):
     μ the mean value and σ_k the spread of the sums of k values drawn without replacement. Large (≳ 2) on
     near-uniform rows with an odd count, where ``count_pruned_meet_in_the_middle`` lists few sums; near 0 where t
     is the centre of a count and it would list them all."""
-    n = vals_desc.size
-    total = 0.0
-    for v in vals_desc:
-        total += v
-    mean = total / n
-    spread = 0.0
-    for v in vals_desc:
-        spread += (v - mean) * (v - mean)
-    variance = spread / max(n - 1, 1)
+    mean, sigma = _count_spreads(vals_desc)
     best = np.inf
-    for k in range(1, n):
-        sigma = np.sqrt(k * (n - k) / n * variance)
-        best = min(best, abs(t - k * mean) / sigma if sigma > 0.0 else np.inf)
+    for k in range(1, vals_desc.size):
+        best = min(best, abs(t - k * mean) / sigma[k] if sigma[k] > 0.0 else np.inf)
     return best
+
+
+@cached_njit()
+def _count_spreads(values):
+    """(μ, σ): the mean of ``values`` and, for k = 1 … m − 1, σ[k] the spread of the sum of k of them drawn without
+    replacement, σ_k² = k(m − k)/m · Var (the sample variance); σ[0] = 0."""
+    m = values.size
+    total = 0.0
+    for v in values:
+        total += float(v)
+    mean = total / m
+    spread = 0.0
+    for v in values:
+        spread += (float(v) - mean) * (float(v) - mean)
+    variance = spread / max(m - 1, 1)
+    sigma = np.zeros(m)
+    for k in range(1, m):
+        sigma[k] = np.sqrt(k * (m - k) / m * variance)
+    return mean, sigma
 
 
 @cached_njit()
@@ -802,20 +812,10 @@ def _expected_count_at(values, targets):
     all subset sums would give. On the tiny GPT's open short rows that one Gaussian expected ≥ 1,000, the search
     failed in 17 %; of those this estimate expects ≥ 1,000 in, it failed in 3 %."""
     m = values.size
-    mean = 0.0
-    for x in values:
-        mean += float(x)
-    mean /= m
-    variance = 0.0
-    for x in values:
-        variance += (float(x) - mean) ** 2
-    variance /= max(m - 1, 1)
-    log_binomial = np.empty(m)  # log C(m, k), k = 1 … m − 1 (index k)
-    sigma = np.empty(m)
-    log_binomial[0] = 0.0
+    mean, sigma = _count_spreads(values)
+    log_binomial = np.zeros(m)  # log C(m, k), k = 1 … m − 1 (index k)
     for k in range(1, m):
         log_binomial[k] = log_binomial[k - 1] + np.log((m - k + 1) / k)
-        sigma[k] = np.sqrt(k * (m - k) / m * variance)
     best = 0.0
     for target in targets:
         expected = 0.0
