@@ -31,3 +31,9 @@ SWAP_ROUNDS = 8
 """Rounds of best single exchanges after the greedy split."""
 MITM_CHEAP_SUPPORT = 24
 """Rows with at most this many non-zeros go straight to meet-in-the-middle (≤ 0.2 ms a row)."""
+LOWEST_BIT_MAX_SUPPORT = 128
+"""float32 rows of at most this many non-zeros (with error-free sums) take as quantum q the lowest set mantissa bit
+over the row, a second pass, rather than the ulp of the smallest value, which the scan reads for free. Both divide
+every value; the lowest bit is a multiple of the ulp, so a split with 2d ≤ q proves more rows optimal: those whose
+smallest values all have even mantissas (common when they sit alone in the lowest binades). On SmolLM2's rows of
+25–48 keys 70.4 → 71.3 % exact, on the tiny GPT's 78.4 → 79.3 %; on longer rows it proved nothing more."""

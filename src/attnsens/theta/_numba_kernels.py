@@ -38,6 +38,7 @@ from attnsens.theta._constants import (
     ERROR_RADIUS_SLACK,
     EXACT_SUM_QUANTA_LOG2,
     K_SMALL,
+    LOWEST_BIT_MAX_SUPPORT,
     MITM_CHEAP_SUPPORT,
     SMALLEST_EXACT_SUM,
     UNIT_ROUNDOFF,
@@ -54,7 +55,7 @@ from attnsens.theta._numba_refine import (
     relaxation_scratch,
     settled,
 )
-from attnsens.theta._numba_scan import float64_sum, scan_row, top_k
+from attnsens.theta._numba_scan import float64_sum, row_lowest_bit, scan_row, top_k
 from attnsens.theta.methods import RowStatus, ThetaMethod
 
 ROW_BLOCK = 8
@@ -426,6 +427,8 @@ def _certify_block(
             whole_row[n_whole_row] = j
             n_whole_row += 1
         else:
+            if e == 0.0 and n <= LOWEST_BIT_MAX_SUPPORT:  # a coarser grid of the sums proves more splits perfect
+                qs[j] = row_lowest_bit(x[r], end)
             pending[n_pending] = j
             n_pending += 1
 

@@ -51,7 +51,7 @@ def _all_multiples(row, end, q):
 
 
 @cached_njit()
-def _row_lowest_bit(row, end):
+def row_lowest_bit(row, end):
     """The lowest set mantissa bit over the positive entries of row[:end]: every entry is a multiple of it."""
     q = np.inf
     for i in range(end):
@@ -197,13 +197,13 @@ def scan_row(row, bits, no_positive, exact_quantum, k_top):
     q = np.inf
     if status == _OK:
         if exact_quantum:
-            q = _row_lowest_bit(row, end)
+            q = row_lowest_bit(row, end)
         else:
             # float32 bits: biased exponent f ≥ 1 has ulp 2^(f − 150); subnormals (f = 0) have ulp 2^-149.
             q = math.ldexp(1.0, max(int(np.int64(smallest) >> 23), 1) - 150)
             if not total <= math.ldexp(q, EXACT_SUM_QUANTA_LOG2) and total >= SMALLEST_EXACT_SUM:
                 if _all_multiples(row, end, _proving_quantum(total)):
-                    q = _row_lowest_bit(row, end)
+                    q = row_lowest_bit(row, end)
     return total, n, p_max, q, end, status, threshold, first
 
 

@@ -19,6 +19,7 @@ from attnsens.theta._constants import (
     ERROR_RADIUS_SLACK,
     EXACT_SUM_QUANTA_LOG2,
     K_SMALL,
+    LOWEST_BIT_MAX_SUPPORT,
     N_TARGETS,
     SMALLEST_EXACT_SUM,
     SWAP_ROUNDS,
@@ -140,7 +141,7 @@ def _mark(method: torch.Tensor, rows: torch.Tensor, code: ThetaMethod) -> torch.
 def _quantum(x: torch.Tensor, positive: torch.Tensor, s: torch.Tensor, *, exact_quantum: bool) -> torch.Tensor:
     """A power of two dividing every value of the row: the lowest set bit (float64 input), or 2^(e_min − 24) for
     float32 input, replaced by the lowest set bit where only that one proves the sums (ŝ ≤ 2^52·q;
-    ``_numba_scan.scan_row``)."""
+    ``_numba_scan.scan_row``) and on rows of at most ``LOWEST_BIT_MAX_SUPPORT`` non-zeros (``_numba_kernels``)."""
     inf = torch.full_like(x, torch.inf)
     mantissa, exponent = torch.frexp(x)
     bits = (mantissa * 2.0**53).to(torch.int64)
@@ -152,7 +153,8 @@ def _quantum(x: torch.Tensor, positive: torch.Tensor, s: torch.Tensor, *, exact_
     _, exponent = torch.frexp(torch.where(torch.isfinite(p_min), p_min, torch.ones_like(p_min)))
     ulp = torch.ldexp(torch.ones_like(p_min), (exponent - 24).to(torch.float64))
     only_lowest = (s > ulp * 2.0**EXACT_SUM_QUANTA_LOG2) & (s <= lowest_bit * 2.0**EXACT_SUM_QUANTA_LOG2)
-    return torch.where(only_lowest, lowest_bit, ulp)
+    short = positive.sum(-1) <= LOWEST_BIT_MAX_SUPPORT
+    return torch.where(only_lowest | short, lowest_bit, ulp)
 
 
 def _error_radius(s: torch.Tensor, n: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

@@ -38,6 +38,7 @@ from attnsens.theta._constants import (
     ERROR_RADIUS_SLACK,
     EXACT_SUM_QUANTA_LOG2,
     K_SMALL,
+    LOWEST_BIT_MAX_SUPPORT,
     N_TARGETS,
     SMALLEST_EXACT_SUM,
     UNIT_ROUNDOFF,
@@ -73,11 +74,13 @@ def _pow2(k):
 
 
 @triton.jit
-def _log2_quantum(raw, x, s, positive, EXACT_QUANTUM: tl.constexpr, QUANTA_LOG2: tl.constexpr):
+def _log2_quantum(raw, x, s, positive, n, EXACT_QUANTUM: tl.constexpr, QUANTA_LOG2: tl.constexpr,
+                  LOWEST_BIT_SUPPORT: tl.constexpr):  # fmt: skip
     """Per row, log2 of a power of two q dividing every value of the row (int64).
 
     float64 rows: the lowest set mantissa bit over the row; float32 rows: 2^(e_min − 24) from the smallest
-    non-zero (2^-149 when it is subnormal), replaced by the lowest set bit where only that one proves ŝ ≤ 2^52·q.
+    non-zero (2^-149 when it is subnormal), replaced by the lowest set bit where only that one proves ŝ ≤ 2^52·q
+    and on rows of at most LOWEST_BIT_SUPPORT non-zeros (``_constants.LOWEST_BIT_MAX_SUPPORT``).
     """
     bits = x.to(tl.int64, bitcast=True)
     biased = (bits >> 52) & 0x7FF
@@ -94,7 +97,7 @@ def _log2_quantum(raw, x, s, positive, EXACT_QUANTUM: tl.constexpr, QUANTA_LOG2:
     ulp = (tl.maximum(biased_min, 1) - 150).to(tl.int64)
     by_ulp = s <= _pow2(tl.minimum(tl.maximum(ulp + QUANTA_LOG2, -1022), 1023))
     by_lowest = s <= _pow2(tl.minimum(tl.maximum(lowest_bit + QUANTA_LOG2, -1022), 1023))
-    return tl.where(~by_ulp & by_lowest, lowest_bit, ulp)
+    return tl.where((~by_ulp & by_lowest) | (n <= LOWEST_BIT_SUPPORT), lowest_bit, ulp)
 
 
 @triton.jit
@@ -126,6 +129,7 @@ def _certificate_kernel(
     CHECK_SUM: tl.constexpr, EXACT_QUANTUM: tl.constexpr, GATHER: tl.constexpr, ROWS: tl.constexpr,
     BLOCK: tl.constexpr, K: tl.constexpr, TARGETS: tl.constexpr, ROUNDS: tl.constexpr,
     UNIT: tl.constexpr, SLACK: tl.constexpr, PER_KEY: tl.constexpr, OFFSET: tl.constexpr, QUANTA_LOG2: tl.constexpr,
+    LOWEST_BIT_SUPPORT: tl.constexpr,
     DOMINANT: tl.constexpr, K_ATOM: tl.constexpr, PERFECT: tl.constexpr, PREFIX_BEST_FIT: tl.constexpr,
     NON_FINITE: tl.constexpr, NEGATIVE: tl.constexpr, EMPTY: tl.constexpr, BAD_SUM: tl.constexpr,
 ):  # fmt: skip
@@ -162,7 +166,7 @@ def _certificate_kernel(
         status = tl.where((status == 0) & (tl.abs(s - 1.0) > tolerance), BAD_SUM, status)
 
     # Rounding radius E (``_numba_kernels._error_radius``): 0 when ŝ ≤ 2^52·q makes every partial sum exact.
-    log2_q = _log2_quantum(raw, x, s, positive, EXACT_QUANTUM, QUANTA_LOG2)
+    log2_q = _log2_quantum(raw, x, s, positive, n, EXACT_QUANTUM, QUANTA_LOG2, LOWEST_BIT_SUPPORT)
     exact_sums = (s >= smallest_exact_sum) & (s <= _pow2(tl.minimum(tl.maximum(log2_q + QUANTA_LOG2, -1022), 1023)))
     err = tl.where(exact_sums, 0.0, (PER_KEY * n.to(tl.float64) + OFFSET) * UNIT * s * SLACK)
     q = tl.where(log2_q >= -1022, _pow2(tl.minimum(tl.maximum(log2_q, -1022), 1023)), 0.0)
@@ -369,7 +373,7 @@ def _launch(
         CHECK_SUM=check_sum, EXACT_QUANTUM=rows.dtype == torch.float64, GATHER=index is not None,
         ROWS=rows_per_program, BLOCK=block, K=K_SMALL, TARGETS=n_targets, ROUNDS=BEST_FIT_ROUNDS,
         UNIT=UNIT_ROUNDOFF, SLACK=ERROR_RADIUS_SLACK, PER_KEY=ERROR_RADIUS_PER_KEY, OFFSET=ERROR_RADIUS_OFFSET,
-        QUANTA_LOG2=EXACT_SUM_QUANTA_LOG2,
+        QUANTA_LOG2=EXACT_SUM_QUANTA_LOG2, LOWEST_BIT_SUPPORT=LOWEST_BIT_MAX_SUPPORT,
         DOMINANT=int(ThetaMethod.DOMINANT_ATOM), K_ATOM=int(ThetaMethod.K_ATOM_RELAXATION),
         PERFECT=int(ThetaMethod.PERFECT_PARTITION), PREFIX_BEST_FIT=int(ThetaMethod.PREFIX_BEST_FIT),
         NON_FINITE=int(RowStatus.NON_FINITE), NEGATIVE=int(RowStatus.NEGATIVE), EMPTY=int(RowStatus.EMPTY),

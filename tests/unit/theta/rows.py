@@ -18,6 +18,22 @@ def softmax_rows(n_rows: int, length: int, sigma: float, *, seed: int, dtype=tor
     return torch.softmax(sigma * z, -1).to(dtype)
 
 
+def coarse_grid_rows(n_rows: int, supports: tuple[int, int], sigma: float, *, seed: int) -> torch.Tensor:
+    """[n_rows, supports[1]] float32 rows softmax(σ·z) of a random support in [supports[0], supports[1]] (zero
+    tail) whose values are rounded down to multiples of twice the ulp of the smallest: every value, and every
+    subset sum, then lies on a grid coarser than that ulp (as on real rows whose lone smallest values happen to
+    have even mantissas)."""
+    rng = np.random.default_rng(seed)
+    low, high = supports
+    out = torch.zeros(n_rows, high, dtype=torch.float32)
+    for i in range(n_rows):
+        n = int(rng.integers(low, high + 1))
+        p = torch.softmax(sigma * torch.from_numpy(rng.standard_normal(n)), 0)
+        two_ulps = 2.0 ** (math.frexp(float(p.float().min()))[1] - 23)
+        out[i, :n] = (p - torch.remainder(p, two_ulps)).float()
+    return out
+
+
 def with_zeros(rows: torch.Tensor, fraction: float, *, seed: int) -> torch.Tensor:
     """Zero a random ``fraction`` of entries (masked keys anywhere), keeping ≥ 1 non-zero, and renormalise."""
     gen = torch.Generator().manual_seed(seed)

@@ -19,7 +19,13 @@ import pytest
 import torch
 
 from attnsens.theta import ThetaMethod, certify, exact
-from attnsens.theta._constants import ERROR_RADIUS_OFFSET, ERROR_RADIUS_PER_KEY, ERROR_RADIUS_SLACK, UNIT_ROUNDOFF
+from attnsens.theta._constants import (
+    ERROR_RADIUS_OFFSET,
+    ERROR_RADIUS_PER_KEY,
+    ERROR_RADIUS_SLACK,
+    LOWEST_BIT_MAX_SUPPORT,
+    UNIT_ROUNDOFF,
+)
 from attnsens.theta._enclosure import theta_enclosure
 from attnsens.theta._numba_partition import (
     _expected_count_at,
@@ -30,8 +36,10 @@ from attnsens.theta._numba_partition import (
     group_cardinality_bound,
 )
 from attnsens.theta._numba_refine import COUNT_MITM_MIN_TAIL
+from attnsens.theta._torch_path import _quantum
 from attnsens.theta.certificate import STOP_DISTANCE
 from tests.reference.theta_oracles import theta_dyadic_meet_in_the_middle
+from tests.unit.theta.rows import coarse_grid_rows
 from tests.unit.theta.test_cardinality import assert_bound_claims, best_twice_gap, integer_rows, local_search_theta
 from tests.unit.theta.test_soundness import assert_certificate_sound
 
@@ -104,6 +112,51 @@ def test_most_real_rows_of_33_to_48_keys_are_exact(real_rows: torch.Tensor) -> N
     methods = {ThetaMethod(int(m)) for m in cert.method}
     assert ThetaMethod.PERFECT_PARTITION in methods
     assert float(cert.exact.float().mean()) >= 0.6, cert.method_names()
+
+
+def grid_optimal_rows(rows: torch.Tensor) -> tuple[list[Fraction], list[bool]]:
+    """The oracle's θ of each row, and whether its optimum is a split with 2d equal to the lowest set bit of the
+    row's values while that bit is above the ulp of the smallest value (provable only on the coarser grid)."""
+    thetas, on_grid = [], []
+    for row in rows:
+        ints, exponent = dyadic(row)
+        theta = theta_dyadic_meet_in_the_middle(ints, exponent)
+        lowest_bit = Fraction(math.gcd(*ints) & -math.gcd(*ints), 2**exponent)
+        ulp = Fraction(2.0 ** (math.frexp(float(row[row > 0].min()))[1] - 24))
+        thetas.append(theta)
+        on_grid.append(lowest_bit > ulp and Fraction(sum(ints), 2**exponent) - theta == lowest_bit**2)
+    return thetas, on_grid
+
+
+def test_the_lowest_set_bit_proves_splits_the_ulp_cannot() -> None:
+    """Rows of 25–32 keys whose values are all multiples of twice the ulp of the smallest: every subset sum lies on
+    the grid of the lowest set bit q, so a split with 2d = q is optimal although 2d exceeds the ulp. Every
+    certificate holds the oracle's θ, and most rows whose optimum is such a split are proved exact (none were with
+    the ulp as quantum). With a quantum twice the lowest bit, 20 of these 120 certificates exclude θ."""
+    rows = coarse_grid_rows(120, (25, 32), 0.3, seed=0)
+    cert = certify(rows)
+    thetas, on_grid = grid_optimal_rows(rows)
+    for i, theta in enumerate(thetas):
+        assert_certificate_sound(float(cert.lower[i]), float(cert.upper[i]), theta, f"coarse-grid row {i}")
+    proved = [bool(cert.exact[i]) for i in range(len(rows)) if on_grid[i]]
+    assert len(proved) >= 20
+    assert sum(proved) >= 0.5 * len(proved), cert.method_names()
+
+
+def test_torch_quantum_is_the_lowest_set_bit_up_to_128_keys() -> None:
+    """The torch and device paths take the same quantum as the CPU kernels: the lowest set bit over rows of at most
+    LOWEST_BIT_MAX_SUPPORT non-zeros, the ulp of the smallest value beyond (when that ulp proves the sums)."""
+    rows = torch.cat([coarse_grid_rows(8, (25, 32), 0.3, seed=1), torch.zeros(8, 200)], dim=1)
+    rows = torch.cat([rows, coarse_grid_rows(8, (150, 232), 0.3, seed=2)])
+    x = rows.to(torch.float64)
+    q = _quantum(x, x > 0, x.sum(-1), exact_quantum=False)
+    for i, row in enumerate(rows):
+        ints, exponent = dyadic(row)
+        lowest_bit = Fraction(math.gcd(*ints) & -math.gcd(*ints), 2**exponent)
+        ulp = Fraction(2.0 ** (math.frexp(float(row[row > 0].min()))[1] - 24))
+        assert lowest_bit > ulp
+        n = len(ints)
+        assert Fraction(float(q[i])) == (lowest_bit if n <= LOWEST_BIT_MAX_SUPPORT else ulp), f"row {i}, {n} keys"
 
 
 def test_long_real_rows_against_an_independent_local_search(real_rows: torch.Tensor) -> None:
