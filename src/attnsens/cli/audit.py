@@ -195,13 +195,20 @@ def _print_table(name: str, summary: object, *, by_head: bool) -> None:
     keys = ("layer", "head") if by_head else ("layer",)
     title = f"attention audit of {name}" + (", per head" if by_head else "")
     table = Table(title=title, header_style="bold")
+    records = list(summary.itertuples(index=False))  # type: ignore[attr-defined]
+    theta = [format_float(record.theta_lower_median) for record in records]
     for column in (*keys, "rows", "median θ lower bound", "dominant fraction", "median p_max", "mean entropy (nats)"):
-        table.add_column(column, justify="right")
-    for record in summary.itertuples(index=False):  # type: ignore[attr-defined]
+        # The θ digits that tell 0.99999998 from 1 are the point of the column: it never truncates them, and the
+        # other headers wrap so that the table still fits 80 columns.
+        if column.startswith("median θ"):
+            table.add_column(column, justify="right", min_width=max(map(len, theta), default=0))
+        else:
+            table.add_column(column, justify="right", max_width=9)
+    for record, theta_text in zip(records, theta, strict=True):
         table.add_row(
             *(str(getattr(record, key)) for key in keys),
             str(record.n_rows),
-            format_float(record.theta_lower_median),
+            theta_text,
             f"{record.fraction_dominant:.3f}",
             f"{record.p_max_median:.4f}",
             f"{record.entropy_mean:.3f}",

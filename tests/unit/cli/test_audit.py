@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -24,6 +25,32 @@ def test_layers_heads_and_per_head_table(run_dir: Path, text_file: Path, tmp_pat
     assert table.exit_code == 0, table.output
     assert "attention audit of micro@2, per head" in table.stdout
     assert sum(line.startswith("│") for line in table.stdout.splitlines()) == 2 * 2 + 2  # (layer, head) + layers
+
+
+def test_the_table_shows_every_digit_of_theta_in_80_columns(monkeypatch) -> None:
+    """The digits that tell a median θ bound of 0.99999999048… from 1 are never cut to an ellipsis, and the
+    table's right border stays inside 80 columns, per head and per layer."""
+    import pandas as pd
+    from rich.console import Console
+
+    from attnsens.cli import audit as audit_cli
+    from attnsens.cli.app import format_float
+
+    summary = pd.DataFrame({
+        "layer": [0, 0, 29], "head": [0, 1, 8], "n_rows": [512, 512, 512],
+        "theta_lower_median": [0.9999999904805, 0.999999984401, 0.696538],
+        "fraction_dominant": [0.026, 0.117, 0.799], "p_max_median": [0.0499, 0.1462, 0.7754],
+        "entropy_mean": [4.478, 3.338, 1.177],
+    })  # fmt: skip
+    for by_head in (True, False):
+        console = Console(width=80, record=True, file=io.StringIO(), markup=False)
+        monkeypatch.setattr(audit_cli, "console", console)
+        audit_cli._print_table("smollm2", summary, by_head=by_head)
+        text = console.export_text()
+        rows = [line for line in text.splitlines() if line.startswith("│")]
+        assert len(rows) == 3 and all(line.endswith("│") and len(line) <= 80 for line in rows), text
+        for value in summary["theta_lower_median"]:
+            assert format_float(value) in text, text
 
 
 def test_indices_outside_the_model(run_dir: Path, text_file: Path, tmp_path: Path) -> None:
