@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from attnsens.cli.app import JsonOption, app, console, domain_errors_exit, flag, print_json
+from attnsens.cli.app import JsonOption, app, console, domain_errors_exit, flag, format_float, print_json
 from attnsens.errors import FileFormatError, InputError
 
 if TYPE_CHECKING:
@@ -207,7 +207,8 @@ def print_summary(summary: dict[str, Any]) -> None:
         table.add_row("exact fraction", f"{summary['exact_fraction']:.4f}")
         table.add_row("dominant-atom fraction", f"{summary['dominant_fraction']:.4f}")
         for name, value in summary["theta_lower_bound"].items():
-            table.add_row(f"θ lower bound {name}", f"{value:.8f}")
+            # format_float: the digits that separate a bound from 1 (or from 0: −2.2e-16, not −0.00000000)
+            table.add_row(f"θ lower bound {name}", format_float(value))
         table.add_row("max interval width", f"{summary['max_width']:.3g}")
         table.add_row("width ≤ 2^-25 fraction", f"{summary['width_at_most_2^-25_fraction']:.4f}")
         table.add_row("methods", ", ".join(f"{k}: {v:,}" for k, v in summary["methods"].items()))

@@ -46,6 +46,23 @@ def test_summary_json_for_each_format(tmp_path: Path, suffix: str) -> None:
     assert summary["width_at_most_2^-25_fraction"] == 1.0
 
 
+def test_table_shows_the_digits_that_separate_a_bound_from_0_and_1(tmp_path: Path) -> None:
+    """A one-hot row's lower bound lies a rounding step below 0 (θ = 0): the table shows −2.2e-16, not
+    −0.00000000, and near-uniform rows' bounds keep the digits that separate them from 1."""
+    from attnsens.cli.app import format_float
+    from attnsens.theta import certify
+
+    p = torch.cat([softmax_rows(20, 300, 0.05, seed=3), torch.eye(1, 300)])
+    path = tmp_path / "p.npy"
+    np.save(path, p.numpy())
+    result = _invoke(str(path))
+    assert result.exit_code == 0, result.output
+    lower = certify(p).lower
+    assert float(lower.min()) < 0.0 and "-0.00000000" not in result.stdout
+    assert format_float(float(lower.min())) in result.stdout
+    assert format_float(float(lower.median())) in result.stdout
+
+
 def test_table_and_parquet_rows(tmp_path: Path) -> None:
     path = tmp_path / "p.npy"
     np.save(path, _probabilities().numpy())
