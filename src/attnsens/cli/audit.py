@@ -197,13 +197,17 @@ def _print_table(name: str, summary: object, *, by_head: bool) -> None:
     table = Table(title=title, header_style="bold")
     records = list(summary.itertuples(index=False))  # type: ignore[attr-defined]
     theta = [format_float(record.theta_lower_median) for record in records]
-    for column in (*keys, "rows", "median θ lower bound", "dominant fraction", "median p_max", "mean entropy (nats)"):
-        # The θ digits that tell 0.99999998 from 1 are the point of the column: it never truncates them, and the
-        # other headers wrap so that the table still fits 80 columns.
+    columns = (*keys, "rows", "median θ lower bound", "dominant fraction", "median p_max", "mean entropy (nats)")
+    theta_width = max(map(len, theta), default=0)
+    # The θ digits that tell 0.99999998 from 1 are the point of the column: it never truncates them. On a terminal
+    # too narrow for every header on one line, the other headers wrap (at most 9 wide) so that the table fits.
+    natural = sum(max(len(column), theta_width if column.startswith("median θ") else 6) + 3 for column in columns)
+    narrow = natural + 1 > console.width
+    for column in columns:
         if column.startswith("median θ"):
-            table.add_column(column, justify="right", min_width=max(map(len, theta), default=0))
+            table.add_column(column, justify="right", min_width=theta_width)
         else:
-            table.add_column(column, justify="right", max_width=9)
+            table.add_column(column, justify="right", max_width=9 if narrow else None)
     for record, theta_text in zip(records, theta, strict=True):
         table.add_row(
             *(str(getattr(record, key)) for key in keys),
