@@ -642,7 +642,7 @@ FOUR_LIST_MIN_SUCCESS = 0.05
 the M residues and ``tries`` residues searched, it finds one with probability about 1 − exp(−E·tries/M). Rows of
 25–48 keys measured by that estimate, search success: below 0.02, 2.5 % (SmolLM2 at 512 tokens) and 0.6 % (the
 tiny GPT); 0.02–0.05, 7 % and 4 %; 0.05–0.1, 12 % and 15 %; ≥ 0.7, 96 % and 97 %. Skipping the rows below 0.05
-made SmolLM2's θ 18 % faster for 0.3 % of its 25–48-key rows left inexact."""
+made SmolLM2's θ 12 % faster at 256 tokens (alternating runs) for 0.3 % of its 25–48-key rows left inexact."""
 FOUR_LIST_WORK = 1 << 14
 """Pair sums formed per row, over all residues and targets tried, before the search gives up (~50 µs at most).
 With the count-by-count estimate the tiny GPT's open short rows expected to hold ≥ 1,000 perfect splits gave
