@@ -427,8 +427,8 @@ def _certify_block(
             whole_row[n_whole_row] = j
             n_whole_row += 1
         else:
-            if e == 0.0 and n <= LOWEST_BIT_MAX_SUPPORT:  # a coarser grid of the sums proves more splits perfect
-                qs[j] = row_lowest_bit(x[r], end)
+            if e == 0.0 and not exact_quantum and n <= LOWEST_BIT_MAX_SUPPORT:  # float64 rows have it already
+                qs[j] = row_lowest_bit(x[r], end)  # a coarser grid of the sums: more splits proved perfect
             pending[n_pending] = j
             n_pending += 1
 
