@@ -197,14 +197,15 @@ def _print_table(name: str, summary: object, *, by_head: bool) -> None:
     table = Table(title=title, header_style="bold")
     records = list(summary.itertuples(index=False))  # type: ignore[attr-defined]
     theta = [format_float(record.theta_lower_median) for record in records]
-    columns = (*keys, "rows", "median θ lower bound", "dominant fraction", "median p_max", "mean entropy (nats)")
+    theta_header = "median θ lower bound"
+    columns = (*keys, "rows", theta_header, "dominant fraction", "median p_max", "mean entropy (nats)")
     theta_width = max(map(len, theta), default=0)
     # The θ digits that tell 0.99999998 from 1 are the point of the column: it never truncates them. On a terminal
     # too narrow for every header on one line, the other headers wrap (at most 9 wide) so that the table fits.
-    natural = sum(max(len(column), theta_width if column.startswith("median θ") else 6) + 3 for column in columns)
+    natural = sum(max(len(column), theta_width if column == theta_header else 6) + 3 for column in columns)
     narrow = natural + 1 > console.width
     for column in columns:
-        if column.startswith("median θ"):
+        if column == theta_header:
             table.add_column(column, justify="right", min_width=theta_width)
         else:
             table.add_column(column, justify="right", max_width=9 if narrow else None)

@@ -48,7 +48,7 @@ def certify_rows_torch(
     positive = x > 0
     n = positive.sum(-1)
     p_max = x.amax(-1) if n_keys > 0 else s
-    q = _quantum(x, positive, s, exact_quantum=rows.dtype == torch.float64)
+    q = _quantum(x, positive, s, n, exact_quantum=rows.dtype == torch.float64)
     err = _error_radius(s, n, q)
 
     method = torch.zeros(n_rows, dtype=torch.int8, device=x.device)
@@ -138,10 +138,13 @@ def _mark(method: torch.Tensor, rows: torch.Tensor, code: ThetaMethod) -> torch.
     return torch.where(rows, torch.tensor(int(code), dtype=torch.int8, device=method.device), method)
 
 
-def _quantum(x: torch.Tensor, positive: torch.Tensor, s: torch.Tensor, *, exact_quantum: bool) -> torch.Tensor:
+def _quantum(
+    x: torch.Tensor, positive: torch.Tensor, s: torch.Tensor, n: torch.Tensor, *, exact_quantum: bool
+) -> torch.Tensor:
     """A power of two dividing every value of the row: the lowest set bit (float64 input), or 2^(e_min − 24) for
     float32 input, replaced by the lowest set bit where only that one proves the sums (ŝ ≤ 2^52·q;
-    ``_numba_scan.scan_row``) and on rows of at most ``LOWEST_BIT_MAX_SUPPORT`` non-zeros (``_numba_kernels``)."""
+    ``_numba_scan.scan_row``) and on rows of at most ``LOWEST_BIT_MAX_SUPPORT`` non-zeros (``_numba_kernels``);
+    ``positive`` is x > 0 and ``n`` its count per row."""
     inf = torch.full_like(x, torch.inf)
     mantissa, exponent = torch.frexp(x)
     bits = (mantissa * 2.0**53).to(torch.int64)
@@ -153,8 +156,7 @@ def _quantum(x: torch.Tensor, positive: torch.Tensor, s: torch.Tensor, *, exact_
     _, exponent = torch.frexp(torch.where(torch.isfinite(p_min), p_min, torch.ones_like(p_min)))
     ulp = torch.ldexp(torch.ones_like(p_min), (exponent - 24).to(torch.float64))
     only_lowest = (s > ulp * 2.0**EXACT_SUM_QUANTA_LOG2) & (s <= lowest_bit * 2.0**EXACT_SUM_QUANTA_LOG2)
-    short = positive.sum(-1) <= LOWEST_BIT_MAX_SUPPORT
-    return torch.where(only_lowest | short, lowest_bit, ulp)
+    return torch.where(only_lowest | (n <= LOWEST_BIT_MAX_SUPPORT), lowest_bit, ulp)
 
 
 def _error_radius(s: torch.Tensor, n: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

@@ -312,7 +312,7 @@ def device_stages(
     # longest support among these rows, not the padded width.
     support = x.topk(int(n.max()), dim=-1).values
     d = torch.minimum(out["d_found"][index], _greedy_with_exchanges(support, t, stop_distance))
-    q = _quantum(x, x > 0, out["row_sum"][index], exact_quantum=rows.dtype == torch.float64)
+    q = _quantum(x, x > 0, out["row_sum"][index], n, exact_quantum=rows.dtype == torch.float64)
     perfect = (err == 0.0) & (2.0 * d <= q)
     _settle(out, index[perfect], d[perfect], d[perfect], ThetaMethod.PERFECT_PARTITION)
     reached = ~perfect & (d <= stop_distance)

@@ -41,6 +41,7 @@ from attnsens.theta.certificate import STOP_DISTANCE
 from tests.reference.theta_oracles import theta_dyadic_meet_in_the_middle
 from tests.unit.theta.rows import coarse_grid_rows
 from tests.unit.theta.test_cardinality import assert_bound_claims, best_twice_gap, integer_rows, local_search_theta
+from tests.unit.theta.test_scan import reference_ulp_float32
 from tests.unit.theta.test_soundness import assert_certificate_sound
 
 FIXTURE = Path(__file__).resolve().parents[2] / "data" / "tiny_gpt_early_rows.npz"
@@ -114,6 +115,13 @@ def test_most_real_rows_of_33_to_48_keys_are_exact(real_rows: torch.Tensor) -> N
     assert float(cert.exact.float().mean()) >= 0.6, cert.method_names()
 
 
+def lowest_bit_and_ulp(row: torch.Tensor) -> tuple[Fraction, Fraction]:
+    """The lowest set bit over the row's non-zeros (the 2-adic part of their gcd) and the ulp of the smallest."""
+    ints, exponent = dyadic(row)
+    gcd = math.gcd(*ints)
+    return Fraction(gcd & -gcd, 2**exponent), Fraction(reference_ulp_float32(float(row[row > 0].min())))
+
+
 def grid_optimal_rows(rows: torch.Tensor) -> tuple[list[Fraction], list[bool]]:
     """The oracle's θ of each row, and whether its optimum is a split with 2d equal to the lowest set bit of the
     row's values while that bit is above the ulp of the smallest value (provable only on the coarser grid)."""
@@ -121,8 +129,7 @@ def grid_optimal_rows(rows: torch.Tensor) -> tuple[list[Fraction], list[bool]]:
     for row in rows:
         ints, exponent = dyadic(row)
         theta = theta_dyadic_meet_in_the_middle(ints, exponent)
-        lowest_bit = Fraction(math.gcd(*ints) & -math.gcd(*ints), 2**exponent)
-        ulp = Fraction(2.0 ** (math.frexp(float(row[row > 0].min()))[1] - 24))
+        lowest_bit, ulp = lowest_bit_and_ulp(row)
         thetas.append(theta)
         on_grid.append(lowest_bit > ulp and Fraction(sum(ints), 2**exponent) - theta == lowest_bit**2)
     return thetas, on_grid
@@ -149,13 +156,11 @@ def test_torch_quantum_is_the_lowest_set_bit_up_to_128_keys() -> None:
     rows = torch.cat([coarse_grid_rows(8, (25, 32), 0.3, seed=1), torch.zeros(8, 200)], dim=1)
     rows = torch.cat([rows, coarse_grid_rows(8, (150, 232), 0.3, seed=2)])
     x = rows.to(torch.float64)
-    q = _quantum(x, x > 0, x.sum(-1), exact_quantum=False)
+    q = _quantum(x, x > 0, x.sum(-1), (x > 0).sum(-1), exact_quantum=False)
     for i, row in enumerate(rows):
-        ints, exponent = dyadic(row)
-        lowest_bit = Fraction(math.gcd(*ints) & -math.gcd(*ints), 2**exponent)
-        ulp = Fraction(2.0 ** (math.frexp(float(row[row > 0].min()))[1] - 24))
+        lowest_bit, ulp = lowest_bit_and_ulp(row)
         assert lowest_bit > ulp
-        n = len(ints)
+        n = int((row > 0).sum())
         assert Fraction(float(q[i])) == (lowest_bit if n <= LOWEST_BIT_MAX_SUPPORT else ulp), f"row {i}, {n} keys"
 
 

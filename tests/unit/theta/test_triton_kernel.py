@@ -237,7 +237,9 @@ def test_error_radius_and_quantum_match_the_cpu_rounding_model() -> None:
         x = rows.to(torch.float64)
         positive = x > 0
         expected = _error_radius(
-            x.sum(-1), positive.sum(-1), _quantum(x, positive, x.sum(-1), exact_quantum=dtype == torch.float64)
+            x.sum(-1),
+            positive.sum(-1),
+            _quantum(x, positive, x.sum(-1), positive.sum(-1), exact_quantum=dtype == torch.float64),
         )
         assert torch.equal(got["err"] == 0, expected == 0)
         assert [sums_error_free(row) for row in rows] == (expected == 0).tolist()
