@@ -245,13 +245,16 @@ def test_chunks_fit_the_memory_budget_and_stop_at_the_last_causal_key() -> None:
     assert causal == [(0, 3, 3), (3, 5, 5), (5, 7, 7)]
     assert C.RowSelection(chunk_size=2).chunk_bounds(positions, heads=5, n=7, causal=True)[1] == (2, 4, 4)
     # Default budget, one SmolLM2 sequence at its context: 128 MiB / (9 · 8 B + 2 B) / 8192 keys = 221 rows fit,
-    # and 16 MiB of float32 scores hold 16 MiB / (9 · 4 B) / 8192 keys = 56 rows, raised to the 64-row minimum.
+    # while 16 MiB of float32 scores hold 16 MiB / (9 · 4 B) / 8192 keys = 56 rows, raised to the 256-row floor of
+    # the scores limit: the budget decides.
     full = C.RowSelection().chunk_bounds(torch.arange(8192).unsqueeze(0), heads=9, n=8192, causal=False)
-    assert full[0] == (0, 64, 8192)
+    assert full[0] == (0, 221, 8192)
     assert C.RowSelection(max_memory=2**20).chunk_bounds(torch.arange(8192).unsqueeze(0), heads=9, n=8192,
                                                          causal=False)[0] == (0, 1, 8192)  # fmt: skip
-    # At 2048 keys the scores limit is 227 rows, 1/4 of the rows is 512; at 512, 1/4 is 128 rows (of 512).
-    assert C.RowSelection().chunk_bounds(torch.arange(2048).unsqueeze(0), heads=9, n=2048, causal=False)[0][1] == 227
+    # At 2048 keys the scores limit is 227 rows, raised to 256; 1/4 of the rows is 512. At 4096 keys: 113 → 256.
+    assert C.RowSelection().chunk_bounds(torch.arange(2048).unsqueeze(0), heads=9, n=2048, causal=False)[0][1] == 256
+    assert C.RowSelection().chunk_bounds(torch.arange(4096).unsqueeze(0), heads=9, n=4096, causal=False)[0][1] == 256
+    # At 512 keys 1/4 of the rows is 128 (of 512), below the scores limit.
     assert C.RowSelection().chunk_bounds(torch.arange(512).unsqueeze(0), heads=9, n=512, causal=False)[0][1] == 128
     # At least 64 rows under the speed limits (60 rows: one chunk), whatever the fraction.
     assert C.RowSelection().chunk_bounds(torch.arange(60).unsqueeze(0), heads=9, n=60, causal=False) == [(0, 60, 60)]
@@ -302,3 +305,19 @@ def test_a_layer_whose_every_row_is_captured_runs_on_them() -> None:
         {"attention_mask": padded, "selection": C.RowSelection(query_start=3)},
     ):
         assert captured(**kwargs)[1] == 0, kwargs
+
+
+def test_the_heap_is_trimmed_after_layers_whose_rows_are_fresh_tensors_only(monkeypatch) -> None:
+    import attnsens.capture.stream as stream
+
+    adapter = M.load(tiny_model("llama"))
+    ids = torch.randint(0, VOCAB, (1, 17))
+    trims = []
+    monkeypatch.setattr(stream, "TRIM_WORKING_SET", 1)  # every chunk counts as large
+    monkeypatch.setattr(stream, "release_free_memory", lambda: trims.append(1))
+    # Every head: the rows live in the shared buffers, so there is nothing to give back after a layer.
+    C.capture_row_statistics(adapter, ids)
+    assert trims == []
+    # A subset of heads: fresh tensors each chunk, trimmed after each layer.
+    C.capture_row_statistics(adapter, ids, selection=C.RowSelection(heads=(0,)))
+    assert len(trims) == adapter.spec.n_layer
