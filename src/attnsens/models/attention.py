@@ -48,15 +48,26 @@ class AttentionCall:
     value: Tensor | None = None
 
     def allowed(
-        self, query_positions: Tensor, n: int, *, key_padding_mask: Tensor | None = None
+        self,
+        query_positions: Tensor,
+        n: int,
+        *,
+        key_padding_mask: Tensor | None = None,
+        keys: tuple[int, int] | None = None,
     ) -> tuple[Tensor | None, Tensor | None, Tensor]:
         """``(allowed, bias, n_keys)`` of the rows at ``query_positions`` [batch, query]: bool [batch, query, n]
-        (None = every key), an additive float [batch, query, n] bias or None, and the keys allowed per row."""
+        (None = every key), an additive float [batch, query, n] bias or None, and the keys allowed per row.
+
+        ``keys`` = ``(start, stop)`` from :meth:`key_span` (a call without a mask of its own): ``allowed`` then
+        covers those keys only, [batch, query, stop − start]."""
         if self.mask is None:
             allowed, n_keys = allowed_keys(
-                query_positions, n, causal=self.causal, key_padding_mask=key_padding_mask, window=self.window
-            )
+                query_positions, n, causal=self.causal, key_padding_mask=key_padding_mask, window=self.window,
+                keys=keys,
+            )  # fmt: skip
             return allowed, None, n_keys
+        if keys is not None:
+            raise ValueError("keys applies to a call without a mask of its own (see key_span)")
         mask = self.mask
         if mask.ndim != 4 or mask.shape[1] != 1 or mask.shape[-1] != n:
             raise UnsupportedModelError(
@@ -75,6 +86,18 @@ class AttentionCall:
         if key_padding_mask is not None:
             allowed = allowed & key_padding_mask.view(batch, 1, n)
         return allowed, bias, allowed.sum(dim=-1)
+
+    def key_span(self, query_positions: Tensor, n: int) -> tuple[int, int] | None:
+        """``(start, stop)``: the keys from the first to one past the last that the call allows to some row at
+        ``query_positions``, from the positions alone, for a call without a mask of its own (causal: keys up to
+        the last query, from the first query's window start; bidirectional: all n). None when the call carries a
+        mask, which only :func:`allowed_span` can read. Padding is the caller's: it can only narrow the span."""
+        if self.mask is not None:
+            return None
+        if not self.causal:
+            return 0, n
+        first, last = int(query_positions.min()), int(query_positions.max())
+        return (0 if self.window is None else max(0, first - self.window + 1)), last + 1
 
 
 class RowWorkspace:
@@ -181,11 +204,16 @@ def _chunk_rows(
         probs, n_keys = _rows_of_scores(call.scores, query_positions, heads, key_padding_mask)
         return probs, n_keys, 0
     n = key.shape[2]
-    allowed, bias, n_keys = call.allowed(query_positions, n, key_padding_mask=key_padding_mask)
-    start, stop = allowed_span(allowed, n) if narrow_keys else (0, n)
-    if allowed is not None and (start, stop) != (0, n):
-        allowed = allowed[..., start:stop]
-        bias = None if bias is None else bias[..., start:stop]
+    # Without a mask or padding the span follows from the positions, and the key mask is built over it alone.
+    span = call.key_span(query_positions, n) if narrow_keys and key_padding_mask is None else None
+    allowed, bias, n_keys = call.allowed(query_positions, n, key_padding_mask=key_padding_mask, keys=span)
+    if span is not None:
+        start, stop = span
+    else:
+        start, stop = allowed_span(allowed, n) if narrow_keys else (0, n)
+        if allowed is not None and (start, stop) != (0, n):
+            allowed = allowed[..., start:stop]
+            bias = None if bias is None else bias[..., start:stop]
     probs = attention_rows(
         query, key, tau=call.tau, query_positions=query_positions, allowed=allowed, heads=heads, bias=bias,
         softcap=call.softcap, sinks=call.sinks, keys=(start, stop), workspace=workspace,
@@ -361,35 +389,35 @@ def allowed_keys(
     causal: bool,
     key_padding_mask: Tensor | None = None,
     window: int | None = None,
+    keys: tuple[int, int] | None = None,
 ) -> tuple[Tensor | None, Tensor]:
     """Which keys each row may attend to: every non-padding key (bidirectional) or keys j ≤ t (causal), and
     with a sliding ``window`` (causal only) only keys t − window < j ≤ t.
 
+    ``keys`` = ``(start, stop)``, a span holding every key allowed to some row (``AttentionCall.key_span``):
+    the mask then covers those keys only.
+
     Returns:
-        ``(allowed, n_keys)``: bool [batch, query, n] (None when every key is allowed) and the number of
-        allowed keys of each row, [batch, query].
+        ``(allowed, n_keys)``: bool [batch, query, n] or [batch, query, stop − start] (None when every key is
+        allowed) and the number of allowed keys of each row, [batch, query].
     """
-    batch = query_positions.shape[0]
+    batch, rows = query_positions.shape
+    start, stop = keys or (0, n)
+    width = stop - start
+    padding = None if key_padding_mask is None else key_padding_mask[:, start:stop].reshape(batch, 1, width)
     allowed = None
     if causal:
-        keys = torch.arange(n, device=query_positions.device)
-        allowed = keys.view(1, 1, n) <= query_positions.unsqueeze(-1)
+        index = torch.arange(start, stop, device=query_positions.device).view(1, 1, width)
+        allowed = index <= query_positions.unsqueeze(-1)
         if window is not None:
-            allowed = allowed & (keys.view(1, 1, n) > query_positions.unsqueeze(-1) - window)
-            return _with_padding(allowed, key_padding_mask, batch, query_positions.shape[1], n)
-    if key_padding_mask is not None:
-        padding = key_padding_mask.view(batch, 1, n)
+            allowed = allowed & (index > query_positions.unsqueeze(-1) - window)
+            if padding is not None:
+                allowed = allowed & padding
+            return allowed, allowed.expand(batch, rows, width).sum(dim=-1)
+    if padding is not None:
         allowed = padding if allowed is None else allowed & padding
-        return allowed, allowed.expand(batch, query_positions.shape[1], n).sum(dim=-1)
+        return allowed, allowed.expand(batch, rows, width).sum(dim=-1)
     return allowed, query_positions + 1 if causal else torch.full_like(query_positions, n)
-
-
-def _with_padding(
-    allowed: Tensor, key_padding_mask: Tensor | None, batch: int, rows: int, n: int
-) -> tuple[Tensor, Tensor]:
-    if key_padding_mask is not None:
-        allowed = allowed & key_padding_mask.view(batch, 1, n)
-    return allowed, allowed.expand(batch, rows, n).sum(dim=-1)
 
 
 def key_padding_mask_of(attention_mask: Tensor | None, input_ids: Tensor) -> Tensor | None:

@@ -116,3 +116,26 @@ def test_gpt2_with_reordered_and_upcast_attention_matches_eager(implementation: 
     assert [chunk.layer for chunk in chunks] == [0, 1]
     for chunk in chunks:
         torch.testing.assert_close(chunk.probs, reference[chunk.layer], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("causal", "window"), [(True, None), (True, 5), (False, None)])
+def test_the_key_span_of_a_maskless_call_is_the_span_its_mask_allows(causal: bool, window: int | None) -> None:
+    from attnsens.models.attention import AttentionCall, allowed_span
+
+    n = 40
+    call = AttentionCall(tau=1.0, causal=causal, window=window)
+    generator = torch.Generator().manual_seed(0)
+    for rows in (1, 3, 17):
+        positions = torch.sort(torch.randperm(n, generator=generator)[:rows]).values.expand(2, -1)
+        full, _, n_keys = call.allowed(positions, n)
+        span = call.key_span(positions, n)
+        assert span == allowed_span(full, n)
+        narrow, _, narrow_n_keys = call.allowed(positions, n, keys=span)
+        start, stop = span
+        expected = None if full is None else full[..., start:stop]
+        assert (narrow is None and expected is None) or bool((narrow == expected).all())
+        assert torch.equal(narrow_n_keys, n_keys)
+    masked = AttentionCall(tau=1.0, mask=torch.ones(1, 1, n, n, dtype=torch.bool))
+    assert masked.key_span(positions, n) is None
+    with pytest.raises(ValueError, match="key_span"):
+        masked.allowed(positions, n, keys=(0, n))
