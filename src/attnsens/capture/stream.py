@@ -103,11 +103,10 @@ def capture_row_statistics(
     # One pair of score and probability buffers for every chunk of every layer (the budget's 8 bytes per score).
     workspace = RowWorkspace(batch * len(heads) * max(stop - first for first, stop in spans) * n)
     large_chunks = 8 * workspace.elements >= TRIM_WORKING_SET
-    every_head = heads == tuple(range(model.spec.n_head))
     kept: list[RowBlock] = []
     sink = on_block or kept.append
 
-    every_row = bool(key_mask is None and every_head and positions.shape[1] == n)
+    every_row = bool(key_mask is None and heads == tuple(range(model.spec.n_head)) and positions.shape[1] == n)
     every_row = every_row and bool((positions == torch.arange(n, device=positions.device)).all())
 
     def reduce_layer(layer: int, query: Tensor, key: Tensor, call: AttentionCall) -> Tensor | None:
@@ -130,7 +129,9 @@ def capture_row_statistics(
         value = call.value if fused else None
         batch, n_head, _, d_head = query.shape
         output = None if value is None else value.new_empty(batch, n, n_head, d_head)
+        fresh = False  # whether some chunk's rows were a tensor of their own, outside the workspace
         for chunk, probs, n_keys, key_start in chunks:
+            fresh = fresh or not workspace.holds(probs)
             if output is not None and value is not None:
                 first = int(chunk[0, 0])
                 output[:, first : first + chunk.shape[1]] = attention_output(probs, value, key_start)
@@ -140,7 +141,7 @@ def capture_row_statistics(
                 stats = replace(stats, argmax=stats.argmax + key_start)
             sink(RowBlock(layer=layer, heads=heads, query_positions=chunk, stats=stats))
             del probs
-        if large_chunks and (call.scores is not None or not every_head):  # rows outside the shared buffers
+        if large_chunks and fresh:
             release_free_memory()
         return output
 

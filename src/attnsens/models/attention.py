@@ -125,6 +125,11 @@ class RowWorkspace:
         scores, probs = (buffer[:count].view(shape) for buffer in self._buffers)
         return scores, probs
 
+    def holds(self, tensor: Tensor) -> bool:
+        """Whether ``tensor`` lives in one of the two buffers, rather than being a fresh tensor of its own."""
+        storage = tensor.untyped_storage().data_ptr()
+        return any(buffer.untyped_storage().data_ptr() == storage for buffer in self._buffers)
+
 
 class RowChunk(NamedTuple):
     """One chunk of recomputed rows: ``probs`` [batch, head, query, key] holds keys ``key_start`` onwards."""
@@ -411,13 +416,11 @@ def allowed_keys(
         allowed = index <= query_positions.unsqueeze(-1)
         if window is not None:
             allowed = allowed & (index > query_positions.unsqueeze(-1) - window)
-            if padding is not None:
-                allowed = allowed & padding
-            return allowed, allowed.expand(batch, rows, width).sum(dim=-1)
     if padding is not None:
         allowed = padding if allowed is None else allowed & padding
-        return allowed, allowed.expand(batch, rows, width).sum(dim=-1)
-    return allowed, query_positions + 1 if causal else torch.full_like(query_positions, n)
+    if allowed is None or (padding is None and window is None):  # every key, or keys 0..t: counted from t
+        return allowed, query_positions + 1 if causal else torch.full_like(query_positions, n)
+    return allowed, allowed.expand(batch, rows, width).sum(dim=-1)
 
 
 def key_padding_mask_of(attention_mask: Tensor | None, input_ids: Tensor) -> Tensor | None:
