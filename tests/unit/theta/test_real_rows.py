@@ -29,6 +29,7 @@ from attnsens.theta._constants import (
 from attnsens.theta._enclosure import theta_enclosure
 from attnsens.theta._numba_partition import (
     _expected_count_at,
+    _most_promising_targets,
     cardinality_relaxation,
     count_pruned_meet_in_the_middle,
     count_tail_score,
@@ -479,3 +480,47 @@ def test_four_list_estimate_counts_subsets_count_by_count() -> None:
             assert true > 50 and abs(estimate / true - 1.0) < 0.25, (k, true, estimate)
         else:
             assert true == 0.0 and estimate < 0.01 < 10.0 < one_gaussian, (k, estimate, one_gaussian)
+
+
+def best_target_prefix(expected: list[float]) -> int:
+    """Reference for ``_most_promising_targets``: the k (targets in decreasing order of expected count) with the
+    most expected splits per pass, Σ E_i / (1 + k); the first of equal rates."""
+    ranked = sorted(expected, reverse=True)
+    rates = [sum(ranked[:k]) / (1 + k) for k in range(1, len(ranked) + 1)]
+    return 1 + rates.index(max(rates))
+
+
+def test_four_list_searches_the_targets_with_the_most_splits_per_pass() -> None:
+    """The search pays one pass per target per residue on top of the pass that stores the left pair sums, so it
+    takes the targets in decreasing order of their expected counts while the splits per pass still grow; targets
+    outside [0, Σ searched] hold no subset and are never taken."""
+    rng = np.random.default_rng(11)
+    values = rng.integers(9_000, 11_000, 24).astype(np.int64)
+    centre = int(values.sum()) // 2
+    mean = float(values.mean())
+    cases = [
+        [centre, centre + 1, centre - 1, centre + 2],  # four near the centre: all worth a pass
+        [centre, round(centre + 0.5 * mean), round(centre - 0.5 * mean), centre + 3],  # two between bumps
+        [centre, -5, int(values.sum()) + 5, round(centre + 0.5 * mean)],  # two unreachable
+    ]
+    taken_counts = []
+    for targets in cases:
+        t = np.array(targets, np.int64)
+        expected = [
+            _expected_count_at(values, t[k : k + 1]) if 0 <= t[k] <= values.sum() else 0.0 for k in range(t.size)
+        ]
+        chosen, chosen_expected, best = _most_promising_targets(values, t)
+        k = best_target_prefix(expected)
+        ranked = sorted(range(t.size), key=lambda i: -expected[i])
+        assert sorted(chosen.tolist()) == sorted(t[ranked[:k]].tolist()), (targets, expected, chosen)
+        assert best == max(expected)
+        assert chosen_expected == pytest.approx(sum(sorted(expected, reverse=True)[:k]))
+        assert all(0 <= c <= values.sum() for c in chosen.tolist())
+        taken_counts.append(chosen.size)
+    assert taken_counts == [4, 2, 1], taken_counts  # all four; the two at bump centres; the one reachable centre
+
+
+def test_meta_target_choice_check_catches_taking_every_target() -> None:
+    """The reference above would reject a search that always takes every target."""
+    expected = [40.0, 2.0, 1.0, 0.5]
+    assert best_target_prefix(expected) == 1 != len(expected)
