@@ -28,7 +28,7 @@ from attnsens.theta._constants import (
 )
 from attnsens.theta._enclosure import theta_enclosure
 from attnsens.theta._numba_partition import (
-    _expected_count_at,
+    _expected_counts,
     _most_promising_targets,
     cardinality_relaxation,
     count_pruned_meet_in_the_middle,
@@ -473,7 +473,7 @@ def test_four_list_estimate_counts_subsets_count_by_count() -> None:
         target = round(k * mean)
         window = 200
         true = float(((sums >= target - window) & (sums <= target + window)).sum()) / (2 * window + 1)
-        estimate = _expected_count_at(values, np.array([target], np.int64))
+        estimate = _expected_counts(values, np.array([target], np.int64))[0]
         one_gaussian = 2.0**values.size / (math.sqrt(2 * math.pi) * spread)
         one_gaussian *= math.exp(-0.5 * ((target - values.sum() / 2) / spread) ** 2)
         if k == int(k):
@@ -507,7 +507,7 @@ def test_four_list_searches_the_targets_with_the_most_splits_per_pass() -> None:
     for targets in cases:
         t = np.array(targets, np.int64)
         expected = [
-            _expected_count_at(values, t[k : k + 1]) if 0 <= t[k] <= values.sum() else 0.0 for k in range(t.size)
+            _expected_counts(values, t[k : k + 1])[0] if 0 <= t[k] <= values.sum() else 0.0 for k in range(t.size)
         ]
         chosen, chosen_expected, best = _most_promising_targets(values, t)
         k = best_target_prefix(expected)
