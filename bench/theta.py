@@ -311,8 +311,8 @@ def main() -> None:
         ratios = ", ".join(f"{name} {r['certify_over_twin']:.2f}" for name, r in record["real"].items())
         print(f"twin: synthetic rows with the same support; real ÷ twin certify time: {ratios} (goal ≤ 3)")
     print("goals: certify/sort ≤ 0.05 (full), certify/fused ≤ 1.0 (causal), width ≤ 2^-25 on 100 % of rows")
-    short = [(name, record[name]) for name in tensors] + list(record.get("real", {}).items())
-    short = [(name, r["exact_by_support"]) for name, r in short if r["exact_by_support"]]
+    measured = {**{name: record[name] for name in tensors}, **record.get("real", {})}
+    short = [(name, r["exact_by_support"]) for name, r in measured.items() if r["exact_by_support"]]
     if short:
         print("exact fraction of the rows with ≤ 48 non-zeros, by support (rows); goal: all exact")
         for name, bins in short:
