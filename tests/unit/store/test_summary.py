@@ -46,3 +46,59 @@ def test_levels_and_empty_input(rows):
     assert empty.empty and list(empty.columns) == list(get_schema("summary").names)
     with pytest.raises(ValueError, match="lacks columns"):
         summarize_rows(rows.drop(columns=["p_max"]))
+
+
+def _pandas_reference(rows, pooled: bool):
+    """The aggregates by pandas' groupby (the oracle for the sort-based implementation)."""
+    frame = rows.assign(head=ALL_HEADS) if pooled else rows
+    keys = ["run_id", "model", "step", "seed", "layer", "head"]
+    grouped = frame.groupby(keys, sort=True, observed=True, dropna=False)
+    out = grouped.agg(
+        n_rows=("theta_lower", "size"),
+        theta_lower_median=("theta_lower", "median"),
+        theta_upper_median=("theta_upper", "median"),
+        fraction_exact=("theta_exact", "mean"),
+        fraction_dominant=("dominant", "mean"),
+        p_max_median=("p_max", "median"),
+        p_max_mean=("p_max", "mean"),
+        entropy_mean=("entropy", "mean"),
+        normalized_entropy_mean=("normalized_entropy", "mean"),
+        n_eff_mean=("n_eff", "mean"),
+    )
+    for q in (10, 25, 75, 90):
+        out[f"theta_lower_q{q}"] = grouped["theta_lower"].quantile(q / 100)
+    return out.reset_index()
+
+
+@pytest.mark.parametrize("tiny_groups", [False, True], ids=["loop", "lexsort"])
+def test_summary_equals_pandas_groupby_on_mixed_keys_and_missing_values(rows, tiny_groups):
+    """Two runs and models (text keys that vary), a step range too wide for a lookup table, missing values in a
+    median column and a mean column; with ``tiny_groups`` every group holds two rows (the lexicographic sort)."""
+    import pandas as pd
+
+    mixed = pd.concat([rows, rows.assign(run_id="run-b", model="other", step=rows.step * 10**9)], ignore_index=True)
+    mixed["seed"] = mixed["seed"].astype("int64")
+    rng = np.random.default_rng(3)
+    mixed.loc[rng.random(len(mixed)) < 0.05, "theta_upper"] = np.nan
+    mixed.loc[rng.random(len(mixed)) < 0.05, "entropy"] = np.nan
+    if tiny_groups:
+        mixed["head"] = (np.arange(len(mixed)) // 2).astype(mixed["head"].dtype)
+    summary = summarize_rows(mixed)
+    for pooled in (False, True):
+        ours = summary[(summary["head"] == ALL_HEADS) == pooled].reset_index(drop=True)
+        reference = _pandas_reference(mixed, pooled).sort_values(list(get_schema("summary").key), ignore_index=True)
+        assert len(ours) == len(reference)
+        for name in reference.columns:
+            if reference[name].dtype.kind in "fc":
+                np.testing.assert_allclose(ours[name].to_numpy(), reference[name].to_numpy(), rtol=1e-12, atol=0)
+            else:
+                assert (ours[name].to_numpy() == reference[name].to_numpy()).all(), name
+
+
+def test_median_of_two_values_never_exceeds_the_upper_one(rows):
+    """T2(f) reads a median lower bound as 'half the rows are at least this': with an even count the mean of the
+    two middle values is used, never above the upper of them."""
+    two = rows.iloc[:2].copy()
+    two["theta_lower"] = [0.1, np.nextafter(0.1, 1.0)]
+    median = summarize_rows(two, level="head")["theta_lower_median"].iloc[0]
+    assert two["theta_lower"].min() <= median <= two["theta_lower"].max()
