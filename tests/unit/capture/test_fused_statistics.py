@@ -1,0 +1,100 @@
+"""The one-pass row statistics of float32 CPU rows against the general path (certify, then the moments kernel):
+the same numbers bit for bit, the same errors."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import attnsens.capture.statistics as statistics
+from attnsens.capture.statistics import RowStats, row_statistics
+from attnsens.errors import InputError
+from tests.unit.theta.rows import softmax_rows, with_zeros
+
+FIXTURE = Path(__file__).resolve().parents[2] / "data" / "tiny_gpt_early_rows.npz"
+
+
+def general_path(probs: torch.Tensor, n_keys: torch.Tensor | None = None) -> RowStats:
+    """``row_statistics`` with the one-pass kernel switched off."""
+    saved = statistics._fused_row_statistics
+    statistics._fused_row_statistics = lambda *args: None
+    try:
+        return row_statistics(probs, n_keys=n_keys)
+    finally:
+        statistics._fused_row_statistics = saved
+
+
+def assert_identical(ours: RowStats, theirs: RowStats) -> None:
+    for field in fields(RowStats):
+        a, b = getattr(ours, field.name), getattr(theirs, field.name)
+        assert a.shape == b.shape and a.dtype == b.dtype, field.name
+        if a.dtype.is_floating_point:
+            assert torch.equal(a.view(torch.int64), b.view(torch.int64)), field.name  # the same bits
+        else:
+            assert torch.equal(a, b), field.name
+
+
+def real_rows() -> torch.Tensor:
+    return torch.from_numpy(np.load(FIXTURE)["rows"])
+
+
+@pytest.mark.parametrize("shape", [(2, 20), (5, 49)], ids=["one thread", "thread pool"])
+def test_real_rows_give_the_general_path_bit_for_bit(shape: tuple[int, int]) -> None:
+    """The tiny GPT's early-training rows that were hardest for the cascade (every stage of it runs)."""
+    probs = real_rows()
+    chunk = probs[: shape[0] * shape[1]].reshape(*shape, probs.shape[-1])
+    assert_identical(row_statistics(chunk), general_path(chunk))
+
+
+def test_long_causal_rows_give_the_general_path_bit_for_bit() -> None:
+    rows = softmax_rows(256, 1024, 2.0, seed=9)
+    rows = torch.softmax(
+        torch.log(rows).masked_fill(torch.arange(1024) > 4 * torch.arange(256)[:, None], -torch.inf), -1
+    )
+    assert_identical(row_statistics(rows.reshape(4, 64, 1024)), general_path(rows.reshape(4, 64, 1024)))
+
+
+def test_explicit_key_counts_subnormals_and_masked_keys() -> None:
+    rows = with_zeros(softmax_rows(96, 300, 6.0, seed=4), 0.3, seed=5)
+    rows[::7] = torch.softmax(torch.linspace(0, 120, 300), 0)  # long tails underflow to subnormals and zeros
+    rows[5, 0] = -0.0
+    n_keys = torch.full(rows.shape[:-1], 300)
+    assert bool(((rows > 0) & (rows < 2.0**-126)).any())
+    assert_identical(row_statistics(rows, n_keys=n_keys), general_path(rows, n_keys=n_keys))
+    assert_identical(row_statistics(rows), general_path(rows))
+
+
+def test_invalid_rows_raise_what_certify_raises() -> None:
+    rows = softmax_rows(70, 16, 1.0, seed=2)
+    rows[40, 3] = float("nan")
+    with pytest.raises(InputError) as ours:
+        row_statistics(rows)
+    with pytest.raises(InputError) as theirs:
+        general_path(rows)
+    assert str(ours.value) == str(theirs.value)
+    rows = softmax_rows(70, 16, 1.0, seed=2) * 1.01  # sums off by 1 %
+    with pytest.raises(InputError, match="sum"):
+        row_statistics(rows)
+
+
+def test_other_dtypes_and_empty_batches_take_the_general_path() -> None:
+    calls = []
+    saved = statistics._fused_row_statistics
+
+    def spy(probs: torch.Tensor, n_keys: torch.Tensor | None) -> RowStats | None:
+        result = saved(probs, n_keys)
+        calls.append(result is not None)
+        return result
+
+    statistics._fused_row_statistics = spy
+    try:
+        row_statistics(softmax_rows(8, 5, 1.0, seed=0, dtype=torch.float64))
+        row_statistics(torch.zeros(0, 5))
+        row_statistics(softmax_rows(8, 5, 1.0, seed=0))
+    finally:
+        statistics._fused_row_statistics = saved
+    assert calls == [False, False, True]
