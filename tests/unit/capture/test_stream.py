@@ -129,7 +129,10 @@ def test_chunks_cover_the_keys_the_mask_allows_and_argmax_counts_from_key_0(fami
         assert whole.key_start == 0 and whole.probs.shape[-1] == 19
         start, stop = chunk.key_start, chunk.key_start + chunk.probs.shape[-1]
         starts.append(start)
-        torch.testing.assert_close(chunk.probs, whole.probs[..., start:stop], rtol=1e-6, atol=1e-7)
+        # The narrowed scores come from a matmul of another shape, which may sum the head dimension in another
+        # order: a few float32 ulps of the scores, ~1.5e-6 relative in the rows on some processors (a mask error
+        # would move a probability by its own size).
+        torch.testing.assert_close(chunk.probs, whole.probs[..., start:stop], rtol=1e-5, atol=1e-7)
         assert torch.equal(chunk.n_keys, whole.n_keys)
         outside = torch.cat([whole.probs[..., :start], whole.probs[..., stop:]], dim=-1)
         assert torch.equal(outside, torch.zeros_like(outside))
