@@ -114,7 +114,8 @@ def test_harmonic_number_is_an_upper_bound() -> None:
 
 def test_max_distance_covers_rows_whose_gram_form_cancels() -> None:
     """25 copies of a row at 10^8 and one other row 80 away: torch.cdist's Gram form (used above 25 rows) returns
-    79.40 for the real 79.56. The certified bound is from the same Gram matrix with its error term and covers it."""
+    79.40 for the real 79.56 on one processor and 79.80 on another. The certified bound is from the same Gram matrix
+    with its error term and covers it."""
     g = torch.Generator().manual_seed(5)
     a = 1e8 + torch.randn(16, generator=g, dtype=F64)
     b = a + 25 * torch.randn(16, generator=g, dtype=F64)
@@ -125,7 +126,9 @@ def test_max_distance_covers_rows_whose_gram_form_cancels() -> None:
     bound = _max_distance_upper_bound(rows)
     assert mpmath.mpf(bound) >= exact
     assert bound <= 1.2 * float(exact)  # the error term, 2γ_16 ‖r‖² ≈ 2300 against the square's 6330
-    assert float(torch.cdist(rows, rows).max()) * (1 + 1e-10) < float(exact)  # mutation: the previous bound
+    # Mutation, the previous bound: torch.cdist's value is off by far more than a float64 rounding of the distance
+    # (0.16 below it on one processor, 0.24 above on another), so it is no bound wherever it lands below.
+    assert abs(float(torch.cdist(rows, rows).max()) - float(exact)) > 1e-3 * float(exact)
 
 
 def test_f_zero_norm_covers_a_cancelling_constant() -> None:
