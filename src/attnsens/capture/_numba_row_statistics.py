@@ -51,7 +51,7 @@ def row_statistics_rows(
 ):  # fmt: skip
     """The cascade (float32 ``x`` [row, key], C-contiguous; sums checked against ``tolerance``), θ's interval
     [``lower``, ``upper``] and the moments of every row, in parallel over blocks of rows (call it within
-    ``parallel_chunksize(CHUNK_BLOCKS)``, as ``certify_rows_balanced`` does). Outputs as in ``certify_rows`` and
+    ``parallel_chunksize(chunk_blocks(...))``, as ``certify_rows_balanced`` does). Outputs as in ``certify_rows`` and
     ``row_moments``."""
     bits = x.view(np.int32)
     no_positive = np.int32(np.iinfo(np.int32).max)

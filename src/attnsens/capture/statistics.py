@@ -89,12 +89,12 @@ def _fused_row_statistics(probs: Tensor, n_keys: Tensor | None) -> RowStats | No
     if probs.device.type != "cpu" or probs.dtype != torch.float32 or probs.dim() == 0 or probs.numel() == 0:
         return None
     try:
-        from numba import parallel_chunksize
+        from numba import get_num_threads, parallel_chunksize
 
         from attnsens.capture import _numba_row_statistics as kernels
     except ImportError:
         return None
-    from attnsens.theta._numba_kernels import CHUNK_BLOCKS
+    from attnsens.theta._numba_kernels import chunk_blocks
     from attnsens.theta._validation import raise_for_status
     from attnsens.theta.certificate import (
         _EXACT_LOOKUP,
@@ -120,7 +120,7 @@ def _fused_row_statistics(probs: Tensor, n_keys: Tensor | None) -> RowStats | No
     nonzero = np.empty(count, dtype=np.int64)
     parallel = x.size >= PARALLEL_MIN_ELEMENTS or count >= PARALLEL_MIN_ROWS
     kernel = kernels.row_statistics_rows if parallel else kernels.row_statistics_rows_serial
-    with keep_torch_threads(), parallel_chunksize(CHUNK_BLOCKS):
+    with keep_torch_threads(), parallel_chunksize(chunk_blocks(count, get_num_threads())):
         kernel(
             x, STOP_DISTANCE["float32"], MITM_MAX_SUPPORT, CKK_NODE_BUDGET, CKK_MAX_SUPPORT, tolerance, row_sum,
             theta_p_max, d_found, d_lb, err, method, status, lower, upper, p_max, argmax, total, squares, entropy,
@@ -150,7 +150,7 @@ def _fused_row_statistics(probs: Tensor, n_keys: Tensor | None) -> RowStats | No
         "n_keys": keys,
         "dominant": p_max_64 >= total / 2,
     }
-    return RowStats(**{name: torch.from_numpy(value).reshape(shape) for name, value in columns.items()})
+    return RowStats(**{name: torch.from_numpy(value.reshape(shape)) for name, value in columns.items()})
 
 
 def _row_moments(probs: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
