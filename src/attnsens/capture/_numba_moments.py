@@ -112,19 +112,20 @@ def _first_index(bits, value):  # pragma: no cover - compiled
     return 0
 
 
+@cached_njit()
+def moments_of_row(row, bits):  # pragma: no cover - compiled
+    """(p_max, its first key, Σp, Σp², −Σ p log p, positive count) of one float32 row with int32 ``bits``."""
+    s, s2, h, count, subnormal, best = _row_pass(row, bits)
+    if subnormal:
+        h += _subnormal_entropy(row, bits)
+    index = _first_index(bits, best)
+    return row[index], index, s, s2, h, count
+
+
 @cached_njit(parallel=True)
 def row_moments(rows, p_max, argmax, total, squares, entropy, nonzero):  # pragma: no cover - compiled
     """Per row of ``rows`` [row, key] (float32, C-contiguous): p_max, its first key, Σp, Σp², −Σ p log p and
     the number of positive entries (zeros are masked keys and add nothing)."""
     bits = rows.view(np.int32)
     for r in numba.prange(rows.shape[0]):
-        s, s2, h, count, subnormal, best = _row_pass(rows[r], bits[r])
-        if subnormal:
-            h += _subnormal_entropy(rows[r], bits[r])
-        index = _first_index(bits[r], best)
-        p_max[r] = rows[r, index]
-        argmax[r] = index
-        total[r] = s
-        squares[r] = s2
-        entropy[r] = h
-        nonzero[r] = count
+        p_max[r], argmax[r], total[r], squares[r], entropy[r], nonzero[r] = moments_of_row(rows[r], bits[r])

@@ -6,7 +6,7 @@ them the enclosure and the certificate's bookkeeping as a few dozen small array 
 SmolLM2 audit (120 chunks of 1,152 rows) those steps cost about 1.7 ms a chunk, a tenth of the audit. Here each
 block of rows goes through the cascade (``_certify_block``, the code ``certify`` runs), is enclosed row by row
 (``theta_interval``, the same operations as ``theta_enclosure``) and then read once more for its moments while
-it is still in the cache (``_row_pass``, the code of ``row_moments``). The results are those of ``certify`` and
+it is still in the cache (``moments_of_row``, the code of ``row_moments``). The results are those of ``certify`` and
 ``row_moments`` bit for bit (``tests/unit/capture/test_fused_statistics.py``).
 """
 
@@ -16,7 +16,7 @@ import numpy as np
 from numba import prange
 
 from attnsens._numba_cache import cached_njit
-from attnsens.capture._numba_moments import _first_index, _row_pass, _subnormal_entropy
+from attnsens.capture._numba_moments import moments_of_row
 from attnsens.theta._numba_enclosure import theta_interval
 from attnsens.theta._numba_kernels import ROW_BLOCK, _certify_block
 
@@ -32,16 +32,7 @@ def _statistics_block(
     )  # fmt: skip
     for r in range(r0, r1):
         lower[r], upper[r] = theta_interval(row_sum[r], d_found[r], d_lb[r], err[r])
-        s, s2, h, count, subnormal, best = _row_pass(x[r], bits[r])
-        if subnormal:
-            h += _subnormal_entropy(x[r], bits[r])
-        index = _first_index(bits[r], best)
-        p_max[r] = x[r, index]
-        argmax[r] = index
-        total[r] = s
-        squares[r] = s2
-        entropy[r] = h
-        nonzero[r] = count
+        p_max[r], argmax[r], total[r], squares[r], entropy[r], nonzero[r] = moments_of_row(x[r], bits[r])
 
 
 @cached_njit(parallel=True)
