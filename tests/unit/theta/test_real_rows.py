@@ -302,6 +302,24 @@ def test_four_list_settles_long_rows_with_greedy_targets() -> None:
         assert 2 * d == int(vals.sum()) % 2, n
 
 
+ROWS_THE_SHORT_SEARCH_MISSED = {38: 31, 125: 45}
+"""Fixture rows (index: keys) whose perfect split the search with four targets and ``FOUR_LIST_WORK`` alone did not
+find. The 31-key row needs the 64 targets or the longer budget, the 45-key row both."""
+
+
+@pytest.mark.parametrize("index", sorted(ROWS_THE_SHORT_SEARCH_MISSED))
+def test_four_list_finds_the_splits_that_need_more_targets_or_residues(real_rows: torch.Tensor, index: int) -> None:
+    """The row of 31 keys is also checked against the integer oracle."""
+    integers, exponent = dyadic(real_rows[index])
+    q = math.ldexp(1.0, -exponent)
+    vals = np.sort(np.array(integers, dtype=np.float64))[::-1].copy()
+    assert vals.size == ROWS_THE_SHORT_SEARCH_MISSED[index]
+    d = four_list_perfect_split(vals * q, q)
+    assert np.isfinite(d) and 2 * d == q * (int(vals.sum()) % 2), d
+    if vals.size <= ORACLE_MAX_SUPPORT:
+        assert twice_optimal_gap(vals) == int(vals.sum()) % 2
+
+
 def test_brute_force_agrees_with_the_integer_oracle() -> None:
     """The two oracles the tests above lean on agree on small rows."""
     rng = np.random.default_rng(11)
