@@ -47,3 +47,38 @@ def test_numba_code_outside_attnsens_keeps_its_own_cache() -> None:
     from attnsens.theta import _numba_kernels  # noqa: F401  (decorators have run)
 
     assert numba.config.CACHE_DIR != str(_numba_cache.kernel_cache_dir())
+
+
+class _Kernel:
+    """What note_compilation reads of a numba dispatcher: its compiled signatures and its cache index file."""
+
+    def __init__(self, index: Path, signatures: list[str]) -> None:
+        self.signatures = signatures
+        self._cache = type("Cache", (), {"_cache_file": type("File", (), {"_index_path": str(index)})()})()
+
+
+def test_compilation_is_announced_once_when_nothing_is_compiled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(_numba_cache, "_ANNOUNCED", set())
+    index = tmp_path / "kernel.nbi"
+    _numba_cache.note_compilation(_Kernel(index, ["(float32[:, :],)"]), "compiled in this process")
+    _numba_cache.note_compilation(_Kernel(index, []), "fresh kernels")
+    _numba_cache.note_compilation(_Kernel(index, []), "fresh kernels")
+    index.touch()
+    _numba_cache.note_compilation(_Kernel(index, []), "kernels on disk")
+    assert capsys.readouterr().err.splitlines() == [
+        "note: compiling fresh kernels for this machine (once per version of attnsens; about a minute)"
+    ]
+
+
+def test_the_index_file_the_note_reads_is_where_numba_writes_it() -> None:
+    """After a call, the θ entry kernel's index file exists at the path note_compilation checks (numba
+    internals moving would otherwise silence the note, or make it speak on every run)."""
+    import torch
+
+    from attnsens.theta import _numba_kernels, certify
+
+    certify(torch.softmax(torch.randn(4, 40), dim=-1))
+    index = Path(_numba_kernels.certify_rows_serial._cache._cache_file._index_path)
+    assert index.is_file() and index.parent.is_relative_to(_numba_cache.kernel_cache_dir())

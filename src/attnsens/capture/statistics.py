@@ -94,6 +94,7 @@ def _fused_row_statistics(probs: Tensor, n_keys: Tensor | None) -> RowStats | No
         from attnsens.capture import _numba_row_statistics as kernels
     except ImportError:
         return None
+    from attnsens._numba_cache import note_compilation
     from attnsens.theta._numba_kernels import chunk_blocks
     from attnsens.theta._validation import raise_for_status
     from attnsens.theta.certificate import (
@@ -120,6 +121,7 @@ def _fused_row_statistics(probs: Tensor, n_keys: Tensor | None) -> RowStats | No
     nonzero = np.empty(count, dtype=np.int64)
     parallel = x.size >= PARALLEL_MIN_ELEMENTS or count >= PARALLEL_MIN_ROWS
     kernel = kernels.row_statistics_rows if parallel else kernels.row_statistics_rows_serial
+    note_compilation(kernel, "attnsens' row-statistics kernels")
     with keep_torch_threads(), parallel_chunksize(chunk_blocks(count, get_num_threads())):
         kernel(
             x, STOP_DISTANCE["float32"], MITM_MAX_SUPPORT, CKK_NODE_BUDGET, CKK_MAX_SUPPORT, tolerance, row_sum,

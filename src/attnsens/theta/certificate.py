@@ -338,6 +338,8 @@ def _certify_rows_numba(
     check_sum: bool,
     tolerance: float,
 ) -> dict[str, torch.Tensor]:
+    from attnsens._numba_cache import note_compilation  # numba is loaded: the kernels are
+
     x = rows.contiguous().numpy()
     signed = np.dtype(f"int{8 * x.dtype.itemsize}")
     n_rows = x.shape[0]
@@ -346,6 +348,7 @@ def _certify_rows_numba(
     out["status"] = torch.zeros(n_rows, dtype=torch.int8)
     parallel = x.size >= PARALLEL_MIN_ELEMENTS or n_rows >= PARALLEL_MIN_ROWS
     kernel = kernels.certify_rows_balanced if parallel else kernels.certify_rows_serial
+    note_compilation(kernels.certify_rows if parallel else kernels.certify_rows_serial, "attnsens' θ kernels")
     with keep_torch_threads():
         kernel(
             x, x.view(signed), signed.type(np.iinfo(signed).max), x.dtype.itemsize == 8, stop_distance,
