@@ -43,7 +43,7 @@ from attnsens.theta._constants import (
     SMALLEST_EXACT_SUM,
     UNIT_ROUNDOFF,
 )
-from attnsens.theta._numba_partition import meet_in_the_middle
+from attnsens.theta._numba_partition import FOUR_LIST_LONG_WORK, FOUR_LIST_WORK, meet_in_the_middle
 from attnsens.theta._numba_refine import (
     EXACT_FIRST_MAX_SUPPORT,
     FREEZE_EVERY,
@@ -79,6 +79,13 @@ COUNT_MITM_NODES = 5_000
 proves most near-uniform odd rows without a perfect split (on the tiny GPT's early rows of 25–32 keys, 32 → 68 %
 exact with it and the four-list search from 25 keys; 20,000 nodes reach 71 % for over three times the added
 time)."""
+ENUMERATED_AFTER_PROOFS = 26
+"""Rows of up to this many keys that the proofs of ``prove_short_row`` leave open are enumerated at once, whatever
+``mitm_max`` (about 0.2 ms a row), instead of going on to settle at the precision asked without a proof. Rows of
+25–28 keys exact, one thread: SmolLM2 at 256 tokens 62 → 79 %, those rows' time 19 → 68 ms (the whole tensor
+about 0.42 s); the tiny GPT at checkpoints 0–64 66 → 86 %, 100 → 155 ms. Enumerating up to 28 keys makes all of
+them exact but took SmolLM2's 157 ms. The GPU kernel and the torch path enumerate only up to ``mitm_max`` (every
+row of that support, on the device); of the GPU kernel's rows, those it leaves open come here."""
 LONG_SEARCH_NODES = 200_000
 """Before enumerating a row longer than ``MITM_FALLBACK_SUPPORT`` keys (≥ 2.5 ms, a second at 48), in ``exact``,
 the count-pruned meet-in-the-middle gets 200,000 nodes (about 1 ms) instead of the 5,000 of ``certify``."""
@@ -480,14 +487,18 @@ def _certify_block(
             continue
         if n <= short_support:  # proved optimal where it is cheap: the proofs above come first
             d, m = np.inf, 0
+            enumerated = n <= mitm_max or n <= ENUMERATED_AFTER_PROOFS
             if n > MITM_CHEAP_SUPPORT:
                 # The 2^(n/2) enumeration costs ~1.5 ms at 32 keys and a second at 48; the bounds and the
                 # four-list search settle most rows first. Searches longer than ~0.1 ms only pay as shortcuts to
                 # the full enumeration; rows it will not cover get short searches and go on through the cascade.
                 probe = SEARCH_NODES if n <= mitm_max else QUICK_SEARCH_NODES
                 search = LONG_SEARCH_NODES if MITM_FALLBACK_SUPPORT < n <= mitm_max else COUNT_MITM_NODES
-                d, m = prove_short_row(x[r], n, t, q, e, K_SMALL, probe, search)
-            if m == 0 and n <= mitm_max:
+                # Where the enumeration follows and costs about as much, the four-list search keeps its short budget.
+                cheap_enumeration = enumerated and n <= MITM_FALLBACK_SUPPORT
+                work = FOUR_LIST_WORK if cheap_enumeration else FOUR_LIST_LONG_WORK
+                d, m = prove_short_row(x[r], n, t, q, e, K_SMALL, probe, search, work)
+            if m == 0 and enumerated:
                 d, m = meet_in_the_middle(x[r], n, t), _MITM
             if m != 0:
                 d_found[r] = d

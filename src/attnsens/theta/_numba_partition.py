@@ -762,7 +762,7 @@ def _meets_pair_sum(left, left_residues, right_grouped, right_offsets, modulus, 
 
 
 @cached_njit()
-def four_list_perfect_split(vals_desc, q):
+def four_list_perfect_split(vals_desc, q, long_work=FOUR_LIST_LONG_WORK):
     """d = |p(S) − s/2| of a perfect split (2d ≤ q) found by a four-list search, or ∞ when none was found.
 
     Only for error-free sums (every value an integer multiple of q, s ≤ 2^52·q): the values become exact int64
@@ -777,6 +777,9 @@ def four_list_perfect_split(vals_desc, q):
     instead of the 2^(n/2) of meet-in-the-middle. It settles rows of 33–48 keys where a perfect
     split exists, which on early-training attention is nearly all of them. The search is sound whatever it
     finds (an exact integer match is a real subset); it is incomplete, so failure proves nothing.
+
+    ``long_work``: the most pair sums a row nearly sure to succeed may use (``FOUR_LIST_LONG_WORK``); callers that
+    enumerate the row anyway when the search fails pass ``FOUR_LIST_WORK`` where the enumeration is cheaper.
     """
     n = vals_desc.size
     group = min(n // 4, FOUR_LIST_GROUP)
@@ -809,7 +812,7 @@ def four_list_perfect_split(vals_desc, q):
     passes = 1 + targets.size
     tries = min(modulus, max(1, FOUR_LIST_WORK // (passes * pairs)))
     if 1.0 - np.exp(-expected * tries / modulus) < FOUR_LIST_SURE:
-        long_tries = min(modulus, max(1, FOUR_LIST_LONG_WORK // (passes * pairs)))
+        long_tries = min(modulus, max(1, long_work // (passes * pairs)))
         if 1.0 - np.exp(-expected * long_tries / modulus) >= FOUR_LIST_SURE:
             tries = long_tries  # nearly sure to succeed with more residues: worth them
     if 1.0 - np.exp(-expected * tries / modulus) < FOUR_LIST_MIN_SUCCESS:

@@ -328,11 +328,12 @@ def refine_row(
 
 
 @cached_njit()
-def prove_short_row(row, n, t, q, e, k_top, probe_nodes, search_nodes):
+def prove_short_row(row, n, t, q, e, k_top, probe_nodes, search_nodes, four_list_work):
     """The proofs that settle most rows too long for a cheap meet-in-the-middle without enumerating them all: the
     cardinality bound and its three-group form, then (sums error-free) a perfect split found by the four-list
     search or a CKK search of ``probe_nodes`` nodes (which also proves an optimum by exhausting its tree), and
-    last the count-pruned meet-in-the-middle within ``search_nodes`` nodes.
+    last the count-pruned meet-in-the-middle within ``search_nodes`` nodes. ``four_list_work`` caps the pair sums
+    of the four-list search (``four_list_perfect_split``'s ``long_work``).
 
     Returns (d*, method), or (∞, 0) when none applies and the row needs the full meet-in-the-middle.
     """
@@ -347,7 +348,7 @@ def prove_short_row(row, n, t, q, e, k_top, probe_nodes, search_nodes):
         # The four-list search first: on the tiny GPT's short rows it finds the perfect splits the CKK probe would
         # (and 8 times as many), and the probe then runs only on the rows it leaves. The two stages on those
         # 8,524 rows: 0.31 → 0.28 s; the tensor 0.53 → 0.49–0.51 s (alternating runs), the same values.
-        d = four_list_perfect_split(vals, q)
+        d = four_list_perfect_split(vals, q, four_list_work)
         if proves_perfect(d, q, e):
             return d, _PERFECT
         best_diff, outcome = complete_karmarkar_karp(vals, -1.0, q, probe_nodes)

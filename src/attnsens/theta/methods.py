@@ -19,8 +19,8 @@ class ThetaMethod(IntEnum):
 
     MEET_IN_THE_MIDDLE = 1
     """exact: all 2^n subset sums of the n ≤ 24 (``exact``: 48) non-zeros, Horowitz–Sahni two-list search (rows
-    the dominant-atom and top-8 relaxation proofs leave open), and of rows of ≤ 32 that every heuristic leaves
-    open."""
+    the dominant-atom and top-8 relaxation proofs leave open), of rows of 25–26 that the short-row proofs leave
+    open (CPU cascade), and of rows of ≤ 32 that every heuristic leaves open."""
     DOMINANT_ATOM = 2
     """exact: p_max ≥ s/2, so d* = p_max − s/2 (docs/math.md T2(a))."""
     K_ATOM_RELAXATION = 3
