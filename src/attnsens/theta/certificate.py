@@ -338,7 +338,7 @@ def _certify_rows_numba(
     check_sum: bool,
     tolerance: float,
 ) -> dict[str, torch.Tensor]:
-    from attnsens._numba_cache import note_compilation  # numba is loaded: the kernels are
+    from attnsens._numba_cache import note_compilation  # imports numba, loaded already with the kernels
 
     x = rows.contiguous().numpy()
     signed = np.dtype(f"int{8 * x.dtype.itemsize}")
