@@ -19,7 +19,9 @@ Memory method (CPU): each measured call runs in a fresh subprocess, started with
 variables (a default environment), that loads the model from a float32 safetensors copy, warms up on the first
 128 tokens (numba compilation and loading of every kernel the call runs), then samples the resident set size
 (psutil, every 2 ms) during one call at the full length; the figure is the peak RSS during the call minus the
-RSS just before it, i.e. the extra memory the call needs on top of the loaded model. Times are the median of that
+RSS just before it, i.e. the extra memory the call needs on top of the loaded model. For the audit it is also
+printed less the bytes of the tables it returns (pandas' deep memory usage of the rows and summary): what is
+left is its working memory. Times are the median of that
 call and ``--repeats - 1`` more. The eager baseline is skipped at lengths where all layers' attention would not fit
 in half the available memory.
 
@@ -111,12 +113,12 @@ def measure(method: str, model_dir: str, seq_len: int, repeats: int) -> dict[str
         adapter = A.models.load(model_dir)
         model = adapter.module
 
-    def call() -> None:
+    def call() -> Any:
         with torch.no_grad():
             if method == "forward":
                 model(input_ids=ids)
             elif method == "audit":
-                A.study.audit(adapter, ids)
+                return A.study.audit(adapter, ids)
             elif method == "eager_posthoc":
                 posthoc_statistics(model(input_ids=ids, output_attentions=True).attentions)
             elif method == "tl_run_with_cache":
@@ -124,6 +126,7 @@ def measure(method: str, model_dir: str, seq_len: int, repeats: int) -> dict[str
                 posthoc_statistics(tuple(cache[f"blocks.{layer}.attn.hook_pattern"] for layer in range(n_layer)))
             else:
                 raise ValueError(method)
+        return None
 
     if method == "eager_posthoc":
         model.set_attn_implementation("eager")
@@ -132,13 +135,23 @@ def measure(method: str, model_dir: str, seq_len: int, repeats: int) -> dict[str
     ids = full
     start = time.perf_counter()
     with PeakRSS() as peak:
-        call()
+        result = call()
     seconds = [time.perf_counter() - start]
+    # What the audit returns (its rows and summary tables) is in the peak; the rest is its working memory.
+    result_bytes = (
+        0 if result is None else sum(int(t.memory_usage(deep=True).sum()) for t in (result.rows, result.summary))
+    )
+    del result
     for _ in range(repeats - 1):
         start = time.perf_counter()
         call()
         seconds.append(time.perf_counter() - start)
-    return {"seconds": statistics.median(seconds), "seconds_all": seconds, "peak_extra_bytes": peak.extra_bytes}
+    return {
+        "seconds": statistics.median(seconds),
+        "seconds_all": seconds,
+        "peak_extra_bytes": peak.extra_bytes,
+        "result_bytes": result_bytes,
+    }
 
 
 def transformer_lens_bridge(model_dir: str) -> Any:
@@ -274,7 +287,12 @@ def main() -> None:
                 print(
                     f"n={seq_len:>5} {method:>17}: {results[method]['seconds']:8.2f} s "
                     f"({', '.join(f'{t:.2f}' for t in results[method]['seconds_all'])}), "
-                    f"peak extra RSS {results[method]['peak_extra_bytes'] / 2**20:8.1f} MiB",
+                    f"peak extra RSS {results[method]['peak_extra_bytes'] / 2**20:8.1f} MiB"
+                    + (
+                        f", of which its tables {results[method]['result_bytes'] / 2**20:.1f} MiB"
+                        if method == "audit"
+                        else ""
+                    ),
                     flush=True,
                 )
             audit, forward = results["audit"], results["forward"]
@@ -291,6 +309,8 @@ def main() -> None:
                 "audit_over_forward_time": audit["seconds"] / forward["seconds"],
                 "eager_attention_bytes": attention_bytes,
                 "audit_memory_over_eager_attention_bytes": audit["peak_extra_bytes"] / attention_bytes,
+                "audit_result_bytes": audit["result_bytes"],
+                "audit_working_bytes": audit["peak_extra_bytes"] - audit["result_bytes"],
             }
             if "eager_posthoc" in results:
                 baseline = results["eager_posthoc"]
@@ -325,14 +345,16 @@ def print_table(records: list[dict[str, object]]) -> None:
         return "—" if value is None else f"{value:.3f}"
 
     print(
-        "| n | forward s | forward MiB | audit s | audit MiB | eager+stats s | eager+stats MiB "
+        "| n | forward s | forward MiB | audit s | audit MiB | audit MiB less its tables "
+        "| eager+stats s | eager+stats MiB "
         "| TL cache+stats s | TL cache+stats MiB | audit ÷ forward (time) | audit MiB ÷ all layers' attention "
         "| audit ÷ eager (time, memory) | audit ÷ TL (time, memory) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in records:
         print(
             f"| {r['seq_len']} | {sec(r, 'forward')} | {mib(r, 'forward')} | {sec(r, 'audit')} | {mib(r, 'audit')} "
+            f"| {r['audit_working_bytes'] / 2**20:,.0f} "
             f"| {sec(r, 'eager_posthoc')} | {mib(r, 'eager_posthoc')} "
             f"| {sec(r, 'tl_run_with_cache')} | {mib(r, 'tl_run_with_cache')} | {r['audit_over_forward_time']:.2f} "
             f"| {r['audit_memory_over_eager_attention_bytes']:.3f} "
