@@ -811,11 +811,13 @@ def four_list_perfect_split(vals_desc, q, long_work=FOUR_LIST_LONG_WORK):
     pairs = (1 << (2 * group)) // modulus
     passes = 1 + targets.size
     tries = min(modulus, max(1, FOUR_LIST_WORK // (passes * pairs)))
-    if 1.0 - np.exp(-expected * tries / modulus) < FOUR_LIST_SURE:
+    chance = 1.0 - np.exp(-expected * tries / modulus)
+    if chance < FOUR_LIST_SURE:
         long_tries = min(modulus, max(1, long_work // (passes * pairs)))
-        if 1.0 - np.exp(-expected * long_tries / modulus) >= FOUR_LIST_SURE:
-            tries = long_tries  # nearly sure to succeed with more residues: worth them
-    if 1.0 - np.exp(-expected * tries / modulus) < FOUR_LIST_MIN_SUCCESS:
+        long_chance = 1.0 - np.exp(-expected * long_tries / modulus)
+        if long_chance >= FOUR_LIST_SURE:  # nearly sure to succeed with more residues: worth them
+            tries, chance = long_tries, long_chance
+    if chance < FOUR_LIST_MIN_SUCCESS:
         return np.inf  # a few per cent at best: the rest of the cascade settles the row
     list_1, residues_1 = _subset_sums_residues(searched[0::4].copy(), modulus)
     list_2, residues_2 = _subset_sums_residues(searched[1::4].copy(), modulus)
