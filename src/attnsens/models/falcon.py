@@ -7,13 +7,17 @@ keys and values and one or two LayerNorms in parallel. The fused ``query_key_val
 under multi-query, [head, (q, k, v), d_head] without it and [kv_head, (q × group, k, v), d_head] in the new
 architecture. Positions are RoPE or ALiBi. Falcon's ALiBi slopes are BLOOM's rounded to bfloat16; the model adds
 them divided by √d_head through its mask, and its eager path adds them once more before the 1/√d_head scaling,
-so the slopes attnsens bounds are m/√d_head under sdpa and 2m/√d_head under eager attention (the gate checks
-both against the model).
+so up to transformers 5.24 the slopes attnsens bounds are m/√d_head under sdpa and 2m/√d_head under eager
+attention (the gate checks both against the model).
 
-Falcon's attention computes its scores itself (or calls sdpa directly) and never calls transformers' attention
-interface. While a tap is active a pre-hook on every attention module recomputes its queries and keys from the
-inputs it receives, exactly as its forward does (fused projection, head split, RoPE from the position embeddings
-it is handed), and reports them with the mask it was given; under ALiBi it reports the scores themselves.
+Up to transformers 5.24 Falcon's attention computes its scores itself (or calls sdpa directly) and never calls
+transformers' attention interface. There, while a tap is active, a pre-hook on every attention module recomputes
+its queries and keys from the inputs it receives, exactly as its forward does (fused projection, head split, RoPE
+from the position embeddings it is handed), and reports them with the mask it was given; under ALiBi it reports
+the scores themselves. From 5.25 on Falcon calls the attention interface like the other families, with ALiBi
+(divided by √d_head, once, under every implementation) folded into the mask it passes; the generic tap reads
+that mask, and the slopes attnsens bounds are m/√d_head whatever the implementation. Which of the two a model
+runs is read off its attention modules (:func:`calls_attention_interface`).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
@@ -78,9 +83,13 @@ class FalconAdapter(LayoutAdapter):
         layers = super().read_layers()
         if not self.base.config.alibi:
             return layers
-        # Falcon rounds the slopes to bfloat16 and adds its ALiBi scaled by 1/√d_head through the mask; its eager
-        # path adds the unscaled ALiBi to the scores before the scaling as well, so there it counts twice.
-        counted = 1.0 if self.base.config._attn_implementation == "sdpa" else 2.0
+        # Falcon rounds the slopes to bfloat16 and adds its ALiBi scaled by 1/√d_head through the mask; before
+        # transformers 5.25 its eager path added the unscaled ALiBi to the scores before the scaling as well, so
+        # there it counted twice.
+        own_eager = not calls_attention_interface(self.attention_modules()) and (
+            self.base.config._attn_implementation != "sdpa"
+        )
+        counted = 2.0 if own_eager else 1.0
         slopes = alibi_slopes(self.spec.n_head).bfloat16().float() * (counted / math.sqrt(self.spec.d_head))
         return [
             dataclasses.replace(layer, attention=dataclasses.replace(layer.attention, alibi_slopes=slopes))
@@ -88,7 +97,34 @@ class FalconAdapter(LayoutAdapter):
         ]
 
     def query_key_tap(self, on_query_key: QueryKeyCallback) -> contextlib.AbstractContextManager[None]:
-        return input_taps(self.attention_modules(), lambda layer, module: _reporter(layer, module, on_query_key))
+        modules = self.attention_modules()
+        if calls_attention_interface(modules):
+            return super().query_key_tap(_scores_under_head_masks(on_query_key))
+        return input_taps(modules, lambda layer, module: _reporter(layer, module, on_query_key))
+
+
+def calls_attention_interface(modules: Sequence[torch.nn.Module]) -> bool:
+    """Whether these Falcon attention modules call transformers' attention interface (transformers ≥ 5.25) rather
+    than computing their scores themselves: the older forward splits its fused projection with ``_split_heads``,
+    which the newer one no longer has."""
+    return not any(hasattr(module, "_split_heads") for module in modules)
+
+
+def _scores_under_head_masks(on_query_key: QueryKeyCallback) -> QueryKeyCallback:
+    """Under ALiBi, Falcon's attention interface gets a mask of one bias per head, [batch, head, query, key]; the
+    rows are recomputed from its scores, q·kᵀ/τ + mask, as the interface's eager path forms them. Other calls pass
+    through unchanged."""
+
+    def report(layer: int, query: Tensor, key: Tensor, call: AttentionCall) -> Any:
+        mask = call.mask
+        if mask is None or mask.ndim != 4 or mask.shape[1] == 1:
+            return on_query_key(layer, query, key, call)
+        with torch.no_grad():
+            keys = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
+            scores = (query @ keys.transpose(-1, -2)) * (1.0 / call.tau) + mask
+        return on_query_key(layer, scores, scores, AttentionCall(tau=1.0, scores=scores))
+
+    return report
 
 
 def _reporter(layer: int, module: Any, on_query_key: QueryKeyCallback) -> Any:

@@ -56,8 +56,9 @@ def test_rotary_falcon_rows_match_eager_attention_and_the_gate_passes(variant: s
 
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
 def test_alibi_falcon_rows_follow_the_implementation_the_model_runs(implementation: str) -> None:
-    """transformers 5's Falcon adds ALiBi twice under eager attention and once under sdpa: the audit reports the
-    rows the model computes, and the bounds use the slopes that reproduce its blocks (2m/√d or m/√d)."""
+    """Falcon up to transformers 5.24 adds ALiBi twice under eager attention and once under sdpa, from 5.25 once
+    under both: the audit reports the rows the model computes, and the bounds use the slopes that reproduce its
+    blocks (2m/√d or m/√d)."""
     model = _falcon("alibi", implementation)
     adapter = M.load(model)
     rows = {chunk.layer: chunk.probs for chunk in adapter.stream_attention(IDS)}
