@@ -80,13 +80,13 @@ def descending_support(row, n):
 
 
 @cached_njit()
-def _closest_pair_sum(a, b, t):
-    """min |x + y − t| over x in ``a`` and y in ``b`` (both sorted ascending), by one two-pointer sweep (one list
-    ascending, the other descending); 0 as soon as a pair meets t."""
-    i = 0
-    j = b.size - 1
+def _closest_pair_sweep(a, b, t, i, i_end, j):
+    """min |x + y − t| over x in a[i:i_end] and y in b (both sorted ascending), by one two-pointer sweep from
+    (i, j): a ascending, b descending; 0 as soon as a pair meets t. j must be at or above b's crossing for a[i]
+    (``_crossing``): every later x has its crossing at or below it, and the sweep visits each x's crossing, where
+    |x + y − t| is least."""
     best = np.inf
-    while i < a.size and j >= 0:
+    while i < i_end and j >= 0:
         v = (a[i] + b[j]) - t
         if v == 0.0:
             return 0.0
@@ -95,6 +95,82 @@ def _closest_pair_sum(a, b, t):
         i += below
         j -= not below
     return best
+
+
+@cached_njit()
+def _crossing(x, b, t):
+    """The first index j of the ascending ``b`` with (x + b[j]) − t ≥ 0, or the last index when there is none."""
+    lo = 0
+    hi = b.size - 1
+    if (x + b[hi]) - t < 0.0:
+        return hi
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if (x + b[mid]) - t >= 0.0:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+SWEEP_LANES_MIN = 64
+"""Lists of ``a`` shorter than this take one sweep: four lanes would save less than their setup."""
+
+
+@cached_njit()
+def _closest_pair_sum(a, b, t):
+    """min |x + y − t| over x in ``a`` and y in ``b`` (both sorted ascending); 0 as soon as a pair meets t.
+
+    One two-pointer sweep (``_closest_pair_sweep``) is a chain of loads that each wait on the step before. Here
+    ``a`` is cut into four quarters, each swept from its own start (b's crossing for the quarter's first value,
+    by bisection), and the four sweeps advance side by side in one loop: four independent chains, so the
+    processor overlaps their loads. Each quarter's sweep visits the crossing of each of its values, so the
+    minimum is the one sweep's, the same float64 differences compared (bit for bit). At 2^12–2^16 sums a list
+    it takes about half the time of one sweep.
+    """
+    if a.size < SWEEP_LANES_MIN:
+        return _closest_pair_sweep(a, b, t, 0, a.size, b.size - 1)
+    quarter = a.size // 4
+    i0, i1, i2, i3 = 0, quarter, 2 * quarter, 3 * quarter
+    e0, e1, e2, e3 = quarter, 2 * quarter, 3 * quarter, a.size
+    j0 = b.size - 1
+    j1 = _crossing(a[i1], b, t)
+    j2 = _crossing(a[i2], b, t)
+    j3 = _crossing(a[i3], b, t)
+    best = np.inf
+    while True:
+        live0 = (i0 < e0) & (j0 >= 0)
+        live1 = (i1 < e1) & (j1 >= 0)
+        live2 = (i2 < e2) & (j2 >= 0)
+        live3 = (i3 < e3) & (j3 >= 0)
+        if not (live0 | live1 | live2 | live3):
+            return best
+        # A finished lane reads its last pair again (indices clamped) and moves no more.
+        v0 = (a[min(i0, e0 - 1)] + b[max(j0, 0)]) - t
+        v1 = (a[min(i1, e1 - 1)] + b[max(j1, 0)]) - t
+        v2 = (a[min(i2, e2 - 1)] + b[max(j2, 0)]) - t
+        v3 = (a[min(i3, e3 - 1)] + b[max(j3, 0)]) - t
+        if (live0 & (v0 == 0.0)) | (live1 & (v1 == 0.0)) | (live2 & (v2 == 0.0)) | (live3 & (v3 == 0.0)):
+            return 0.0
+        best = min(
+            best,
+            abs(v0) if live0 else np.inf,
+            abs(v1) if live1 else np.inf,
+            abs(v2) if live2 else np.inf,
+            abs(v3) if live3 else np.inf,
+        )
+        below0 = v0 < 0.0
+        below1 = v1 < 0.0
+        below2 = v2 < 0.0
+        below3 = v3 < 0.0
+        i0 += live0 & below0
+        j0 -= live0 & (not below0)
+        i1 += live1 & below1
+        j1 -= live1 & (not below1)
+        i2 += live2 & below2
+        j2 -= live2 & (not below2)
+        i3 += live3 & below3
+        j3 -= live3 & (not below3)
 
 
 @cached_njit()

@@ -98,3 +98,31 @@ def test_sorted_subset_sums_is_every_subset_sum_in_order(case: str) -> None:
     listed = _sorted_subset_sums(vals)
     assert listed.shape == (2**vals.size,)
     assert np.array_equal(listed, np.sort(np.array(sums)))
+
+
+@pytest.mark.parametrize("case", ["random", "integers", "spread", "outside"])
+def test_closest_pair_sum_is_the_least_pair_distance(case: str) -> None:
+    """The four-lane sweep returns min |x + y − t| over every pair, the same float64 differences compared, on lists
+    below and above the size where it splits into lanes; with exact hits (integers), lists spanning many binades
+    and targets outside the reachable range."""
+    import numpy as np
+
+    from attnsens.theta._numba_partition import _closest_pair_sum, _closest_pair_sweep, _sorted_subset_sums
+
+    rng = np.random.default_rng(11)
+    for trial in range(60):
+        m_a, m_b = int(rng.integers(1, 10)), int(rng.integers(1, 10))
+        if case == "integers":
+            v, w = rng.integers(1, 40, m_a).astype(float), rng.integers(1, 40, m_b).astype(float)
+        elif case == "spread":
+            v, w = np.exp(rng.normal(0.0, 4.0, m_a)), np.exp(rng.normal(0.0, 4.0, m_b))
+        else:
+            v, w = rng.random(m_a), rng.random(m_b)
+        a, b = _sorted_subset_sums(v), _sorted_subset_sums(w)
+        total = v.sum() + w.sum()
+        t = total * (rng.choice([-0.5, 1.5]) if case == "outside" else rng.uniform(0.1, 0.9))
+        if case == "integers" and trial % 2:
+            t = float(np.floor(t))
+        brute = np.abs((a[:, None] + b[None, :]) - t).min()
+        assert _closest_pair_sum(a, b, t) == brute, (case, trial, a.size, b.size)
+        assert _closest_pair_sweep(a, b, t, 0, a.size, b.size - 1) == brute
