@@ -19,15 +19,36 @@ LIST_START = 1 << 12
 """First buffer size of each half's list in ``count_pruned_meet_in_the_middle`` (doubled as needed)."""
 
 
+MERGE_LANES_MIN = 8
+"""Lists shorter than this double with two merge chains; longer ones with four (``_sorted_subset_sums``)."""
+
+
+@cached_njit()
+def _merge_split(sums, size, v):
+    """How many of the ``size`` smallest values of the merge of the ascending ``sums[:size]`` (L) and L + v come
+    from L: the least i with L[i] ≥ L[size − i − 1] + v (bisection), so that no value left out is below one kept."""
+    lo = 0
+    hi = size
+    while lo < hi:
+        i = (lo + hi) // 2
+        if sums[i] < sums[size - i - 1] + v:
+            lo = i + 1
+        else:
+            hi = i
+    return lo
+
+
 @cached_njit()
 def _sorted_subset_sums(vals):
     """All 2^m subset sums of ``vals`` in ascending order, by merge-doubling (no sort, O(2^m)).
 
-    Each doubling merges the sorted list L with L + v from both ends at once: the front takes the smaller head
-    (L's on ties) and the back the larger tail (L + v's on ties), ``size`` steps each. The two halves are the
-    smallest and largest ``size`` sums under one order (value, then L before L + v), so together they are the
-    merged list, as a one-ended merge would write it. A branch-free merge step waits on its own loads; two
-    independent chains in one loop run in about 0.6× the time.
+    Each doubling merges the sorted list L with L + v. A branch-free merge step waits on its own loads, so the
+    merge runs as independent chains in one loop: from the front (the smaller head, L's on ties) and from the back
+    (the larger tail, L + v's on ties), and, for lists of ``MERGE_LANES_MIN`` values or more, outward from the
+    middle, where ``_merge_split`` tells how the ``size`` smallest values divide between L and L + v: one chain
+    down from there and one up, each told by its indices when one list is spent. Each chain writes ``size / 2``
+    values, the merged list as a one-ended merge would write it (a sorted list of the same values is unique).
+    Two chains ran in about 0.6× the time of one; four in 0.74× that of two at 2^12–2^16 sums.
     """
     size_all = 1 << vals.size
     out = np.empty(size_all)
@@ -40,19 +61,52 @@ def _sorted_subset_sums(vals):
         i_back = size - 1  # back tails
         j_back = size - 1
         last = 2 * size - 1
-        for k in range(size):
-            a = out[i]
-            b = out[j] + v
-            take_a = a <= b  # branch-free: which list advances is data, not control flow
-            tmp[k] = a if take_a else b
-            i += take_a
-            j += not take_a
-            a_back = out[i_back]
-            b_back = out[j_back] + v
-            take_a_back = a_back > b_back
-            tmp[last - k] = a_back if take_a_back else b_back
-            i_back -= take_a_back
-            j_back -= not take_a_back
+        if size < MERGE_LANES_MIN:
+            for k in range(size):
+                a = out[i]
+                b = out[j] + v
+                take_a = a <= b  # branch-free: which list advances is data, not control flow
+                tmp[k] = a if take_a else b
+                i += take_a
+                j += not take_a
+                a_back = out[i_back]
+                b_back = out[j_back] + v
+                take_a_back = a_back > b_back
+                tmp[last - k] = a_back if take_a_back else b_back
+                i_back -= take_a_back
+                j_back -= not take_a_back
+        else:
+            from_l = _merge_split(out, size, v)
+            i_down = from_l - 1  # tails of the size smallest values (−1: that list gave none)
+            j_down = size - from_l - 1
+            i_up = from_l  # heads of the rest (size: that list is spent)
+            j_up = size - from_l
+            top = size - 1
+            for k in range(size // 2):
+                a = out[i]
+                b = out[j] + v
+                take_a = a <= b
+                tmp[k] = a if take_a else b
+                i += take_a
+                j += not take_a
+                a = out[max(i_down, 0)]
+                b = out[max(j_down, 0)] + v
+                take_a = ((a > b) & (i_down >= 0)) | (j_down < 0)
+                tmp[top - k] = a if take_a else b
+                i_down -= take_a
+                j_down -= not take_a
+                a = out[min(i_up, top)]
+                b = out[min(j_up, top)] + v
+                take_a = ((a <= b) & (i_up < size)) | (j_up >= size)
+                tmp[size + k] = a if take_a else b
+                i_up += take_a
+                j_up += not take_a
+                a_back = out[i_back]
+                b_back = out[j_back] + v
+                take_a_back = a_back > b_back
+                tmp[last - k] = a_back if take_a_back else b_back
+                i_back -= take_a_back
+                j_back -= not take_a_back
         out, tmp = tmp, out
         size *= 2
     return out

@@ -72,7 +72,7 @@ def test_meet_in_the_middle_at_48() -> None:
     assert abs(Fraction(value) - theta_dyadic_meet_in_the_middle(ints, exponent)) <= Fraction(2.0**-52)
 
 
-@pytest.mark.parametrize("case", ["random", "ties", "repeated", "one"])
+@pytest.mark.parametrize("case", ["random", "ties", "repeated", "one", "integers", "spread"])
 def test_sorted_subset_sums_is_every_subset_sum_in_order(case: str) -> None:
     """The two-ended merge-doubling lists the multiset of all 2^m subset sums, ascending, bit for bit as a sort of
     the sums formed in the same order would (ties between L and L + v, and within L, included)."""
@@ -88,6 +88,8 @@ def test_sorted_subset_sums_is_every_subset_sum_in_order(case: str) -> None:
         "ties": np.array([0.25, 0.25, 0.5, 0.125, 0.125, 0.375, 0.25, 0.75]),
         "repeated": np.full(9, 1.0 / 3.0),
         "one": np.array([0.5]),
+        "integers": rng.integers(1, 6, 12).astype(np.float64),  # many ties where the middle chains start
+        "spread": np.exp(rng.normal(0.0, 4.0, 12)),  # one list spent long before the other
     }[case]
     sums = []
     for mask in itertools.product((0, 1), repeat=vals.size):
