@@ -8,6 +8,11 @@ Karmarkar–Karp.
 Real rows: attnsens' tiny GPT at checkpoints 0–64 of a short training run made here (Shakespeare), SmolLM2-135M
 and MiniLM-L6 on a Shakespeare passage; every row of every layer and head.
 
+On every tensor it also times what the audit computes per row, ``attnsens.capture.row_statistics`` (the cascade,
+θ's enclosure and the moments in one compiled pass), and the moments pass alone (its own vectorised logarithm),
+each beside the same fused p_max + entropy pass (``math.log``), and the one-pass statistics beside certify and the
+moments called one after the other.
+
 Prints a table and appends one JSON line to bench/results/theta.jsonl.
 """
 
@@ -20,6 +25,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
 
@@ -29,6 +35,8 @@ import torch
 from numba import njit, prange
 
 from _jsonl import append_record
+from attnsens.capture import row_statistics
+from attnsens.capture._numba_moments import row_moments
 from attnsens.provenance import provenance
 from attnsens.theta import certify, exact
 
@@ -84,18 +92,31 @@ def best_time(fn, repeats: int) -> float:
     return min(times)
 
 
+def moments_pass(x: np.ndarray) -> Callable[[], None]:
+    """The audit's moments pass alone (p_max, argmax, Σp, Σp², −Σ p log p with its own vectorised logarithm, the
+    count) on float32 rows ``x``, into buffers allocated once."""
+    count = x.shape[0]
+    out = (np.empty(count, np.float32), np.empty(count, np.int64), *np.empty((3, count)), np.empty(count, np.int64))
+    return functools.partial(row_moments, x, *out)
+
+
 def throughput(p: torch.Tensor, repeats: int) -> dict[str, float]:
     x = p.numpy()
     p_max = np.empty(x.shape[0])
     entropy = np.empty(x.shape[0])
     fused_pmax_entropy(x, p_max, entropy)
     cert = certify(p)  # warm-up: compiled kernels, first-use initialisation
-    # Rounds interleave the three timings so that a slow phase of a shared machine hits them alike.
-    sort_s = fused_s = cert_s = math.inf
+    moments = moments_pass(x)
+    moments()
+    row_statistics(p)
+    # Rounds interleave the timings so that a slow phase of a shared machine hits them alike.
+    sort_s = fused_s = cert_s = moments_s = statistics_s = math.inf
     for _ in range(repeats):
         sort_s = min(sort_s, best_time(lambda: torch.sort(p, dim=-1), 1))
         fused_s = min(fused_s, best_time(lambda: fused_pmax_entropy(x, p_max, entropy), 1))
         cert_s = min(cert_s, best_time(lambda: certify(p), 1))
+        moments_s = min(moments_s, best_time(moments, 1))
+        statistics_s = min(statistics_s, best_time(lambda: row_statistics(p), 1))
     methods = torch.bincount(cert.method.long(), minlength=16)
     support = (p > 0).sum(-1)
     by_support = {}
@@ -110,6 +131,11 @@ def throughput(p: torch.Tensor, repeats: int) -> dict[str, float]:
         "fused_pmax_entropy_s": fused_s,
         "certify_over_sort": cert_s / sort_s,
         "certify_over_fused": cert_s / fused_s,
+        "moments_s": moments_s,
+        "moments_over_fused": moments_s / fused_s,
+        "row_statistics_s": statistics_s,
+        "row_statistics_over_fused": statistics_s / fused_s,
+        "row_statistics_over_certify_plus_moments": statistics_s / (cert_s + moments_s),
         "width_le_2^-25_fraction": float((cert.width <= WIDTH_TARGET).double().mean()),
         "exact_fraction": float(cert.exact.double().mean()),
         "max_width": float(cert.width.max()),
@@ -311,7 +337,14 @@ def main() -> None:
         ratios = ", ".join(f"{name} {r['certify_over_twin']:.2f}" for name, r in record["real"].items())
         print(f"twin: synthetic rows with the same support; real ÷ twin certify time: {ratios} (goal ≤ 3)")
     print("goals: certify/sort ≤ 0.05 (full), certify/fused ≤ 1.0 (causal), width ≤ 2^-25 on 100 % of rows")
+    print("\nthe audit's per-row statistics (θ and the moments in one pass) and its moments pass alone, beside the "
+          "same fused pass (math.log):")  # fmt: skip
+    print(f"{'tensor':<8} {'moments s':>10} {'÷fused':>7} {'stats s':>8} {'÷fused':>7} {'÷(certify + moments)':>21}")
     measured = {**{name: record[name] for name in tensors}, **record.get("real", {})}
+    for name, r in measured.items():
+        fused_cells = f"{r['moments_s']:>10.3f} {r['moments_over_fused']:>7.2f} {r['row_statistics_s']:>8.3f} "
+        print(f"{name:<8} {fused_cells}{r['row_statistics_over_fused']:>7.2f} "
+              f"{r['row_statistics_over_certify_plus_moments']:>21.2f}")  # fmt: skip
     short = [(name, r["exact_by_support"]) for name, r in measured.items() if r["exact_by_support"]]
     if short:
         print("exact fraction of the rows with ≤ 48 non-zeros, by support (rows); goal: all exact")
