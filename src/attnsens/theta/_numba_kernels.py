@@ -43,7 +43,7 @@ from attnsens.theta._constants import (
     SMALLEST_EXACT_SUM,
     UNIT_ROUNDOFF,
 )
-from attnsens.theta._numba_partition import FOUR_LIST_LONG_WORK, FOUR_LIST_WORK, meet_in_the_middle
+from attnsens.theta._numba_partition import FOUR_LIST_LONG_WORK, FOUR_LIST_WORK, meet_in_the_middle, mitm_workspace
 from attnsens.theta._numba_refine import (
     EXACT_FIRST_MAX_SUPPORT,
     FREEZE_EVERY,
@@ -89,6 +89,12 @@ row of that support, on the device); of the GPU kernel's rows, those it leaves o
 LONG_SEARCH_NODES = 200_000
 """Before enumerating a row longer than ``MITM_FALLBACK_SUPPORT`` keys (≥ 2.5 ms, a second at 48), in ``exact``,
 the count-pruned meet-in-the-middle gets 200,000 nodes (about 1 ms) instead of the 5,000 of ``certify``."""
+FOUR_LIST_ENUMERATION_SHARE = 2
+"""Before enumerating a row of n > ``MITM_FALLBACK_SUPPORT`` keys, the four-list search may use up to
+2^(n/2 − 2) pair sums (at least ``FOUR_LIST_LONG_WORK``): at about 3 ns a pair sum against about 8 ns for each
+of the enumeration's 2^(n/2) sums a half, a tenth of the enumeration's time at most. Of the rows of 41–48 keys
+``certify`` leaves open, 2^22 pair sums (6–9 ms a row) found a perfect split in 24–48 % (the tiny GPT, SmolLM2,
+causal synthetic rows), where the enumeration takes 15–130 ms; the short budget found none."""
 
 _OK = int(RowStatus.OK)
 _BAD_SUM = int(RowStatus.BAD_SUM)
@@ -468,6 +474,11 @@ def _certify_block(
     n_whole_row = 0
     n_pending = 0
     short_support = max(mitm_max, SHORT_ROW_SUPPORT)
+    # One enumeration workspace for the block, sized for its longest row that may be enumerated, allocated when
+    # the first enumeration needs it (the short rows of a causal head are neighbours, and share a block).
+    enumerable = max(mitm_max, ENUMERATED_AFTER_PROOFS, MITM_FALLBACK_SUPPORT)
+    longest_enumerable = 0
+    workspace = np.empty((4, 0))
     for j in range(nb):
         r = r0 + j
         s, n, pmax, q, end, st, threshold, first = scan_row(x[r], bits[r], no_positive, exact_quantum, K_SMALL)
@@ -500,6 +511,8 @@ def _certify_block(
         else:
             if e == 0.0 and not exact_quantum and n <= LOWEST_BIT_MAX_SUPPORT:  # float64 rows have it already
                 qs[j] = row_lowest_bit(x[r], end)  # a coarser grid of the sums: more splits proved perfect
+            if n <= enumerable:
+                longest_enumerable = max(longest_enumerable, n)
             pending[n_pending] = j
             n_pending += 1
 
@@ -558,9 +571,13 @@ def _certify_block(
                 # Where the enumeration follows and costs about as much, the four-list search keeps its short budget.
                 cheap_enumeration = enumerated and n <= MITM_FALLBACK_SUPPORT
                 work = FOUR_LIST_WORK if cheap_enumeration else FOUR_LIST_LONG_WORK
+                if enumerated and not cheap_enumeration:  # a shortcut to an enumeration of 2^(n/2) sums a half
+                    work = max(work, (1 << (n // 2)) >> FOUR_LIST_ENUMERATION_SHARE)
                 d, m = prove_short_row(x[r], n, t, q, e, K_SMALL, probe, search, work)
             if m == 0 and enumerated:
-                d, m = meet_in_the_middle(x[r], n, t), _MITM
+                if workspace.shape[1] == 0:
+                    workspace = mitm_workspace(longest_enumerable)
+                d, m = meet_in_the_middle(x[r], n, t, workspace), _MITM
             if m != 0:
                 d_found[r] = d
                 d_lb[r] = d
@@ -593,7 +610,7 @@ def _certify_block(
         k_small = min(K_SMALL, ns[j])
         df, dl, m = refine_row(
             x[r], bits[r], ns[j], row_sum[r], qs[j], err[r], ends[j], stop_d, ckk_budget, ckk_max_support,
-            top_v[j, :k_small], skip[j, :k_small], scratch, d, d_lb[r],
+            top_v[j, :k_small], skip[j, :k_small], scratch, d, d_lb[r], workspace,
         )  # fmt: skip
         d_found[r] = df
         d_lb[r] = dl

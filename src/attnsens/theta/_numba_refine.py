@@ -241,14 +241,16 @@ def _best_fill(targets, fill, e_min, count):
 
 @cached_njit()
 def refine_row(
-    row, bits, n, s, q, e, end, stop_d, ckk_budget, ckk_max_support, top_v, skip_sorted, scratch, d_found, d_lb
+    row, bits, n, s, q, e, end, stop_d, ckk_budget, ckk_max_support, top_v, skip_sorted, scratch, d_found, d_lb,
+    workspace,
 ):  # fmt: skip
     """Stages after the one-target first-fit: 16 targets, cardinality bound, KK and the greedy split with best
     exchanges, the cardinality-pruned search (error-free sums only) and the top-14 relaxation (each pair in the
     order of ``EXACT_FIRST_MAX_SUPPORT``), then meet-in-the-middle (≤ 32 keys) or
     the four-list search for a perfect split (rows of more than 48 keys) and budgeted CKK, and meet-in-the-middle
     after all for rows of ≤ 48 keys CKK leaves above the stop distance. ``bits`` is the row as signed integers
-    (``scan_row``), ``skip_sorted`` the top-K indices in ascending order, ``scratch`` from ``relaxation_scratch(K)``.
+    (``scan_row``), ``skip_sorted`` the top-K indices in ascending order, ``scratch`` from ``relaxation_scratch(K)``,
+    ``workspace`` the enumeration's buffers (``mitm_workspace``; new ones where it is too small).
 
     Returns (d_found, d_lb, method).
     """
@@ -300,7 +302,7 @@ def refine_row(
                 return d_found, d_lb, _SEARCH_FOUND
 
     if n <= MITM_FALLBACK_SUPPORT:  # the rare short row every heuristic leaves open: enumerate it
-        d = meet_in_the_middle(row, n, t)
+        d = meet_in_the_middle(row, n, t, workspace)
         return d, d, _MITM
     if e == 0.0 and n > SHORT_ROW_SUPPORT:  # shorter rows tried it in prove_short_row; these nearly always have a split
         d = four_list_perfect_split(vals, q)
@@ -314,7 +316,7 @@ def refine_row(
     if outcome == CKK_EXHAUSTED or outcome == CKK_PERFECT:
         return 0.5 * best_diff, 0.5 * best_diff, _CKK_PROVED
     if d_found > stop_d and n <= SHORT_ROW_SUPPORT:  # would stay wider than asked: enumerate it after all
-        d = meet_in_the_middle(row, n, t)
+        d = meet_in_the_middle(row, n, t, workspace)
         return d, d, _MITM
     if d_found > stop_d and e == 0.0 and n <= LAST_SEARCH_MAX_SUPPORT:
         # Near-uniform rows with an odd count where exchanges and CKK stall: a longer cardinality-pruned search.
