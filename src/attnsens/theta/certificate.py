@@ -34,6 +34,9 @@ E = (2n + 16)·u·ŝ: about 7·10^-12 at n = 16,384 keys) and for its outward ro
 At 2^-13.5 itself a 428-key SmolLM2 row came out at 2^-25 + 1.8·10^-13."""
 
 MITM_MAX_SUPPORT = 24
+EXACT_SUPPORT_MAX = 48
+"""Largest ``exact_support`` of ``certify`` (and the enumeration limit of ``exact``): meet-in-the-middle over 2^24
+sums a half, 0.5 GiB of buffers a thread and about 0.1–0.3 s a row on one core."""
 CKK_NODE_BUDGET = 20_000
 CKK_MAX_SUPPORT = 2048
 MAX_TOLERANCE = 1.0
@@ -163,6 +166,7 @@ def certify(
     dim: int = -1,
     *,
     precision: Precision = "float32",
+    exact_support: int | None = None,
     normalize: bool = False,
     tolerance: float | None = None,
     backend: Backend = "auto",
@@ -177,6 +181,13 @@ def certify(
         precision: "float32" stops refining at d ≤ 2^-13.5·(1 − 2^-12) (θ fixed to float32 resolution, width
             ≤ 2^-25 on rows of up to 16,384 keys),
             "float64" at d ≤ 2^-28.
+        exact_support: every row with at most this many non-zeros is proved exact, by meet-in-the-middle where
+            the cheaper proofs do not settle it (``MITM_MAX_SUPPORT`` = 24 up to ``EXACT_SUPPORT_MAX`` = 48).
+            Default None: rows of up to 24 non-zeros (26 on the CPU) are enumerated, and rows of up to 48 get
+            the proofs that cost microseconds (cardinality bounds, a perfect split found by a short search); the
+            others end at ``precision``. Enumeration costs 2^(n/2) sums a half: at 48 about 0.1–0.3 s a row and
+            0.5 GiB of buffers per thread (docs/theta-algorithms.md §5), so 48 makes certify on real attention
+            tens to hundreds of times slower where many short rows are open.
         normalize: renormalise each row by its float64 sum instead of checking it.
         tolerance: largest accepted |s − 1| when ``normalize`` is False, at most ``MAX_TOLERANCE`` = 1; default
             ``default_sum_tolerance(p.dtype)`` (1e-3 for float32/float64, 2^-9 for float16, 2^-6 for bfloat16).
@@ -189,14 +200,27 @@ def certify(
 
     Raises:
         InputError: NaN/Inf, negative entries, empty rows, or |s − 1| > tolerance (names the row and the fix).
-        ConfigError: tolerance outside [0, 1].
+        ConfigError: tolerance outside [0, 1], or exact_support outside [24, 48].
+
+    >>> certify(torch.tensor([0.3, 0.3, 0.2, 0.1, 0.1]), exact_support=48).exact.item()
+    True
     """
     if precision not in STOP_DISTANCE:
         raise ConfigError(f"precision={precision!r} is not one of {sorted(STOP_DISTANCE)}")
+    if exact_support is None:
+        exact_support = MITM_MAX_SUPPORT
+    elif isinstance(exact_support, bool) or not isinstance(exact_support, int):
+        raise ConfigError(f"exact_support={exact_support!r} must be an integer number of non-zero keys")
+    elif not MITM_MAX_SUPPORT <= exact_support <= EXACT_SUPPORT_MAX:
+        raise ConfigError(
+            f"exact_support={exact_support} must lie in [{MITM_MAX_SUPPORT}, {EXACT_SUPPORT_MAX}]: rows of up to "
+            f"{MITM_MAX_SUPPORT} non-zeros are always exact, and above {EXACT_SUPPORT_MAX} the enumeration needs "
+            "more than 0.5 GiB and seconds a row (use exact(p) for a proof by CKK on longer rows)"
+        )
     if tolerance is None:
         tolerance = default_sum_tolerance(p.dtype) if isinstance(p, torch.Tensor) else 1e-3
     cert, _ = run_cascade(
-        p, dim, stop_distance=STOP_DISTANCE[precision], mitm_max_support=MITM_MAX_SUPPORT,
+        p, dim, stop_distance=STOP_DISTANCE[precision], mitm_max_support=exact_support,
         ckk_node_budget=CKK_NODE_BUDGET, ckk_max_support=CKK_MAX_SUPPORT, normalize=normalize,
         tolerance=tolerance, backend=backend,
     )  # fmt: skip

@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 
 from attnsens.errors import TooHardError
-from attnsens.theta.certificate import Backend, run_cascade
+from attnsens.theta.certificate import EXACT_SUPPORT_MAX, Backend, run_cascade
 
-EXACT_MITM_MAX_SUPPORT = 48
+EXACT_MITM_MAX_SUPPORT = EXACT_SUPPORT_MAX
 EXACT_CKK_MAX_SUPPORT = 4096
 NODE_BUDGET = 2_000_000
 _NEVER_STOP = -1.0

@@ -314,3 +314,9 @@ def test_row_sum_advice_speaks_flags(tmp_path: Path) -> None:
         "0.001: pass --normalize (normalize=True in Python) to certify the renormalised row, or a larger --tolerance "
         "(2 more invalid rows)"
     )
+
+
+def test_theta_exact_support_out_of_range(attention_file: Path) -> None:
+    message = _one_line_error(["theta", str(attention_file), "--exact-support", "60"])
+    assert message.startswith("--exact-support 60 must lie in [24, 48]")
+    assert "attnsens.theta.exact" in message

@@ -84,3 +84,21 @@ def test_low_precision_attention_certifies_with_the_default_tolerance(tmp_path: 
     result = runner.invoke(app, ["theta", str(tmp_path / "attention.pt"), "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["rows"] == 4 * 2 * 64
+
+
+def test_theta_exact_support_notes_the_rows_it_may_enumerate(tmp_path: Path) -> None:
+    """Rows of 33–48 keys may take milliseconds each: one note on stderr says how many; the JSON records the flag."""
+    import numpy as np
+    import torch
+
+    rows = torch.softmax(torch.randn(4, 40), dim=-1)
+    rows[1, 35:] = 0.0
+    rows = rows / rows.sum(-1, keepdim=True)
+    path = tmp_path / "rows.npy"
+    np.save(path, rows.numpy())
+    result = runner.invoke(app, ["theta", str(path), "--exact-support", "40", "--json"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count("note: 4 rows have 33–40 non-zero keys") == 1
+    summary = json.loads(result.stdout)
+    assert summary["exact_support"] == 40
+    assert summary["exact_fraction"] == 1.0

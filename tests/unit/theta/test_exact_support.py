@@ -1,0 +1,107 @@
+"""``certify(p, exact_support=N)``: every row of at most N non-zeros proved exact, longer rows at the precision
+asked; and the enumeration's reused buffers, which must never leak one row's sums into the next.
+
+Exact values are checked against the integer meet-in-the-middle oracle (rows of up to 36 keys) and, for longer
+rows, against an independent local search (a real subset: θ can only be larger).
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from attnsens.errors import ConfigError
+from attnsens.theta import ThetaMethod, certify
+from attnsens.theta._numba_partition import meet_in_the_middle, mitm_workspace
+from attnsens.theta.certificate import EXACT_SUPPORT_MAX, MITM_MAX_SUPPORT
+from tests.reference.theta_oracles import theta_dyadic_meet_in_the_middle
+from tests.unit.theta.test_cardinality import local_search_theta
+from tests.unit.theta.test_real_rows import ORACLE_MAX_SUPPORT, dyadic, oracle_rows, support
+from tests.unit.theta.test_soundness import assert_certificate_sound
+
+FIXTURE = Path(__file__).resolve().parents[2] / "data" / "tiny_gpt_early_rows.npz"
+
+
+@pytest.fixture(scope="module")
+def real_rows() -> torch.Tensor:
+    return torch.from_numpy(np.load(FIXTURE)["rows"])
+
+
+def test_default_leaves_real_short_rows_open(real_rows: torch.Tensor) -> None:
+    """The premise of the option: by default some real rows of 27–40 keys end at float32 resolution unproved."""
+    n = support(real_rows)
+    cert = certify(real_rows[(n >= 27) & (n <= 40)])
+    assert not bool(cert.exact.all())
+    assert float(cert.width.max()) <= 2.0**-25
+
+
+def test_every_real_row_up_to_the_support_is_exact_and_equals_the_oracle(real_rows: torch.Tensor) -> None:
+    rows = oracle_rows(real_rows)
+    cert = certify(rows, exact_support=ORACLE_MAX_SUPPORT)
+    assert bool(cert.exact.all()), cert.method_names()
+    assert ThetaMethod.MEET_IN_THE_MIDDLE in {ThetaMethod(int(m)) for m in cert.method}
+    for i, row in enumerate(rows):
+        theta = theta_dyadic_meet_in_the_middle(*dyadic(row))
+        assert_certificate_sound(float(cert.lower[i]), float(cert.upper[i]), theta, f"real row {i}")
+        assert float(cert.upper[i]) - float(cert.lower[i]) <= 2.0**-49
+
+
+def test_rows_of_37_to_48_keys_are_exact_and_no_real_subset_beats_them(real_rows: torch.Tensor) -> None:
+    n = support(real_rows)
+    rows = real_rows[(n > ORACLE_MAX_SUPPORT) & (n <= EXACT_SUPPORT_MAX)][::2]
+    assert rows.shape[0] >= 20
+    cert = certify(rows, exact_support=EXACT_SUPPORT_MAX)
+    assert bool(cert.exact.all()), cert.method_names()
+    default = certify(rows)
+    assert bool(((cert.lower >= default.lower) & (cert.upper <= default.upper)).all())
+    rng = np.random.default_rng(0)
+    for i, row in enumerate(rows):
+        found = local_search_theta(row.tolist(), rng)  # θ of a real subset: θ ≥ found
+        assert Fraction(float(cert.upper[i])) >= found, f"row {i}: upper {float(cert.upper[i])!r} < {float(found)!r}"
+
+
+def test_longer_rows_keep_the_precision_asked(real_rows: torch.Tensor) -> None:
+    n = support(real_rows)
+    rows = real_rows[(n >= 33) & (n <= 63)]
+    cert = certify(rows, exact_support=40)
+    assert bool(cert.exact[support(rows) <= 40].all())
+    assert float(cert.width.max()) <= 2.0**-25
+
+
+def test_torch_backend_enumerates_up_to_the_support(real_rows: torch.Tensor) -> None:
+    n = support(real_rows)
+    rows = real_rows[(n >= 25) & (n <= 30)]
+    cert = certify(rows, exact_support=30, backend="torch")
+    assert bool(cert.exact.all())
+    reference = certify(rows, exact_support=30, backend="numba")
+    assert bool(((cert.lower <= reference.upper) & (reference.lower <= cert.upper)).all())
+
+
+@pytest.mark.parametrize("value", [MITM_MAX_SUPPORT - 1, EXACT_SUPPORT_MAX + 1, 0, -5, 30.0, True, "48"])
+def test_support_outside_the_range_is_refused(value: object) -> None:
+    with pytest.raises(ConfigError, match="exact_support"):
+        certify(torch.tensor([0.5, 0.5]), exact_support=value)  # type: ignore[arg-type]
+
+
+def test_a_reused_workspace_gives_each_row_its_own_optimum() -> None:
+    """A longer row enumerated first leaves its sums in the buffers; the next, shorter rows must not see them.
+    The check fails on a version that sweeps the whole buffer instead of the row's own 2^m sums."""
+    rng = np.random.default_rng(1)
+    rows = []
+    for n in (34, 26, 31, 20, 33):
+        row = rng.random(n).astype(np.float32) + np.float32(0.5)
+        rows.append((row / row.sum(dtype=np.float32)).astype(np.float32))
+    shared = mitm_workspace(34)
+    for row in rows:
+        t = 0.5 * float(row.astype(np.float64).sum())
+        fresh = meet_in_the_middle(row, row.size, t, mitm_workspace(0))
+        reused = meet_in_the_middle(row, row.size, t, shared)
+        assert reused == fresh
+        if row.size <= 26:
+            theta = theta_dyadic_meet_in_the_middle(*dyadic(torch.from_numpy(row)))
+            s = Fraction(sum(Fraction(float(v)) for v in row))
+            assert Fraction(fresh) ** 2 * 4 == s - theta
