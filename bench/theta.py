@@ -145,6 +145,56 @@ def throughput(p: torch.Tensor, repeats: int) -> dict[str, float]:
     }
 
 
+def lowest_set_bit(rows: np.ndarray) -> np.ndarray:
+    """Per float32 row, the lowest set bit over its non-zeros: every subset sum is a multiple of it, the quantum
+    q of the kernels' error-free rows (docs/theta-algorithms.md §1)."""
+    fraction, exponent = np.frexp(rows.astype(np.float64))
+    mantissa = np.round(fraction * 2.0**24).astype(np.int64)
+    bit = np.where(mantissa > 0, (mantissa & -mantissa) * np.exp2(exponent - 24.0), np.inf)
+    return bit.min(axis=-1)
+
+
+def exact_support_cost(p: torch.Tensor, default_s: float, per_bin: int, seed: int) -> dict:
+    """``certify(p, exact_support=48)`` (every row of ≤ 48 non-zeros exact) beside the default, and what the rows
+    of 25–48 keys that the default leaves open are: for a sample of them, the optimum d* from the enumeration,
+    in units of the quantum q. A row with 2d* ≤ q has a perfect split (a search may find it); any other needs a
+    proof that no subset comes within d*, which for these rows is the full enumeration."""
+    from attnsens.theta import certificate
+
+    start = time.perf_counter()
+    everything = certify(p, exact_support=certificate.EXACT_SUPPORT_MAX)
+    seconds = time.perf_counter() - start
+    default = certify(p)
+    support = (p > 0).sum(-1)
+    rng = np.random.default_rng(seed)
+    kernels = certificate._numba_kernels()
+    bins = {}
+    for low, high in SHORT_SUPPORTS[1:]:
+        inside = (support >= low) & (support <= high)
+        left_open = torch.nonzero(inside & ~default.exact).flatten().numpy()
+        if not bool(inside.any()):
+            continue
+        sample = np.sort(rng.permutation(left_open)[:per_bin])
+        rows = p[torch.from_numpy(sample)].contiguous()
+        out = certificate._certify_rows_numba(
+            kernels, rows, -1.0, certificate.EXACT_SUPPORT_MAX, certificate.CKK_NODE_BUDGET,
+            certificate.CKK_MAX_SUPPORT, True, 1e-3,
+        )  # fmt: skip
+        q = lowest_set_bit(rows.numpy())
+        error_free = rows.double().sum(-1).numpy() <= 2.0**52 * q
+        in_quanta = out["d_found"].numpy()[error_free] / q[error_free]
+        perfect = in_quanta <= 0.5
+        bins[f"{low}-{high}"] = {
+            "rows": int(inside.sum()),
+            "open_by_default": int(left_open.size),
+            "exact_with_48": float(everything.exact[inside].double().mean()),
+            "sampled_error_free": int(error_free.sum()),
+            "perfect_split_share": float(perfect.mean()) if perfect.size else None,
+            "others_d_over_q_median": float(np.median(in_quanta[~perfect])) if (~perfect).any() else None,
+        }
+    return {"certify_48_s": seconds, "over_default": seconds / default_s, "bins": bins}
+
+
 GPT_CHECKPOINTS = (0, 4, 8, 16, 32, 64)
 
 
@@ -316,6 +366,13 @@ def main() -> None:
         measured["synthetic_twin"] = twin
         measured["certify_over_twin"] = measured["certify_s"] / twin["certify_s"]
         record.setdefault("real", {})[name] = measured
+    per_bin = 8 if args.quick else 48
+    for name in [*(n for n in tensors if n == "causal"), *real]:
+        p = attention_rows(n_rows, 1024, causal=True, seed=0) if name == "causal" else real[name]
+        measured = record["real"][name] if name in real else record[name]
+        if bool((((p > 0).sum(-1) > 24) & ((p > 0).sum(-1) <= 48)).any()):
+            measured["exact_support_48"] = exact_support_cost(p, measured["certify_s"], per_bin, seed=2)
+        del p
     supports = (24, 26, 28) if args.quick else (24, 26, 28, 30, 32)
     record["exact_vs_ckk"], record["exact_vs_ckk_batched"] = exact_vs_ckk(supports, 1, 3.0 if args.quick else 20.0)
     trivial = torch.tensor([0.25, 0.25, 0.5], dtype=torch.float64)
@@ -351,6 +408,19 @@ def main() -> None:
         for name, bins in short:
             cells = "  ".join(f"{key}: {fraction:.3f} ({rows})" for key, (rows, fraction) in bins.items())
             print(f"  {name:<8} {cells}")
+    costed = [(name, r["exact_support_48"]) for name, r in measured.items() if "exact_support_48" in r]
+    if costed:
+        print("\nevery row of ≤ 48 non-zeros exact, certify(p, exact_support=48), beside the default; and the rows "
+              "of 25–48 keys the default leaves open (a sample, by enumeration): the share with a perfect split "
+              "(2d* ≤ q) and the others' median d*/q")  # fmt: skip
+        for name, r in costed:
+            print(f"  {name:<8} {r['certify_48_s']:8.2f} s = {r['over_default']:6.1f}× the default")
+            for key, b in r["bins"].items():
+                share = "n/a" if b["perfect_split_share"] is None else f"{b['perfect_split_share']:.2f}"
+                others = "n/a" if b["others_d_over_q_median"] is None else f"{b['others_d_over_q_median']:.1f}"
+                print(f"    {key}: {b['rows']} rows, exact {b['exact_with_48']:.3f}; open by default "
+                      f"{b['open_by_default']}: perfect split {share} of {b['sampled_error_free']} sampled, "
+                      f"others d*/q {others}")  # fmt: skip
     print(f"\n{'rows':<8} {'support':>7} {'exact s':>9} {'CKK s':>9} {'speed-up':>10} {'agree':>6}")
     for r in record["exact_vs_ckk"]:
         speedup = _speedup_text(r)

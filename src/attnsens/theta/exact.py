@@ -26,7 +26,7 @@ def exact(
     """θ(p) = s − 4·min_S (p(S) − s/2)² of every row, proved optimal, as float64.
 
     Rows with ≤ 48 non-zeros are solved by the cardinality bound, a perfect split found by a short search, or
-    meet-in-the-middle over merge-doubled sorted subset sums (2^24 sums per half at 48, about 1 s and 0.5 GiB
+    meet-in-the-middle over merge-doubled sorted subset sums (2^24 sums per half at 48, about 0.1–0.3 s and 0.5 GiB
     per row); larger rows by the dominant-atom and top-K
     relaxation proofs, the perfect-partition rule, or complete Karmarkar–Karp exhausting its tree within
     ``node_budget`` nodes (at most 4096 non-zeros). The pure-torch backend has no CKK.
