@@ -201,8 +201,11 @@ milliseconds, and from 41 keys tens to hundreds of milliseconds."""
 def _note_enumeration(p: torch.Tensor, dim: int, exact_support: int) -> None:
     """One line on stderr: how many rows --exact-support may enumerate at a cost of milliseconds or more each."""
     from attnsens.cli.app import error_console
+    from attnsens.theta.certificate import EXACT_SUPPORT_MAX
 
-    if exact_support < ENUMERATION_NOTE_SUPPORT or p.dim() == 0 or not -p.dim() <= dim < p.dim():
+    if not ENUMERATION_NOTE_SUPPORT <= exact_support <= EXACT_SUPPORT_MAX:  # below: cheap; above: refused
+        return
+    if p.dim() == 0 or not -p.dim() <= dim < p.dim():
         return
     support = (p != 0).sum(dim)
     count = int(((support >= ENUMERATION_NOTE_SUPPORT) & (support <= exact_support)).sum())

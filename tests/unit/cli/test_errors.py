@@ -316,7 +316,9 @@ def test_row_sum_advice_speaks_flags(tmp_path: Path) -> None:
     )
 
 
-def test_theta_exact_support_out_of_range(attention_file: Path) -> None:
-    message = _one_line_error(["theta", str(attention_file), "--exact-support", "60"])
+def test_theta_exact_support_out_of_range(tmp_path: Path) -> None:
+    path = tmp_path / "p40.npy"  # rows of 40 keys: an accepted --exact-support would print a note first
+    np.save(path, torch.softmax(torch.randn(3, 40), dim=-1).numpy())
+    message = _one_line_error(["theta", str(path), "--exact-support", "60"])
     assert message.startswith("--exact-support 60 must lie in [24, 48]")
     assert "attnsens.theta.exact" in message
