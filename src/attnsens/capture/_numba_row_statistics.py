@@ -13,60 +13,65 @@ it is still in the cache (``moments_of_row``, the code of ``row_moments``). The 
 from __future__ import annotations
 
 import numpy as np
-from numba import prange
+from numba import get_thread_id, prange
 
 from attnsens._numba_cache import cached_njit
 from attnsens.capture._numba_moments import moments_of_row
 from attnsens.theta._numba_enclosure import theta_interval
-from attnsens.theta._numba_kernels import ROW_BLOCK, _certify_block
+from attnsens.theta._numba_kernels import ROW_BLOCK, _certify_block, blocks_per_task
 
 
 @cached_njit()
 def _statistics_block(
     x, bits, no_positive, r0, r1, stop_d, mitm_max, ckk_budget, ckk_max_support, tolerance, row_sum, theta_p_max,
-    d_found, d_lb, err, method, status, lower, upper, p_max, argmax, total, squares, entropy, nonzero,
+    d_found, d_lb, err, method, status, lower, upper, p_max, argmax, total, squares, entropy, nonzero, workspace,
 ):  # fmt: skip
-    _certify_block(
+    workspace = _certify_block(
         x, bits, no_positive, r0, r1, False, stop_d, mitm_max, ckk_budget, ckk_max_support, True, tolerance, row_sum,
-        theta_p_max, d_found, d_lb, err, method, status,
+        theta_p_max, d_found, d_lb, err, method, status, workspace,
     )  # fmt: skip
     for r in range(r0, r1):
         lower[r], upper[r] = theta_interval(row_sum[r], d_found[r], d_lb[r], err[r])
         p_max[r], argmax[r], total[r], squares[r], entropy[r], nonzero[r] = moments_of_row(x[r], bits[r])
+    return workspace
 
 
 @cached_njit(parallel=True)
 def row_statistics_rows(
     x, stop_d, mitm_max, ckk_budget, ckk_max_support, tolerance, row_sum, theta_p_max, d_found, d_lb, err, method,
-    status, lower, upper, p_max, argmax, total, squares, entropy, nonzero,
+    status, lower, upper, p_max, argmax, total, squares, entropy, nonzero, workspaces,
 ):  # fmt: skip
     """The cascade (float32 ``x`` [row, key], C-contiguous; sums checked against ``tolerance``), θ's interval
     [``lower``, ``upper``] and the moments of every row, in parallel over blocks of rows (call it within
-    ``parallel_chunksize(chunk_blocks(...))``, as ``certify_rows_balanced`` does). Outputs as in ``certify_rows`` and
-    ``row_moments``."""
+    ``parallel_chunksize(chunk_tasks(...))``, as ``certify_rows_balanced`` does). Outputs as in ``certify_rows`` and
+    ``row_moments``; ``workspaces`` as in ``certify_rows``."""
     bits = x.view(np.int32)
     no_positive = np.int32(np.iinfo(np.int32).max)
     n_blocks = (x.shape[0] + ROW_BLOCK - 1) // ROW_BLOCK
-    for b in prange(n_blocks):
-        r0 = b * ROW_BLOCK
-        _statistics_block(
-            x, bits, no_positive, r0, min(x.shape[0], r0 + ROW_BLOCK), stop_d, mitm_max, ckk_budget, ckk_max_support,
-            tolerance, row_sum, theta_p_max, d_found, d_lb, err, method, status, lower, upper, p_max, argmax, total,
-            squares, entropy, nonzero,
-        )  # fmt: skip
+    per_task = blocks_per_task(mitm_max)
+    for task in prange((n_blocks + per_task - 1) // per_task):
+        workspace = workspaces[get_thread_id()]
+        for b in range(task * per_task, min(n_blocks, (task + 1) * per_task)):
+            r0 = b * ROW_BLOCK
+            workspace = _statistics_block(
+                x, bits, no_positive, r0, min(x.shape[0], r0 + ROW_BLOCK), stop_d, mitm_max, ckk_budget,
+                ckk_max_support, tolerance, row_sum, theta_p_max, d_found, d_lb, err, method, status, lower, upper,
+                p_max, argmax, total, squares, entropy, nonzero, workspace,
+            )  # fmt: skip
 
 
 @cached_njit()
 def row_statistics_rows_serial(
     x, stop_d, mitm_max, ckk_budget, ckk_max_support, tolerance, row_sum, theta_p_max, d_found, d_lb, err, method,
-    status, lower, upper, p_max, argmax, total, squares, entropy, nonzero,
+    status, lower, upper, p_max, argmax, total, squares, entropy, nonzero, workspaces,
 ):  # fmt: skip
     """``row_statistics_rows`` on one thread: small batches, where waking the thread pool costs more than the work."""
     bits = x.view(np.int32)
     no_positive = np.int32(np.iinfo(np.int32).max)
+    workspace = workspaces[0]
     for r0 in range(0, x.shape[0], ROW_BLOCK):
-        _statistics_block(
+        workspace = _statistics_block(
             x, bits, no_positive, r0, min(x.shape[0], r0 + ROW_BLOCK), stop_d, mitm_max, ckk_budget, ckk_max_support,
             tolerance, row_sum, theta_p_max, d_found, d_lb, err, method, status, lower, upper, p_max, argmax, total,
-            squares, entropy, nonzero,
+            squares, entropy, nonzero, workspace,
         )  # fmt: skip

@@ -39,7 +39,7 @@ class RowStats:
         return RowStats(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
 
 
-def row_statistics(probs: Tensor, *, n_keys: Tensor | None = None) -> RowStats:
+def row_statistics(probs: Tensor, *, n_keys: Tensor | None = None, exact_support: int | None = None) -> RowStats:
     """θ certificate, p_max, argmax, entropy H = −Σ p log p, H / log n_keys, n_eff = 1/Σp², s = Σp of every row.
 
     Args:
@@ -47,6 +47,8 @@ def row_statistics(probs: Tensor, *, n_keys: Tensor | None = None) -> RowStats:
             masked keys for the θ certificate.
         n_keys: [...] number of allowed keys per row. Defaults to the number of nonzero entries; pass it when
             an allowed key can underflow to an exact zero.
+        exact_support: prove every row of at most this many non-zero keys exact (``certify``'s argument, 24–48;
+            default: the cheap proofs only).
 
     Returns:
         RowStats with the leading shape of ``probs``. The θ interval is the θ engine's certificate for the
@@ -58,10 +60,10 @@ def row_statistics(probs: Tensor, *, n_keys: Tensor | None = None) -> RowStats:
     """
     from attnsens.theta import certify
 
-    fused = _fused_row_statistics(probs, n_keys)
+    fused = _fused_row_statistics(probs, n_keys, exact_support)
     if fused is not None:
         return fused
-    certificate = certify(probs, dim=-1)
+    certificate = certify(probs, dim=-1, exact_support=exact_support)
     p_max, argmax, row_sum, squares, entropy, nonzero = _row_moments(probs)
     n_keys = nonzero if n_keys is None else n_keys.to(device=probs.device, dtype=torch.int64)
     log_n = torch.log(n_keys.to(torch.float64))
@@ -82,10 +84,13 @@ def row_statistics(probs: Tensor, *, n_keys: Tensor | None = None) -> RowStats:
     )
 
 
-def _fused_row_statistics(probs: Tensor, n_keys: Tensor | None) -> RowStats | None:
+def _fused_row_statistics(probs: Tensor, n_keys: Tensor | None, exact_support: int | None = None) -> RowStats | None:
     """``row_statistics`` of float32 CPU rows by one compiled pass (``_numba_row_statistics``): the same numbers
     bit for bit, without the per-call steps between ``certify`` and the moments. None where it does not apply
     (other devices and dtypes, no numba, no rows), and the caller takes the general path."""
+    from attnsens.theta.certificate import enumeration_support
+
+    mitm_max_support = enumeration_support(exact_support)  # refused here and on the general path alike
     if probs.device.type != "cpu" or probs.dtype != torch.float32 or probs.dim() == 0 or probs.numel() == 0:
         return None
     try:
@@ -95,13 +100,12 @@ def _fused_row_statistics(probs: Tensor, n_keys: Tensor | None) -> RowStats | No
     except ImportError:
         return None
     from attnsens._numba_cache import note_compilation
-    from attnsens.theta._numba_kernels import chunk_blocks
+    from attnsens.theta._numba_kernels import chunk_tasks, thread_workspaces
     from attnsens.theta._validation import raise_for_status
     from attnsens.theta.certificate import (
         _EXACT_LOOKUP,
         CKK_MAX_SUPPORT,
         CKK_NODE_BUDGET,
-        MITM_MAX_SUPPORT,
         PARALLEL_MIN_ELEMENTS,
         PARALLEL_MIN_ROWS,
         STOP_DISTANCE,
@@ -122,11 +126,11 @@ def _fused_row_statistics(probs: Tensor, n_keys: Tensor | None) -> RowStats | No
     parallel = x.size >= PARALLEL_MIN_ELEMENTS or count >= PARALLEL_MIN_ROWS
     kernel = kernels.row_statistics_rows if parallel else kernels.row_statistics_rows_serial
     note_compilation(kernel, "attnsens' row-statistics kernels")
-    with keep_torch_threads(), parallel_chunksize(chunk_blocks(count, get_num_threads())):
+    with keep_torch_threads(), parallel_chunksize(chunk_tasks(count, get_num_threads(), mitm_max_support)):
         kernel(
-            x, STOP_DISTANCE["float32"], MITM_MAX_SUPPORT, CKK_NODE_BUDGET, CKK_MAX_SUPPORT, tolerance, row_sum,
+            x, STOP_DISTANCE["float32"], mitm_max_support, CKK_NODE_BUDGET, CKK_MAX_SUPPORT, tolerance, row_sum,
             theta_p_max, d_found, d_lb, err, method, status, lower, upper, p_max, argmax, total, squares, entropy,
-            nonzero,
+            nonzero, thread_workspaces(mitm_max_support, x.shape[1], get_num_threads() if parallel else 1),
         )  # fmt: skip
     if status.any():
         raise_for_status(torch.from_numpy(status), rows, tuple(shape), -1, tolerance)

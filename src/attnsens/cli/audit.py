@@ -70,6 +70,14 @@ def audit(
             "(default 128).",
         ),
     ] = None,
+    exact_support: Annotated[
+        int | None,
+        typer.Option(
+            "--exact-support",
+            help="Prove θ exact on every row with at most this many non-zero keys (24–48; up to ~0.3 s a row at "
+            "48). Default: rows of up to 24 keys, and longer ones where a cheap proof applies.",
+        ),
+    ] = None,
     trust_remote_code: Annotated[
         bool, flag("--trust-remote-code", help="Allow model code from the hub to run (off by default).")
     ] = False,
@@ -87,12 +95,18 @@ def audit(
         saved_checkpoint,
     )
     from attnsens.cli.progress import ProgressReport
-    from attnsens.errors import InputError
+    from attnsens.errors import ConfigError, InputError
     from attnsens.store.lock import writing_run_folder
     from attnsens.study.audit import audit as run_audit
     from attnsens.study.audit import split_sequences
+    from attnsens.theta.certificate import enumeration_support
     from attnsens.train.saved import study_runs
 
+    try:
+        enumeration_support(exact_support)
+    except ConfigError as err:
+        advice = str(err).replace("exact_support=", "--exact-support ")
+        raise ConfigError(advice.replace("use exact(p)", "use attnsens.theta.exact in Python")) from err
     out = default_out_dir("audit", model) if out is None else out
     check_out_dir(out)
     check_device(device)
@@ -129,6 +143,7 @@ def audit(
                 step=0 if saved is None else saved.step,
                 seed=(seed or 0) if saved is None else saved.seed,
                 max_memory=None if max_memory is None else max_memory * 2**20,
+                exact_support=exact_support,
                 progress=report.update,
             )
     identity = ["run_id", "model", "step", "seed"]

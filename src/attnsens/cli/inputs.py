@@ -76,6 +76,17 @@ def writing(path: Path, flag: str = "--out") -> Iterator[None]:
         ) from err
 
 
+def check_exact_support(exact_support: int | None) -> None:
+    """The library's check of ``exact_support``, its message in the command's words (--exact-support)."""
+    from attnsens.theta.certificate import enumeration_support
+
+    try:
+        enumeration_support(exact_support)
+    except ConfigError as err:
+        advice = str(err).replace("exact_support=", "--exact-support ")
+        raise ConfigError(advice.replace("use exact(p)", "use attnsens.theta.exact in Python")) from err
+
+
 def check_device(device: str | None) -> None:
     """``device`` names a device this torch can use (None: the default choice)."""
     if device is None:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from attnsens.cli.app import JsonOption, app, console, domain_errors_exit, flag, format_float, print_json
-from attnsens.errors import ConfigError, FileFormatError, InputError
+from attnsens.errors import FileFormatError, InputError
 
 if TYPE_CHECKING:
     import torch
@@ -60,11 +60,12 @@ def theta(
     """Certified interval for θ(p) = 4·max_S p(S)(1 − p(S)) of every attention row, with a summary."""
     import time
 
-    from attnsens.cli.inputs import check_out_file, writing
+    from attnsens.cli.inputs import check_exact_support, check_out_file, writing
     from attnsens.theta import certify
 
     if out is not None:
         check_out_file(out, example="rows.parquet")
+    check_exact_support(exact_support)
     p = load_tensor(file, key)
     start = time.perf_counter()
     if not normalize:
@@ -81,9 +82,6 @@ def theta(
         advice = str(err).replace("tolerance", "--tolerance")
         advice = advice.replace("pass normalize=True", "pass --normalize (normalize=True in Python)")
         raise InputError(advice.replace("key axis dim=", "key axis --dim ")) from err
-    except ConfigError as err:
-        advice = str(err).replace("exact_support=", "--exact-support ")
-        raise ConfigError(advice.replace("use exact(p)", "use attnsens.theta.exact in Python")) from err
     summary = summarize(cert, seconds=time.perf_counter() - start)
     summary.update(
         file=str(file), key=key, dim=dim, precision=precision, exact_support=exact_support, shape=list(p.shape)

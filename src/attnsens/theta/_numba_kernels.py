@@ -26,10 +26,12 @@ named by a hash of all kernel sources, so an edit to any ``_numba_*.py`` recompi
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import numpy as np
-from numba import get_num_threads, parallel_chunksize, prange
+from numba import get_num_threads, get_thread_id, parallel_chunksize, prange
 
 from attnsens._numba_cache import cached_njit
 from attnsens.theta._constants import (
@@ -89,6 +91,11 @@ row of that support, on the device); of the GPU kernel's rows, those it leaves o
 LONG_SEARCH_NODES = 200_000
 """Before enumerating a row longer than ``MITM_FALLBACK_SUPPORT`` keys (≥ 1 ms, about 0.13 s at 48), in ``exact``,
 the count-pruned meet-in-the-middle gets 200,000 nodes (about 1 ms) instead of the 5,000 of ``certify``."""
+ENUMERATION_TASK_BLOCKS = 16
+"""Where ``mitm_max`` exceeds ``ENUMERATED_AFTER_PROOFS`` (``exact``, ``certify``'s ``exact_support``), a parallel
+task runs 16 blocks of rows in turn, and they share one enumeration workspace: each new workspace of 2^(n/2)
+sums costs its page faults once (at 48 keys about 0.2 s, as long as an enumeration). Otherwise a task is one
+block, as the enumeration there never needs more than 2^13 sums a list."""
 FOUR_LIST_ENUMERATION_SHARE = 2
 """Before enumerating a row of n > ``MITM_FALLBACK_SUPPORT`` keys, the four-list search may use up to
 2^(n/2 − 2) pair sums (at least ``FOUR_LIST_LONG_WORK``): at about 3 ns a pair sum against about 8 ns for each
@@ -456,8 +463,10 @@ def _sort_into(values, out):
 @cached_njit()
 def _certify_block(
     x, bits, no_positive, r0, r1, exact_quantum, stop_d, mitm_max, ckk_budget, ckk_max_support, check_sum, tolerance,
-    row_sum, p_max, d_found, d_lb, err, method, status,
+    row_sum, p_max, d_found, d_lb, err, method, status, workspace,
 ):  # fmt: skip
+    """The cascade on rows r0:r1 of ``x`` (outputs as in ``certify_rows``). ``workspace`` holds the enumeration's
+    lists (``mitm_workspace``); returns it, or a larger one where a row needed more."""
     nb = r1 - r0
     top_v = np.empty((ROW_BLOCK, K_SMALL))
     top_i = np.empty((ROW_BLOCK, K_SMALL), np.int64)
@@ -474,11 +483,10 @@ def _certify_block(
     n_whole_row = 0
     n_pending = 0
     short_support = max(mitm_max, SHORT_ROW_SUPPORT)
-    # One enumeration workspace for the block, sized for its longest row that may be enumerated, allocated when
-    # the first enumeration needs it (the short rows of a causal head are neighbours, and share a block).
+    # The enumeration workspace grows, when a row needs more, to the block's longest row that may be enumerated
+    # (the short rows of a causal head are neighbours, and share a block).
     enumerable = max(mitm_max, ENUMERATED_AFTER_PROOFS, MITM_FALLBACK_SUPPORT)
     longest_enumerable = 0
-    workspace = np.empty((4, 0))
     for j in range(nb):
         r = r0 + j
         s, n, pmax, q, end, st, threshold, first = scan_row(x[r], bits[r], no_positive, exact_quantum, K_SMALL)
@@ -575,7 +583,7 @@ def _certify_block(
                     work = max(work, (1 << (n // 2)) >> FOUR_LIST_ENUMERATION_SHARE)
                 d, m = prove_short_row(x[r], n, t, q, e, K_SMALL, probe, search, work)
             if m == 0 and enumerated:
-                if workspace.shape[1] == 0:
+                if workspace.shape[1] < 1 << (n - n // 2):
                     workspace = mitm_workspace(longest_enumerable)
                 d, m = meet_in_the_middle(x[r], n, t, workspace), _MITM
             if m != 0:
@@ -615,12 +623,20 @@ def _certify_block(
         d_found[r] = df
         d_lb[r] = dl
         method[r] = m
+    return workspace
+
+
+@cached_njit()
+def blocks_per_task(mitm_max):
+    """Blocks of rows one parallel task runs in turn, sharing one enumeration workspace: 1, or
+    ``ENUMERATION_TASK_BLOCKS`` where rows of more than ``ENUMERATED_AFTER_PROOFS`` keys may be enumerated."""
+    return 1 if mitm_max <= ENUMERATED_AFTER_PROOFS else ENUMERATION_TASK_BLOCKS
 
 
 @cached_njit(parallel=True)
 def certify_rows(
     x, bits, no_positive, exact_quantum, stop_d, mitm_max, ckk_budget, ckk_max_support, check_sum, tolerance,
-    row_sum, p_max, d_found, d_lb, err, method, status,
+    row_sum, p_max, d_found, d_lb, err, method, status, workspaces,
 ):  # fmt: skip
     """Run the cascade on every row of ``x`` [row, key] (float32 or float64, C-contiguous), in parallel (call it
     through ``certify_rows_balanced``).
@@ -634,19 +650,23 @@ def certify_rows(
         mitm_max: rows with at most this many non-zeros are solved exactly by meet-in-the-middle.
         ckk_budget, ckk_max_support: node budget of the final CKK stage, and the largest support it runs on.
         check_sum, tolerance: flag rows with |ŝ − 1| > tolerance as BAD_SUM.
+        workspaces: one enumeration workspace per thread (``thread_workspaces``).
 
     Outputs (one entry per row): ŝ, p_max, d̂ (best subset), d̂_lb (proved: d* ≥ d̂_lb − E), E, method, status.
     The true optimum satisfies d̂_lb − E ≤ d* ≤ d̂ + E.
     """
     n_rows = x.shape[0]
     n_blocks = (n_rows + ROW_BLOCK - 1) // ROW_BLOCK
-    for b in prange(n_blocks):
-        r0 = b * ROW_BLOCK
-        r1 = min(n_rows, r0 + ROW_BLOCK)
-        _certify_block(
-            x, bits, no_positive, r0, r1, exact_quantum, stop_d, mitm_max, ckk_budget, ckk_max_support, check_sum,
-            tolerance, row_sum, p_max, d_found, d_lb, err, method, status,
-        )  # fmt: skip
+    per_task = blocks_per_task(mitm_max)
+    for task in prange((n_blocks + per_task - 1) // per_task):
+        workspace = workspaces[get_thread_id()]
+        for b in range(task * per_task, min(n_blocks, (task + 1) * per_task)):
+            r0 = b * ROW_BLOCK
+            r1 = min(n_rows, r0 + ROW_BLOCK)
+            workspace = _certify_block(
+                x, bits, no_positive, r0, r1, exact_quantum, stop_d, mitm_max, ckk_budget, ckk_max_support,
+                check_sum, tolerance, row_sum, p_max, d_found, d_lb, err, method, status, workspace,
+            )  # fmt: skip
 
 
 def chunk_blocks(n_rows: int, threads: int) -> int:
@@ -656,21 +676,57 @@ def chunk_blocks(n_rows: int, threads: int) -> int:
     return max(1, min(CHUNK_BLOCKS, blocks // (threads * TASKS_PER_THREAD)))
 
 
+_held_workspaces: dict[tuple[int, int], np.ndarray] | None = None
+
+
+def thread_workspaces(mitm_max: int, n_keys: int, threads: int) -> np.ndarray:
+    """One enumeration workspace per thread for the kernels' calls, [threads, 4, 2^⌈m/2⌉] with m = min(mitm_max,
+    n_keys) where rows of more than ``ENUMERATED_AFTER_PROOFS`` keys may be enumerated, else empty (the blocks
+    then allocate the little they need). Untouched until used: a call faults in each thread's pages once,
+    instead of once per task (a 512-token audit chunk holds nine heads' short rows, each head one task); within
+    ``holding_workspaces`` the calls share them, and fault them in once."""
+    m = min(mitm_max, n_keys)
+    size = 1 << (m - m // 2) if mitm_max > ENUMERATED_AFTER_PROOFS else 0
+    if _held_workspaces is None or size == 0:
+        return np.empty((threads, 4, size))
+    return _held_workspaces.setdefault((threads, size), np.empty((threads, 4, size)))
+
+
+@contextlib.contextmanager
+def holding_workspaces() -> Iterator[None]:
+    """Within it, the kernels' calls reuse their enumeration workspaces (``thread_workspaces``) instead of fresh
+    ones: an audit's chunks under ``exact_support`` then fault in 0.5 GiB a thread once (at 48 keys), not once
+    per chunk. The memory is held until the block ends."""
+    global _held_workspaces
+    outer = _held_workspaces
+    _held_workspaces = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _held_workspaces = outer
+
+
+def chunk_tasks(n_rows: int, threads: int, mitm_max: int) -> int:
+    """Tasks (``blocks_per_task`` blocks each) a thread takes at a time: ``chunk_blocks`` over the task size."""
+    return max(1, chunk_blocks(n_rows, threads) // blocks_per_task(mitm_max))
+
+
 def certify_rows_balanced(*args):
-    """``certify_rows`` (same arguments) with threads taking ``chunk_blocks`` blocks of rows at a time."""
-    with parallel_chunksize(chunk_blocks(args[0].shape[0], get_num_threads())):
+    """``certify_rows`` (same arguments) with threads taking ``chunk_tasks`` tasks of rows at a time."""
+    with parallel_chunksize(chunk_tasks(args[0].shape[0], get_num_threads(), args[5])):
         certify_rows(*args)
 
 
 @cached_njit()
 def certify_rows_serial(
     x, bits, no_positive, exact_quantum, stop_d, mitm_max, ckk_budget, ckk_max_support, check_sum, tolerance,
-    row_sum, p_max, d_found, d_lb, err, method, status,
+    row_sum, p_max, d_found, d_lb, err, method, status, workspaces,
 ):  # fmt: skip
     """``certify_rows`` on one thread: small batches, where waking the thread pool costs more than the work."""
     n_rows = x.shape[0]
+    workspace = workspaces[0]
     for r0 in range(0, n_rows, ROW_BLOCK):
-        _certify_block(
+        workspace = _certify_block(
             x, bits, no_positive, r0, min(n_rows, r0 + ROW_BLOCK), exact_quantum, stop_d, mitm_max, ckk_budget,
-            ckk_max_support, check_sum, tolerance, row_sum, p_max, d_found, d_lb, err, method, status,
+            ckk_max_support, check_sum, tolerance, row_sum, p_max, d_found, d_lb, err, method, status, workspace,
         )  # fmt: skip

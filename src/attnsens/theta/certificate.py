@@ -207,24 +207,34 @@ def certify(
     """
     if precision not in STOP_DISTANCE:
         raise ConfigError(f"precision={precision!r} is not one of {sorted(STOP_DISTANCE)}")
+    mitm_max_support = enumeration_support(exact_support)
+    if tolerance is None:
+        tolerance = default_sum_tolerance(p.dtype) if isinstance(p, torch.Tensor) else 1e-3
+    cert, _ = run_cascade(
+        p, dim, stop_distance=STOP_DISTANCE[precision], mitm_max_support=mitm_max_support,
+        ckk_node_budget=CKK_NODE_BUDGET, ckk_max_support=CKK_MAX_SUPPORT, normalize=normalize,
+        tolerance=tolerance, backend=backend,
+    )  # fmt: skip
+    return cert
+
+
+def enumeration_support(exact_support: int | None) -> int:
+    """The enumeration limit of the cascade for ``certify``'s ``exact_support`` (None: ``MITM_MAX_SUPPORT``).
+
+    Raises:
+        ConfigError: not an integer in [``MITM_MAX_SUPPORT``, ``EXACT_SUPPORT_MAX``].
+    """
     if exact_support is None:
-        exact_support = MITM_MAX_SUPPORT
-    elif isinstance(exact_support, bool) or not isinstance(exact_support, int):
+        return MITM_MAX_SUPPORT
+    if isinstance(exact_support, bool) or not isinstance(exact_support, int):
         raise ConfigError(f"exact_support={exact_support!r} must be an integer number of non-zero keys")
-    elif not MITM_MAX_SUPPORT <= exact_support <= EXACT_SUPPORT_MAX:
+    if not MITM_MAX_SUPPORT <= exact_support <= EXACT_SUPPORT_MAX:
         raise ConfigError(
             f"exact_support={exact_support} must lie in [{MITM_MAX_SUPPORT}, {EXACT_SUPPORT_MAX}]: rows of up to "
             f"{MITM_MAX_SUPPORT} non-zeros are always exact, and above {EXACT_SUPPORT_MAX} the enumeration needs "
             "more than 0.5 GiB and seconds a row (use exact(p) for a proof by CKK on longer rows)"
         )
-    if tolerance is None:
-        tolerance = default_sum_tolerance(p.dtype) if isinstance(p, torch.Tensor) else 1e-3
-    cert, _ = run_cascade(
-        p, dim, stop_distance=STOP_DISTANCE[precision], mitm_max_support=exact_support,
-        ckk_node_budget=CKK_NODE_BUDGET, ckk_max_support=CKK_MAX_SUPPORT, normalize=normalize,
-        tolerance=tolerance, backend=backend,
-    )  # fmt: skip
-    return cert
+    return exact_support
 
 
 def default_sum_tolerance(dtype: torch.dtype) -> float:
@@ -362,6 +372,8 @@ def _certify_rows_numba(
     check_sum: bool,
     tolerance: float,
 ) -> dict[str, torch.Tensor]:
+    from numba import get_num_threads
+
     from attnsens._numba_cache import note_compilation  # imports numba, loaded already with the kernels
 
     x = rows.contiguous().numpy()
@@ -379,5 +391,6 @@ def _certify_rows_numba(
             mitm_max_support, ckk_node_budget, ckk_max_support, check_sum, tolerance, out["row_sum"].numpy(),
             out["p_max"].numpy(), out["d_found"].numpy(), out["d_lb"].numpy(), out["err"].numpy(),
             out["method"].numpy(), out["status"].numpy(),
+            kernels.thread_workspaces(mitm_max_support, x.shape[1], get_num_threads() if parallel else 1),
         )  # fmt: skip
     return out

@@ -12,18 +12,18 @@ import torch
 
 import attnsens.capture.statistics as statistics
 from attnsens.capture.statistics import RowStats, row_statistics
-from attnsens.errors import InputError
+from attnsens.errors import ConfigError, InputError
 from tests.unit.theta.rows import softmax_rows, with_zeros
 
 FIXTURE = Path(__file__).resolve().parents[2] / "data" / "tiny_gpt_early_rows.npz"
 
 
-def general_path(probs: torch.Tensor, n_keys: torch.Tensor | None = None) -> RowStats:
+def general_path(probs: torch.Tensor, n_keys: torch.Tensor | None = None, exact_support: int | None = None) -> RowStats:
     """``row_statistics`` with the one-pass kernel switched off."""
     saved = statistics._fused_row_statistics
     statistics._fused_row_statistics = lambda *args: None
     try:
-        return row_statistics(probs, n_keys=n_keys)
+        return row_statistics(probs, n_keys=n_keys, exact_support=exact_support)
     finally:
         statistics._fused_row_statistics = saved
 
@@ -48,6 +48,17 @@ def test_real_rows_give_the_general_path_bit_for_bit(shape: tuple[int, int]) -> 
     probs = real_rows()
     chunk = probs[: shape[0] * shape[1]].reshape(*shape, probs.shape[-1])
     assert_identical(row_statistics(chunk), general_path(chunk))
+
+
+def test_exact_support_gives_the_general_path_bit_for_bit() -> None:
+    """Rows of up to 40 keys all proved exact, on both paths alike; the default leaves some of them open."""
+    probs = real_rows()
+    probs = probs[(probs > 0).sum(-1) <= 40][:96].reshape(2, 48, probs.shape[-1])
+    ours = row_statistics(probs, exact_support=40)
+    assert bool(ours.theta_exact.all()) and not bool(row_statistics(probs).theta_exact.all())
+    assert_identical(ours, general_path(probs, exact_support=40))
+    with pytest.raises(ConfigError, match="exact_support"):
+        row_statistics(probs, exact_support=64)
 
 
 def test_long_causal_rows_give_the_general_path_bit_for_bit() -> None:
@@ -85,8 +96,8 @@ def test_other_dtypes_and_empty_batches_take_the_general_path() -> None:
     calls = []
     saved = statistics._fused_row_statistics
 
-    def spy(probs: torch.Tensor, n_keys: torch.Tensor | None) -> RowStats | None:
-        result = saved(probs, n_keys)
+    def spy(probs: torch.Tensor, n_keys: torch.Tensor | None, exact_support: int | None) -> RowStats | None:
+        result = saved(probs, n_keys, exact_support)
         calls.append(result is not None)
         return result
 

@@ -322,3 +322,8 @@ def test_theta_exact_support_out_of_range(tmp_path: Path) -> None:
     message = _one_line_error(["theta", str(path), "--exact-support", "60"])
     assert message.startswith("--exact-support 60 must lie in [24, 48]")
     assert "attnsens.theta.exact" in message
+
+
+def test_audit_exact_support_out_of_range_before_the_model_loads(tmp_path: Path) -> None:
+    message = _one_line_error(["audit", "no/such/model", "--exact-support", "12", "--out", str(tmp_path / "run")])
+    assert message.startswith("--exact-support 12 must lie in [24, 48]")

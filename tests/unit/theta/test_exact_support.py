@@ -105,3 +105,27 @@ def test_a_reused_workspace_gives_each_row_its_own_optimum() -> None:
             theta = theta_dyadic_meet_in_the_middle(*dyadic(torch.from_numpy(row)))
             s = Fraction(sum(Fraction(float(v)) for v in row))
             assert Fraction(fresh) ** 2 * 4 == s - theta
+
+
+def test_held_workspaces_are_shared_within_the_block_and_released_after() -> None:
+    from attnsens.theta._numba_kernels import holding_workspaces, thread_workspaces
+
+    assert thread_workspaces(48, 40, 2).shape == (2, 4, 1 << 20)  # sized by the longest possible row
+    assert thread_workspaces(24, 1024, 2).shape == (2, 4, 0)  # the default enumerates only a few sums
+    with holding_workspaces():
+        held = thread_workspaces(40, 512, 2)
+        assert thread_workspaces(40, 512, 2) is held
+    assert thread_workspaces(40, 512, 2) is not held
+
+
+def test_calls_sharing_held_workspaces_give_what_separate_calls_give(real_rows: torch.Tensor) -> None:
+    """Longer rows first, then shorter ones in the same buffers: nothing of the first call may reach the second."""
+    from attnsens.theta._numba_kernels import holding_workspaces
+
+    n = support(real_rows)
+    longer, shorter = real_rows[(n >= 37) & (n <= 40)], real_rows[(n >= 25) & (n <= 31)]
+    apart = [certify(rows, exact_support=40) for rows in (longer, shorter)]
+    with holding_workspaces():
+        shared = [certify(rows, exact_support=40) for rows in (longer, shorter)]
+    for a, b in zip(apart, shared, strict=True):
+        assert torch.equal(a.lower, b.lower) and torch.equal(a.upper, b.upper) and bool(b.exact.all())
