@@ -13,12 +13,12 @@ it is still in the cache (``moments_of_row``, the code of ``row_moments``). The 
 from __future__ import annotations
 
 import numpy as np
-from numba import get_thread_id, prange
+from numba import prange
 
 from attnsens._numba_cache import cached_njit
 from attnsens.capture._numba_moments import moments_of_row
 from attnsens.theta._numba_enclosure import theta_interval
-from attnsens.theta._numba_kernels import ROW_BLOCK, _certify_block, blocks_per_task
+from attnsens.theta._numba_kernels import ROW_BLOCK, _certify_block, blocks_per_task, thread_workspace
 
 
 @cached_njit()
@@ -50,7 +50,7 @@ def row_statistics_rows(
     n_blocks = (x.shape[0] + ROW_BLOCK - 1) // ROW_BLOCK
     per_task = blocks_per_task(mitm_max)
     for task in prange((n_blocks + per_task - 1) // per_task):
-        workspace = workspaces[get_thread_id()]
+        workspace = thread_workspace(workspaces)
         for b in range(task * per_task, min(n_blocks, (task + 1) * per_task)):
             r0 = b * ROW_BLOCK
             workspace = _statistics_block(

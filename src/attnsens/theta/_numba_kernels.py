@@ -633,6 +633,13 @@ def blocks_per_task(mitm_max):
     return 1 if mitm_max <= ENUMERATED_AFTER_PROOFS else ENUMERATION_TASK_BLOCKS
 
 
+@cached_njit()
+def thread_workspace(workspaces):
+    """This thread's workspace of ``workspaces`` (``thread_workspaces``), or an empty one if there is none for it."""
+    thread = get_thread_id()
+    return workspaces[thread] if thread < workspaces.shape[0] else mitm_workspace(0)
+
+
 @cached_njit(parallel=True)
 def certify_rows(
     x, bits, no_positive, exact_quantum, stop_d, mitm_max, ckk_budget, ckk_max_support, check_sum, tolerance,
@@ -659,7 +666,7 @@ def certify_rows(
     n_blocks = (n_rows + ROW_BLOCK - 1) // ROW_BLOCK
     per_task = blocks_per_task(mitm_max)
     for task in prange((n_blocks + per_task - 1) // per_task):
-        workspace = workspaces[get_thread_id()]
+        workspace = thread_workspace(workspaces)
         for b in range(task * per_task, min(n_blocks, (task + 1) * per_task)):
             r0 = b * ROW_BLOCK
             r1 = min(n_rows, r0 + ROW_BLOCK)
@@ -689,7 +696,9 @@ def thread_workspaces(mitm_max: int, n_keys: int, threads: int) -> np.ndarray:
     size = 1 << (m - m // 2) if mitm_max > ENUMERATED_AFTER_PROOFS else 0
     if _held_workspaces is None or size == 0:
         return np.empty((threads, 4, size))
-    return _held_workspaces.setdefault((threads, size), np.empty((threads, 4, size)))
+    if (threads, size) not in _held_workspaces:
+        _held_workspaces[threads, size] = np.empty((threads, 4, size))
+    return _held_workspaces[threads, size]
 
 
 @contextlib.contextmanager
