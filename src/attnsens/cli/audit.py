@@ -88,6 +88,7 @@ def audit(
     from attnsens.cli.inputs import (
         check_context,
         check_device,
+        check_exact_support,
         check_out_dir,
         default_out_dir,
         load_model,
@@ -95,18 +96,13 @@ def audit(
         saved_checkpoint,
     )
     from attnsens.cli.progress import ProgressReport
-    from attnsens.errors import ConfigError, InputError
+    from attnsens.errors import InputError
     from attnsens.store.lock import writing_run_folder
     from attnsens.study.audit import audit as run_audit
     from attnsens.study.audit import split_sequences
-    from attnsens.theta.certificate import enumeration_support
     from attnsens.train.saved import study_runs
 
-    try:
-        enumeration_support(exact_support)
-    except ConfigError as err:
-        advice = str(err).replace("exact_support=", "--exact-support ")
-        raise ConfigError(advice.replace("use exact(p)", "use attnsens.theta.exact in Python")) from err
+    check_exact_support(exact_support)
     out = default_out_dir("audit", model) if out is None else out
     check_out_dir(out)
     check_device(device)

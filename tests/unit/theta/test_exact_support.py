@@ -15,13 +15,18 @@ import pytest
 import torch
 
 from attnsens.errors import ConfigError
-from attnsens.theta import ThetaMethod, certify
+from attnsens.theta import certify
 from attnsens.theta._numba_partition import meet_in_the_middle, mitm_workspace
 from attnsens.theta.certificate import EXACT_SUPPORT_MAX, MITM_MAX_SUPPORT
 from tests.reference.theta_oracles import theta_dyadic_meet_in_the_middle
 from tests.unit.theta.test_cardinality import local_search_theta
-from tests.unit.theta.test_real_rows import ORACLE_MAX_SUPPORT, dyadic, oracle_rows, support
-from tests.unit.theta.test_soundness import assert_certificate_sound
+from tests.unit.theta.test_real_rows import (
+    ORACLE_MAX_SUPPORT,
+    assert_enumerated_rows_equal_the_oracle,
+    dyadic,
+    oracle_rows,
+    support,
+)
 
 FIXTURE = Path(__file__).resolve().parents[2] / "data" / "tiny_gpt_early_rows.npz"
 
@@ -41,13 +46,7 @@ def test_default_leaves_real_short_rows_open(real_rows: torch.Tensor) -> None:
 
 def test_every_real_row_up_to_the_support_is_exact_and_equals_the_oracle(real_rows: torch.Tensor) -> None:
     rows = oracle_rows(real_rows)
-    cert = certify(rows, exact_support=ORACLE_MAX_SUPPORT)
-    assert bool(cert.exact.all()), cert.method_names()
-    assert ThetaMethod.MEET_IN_THE_MIDDLE in {ThetaMethod(int(m)) for m in cert.method}
-    for i, row in enumerate(rows):
-        theta = theta_dyadic_meet_in_the_middle(*dyadic(row))
-        assert_certificate_sound(float(cert.lower[i]), float(cert.upper[i]), theta, f"real row {i}")
-        assert float(cert.upper[i]) - float(cert.lower[i]) <= 2.0**-49
+    assert_enumerated_rows_equal_the_oracle(rows, certify(rows, exact_support=ORACLE_MAX_SUPPORT))
 
 
 def test_rows_of_37_to_48_keys_are_exact_and_no_real_subset_beats_them(real_rows: torch.Tensor) -> None:
