@@ -25,6 +25,11 @@ left is its working memory. Times are the median of that
 call and ``--repeats - 1`` more. The eager baseline is skipped at lengths where all layers' attention would not fit
 in half the available memory.
 
+Paired time ratio: the forward and the audit measured apart, in subprocesses one after the other, each with its
+own cold first call, see different loads on a shared machine (at 512 tokens the forward's own calls have spread
+over 0.9–2.2 s in one run). One more fresh subprocess therefore warms up both calls at the full length and then
+times ``--repeats`` pairs, alternating which runs first; the figure is the median of the pairs' ratios.
+
 Usage: ``python bench/audit.py [--lengths 512,2048,4096,8192] [--repeats 1] [--monitor-steps 0]``; appends one
 JSON line per length to bench/results/audit.jsonl.
 """
@@ -154,6 +159,36 @@ def measure(method: str, model_dir: str, seq_len: int, repeats: int) -> dict[str
     }
 
 
+def measure_pairs(model_dir: str, seq_len: int, pairs: int) -> dict[str, object]:
+    """The plain forward and the audit, interleaved in this process: after one warm-up call of each at the full
+    length, ``pairs`` pairs, the order alternating (forward first, then audit first), each pair's ratio timed
+    within seconds of each other, so that a change of the machine's load between the separate subprocesses does
+    not enter the ratio."""
+    import attnsens as A
+
+    ids = torch.load(Path(model_dir) / "ids.pt", weights_only=True)[:, :seq_len]
+    adapter = A.models.load(model_dir)
+
+    def timed(method: str) -> float:
+        start = time.perf_counter()
+        with torch.no_grad():
+            if method == "forward":
+                adapter.module(input_ids=ids)
+            else:
+                A.study.audit(adapter, ids)
+        return time.perf_counter() - start
+
+    timed("forward"), timed("audit")  # warm-up at the full length: compilation, kernels, first allocations
+    forward, audit = [], []
+    for index in range(pairs):
+        order = ("forward", "audit") if index % 2 == 0 else ("audit", "forward")
+        times = {method: timed(method) for method in order}
+        forward.append(times["forward"])
+        audit.append(times["audit"])
+    ratios = [a / f for a, f in zip(audit, forward, strict=True)]
+    return {"ratio": statistics.median(ratios), "ratios": ratios, "forward_s_all": forward, "audit_s_all": audit}
+
+
 def transformer_lens_bridge(model_dir: str) -> Any:
     """A TransformerLens ``TransformerBridge`` around the same weights (the causal-LM class the bridge expects; its
     LM head is tied to the embeddings, so nothing is added), in eager attention as the bridge requires."""
@@ -267,6 +302,9 @@ def main() -> None:
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     lengths = [int(part) for part in args.lengths.split(",")]
+    if args.measure == "pairs":
+        print(json.dumps(measure_pairs(args.model_dir, lengths[0], args.repeats)))
+        return
     if args.measure:
         print(json.dumps(measure(args.measure, args.model_dir, lengths[0], args.repeats)))
         return
@@ -295,6 +333,13 @@ def main() -> None:
                     ),
                     flush=True,
                 )
+            paired = run_measure("pairs", model_dir, seq_len, args.repeats)
+            print(
+                f"n={seq_len:>5}    paired in one process: audit ÷ forward {paired['ratio']:.2f} (median of "
+                f"{', '.join(f'{r:.2f}' for r in paired['ratios'])}; forward "
+                f"{', '.join(f'{t:.2f}' for t in paired['forward_s_all'])} s)",
+                flush=True,
+            )
             audit, forward = results["audit"], results["forward"]
             attention_bytes = int(info["n_layer"]) * int(info["n_head"]) * seq_len**2 * 4
             record = {
@@ -307,6 +352,10 @@ def main() -> None:
                 **{f"{m}_s_all": r["seconds_all"] for m, r in results.items()},
                 **{f"{m}_peak_extra_bytes": r["peak_extra_bytes"] for m, r in results.items()},
                 "audit_over_forward_time": audit["seconds"] / forward["seconds"],
+                "paired_audit_over_forward_time": paired["ratio"],
+                "paired_ratios": paired["ratios"],
+                "paired_forward_s_all": paired["forward_s_all"],
+                "paired_audit_s_all": paired["audit_s_all"],
                 "eager_attention_bytes": attention_bytes,
                 "audit_memory_over_eager_attention_bytes": audit["peak_extra_bytes"] / attention_bytes,
                 "audit_result_bytes": audit["result_bytes"],
@@ -347,17 +396,18 @@ def print_table(records: list[dict[str, object]]) -> None:
     print(
         "| n | forward s | forward MiB | audit s | audit MiB | audit MiB less its tables "
         "| eager+stats s | eager+stats MiB "
-        "| TL cache+stats s | TL cache+stats MiB | audit ÷ forward (time) | audit MiB ÷ all layers' attention "
+        "| TL cache+stats s | TL cache+stats MiB | audit ÷ forward (time) | the same, paired "
+        "| audit MiB ÷ all layers' attention "
         "| audit ÷ eager (time, memory) | audit ÷ TL (time, memory) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in records:
         print(
             f"| {r['seq_len']} | {sec(r, 'forward')} | {mib(r, 'forward')} | {sec(r, 'audit')} | {mib(r, 'audit')} "
             f"| {r['audit_working_bytes'] / 2**20:,.0f} "
             f"| {sec(r, 'eager_posthoc')} | {mib(r, 'eager_posthoc')} "
             f"| {sec(r, 'tl_run_with_cache')} | {mib(r, 'tl_run_with_cache')} | {r['audit_over_forward_time']:.2f} "
-            f"| {r['audit_memory_over_eager_attention_bytes']:.3f} "
+            f"| {r['paired_audit_over_forward_time']:.2f} | {r['audit_memory_over_eager_attention_bytes']:.3f} "
             f"| {ratio(r, 'audit_over_eager_posthoc_time')}, {ratio(r, 'audit_over_eager_posthoc_memory')} "
             f"| {ratio(r, 'audit_over_tl_cache_time')}, {ratio(r, 'audit_over_tl_cache_memory')} |"
         )

@@ -25,6 +25,7 @@ from attnsens.capture.statistics import RowStats, row_statistics
 from attnsens.errors import UnsupportedModelError
 from attnsens.models.adapter import ModelAdapter
 from attnsens.models.attention import (
+    KEY_ALIGNMENT,
     AttentionCall,
     RowWorkspace,
     attention_output,
@@ -127,7 +128,7 @@ def capture_row_statistics(
         # The mask is the one the layer itself used (causal, padding, sliding window), read row by row.
         chunks = chunked_rows(
             query, key, call, positions, spans, heads=heads, key_padding_mask=key_mask, narrow_keys=True,
-            workspace=workspace,
+            workspace=workspace, align_keys=KEY_ALIGNMENT,
         )  # fmt: skip
         # With every row of a float32 layer at hand, its output is computed from them in place of the layer's own
         # call (float32 rows: the output agrees with the layer's own to float32 rounding, not more precise than it).

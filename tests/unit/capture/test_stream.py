@@ -58,9 +58,10 @@ def test_chunk_size_does_not_change_results_and_bounds_peak_rows(monkeypatch) ->
     monkeypatch.setattr(rows_module, "_chunk_rows", spy)
     small = _concat(C.capture_row_statistics(adapter, ids, selection=C.RowSelection(chunk_size=4)))
     # One [batch, head, chunk, key] block at a time, over the keys the layer's own (causal) mask allows to some
-    # row of the chunk: up to its last query.
+    # row of the chunk: up to its last query, widened to a multiple of KEY_ALIGNMENT keys where the 23 allow.
     assert len(shapes) == 2 * 6
-    assert shapes[:6] == [((2, 6, 4, 4 * (i + 1)), 0) for i in range(5)] + [((2, 6, 3, 23), 0)]
+    aligned = [min(23, -(-4 * (i + 1) // rows_module.KEY_ALIGNMENT) * rows_module.KEY_ALIGNMENT) for i in range(5)]
+    assert shapes[:6] == [((2, 6, 4, keys), 0) for keys in aligned] + [((2, 6, 3, 23), 0)]
     whole = _concat(C.capture_row_statistics(adapter, ids, selection=C.RowSelection(chunk_size=23)))
     # Rows are recomputed in float32, and a GEMM of 4 query rows may round differently from one of 23 on some
     # CPUs (different kernels by shape): the first layer's rows agree to a few float32 ulps, not bit for bit.
@@ -324,3 +325,40 @@ def test_the_heap_is_trimmed_after_layers_whose_rows_are_fresh_tensors_only(monk
     # A subset of heads: fresh tensors each chunk, trimmed after each layer.
     C.capture_row_statistics(adapter, ids, selection=C.RowSelection(heads=(0,)))
     assert len(trims) == adapter.spec.n_layer
+
+
+def test_aligned_spans_widen_causal_and_windowed_chunks_with_exact_zeros() -> None:
+    """The capture's chunks are widened to a multiple of KEY_ALIGNMENT keys (a faster QKᵀ): the span moves its stop
+    later, or its start earlier where n ends first; the keys it adds are exactly 0 in every row, and the rest equal
+    the tight chunk's rows to float32 rounding (a GEMM of another shape)."""
+    from attnsens.models.attention import KEY_ALIGNMENT, AttentionCall, aligned_span, chunked_rows
+
+    assert aligned_span((0, 5), 100, 16) == (0, 16)
+    assert aligned_span((3, 36), 100, 16) == (3, 51)
+    assert aligned_span((70, 99), 100, 16) == (68, 100)  # past n: the start moves earlier
+    assert aligned_span((0, 40), 40, 16) == (0, 40)  # n shorter than the widened span: all of it
+    assert aligned_span((4, 20), 100, 16) == (4, 20)  # already a multiple
+    generator = torch.Generator().manual_seed(3)
+    n = 61
+    query, key = torch.randn(1, 4, n, 8, generator=generator), torch.randn(1, 2, n, 8, generator=generator)
+    positions = torch.arange(n).expand(1, -1)
+    spans = [(0, 9), (9, 30), (30, 47), (47, 61)]
+    every = tuple(range(4))
+    for call in (AttentionCall(tau=8**0.5, causal=True), AttentionCall(tau=8**0.5, causal=True, window=20)):
+        tight = list(chunked_rows(query, key, call, positions, spans, heads=every, key_padding_mask=None,
+                                  narrow_keys=True))  # fmt: skip
+        wide = list(chunked_rows(query, key, call, positions, spans, heads=every, key_padding_mask=None,
+                                 narrow_keys=True, align_keys=KEY_ALIGNMENT))  # fmt: skip
+        widened = 0
+        for narrow, aligned in zip(tight, wide, strict=True):
+            start, width = aligned.key_start, aligned.probs.shape[-1]
+            assert width % KEY_ALIGNMENT == 0 or width == n or start == 0
+            assert start <= narrow.key_start and narrow.key_start + narrow.probs.shape[-1] <= start + width
+            widened += width > narrow.probs.shape[-1]
+            offset = narrow.key_start - start
+            end = offset + narrow.probs.shape[-1]
+            torch.testing.assert_close(aligned.probs[..., offset:end], narrow.probs, rtol=1e-6, atol=1e-7)
+            outside = torch.cat([aligned.probs[..., :offset], aligned.probs[..., end:]], dim=-1)
+            assert torch.equal(outside, torch.zeros_like(outside))
+            assert torch.equal(aligned.n_keys, narrow.n_keys)
+        assert widened >= 2
