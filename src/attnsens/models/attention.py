@@ -145,7 +145,7 @@ KEY_ALIGNMENT = 16
 of float32, one vector register of the widest SIMD and one cache line. The scores' product QKᵀ writes rows of
 that many keys; when their length is not a multiple of it, every row starts off the cache line and MKL's kernel
 slows. Measured on this project's 2-core VM, one SmolLM2 layer's chunks at 8,192 tokens (227 queries × 9 heads a
-chunk, keys growing by 227): QKᵀ 0.62–0.68 s a layer against 0.35 s for PV, the same number of multiply-adds;
+chunk, keys growing by 227): QKᵀ 0.62–0.68 s a layer against 0.34 s for PV, the same number of multiply-adds;
 one product of 681 × 64 by 64 × k: 21.5 ms at k = 4,103 against 8.9 ms at k = 4,112."""
 
 
