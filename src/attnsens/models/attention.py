@@ -144,9 +144,10 @@ KEY_ALIGNMENT = 16
 """Keys a narrowed chunk of the capture is widened to a multiple of (``chunked_rows``' ``align_keys``): 64 bytes
 of float32, one vector register of the widest SIMD and one cache line. The scores' product QKᵀ writes rows of
 that many keys; when their length is not a multiple of it, every row starts off the cache line and MKL's kernel
-slows. Measured on this project's 2-core VM, one SmolLM2 layer's chunks at 8,192 tokens (227 queries × 9 heads a
-chunk, keys growing by 227): QKᵀ 0.62–0.68 s a layer against 0.34 s for PV, the same number of multiply-adds;
-one product of 681 × 64 by 64 × k: 21.5 ms at k = 4,103 against 8.9 ms at k = 4,112."""
+slows. Measured on this project's 2-core VM: a SmolLM2 audit at 8,192 tokens cuts each layer into chunks of 221
+queries, whose spans end at multiples of 221 keys; one layer's chunks replayed alone (227 queries a chunk):
+QKᵀ 0.62–0.68 s against 0.34 s for PV, the same number of multiply-adds; one product of 681 × 64 by 64 × k:
+21.5 ms at k = 4,103 against 8.9 ms at k = 4,112."""
 
 
 def chunked_rows(
