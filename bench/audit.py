@@ -106,32 +106,40 @@ def posthoc_statistics(attentions: tuple[torch.Tensor, ...]) -> list[dict[str, t
     return out
 
 
+def run_method(method: str, loaded: Any, ids: torch.Tensor) -> Any:
+    """One call of ``method`` on ``ids``: ``loaded`` is the attnsens adapter, or for ``tl_run_with_cache`` the
+    TransformerLens bridge. Returns the audit's result (None for the others)."""
+    import attnsens as A
+
+    with torch.no_grad():
+        if method == "forward":
+            loaded.module(input_ids=ids)
+        elif method == "audit":
+            return A.study.audit(loaded, ids)
+        elif method == "eager_posthoc":
+            posthoc_statistics(loaded.module(input_ids=ids, output_attentions=True).attentions)
+        elif method == "tl_run_with_cache":
+            _, cache = loaded.run_with_cache(ids, names_filter=lambda name: name.endswith("attn.hook_pattern"))
+            layers = range(loaded.cfg.n_layers)
+            posthoc_statistics(tuple(cache[f"blocks.{layer}.attn.hook_pattern"] for layer in layers))
+        else:
+            raise ValueError(method)
+    return None
+
+
 def measure(method: str, model_dir: str, seq_len: int, repeats: int) -> dict[str, object]:
     """Run one method in this process: median seconds (and every call's), peak extra RSS bytes of the first call."""
     import attnsens as A
 
     ids = torch.load(Path(model_dir) / "ids.pt", weights_only=True)[:, :seq_len]
     if method == "tl_run_with_cache":
-        bridge = transformer_lens_bridge(model_dir)
-        n_layer = bridge.cfg.n_layers
+        loaded = transformer_lens_bridge(model_dir)
     else:
-        adapter = A.models.load(model_dir)
-        model = adapter.module
+        loaded = A.models.load(model_dir)
+        model = loaded.module
 
     def call() -> Any:
-        with torch.no_grad():
-            if method == "forward":
-                model(input_ids=ids)
-            elif method == "audit":
-                return A.study.audit(adapter, ids)
-            elif method == "eager_posthoc":
-                posthoc_statistics(model(input_ids=ids, output_attentions=True).attentions)
-            elif method == "tl_run_with_cache":
-                _, cache = bridge.run_with_cache(ids, names_filter=lambda name: name.endswith("attn.hook_pattern"))
-                posthoc_statistics(tuple(cache[f"blocks.{layer}.attn.hook_pattern"] for layer in range(n_layer)))
-            else:
-                raise ValueError(method)
-        return None
+        return run_method(method, loaded, ids)
 
     if method == "eager_posthoc":
         model.set_attn_implementation("eager")
@@ -171,11 +179,7 @@ def measure_pairs(model_dir: str, seq_len: int, pairs: int) -> dict[str, object]
 
     def timed(method: str) -> float:
         start = time.perf_counter()
-        with torch.no_grad():
-            if method == "forward":
-                adapter.module(input_ids=ids)
-            else:
-                A.study.audit(adapter, ids)
+        run_method(method, adapter, ids)
         return time.perf_counter() - start
 
     timed("forward"), timed("audit")  # warm-up at the full length: compilation, kernels, first allocations
