@@ -64,6 +64,12 @@ def _parse_lengths(lengths: str) -> list[int]:
     small = [n for n in grid if n < 2]
     if small:
         raise InputError(f"--lengths must all be >= 2 (a nonfinal token needs one after it), got {small}")
+    distinct = sorted(set(grid))
+    if len(distinct) < 3:  # checked here, not after minutes of measuring, where the slope is fitted
+        raise InputError(
+            f"--lengths needs at least 3 distinct lengths for the log–log slope and its confidence interval, got "
+            f"{distinct}; e.g. 16,64,256"
+        )
     return grid
 
 

@@ -86,6 +86,11 @@ def test_cuda_device_without_cuda_writes_nothing(command: list[str], tmp_path: P
         ("", "--lengths '' names no length; give comma-separated integers such as 16,32,64"),
         ("8,x", "--lengths must be comma-separated integers, got '8,x'; e.g. 16,32,64"),
         ("1,8", "--lengths must all be >= 2 (a nonfinal token needs one after it), got [1]"),
+        (
+            "64,16,64",
+            "--lengths needs at least 3 distinct lengths for the log–log slope and its confidence interval, got "
+            "[16, 64]; e.g. 16,64,256",
+        ),
     ],
 )
 def test_influence_lengths(lengths: str, expected: str) -> None:
@@ -93,7 +98,7 @@ def test_influence_lengths(lengths: str, expected: str) -> None:
 
 
 def test_influence_lengths_beyond_the_memory() -> None:
-    message = _one_line_error(["influence", "--lengths", "16,10000000"])
+    message = _one_line_error(["influence", "--lengths", "16,32,10000000"])
     assert message.startswith("--lengths 10000000 needs about ") and "use lengths up to " in message
 
 
