@@ -92,8 +92,12 @@ def main() -> None:
         for repeat in range(args.repeats):
             f, k, c = timed(forward), timed(kernel), timed(both)
             runs.append({"forward_s": f, "statistics_s": k, "concurrent_s": c, "saving": (f + k - c) / (f + k)})
-            print(f"repeat {repeat}: forward {f:.3f} s, statistics {k:.3f} s, sum {f + k:.3f} s, both at once {c:.3f} s,"
-                  f" saving {runs[-1]['saving']:+.1%}", flush=True)  # fmt: skip
+            saving = runs[-1]["saving"]
+            print(
+                f"repeat {repeat}: forward {f:.3f} s, statistics {k:.3f} s, sum {f + k:.3f} s, "
+                f"both at once {c:.3f} s, saving {saving:+.1%}",
+                flush=True,
+            )
     medians = {name: statistics.median(run[name] for run in runs) for name in runs[0]}
     rows = sum(chunk.shape[0] for chunk in chunks)
     print(
