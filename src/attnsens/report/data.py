@@ -254,8 +254,15 @@ def _with_overview(data: RunData, connection: Any, tables: dict[str, Any]) -> Ru
     if data.training is not None and not data.training.empty:
         overview["training_steps"] = int(data.training["step"].max())
     if data.summary is not None and not data.summary.empty:
-        overview["layers"] = int(data.summary["layer"].max()) + 1
-        heads = data.summary.loc[data.summary["head"] != ALL_HEADS, "head"]
-        if not heads.empty:
-            overview["heads"] = int(heads.max()) + 1
+        overview["shapes"] = layer_head_shapes(data.summary)
     return replace(data, overview=overview)
+
+
+def layer_head_shapes(summary: pd.DataFrame) -> dict[str, tuple[int, int | None]]:
+    """(layers, heads) of each run in ``summary`` (heads None where only pooled records exist), by run_id: a
+    study holds runs of different models (a tiny GPT and a pretrained reference), each with its own shape."""
+    shapes: dict[str, tuple[int, int | None]] = {}
+    for run, part in summary.groupby("run_id", sort=True):
+        heads = part.loc[part["head"] != ALL_HEADS, "head"]
+        shapes[str(run)] = (int(part["layer"].max()) + 1, None if heads.empty else int(heads.max()) + 1)
+    return shapes

@@ -124,8 +124,11 @@ def overview_section(data: RunData, omitted: list[str]) -> Section:
     if data.baselines is not None and not data.baselines.empty:
         sizes = data.baselines.dropna(subset=["n_parameters"])
         items += [(f"parameters, {r.run_id}", esc(f"{int(r.n_parameters):,}")) for r in sizes.itertuples()]
-    if "layers" in info:
-        items.append(("layers × heads", esc(f"{info['layers']} × {info.get('heads', '?')}")))
+    shapes = info.get("shapes", {})
+    if len(set(shapes.values())) == 1:
+        items.append(("layers × heads", esc(_shape_text(next(iter(shapes.values()))))))
+    else:  # runs of different models: each its own
+        items += [(f"layers × heads, {run}", esc(_shape_text(shape))) for run, shape in shapes.items()]
     if "training_steps" in info:
         items.append(("training steps", esc(f"{info['training_steps']:,}")))
     records = ", ".join(f"{name} {count:,}" for name, count in info.get("records", {}).items())
@@ -169,6 +172,11 @@ def _flatten(config: dict, prefix: str = "") -> dict[str, str]:
         else:
             flat[name] = value if isinstance(value, str) else json.dumps(value, default=str)
     return flat
+
+
+def _shape_text(shape: tuple[int, int | None]) -> str:
+    layers, heads = shape
+    return f"{layers} × {'?' if heads is None else heads}"
 
 
 def run_label(data: RunData, run_id: str) -> str:

@@ -10,6 +10,7 @@ import shutil
 
 import matplotlib.image
 import numpy as np
+import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
@@ -139,3 +140,30 @@ def test_pixels_helper_detects_a_blank_image():
     blank = io.BytesIO()
     matplotlib.image.imsave(blank, np.ones((20, 20, 3)), format="png")
     assert matplotlib.image.imread(io.BytesIO(blank.getvalue()), format="png").std() == 0
+
+
+def test_overview_gives_each_run_its_own_layers_and_heads(run_dir):
+    """A study holds runs of different models (a tiny GPT beside a pretrained reference): the overview names each
+    run's layers × heads instead of one model's shape for all of them; one shape when the runs share it."""
+    from dataclasses import replace
+
+    from attnsens.report.data import layer_head_shapes, load_run
+    from attnsens.report.sections import overview_section
+
+    def summary(run: str, layers: int, heads: int) -> pd.DataFrame:
+        keys = [(layer, head) for layer in range(layers) for head in (*range(heads), ALL_HEADS)]
+        return pd.DataFrame({"run_id": run, "layer": [k[0] for k in keys], "head": [k[1] for k in keys]})
+
+    both = pd.concat([summary("reference-smollm2", 30, 9), summary("tiny-pre", 4, 4)], ignore_index=True)
+    shapes = layer_head_shapes(both)
+    assert shapes == {"reference-smollm2": (30, 9), "tiny-pre": (4, 4)}
+    pooled_only = summary("pooled", 3, 0)
+    assert layer_head_shapes(pooled_only) == {"pooled": (3, None)}
+
+    data = load_run(run_dir)
+    text = overview_section(replace(data, overview={**data.overview, "shapes": shapes}), []).html()
+    assert "layers × heads, reference-smollm2<" in text and "layers × heads, tiny-pre<" in text
+    assert "30 × 9" in text and "4 × 4" in text
+    same = {"seed-0": (4, 4), "seed-1": (4, 4)}
+    text = overview_section(replace(data, overview={**data.overview, "shapes": same}), []).html()
+    assert "layers × heads<" in text and text.count("4 × 4") == 1
