@@ -23,7 +23,7 @@ from attnsens.capture.allocator import release_free_memory
 from attnsens.capture.selection import RowSelection
 from attnsens.capture.statistics import RowStats, row_statistics
 from attnsens.errors import UnsupportedModelError
-from attnsens.models.adapter import ModelAdapter
+from attnsens.models.adapter import ModelAdapter, StopForward
 from attnsens.models.attention import (
     KEY_ALIGNMENT,
     AttentionCall,
@@ -116,9 +116,12 @@ def capture_row_statistics(
     every_row = bool(key_mask is None and heads == tuple(range(model.spec.n_head)) and positions.shape[1] == n)
     every_row = every_row and bool((positions == torch.arange(n, device=positions.device)).all())
 
+    reduced: set[int] = set()
+
     def reduce_layer(layer: int, query: Tensor, key: Tensor, call: AttentionCall) -> Tensor | None:
         if layer not in layers:
             return None
+        last = len(reduced | {layer}) == len(layers)  # the forward pass stops after this layer's rows
         if call.sinks is not None:
             raise UnsupportedModelError(
                 f"layer {layer} of {model.name!r} has attention sinks: its rows sum to less than 1 and the row "
@@ -133,6 +136,7 @@ def capture_row_statistics(
         # With every row of a float32 layer at hand, its output is computed from them in place of the layer's own
         # call (float32 rows: the output agrees with the layer's own to float32 rounding, not more precise than it).
         fused = every_row and call.scores is None and query.shape[2] == key.shape[2] and query.dtype == torch.float32
+        fused = fused and not last  # no layer reads the last one's output
         value = call.value if fused else None
         batch, n_head, _, d_head = query.shape
         output = None if value is None else value.new_empty(batch, n, n_head, d_head)
@@ -150,10 +154,13 @@ def capture_row_statistics(
             del probs
         if large_chunks and fresh:
             release_free_memory()
+        reduced.add(layer)
+        if last:
+            raise StopForward
         return output
 
     with model.inference(), model.query_key_tap(reduce_layer), enumeration_workspaces(exact_support):
-        model.forward(input_ids, attention_mask)
+        model.forward_until_stopped(input_ids, attention_mask)
     return kept
 
 

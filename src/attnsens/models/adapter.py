@@ -31,7 +31,27 @@ NORMED_OUTPUT_FIELDS = ("normed_attention_output", "normed_mlp_output")
 QueryKeyCallback = Callable[[int, Tensor, Tensor, AttentionCall], Tensor | None]
 """``on_query_key(layer, query [batch, head, query, d_head], key [batch, kv_head, key, d_head], call)``: the
 call's τ, mask, softcap and sinks are those the layer used (models/attention.AttentionCall). A callback returns
-None, or, where the call carries the layer's ``value``, the layer's attention output to use in place of its own."""
+None, or, where the call carries the layer's ``value``, the layer's attention output to use in place of its own.
+A callback that has every layer it needs may raise :class:`StopForward`: ``ModelAdapter.forward_until_stopped``
+then ends the pass there."""
+
+
+class StopForward(Exception):
+    """Raised by a query/key callback once it has every layer it needs, so that the layers after it never run:
+    ``ModelAdapter.forward_until_stopped`` ends the forward pass there (an audit of the first two layers of a
+    30-layer model runs two layers, not thirty)."""
+
+
+def _stopped(error: BaseException) -> bool:
+    """Whether ``error`` is a StopForward, or an exception a model wrapper raised from one (``raise … from``)."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        if isinstance(current, StopForward):
+            return True
+        seen.add(id(current))
+        current = current.__cause__
+    return False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,6 +151,18 @@ class ModelAdapter(ABC):
     @abstractmethod
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> None:
         """Run the model once on ``input_ids`` [batch, n] (no cache, no gradients required)."""
+
+    def forward_until_stopped(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> bool:
+        """``forward``, ended early where an active query/key tap's callback raises StopForward; True if it was.
+
+        The layers before the stop ran in full (their queries and keys were reported); nothing after it ran."""
+        try:
+            self.forward(input_ids, attention_mask)
+        except Exception as error:
+            if not _stopped(error):
+                raise
+            return True
+        return False
 
     @abstractmethod
     def query_key_tap(self, on_query_key: QueryKeyCallback) -> contextlib.AbstractContextManager[None]:
@@ -274,9 +306,11 @@ class ModelAdapter(ABC):
         def keep(layer: int, query: Tensor, key: Tensor, call: AttentionCall) -> None:
             if layer in layer_list:
                 kept[layer] = (query.detach(), key.detach(), call)
+                if len(kept) == len(layer_list):  # the layers after the last one wanted need not run
+                    raise StopForward
 
         with self.inference(), self.query_key_tap(keep):
-            self.forward(input_ids, attention_mask)
+            self.forward_until_stopped(input_ids, attention_mask)
         key_mask = key_padding_mask_of(attention_mask, input_ids)
         missing = [layer for layer in layer_list if layer not in kept]
         if missing:

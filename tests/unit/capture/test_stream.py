@@ -268,20 +268,31 @@ def test_chunks_fit_the_memory_budget_and_stop_at_the_last_causal_key() -> None:
 
 def test_a_layer_whose_every_row_is_captured_runs_on_them() -> None:
     """Where every row of every head is captured (float32, no padding), each layer's output is computed from the
-    rows the capture reduced (softmax(rows)·V) in place of the layer's own attention call: the forward under the
-    capture ends where the plain (sdpa) forward does, to float32 rounding. Sampled rows, a subset of heads or a
-    padded batch leave the layer's own call in place."""
+    rows the capture reduced (softmax(rows)·V) in place of the layer's own attention call: the hidden state the
+    forward under the capture hands to its last layer (the pass stops after that layer's rows) is the plain
+    (sdpa) forward's, to float32 rounding. Sampled rows, a subset of heads or a padded batch leave the layer's own
+    call in place."""
     import attnsens.capture.stream as stream
 
-    model = tiny_model("llama")
+    model = tiny_model("llama", num_hidden_layers=3)
     adapter = M.load(model)
     ids = torch.randint(0, VOCAB, (2, 23), generator=torch.Generator().manual_seed(4))
-    base = adapter.base  # what the adapter runs: the model without its head
+    last_layer = adapter.base.layers[-1]  # what the adapter runs: the model without its head
+
+    def into_last_layer(run) -> torch.Tensor:
+        inputs = []
+        handle = last_layer.register_forward_pre_hook(lambda _m, args: inputs.append(args[0].detach().clone()))
+        try:
+            run()
+        finally:
+            handle.remove()
+        return inputs[0]
+
     with torch.no_grad():
-        plain = base(input_ids=ids).last_hidden_state
+        plain = into_last_layer(lambda: adapter.base(input_ids=ids))
 
     def captured(**kwargs) -> tuple[torch.Tensor, int]:
-        outputs, calls = [], 0
+        calls = 0
         original = stream.attention_output
 
         def spy(*args):
@@ -289,26 +300,80 @@ def test_a_layer_whose_every_row_is_captured_runs_on_them() -> None:
             calls += 1
             return original(*args)
 
-        handle = base.register_forward_hook(lambda _m, _a, out: outputs.append(out.last_hidden_state.detach()))
         stream.attention_output = spy
         try:
-            C.capture_row_statistics(adapter, ids, **kwargs)
+            hidden = into_last_layer(lambda: C.capture_row_statistics(adapter, ids, **kwargs))
         finally:
             stream.attention_output = original
-            handle.remove()
-        return outputs[0], calls
+        return hidden, calls
 
     padded = torch.ones(2, 23, dtype=torch.long)
     padded[1, :3] = 0  # the second sequence left-padded by three tokens
     fused, calls = captured(selection=C.RowSelection(chunk_size=6))
-    assert calls == adapter.spec.n_layer * 4  # four chunks of each layer
-    torch.testing.assert_close(fused, plain, rtol=1e-5, atol=1e-5)
+    assert calls == (adapter.spec.n_layer - 1) * 4  # four chunks of each layer but the last, whose output no one reads
+    # On the scale of the residual stream (RMS ≈ 10 here), as a final norm would put it: float32 rounding.
+    scale = plain.pow(2).mean().sqrt()
+    torch.testing.assert_close(fused / scale, plain / scale, rtol=1e-5, atol=1e-5)
     for kwargs in (
         {"selection": C.RowSelection(sample_per_sequence=5)},
         {"selection": C.RowSelection(heads=(0, 1))},
         {"attention_mask": padded, "selection": C.RowSelection(query_start=3)},
     ):
         assert captured(**kwargs)[1] == 0, kwargs
+
+
+def test_the_forward_pass_stops_after_the_last_layer_asked_for() -> None:
+    """Capturing layers 0 and 1 of a four-layer model runs layers 0 and 1 only (the rest of the pass would change
+    nothing that is captured), with the same rows as a capture of every layer; stream_attention likewise."""
+    adapter = M.load(tiny_model("llama", num_hidden_layers=4))
+    ids = torch.randint(0, VOCAB, (1, 19), generator=torch.Generator().manual_seed(8))
+    ran: list[int] = []
+    handles = [
+        layer.register_forward_pre_hook(lambda _m, _a, index=index: ran.append(index))
+        for index, layer in enumerate(adapter.base.layers)
+    ]
+    try:
+        every = C.capture_row_statistics(adapter, ids)
+        assert ran == [0, 1, 2, 3]  # the last layer's rows are reduced before the pass stops, after its attention
+        ran.clear()
+        first_two = C.capture_row_statistics(adapter, ids, selection=C.RowSelection(layers=(0, 1)))
+        assert ran == [0, 1]
+        ran.clear()
+        chunks = list(adapter.stream_attention(ids, layers=(1,)))
+        assert ran == [0, 1] and {chunk.layer for chunk in chunks} == {1}
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert [block.layer for block in first_two] == [block.layer for block in every if block.layer < 2]
+    for mine, theirs in zip(first_two, (block for block in every if block.layer < 2), strict=True):
+        for field in fields(mine.stats):
+            torch.testing.assert_close(getattr(mine.stats, field.name), getattr(theirs.stats, field.name))
+
+
+def test_a_stop_wrapped_by_a_model_wrapper_still_ends_the_pass_and_other_errors_surface() -> None:
+    """A wrapper around the model that re-raises the tap's StopForward as its own error (``raise … from``) still
+    ends the pass quietly; an error raised while handling it, or any other error, reaches the caller."""
+    from attnsens.models.adapter import StopForward
+
+    adapter = M.load(tiny_model("llama"))
+    ids = torch.randint(0, VOCAB, (1, 7))
+
+    def failing(error_from):
+        def forward(_ids, _mask=None):
+            try:
+                raise StopForward
+            except StopForward as stop:
+                raise RuntimeError("wrapped") from (stop if error_from else None)
+
+        return forward
+
+    adapter.forward = failing(error_from=True)  # type: ignore[method-assign]
+    assert adapter.forward_until_stopped(ids) is True
+    adapter.forward = failing(error_from=False)  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="wrapped"):
+        adapter.forward_until_stopped(ids)
+    del adapter.forward
+    assert adapter.forward_until_stopped(ids) is False  # no tap stops it: the whole pass runs
 
 
 def test_the_heap_is_trimmed_after_layers_whose_rows_are_fresh_tensors_only(monkeypatch) -> None:
