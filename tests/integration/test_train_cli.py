@@ -36,3 +36,31 @@ def test_train_then_resume_then_refuse_without_resume(tmp_path: Path) -> None:
 def test_unknown_preset_is_one_line_error(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["train", "--config", "enormous", "--out", str(tmp_path)])
     assert result.exit_code == 1 and "unknown GPT preset 'enormous'" in result.output
+
+
+def test_a_new_run_refuses_the_folder_of_another_run(tmp_path: Path) -> None:
+    """Training into an audit's (or a study's) folder would add the new run's logs to that folder's tables and
+    report; it is one line naming the fix, and nothing is written. A folder holding other files trains as before."""
+    from attnsens.store import Manifest
+    from tests.unit.store.synthetic import write_synthetic_run
+
+    corpus = tmp_path / "verse.txt"
+    corpus.write_text(synthetic_text(20_000))
+    args = ["train", "--config", "tiny", "--steps", "2", "--batch-size", "2", "--data", str(corpus)]
+    runner = CliRunner()
+
+    audited = write_synthetic_run(tmp_path / "audited")
+    units = dict(Manifest.load(audited).units)
+    refused = runner.invoke(app, [*args, "--out", str(audited)])
+    assert refused.exit_code == 1, refused.output
+    lines = refused.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {audited} is the folder of another attnsens run")
+    assert lines[0].endswith("choose a new --out directory")
+    assert dict(Manifest.load(audited).units) == units and not (audited / "checkpoints").exists()
+
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "readme.txt").write_text("my notes")
+    trained = runner.invoke(app, [*args, "--out", str(notes)])
+    assert trained.exit_code == 0, trained.output
+    assert (notes / "training.parquet").exists() and (notes / "readme.txt").read_text() == "my notes"

@@ -57,6 +57,23 @@ def default_data_config(model_config: GPTConfig, **overrides: Any) -> DataConfig
     return DataConfig(**values)
 
 
+def _check_not_another_run(run_dir: Path) -> None:
+    """Refuse to start a run in a ``run_dir`` whose manifest records results other than a training run's own log
+    (a study's or an audit's folder): the new run's training and gradient logs would join that folder's tables,
+    and its report, as a run of their own."""
+    from attnsens.store.manifest import MANIFEST_NAME, Manifest
+
+    if not (run_dir / MANIFEST_NAME).is_file():
+        return
+    foreign = sorted(unit for unit in Manifest.load(run_dir).units if unit not in (TRAINING_FILE, GRAD_NORMS_FILE))
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise CheckpointError(
+            f"{run_dir} is the folder of another attnsens run (its manifest records {shown}); training there would "
+            "add this run to its tables: choose a new --out directory"
+        )
+
+
 @writes_run_folder("run_dir", "train")
 def train(
     model_config: GPTConfig,
@@ -73,17 +90,20 @@ def train(
     data: TokenData | None = None,
 ) -> TrainResult:
     """Train one seed into ``run_dir``; with ``resume`` continue from its latest checkpoint (bit-identical on CPU),
-    with ``extend`` as well to more steps than the run was started with (``Trainer.resume``).
+        with ``extend`` as well to more steps than the run was started with (``Trainer.resume``).
 
-    Under torchrun (WORLD_SIZE > 1) every process calls this; rank 0 alone writes files. With ``write_log``
-    the log is written as ``training.parquet`` and ``grad_norms.parquet`` (store schemas) in ``run_dir`` and
-    recorded in its ``manifest.json``.
-    ``data`` skips reading and tokenizing the corpus (several seeds share one TokenData; the caller keeps its
-    tokenizer). Raises CheckpointError when ``run_dir`` already holds checkpoints and ``resume`` is False.
+        Under torchrun (WORLD_SIZE > 1) every process calls this; rank 0 alone writes files. With ``write_log``
+        the log is written as ``training.parquet`` and ``grad_norms.parquet`` (store schemas) in ``run_dir`` and
+        recorded in its ``manifest.json``.
+        ``data`` skips reading and tokenizing the corpus (several seeds share one TokenData; the caller keeps its
+        tokenizer). Raises CheckpointError when ``run_dir`` already holds checkpoints and ``resume`` is False, and
+    when a new run would start in the folder of another run (a manifest recording more than a training log).
     """
     run_dir = Path(run_dir)
     init_distributed()
     rank = dist.get_rank() if dist.is_initialized() else 0
+    if not resume:
+        _check_not_another_run(run_dir)
     if not resume and saved_steps(run_dir):
         raise CheckpointError(
             f"{run_dir} already holds checkpoints {saved_steps(run_dir)}; pass --resume to continue that run "
