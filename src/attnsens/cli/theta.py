@@ -129,7 +129,8 @@ def load_tensor(path: Path, key: str | None) -> torch.Tensor:
         if key is None and len(tensors) == 1:
             key = next(iter(tensors))
         if key not in tensors:
-            raise FileFormatError(f"{path} holds tensors {sorted(tensors)}; choose one with --key NAME")
+            which = "choose one with --key NAME" if key is None else f"it has no tensor {key!r}: choose one of them"
+            raise FileFormatError(f"{path} holds tensors {sorted(tensors)}; {which}")
         loaded = tensors[key]
     elif key is not None:
         raise FileFormatError(f"{path} holds a single tensor, not a named collection; drop --key {key}")

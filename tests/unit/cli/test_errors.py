@@ -332,3 +332,12 @@ def test_theta_exact_support_out_of_range(tmp_path: Path) -> None:
 def test_audit_exact_support_out_of_range_before_the_model_loads(tmp_path: Path) -> None:
     message = _one_line_error(["audit", "no/such/model", "--exact-support", "12", "--out", str(tmp_path / "run")])
     assert message.startswith("--exact-support 12 must lie in [24, 48]")
+
+
+def test_theta_names_the_tensors_of_a_collection(tmp_path: Path) -> None:
+    path = tmp_path / "d.pt"
+    torch.save({"a": torch.softmax(torch.randn(4, 8), -1), "b": torch.softmax(torch.randn(2, 5), -1)}, path)
+    assert _one_line_error(["theta", str(path)]) == f"{path} holds tensors ['a', 'b']; choose one with --key NAME"
+    assert _one_line_error(["theta", str(path), "--key", "c"]) == (
+        f"{path} holds tensors ['a', 'b']; it has no tensor 'c': choose one of them"
+    )
