@@ -90,13 +90,13 @@ def train(
     data: TokenData | None = None,
 ) -> TrainResult:
     """Train one seed into ``run_dir``; with ``resume`` continue from its latest checkpoint (bit-identical on CPU),
-        with ``extend`` as well to more steps than the run was started with (``Trainer.resume``).
+    with ``extend`` as well to more steps than the run was started with (``Trainer.resume``).
 
-        Under torchrun (WORLD_SIZE > 1) every process calls this; rank 0 alone writes files. With ``write_log``
-        the log is written as ``training.parquet`` and ``grad_norms.parquet`` (store schemas) in ``run_dir`` and
-        recorded in its ``manifest.json``.
-        ``data`` skips reading and tokenizing the corpus (several seeds share one TokenData; the caller keeps its
-        tokenizer). Raises CheckpointError when ``run_dir`` already holds checkpoints and ``resume`` is False, and
+    Under torchrun (WORLD_SIZE > 1) every process calls this; rank 0 alone writes files. With ``write_log``
+    the log is written as ``training.parquet`` and ``grad_norms.parquet`` (store schemas) in ``run_dir`` and
+    recorded in its ``manifest.json``.
+    ``data`` skips reading and tokenizing the corpus (several seeds share one TokenData; the caller keeps its
+    tokenizer). Raises CheckpointError when ``run_dir`` already holds checkpoints and ``resume`` is False, and
     when a new run would start in the folder of another run (a manifest recording more than a training log).
     """
     run_dir = Path(run_dir)
@@ -104,11 +104,11 @@ def train(
     rank = dist.get_rank() if dist.is_initialized() else 0
     if not resume:
         _check_not_another_run(run_dir)
-    if not resume and saved_steps(run_dir):
-        raise CheckpointError(
-            f"{run_dir} already holds checkpoints {saved_steps(run_dir)}; pass --resume to continue that run "
-            "or choose a new --out directory"
-        )
+        if saved_steps(run_dir):
+            raise CheckpointError(
+                f"{run_dir} already holds checkpoints {saved_steps(run_dir)}; pass --resume to continue that run "
+                "or choose a new --out directory"
+            )
     if data is None:
         if rank == 0:
             data = prepare_data(data_config, run_dir)
