@@ -10,6 +10,9 @@ Printed side by side, measured in this run:
 * the same for TransformerLens (where it is installed): ``TransformerBridge.run_with_cache`` on the same weights,
   caching only the ``hook_pattern`` of every layer (the least a user asking for attention would cache), followed
   by the same statistics.
+* memory and time of the audit written to a run folder (``out_dir``, as ``attnsens audit`` runs it): its rows go to
+  disk one layer at a time and the summary is built one layer at a time, so beside the forward pass it holds one
+  chunk of rows and one layer's rows, not the rows table.
 * monitor: a tiny GPT training loop with and without ``SensitivityMonitor`` (probe every k = 50 steps);
   overhead = time spent in the monitor's probes / training time of the same run (the difference between
   separate runs with and without the monitor is also recorded, but on a shared machine it drifts with load
@@ -30,8 +33,8 @@ own cold first call, see different loads on a shared machine (at 512 tokens the 
 over 0.9–2.2 s in one run). One more fresh subprocess therefore warms up both calls at the full length and then
 times ``--repeats`` pairs, alternating which runs first; the figure is the median of the pairs' ratios.
 
-Usage: ``python bench/audit.py [--lengths 512,2048,4096,8192] [--repeats 1] [--monitor-steps 0]``; appends one
-JSON line per length to bench/results/audit.jsonl.
+Usage: ``python bench/audit.py [--lengths 512,2048,4096,8192] [--repeats 1] [--monitor-steps 0] [--extras LIST]
+[--no-pairs]``; appends one JSON line per length to bench/results/audit.jsonl.
 """
 
 from __future__ import annotations
@@ -54,6 +57,10 @@ import torch
 from _jsonl import append_record
 
 RESULTS = Path(__file__).resolve().parent / "results" / "audit.jsonl"
+EXTRAS = ("audit_to_folder", "eager_posthoc", "tl_run_with_cache")
+"""Calls measured beside the plain forward and the audit: the audit written to a run folder (its rows go to disk
+layer by layer, as ``attnsens audit`` writes them), and the two ways of getting the same statistics without
+attnsens."""
 WARMUP_TOKENS = 128
 """Long enough that the warm-up runs the θ engine's parallel kernel too (9 heads × 128 rows × 128 keys ≥
 ``attnsens.theta.certificate.PARALLEL_MIN_ELEMENTS``), so no kernel is loaded from numba's cache while timed."""
@@ -116,6 +123,9 @@ def run_method(method: str, loaded: Any, ids: torch.Tensor) -> Any:
             loaded.module(input_ids=ids)
         elif method == "audit":
             return A.study.audit(loaded, ids)
+        elif method == "audit_to_folder":
+            with tempfile.TemporaryDirectory() as out_dir:
+                return A.study.audit(loaded, ids, out_dir=out_dir)
         elif method == "eager_posthoc":
             posthoc_statistics(loaded.module(input_ids=ids, output_attentions=True).attentions)
         elif method == "tl_run_with_cache":
@@ -150,10 +160,12 @@ def measure(method: str, model_dir: str, seq_len: int, repeats: int) -> dict[str
     with PeakRSS() as peak:
         result = call()
     seconds = [time.perf_counter() - start]
-    # What the audit returns (its rows and summary tables) is in the peak; the rest is its working memory.
-    result_bytes = (
-        0 if result is None else sum(int(t.memory_usage(deep=True).sum()) for t in (result.rows, result.summary))
+    # What the audit returns (its rows and summary tables) is in the peak; the rest is its working memory. An audit
+    # to a folder returns the summary only (its rows stay on disk, and are gone with the folder).
+    tables = (
+        () if result is None else (result.summary,) if method == "audit_to_folder" else (result.rows, result.summary)
     )
+    result_bytes = sum(int(t.memory_usage(deep=True).sum()) for t in tables)
     del result
     for _ in range(repeats - 1):
         start = time.perf_counter()
@@ -302,10 +314,20 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--monitor-steps", type=int, default=200, help="0 skips the monitor benchmark")
     parser.add_argument("--every", type=int, default=50)
+    parser.add_argument(
+        "--extras",
+        default=",".join(EXTRAS),
+        help=f"comma-separated calls measured beside the forward and the audit, among {', '.join(EXTRAS)} (the "
+        "baselines only where all layers' attention fits in memory, TransformerLens where it is installed)",
+    )
+    parser.add_argument("--no-pairs", action="store_true", help="skip the paired time ratio (two more calls a pair)")
     parser.add_argument("--measure", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     lengths = [int(part) for part in args.lengths.split(",")]
+    extras = [name for name in args.extras.split(",") if name]
+    if unknown := sorted(set(extras) - set(EXTRAS)):
+        parser.error(f"unknown --extras {unknown}; choose among {', '.join(EXTRAS)}")
     if args.measure == "pairs":
         print(json.dumps(measure_pairs(args.model_dir, lengths[0], args.repeats)))
         return
@@ -320,9 +342,13 @@ def main() -> None:
         model_dir = Path(tmp)
         info = prepare(model_dir, max(lengths))
         for seq_len in lengths:
-            methods = ["forward", "audit"]
-            if eager_fits(info, seq_len):
-                methods += ["eager_posthoc"] + (["tl_run_with_cache"] if has_transformer_lens() else [])
+            methods = ["forward", "audit"] + [
+                extra
+                for extra in EXTRAS
+                if extra in extras
+                and (extra == "audit_to_folder" or eager_fits(info, seq_len))
+                and (extra != "tl_run_with_cache" or has_transformer_lens())
+            ]
             results = {}
             for method in methods:
                 results[method] = run_measure(method, model_dir, seq_len, args.repeats)
@@ -332,18 +358,20 @@ def main() -> None:
                     f"peak extra RSS {results[method]['peak_extra_bytes'] / 2**20:8.1f} MiB"
                     + (
                         f", of which its tables {results[method]['result_bytes'] / 2**20:.1f} MiB"
-                        if method == "audit"
+                        if method in ("audit", "audit_to_folder")
                         else ""
                     ),
                     flush=True,
                 )
-            paired = run_measure("pairs", model_dir, seq_len, args.repeats)
-            print(
-                f"n={seq_len:>5}    paired in one process: audit ÷ forward {paired['ratio']:.2f} (median of "
-                f"{', '.join(f'{r:.2f}' for r in paired['ratios'])}; forward "
-                f"{', '.join(f'{t:.2f}' for t in paired['forward_s_all'])} s)",
-                flush=True,
-            )
+            paired = None
+            if not args.no_pairs:
+                paired = run_measure("pairs", model_dir, seq_len, args.repeats)
+                print(
+                    f"n={seq_len:>5}    paired in one process: audit ÷ forward {paired['ratio']:.2f} (median of "
+                    f"{', '.join(f'{r:.2f}' for r in paired['ratios'])}; forward "
+                    f"{', '.join(f'{t:.2f}' for t in paired['forward_s_all'])} s)",
+                    flush=True,
+                )
             audit, forward = results["audit"], results["forward"]
             attention_bytes = int(info["n_layer"]) * int(info["n_head"]) * seq_len**2 * 4
             record = {
@@ -356,15 +384,28 @@ def main() -> None:
                 **{f"{m}_s_all": r["seconds_all"] for m, r in results.items()},
                 **{f"{m}_peak_extra_bytes": r["peak_extra_bytes"] for m, r in results.items()},
                 "audit_over_forward_time": audit["seconds"] / forward["seconds"],
-                "paired_audit_over_forward_time": paired["ratio"],
-                "paired_ratios": paired["ratios"],
-                "paired_forward_s_all": paired["forward_s_all"],
-                "paired_audit_s_all": paired["audit_s_all"],
+                **(
+                    {}
+                    if paired is None
+                    else {
+                        "paired_audit_over_forward_time": paired["ratio"],
+                        "paired_ratios": paired["ratios"],
+                        "paired_forward_s_all": paired["forward_s_all"],
+                        "paired_audit_s_all": paired["audit_s_all"],
+                    }
+                ),
                 "eager_attention_bytes": attention_bytes,
                 "audit_memory_over_eager_attention_bytes": audit["peak_extra_bytes"] / attention_bytes,
                 "audit_result_bytes": audit["result_bytes"],
                 "audit_working_bytes": audit["peak_extra_bytes"] - audit["result_bytes"],
             }
+            if "audit_to_folder" in results:
+                to_folder = results["audit_to_folder"]
+                record["audit_to_folder_result_bytes"] = to_folder["result_bytes"]
+                record["audit_to_folder_over_forward_time"] = to_folder["seconds"] / forward["seconds"]
+                record["audit_to_folder_memory_over_forward_memory"] = (
+                    to_folder["peak_extra_bytes"] / forward["peak_extra_bytes"]
+                )
             if "eager_posthoc" in results:
                 baseline = results["eager_posthoc"]
                 record["audit_over_eager_posthoc_time"] = audit["seconds"] / baseline["seconds"]
@@ -399,19 +440,20 @@ def print_table(records: list[dict[str, object]]) -> None:
 
     print(
         "| n | forward s | forward MiB | audit s | audit MiB | audit MiB less its tables "
+        "| audit to a folder s | audit to a folder MiB "
         "| eager+stats s | eager+stats MiB "
         "| TL cache+stats s | TL cache+stats MiB | audit ÷ forward (time) | the same, paired "
         "| audit MiB ÷ all layers' attention "
         "| audit ÷ eager (time, memory) | audit ÷ TL (time, memory) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in records:
         print(
             f"| {r['seq_len']} | {sec(r, 'forward')} | {mib(r, 'forward')} | {sec(r, 'audit')} | {mib(r, 'audit')} "
-            f"| {r['audit_working_bytes'] / 2**20:,.0f} "
+            f"| {r['audit_working_bytes'] / 2**20:,.0f} | {sec(r, 'audit_to_folder')} | {mib(r, 'audit_to_folder')} "
             f"| {sec(r, 'eager_posthoc')} | {mib(r, 'eager_posthoc')} "
             f"| {sec(r, 'tl_run_with_cache')} | {mib(r, 'tl_run_with_cache')} | {r['audit_over_forward_time']:.2f} "
-            f"| {r['paired_audit_over_forward_time']:.2f} | {r['audit_memory_over_eager_attention_bytes']:.3f} "
+            f"| {ratio(r, 'paired_audit_over_forward_time')} | {r['audit_memory_over_eager_attention_bytes']:.3f} "
             f"| {ratio(r, 'audit_over_eager_posthoc_time')}, {ratio(r, 'audit_over_eager_posthoc_memory')} "
             f"| {ratio(r, 'audit_over_tl_cache_time')}, {ratio(r, 'audit_over_tl_cache_memory')} |"
         )

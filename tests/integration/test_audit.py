@@ -49,6 +49,50 @@ def test_audit_writes_rows_and_summary_and_resumes(tmp_path, monkeypatch) -> Non
     pd.testing.assert_frame_equal(again.rows, result.rows)
 
 
+def test_an_audit_written_to_a_folder_holds_one_layer_of_rows_at_a_time(tmp_path, monkeypatch) -> None:
+    """Written to a run folder, the rows go to disk layer by layer (a row group each) and the summary is built a
+    layer at a time, yet both equal an in-memory audit's; the rows are read back only when asked for."""
+    import pyarrow.parquet as pq
+
+    from attnsens.study.audit import RowColumns
+
+    model = tiny_model("llama", num_hidden_layers=3)
+    tokens = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(2))
+    held = []
+    add = RowColumns.add
+
+    def counting_add(self, block):
+        add(self, block)
+        held.append(self._count)
+
+    in_memory = A.study.audit(model, tokens)
+    monkeypatch.setattr(RowColumns, "add", counting_add)
+    written = A.study.audit(model, tokens, out_dir=tmp_path)
+    heads = model.config.num_attention_heads
+    assert max(held) == heads * 40  # one layer of one sequence, never more
+    assert written.n_rows == in_memory.n_rows == 2 * 3 * heads * 40
+    assert "rows" not in vars(written)  # not read back yet
+    assert written.row_files == tuple(tmp_path / f"rows/sequence={i:06d}.parquet" for i in range(2))
+    for file in written.row_files:
+        layers = [pq.ParquetFile(file).read_row_group(g).column("layer").unique().to_pylist() for g in range(3)]
+        assert layers == [[0], [1], [2]]
+    pd.testing.assert_frame_equal(written.summary, in_memory.summary, check_exact=True)
+    pd.testing.assert_frame_equal(read_table(tmp_path / "summary"), in_memory.summary)
+    pd.testing.assert_frame_equal(written.rows, in_memory.rows, check_exact=True)
+
+    # A budget that holds one layer's rows at a time: three summaries of a layer each, the same summary.
+    import attnsens.store
+
+    audit_module = sys.modules["attnsens.study.audit"]
+    monkeypatch.setattr(audit_module, "TABLE_BYTES_PER_ROW", RowSelection().max_memory)
+    summarized = []
+    summarize = attnsens.store.summarize_rows
+    monkeypatch.setattr(attnsens.store, "summarize_rows", lambda rows: summarized.append(len(rows)) or summarize(rows))
+    layer_by_layer = A.study.audit(model, tokens, out_dir=tmp_path / "by_layer")
+    assert summarized == [2 * heads * 40] * 3
+    pd.testing.assert_frame_equal(layer_by_layer.summary, in_memory.summary, check_exact=True)
+
+
 def test_a_sequence_moved_into_another_place_with_a_matching_hash_is_recomputed(tmp_path, capsys) -> None:
     """The rerun that the verification error advises must not keep a unit whose contents disagree with its key."""
     from attnsens.store import sha256_file

@@ -1,5 +1,6 @@
 """The audit's peak extra memory at long context stays within its documented bound in a default environment:
-one chunk's working set (``max_memory``) and the rows table on top of the forward pass, whatever the layer count.
+one chunk's working set (``max_memory``) and the rows table on top of the forward pass, whatever the layer count;
+written to a run folder, one layer's rows instead of the table.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ MAX_MEMORY = 16 * 2**20
 TABLE_BYTES_PER_ROW = 400  # the rows table at its peak: columns, DataFrame and summary (study.audit.audit)
 
 WORKER = """
-import json, sys, threading, time
+import json, sys, tempfile, threading, time
 import psutil, torch
 from transformers import LlamaConfig, LlamaForCausalLM
 import attnsens as A
@@ -60,7 +61,10 @@ def discard(block):
 
 capture = peak_extra(lambda: A.capture.capture_row_statistics(adapter, ids, selection=selection, on_block=discard))
 audit = peak_extra(lambda: A.study.audit(adapter, ids, max_memory=max_memory))
-print(json.dumps({"forward": plain, "capture": capture, "audit": audit, "rows": layers * 4 * n}))
+with tempfile.TemporaryDirectory() as out_dir:
+    to_folder = peak_extra(lambda: A.study.audit(adapter, ids, max_memory=max_memory, out_dir=out_dir))
+print(json.dumps({"forward": plain, "capture": capture, "audit": audit, "to_folder": to_folder, "rows": layers * 4 * n,
+                  "layer_rows": 4 * n}))
 """
 
 
@@ -90,5 +94,10 @@ def test_peak_extra_memory_is_bounded_and_independent_of_the_layer_count() -> No
         bound = got["forward"] + MAX_MEMORY + TABLE_BYTES_PER_ROW * got["rows"] + 64 * 2**20
         assert got["capture"] <= got["forward"] + MAX_MEMORY + 64 * 2**20, got
         assert got["audit"] <= bound, (got, bound)
+        # Written to a folder, the rows go to disk a layer at a time: one layer's rows instead of the table.
+        one_layer = got["forward"] + MAX_MEMORY + TABLE_BYTES_PER_ROW * got["layer_rows"] + 64 * 2**20
+        assert got["to_folder"] <= one_layer, (got, one_layer)
+    # ... and so its peak, the table included, does not grow with the layer count either.
+    assert many["to_folder"] - few["to_folder"] <= 8 * 2**20, (few, many)
     # All layers' float32 attention would be 12 · 4 · 3072² · 4 B = 1.7 GiB.
     assert many["audit"] <= 0.1 * 12 * 4 * N**2 * 4, many

@@ -149,7 +149,7 @@ def audit(
             "model": adapter.name,
             "out": str(out),
             "seq_len": seq_len,
-            "n_rows": len(result.rows),
+            "n_rows": result.n_rows,
             "layers": per_layer.drop(columns=[*identity, "head"]).to_dict("records"),
         }
         if per_head:
@@ -160,7 +160,7 @@ def audit(
     if per_head:
         _print_table(adapter.name, result.summary[result.summary["head"] >= 0], by_head=True)
     _print_table(adapter.name, per_layer, by_head=False)
-    console.print(f"{len(result.rows)} rows written to {out}/rows, summary to {out}/summary", soft_wrap=True)
+    console.print(f"{result.n_rows} rows written to {out}/rows, summary to {out}/summary", soft_wrap=True)
 
 
 def _indices(text: str | None, flag_name: str) -> tuple[int, ...] | None:

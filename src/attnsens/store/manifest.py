@@ -27,7 +27,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,7 @@ import pyarrow.parquet as pq
 
 from attnsens.errors import CheckpointError, ConfigError, FileFormatError
 from attnsens.provenance import provenance
-from attnsens.store.parquet import atomic_write, write_parquet
+from attnsens.store.parquet import atomic_write, parquet_parts
 from attnsens.store.schema import TableSchema
 
 MANIFEST_NAME = "manifest.json"
@@ -217,9 +217,28 @@ class Manifest:
         the file), the file is taken back out, and a file it replaced is put back, so the folder is as it was
         before the unit began.
         """
+        with self.unit_parts(unit, schema=schema, metadata=metadata) as write:
+            write(data)
+        return self.run_dir / self._key(unit)
+
+    @contextlib.contextmanager
+    def unit_parts(
+        self,
+        unit: str | os.PathLike[str],
+        *,
+        schema: str | TableSchema,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Iterator[Callable[[pa.Table | pd.DataFrame | Mapping[str, Any]], None]]:
+        """``write_unit`` for a unit produced in parts: yields ``write(part)``, each call one row group of the file.
+
+        The unit is written and recorded when the block ends without an error, exactly as by ``write_unit``; on
+        any error nothing of it reaches the folder or the manifest, and a file it was to replace stays.
+        """
         target = self.run_dir / self._key(unit)
+        config = {"config": self.config, **(metadata or {})}
         with _kept_aside(target) as previous:
-            file = write_parquet(data, target, schema=schema, metadata={"config": self.config, **(metadata or {})})
+            with parquet_parts(target, schema=schema, metadata=config) as write:
+                yield write
             try:
                 self.record(unit, table=schema if isinstance(schema, str) else schema.name)
             except Exception:
@@ -228,7 +247,6 @@ class Manifest:
                 else:
                     target.unlink(missing_ok=True)
                 raise
-        return file
 
     def verify(self) -> None:
         """Raise CheckpointError naming every recorded unit whose file is missing or whose hash changed."""

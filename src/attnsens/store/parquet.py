@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -104,21 +104,53 @@ def write_parquet(
     """
     target = Path(path)
     table = conform(data, schema) if schema is not None else to_arrow(data)
+    table = table.replace_schema_metadata({**(table.schema.metadata or {}), METADATA_KEY: _record(schema, metadata)})
+    atomic_write(target, lambda tmp: pq.write_table(table, tmp))
+    return target
+
+
+@contextlib.contextmanager
+def parquet_parts(
+    path: str | os.PathLike[str], *, schema: str | TableSchema, metadata: Mapping[str, Any] | None = None
+) -> Iterator[Callable[[pa.Table | pd.DataFrame | Mapping[str, Any]], None]]:
+    """Write one Parquet file part by part: yields ``write(data)``, each call one row group of the table ``schema``.
+
+    The file is what :func:`write_parquet` of the parts concatenated would write (the same schema, provenance and
+    ``metadata``), and as atomic: it appears at ``path`` only when the block ends without an error; on any error
+    (also KeyboardInterrupt) the temporary file is removed and ``path`` keeps what it held. Nothing but the part
+    being written is held in memory, so a table larger than memory can be written as it is produced.
+    """
+    target = Path(path)
+    table_schema = get_schema(schema)
+    arrow_schema = table_schema.arrow_schema()
+    arrow_schema = arrow_schema.with_metadata(
+        {**(arrow_schema.metadata or {}), METADATA_KEY: _record(schema, metadata)}
+    )
+    # Dictionary pages for the string columns only (run ids, model names: a few values repeated): the numeric
+    # columns of a rows table have as many values as rows, and their dictionaries only cost time (a 553k-row table
+    # written in 30 parts took 244 ms with all columns dictionary-encoded, 111 ms with only these, 29 MB both).
+    strings = [field.name for field in arrow_schema if pa.types.is_string(field.type)]
+    with _atomic_target(target) as tmp, pq.ParquetWriter(tmp, arrow_schema, use_dictionary=strings) as writer:
+
+        def write(data: pa.Table | pd.DataFrame | Mapping[str, Any]) -> None:
+            writer.write_table(conform(data, table_schema))
+
+        yield write
+
+
+def _record(schema: str | TableSchema | None, metadata: Mapping[str, Any] | None) -> bytes:
+    """The attnsens record stored in a file's schema metadata: table name, provenance and ``metadata``."""
     record = {
         "table": get_schema(schema).name if schema is not None else None,
         "provenance": provenance(),
         "metadata": dict(metadata or {}),
     }
     try:
-        encoded = json.dumps(record, default=str, sort_keys=True).encode()
+        return json.dumps(record, default=str, sort_keys=True).encode()
     except (TypeError, ValueError) as err:
         raise InputError(
             f"metadata is not JSON-serialisable ({err}); pass plain dicts, lists, numbers, strings"
         ) from None
-    existing = table.schema.metadata or {}
-    table = table.replace_schema_metadata({**existing, METADATA_KEY: encoded})
-    atomic_write(target, lambda tmp: pq.write_table(table, tmp))
-    return target
 
 
 def atomic_write(target: Path, write: Any) -> None:
@@ -126,13 +158,21 @@ def atomic_write(target: Path, write: Any) -> None:
 
     Raises OutputWriteError (naming the folder) when the file system refuses the write.
     """
+    with _atomic_target(target) as tmp:
+        write(tmp)
+
+
+@contextlib.contextmanager
+def _atomic_target(target: Path) -> Iterator[Path]:
+    """A temporary path next to ``target`` to write; when the block ends without an error it is fsynced and renamed
+    over ``target``, otherwise removed (see ``atomic_write``)."""
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise output_write_error(target, err) from None
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        write(tmp)
+        yield tmp
         with open(tmp, "rb+") as handle:
             os.fsync(handle.fileno())
         os.replace(tmp, target)
@@ -178,15 +218,21 @@ def parquet_files(path_or_dir: str | os.PathLike[str]) -> list[Path]:
     return sorted(p for p in path.rglob("*.parquet") if p.is_file() and not p.name.startswith("."))
 
 
-def read_table(path_or_dir: str | os.PathLike[str]) -> pd.DataFrame:
-    """Read one Parquet file, or all of them below a directory (columns unioned by name), as a DataFrame."""
-    files = parquet_files(path_or_dir)
+def read_table(path_or_dir: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]) -> pd.DataFrame:
+    """Read one Parquet file, all of them below a directory, or the listed files in order (columns unioned by
+    name), as a DataFrame."""
+    if isinstance(path_or_dir, str | os.PathLike):
+        files = parquet_files(path_or_dir)
+        where = str(path_or_dir)
+    else:
+        files = [Path(f) for f in path_or_dir]
+        where = str(files[0].parent) if files else "the listed files"
     if not files:
-        raise FileFormatError(f"no *.parquet files under {str(path_or_dir)!r}; run the command that writes them")
+        raise FileFormatError(f"no *.parquet files under {where!r}; run the command that writes them")
     try:
         tables = [pq.read_table(f) for f in files]
     except (OSError, pa.ArrowInvalid) as err:
-        raise FileFormatError(f"cannot read Parquet under {str(path_or_dir)!r} ({err}); rewrite the file") from None
+        raise FileFormatError(f"cannot read Parquet under {where!r} ({err}); rewrite the file") from None
     table = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
     return table.replace_schema_metadata(None).to_pandas()
 

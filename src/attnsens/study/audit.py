@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import torch
 from torch import Tensor
 
@@ -26,18 +28,37 @@ from attnsens.errors import InputError
 from attnsens.models import ModelAdapter, load
 from attnsens.store.lock import writes_run_folder
 
+TABLE_BYTES_PER_ROW = 400
+"""Most bytes a row of the rows table takes at its peak: the columns while capturing (83), the DataFrame and the
+summary's working arrays (tests/slow/test_audit_memory.py)."""
 ProgressCallback = Callable[[int, int], None]
 """``progress(done, total)`` in units of (sequence, layer) pairs."""
 
 
 @dataclass(frozen=True)
 class AuditResult:
-    """``rows``: one record per audited row (columns of the store's ``rows`` table); ``summary``: the store's
-    ``summary`` table (per head and per layer with head = -1); ``out_dir``: where they were written, if anywhere."""
+    """``summary``: the store's ``summary`` table (per head, and per layer with head = -1); ``rows``: one record per
+    audited row (columns of the store's ``rows`` table); ``out_dir``: where they were written, if anywhere;
+    ``n_rows``: the number of audited rows.
 
-    rows: pd.DataFrame
+    An audit written to a run folder keeps its rows on disk only (``row_files``): ``rows`` reads them back on first
+    access.
+    """
+
     summary: pd.DataFrame
+    n_rows: int
     out_dir: Path | None = None
+    row_files: tuple[Path, ...] = ()
+    """The Parquet files that hold the rows of an audit written to a folder, one per sequence, in order."""
+    _rows: pd.DataFrame | None = field(default=None, repr=False)
+
+    @cached_property
+    def rows(self) -> pd.DataFrame:
+        if self._rows is not None:
+            return self._rows
+        from attnsens.store import read_table
+
+        return read_table(self.row_files)
 
     def layer_summary(self) -> pd.DataFrame:
         """The per-layer records (all heads pooled)."""
@@ -78,13 +99,17 @@ def audit(
         n_sequences: audit only the first this many sequences (default: all).
         selection: layers, heads, positions (RowSelection; default: every row).
         out_dir: run directory to write Parquet files and the manifest to; sequences already recorded there
-            are read back instead of recomputed.
+            are kept instead of recomputed. The rows go to disk a layer at a time (one row group each) and the
+            summary is built a layer at a time, so the rows table is never in memory: the result's ``rows`` reads
+            it back when first asked for.
         run_id, step, seed: identifiers stored in every record.
         max_memory: working-set budget in bytes of one chunk of recomputed rows (default: the selection's,
             ``RowSelection.max_memory``, 128 MiB). Peak extra memory: the model's own forward pass, plus this
             budget (the rows' working set: one chunk of one layer, whatever the number of layers), plus the rows
             table at most 400 bytes per audited row (83 while the capture runs; the DataFrame and the summary at
             the end), plus some 64 MiB of library working space (tests/slow/test_audit_memory.py checks it).
+            With ``out_dir``, instead of the table: one layer's rows of one sequence while capturing, then while
+            summarizing the rows of as many layers as the budget holds at 400 bytes a row (at least one).
         exact_support: prove θ exact on every row of at most this many non-zero keys (24–48; ``certify``'s
             argument). Default: rows of up to 24 keys and those a cheap proof settles; the others end at float32
             resolution. At 48 a row costs up to ~0.1–0.3 s: a SmolLM2 audit at 512 tokens takes about 20 s more.
@@ -93,7 +118,7 @@ def audit(
     Returns:
         AuditResult with the rows and summary tables (attnsens.store.schema ROWS / SUMMARY).
     """
-    from attnsens.store import Manifest, read_table, summarize_rows
+    from attnsens.store import Manifest, summarize_rows
     from attnsens.store.verify import forget_untrusted
     from attnsens.study.finite import check_finite_module
     from attnsens.theta.certificate import enumeration_support
@@ -108,7 +133,7 @@ def audit(
         adapter, tokens, attention_mask=attention_mask, seq_len=seq_len, n_sequences=n_sequences
     )
     layers = adapter.select_layers(selection.layers)
-    identity = {"run_id": run_id, "model": adapter.name, "step": step, "seed": seed}
+    identity: dict[str, Any] = {"run_id": run_id, "model": adapter.name, "step": step, "seed": seed}
     manifest = None
     if out_dir is not None:
         config = {
@@ -130,42 +155,97 @@ def audit(
         if progress is not None:
             progress(done, total)
 
-    frames = []
+    def capture(index: int, selection: RowSelection, columns: RowColumns, layer_done: Callable[[], None]) -> None:
+        """Sequence ``index``'s rows into ``columns``; ``layer_done()`` after each layer's last block."""
+
+        def keep(block: RowBlock) -> None:
+            if columns.layers and columns.layers[-1] != block.layer:
+                layer_done()
+            columns.add(block)
+
+        one_mask = None if mask is None else mask[index : index + 1]
+        capture_row_statistics(
+            adapter, sequences[index : index + 1], selection=selection, attention_mask=one_mask, on_block=keep,
+            exact_support=exact_support,
+        )  # fmt: skip
+        layer_done()
+
+    frames, n_rows = [], 0
     with enumeration_workspaces(exact_support):  # shared by every sequence's chunks
         for index in range(sequences.shape[0]):
-            unit = f"rows/sequence={index:06d}.parquet"
+            unit = _row_unit(index)
             if manifest is not None and manifest.is_done(unit):
-                frames.append(read_table(manifest.run_dir / unit))
+                n_rows += int(manifest.units[unit]["num_rows"])
                 tick(len(layers))
                 continue
             # Each sequence draws its own sampled positions (seed + sequence index), reproducibly, among its real
             # tokens.
             per_sequence = _real_positions(replace(selection, seed=selection.seed + index), mask, index)
-            positions = per_sequence.query_positions(1, int(sequences.shape[1])).shape[1]
-            heads = len(adapter.select_heads(per_sequence.heads))
-            collected = RowColumns(capacity=len(layers) * heads * positions)
-
-            def keep(block: RowBlock, collected: RowColumns = collected) -> None:
-                if collected.layers and collected.layers[-1] != block.layer:
-                    tick()
-                collected.add(block)
-
-            one_mask = None if mask is None else mask[index : index + 1]
-            capture_row_statistics(
-                adapter, sequences[index : index + 1], selection=per_sequence, attention_mask=one_mask, on_block=keep,
-                exact_support=exact_support,
-            )  # fmt: skip
-            tick()
-            frame = collected.frame(batch_offset=index, run_id=run_id, model=adapter.name, step=step, seed=seed)
+            layer_rows = per_sequence.query_positions(1, int(sequences.shape[1])).shape[1] * len(
+                adapter.select_heads(per_sequence.heads)
+            )
+            if manifest is None:
+                columns = RowColumns(capacity=len(layers) * layer_rows)
+                capture(index, per_sequence, columns, tick)
+                frames.append(columns.frame(batch_offset=index, **identity))
+                n_rows += len(frames[-1])
+            else:
+                # Written one layer at a time, a row group each: the folder's rows are never all in memory.
+                columns = RowColumns(capacity=layer_rows)
+                with manifest.unit_parts(unit, schema="rows") as write:
+                    capture(index, per_sequence, columns, partial(_write_layer, columns, write, index, identity, tick))
+                n_rows += int(manifest.units[unit]["num_rows"])
             release_free_memory()
-            if manifest is not None:
-                manifest.write_unit(unit, frame, schema="rows")
-            frames.append(frame)
-    rows = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
-    summary = summarize_rows(rows)
-    if manifest is not None:
-        manifest.write_unit("summary/summary.parquet", summary, schema="summary")
-    return AuditResult(rows=rows, summary=summary, out_dir=None if manifest is None else manifest.run_dir)
+    if manifest is None:
+        rows = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+        return AuditResult(summary=summarize_rows(rows), n_rows=n_rows, _rows=rows)
+    row_files = tuple(manifest.run_dir / _row_unit(index) for index in range(sequences.shape[0]))
+    summary = _summary_by_layers(row_files, layers, n_rows=n_rows, max_memory=selection.max_memory)
+    manifest.write_unit("summary/summary.parquet", summary, schema="summary")
+    return AuditResult(summary=summary, n_rows=n_rows, out_dir=manifest.run_dir, row_files=row_files)
+
+
+def _write_layer(
+    columns: RowColumns,
+    write: Callable[[pa.Table], None],
+    index: int,
+    identity: dict[str, Any],
+    tick: Callable[[], None],
+) -> None:
+    """Write the layer of sequence ``index`` held in ``columns`` (emptying them), then count it done."""
+    write(columns.table(batch_offset=index, **identity))
+    tick()
+
+
+def _row_unit(index: int) -> str:
+    """The unit file of sequence ``index``'s rows in a run folder."""
+    return f"rows/sequence={index:06d}.parquet"
+
+
+def _summary_by_layers(
+    row_files: Sequence[Path], layers: Sequence[int], *, n_rows: int, max_memory: int
+) -> pd.DataFrame:
+    """``summarize_rows`` of the rows table in ``row_files``, read and summarized a few layers at a time: as many as
+    ``max_memory`` holds at ``TABLE_BYTES_PER_ROW`` a row, at least one.
+
+    Every summary record pools rows of one layer (one head, or all its heads), so the summaries of groups of
+    layers concatenated are the whole table's summary, while only a group's rows are in memory at once. (One
+    call per layer would cost summarize_rows' fixed ~10 ms thirty times over for a 30-layer model.)"""
+    import pyarrow.dataset as ds
+
+    from attnsens.store import summarize_rows
+    from attnsens.store.schema import SUMMARY
+
+    dataset = ds.dataset([str(file) for file in row_files], format="parquet")
+    per_layer = max(1, -(-n_rows // len(layers)))  # every layer has the same rows: heads × positions a sequence
+    step = max(1, max_memory // TABLE_BYTES_PER_ROW // per_layer)
+    parts = []
+    for start in range(0, len(layers), step):
+        table = dataset.to_table(filter=ds.field("layer").isin(list(layers[start : start + step])))
+        parts.append(summarize_rows(table.replace_schema_metadata(None).to_pandas()))
+        del table
+    summary = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
+    return summary.sort_values(list(SUMMARY.key), ignore_index=True)
 
 
 class RowColumns:
@@ -209,10 +289,8 @@ class RowColumns:
             grown[: self._count] = column[: self._count]
             self._columns[name] = grown
 
-    def frame(self, *, run_id: str, model: str, step: int, seed: int, batch_offset: int = 0) -> pd.DataFrame:
-        """The collected rows as a DataFrame with the columns of the store's ``rows`` table (empties the columns)."""
-        import pyarrow as pa
-
+    def table(self, *, run_id: str, model: str, step: int, seed: int, batch_offset: int = 0) -> pa.Table:
+        """The collected rows as an Arrow table of the store's ``rows`` table (empties the columns)."""
         from attnsens.store import conform
 
         columns = {name: column[: self._count] for name, column in self._columns.items()}
@@ -227,8 +305,11 @@ class RowColumns:
             "seed": np.full(count, seed, dtype=np.int64),
         }
         # Through the schema, so fresh and resumed frames carry the same dtypes.
-        table = conform(pa.table({**identity, **columns}), "rows")
-        del columns
+        return conform(pa.table({**identity, **columns}), "rows")
+
+    def frame(self, *, run_id: str, model: str, step: int, seed: int, batch_offset: int = 0) -> pd.DataFrame:
+        """The collected rows as a DataFrame with the columns of the store's ``rows`` table (empties the columns)."""
+        table = self.table(run_id=run_id, model=model, step=step, seed=seed, batch_offset=batch_offset)
         return table.to_pandas(self_destruct=True)
 
 

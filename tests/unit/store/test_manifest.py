@@ -160,3 +160,18 @@ def test_a_unit_whose_manifest_entry_cannot_be_written_leaves_the_folder_as_befo
     with pytest.raises(OutputWriteError, match=r"cannot write manifest\.json in .*No space left on device"):
         manifest.write_unit("training/a.parquet" if replacing else "training/b.parquet", changed, schema="training")
     assert _snapshot(tmp_path) == before
+
+
+def test_a_unit_written_in_parts_is_recorded_only_when_complete(tmp_path):
+    manifest = Manifest.open(tmp_path, config={"lr": 0.1})
+    with pytest.raises(KeyboardInterrupt), manifest.unit_parts("training/a.parquet", schema="training") as write:
+        write(_TRAINING)
+        raise KeyboardInterrupt
+    assert not manifest.is_done("training/a.parquet") and not (tmp_path / "training/a.parquet").exists()
+    with manifest.unit_parts("training/a.parquet", schema="training") as write:
+        write(_TRAINING)
+        write({**_TRAINING, "step": [1]})
+    assert manifest.is_done("training/a.parquet")
+    assert manifest.units["training/a.parquet"]["num_rows"] == 2
+    assert read_table(tmp_path / "training/a.parquet")["step"].tolist() == [0, 1]
+    assert read_metadata(tmp_path / "training/a.parquet")["metadata"]["config"] == {"lr": 0.1}

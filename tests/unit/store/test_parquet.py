@@ -8,7 +8,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from attnsens.errors import FileFormatError
+from attnsens.errors import FileFormatError, InputError
 from attnsens.store import parquet, read_metadata, read_table, write_parquet
 
 
@@ -74,3 +74,43 @@ def test_read_errors_name_the_path(tmp_path):
     (tmp_path / "bad.parquet").write_bytes(b"not parquet")
     with pytest.raises(FileFormatError, match="cannot read Parquet"):
         read_table(tmp_path / "bad.parquet")
+
+
+_PARTS = [
+    {"run_id": ["r"], "seed": [0], "step": [0], "loss": [1.0], "lr": [0.1], "grad_norm_global": [1.0],
+     "tokens_seen": [64], "wall_time_s": [0.5]},
+    {"run_id": ["r", "r"], "seed": [0, 0], "step": [1, 2], "loss": [0.9, 0.8], "lr": [0.1, 0.1],
+     "grad_norm_global": [2.0, 3.0], "tokens_seen": [128, 192], "wall_time_s": [1.0, 1.5]},
+]  # fmt: skip
+
+
+def test_a_file_written_in_parts_is_the_file_written_whole_with_a_row_group_per_part(tmp_path):
+    whole = write_parquet(pd.concat([pd.DataFrame(p) for p in _PARTS]), tmp_path / "whole.parquet", schema="training",
+                          metadata={"config": {"lr": 0.1}})  # fmt: skip
+    with parquet.parquet_parts(tmp_path / "parts.parquet", schema="training", metadata={"config": {"lr": 0.1}}) as put:
+        for part in _PARTS:
+            put(part)
+    parts = tmp_path / "parts.parquet"
+    assert pq.ParquetFile(parts).num_row_groups == 2
+    assert pq.read_table(parts).equals(pq.read_table(whole), check_metadata=False)
+    assert pq.read_schema(parts).equals(pq.read_schema(whole), check_metadata=False)
+    written, expected = read_metadata(parts), read_metadata(whole)
+    assert written["table"] == expected["table"] == "training"
+    assert written["metadata"] == expected["metadata"] == {"config": {"lr": 0.1}}
+
+
+def test_parts_interrupted_keep_the_old_file_and_leave_no_temporary(tmp_path):
+    target = tmp_path / "t.parquet"
+    write_parquet(_PARTS[0], target, schema="training")
+    before = target.read_bytes()
+    with pytest.raises(KeyboardInterrupt), parquet.parquet_parts(target, schema="training") as put:
+        put(_PARTS[1])
+        raise KeyboardInterrupt
+    assert target.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["t.parquet"]
+    with (
+        pytest.raises(InputError, match="step"),
+        parquet.parquet_parts(tmp_path / "new.parquet", schema="training") as put,
+    ):
+        put({**_PARTS[0], "step": [0.5]})  # a part that does not fit the schema fails like a whole table would
+    assert [p.name for p in tmp_path.iterdir()] == ["t.parquet"]
