@@ -130,7 +130,9 @@ def audit(
                 f"the text gives {len(sequences)} sequence(s) of {seq_len} tokens, fewer than --batch {batch}; "
                 f"use --batch {len(sequences)}, a shorter --seq-len or more text"
             )
-        with ProgressReport("auditing", "layers", enabled=not as_json) as report:
+        # Progress counts (sequence, layer) pairs: "layers" of one sequence, each sequence's layers of several.
+        unit = "layers" if len(sequences) == 1 else f"layers ({len(sequences)} sequences)"
+        with ProgressReport("auditing", unit, enabled=not as_json) as report:
             result = run_audit(
                 adapter,
                 sequences,

@@ -68,7 +68,7 @@ def test_bounds_and_audit_report_layers(run_dir: Path, text_file: Path, tmp_path
     result = runner.invoke(app, ["audit", str(run_dir), "--text", str(text_file), "--seq-len", "8", "--batch", "2",
                                  "--out", str(tmp_path / "a")])  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert "auditing: 4/4 layers, " in result.stderr
+    assert "auditing: 4/4 layers (2 sequences), " in result.stderr  # 2 layers of each of 2 sequences
 
 
 def test_study_reports_each_seed_training(tmp_path: Path, text_file: Path) -> None:
