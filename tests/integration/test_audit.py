@@ -179,12 +179,15 @@ def test_cli_audit_json(tmp_path, text_file) -> None:
         (["no-such/model", "--text", "TEXT", "--seq-len", "8"], "cannot load model"),
         (["minilm", "--seq-len", "8"], "exactly one of --text"),
         (["minilm", "--corpus", "poetry", "--seq-len", "8"], "unknown corpus"),
+        (["minilm", "--text", "SHORT", "--seq-len", "64"], "the text has 1 token, fewer than the 62 of one window"),
     ],
 )
 def test_cli_audit_bad_input_is_one_line_exit_1(tmp_path, text_file, arguments, message) -> None:
     empty = tmp_path / "empty.txt"
     empty.write_text("  \n")
-    swap = {"MISSING": str(tmp_path / "missing.txt"), "EMPTY": str(empty), "TEXT": str(text_file)}
+    short = tmp_path / "short.txt"
+    short.write_text("hello")
+    swap = {"MISSING": str(tmp_path / "missing.txt"), "EMPTY": str(empty), "TEXT": str(text_file), "SHORT": str(short)}
     arguments = [swap.get(a, a) for a in arguments]
     result = CliRunner().invoke(app, ["audit", *arguments, "--out", str(tmp_path / "out")])
     assert result.exit_code == 1

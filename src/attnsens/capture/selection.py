@@ -91,7 +91,11 @@ class RowSelection:
         if k is None:
             return candidates.expand(batch, -1).to(device)
         if k > candidates.numel():
-            raise ConfigError(f"cannot sample {k} positions per sequence from {candidates.numel()} candidates")
+            raise ConfigError(
+                f"cannot sample {k} positions per sequence from the {candidates.numel()} query positions "
+                f"[{self.query_start}, {stop}) of sequences of {n} tokens; sample {candidates.numel()} or fewer, or "
+                "none (every row), or use longer sequences"
+            )
         generator = torch.Generator().manual_seed(self.seed)
         picks = [
             candidates[torch.randperm(candidates.numel(), generator=generator)[:k]].sort().values for _ in range(batch)

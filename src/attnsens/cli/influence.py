@@ -1,4 +1,4 @@
-"""``attnsens influence --model MODEL``: measured influence of a nonfinal token vs n beside the certified C/n."""
+"""``attnsens influence [MODEL]``: measured influence of a nonfinal token vs n beside the certified C/n."""
 
 from __future__ import annotations
 
@@ -18,9 +18,15 @@ _DEFAULT_LENGTHS = "16,32,64,128,256,512,1024,2048"
 @app.command()
 @domain_errors_exit
 def influence(
-    model: Annotated[
-        str, typer.Option("--model", help="builtin:lnfree, smollm2, minilm, a local path, .gguf file or hub id.")
-    ] = "builtin:lnfree",
+    model_argument: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="MODEL",
+            help="builtin:lnfree (default), smollm2, minilm, a local path, .gguf file or hub id (as in audit).",
+            show_default=False,
+        ),
+    ] = None,
+    model_option: Annotated[str | None, typer.Option("--model", help="The same as MODEL.", show_default=False)] = None,
     lengths: Annotated[str, typer.Option("--lengths", help="Comma-separated sequence lengths n.")] = _DEFAULT_LENGTHS,
     samples: Annotated[int, typer.Option("--samples", min=1, help="Samples per length and position kind.")] = 4,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the sampled inputs.")] = 0,
@@ -32,6 +38,7 @@ def influence(
     from attnsens.cli.progress import ProgressReport
     from attnsens.influence.experiment import run_influence
 
+    model = _model_name(model_argument, model_option)
     grid = _parse_lengths(lengths)
     if out is not None:
         check_out_dir(out)
@@ -50,6 +57,15 @@ def influence(
     _print(result)
     if out is not None:
         console.print(f"wrote {out / 'influence'}")
+
+
+def _model_name(argument: str | None, option: str | None) -> str:
+    """MODEL or --model (the same, given either way), builtin:lnfree when neither is given."""
+    from attnsens.errors import InputError
+
+    if argument is not None and option is not None and argument != option:
+        raise InputError(f"MODEL {argument!r} and --model {option!r} name two models; give one of them")
+    return argument or option or "builtin:lnfree"
 
 
 def _parse_lengths(lengths: str) -> list[int]:
@@ -119,10 +135,14 @@ def _print(result: InfluenceResult) -> None:
     table = Table(title=f"influence of a nonfinal token — {result.model}")
     for column in ("n", "max ‖Δy_n‖₂", "n·max ‖Δy_n‖₂", "certified bound", "max TV"):
         table.add_column(column, justify="right")
-    for row in result.per_length().itertuples():
+    per_length = result.per_length()
+    for row in per_length.itertuples():
         bound = f"{row.certified_bound:.3e}" if row.certified_bound == row.certified_bound else "—"
-        table.add_row(str(row.n), f"{row.influence:.3e}", f"{row.n_times_influence:.4f}", bound, f"{row.tv:.3e}")
+        tv = f"{row.tv:.3e}" if row.tv == row.tv else "—"
+        table.add_row(str(row.n), f"{row.influence:.3e}", f"{row.n_times_influence:.4f}", bound, tv)
     console.print(table)
+    if per_length["tv"].isna().all():
+        console.print(f"max TV: none, {result.model} has no language-model head (no output distribution to compare)")
     low, high = fit.slope_ci
     console.print(
         f"log–log slope {fit.slope:.3f} ({fit.confidence:.0%} CI [{low:.3f}, {high:.3f}], {fit.n_points} lengths); "

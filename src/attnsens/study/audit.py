@@ -439,6 +439,13 @@ def _text_windows(adapter: ModelAdapter, text: str, *, seq_len: int, n_sequences
         )
     needed = None if n_sequences is None else content * n_sequences
     stream = _encode_prefix(adapter, text, needed)
+    if stream.numel() < content:
+        count = stream.numel()
+        raise InputError(
+            f"the text has {count} token{'s' if count != 1 else ''}, fewer than the {content} of one window: "
+            f"seq_len {seq_len} less the {len(prefix) + len(suffix)} special tokens of the tokenizer of "
+            f"{adapter.name!r}; give more text or a shorter seq_len"
+        )
     windows = split_sequences(adapter, stream, seq_len=content, n_sequences=n_sequences)
     around = [torch.tensor(ids, dtype=torch.long).expand(windows.shape[0], -1) for ids in (prefix, suffix)]
     return split_sequences(adapter, torch.cat([around[0], windows, around[1]], dim=1), seq_len=None)

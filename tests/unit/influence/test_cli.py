@@ -44,3 +44,21 @@ def test_bad_lengths_are_one_red_line() -> None:
     result = runner.invoke(app, ["influence", "--lengths", "8,x"])
     assert result.exit_code == 1
     assert "comma-separated integers" in result.output
+
+
+def test_the_model_may_be_named_as_in_audit_and_bounds() -> None:
+    """``attnsens influence MODEL`` as ``attnsens audit MODEL``: the same run as ``--model MODEL``."""
+    by_option = json.loads(runner.invoke(app, [*ARGS, "--json"]).stdout)
+    positional = runner.invoke(app, ["influence", "builtin:lnfree", *ARGS[3:], "--json"])
+    assert positional.exit_code == 0, positional.output
+    assert json.loads(positional.stdout) == by_option
+    both = runner.invoke(app, ["influence", "minilm", *ARGS[1:]])
+    assert both.exit_code == 1
+    assert "MODEL 'minilm' and --model 'builtin:lnfree' name two models" in both.output
+
+
+def test_a_model_without_an_output_distribution_has_no_tv() -> None:
+    result = runner.invoke(app, ["influence", "minilm", "--lengths", "8,16,32", "--samples", "1"])
+    assert result.exit_code == 0, result.output
+    assert "nan" not in result.output
+    assert "max TV: none, minilm has no language-model head" in " ".join(result.output.split())
