@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from attnsens.study.audit import TABLE_BYTES_PER_ROW  # the rows table at its peak: columns, DataFrame, summary
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 3072
 MAX_MEMORY = 16 * 2**20
-TABLE_BYTES_PER_ROW = 400  # the rows table at its peak: columns, DataFrame and summary (study.audit.audit)
 
 WORKER = """
 import json, sys, tempfile, threading, time
