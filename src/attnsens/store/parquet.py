@@ -115,10 +115,11 @@ def parquet_parts(
 ) -> Iterator[Callable[[pa.Table | pd.DataFrame | Mapping[str, Any]], None]]:
     """Write one Parquet file part by part: yields ``write(data)``, each call one row group of the table ``schema``.
 
-    The file is what :func:`write_parquet` of the parts concatenated would write (the same schema, provenance and
-    ``metadata``), and as atomic: it appears at ``path`` only when the block ends without an error; on any error
-    (also KeyboardInterrupt) the temporary file is removed and ``path`` keeps what it held. Nothing but the part
-    being written is held in memory, so a table larger than memory can be written as it is produced.
+    The file holds what :func:`write_parquet` would write for the parts concatenated (the same table, schema,
+    provenance and ``metadata``; only the string columns get dictionary pages), and is as atomic: it appears at
+    ``path`` only when the block ends without an error; on any error (also KeyboardInterrupt) the temporary file is
+    removed and ``path`` keeps what it held. Nothing but the part being written is held in memory, so a table
+    larger than memory can be written as it is produced.
     """
     target = Path(path)
     table_schema = get_schema(schema)
@@ -226,7 +227,9 @@ def read_table(path_or_dir: str | os.PathLike[str] | Sequence[str | os.PathLike[
         where = str(path_or_dir)
     else:
         files = [Path(f) for f in path_or_dir]
-        where = str(files[0].parent) if files else "the listed files"
+        if not files:
+            raise InputError("read_table was given an empty list of files; give a file, a directory or some files")
+        where = str(files[0].parent)
     if not files:
         raise FileFormatError(f"no *.parquet files under {where!r}; run the command that writes them")
     try:
