@@ -76,6 +76,9 @@ def cached_njit(**options):
 
 
 _ANNOUNCED: set[str] = set()
+_COMPILED: dict[int, Any] = {}
+"""The kernels seen compiled in this process, by id (held, so that no id is reused): numba's ``signatures`` takes
+10–20 µs to build, a tenth of a one-row ``certify`` call."""
 
 
 def note_compilation(kernel: Any, what: str) -> None:
@@ -83,7 +86,10 @@ def note_compilation(kernel: Any, what: str) -> None:
     ``cached_njit`` function) is neither compiled in this process nor on disk. That happens on a fresh install and
     after an edit to a kernel source; measured on two cores, the θ cascade took 69 s to compile and the row
     statistics 38 s more, which a user would otherwise sit through without a word."""
-    if what in _ANNOUNCED or getattr(kernel, "signatures", None):
+    if what in _ANNOUNCED or id(kernel) in _COMPILED:
+        return
+    if getattr(kernel, "signatures", None):
+        _COMPILED[id(kernel)] = kernel
         return
     index = getattr(getattr(getattr(kernel, "_cache", None), "_cache_file", None), "_index_path", None)
     if index is None or Path(index).exists():

@@ -53,11 +53,14 @@ def theta_enclosure(
 def _enclosure(xp, s_hat, d_found, d_lb, err):
     """The enclosure with array namespace ``xp`` (numpy or torch); see ``theta_enclosure``."""
 
+    # NumPy broadcasts the direction; torch.nextafter needs a tensor of x's shape.
+    down, up = (-np.inf, np.inf) if xp is np else (None, None)
+
     def step_down(x):
-        return xp.nextafter(x, xp.full_like(x, -xp.inf))
+        return xp.nextafter(x, xp.full_like(x, -xp.inf) if down is None else down)
 
     def step_up(x):
-        return xp.nextafter(x, xp.full_like(x, xp.inf))
+        return xp.nextafter(x, xp.full_like(x, xp.inf) if up is None else up)
 
     has_err = err > 0
     s_lo = xp.where(has_err, step_down(s_hat - err), s_hat)
