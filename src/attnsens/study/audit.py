@@ -170,12 +170,11 @@ def audit(
         )  # fmt: skip
         layer_done()
 
-    frames, n_rows = [], 0
+    frames = []
     with enumeration_workspaces(exact_support):  # shared by every sequence's chunks
         for index in range(sequences.shape[0]):
             unit = _row_unit(index)
             if manifest is not None and manifest.is_done(unit):
-                n_rows += int(manifest.units[unit]["num_rows"])
                 tick(len(layers))
                 continue
             # Each sequence draws its own sampled positions (seed + sequence index), reproducibly, among its real
@@ -188,18 +187,18 @@ def audit(
                 columns = RowColumns(capacity=len(layers) * layer_rows)
                 capture(index, per_sequence, columns, tick)
                 frames.append(columns.frame(batch_offset=index, **identity))
-                n_rows += len(frames[-1])
             else:
                 # Written one layer at a time, a row group each: the folder's rows are never all in memory.
                 columns = RowColumns(capacity=layer_rows)
                 with manifest.unit_parts(unit, schema="rows") as write:
                     capture(index, per_sequence, columns, partial(_write_layer, columns, write, index, identity, tick))
-                n_rows += int(manifest.units[unit]["num_rows"])
             release_free_memory()
     if manifest is None:
         rows = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
-        return AuditResult(summary=summarize_rows(rows), n_rows=n_rows, _rows=rows)
-    row_files = tuple(manifest.run_dir / _row_unit(index) for index in range(sequences.shape[0]))
+        return AuditResult(summary=summarize_rows(rows), n_rows=len(rows), _rows=rows)
+    units = [_row_unit(index) for index in range(sequences.shape[0])]
+    row_files = tuple(manifest.run_dir / unit for unit in units)
+    n_rows = sum(int(manifest.units[unit]["num_rows"]) for unit in units)  # recorded with each unit
     summary = _summary_by_layers(row_files, layers, n_rows=n_rows, max_memory=selection.max_memory)
     manifest.write_unit("summary/summary.parquet", summary, schema="summary")
     return AuditResult(summary=summary, n_rows=n_rows, out_dir=manifest.run_dir, row_files=row_files)
