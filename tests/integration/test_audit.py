@@ -170,6 +170,18 @@ def test_cli_audit_json(tmp_path, text_file) -> None:
     assert [layer["layer"] for layer in payload["layers"]] == list(range(6))
 
 
+def test_cli_audit_without_a_text_audits_the_built_in_corpus(tmp_path) -> None:
+    tables = {}
+    for name, source in (("default", []), ("corpus", ["--corpus", "shakespeare"])):
+        out = tmp_path / name
+        arguments = ["audit", "minilm", *source, "--seq-len", "12", "--layers", "0", "--out", str(out), "--json"]
+        result = CliRunner().invoke(app, arguments)
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["n_rows"] == 12 * 12
+        tables[name] = read_table(out / "rows").drop(columns=["run_id"])
+    pd.testing.assert_frame_equal(tables["default"], tables["corpus"])
+
+
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
@@ -177,7 +189,7 @@ def test_cli_audit_json(tmp_path, text_file) -> None:
         (["minilm", "--text", "EMPTY", "--seq-len", "8"], "is empty"),
         (["minilm", "--text", "TEXT", "--seq-len", "600"], "exceeds the context"),
         (["no-such/model", "--text", "TEXT", "--seq-len", "8"], "cannot load model"),
-        (["minilm", "--seq-len", "8"], "exactly one of --text"),
+        (["minilm", "--text", "TEXT", "--corpus", "shakespeare", "--seq-len", "8"], "not both"),
         (["minilm", "--corpus", "poetry", "--seq-len", "8"], "unknown corpus"),
         (["minilm", "--text", "SHORT", "--seq-len", "64"], "the text has 1 token, fewer than the 62 of one window"),
     ],

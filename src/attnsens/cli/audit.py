@@ -32,8 +32,13 @@ def audit(
         int | None,
         typer.Option("--seq-len", min=1, help="Tokens per audited sequence (default: the text, up to the context)."),
     ] = None,
-    text: Annotated[Path | None, typer.Option("--text", help="UTF-8 text file to audit.")] = None,
-    corpus: Annotated[str | None, typer.Option("--corpus", help="Built-in corpus to audit: shakespeare.")] = None,
+    text: Annotated[
+        Path | None, typer.Option("--text", help="UTF-8 text file to audit (default: the built-in corpus).")
+    ] = None,
+    corpus: Annotated[
+        str | None,
+        typer.Option("--corpus", help="Built-in corpus to audit: shakespeare (the default when --text is not given)."),
+    ] = None,
     batch: Annotated[int, typer.Option("--batch", min=1, help="Number of sequences audited.")] = 1,
     sample: Annotated[
         int | None, typer.Option("--sample", min=1, help="Query positions sampled per sequence (default: all rows).")
@@ -110,7 +115,7 @@ def audit(
     layer_list, head_list = _indices(layers, "--layers"), _indices(heads, "--heads")
     source = _read_source(text, corpus)
     if not source.strip():
-        raise InputError(f"the text of {text or corpus} is empty; give a file or corpus with some text")
+        raise InputError(f"the text of {text} is empty; give a file or corpus with some text")
     run_seed = seed if study_runs(Path(model)) else None
     saved = saved_checkpoint(model, step, run_seed, placement)
     if seq_len is not None:
@@ -188,14 +193,15 @@ def _check_indices(values: tuple[int, ...] | None, count: int, flag_name: str, w
 
 
 def _read_source(text: Path | None, corpus: str | None) -> str:
+    """The text of --text FILE, or of the built-in corpus (--corpus shakespeare, or neither option given)."""
     from attnsens.cli.inputs import read_text_file
     from attnsens.errors import InputError
 
-    if (text is None) == (corpus is None):
-        raise InputError("give exactly one of --text FILE and --corpus shakespeare")
+    if text is not None and corpus is not None:
+        raise InputError(f"give one of --text FILE and --corpus {corpus}, not both")
     if text is not None:
         return read_text_file(text)
-    if corpus != "shakespeare":
+    if corpus not in (None, "shakespeare"):
         raise InputError(f"unknown corpus {corpus!r}; the built-in corpus is 'shakespeare'")
     from attnsens.train.data import read_documents
 

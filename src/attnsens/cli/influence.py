@@ -12,7 +12,7 @@ from attnsens.cli.app import JsonOption, app, console, domain_errors_exit, print
 if TYPE_CHECKING:
     from attnsens.influence.experiment import InfluenceResult
 
-_DEFAULT_LENGTHS = "16,32,64,128,256,512,1024,2048"
+_DEFAULT_LENGTHS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 
 
 @app.command()
@@ -27,7 +27,14 @@ def influence(
         ),
     ] = None,
     model_option: Annotated[str | None, typer.Option("--model", help="The same as MODEL.", show_default=False)] = None,
-    lengths: Annotated[str, typer.Option("--lengths", help="Comma-separated sequence lengths n.")] = _DEFAULT_LENGTHS,
+    lengths: Annotated[
+        str | None,
+        typer.Option(
+            "--lengths",
+            help="Comma-separated sequence lengths n (default: 16,32,…,2048, those within the model's context).",
+            show_default=False,
+        ),
+    ] = None,
     samples: Annotated[int, typer.Option("--samples", min=1, help="Samples per length and position kind.")] = 4,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the sampled inputs.")] = 0,
     out: Annotated[Path | None, typer.Option("--out", help="Run directory for influence/<model>.parquet.")] = None,
@@ -39,10 +46,11 @@ def influence(
     from attnsens.influence.experiment import run_influence
 
     model = _model_name(model_argument, model_option)
-    grid = _parse_lengths(lengths)
+    grid = None if lengths is None else _parse_lengths(lengths)
     if out is not None:
         check_out_dir(out)
     adapter = load_model(model)
+    grid = _within_context(grid, adapter, quiet=as_json)
     _check_memory(grid, adapter)
     with ProgressReport("measuring influence", "lengths", enabled=not as_json) as report:
         result = run_influence(adapter, grid, name=model, n_samples=samples, seed=seed, progress=report.update)
@@ -85,6 +93,33 @@ def _parse_lengths(lengths: str) -> list[int]:
         raise InputError(
             f"--lengths needs at least 3 distinct lengths for the log–log slope and its confidence interval, got "
             f"{distinct}; e.g. 16,64,256"
+        )
+    return grid
+
+
+def _within_context(grid: list[int] | None, adapter: object, *, quiet: bool) -> list[int]:
+    """The lengths given, refused where one exceeds the model's context; without --lengths, the default lengths
+    within it (said unless ``quiet``)."""
+    from attnsens.errors import InputError
+
+    name, context = adapter.name, adapter.spec.max_positions  # type: ignore[attr-defined]
+    if grid is not None:
+        beyond = sorted({n for n in grid if n > context})
+        if beyond:
+            raise InputError(
+                f"--lengths {beyond} exceed the context of {name!r} ({context} positions); use lengths up to {context}"
+            )
+        return grid
+    grid = [n for n in _DEFAULT_LENGTHS if n <= context]
+    if len(grid) < 3:
+        short = [n for n in (4, 8, 16, 32) if n <= context][-3:]
+        raise InputError(
+            f"the context of {name!r} ({context} positions) holds {len(grid)} of the default lengths, fewer than the "
+            f"3 of a slope; give --lengths, e.g. {','.join(map(str, short))}"
+        )
+    if len(grid) < len(_DEFAULT_LENGTHS) and not quiet:
+        console.print(
+            f"lengths {grid[0]}–{grid[-1]}: the default ones within the context of {name} ({context} positions)"
         )
     return grid
 

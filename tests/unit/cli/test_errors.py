@@ -98,8 +98,14 @@ def test_influence_lengths(lengths: str, expected: str) -> None:
 
 
 def test_influence_lengths_beyond_the_memory() -> None:
-    message = _one_line_error(["influence", "--lengths", "16,32,10000000"])
-    assert message.startswith("--lengths 10000000 needs about ") and "use lengths up to " in message
+    message = _one_line_error(["influence", "--lengths", "16,32,65536"])  # builtin:lnfree's context: 65,536
+    assert message.startswith("--lengths 65536 needs about ") and "use lengths up to " in message
+
+
+def test_influence_lengths_beyond_the_context() -> None:
+    assert _one_line_error(["influence", "minilm", "--lengths", "16,32,1024,600"]) == (
+        "--lengths [600, 1024] exceed the context of 'minilm' (512 positions); use lengths up to 512"
+    )
 
 
 def test_bounds_text_not_utf8(tmp_path: Path) -> None:

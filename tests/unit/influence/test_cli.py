@@ -6,9 +6,11 @@ import json
 import math
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from attnsens.cli import app
+from attnsens.errors import InputError
 
 runner = CliRunner()
 ARGS = ["influence", "--model", "builtin:lnfree", "--lengths", "8,16,32,64", "--samples", "1"]
@@ -55,6 +57,24 @@ def test_the_model_may_be_named_as_in_audit_and_bounds() -> None:
     both = runner.invoke(app, ["influence", "minilm", *ARGS[1:]])
     assert both.exit_code == 1
     assert "MODEL 'minilm' and --model 'builtin:lnfree' name two models" in both.output
+
+
+def test_the_default_lengths_stop_at_the_context() -> None:
+    from types import SimpleNamespace
+
+    from attnsens.cli.influence import _DEFAULT_LENGTHS, _within_context
+
+    def adapter(context: int) -> SimpleNamespace:
+        return SimpleNamespace(name="m", spec=SimpleNamespace(max_positions=context))
+
+    assert _within_context(None, adapter(1 << 16), quiet=True) == list(_DEFAULT_LENGTHS)
+    assert _within_context(None, adapter(512), quiet=True) == [16, 32, 64, 128, 256, 512]
+    assert _within_context(None, adapter(300), quiet=True) == [16, 32, 64, 128, 256]
+    assert _within_context([8, 16, 300], adapter(300), quiet=True) == [8, 16, 300]
+    with pytest.raises(
+        InputError, match=r"holds 2 of the default lengths, fewer than the 3 of a slope; give --lengths, e\.g\. 8,16,32"
+    ):
+        _within_context(None, adapter(40), quiet=True)
 
 
 def test_a_model_without_an_output_distribution_has_no_tv() -> None:
