@@ -128,3 +128,27 @@ def test_key_errors(tmp_path: Path) -> None:
     result = _invoke(str(path))
     assert result.exit_code == 1 and "--key" in result.output
     assert _invoke(str(path), "--key", "b", "--json").exit_code == 0
+
+
+def test_the_kernels_load_before_the_timed_call(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first call certifies uniform rows typed and shaped like the file's, so ``seconds`` times the certificate
+    alone; the load is reported beside it."""
+    import attnsens.theta
+
+    calls = []
+    certify = attnsens.theta.certify
+
+    def recording(p, *args, **kwargs):
+        calls.append((tuple(p.shape), p.dtype, float(p.max()), float(p.min())))
+        return certify(p, *args, **kwargs)
+
+    monkeypatch.setattr(attnsens.theta, "certify", recording)
+    path = tmp_path / "attention.npy"
+    np.save(path, _probabilities().to(torch.float16).numpy())
+    result = _invoke(str(path), "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["kernel_load_seconds"] >= 0.0 and summary["seconds"] >= 0.0
+    (warm_shape, warm_dtype, high, low), (shape, dtype, _, _) = calls
+    assert warm_shape == (15, 29) and warm_dtype == dtype == torch.float16 and high == low
+    assert shape == (3, 5, 29)
