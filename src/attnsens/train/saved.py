@@ -90,13 +90,22 @@ def find_checkpoint(
         if (seed is None or key[1] == seed) and (placement is None or key[0] == placement)
     }
     if len(chosen) != 1:
-        placements = any(p is not None for p, _ in runs)
         available = ", ".join(f"seed {s}" if p is None else f"{p} seed {s}" for p, s in runs)
         asked = ", ".join(
             part for part in (placement and f"placement {placement}", seed is not None and f"seed {seed}") if part
         )
         problem = f"has no run of {asked}" if not chosen else "holds several runs" + (f" of {asked}" if asked else "")
-        how = "--seed S and --placement P (seed=, placement=)" if placements else "--seed S (seed=)"
+        pool = chosen or runs  # the runs to choose among: those matching what was asked, or every run
+        needed = [
+            name
+            for name, values, given in (
+                ("seed", {s for _, s in pool}, seed),
+                ("placement", {p for p, _ in pool}, placement),
+            )
+            if len(values) > 1 or (not chosen and given is not None)
+        ]
+        flags = " and ".join(f"--{name} {name[0].upper()}" for name in needed)
+        how = f"{flags} ({', '.join(f'{name}=' for name in needed)})"
         raise FileFormatError(f"study {path} {problem} (runs: {available}); choose one with {how}")
     ((_, seed), run_dir), *_ = chosen.items()
     return _in_run(run_dir, step, seed)
