@@ -36,3 +36,23 @@ def test_minilm_weights_pass_the_fidelity_gate() -> None:
     adapter = M.load("minilm")
     _, results = M.weights_fidelity(adapter, adapter.encode("Though this be madness, yet there is method in't"))
     assert len(results) == 6 * 5 and max(r.relative_error for r in results) < 1e-5  # measured 5.7e-7
+
+
+def test_the_default_seq_len_is_the_text_up_to_the_context_without_tokenizing_all_of_a_long_text(monkeypatch) -> None:
+    from attnsens.study.audit import split_sequences, text_seq_len
+    from attnsens.train.data import read_documents
+
+    adapter = M.load("minilm")
+    short = "To be, or not to be, that is the question."
+    assert text_seq_len(adapter, short) == split_sequences(adapter, short).shape[1] == adapter.encode(short).shape[1]
+    corpus = "\n\n".join(read_documents(None))
+    encoded = []
+    encode = adapter.encode
+
+    def recording(text, *args, **kwargs):
+        encoded.append(len(text))
+        return encode(text, *args, **kwargs)
+
+    monkeypatch.setattr(adapter, "encode", recording)
+    assert text_seq_len(adapter, corpus) == adapter.spec.max_positions == 512
+    assert max(encoded) < len(corpus) // 100  # a prefix of the 5 MB corpus, not all of it

@@ -104,7 +104,7 @@ def audit(
     from attnsens.errors import InputError
     from attnsens.store.lock import writing_run_folder
     from attnsens.study.audit import audit as run_audit
-    from attnsens.study.audit import split_sequences
+    from attnsens.study.audit import split_sequences, text_seq_len
     from attnsens.train.saved import study_runs
 
     check_exact_support(exact_support)
@@ -128,7 +128,7 @@ def audit(
         _check_indices(layer_list, adapter.spec.n_layer, "--layers", "layers")
         _check_indices(head_list, adapter.spec.n_head, "--heads", "heads")
         if seq_len is None:
-            seq_len = min(adapter.spec.max_positions, split_sequences(adapter, source, n_sequences=1).shape[1])
+            seq_len = text_seq_len(adapter, source)
         sequences = split_sequences(adapter, source, seq_len=seq_len, n_sequences=batch)
         if len(sequences) < batch:
             raise InputError(

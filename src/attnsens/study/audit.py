@@ -427,6 +427,18 @@ def split_sequences(
     return tokens.to(torch.long)
 
 
+def text_seq_len(adapter: ModelAdapter, text: str) -> int:
+    """Tokens of ``text`` with the tokenizer's special tokens, at most the model's context: the ``seq_len`` that
+    audits one window of all of a short text, or as much of a long one as the context holds. A long text is
+    tokenized only that far (the 5 MB Shakespeare corpus whole took 6.6 s for SmolLM2's tokenizer)."""
+    if not text.strip():
+        raise InputError("the text to audit is empty; give a file or corpus with some text")
+    prefix, suffix = adapter.special_tokens()
+    context = adapter.spec.max_positions
+    tokens = _encode_prefix(adapter, text, max(context - len(prefix) - len(suffix), 1)).numel()
+    return min(context, tokens + len(prefix) + len(suffix))
+
+
 def _text_windows(adapter: ModelAdapter, text: str, *, seq_len: int, n_sequences: int | None) -> Tensor:
     """``text`` as windows of ``seq_len`` tokens: prefix specials + consecutive tokens of the text + suffix."""
     prefix, suffix = adapter.special_tokens()
