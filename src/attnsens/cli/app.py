@@ -10,6 +10,7 @@ import decimal
 import functools
 import json
 import math
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -104,8 +105,48 @@ def domain_errors_exit(func: F) -> F:
             where = f" ({err.filename})" if err.filename else ""
             print_error(f"{err.strerror or err}{where}; check the path, its permissions and the free space")
             raise typer.Exit(code=1) from err
+        except (MemoryError, RuntimeError) as err:
+            message = out_of_memory_message(err)
+            if message is None:
+                raise
+            print_error(message)
+            raise typer.Exit(code=1) from err
 
     return wrapper  # type: ignore[return-value]
+
+
+_ALLOCATION = re.compile(r"tried to allocate (\d+) bytes|Tried to allocate ([\d.]+ [KMGT]?i?B)")
+
+
+def out_of_memory_message(err: BaseException) -> str | None:
+    """One line for an allocation that failed (torch's CPU or CUDA allocator, or Python's MemoryError) naming its
+    size where the error does; None for any other error.
+
+    >>> torch_error = RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 34359738368 "
+    ...                            "bytes. Error code 12 (Cannot allocate memory)")
+    >>> out_of_memory_message(torch_error).split(";")[0]
+    'out of memory: one allocation of 32 GiB failed'
+    >>> out_of_memory_message(RuntimeError("shapes cannot be multiplied")) is None
+    True
+    """
+    text = str(err)
+    if not (
+        isinstance(err, MemoryError)
+        or type(err).__name__ == "OutOfMemoryError"
+        or "can't allocate memory" in text
+        or "out of memory" in text.lower()
+    ):
+        return None
+    found = _ALLOCATION.search(text)
+    size = ""
+    if found and found.group(1):
+        size = f" one allocation of {int(found.group(1)) / 2**30:.3g} GiB failed;"
+    elif found:
+        size = f" one allocation of {found.group(2)} failed;"
+    return (
+        f"out of memory:{size} give the command less to hold at once (a shorter --seq-len or fewer --lengths, "
+        "--batch or --samples)"
+    )
 
 
 def print_error(message: str) -> None:

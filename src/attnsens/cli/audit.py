@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -30,7 +30,12 @@ def audit(
     ] = None,
     seq_len: Annotated[
         int | None,
-        typer.Option("--seq-len", min=1, help="Tokens per audited sequence (default: the text, up to the context)."),
+        typer.Option(
+            "--seq-len",
+            min=1,
+            help="Tokens per audited sequence (default: the text, up to the context, and for a model whose forward "
+            "pass holds a layer's n² attention scores, up to what half the memory holds).",
+        ),
     ] = None,
     text: Annotated[
         Path | None, typer.Option("--text", help="UTF-8 text file to audit (default: the built-in corpus).")
@@ -127,8 +132,8 @@ def audit(
         )
         _check_indices(layer_list, adapter.spec.n_layer, "--layers", "layers")
         _check_indices(head_list, adapter.spec.n_head, "--heads", "heads")
-        if seq_len is None:
-            seq_len = text_seq_len(adapter, source)
+        text_tokens = text_seq_len(adapter, source) if seq_len is None else None
+        seq_len = _seq_len_in_memory(adapter, seq_len, text_tokens, quiet=as_json)
         sequences = split_sequences(adapter, source, seq_len=seq_len, n_sequences=batch)
         if len(sequences) < batch:
             raise InputError(
@@ -168,6 +173,37 @@ def audit(
         _print_table(adapter.name, result.summary[result.summary["head"] >= 0], by_head=True)
     _print_table(adapter.name, per_layer, by_head=False)
     console.print(f"{result.n_rows} rows written to {out}/rows, summary to {out}/summary", soft_wrap=True)
+
+
+def _seq_len_in_memory(adapter: Any, seq_len: int | None, text_tokens: int | None, *, quiet: bool) -> int:
+    """--seq-len, or without it ``text_tokens`` (the text up to the context), checked against what the model's own
+    forward pass holds for one layer's attention scores (``ModelAdapter.forward_score_bytes``): a --seq-len beyond
+    half of this machine's memory is refused, the default shortened to fit (said unless ``quiet``)."""
+    from attnsens.cli.app import error_console
+    from attnsens.cli.inputs import memory_budget, memory_seq_len
+    from attnsens.errors import InputError
+
+    limit = memory_seq_len(adapter)
+    if seq_len is None:
+        assert text_tokens is not None  # given whenever --seq-len is not
+        if limit is not None and text_tokens > limit:
+            if not quiet:
+                error_console.print(
+                    f"note: auditing windows of {limit:,} tokens: {adapter.name}'s forward pass holds each layer's "
+                    f"attention scores at once, and longer ones would not fit in half of this machine's memory "
+                    f"(its context is {adapter.spec.max_positions:,}); --seq-len chooses another length",
+                    soft_wrap=True,
+                )
+            return limit
+        return text_tokens
+    if limit is not None and seq_len > limit:
+        needed = adapter.forward_score_bytes(1, seq_len)
+        raise InputError(
+            f"--seq-len {seq_len} needs about {needed / 2**30:.1f} GiB for the attention scores that "
+            f"{adapter.name}'s forward pass holds for one layer ({adapter.spec.n_head} heads × n²), more than half "
+            f"of this machine's memory ({2 * memory_budget() / 2**30:.0f} GiB); use --seq-len {limit} or less"
+        )
+    return seq_len
 
 
 def _indices(text: str | None, flag_name: str) -> tuple[int, ...] | None:

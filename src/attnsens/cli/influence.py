@@ -130,12 +130,11 @@ _BYTES_PER_SCORE = 12
 
 def _check_memory(grid: list[int], adapter: object) -> None:
     """Refuse lengths whose attention scores (2 sequences × heads × n², one pair per pass) exceed half the RAM."""
-    import os
-
+    from attnsens.cli.inputs import memory_budget
     from attnsens.errors import InputError
 
     heads = adapter.spec.n_head  # type: ignore[attr-defined]
-    budget = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    budget = memory_budget()
     longest = max(grid)
     needed = 2 * heads * longest * longest * _BYTES_PER_SCORE
     if needed > budget:

@@ -7,6 +7,7 @@ speaks the command line's language: the flag, the offending value and the fix.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,24 @@ def saved_checkpoint(model: str, step: int | None, seed: int | None, placement: 
             f"neither; drop {flags} or give such a folder"
         )
     return found
+
+
+def memory_seq_len(adapter: Any) -> int | None:
+    """The longest sequence whose attention scores the model's own forward pass holds (one sequence, one layer,
+    ``ModelAdapter.forward_score_bytes``) in half of this machine's memory; None when its whole context fits."""
+    budget = memory_budget()
+    if adapter.forward_score_bytes(1, adapter.spec.max_positions) <= budget:
+        return None
+    low, high = 1, adapter.spec.max_positions  # forward_score_bytes(1, low) fits, (1, high) does not
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if adapter.forward_score_bytes(1, middle) <= budget else (low, middle)
+    return low
+
+
+def memory_budget() -> int:
+    """Half of this machine's physical memory, in bytes: what one call may plan to hold at once."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
 
 
 def check_context(model: str, saved: Any, seq_len: int) -> None:

@@ -130,6 +130,13 @@ class ModelAdapter(ABC):
             f"n_head={s.n_head}, n_kv_head={s.n_kv_head}, d_model={s.d_model}, placement={s.placement!r})"
         )
 
+    def forward_score_bytes(self, batch: int, n: int) -> int:
+        """Bytes the model's own forward pass holds at once for one layer's attention scores of ``batch``
+        sequences of ``n`` tokens, which no chunking of the audit bounds: 0 where the model's attention runs
+        through attnsens' chunked rows or a fused kernel; a model that computes every [n, n] score itself says
+        so (``OwnGPTAdapter``)."""
+        return 0
+
     @property
     def layers(self) -> list[LayerWeights]:
         """Normalized weights of every layer (read once, detached, on the model's device)."""

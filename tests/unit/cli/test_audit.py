@@ -149,3 +149,60 @@ def test_theta_out_and_audit_rows_share_names_types_and_method_codes(
         assert (joined[name] == joined[f"{name}_audit"]).all(), name
     codes = pq.read_metadata(tmp_path / "theta.parquet").metadata[b"attnsens"]
     assert b"theta_method_codes" in codes
+
+
+def _score_bytes(n: int) -> int:
+    """builtin:lnfree's forward holds 2 heads × n² scores of 12 bytes and an n² mask (OwnGPTAdapter)."""
+    return 2 * n * n * 12 + n * n
+
+
+def test_a_seq_len_whose_attention_scores_exceed_the_memory_is_refused(monkeypatch, tmp_path: Path) -> None:
+    import attnsens.cli.inputs
+
+    monkeypatch.setattr(attnsens.cli.inputs, "memory_budget", lambda: 2**30)
+    limit = next(n for n in range(6000, 7000) if _score_bytes(n + 1) > 2**30)
+    result = runner.invoke(app, ["audit", "builtin:lnfree", "--seq-len", "60000", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [
+        "error: --seq-len 60000 needs about 83.8 GiB for the attention scores that builtin:lnfree's forward pass "
+        f"holds for one layer (2 heads × n²), more than half of this machine's memory (2 GiB); use --seq-len {limit} "
+        "or less"
+    ]
+
+
+def test_the_default_seq_len_fits_the_attention_scores_in_memory(monkeypatch, tmp_path: Path) -> None:
+    """builtin:lnfree's context is 65,536 positions, and its forward pass holds a layer's n² scores: without
+    --seq-len the corpus is audited in the longest window whose scores fit, and the command says so."""
+    import attnsens.cli.inputs
+
+    monkeypatch.setattr(attnsens.cli.inputs, "memory_budget", lambda: 2**21)
+    limit = next(n for n in range(1, 1000) if _score_bytes(n + 1) > 2**21)
+    result = runner.invoke(app, ["audit", "builtin:lnfree", "--layers", "0", "--out", str(tmp_path / "o"), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["seq_len"] == limit and _score_bytes(limit) <= 2**21
+    result = runner.invoke(app, ["audit", "builtin:lnfree", "--layers", "0", "--out", str(tmp_path / "p")])
+    assert result.exit_code == 0, result.output
+    assert f"note: auditing windows of {limit:,} tokens: builtin:lnfree's forward pass holds" in result.stderr
+
+
+def test_running_out_of_memory_is_one_line(monkeypatch, tmp_path: Path) -> None:
+    import importlib
+
+    audit_module = importlib.import_module("attnsens.study.audit")  # attnsens.study.audit is also the function
+
+    def fails(*_args, **_kwargs):
+        raise RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to "
+            "allocate 34359738368 bytes. Error code 12 (Cannot allocate memory)"
+        )
+
+    monkeypatch.setattr(audit_module, "audit", fails)
+    result = runner.invoke(app, ["audit", "builtin:lnfree", "--seq-len", "16", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 1
+    assert result.output.strip() == (
+        "error: out of memory: one allocation of 32 GiB failed; give the command less to hold at once (a shorter "
+        "--seq-len or fewer --lengths, --batch or --samples)"
+    )
+    monkeypatch.setattr(audit_module, "audit", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("a bug")))
+    result = runner.invoke(app, ["audit", "builtin:lnfree", "--seq-len", "16", "--out", str(tmp_path / "p")])
+    assert isinstance(result.exception, RuntimeError) and str(result.exception) == "a bug"  # other errors stay loud
