@@ -131,6 +131,14 @@ def bounds(
         input_ids, name, n_layer = target.encode(source, max_length=seq_len), target.name, len(target.layers)
         if input_ids.shape[1] < 2:
             raise InputError(f"the text gives {input_ids.shape[1]} token(s); give --text with at least 2 tokens")
+        if input_ids.shape[1] < seq_len and not as_json:
+            from attnsens.cli.app import error_console
+
+            error_console.print(
+                f"note: the text gives {input_ids.shape[1]} tokens, fewer than --seq-len {seq_len}; bounding those "
+                "(give --text with more text for a longer sequence)",
+                soft_wrap=True,
+            )
     with keep_torch_threads(), ProgressReport("bounding", "layers", enabled=not as_json) as report:
         torch.set_num_threads(threads)  # restored on exit, so a caller in the same process keeps its own setting
         table = bound_model(

@@ -100,3 +100,17 @@ def test_influence_reports_each_length() -> None:
     result = runner.invoke(app, ["influence", "--lengths", "8,16,32", "--samples", "1"])
     assert result.exit_code == 0, result.output
     assert "measuring influence: 3/3 lengths, " in result.stderr and "log–log slope" in result.stdout
+
+
+def test_bounds_says_when_the_text_is_shorter_than_the_seq_len(tmp_path: Path) -> None:
+    import attnsens as A
+
+    text = tmp_path / "line.txt"
+    text.write_text("To be, or not to be, that is the question.")
+    args = ["bounds", "builtin:lnfree", "--queries", "1", "--iterations", "1", "--text", str(text)]
+    short = runner.invoke(app, [*args, "--seq-len", "1000"])
+    assert short.exit_code == 0, short.output
+    tokens = A.models.load("builtin:lnfree").encode(text.read_text()).shape[1]
+    assert f"note: the text gives {tokens} tokens, fewer than --seq-len 1000; bounding those" in short.stderr
+    enough = runner.invoke(app, [*args, "--seq-len", str(tokens)])
+    assert enough.exit_code == 0 and "note:" not in enough.stderr
