@@ -56,3 +56,16 @@ def test_the_default_seq_len_is_the_text_up_to_the_context_without_tokenizing_al
     monkeypatch.setattr(adapter, "encode", recording)
     assert text_seq_len(adapter, corpus) == adapter.spec.max_positions == 512
     assert max(encoded) < len(corpus) // 100  # a prefix of the 5 MB corpus, not all of it
+
+
+def test_a_window_beyond_the_context_is_refused_as_such_whatever_the_text() -> None:
+    """A seq_len beyond MiniLM's 512 positions is named as that, not as a text too short for the window."""
+    import pytest
+
+    from attnsens.errors import InputError
+    from attnsens.study.audit import split_sequences
+
+    adapter = M.load("minilm")
+    for text in ("a few words", "word " * 5000):
+        with pytest.raises(InputError, match=r"seq_len 4096 exceeds the context of 'minilm' \(512 positions\)"):
+            split_sequences(adapter, text, seq_len=4096)

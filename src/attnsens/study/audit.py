@@ -387,6 +387,7 @@ def split_sequences(
         if seq_len is None:
             tokens = adapter.encode(tokens)[0]
         else:
+            _check_seq_len(adapter, seq_len)
             return _text_windows(adapter, tokens, seq_len=seq_len, n_sequences=n_sequences)
     try:
         tokens = torch.as_tensor(tokens)
@@ -403,13 +404,7 @@ def split_sequences(
             "encode with the model's own tokenizer"
         )
     if seq_len is not None:
-        if seq_len < 1:
-            raise InputError(f"seq_len must be >= 1, got {seq_len}")
-        if seq_len > adapter.spec.max_positions:
-            raise InputError(
-                f"seq_len {seq_len} exceeds the context of {adapter.name!r} ({adapter.spec.max_positions} positions); "
-                f"use --seq-len {adapter.spec.max_positions} or less"
-            )
+        _check_seq_len(adapter, seq_len)
         stream = tokens.reshape(-1)
         count = stream.numel() // seq_len
         if count == 0:
@@ -437,6 +432,16 @@ def text_seq_len(adapter: ModelAdapter, text: str) -> int:
     context = adapter.spec.max_positions
     tokens = _encode_prefix(adapter, text, max(context - len(prefix) - len(suffix), 1)).numel()
     return min(context, tokens + len(prefix) + len(suffix))
+
+
+def _check_seq_len(adapter: ModelAdapter, seq_len: int) -> None:
+    if seq_len < 1:
+        raise InputError(f"seq_len must be >= 1, got {seq_len}")
+    if seq_len > adapter.spec.max_positions:
+        raise InputError(
+            f"seq_len {seq_len} exceeds the context of {adapter.name!r} ({adapter.spec.max_positions} positions); "
+            f"use --seq-len {adapter.spec.max_positions} or less"
+        )
 
 
 def _text_windows(adapter: ModelAdapter, text: str, *, seq_len: int, n_sequences: int | None) -> Tensor:
