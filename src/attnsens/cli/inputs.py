@@ -166,6 +166,14 @@ def parse_dtype(dtype: str | None) -> Any:
     return getattr(torch, DTYPES[dtype.lower()])
 
 
+def quiet_transformers() -> None:
+    """Silence transformers' load bars and warnings: commands print their own progress, which these would break."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
 def load_model(
     model: str,
     saved: Any = None,
@@ -177,13 +185,9 @@ def load_model(
 ) -> Any:
     """The adapter of a MODEL argument: ``saved`` (from ``saved_checkpoint``) when given, else ``models.load``;
     on ``device`` in ``dtype`` (defaults: cpu, float32), at hub ``revision`` (branch, tag or commit)."""
-    from transformers.utils import logging as hf_logging
-
     from attnsens.models import load
 
-    # Commands print their own progress; transformers' load bars and length warnings would interleave.
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+    quiet_transformers()
     if saved is not None:
         return load(saved, device=device, dtype=dtype)
     return load(model, trust_remote_code=trust_remote_code, device=device, dtype=dtype, revision=revision)

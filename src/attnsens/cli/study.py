@@ -53,13 +53,15 @@ def study(
     """
     import torch
 
-    from attnsens.cli.inputs import check_device, check_out_dir
+    from attnsens.cli.inputs import check_device, check_out_dir, quiet_transformers
     from attnsens.cli.progress import ProgressReport
     from attnsens.errors import ConfigError
     from attnsens.study.study import StudyConfig, run_study
 
     check_device(device)
     check_out_dir(out)
+    if reference is not None:
+        quiet_transformers()  # the reference model loads while the study's progress is on screen
     if threads is not None:
         torch.set_num_threads(threads)
     try:

@@ -6,6 +6,7 @@ import io
 import json
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -114,3 +115,15 @@ def test_bounds_says_when_the_text_is_shorter_than_the_seq_len(tmp_path: Path) -
     assert f"note: the text gives {tokens} tokens, fewer than --seq-len 1000; bounding those" in short.stderr
     enough = runner.invoke(app, [*args, "--seq-len", str(tokens)])
     assert enough.exit_code == 0 and "note:" not in enough.stderr
+
+
+def test_study_reference_loads_without_transformers_progress_bars(
+    tmp_path: Path, text_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from transformers.utils import logging as hf_logging
+
+    monkeypatch.setattr(hf_logging, "_tqdm_active", True)  # on, as in a fresh process, whatever ran before
+    args = ["study", "--config", "tiny", "--seeds", "0", "--steps", "2", "--no-bounds", "--reference", "minilm"]
+    result = runner.invoke(app, [*args, "--data", str(text_file), "--out", str(tmp_path / "s")])
+    assert result.exit_code == 0, result.output
+    assert "reference minilm: " in result.output and "Loading weights" not in result.output
