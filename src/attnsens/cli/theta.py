@@ -61,6 +61,7 @@ def theta(
     import time
 
     from attnsens.cli.inputs import check_exact_support, check_out_file, writing
+    from attnsens.cli.progress import ProgressReport
     from attnsens.theta import certify
 
     if out is not None:
@@ -75,11 +76,13 @@ def theta(
         _check_key_axis(p, dim, tolerance, file)
     if exact_support is not None:
         _note_enumeration(p, dim, exact_support)
+    long_call = p.numel() >= PROGRESS_MIN_ELEMENTS or (exact_support or 0) >= ENUMERATION_NOTE_SUPPORT
     try:
-        cert = certify(
-            p, dim, precision=precision, exact_support=exact_support, normalize=normalize,  # type: ignore[arg-type]
-            tolerance=tolerance,
-        )  # fmt: skip
+        with ProgressReport("certifying", "rows", enabled=long_call and not as_json) as report:
+            cert = certify(
+                p, dim, precision=precision, exact_support=exact_support, normalize=normalize,  # type: ignore[arg-type]
+                tolerance=tolerance, progress=report.update if long_call else None,
+            )  # fmt: skip
     except InputError as err:
         # The library's advice names keywords; here the same choices are flags.
         advice = str(err).replace("tolerance", "--tolerance")
@@ -215,6 +218,10 @@ def summarize(cert: ThetaCertificate, *, seconds: float) -> dict[str, Any]:
         "seconds": seconds,
     }
 
+
+PROGRESS_MIN_ELEMENTS = 1 << 26
+"""Tensors of at least this many entries (256 MiB of float32, about a second to certify on two cores) show the
+certificate's progress, as do calls with ``--exact-support`` from ``ENUMERATION_NOTE_SUPPORT`` on."""
 
 ENUMERATION_NOTE_SUPPORT = 33
 """--exact-support at or above this prints how many rows it may enumerate: from 33 keys on, one enumeration takes

@@ -8,7 +8,9 @@ sort-free cascade of docs/theta-algorithms.md §3, exact wherever a stage proves
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from types import ModuleType
 from typing import Literal
@@ -170,6 +172,7 @@ def certify(
     normalize: bool = False,
     tolerance: float | None = None,
     backend: Backend = "auto",
+    progress: Callable[[int, int], None] | None = None,
 ) -> ThetaCertificate:
     """Certified interval for θ(p) = s − 4·min_S (p(S) − s/2)² of every attention row of ``p`` along ``dim``.
 
@@ -193,6 +196,8 @@ def certify(
             ``default_sum_tolerance(p.dtype)`` (1e-3 for float32/float64, 2^-9 for float16, 2^-6 for bfloat16).
         backend: "auto" (triton on CUDA tensors and numba on CPU tensors when importable, torch otherwise),
             "numba", "torch" or "triton" (CUDA tensors; CPU tensors under ``TRITON_INTERPRET=1``).
+        progress: called as ``progress(rows done, rows)`` after each of about ``PROGRESS_BLOCKS`` blocks of rows,
+            which are then certified one after the other (the same results; for displays of long calls).
 
     Returns:
         ThetaCertificate on the device of ``p`` with lower ≤ θ ≤ upper for every row (docs/theta-algorithms.md §1,
@@ -213,7 +218,7 @@ def certify(
     cert, _ = run_cascade(
         p, dim, stop_distance=STOP_DISTANCE[precision], mitm_max_support=mitm_max_support,
         ckk_node_budget=CKK_NODE_BUDGET, ckk_max_support=CKK_MAX_SUPPORT, normalize=normalize,
-        tolerance=tolerance, backend=backend,
+        tolerance=tolerance, backend=backend, progress=progress,
     )  # fmt: skip
     return cert
 
@@ -263,8 +268,10 @@ def run_cascade(
     normalize: bool,
     tolerance: float,
     backend: Backend,
+    progress: Callable[[int, int], None] | None = None,
 ) -> tuple[ThetaCertificate, torch.Tensor]:
-    """Validate, flatten to [row, key], run one backend, raise for invalid rows, and enclose θ.
+    """Validate, flatten to [row, key], run one backend (block by block with ``progress``, see ``certify``), raise
+    for invalid rows, and enclose θ.
 
     Returns the certificate and the float64 point value fl(ŝ − 4·d̂²) of the best subset found (leading shape).
     """
@@ -293,11 +300,15 @@ def run_cascade(
                                    ckk_max_support, not normalize, tolerance)  # fmt: skip
 
     gpu = _triton_kernels() if _uses_triton(backend, p.device) else None
-    if gpu is not None:
-        on_cpu = functools.partial(cascade, cpu_kernels=_numba_kernels())
-        out = gpu.certify_rows_triton(rows, stop_distance, mitm_max_support, not normalize, tolerance, on_cpu)
-    else:
-        out = cascade(rows)
+
+    def run(sub: torch.Tensor) -> dict[str, torch.Tensor]:
+        if gpu is not None:
+            on_cpu = functools.partial(cascade, cpu_kernels=_numba_kernels())
+            return gpu.certify_rows_triton(sub, stop_distance, mitm_max_support, not normalize, tolerance, on_cpu)
+        return cascade(sub)
+
+    numba_used = kernels is not None or gpu is not None  # the GPU path settles some rows on the CPU
+    out = run(rows) if progress is None else _in_blocks(run, rows, progress, hold_workspaces=numba_used)
     raise_for_status(out["status"], rows, leading, dim, tolerance)
 
     lower, upper = theta_enclosure(out["row_sum"], out["d_found"], out["d_lb"], out["err"])
@@ -360,6 +371,37 @@ def _select_backend(backend: Backend, device: torch.device) -> ModuleType | None
     if kernels is None and backend == "numba":
         raise ConfigError("backend='numba' requested but numba is not importable; install numba or use 'auto'")
     return kernels
+
+
+PROGRESS_BLOCKS = 20
+"""Blocks of rows a call with ``progress`` is cut into, each of at least ``PARALLEL_MIN_ROWS`` rows."""
+
+
+def _in_blocks(
+    run: Callable[[torch.Tensor], dict[str, torch.Tensor]],
+    rows: torch.Tensor,
+    progress: Callable[[int, int], None],
+    *,
+    hold_workspaces: bool,
+) -> dict[str, torch.Tensor]:
+    """``run(rows)`` block by block, calling ``progress`` after each; the per-row outputs concatenated. Each row's
+    certificate depends on that row alone, so the blocks change nothing but when ``progress`` is called. With
+    ``hold_workspaces`` the numba blocks share their enumeration workspaces (faulted in once, not once a block)."""
+    n_rows = rows.shape[0]
+    block = max(PARALLEL_MIN_ROWS, -(-n_rows // PROGRESS_BLOCKS))
+    parts = []
+    hold: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    if hold_workspaces:
+        from attnsens.theta._numba_kernels import holding_workspaces
+
+        hold = holding_workspaces()
+    with hold:
+        for start in range(0, n_rows, block):
+            parts.append(run(rows[start : start + block]))
+            progress(min(start + block, n_rows), n_rows)
+    if not parts:
+        return run(rows)
+    return {name: torch.cat([part[name] for part in parts]) for name in parts[0]}
 
 
 def _certify_rows_numba(

@@ -152,3 +152,14 @@ def test_the_kernels_load_before_the_timed_call(tmp_path: Path, monkeypatch: pyt
     (warm_shape, warm_dtype, high, low), (shape, dtype, _, _) = calls
     assert warm_shape == (15, 29) and warm_dtype == dtype == torch.float16 and high == low
     assert shape == (3, 5, 29)
+
+
+def test_long_calls_show_progress_and_short_ones_do_not(tmp_path: Path) -> None:
+    path = tmp_path / "attention.npy"
+    np.save(path, _probabilities().numpy())
+    quick = _invoke(str(path))
+    assert quick.exit_code == 0 and "certifying" not in quick.stderr
+    enumerating = _invoke(str(path), "--exact-support", "33")  # a call that may enumerate rows: progress shown
+    assert enumerating.exit_code == 0, enumerating.output
+    assert "certifying: 15/15 rows" in enumerating.stderr
+    assert json.loads(_invoke(str(path), "--exact-support", "33", "--json").stdout)["rows"] == 15

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnsens.errors import ConfigError
+from attnsens.errors import ConfigError, InputError
 from attnsens.theta import certify
 from attnsens.theta._numba_partition import meet_in_the_middle, mitm_workspace
 from attnsens.theta.certificate import EXACT_SUPPORT_MAX, MITM_MAX_SUPPORT
@@ -128,3 +128,26 @@ def test_calls_sharing_held_workspaces_give_what_separate_calls_give(real_rows: 
         shared = [certify(rows, exact_support=40) for rows in (longer, shorter)]
     for a, b in zip(apart, shared, strict=True):
         assert torch.equal(a.lower, b.lower) and torch.equal(a.upper, b.upper) and bool(b.exact.all())
+
+
+def test_progress_reports_blocks_of_rows_and_changes_no_result() -> None:
+    """With ``progress`` the rows are certified block by block (here under ``exact_support``, whose workspaces the
+    blocks share): the certificate equals the one-call certificate field by field, the calls count up to every
+    row, and an invalid row is named by its index in the whole tensor, not in its block."""
+    from dataclasses import fields
+
+    from tests.unit.theta.rows import softmax_rows
+
+    p = torch.cat([softmax_rows(300, 40, sigma, seed=7) for sigma in (0.3, 1.0, 3.0)]).reshape(3, 300, 40)
+    p[:, ::7, 30:] = 0.0  # short rows of 30 keys among the 40-key ones
+    p = p / p.sum(-1, keepdim=True)
+    calls: list[tuple[int, int]] = []
+    blocked = certify(p, exact_support=40, progress=lambda done, total: calls.append((done, total)))
+    whole = certify(p, exact_support=40)
+    for field in fields(whole):
+        torch.testing.assert_close(getattr(blocked, field.name), getattr(whole, field.name), rtol=0, atol=0)
+    assert len(calls) > 5 and calls[-1] == (900, 900)
+    assert [done for done, _ in calls] == sorted({done for done, _ in calls})
+    p[2, 299, 3] = float("nan")
+    with pytest.raises(InputError, match=r"row 899 \(index \(2, 299\) of the leading shape \(3, 300\)"):
+        certify(p, progress=lambda done, total: None)
