@@ -106,7 +106,7 @@ def domain_errors_exit(func: F) -> F:
             print_error(f"{err.strerror or err}{where}; check the path, its permissions and the free space")
             raise typer.Exit(code=1) from err
         except (MemoryError, RuntimeError) as err:
-            message = out_of_memory_message(err)
+            message = out_of_memory_message(err, LESS_MEMORY.get(func.__name__, "smaller inputs"))
             if message is None:
                 raise
             print_error(message)
@@ -115,18 +115,28 @@ def domain_errors_exit(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+LESS_MEMORY = {
+    "audit": "a shorter --seq-len or a smaller --max-memory",
+    "bounds": "a shorter --seq-len",
+    "influence": "shorter --lengths or fewer --samples",
+    "train": "a smaller --batch-size or --config",
+    "study": "a smaller --batch-size or --config",
+    "theta": "a smaller tensor, or fewer rows a file",
+}
+"""What each command can be given to hold less at once, named when an allocation fails."""
+
 _ALLOCATION = re.compile(r"tried to allocate (\d+) bytes|Tried to allocate ([\d.]+ [KMGT]?i?B)")
 
 
-def out_of_memory_message(err: BaseException) -> str | None:
+def out_of_memory_message(err: BaseException, less: str) -> str | None:
     """One line for an allocation that failed (torch's CPU or CUDA allocator, or Python's MemoryError) naming its
-    size where the error does; None for any other error.
+    size where the error does and ``less``, what to give the command instead; None for any other error.
 
     >>> torch_error = RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 34359738368 "
     ...                            "bytes. Error code 12 (Cannot allocate memory)")
-    >>> out_of_memory_message(torch_error).split(";")[0]
-    'out of memory: one allocation of 32 GiB failed'
-    >>> out_of_memory_message(RuntimeError("shapes cannot be multiplied")) is None
+    >>> out_of_memory_message(torch_error, "a shorter --seq-len")
+    'out of memory: one allocation of 32 GiB failed; give the command less to hold at once: a shorter --seq-len'
+    >>> out_of_memory_message(RuntimeError("shapes cannot be multiplied"), "a shorter --seq-len") is None
     True
     """
     text = str(err)
@@ -143,10 +153,7 @@ def out_of_memory_message(err: BaseException) -> str | None:
         size = f" one allocation of {int(found.group(1)) / 2**30:.3g} GiB failed;"
     elif found:
         size = f" one allocation of {found.group(2)} failed;"
-    return (
-        f"out of memory:{size} give the command less to hold at once (a shorter --seq-len or fewer --lengths, "
-        "--batch or --samples)"
-    )
+    return f"out of memory:{size} give the command less to hold at once: {less}"
 
 
 def print_error(message: str) -> None:

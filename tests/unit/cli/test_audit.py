@@ -200,8 +200,8 @@ def test_running_out_of_memory_is_one_line(monkeypatch, tmp_path: Path) -> None:
     result = runner.invoke(app, ["audit", "builtin:lnfree", "--seq-len", "16", "--out", str(tmp_path / "o")])
     assert result.exit_code == 1
     assert result.output.strip() == (
-        "error: out of memory: one allocation of 32 GiB failed; give the command less to hold at once (a shorter "
-        "--seq-len or fewer --lengths, --batch or --samples)"
+        "error: out of memory: one allocation of 32 GiB failed; give the command less to hold at once: a shorter "
+        "--seq-len or a smaller --max-memory"
     )
     monkeypatch.setattr(audit_module, "audit", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("a bug")))
     result = runner.invoke(app, ["audit", "builtin:lnfree", "--seq-len", "16", "--out", str(tmp_path / "p")])
