@@ -117,6 +117,24 @@ class RunCheck:
         return f"{str(self.run_dir)!r}: {self.verified} unit(s) match {MANIFEST_NAME}"
 
 
+def runs_below(root: Path) -> list[Path]:
+    """The run folders inside ``root`` (any depth, hidden folders skipped): those holding a run manifest (a JSON
+    object with ``format`` and ``units``; a training run's ``checkpoints/manifest.json`` is no such manifest)."""
+    import json
+
+    found = []
+    for path in sorted(root.rglob(MANIFEST_NAME)):
+        if path.parent == root or any(part.startswith(".") for part in path.relative_to(root).parts):
+            continue
+        try:
+            payload = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(payload, dict) and "format" in payload and "units" in payload:
+            found.append(path.parent)
+    return found
+
+
 def verify_run(run_dir: str | os.PathLike[str], *, rehash: bool = False) -> RunCheck:
     """Check every unit of ``run_dir`` against its manifest (module docstring); never raises for bad units.
 
@@ -127,6 +145,14 @@ def verify_run(run_dir: str | os.PathLike[str], *, rehash: bool = False) -> RunC
     root = Path(run_dir)
     if not root.is_dir():
         raise FileFormatError(f"run directory {str(root)!r} does not exist; pass the --out directory of a run")
+    if not (root / MANIFEST_NAME).exists():
+        runs = runs_below(root)
+        if runs:
+            listed = ", ".join(str(run.relative_to(root)) for run in runs[:4]) + (", …" if len(runs) > 4 else "")
+            raise FileFormatError(
+                f"{str(root)!r} is no run (it has no {MANIFEST_NAME}) but holds {len(runs)} run folder(s): {listed}; "
+                "pass one of them (their tables are not pooled unchecked)"
+            )
     on_disk = _parquet_units(root)
     if not (root / MANIFEST_NAME).exists():
         unreadable = [_unreadable(unit) for unit in on_disk if not _readable(root / unit)]

@@ -225,3 +225,24 @@ def test_a_folder_written_by_another_program_gets_a_described_fix(run):
     _with_argv(run, ["/usr/bin/python", "my_script.py", "--out", "x"])
     (run / ROWS_10).unlink()
     assert f"rebuild with the command that wrote it (attnsens study/audit … --out {run})" in verify_run(run).message()
+
+
+def test_a_folder_of_runs_is_refused_by_name_not_pooled(pristine, tmp_path):
+    """A parent of run folders (e.g. runs/, where audits go by default) has no manifest of its own: report, query
+    and verify name the runs it holds instead of reading all their tables as one unchecked run."""
+    parent = tmp_path / "runs"
+    for name in ("first", "second"):
+        shutil.copytree(pristine, parent / name)
+    (parent / "loose").mkdir()
+    (parent / "loose" / "manifest.json").write_text('{"step_000000": {}}')  # a checkpoint index: no run manifest
+    message = rf"'{parent}' is no run \(it has no manifest.json\) but holds 2 run folder\(s\): first, second; pass one"
+    with pytest.raises(FileFormatError, match=message):
+        verify_run(parent)
+    with pytest.raises(FileFormatError, match=message):
+        query(parent, "SELECT count(*) FROM rows")
+    with pytest.raises(FileFormatError, match=message):
+        build_report(parent)
+    result = runner.invoke(app, ["report", str(parent)])
+    assert result.exit_code == 1 and "holds 2 run folder(s): first, second" in result.output
+    assert not (parent / "report.html").exists()
+    assert len(_counts(parent / "first")) == len(SEEDS) * len(STEPS)  # each run reads as before
