@@ -127,7 +127,10 @@ class HFAdapter(ModelAdapter):
 
     def encode(self, text: str, *, max_length: int | None = None, special_tokens: bool = True) -> Tensor:
         if self.tokenizer is None:
-            raise InputError(f"model {self.name!r} was loaded without a tokenizer; pass token ids instead of text")
+            raise InputError(
+                f"model {self.name!r} was loaded without a tokenizer (none beside its weights); save one there "
+                "(tokenizer.save_pretrained) or pass token ids instead of text (A.study.audit(model, ids) in Python)"
+            )
         ids = self.tokenizer(
             text, truncation=max_length is not None, max_length=max_length, add_special_tokens=special_tokens,
             return_tensors="pt",

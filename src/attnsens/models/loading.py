@@ -289,10 +289,18 @@ def _from_pretrained(
             "pytorch_model.bin) beside its config.json"
         ) from err
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, **extra)
+        tokenizer = _real_tokenizer(AutoTokenizer.from_pretrained(source, **extra))
     except (OSError, ValueError, TypeError):
         tokenizer = None
     return adapter_type(module.to(device).eval(), name=name, tokenizer=tokenizer)
+
+
+def _real_tokenizer(tokenizer: Any) -> Any:
+    """``tokenizer``, or None where it has no vocabulary beyond its special tokens: for a model folder without
+    tokenizer files transformers builds such an empty one from the model's type (a Qwen2 folder gave a
+    Qwen2Tokenizer of one token, which encodes every text as no tokens at all)."""
+    specials = set(getattr(tokenizer, "all_special_ids", ()) or ())
+    return tokenizer if len(tokenizer) > len(specials) else None
 
 
 def _from_gguf(path: Path, name: str, *, device: Any, dtype: torch.dtype) -> ModelAdapter:

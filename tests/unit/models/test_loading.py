@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import attnsens.models as M
-from attnsens.errors import ConfigError, FileFormatError, UnsupportedModelError
+from attnsens.errors import ConfigError, FileFormatError, InputError, UnsupportedModelError
 from tests.imports import modules_loaded_by
 from tests.unit.models.tiny_models import tiny_model
 
@@ -42,6 +42,23 @@ def test_local_directory_round_trip(tmp_path) -> None:
     adapter = M.load(str(tmp_path))
     assert adapter.family == "gpt2"
     torch.testing.assert_close(adapter.layers[1].attention.w_o, M.load(model).layers[1].attention.w_o)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "gpt2"])
+def test_a_folder_without_tokenizer_files_loads_without_a_tokenizer(tmp_path, family) -> None:
+    """transformers builds an empty tokenizer for some model types (Qwen2: one special token, every text → no ids);
+    attnsens loads none, so text is refused by name instead of becoming an empty sequence."""
+    from typer.testing import CliRunner
+
+    from attnsens.cli import app
+
+    tiny_model(family).save_pretrained(tmp_path / "model")
+    adapter = M.load(str(tmp_path / "model"))
+    assert adapter.tokenizer is None
+    with pytest.raises(InputError, match="was loaded without a tokenizer"):
+        adapter.encode("To be, or not to be")
+    result = CliRunner().invoke(app, ["audit", str(tmp_path / "model"), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1 and "was loaded without a tokenizer (none beside its weights)" in result.output
 
 
 def test_alias_registry_is_extensible() -> None:
