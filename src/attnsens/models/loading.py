@@ -299,8 +299,12 @@ def _real_tokenizer(tokenizer: Any) -> Any:
     """``tokenizer``, or None where it has no vocabulary beyond its special tokens: for a model folder without
     tokenizer files transformers builds such an empty one from the model's type (a Qwen2 folder gave a
     Qwen2Tokenizer of one token, which encodes every text as no tokens at all)."""
+    try:
+        size = len(tokenizer)
+    except TypeError:  # a tokenizer of remote code without a length: kept as it is
+        return tokenizer
     specials = set(getattr(tokenizer, "all_special_ids", ()) or ())
-    return tokenizer if len(tokenizer) > len(specials) else None
+    return tokenizer if size > len(specials) else None
 
 
 def _from_gguf(path: Path, name: str, *, device: Any, dtype: torch.dtype) -> ModelAdapter:
