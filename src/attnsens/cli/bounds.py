@@ -148,11 +148,11 @@ def bounds(
     if saved is not None:
         table["step"], table["seed"] = saved.step, saved.seed
     if out is not None:
-        from attnsens.store.parquet import write_parquet
+        from attnsens.store import Manifest
 
         path = Path(out) / "bounds.parquet"
-        with writing(path):
-            write_parquet(table, path, schema="bounds", metadata={"model": name})
+        with writing(path):  # a unit of the folder's manifest, so report and verify check it like any run's
+            Manifest.open(out).write_unit("bounds.parquet", table, schema="bounds", metadata={"model": name})
     layers = table[table["head"] == -1]
     if as_json:
         print_json({"model": name, "norm": f"block_{geometry}", "records": table.to_dict("records")})

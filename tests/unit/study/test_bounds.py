@@ -74,6 +74,8 @@ def test_cli_bounds_on_a_weights_file(tmp_path) -> None:
     assert [r["layer"] for r in layer_records] == [0, 1]
     stored = read_table(tmp_path / "out" / "bounds.parquet")
     assert len(stored) == len(payload["records"])
+    verified = runner.invoke(app, ["verify", str(tmp_path / "out")])  # recorded in the folder's manifest
+    assert verified.exit_code == 0 and "1 unit(s) match manifest.json" in verified.output
     table_result = runner.invoke(app, args)
     assert table_result.exit_code == 0 and "certified bounds of tiny.safetensors" in table_result.output
 
