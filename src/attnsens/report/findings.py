@@ -164,8 +164,7 @@ def theta_finding(cells: pd.DataFrame, *, run_id: str, pretrained: bool = False)
         measured=measured,
         table=table,
         table_caption=(
-            "Per layer: median θ lower bound, first → last checkpoint (means over seeds; [min, max] over seeds at "
-            "the last), all rows and core rows (no sinks, no early rows)."
+            f"Per layer: median θ lower bound{_over(cells, ', ')}, all rows and core rows (no sinks, no early rows)."
         ),
     )
 
@@ -232,7 +231,7 @@ def concentration_finding(cells: pd.DataFrame, *, run_id: str, pretrained: bool)
         table=table,
         table_caption=(
             f"Per layer, checkpoint {first:,} → {last:,}: median p_max·n, mean normalized entropy and mean "
-            "n_eff / n (uniform attention has 1 for all three); means over seeds, [min, max] over seeds at the last."
+            f"n_eff / n (uniform attention has 1 for all three){_over(cells, '; ', checkpoints=False)}."
         ),
     )
 
@@ -336,6 +335,20 @@ def _layer_table(cells: pd.DataFrame, metrics: dict[str, str], *, subsets: tuple
             name = label if subsets == ("all",) else f"{label} ({subset})"
             table[name] = [text.get(int(layer), "–") for layer in table["layer"]]
     return table
+
+
+def _over(cells: pd.DataFrame, lead: str, *, checkpoints: bool = True) -> str:
+    """What a ``_layer_table`` cell spans, after ``lead``: first → last checkpoint where there are several, means
+    over seeds and their range at the last where there are several seeds; "" for one checkpoint of one seed."""
+    several_steps = checkpoints and cells["step"].nunique() > 1
+    several_seeds = cells["seed"].nunique() > 1
+    if several_steps and several_seeds:
+        return f"{lead}first → last checkpoint (means over seeds; [min, max] over seeds at the last)"
+    if several_steps:
+        return f"{lead}first → last checkpoint"
+    if several_seeds:
+        return f"{lead}means over seeds, [min, max] over seeds at the last checkpoint"
+    return ""
 
 
 def _spread(values: pd.Series) -> str:

@@ -176,6 +176,17 @@ def test_pretrained_runs_have_no_trajectory_and_are_judged_separately():
     for finding in pretrained.values():  # a pretrained model has no checkpoints and no seeds
         assert not any(word in finding.measured for word in ("step 0", "checkpoint 0", "seed 0")), finding.measured
     assert "in each of 3 layers" in pretrained["theta"].measured
+    # Its table has one value a cell, and the caption says no more than that.
+    assert pretrained["theta"].table_caption == (
+        "Per layer: median θ lower bound, all rows and core rows (no sinks, no early rows)."
+    )
+    assert _by_key(data)["theta"].table_caption == (
+        "Per layer: median θ lower bound, first → last checkpoint (means over seeds; [min, max] over seeds at the "
+        "last), all rows and core rows (no sinks, no early rows)."
+    )
+    one_seed = _by_key(_data(_rows(p_max={0: 0.02, 100: 0.4}, seeds=(3,))))
+    assert "first → last checkpoint, all rows" in one_seed["theta"].table_caption
+    assert one_seed["concentration"].table_caption.endswith("(uniform attention has 1 for all three).")
 
 
 def test_cells_leave_sink_and_early_rows_out_of_the_core():
