@@ -42,6 +42,16 @@ class SensitivityMonitor:
         self.seconds = 0.0
         self._adapters: dict[int, Any] = {}
 
+    def __repr__(self) -> str:
+        """One line: the probe batch, the period, and what has been recorded so far."""
+        steps = sorted({record["step"] for record in self.history})
+        shape = "×".join(str(size) for size in self.probe_ids.shape)
+        recorded = f"steps {steps[0]}–{steps[-1]}" if steps else "nothing yet"
+        return (
+            f"SensitivityMonitor(probe_ids={shape}, every={self.every}, probes={len(steps)} ({recorded}), "
+            f"seconds={self.seconds:.3g})"
+        )
+
     def on_step_end(self, step: int, model: torch.nn.Module, batch: Any = None) -> bool:
         """Probe ``model`` if ``step`` is a multiple of ``every``; returns whether it probed."""
         if step % self.every:

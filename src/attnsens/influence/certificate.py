@@ -84,6 +84,14 @@ class InfluenceCertificate:
     max_length: int | None
     norm_lipschitz: float | None  # max ‖γ‖∞/√ε over the model's norms (None when LN-free)
 
+    def __repr__(self) -> str:
+        """One line: whether it applies, log10 C, the masking and the layers (the fields stay readable by name)."""
+        constant = "None" if self.log10_constant is None else f"10^{self.log10_constant:.4g}"
+        summary = f"applicable={self.applicable}, C={constant}, masking={self.masking!r}, layers={len(self.layers)}"
+        if self.reasons:
+            summary += f", reasons={list(self.reasons)!r}"
+        return f"InfluenceCertificate({summary})"
+
     @property
     def constant(self) -> float:
         """C as a float (inf when it overflows float64; use ``log10_constant``)."""

@@ -15,6 +15,7 @@ def test_plain_loop_records_every_k_steps_without_touching_training() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     probe = torch.randint(0, VOCAB, (2, 13))
     monitor = SensitivityMonitor(probe, every=3, selection=RowSelection(sample_per_sequence=4))
+    assert repr(monitor) == "SensitivityMonitor(probe_ids=2×13, every=3, probes=0 (nothing yet), seconds=0)"
     probed = []
     for step in range(7):
         batch = torch.randint(0, VOCAB, (2, 13))
@@ -32,6 +33,7 @@ def test_plain_loop_records_every_k_steps_without_touching_training() -> None:
     assert all(r["n_rows"] == 2 * 4 for r in monitor.history)
     assert all(0.0 <= r["theta_lower_median"] <= 1.0 for r in monitor.history)
     assert monitor.seconds > 0
+    assert repr(monitor).startswith("SensitivityMonitor(probe_ids=2×13, every=3, probes=3 (steps 0–6), seconds=")
 
 
 def test_trainer_callback_probes_on_global_step() -> None:

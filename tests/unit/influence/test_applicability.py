@@ -132,3 +132,12 @@ def test_n_star_and_probability_constant() -> None:
     n_star = 10**log_n_star
     assert 10 ** cert.log10_probability_change_upper_bound(round(n_star)) == pytest.approx(0.01, rel=1e-3)
     assert cert.unembedding_spread <= 2 * float(torch.linalg.matrix_norm(builtin_lnfree().wte.weight.detach(), 2))
+
+
+def test_the_certificate_prints_as_one_line() -> None:
+    cert = certified_constant(builtin_lnfree())
+    text = repr(cert)
+    assert "\n" not in text and len(text) < 200
+    assert text == (
+        f"InfluenceCertificate(applicable=True, C=10^{cert.log10_constant:.4g}, masking='unmasked', layers=2)"
+    )
