@@ -72,6 +72,12 @@ def test_an_audit_written_to_a_folder_holds_one_layer_of_rows_at_a_time(tmp_path
     assert max(held) == heads * 40  # one layer of one sequence, never more
     assert written.n_rows == in_memory.n_rows == 2 * 3 * heads * 40
     assert "rows" not in vars(written)  # not read back yet
+    theta = in_memory.layer_summary()["theta_lower_median"]
+    assert repr(in_memory) == (
+        f"AuditResult(n_rows={2 * 3 * heads * 40}, layers=3, heads={heads}, median θ lower bound by layer "
+        f"{theta.min():.9g}–{theta.max():.9g}, rows in memory)"
+    )
+    assert repr(written).endswith(f"rows in 2 file(s) under {str(tmp_path)!r})") and "rows" not in vars(written)
     assert written.row_files == tuple(tmp_path / f"rows/sequence={i:06d}.parquet" for i in range(2))
     for file in written.row_files:
         layers = [pq.ParquetFile(file).read_row_group(g).column("layer").unique().to_pylist() for g in range(3)]

@@ -52,6 +52,21 @@ class AuditResult:
     """The Parquet files that hold the rows of an audit written to a folder, one per sequence, in order."""
     _rows: pd.DataFrame | None = field(default=None, repr=False)
 
+    def __repr__(self) -> str:
+        """One line: rows audited, layers and heads, the range of the per-layer median θ lower bounds, and where the
+        rows are (not the tables themselves)."""
+        layers = self.layer_summary()
+        theta = layers["theta_lower_median"] if "theta_lower_median" in layers else pd.Series(dtype=float)
+        span = f"{theta.min():.9g}–{theta.max():.9g}" if len(theta) else "–"
+        heads = self.summary.loc[self.summary["head"] >= 0, "head"].nunique()
+        where = (
+            f"rows in {len(self.row_files)} file(s) under {str(self.out_dir)!r}" if self.row_files else "rows in memory"
+        )
+        return (
+            f"AuditResult(n_rows={self.n_rows}, layers={len(layers)}, heads={heads}, median θ lower bound by layer "
+            f"{span}, {where})"
+        )
+
     @cached_property
     def rows(self) -> pd.DataFrame:
         if self._rows is not None:
