@@ -146,6 +146,7 @@ def test_cli_audit_minilm_prints_a_table_per_layer(tmp_path, text_file) -> None:
     )
     assert result.exit_code == 0, result.output
     assert "median θ lower bound" in result.output and "dominant fraction" in result.output
+    assert f"6,912 rows written to {out}/rows" in result.output
     rows = read_table(out / "rows")
     assert len(rows) == 2 * 6 * 12 * 48  # sequences × layers × heads × rows
     assert set(rows["n_keys"]) == {48}  # bidirectional: every key allowed

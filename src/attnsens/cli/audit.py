@@ -172,7 +172,7 @@ def audit(
     if per_head:
         _print_table(adapter.name, result.summary[result.summary["head"] >= 0], by_head=True)
     _print_table(adapter.name, per_layer, by_head=False)
-    console.print(f"{result.n_rows} rows written to {out}/rows, summary to {out}/summary", soft_wrap=True)
+    console.print(f"{result.n_rows:,} rows written to {out}/rows, summary to {out}/summary", soft_wrap=True)
 
 
 def _seq_len_in_memory(adapter: Any, seq_len: int | None, text_tokens: int | None, *, quiet: bool) -> int:
