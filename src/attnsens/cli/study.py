@@ -57,6 +57,7 @@ def study(
     from attnsens.cli.progress import ProgressReport
     from attnsens.errors import ConfigError
     from attnsens.study.study import StudyConfig, run_study
+    from attnsens.train.model import NORM_PLACEMENTS
 
     check_device(device)
     check_out_dir(out)
@@ -68,7 +69,13 @@ def study(
         seed_list = tuple(int(s) for s in seeds.split(",") if s.strip())
     except ValueError as err:
         raise ConfigError(f"--seeds must be comma-separated integers such as 0,1,2, got {seeds!r}") from err
+    if not seed_list or len(set(seed_list)) != len(seed_list):
+        raise ConfigError(f"--seeds must name distinct seeds, such as 0,1,2; got {seeds!r}")
     placement_list = tuple(p.strip() for p in placements.split(",") if p.strip())
+    unknown = [p for p in placement_list if p not in NORM_PLACEMENTS]
+    if unknown or not placement_list:
+        what = f"{', '.join(map(repr, unknown))} is not a block placement" if unknown else "names no placement"
+        raise ConfigError(f"--placements {placements!r}: {what}; choose among {', '.join(NORM_PLACEMENTS)}")
     lr_all, placement_lr = _learning_rates(lr)
     study_config = StudyConfig.from_preset(
         config,

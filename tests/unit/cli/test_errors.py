@@ -347,3 +347,20 @@ def test_theta_names_the_tensors_of_a_collection(tmp_path: Path) -> None:
     assert _one_line_error(["theta", str(path), "--key", "c"]) == (
         f"{path} holds tensors ['a', 'b']; it has no tensor 'c': choose one of them"
     )
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        (["--seeds", ""], "--seeds must name distinct seeds, such as 0,1,2; got ''"),
+        (["--seeds", "0,0"], "--seeds must name distinct seeds, such as 0,1,2; got '0,0'"),
+        (
+            ["--placements", "pre,sideways"],
+            "--placements 'pre,sideways': 'sideways' is not a block placement; choose among pre, post, deepnorm, none",
+        ),
+        (["--placements", ","], "--placements ',': names no placement; choose among pre, post, deepnorm, none"),
+    ],
+)
+def test_study_seeds_and_placements_are_named_by_their_flags(options, expected, tmp_path: Path) -> None:
+    assert _one_line_error(["study", *options, "--out", str(tmp_path / "out")]) == expected
+    assert not (tmp_path / "out").exists()
