@@ -148,6 +148,11 @@ def test_progress_reports_blocks_of_rows_and_changes_no_result() -> None:
         torch.testing.assert_close(getattr(blocked, field.name), getattr(whole, field.name), rtol=0, atol=0)
     assert len(calls) > 5 and calls[-1] == (900, 900)
     assert [done for done, _ in calls] == sorted({done for done, _ in calls})
+    on_torch = certify(p, backend="torch", progress=lambda done, total: None)  # the torch path, block by block
+    for field in fields(whole):
+        torch.testing.assert_close(
+            getattr(on_torch, field.name), getattr(certify(p, backend="torch"), field.name), rtol=0, atol=0
+        )
     p[2, 299, 3] = float("nan")
     with pytest.raises(InputError, match=r"row 899 \(index \(2, 299\) of the leading shape \(3, 300\)"):
         certify(p, progress=lambda done, total: None)
