@@ -59,19 +59,40 @@ def query(
     if as_csv:
         frame.to_csv(sys.stdout, index=False)
         return
-    table = Table(show_lines=False, header_style="bold")
-    for name in frame.columns:
-        numeric = frame[name].dtype.kind in "iuf"
-        # Long cells wrap onto more lines instead of shrinking to "…".
-        table.add_column(str(name), justify="right" if numeric else "left", overflow="fold")
-    for record in frame.head(max_rows).itertuples(index=False):
-        table.add_row(*(_cell(value, wide=wide) for value in record))
     target = Console(markup=False, highlight=False, width=100_000) if wide else console
+    rows = [[_cell(value, wide=wide) for value in record] for record in frame.head(max_rows).itertuples(index=False)]
+    names = [str(name) for name in frame.columns]
+    shown = _columns_that_fit(names, rows, target.width)
+    table = Table(show_lines=False, header_style="bold")
+    for index in range(shown):
+        numeric = frame.iloc[:, index].dtype.kind in "iuf"
+        # Long cells wrap onto more lines instead of shrinking to "…".
+        table.add_column(names[index], justify="right" if numeric else "left", overflow="fold")
+    for cells in rows:
+        table.add_row(*cells[:shown])
     target.print(table, crop=False)
     hidden = len(frame) - max_rows
     console.print(
         f"{len(frame)} row(s)" + (f", {hidden} not shown (use --max-rows, --csv or --json)" if hidden > 0 else "")
     )
+    if shown < len(names):
+        console.print(
+            f"{len(names) - shown} of {len(names)} columns do not fit in {target.width} characters and are not shown: "
+            f"{', '.join(names[shown:])} (use --wide, --csv or --json, or select fewer columns)"
+        )
+
+
+def _columns_that_fit(names: list[str], rows: list[list[Text]], width: int) -> int:
+    """How many leading columns fit side by side in ``width`` characters, each as wide as its header and its
+    widest cell (plus a border and a space either side); at least one. Squeezed any narrower, rich would fold
+    every header and value into a column of single characters."""
+    used = 1  # the table's right border
+    for index, name in enumerate(names):
+        natural = max([len(name), *(row[index].cell_len for row in rows)])
+        used += natural + 3
+        if used > width and index > 0:
+            return index
+    return len(names)
 
 
 def _cell(value: object, *, wide: bool) -> Text:

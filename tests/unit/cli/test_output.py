@@ -50,6 +50,16 @@ def test_query_narrow_terminal_wraps_instead_of_cutting(results: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "…" not in result.stdout
     assert max(len(line) for line in result.stdout.splitlines()) <= 80
+    # Columns are shown whole, from the left, as many as fit; the rest are named (they used to be squeezed into
+    # columns one character wide, every header and value folded letter by letter).
+    table, note = result.stdout.split("row(s)")
+    header = next(line for line in table.splitlines() if "layer" in line)
+    assert "theta_lower" in header and "a_rather_long_column_name_0" in header
+    assert "a_rather_long_column_name_5" not in table
+    assert "columns do not fit in 80 characters and are not shown:" in note
+    assert "a_rather_long_column_name_5" in note.replace("\n", "")
+    wide = runner.invoke(app, ["query", str(results), "SELECT * FROM rows", "--wide"], env={"COLUMNS": "80"})
+    assert "a_rather_long_column_name_5" in wide.stdout.split("row(s)")[0] and "do not fit" not in wide.stdout
 
 
 def test_influence_json_is_strict() -> None:
