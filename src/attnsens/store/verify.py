@@ -145,6 +145,7 @@ def verify_run(run_dir: str | os.PathLike[str], *, rehash: bool = False) -> RunC
     root = Path(run_dir)
     if not root.is_dir():
         raise FileFormatError(f"run directory {str(root)!r} does not exist; pass the --out directory of a run")
+    on_disk = _parquet_units(root)
     if not (root / MANIFEST_NAME).exists():
         runs = runs_below(root)
         if runs:
@@ -153,8 +154,6 @@ def verify_run(run_dir: str | os.PathLike[str], *, rehash: bool = False) -> RunC
                 f"{str(root)!r} is no run (it has no {MANIFEST_NAME}) but holds {len(runs)} run folder(s): {listed}; "
                 "pass one of them (their tables are not pooled unchecked)"
             )
-    on_disk = _parquet_units(root)
-    if not (root / MANIFEST_NAME).exists():
         unreadable = [_unreadable(unit) for unit in on_disk if not _readable(root / unit)]
         return RunCheck(root, has_manifest=False, verified=0, problems=tuple(unreadable))
     manifest = Manifest.load(root)
