@@ -180,10 +180,10 @@ def _seq_len_in_memory(adapter: Any, seq_len: int | None, text_tokens: int | Non
     forward pass holds for one layer's attention scores (``ModelAdapter.forward_score_bytes``): a --seq-len beyond
     half of this machine's memory is refused, the default shortened to fit (said unless ``quiet``)."""
     from attnsens.cli.app import error_console
-    from attnsens.cli.inputs import memory_budget, memory_seq_len
+    from attnsens.cli.inputs import longest_in_memory, memory_budget
     from attnsens.errors import InputError
 
-    limit = memory_seq_len(adapter)
+    limit = longest_in_memory(lambda n: adapter.forward_score_bytes(1, n), adapter.spec.max_positions)
     if seq_len is None:
         assert text_tokens is not None  # given whenever --seq-len is not
         if limit is not None and text_tokens > limit:

@@ -130,18 +130,20 @@ _BYTES_PER_SCORE = 12
 
 def _check_memory(grid: list[int], adapter: object) -> None:
     """Refuse lengths whose attention scores (2 sequences × heads × n², one pair per pass) exceed half the RAM."""
-    from attnsens.cli.inputs import memory_budget
+    from attnsens.cli.inputs import longest_in_memory, memory_budget
     from attnsens.errors import InputError
 
     heads = adapter.spec.n_head  # type: ignore[attr-defined]
-    budget = memory_budget()
+
+    def score_bytes(n: int) -> int:
+        return 2 * heads * n * n * _BYTES_PER_SCORE
+
     longest = max(grid)
-    needed = 2 * heads * longest * longest * _BYTES_PER_SCORE
-    if needed > budget:
-        limit = int((budget / (2 * heads * _BYTES_PER_SCORE)) ** 0.5)
+    limit = longest_in_memory(score_bytes, longest)
+    if limit is not None:
         raise InputError(
-            f"--lengths {longest} needs about {needed / 2**30:.0f} GiB for one forward pass (2 × {heads} heads × "
-            f"n² scores), more than half of this machine's memory ({2 * budget / 2**30:.0f} GiB); "
+            f"--lengths {longest} needs about {score_bytes(longest) / 2**30:.0f} GiB for one forward pass (2 × {heads} "
+            f"heads × n² scores), more than half of this machine's memory ({2 * memory_budget() / 2**30:.0f} GiB); "
             f"use lengths up to {limit}"
         )
 

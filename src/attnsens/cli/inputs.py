@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -120,16 +120,16 @@ def saved_checkpoint(model: str, step: int | None, seed: int | None, placement: 
     return found
 
 
-def memory_seq_len(adapter: Any) -> int | None:
-    """The longest sequence whose attention scores the model's own forward pass holds (one sequence, one layer,
-    ``ModelAdapter.forward_score_bytes``) in half of this machine's memory; None when its whole context fits."""
+def longest_in_memory(bytes_at: Callable[[int], int], longest: int) -> int | None:
+    """The largest length n < ``longest`` whose ``bytes_at(n)`` (growing with n) fits in half of this machine's
+    memory (``memory_budget``), at least 1; None when ``longest`` itself fits."""
     budget = memory_budget()
-    if adapter.forward_score_bytes(1, adapter.spec.max_positions) <= budget:
+    if bytes_at(longest) <= budget:
         return None
-    low, high = 1, adapter.spec.max_positions  # forward_score_bytes(1, low) fits, (1, high) does not
+    low, high = 1, longest  # bytes_at(high) does not fit; the search keeps the largest low that does
     while high - low > 1:
         middle = (low + high) // 2
-        low, high = (middle, high) if adapter.forward_score_bytes(1, middle) <= budget else (low, middle)
+        low, high = (middle, high) if bytes_at(middle) <= budget else (low, middle)
     return low
 
 
