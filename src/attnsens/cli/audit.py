@@ -109,7 +109,7 @@ def audit(
     from attnsens.errors import InputError
     from attnsens.store.lock import writing_run_folder
     from attnsens.study.audit import audit as run_audit
-    from attnsens.study.audit import split_sequences, text_seq_len
+    from attnsens.study.audit import split_sequences
     from attnsens.train.saved import study_runs
 
     check_exact_support(exact_support)
@@ -132,8 +132,7 @@ def audit(
         )
         _check_indices(layer_list, adapter.spec.n_layer, "--layers", "layers")
         _check_indices(head_list, adapter.spec.n_head, "--heads", "heads")
-        text_tokens = text_seq_len(adapter, source) if seq_len is None else None
-        seq_len = _seq_len_in_memory(adapter, seq_len, text_tokens, quiet=as_json)
+        seq_len = _seq_len_in_memory(adapter, seq_len, source, quiet=as_json)
         sequences = split_sequences(adapter, source, seq_len=seq_len, n_sequences=batch)
         if len(sequences) < batch:
             raise InputError(
@@ -175,17 +174,19 @@ def audit(
     console.print(f"{result.n_rows:,} rows written to {out}/rows, summary to {out}/summary", soft_wrap=True)
 
 
-def _seq_len_in_memory(adapter: Any, seq_len: int | None, text_tokens: int | None, *, quiet: bool) -> int:
-    """--seq-len, or without it ``text_tokens`` (the text up to the context), checked against what the model's own
-    forward pass holds for one layer's attention scores (``ModelAdapter.forward_score_bytes``): a --seq-len beyond
-    half of this machine's memory is refused, the default shortened to fit (said unless ``quiet``)."""
+def _seq_len_in_memory(adapter: Any, seq_len: int | None, source: str, *, quiet: bool) -> int:
+    """--seq-len, or without it the tokens of ``source`` up to the context (``text_seq_len``), checked against what
+    the model's own forward pass holds for one layer's attention scores (``ModelAdapter.forward_score_bytes``): a
+    --seq-len beyond half of this machine's memory is refused, the default shortened to fit (said unless
+    ``quiet``)."""
     from attnsens.cli.app import error_console
     from attnsens.cli.inputs import longest_in_memory, memory_budget
     from attnsens.errors import InputError
+    from attnsens.study.audit import text_seq_len
 
     limit = longest_in_memory(lambda n: adapter.forward_score_bytes(1, n), adapter.spec.max_positions)
     if seq_len is None:
-        assert text_tokens is not None  # given whenever --seq-len is not
+        text_tokens = text_seq_len(adapter, source)
         if limit is not None and text_tokens > limit:
             if not quiet:
                 error_console.print(
