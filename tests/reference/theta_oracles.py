@@ -63,11 +63,12 @@ def inf_to_one_norm_bilinear_brute_force(matrix: np.ndarray) -> float:
     return float((signs @ matrix @ signs.T).max())
 
 
-def theta_dyadic_meet_in_the_middle(ints: list[int], exponent: int) -> Fraction:
-    """Exact θ of the row p_i = ints[i]·2^-exponent (ints < 2^46/n) by integer meet-in-the-middle in numpy.
+def best_twice_gap_dyadic(ints: list[int]) -> int:
+    """min_S |2·Σ_S − Σ| over the subsets of the non-negative integers ``ints`` (< 2^46/n) by integer
+    meet-in-the-middle in numpy.
 
     All 2^(n/2) half sums are int64 and exact; for every sum b of the second half the closest partner in the
-    sorted first half is found by binary search, so the optimum |2·p(S) − s| is exact (n ≤ ~40).
+    sorted first half is found by binary search, so the optimum is exact (n ≤ ~40).
     """
     a_half, b_half = np.array(ints[: len(ints) // 2], np.int64), np.array(ints[len(ints) // 2 :], np.int64)
 
@@ -88,5 +89,13 @@ def theta_dyadic_meet_in_the_middle(ints: list[int], exponent: int) -> Fraction:
         gap = np.abs(2 * (a[np.clip(candidate, 0, a.size - 1)] + b) - total)
         gap = np.where(ok, gap, np.iinfo(np.int64).max).min()
         best = int(gap) if best is None else min(best, int(gap))
+    assert best is not None
+    return best
+
+
+def theta_dyadic_meet_in_the_middle(ints: list[int], exponent: int) -> Fraction:
+    """Exact θ of the row p_i = ints[i]·2^-exponent (ints < 2^46/n): s − 4·d*² with 2·d* from
+    ``best_twice_gap_dyadic`` (n ≤ ~40)."""
+    best = best_twice_gap_dyadic(ints)
     scale = Fraction(1, 2**exponent)
-    return total * scale - Fraction(best * best) * scale * scale
+    return int(sum(ints)) * scale - Fraction(best * best) * scale * scale

@@ -45,7 +45,8 @@ from attnsens.theta._constants import (
     SMALLEST_EXACT_SUM,
     UNIT_ROUNDOFF,
 )
-from attnsens.theta._numba_partition import FOUR_LIST_LONG_WORK, FOUR_LIST_WORK, meet_in_the_middle, mitm_workspace
+from attnsens.theta._numba_enumeration import mitm_workspace
+from attnsens.theta._numba_partition import FOUR_LIST_LONG_WORK, FOUR_LIST_WORK, meet_in_the_middle
 from attnsens.theta._numba_refine import (
     EXACT_FIRST_MAX_SUPPORT,
     FREEZE_EVERY,
@@ -585,7 +586,7 @@ def _certify_block(
             if m == 0 and enumerated:
                 if workspace.shape[1] < 1 << (n - n // 2):
                     workspace = mitm_workspace(longest_enumerable)
-                d, m = meet_in_the_middle(x[r], n, t, workspace), _MITM
+                d, m = meet_in_the_middle(x[r], n, t, e, min(d_found[r], d_end), workspace), _MITM
             if m != 0:
                 d_found[r] = d
                 d_lb[r] = d

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from attnsens._numba_cache import cached_njit
+from attnsens.theta._numba_enumeration import _closest_pair_sum, mitm_workspace, pruned_meet_in_the_middle
 
 CKK_EXHAUSTED = 0
 CKK_PERFECT = 1
@@ -17,91 +18,6 @@ CKK_THRESHOLD = 2
 CKK_OUT_OF_NODES = 3
 LIST_START = 1 << 12
 """First buffer size of each half's list in ``count_pruned_meet_in_the_middle`` (doubled as needed)."""
-
-
-@cached_njit()
-def _merge_split(sums, size, v):
-    """How many of the ``size`` smallest values of the merge of the ascending ``sums[:size]`` (L) and L + v come
-    from L: the least i with L[i] ≥ L[size − i − 1] + v (bisection), so that no value left out is below one kept."""
-    lo = 0
-    hi = size
-    while lo < hi:
-        i = (lo + hi) // 2
-        if sums[i] < sums[size - i - 1] + v:
-            lo = i + 1
-        else:
-            hi = i
-    return lo
-
-
-@cached_njit()
-def _sorted_subset_sums(vals):
-    """All 2^m subset sums of ``vals`` in ascending order (``_sorted_subset_sums_into`` on new buffers)."""
-    size_all = 1 << vals.size
-    return _sorted_subset_sums_into(vals, np.empty(size_all), np.empty(size_all))
-
-
-@cached_njit()
-def _sorted_subset_sums_into(vals, out, tmp):
-    """All 2^m subset sums of ``vals`` in ascending order, by merge-doubling (no sort, O(2^m)), in the buffers
-    ``out`` and ``tmp`` (each of at least 2^m values); returns the first 2^m values of the one that holds them.
-
-    Each doubling merges the sorted list L with L + v. A branch-free merge step waits on its own loads, so the
-    merge runs as four independent chains in one loop: from the front (the smaller head, L's on ties), from the
-    back (the larger tail, L + v's on ties), and outward from the middle, where ``_merge_split`` tells how the
-    ``size`` smallest values divide between L and L + v: one chain down from there and one up, each told by its
-    indices when one list is spent. Each chain writes ``size / 2`` values, the merged list as a one-ended merge
-    would write it (a sorted list of the same values is unique); the first doubling, of a one-value list, is
-    written directly. Two chains ran in about 0.6× the time of one; four in 0.74× that of two at 2^12–2^16 sums.
-    """
-    size_all = 1 << vals.size
-    out[0] = 0.0
-    size = 1
-    for v in vals:
-        if size == 1:
-            b = out[0] + v
-            tmp[0] = out[0] if out[0] <= b else b
-            tmp[1] = out[0] if out[0] > b else b
-        else:
-            from_l = _merge_split(out, size, v)
-            i = 0  # front heads of L and L + v (i + j = k < size / 2 at every read)
-            j = 0
-            i_down = from_l - 1  # tails of the size smallest values (−1: that list gave none)
-            j_down = size - from_l - 1
-            i_up = from_l  # heads of the rest (size: that list is spent)
-            j_up = size - from_l
-            i_back = size - 1  # back tails
-            j_back = size - 1
-            top = size - 1
-            last = 2 * size - 1
-            for k in range(size // 2):
-                a = out[i]
-                b = out[j] + v
-                take_a = a <= b  # branch-free: which list advances is data, not control flow
-                tmp[k] = a if take_a else b
-                i += take_a
-                j += not take_a
-                a = out[max(i_down, 0)]
-                b = out[max(j_down, 0)] + v
-                take_a = ((a > b) & (i_down >= 0)) | (j_down < 0)
-                tmp[top - k] = a if take_a else b
-                i_down -= take_a
-                j_down -= not take_a
-                a = out[min(i_up, top)]
-                b = out[min(j_up, top)] + v
-                take_a = ((a <= b) & (i_up < size)) | (j_up >= size)
-                tmp[size + k] = a if take_a else b
-                i_up += take_a
-                j_up += not take_a
-                a = out[i_back]
-                b = out[j_back] + v
-                take_a = a > b
-                tmp[last - k] = a if take_a else b
-                i_back -= take_a
-                j_back -= not take_a
-        out, tmp = tmp, out
-        size *= 2
-    return out[:size_all]
 
 
 @cached_njit()
@@ -126,122 +42,20 @@ def descending_support(row, n):
 
 
 @cached_njit()
-def _closest_pair_sweep(a, b, t, i, i_end, j):
-    """min |x + y − t| over x in a[i:i_end] and y in b (both sorted ascending), by one two-pointer sweep from
-    (i, j): a ascending, b descending; 0 as soon as a pair meets t. j must be at or above b's crossing for a[i]
-    (``_crossing``): every later x has its crossing at or below it, and the sweep visits each x's crossing, where
-    |x + y − t| is least."""
-    best = np.inf
-    while i < i_end and j >= 0:
-        v = (a[i] + b[j]) - t
-        if v == 0.0:
-            return 0.0
-        below = v < 0.0  # branch-free: which pointer moves is data, not control flow
-        best = min(best, abs(v))
-        i += below
-        j -= not below
-    return best
-
-
-@cached_njit()
-def _crossing(x, b, t):
-    """The first index j of the ascending ``b`` with (x + b[j]) − t ≥ 0, or the last index when there is none."""
-    lo = 0
-    hi = b.size - 1
-    if (x + b[hi]) - t < 0.0:
-        return hi
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if (x + b[mid]) - t >= 0.0:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
-
-
-SWEEP_LANES_MIN = 64
-"""Lists of ``a`` shorter than this take one sweep: four lanes would save less than their setup."""
-
-
-@cached_njit()
-def _closest_pair_sum(a, b, t):
-    """min |x + y − t| over x in ``a`` and y in ``b`` (both sorted ascending); 0 as soon as a pair meets t.
-
-    One two-pointer sweep (``_closest_pair_sweep``) is a chain of loads that each wait on the step before. Here
-    ``a`` is cut into four quarters, each swept from its own start (b's crossing for the quarter's first value,
-    by bisection), and the four sweeps advance side by side in one loop: four independent chains, so the
-    processor overlaps their loads. Each quarter's sweep visits the crossing of each of its values, so the
-    minimum is the one sweep's, the same float64 differences compared (bit for bit). At 2^12–2^16 sums a list
-    it takes about half the time of one sweep.
-    """
-    if a.size < SWEEP_LANES_MIN:
-        return _closest_pair_sweep(a, b, t, 0, a.size, b.size - 1)
-    quarter = a.size // 4
-    i0, i1, i2, i3 = 0, quarter, 2 * quarter, 3 * quarter
-    e0, e1, e2, e3 = quarter, 2 * quarter, 3 * quarter, a.size
-    j0 = b.size - 1
-    j1 = _crossing(a[i1], b, t)
-    j2 = _crossing(a[i2], b, t)
-    j3 = _crossing(a[i3], b, t)
-    best = np.inf
-    while True:
-        live0 = (i0 < e0) & (j0 >= 0)
-        live1 = (i1 < e1) & (j1 >= 0)
-        live2 = (i2 < e2) & (j2 >= 0)
-        live3 = (i3 < e3) & (j3 >= 0)
-        if not (live0 | live1 | live2 | live3):
-            return best
-        # A finished lane reads its last pair again (indices clamped) and moves no more.
-        v0 = (a[min(i0, e0 - 1)] + b[max(j0, 0)]) - t
-        v1 = (a[min(i1, e1 - 1)] + b[max(j1, 0)]) - t
-        v2 = (a[min(i2, e2 - 1)] + b[max(j2, 0)]) - t
-        v3 = (a[min(i3, e3 - 1)] + b[max(j3, 0)]) - t
-        if (live0 & (v0 == 0.0)) | (live1 & (v1 == 0.0)) | (live2 & (v2 == 0.0)) | (live3 & (v3 == 0.0)):
-            return 0.0
-        best = min(
-            best,
-            abs(v0) if live0 else np.inf,
-            abs(v1) if live1 else np.inf,
-            abs(v2) if live2 else np.inf,
-            abs(v3) if live3 else np.inf,
-        )
-        below0 = v0 < 0.0
-        below1 = v1 < 0.0
-        below2 = v2 < 0.0
-        below3 = v3 < 0.0
-        i0 += live0 & below0
-        j0 -= live0 & (not below0)
-        i1 += live1 & below1
-        j1 -= live1 & (not below1)
-        i2 += live2 & below2
-        j2 -= live2 & (not below2)
-        i3 += live3 & below3
-        j3 -= live3 & (not below3)
-
-
-@cached_njit()
-def mitm_workspace(n):
-    """Buffers for ``meet_in_the_middle`` on rows of up to n non-zeros: four lists of 2^⌈n/2⌉ float64 values
-    (0.5 GiB at 48), untouched until used."""
-    return np.empty((4, 1 << (n - n // 2)))
-
-
-@cached_njit()
-def meet_in_the_middle(row, n, t, workspace):
-    """d* = min_S |p(S) − t| over the n non-zeros: two sorted half-lists, one two-pointer sweep.
+def meet_in_the_middle(row, n, t, e, d_known, workspace):
+    """d* = min_S |p(S) − t| over the n non-zeros of ``row`` (error radius ``e``): the pruned meet-in-the-middle
+    (``_numba_enumeration.pruned_meet_in_the_middle``) from the nearer of ``d_known`` (the distance of a real
+    subset, or ∞) and the Karmarkar–Karp split's.
 
     The lists are built in ``workspace`` (``mitm_workspace``) when it is large enough, else in new buffers. Fresh
     buffers of 2^18 values and more come from the operating system as untouched pages, and writing them cost as
     much time again as the enumeration itself (one row of 40 keys: 18 ms, of which 10 ms in the kernel's page
     faults); rows enumerated one after another in the same workspace pay that once.
     """
-    vals = support_values(row, n)
-    half = n // 2
-    if workspace.shape[1] < 1 << (n - half):
+    vals = descending_support(row, n)
+    if workspace.shape[1] < 1 << (n - n // 2):
         workspace = mitm_workspace(n)
-    left = _sorted_subset_sums_into(vals[:half], workspace[0], workspace[1])
-    right = _sorted_subset_sums_into(vals[half:], workspace[2], workspace[3])
-    return _closest_pair_sum(left, right, t)
+    return pruned_meet_in_the_middle(vals, t, min(d_known, karmarkar_karp(vals)), 2.0 * e, workspace)
 
 
 @cached_njit()

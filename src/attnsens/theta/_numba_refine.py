@@ -302,7 +302,7 @@ def refine_row(
                 return d_found, d_lb, _SEARCH_FOUND
 
     if n <= MITM_FALLBACK_SUPPORT:  # the rare short row every heuristic leaves open: enumerate it
-        d = meet_in_the_middle(row, n, t, workspace)
+        d = meet_in_the_middle(row, n, t, e, d_found, workspace)
         return d, d, _MITM
     if e == 0.0 and n > SHORT_ROW_SUPPORT:  # shorter rows tried it in prove_short_row; these nearly always have a split
         d = four_list_perfect_split(vals, q)
@@ -316,7 +316,7 @@ def refine_row(
     if outcome == CKK_EXHAUSTED or outcome == CKK_PERFECT:
         return 0.5 * best_diff, 0.5 * best_diff, _CKK_PROVED
     if d_found > stop_d and n <= SHORT_ROW_SUPPORT:  # would stay wider than asked: enumerate it after all
-        d = meet_in_the_middle(row, n, t, workspace)
+        d = meet_in_the_middle(row, n, t, e, d_found, workspace)
         return d, d, _MITM
     if d_found > stop_d and e == 0.0 and n <= LAST_SEARCH_MAX_SUPPORT:
         # Near-uniform rows with an odd count where exchanges and CKK stall: a longer cardinality-pruned search.

@@ -80,7 +80,7 @@ def test_sorted_subset_sums_is_every_subset_sum_in_order(case: str) -> None:
 
     import numpy as np
 
-    from attnsens.theta._numba_partition import _sorted_subset_sums
+    from attnsens.theta._numba_enumeration import _sorted_subset_sums
 
     rng = np.random.default_rng(5)
     vals = {
@@ -109,7 +109,7 @@ def test_closest_pair_sum_is_the_least_pair_distance(case: str) -> None:
     and targets outside the reachable range."""
     import numpy as np
 
-    from attnsens.theta._numba_partition import _closest_pair_sum, _closest_pair_sweep, _sorted_subset_sums
+    from attnsens.theta._numba_enumeration import _closest_pair_sum, _closest_pair_sweep, _sorted_subset_sums
 
     rng = np.random.default_rng(11)
     for trial in range(60):

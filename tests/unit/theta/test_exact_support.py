@@ -16,7 +16,8 @@ import torch
 
 from attnsens.errors import ConfigError, InputError
 from attnsens.theta import certify
-from attnsens.theta._numba_partition import meet_in_the_middle, mitm_workspace
+from attnsens.theta._numba_enumeration import mitm_workspace
+from attnsens.theta._numba_partition import meet_in_the_middle
 from attnsens.theta.certificate import EXACT_SUPPORT_MAX, MITM_MAX_SUPPORT
 from tests.reference.theta_oracles import theta_dyadic_meet_in_the_middle
 from tests.unit.theta.test_cardinality import local_search_theta
@@ -97,8 +98,8 @@ def test_a_reused_workspace_gives_each_row_its_own_optimum() -> None:
     shared = mitm_workspace(34)
     for row in rows:
         t = 0.5 * float(row.astype(np.float64).sum())
-        fresh = meet_in_the_middle(row, row.size, t, mitm_workspace(0))
-        reused = meet_in_the_middle(row, row.size, t, shared)
+        fresh = meet_in_the_middle(row, row.size, t, 0.0, np.inf, mitm_workspace(0))
+        reused = meet_in_the_middle(row, row.size, t, 0.0, np.inf, shared)
         assert reused == fresh
         if row.size <= 26:
             theta = theta_dyadic_meet_in_the_middle(*dyadic(torch.from_numpy(row)))
