@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import importlib.metadata
 import platform
 import subprocess
@@ -12,8 +13,12 @@ from pathlib import Path
 _PACKAGES = ("attnsens", "torch", "numpy", "numba", "transformers", "pyarrow", "duckdb")
 
 
+@functools.cache
 def git_sha() -> str | None:
-    """The commit of the attnsens source tree, with ``-dirty`` if it has local changes; None outside git."""
+    """The commit of the attnsens source tree, with ``-dirty`` if it has local changes; None outside git.
+
+    Read once per process (two git calls, about 5 ms): the code that runs is the code imported at its start, and
+    an audit records provenance in each file it writes."""
     root = Path(__file__).resolve().parents[2]
     if not (root / ".git").exists():
         return None
@@ -34,7 +39,12 @@ def git_sha() -> str | None:
 
 
 def package_versions() -> dict[str, str]:
-    """Installed versions of the packages whose behaviour shapes results."""
+    """Installed versions of the packages whose behaviour shapes results (read once per process)."""
+    return dict(_package_versions())
+
+
+@functools.cache
+def _package_versions() -> dict[str, str]:
     versions = {}
     for name in _PACKAGES:
         try:
