@@ -32,11 +32,20 @@ def test_an_edit_to_any_source_changes_the_cache_folder(tmp_path: Path) -> None:
 
 def test_compiled_kernels_cache_in_the_keyed_folder() -> None:
     from attnsens.capture import _numba_moments
-    from attnsens.theta import _numba_kernels, _numba_partition, _numba_refine, _numba_scan
+    from attnsens.theta import (
+        _numba_cardinality,
+        _numba_enumeration,
+        _numba_four_list,
+        _numba_kernels,
+        _numba_partition,
+        _numba_refine,
+        _numba_scan,
+    )
 
     folder = str(_numba_cache.kernel_cache_dir())
     assert folder.endswith(f"kernels-{_numba_cache.kernel_source_hash()}")
-    for module in (_numba_kernels, _numba_partition, _numba_refine, _numba_scan, _numba_moments):
+    theta_kernels = (_numba_kernels, _numba_partition, _numba_enumeration, _numba_cardinality, _numba_four_list)
+    for module in (*theta_kernels, _numba_refine, _numba_scan, _numba_moments):
         kernels = [f for f in vars(module).values() if isinstance(f, numba.core.registry.CPUDispatcher)]
         assert kernels, module.__name__
         for kernel in kernels:

@@ -46,7 +46,8 @@ from attnsens.theta._constants import (
     UNIT_ROUNDOFF,
 )
 from attnsens.theta._numba_enumeration import mitm_workspace
-from attnsens.theta._numba_partition import FOUR_LIST_LONG_WORK, FOUR_LIST_WORK, meet_in_the_middle
+from attnsens.theta._numba_four_list import FOUR_LIST_LONG_WORK, FOUR_LIST_WORK
+from attnsens.theta._numba_partition import meet_in_the_middle
 from attnsens.theta._numba_refine import (
     EXACT_FIRST_MAX_SUPPORT,
     FREEZE_EVERY,

@@ -9,17 +9,19 @@ import numpy as np
 
 from attnsens._numba_cache import cached_njit
 from attnsens.theta._constants import K_LARGE, N_TARGETS, SWAP_ROUNDS
+from attnsens.theta._numba_cardinality import (
+    cardinality_branch_and_bound,
+    cardinality_relaxation,
+    count_pruned_meet_in_the_middle,
+    count_tail_score,
+    group_cardinality_bound,
+)
+from attnsens.theta._numba_four_list import four_list_perfect_split
 from attnsens.theta._numba_partition import (
     CKK_EXHAUSTED,
     CKK_PERFECT,
-    cardinality_branch_and_bound,
-    cardinality_relaxation,
     complete_karmarkar_karp,
-    count_pruned_meet_in_the_middle,
-    count_tail_score,
     descending_support,
-    four_list_perfect_split,
-    group_cardinality_bound,
     karmarkar_karp,
     meet_in_the_middle,
     swap_descent,

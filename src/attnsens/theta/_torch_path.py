@@ -199,7 +199,7 @@ def _meet_in_the_middle(x: torch.Tensor, t: torch.Tensor, width: int) -> torch.T
 
 
 def _cardinality_bound(x: torch.Tensor, sums: torch.Tensor, t: torch.Tensor, k_small: int) -> torch.Tensor:
-    """d_lb of ``_numba_partition.cardinality_relaxation`` per row: the least distance from t − p(T) to
+    """d_lb of ``_numba_cardinality.cardinality_relaxation`` per row: the least distance from t − p(T) to
     [L_k, U_k] over the subsets T of the top-K values (``sums`` [row, 2^K]) and the counts k of the others.
 
     L_k and U_k (sums of the k smallest / largest others) are cumulative sums of the sorted values, so every
@@ -220,7 +220,7 @@ def _cardinality_bound(x: torch.Tensor, sums: torch.Tensor, t: torch.Tensor, k_s
 
 
 def _group_cardinality_bound(x: torch.Tensor, t: torch.Tensor, width: int) -> torch.Tensor:
-    """d_lb of ``_numba_partition.group_cardinality_bound`` per row of at most ``width`` non-zeros: the sorted
+    """d_lb of ``_numba_cardinality.group_cardinality_bound`` per row of at most ``width`` non-zeros: the sorted
     values cut at their two largest gaps into groups A > B > C (the first of equal gaps, as there), and the least
     distance from t to [L_a + L_b + L_c, U_a + U_b + U_c] over every count (a, b, c) of keys taken from each group
     (L / U: sums of the smallest / largest keys of the group), summed in the same order as the numba form.

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from attnsens.theta import ThetaMethod, certify, exact
-from attnsens.theta._numba_partition import cardinality_branch_and_bound, cardinality_relaxation
+from attnsens.theta._numba_cardinality import cardinality_branch_and_bound, cardinality_relaxation
 from tests.reference.theta_oracles import theta_dyadic_meet_in_the_middle, theta_fraction
 from tests.unit.theta.test_soundness import assert_certificate_sound
 

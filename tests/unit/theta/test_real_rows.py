@@ -27,15 +27,13 @@ from attnsens.theta._constants import (
     UNIT_ROUNDOFF,
 )
 from attnsens.theta._enclosure import theta_enclosure
-from attnsens.theta._numba_partition import (
-    _expected_counts,
-    _most_promising_targets,
+from attnsens.theta._numba_cardinality import (
     cardinality_relaxation,
     count_pruned_meet_in_the_middle,
     count_tail_score,
-    four_list_perfect_split,
     group_cardinality_bound,
 )
+from attnsens.theta._numba_four_list import _expected_counts, _most_promising_targets, four_list_perfect_split
 from attnsens.theta._numba_refine import COUNT_MITM_MIN_TAIL
 from attnsens.theta._torch_path import _quantum
 from attnsens.theta.certificate import STOP_DISTANCE
