@@ -35,6 +35,7 @@ def test_compiled_kernels_cache_in_the_keyed_folder() -> None:
     from attnsens.theta import (
         _numba_cardinality,
         _numba_enumeration,
+        _numba_first_fit,
         _numba_four_list,
         _numba_kernels,
         _numba_partition,
@@ -44,7 +45,8 @@ def test_compiled_kernels_cache_in_the_keyed_folder() -> None:
 
     folder = str(_numba_cache.kernel_cache_dir())
     assert folder.endswith(f"kernels-{_numba_cache.kernel_source_hash()}")
-    theta_kernels = (_numba_kernels, _numba_partition, _numba_enumeration, _numba_cardinality, _numba_four_list)
+    theta_kernels = (_numba_kernels, _numba_first_fit, _numba_partition, _numba_enumeration, _numba_cardinality)
+    theta_kernels += (_numba_four_list,)
     for module in (*theta_kernels, _numba_refine, _numba_scan, _numba_moments):
         kernels = [f for f in vars(module).values() if isinstance(f, numba.core.registry.CPUDispatcher)]
         assert kernels, module.__name__

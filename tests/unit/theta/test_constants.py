@@ -10,8 +10,8 @@ import attnsens.theta as theta_package
 from attnsens.theta import _constants
 
 BACKENDS = ("_numba_kernels.py", "_numba_partition.py", "_numba_enumeration.py", "_numba_cardinality.py",
-            "_numba_four_list.py", "_numba_refine.py", "_numba_scan.py", "_torch_path.py", "_triton_kernel.py",
-            "_enclosure.py", "certificate.py")  # fmt: skip
+            "_numba_four_list.py", "_numba_first_fit.py", "_numba_refine.py", "_numba_scan.py", "_torch_path.py",
+            "_triton_kernel.py", "_enclosure.py", "certificate.py")  # fmt: skip
 LITERALS = ("2.0**-53", "2.0**-1000", "2.0**-10", "K_SMALL = ", "K_LARGE = ", "N_TARGETS = ", "SWAP_ROUNDS = ",
             "UNIT_ROUNDOFF = ", "MITM_CHEAP_SUPPORT = ", "16.0)")  # fmt: skip
 

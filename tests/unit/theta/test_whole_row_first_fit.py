@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from attnsens.theta._numba_kernels import _whole_row_first_fits
+from attnsens.theta._numba_first_fit import _whole_row_first_fits
 from attnsens.theta._numba_refine import FREEZE_EVERY
 
 STOP_D = 2.0**-13.5
