@@ -14,8 +14,9 @@ from attnsens._numba_cache import cached_njit
 
 PRUNED_HEAD_RATIO = 2
 """The pruned meet-in-the-middle adds a value to its head list while that list, times this, is at most the size
-of the full list of the values left (``pruned_meet_in_the_middle``). On SmolLM2's open rows of 25–40 keys, 1 and
-4 took 3–5 % longer than 2, and 8, 16 and 32 took 1.2, 1.5 and 2.1 times as long."""
+of the full list of the values left (``pruned_meet_in_the_middle``); at least 1, for the workspace's bound. On
+SmolLM2's open rows of 25–40 keys, 1 and 4 took 7–8 % and 2–4 % longer than 2, and 8, 16 and 32 took 1.2, 1.5 and
+2.1 times as long."""
 
 
 @cached_njit()
@@ -302,8 +303,9 @@ def pruned_meet_in_the_middle(vals_desc, t, d_known, margin, workspace):
     head[0] = vals_desc[0]
     size = 1
     k = 1
-    # Until k = ⌊n/2⌋ the head holds at most 2^(k − 1) sums; after it, at most 2^(n − k + 1) / PRUNED_HEAD_RATIO:
-    # both fit the workspace's 2^⌈n/2⌉, as does the list of the n − k ≤ ⌈n/2⌉ values left.
+    # The head after k values holds at most 2^(k − 1) sums, so up to k = ⌊n/2⌋ + 1 at most 2^⌊n/2⌋; a step from
+    # k > ⌊n/2⌋ is taken only at most 2^(n − k) / PRUNED_HEAD_RATIO sums and doubles them at most, to 2^⌈n/2⌉ with
+    # the ratio ≥ 1. Both fit the workspace's 2^⌈n/2⌉, as does the list of the n − k ≤ ⌈n/2⌉ values left.
     while k < n and (k < n // 2 or PRUNED_HEAD_RATIO * size <= 1 << (n - k)):
         size = _merge_window(head, size, vals_desc[k], t - w - rest[k + 1], t + w, spare)
         head, spare = spare, head

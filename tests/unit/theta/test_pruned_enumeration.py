@@ -185,3 +185,30 @@ def test_pruning_lists_far_fewer_sums_on_real_rows_than_the_halves() -> None:
             k += 1
         later += k > vals.size // 2 + 2
     assert 2 * later >= len(rows), (later, len(rows))
+
+
+WORKSPACE_CHECK = """
+import numpy as np
+from attnsens.theta._numba_enumeration import mitm_workspace, pruned_meet_in_the_middle
+rng = np.random.default_rng(5)
+for n in range(1, 19):
+    for spread in (0.05, 4.0, 30.0):
+        values = np.sort(np.exp2(-spread * rng.random(n)))[::-1].copy()
+        t = 0.5 * float(values.sum())
+        for d_known in (np.inf, 1e-9):  # nothing pruned (the largest lists), and a narrow window
+            pruned_meet_in_the_middle(values, t, d_known, 0.0, mitm_workspace(n))
+print("ok")
+"""
+
+
+def test_the_lists_fit_the_workspace_exactly_sized() -> None:
+    """numba does not check indices: a list that outgrew ``mitm_workspace(n)`` would write past its buffer
+    silently. Run as plain Python (NUMBA_DISABLE_JIT), where NumPy raises IndexError on any write past the end,
+    with the workspace sized exactly and windows from none to narrow."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "NUMBA_DISABLE_JIT": "1"}
+    done = subprocess.run([sys.executable, "-c", WORKSPACE_CHECK], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
