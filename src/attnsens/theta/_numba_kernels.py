@@ -96,7 +96,7 @@ about 0.42 s); the tiny GPT at checkpoints 0–64 66 → 86 %, 100 → 155 ms. E
 them exact but took SmolLM2's 157 ms. The GPU kernel and the torch path enumerate only up to ``mitm_max`` (every
 row of that support, on the device); of the GPU kernel's rows, those it leaves open come here."""
 LONG_SEARCH_NODES = 200_000
-"""Before enumerating a row longer than ``MITM_FALLBACK_SUPPORT`` keys (≥ 1 ms, about 0.13 s at 48), in ``exact``,
+"""Before enumerating a row longer than ``MITM_FALLBACK_SUPPORT`` keys (up to 0.25 s at 48), in ``exact``,
 the count-pruned meet-in-the-middle gets 200,000 nodes (about 1 ms) instead of the 5,000 of ``certify``."""
 ENUMERATION_TASK_BLOCKS = 16
 """Where ``mitm_max`` exceeds ``ENUMERATED_AFTER_PROOFS`` (``exact``, ``certify``'s ``exact_support``), a parallel
@@ -240,7 +240,7 @@ def _certify_block(
             d, m = np.inf, 0
             enumerated = n <= mitm_max or n <= ENUMERATED_AFTER_PROOFS
             if n > MITM_CHEAP_SUPPORT:
-                # The 2^(n/2) enumeration costs ~1 ms at 32 keys and ~0.13 s at 48; the bounds and the
+                # The enumeration costs up to ~1 ms at 32 keys and ~0.25 s at 48; the bounds and the
                 # four-list search settle most rows first. Searches longer than ~0.1 ms only pay as shortcuts to
                 # the full enumeration; rows it will not cover get short searches and go on through the cascade.
                 probe = SEARCH_NODES if n <= mitm_max else QUICK_SEARCH_NODES
