@@ -1,4 +1,5 @@
-"""The pruned meet-in-the-middle (``_numba_enumeration.pruned_meet_in_the_middle``), the cascade's enumeration.
+"""The pruned meet-in-the-middle (``_numba_enumeration.pruned_meet_in_the_middle``), the cascade's enumeration, and
+the cascade on SmolLM2's short rows.
 
 It lists, of the subsets of the larger values, only the sums that can still end within a known distance of t, so
 its claim is: the result is min(d_known, d*). Checked on SmolLM2's real rows of 25–40 keys
@@ -212,3 +213,32 @@ def test_the_lists_fit_the_workspace_exactly_sized() -> None:
     env = {**os.environ, "NUMBA_DISABLE_JIT": "1"}
     done = subprocess.run([sys.executable, "-c", WORKSPACE_CHECK], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("exact_support", [None, ORACLE_MAX_SUPPORT])
+def test_certify_holds_the_exact_theta_of_real_smollm2_rows(exact_support: int | None) -> None:
+    """The cascade on SmolLM2's short rows, by default and with every row of up to 34 keys enumerated: θ of the
+    stored values (exact rationals) in every interval, exact rows as wide as documented, and all rows exact
+    under ``exact_support``."""
+    import torch
+
+    from attnsens.theta import certify
+    from tests.unit.theta.test_soundness import assert_certificate_sound, assert_exact_width
+
+    rows = oracle_rows("smollm2_short_rows.npz", ORACLE_MAX_SUPPORT)
+    padded = torch.zeros(len(rows), ORACLE_MAX_SUPPORT, dtype=torch.float32)
+    for i, values in enumerate(rows):
+        padded[i, : values.size] = torch.from_numpy(values)
+    cert = certify(padded, exact_support=exact_support)
+    for i, values in enumerate(rows):
+        ints, exponent = dyadic(values)
+        s = Fraction(sum(ints), 2**exponent)
+        theta = s - 4 * exact_distance(values) ** 2
+        lower, upper = float(cert.lower[i]), float(cert.upper[i])
+        assert_certificate_sound(lower, upper, theta, f"row {i} ({values.size} keys)")
+        if bool(cert.exact[i]):
+            assert_exact_width(padded[i], lower, upper, f"row {i}")
+    if exact_support is not None:
+        assert bool(cert.exact.all())
+    else:
+        assert not bool(cert.exact.all())  # the fixture holds rows the default leaves open
