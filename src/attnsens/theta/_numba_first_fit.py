@@ -1,5 +1,5 @@
-"""The first-fit stages of the θ cascade (docs/theta-algorithms.md §3 steps 5 and 7, §6 "Interleaved first-fit"),
-as numba functions: the whole-row fill into t in key order, the fill by binade, and the one-target fill into the
+"""The first-fit stages of the θ cascade (docs/theta-algorithms.md §3 step 5, §6 "Interleaved first-fit"), as
+numba functions: the whole-row fill into t in key order, the fill by binade, and the one-target fill into the
 best top-8 target, each run interleaved over a block's rows so that their chains of dependent add/compare steps
 overlap in the pipeline. Distances follow the rounding model of ``_numba_kernels``.
 """
