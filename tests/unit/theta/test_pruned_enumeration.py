@@ -10,17 +10,20 @@ brute force, and on rows whose sums carry rounding; each check is shown to catch
 
 from __future__ import annotations
 
-import itertools
 from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
-from attnsens.theta._constants import ERROR_RADIUS_OFFSET, ERROR_RADIUS_PER_KEY, ERROR_RADIUS_SLACK, UNIT_ROUNDOFF
 from attnsens.theta._numba_enumeration import mitm_workspace, pruned_meet_in_the_middle
 from attnsens.theta._numba_partition import karmarkar_karp, meet_in_the_middle
 from tests.reference.theta_oracles import best_twice_gap_dyadic
+from tests.unit.theta.rows import error_radius as kernel_error_radius
+from tests.unit.theta.rows import sums_error_free
+from tests.unit.theta.test_cardinality import best_twice_gap
+from tests.unit.theta.test_real_rows import dyadic
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 ORACLE_MAX_SUPPORT = 34
@@ -32,33 +35,22 @@ def nonzero_rows(name: str) -> list[np.ndarray]:
     return [row[row > 0] for row in rows]
 
 
-def dyadic(values: np.ndarray) -> tuple[list[int], int]:
-    """The values as integers times 2^-exponent, exactly (the exponent of the lowest set bit)."""
-    fractions = [Fraction(float(v)) for v in values]
-    denominator = max(f.denominator for f in fractions)
-    return [int(f * denominator) for f in fractions], denominator.bit_length() - 1
-
-
 def exact_distance(values: np.ndarray) -> Fraction:
     """d* = min_S |p(S) − s/2| of the stored values, exactly (integer meet-in-the-middle)."""
-    ints, exponent = dyadic(values)
+    ints, exponent = dyadic(torch.from_numpy(values))
     return Fraction(best_twice_gap_dyadic(ints), 2 ** (exponent + 1))
 
 
 def brute_force_distance(values: np.ndarray) -> Fraction:
-    """d* by all 2^n subsets in exact rationals (n ≤ 16)."""
-    fractions = [Fraction(float(v)) for v in values]
-    t = sum(fractions) / 2
-    return min(abs(sum(c) - t) for k in range(len(fractions) + 1) for c in itertools.combinations(fractions, k))
+    """d* by all 2^n subsets of the values as exact integers (n ≤ 16)."""
+    ints, exponent = dyadic(torch.from_numpy(values))
+    return Fraction(best_twice_gap(ints), 2 ** (exponent + 1))
 
 
 def error_radius(values: np.ndarray) -> float:
-    """The kernels' E for a row: 0 when every sum is a float64 (s ≤ 2^52 quanta), else (2n + 16)·u·ŝ·slack."""
-    ints, _ = dyadic(values)
-    if sum(ints) <= 2**52:
-        return 0.0
-    s = float(np.sum(values.astype(np.float64)))
-    return (ERROR_RADIUS_PER_KEY * values.size + ERROR_RADIUS_OFFSET) * UNIT_ROUNDOFF * s * ERROR_RADIUS_SLACK
+    """The documented E of a row: 0 when its sums are error-free, else (2n + 16)·u·s with the kernels' slack."""
+    row = torch.from_numpy(values)
+    return 0.0 if sums_error_free(row) else kernel_error_radius(row)
 
 
 def run(search, values: np.ndarray, d_known: float) -> float:
@@ -93,7 +85,7 @@ def narrowed_window(vals_desc, t, d_known, margin, workspace):
 def oracle_rows(name: str, max_support: int) -> list[np.ndarray]:
     """The fixture's rows of at most ``max_support`` keys whose integers the oracle holds in int64."""
     rows = [v for v in nonzero_rows(name) if v.size <= max_support]
-    return [v for v in rows if max(dyadic(v)[0]) * v.size < 2**46]
+    return [v for v in rows if max(dyadic(torch.from_numpy(v))[0]) * v.size < 2**46]
 
 
 def test_real_smollm2_rows_against_the_integer_oracle() -> None:
@@ -220,8 +212,6 @@ def test_certify_holds_the_exact_theta_of_real_smollm2_rows(exact_support: int |
     """The cascade on SmolLM2's short rows, by default and with every row of up to 34 keys enumerated: θ of the
     stored values (exact rationals) in every interval, exact rows as wide as documented, and all rows exact
     under ``exact_support``."""
-    import torch
-
     from attnsens.theta import certify
     from tests.unit.theta.test_soundness import assert_certificate_sound, assert_exact_width
 
@@ -231,7 +221,7 @@ def test_certify_holds_the_exact_theta_of_real_smollm2_rows(exact_support: int |
         padded[i, : values.size] = torch.from_numpy(values)
     cert = certify(padded, exact_support=exact_support)
     for i, values in enumerate(rows):
-        ints, exponent = dyadic(values)
+        ints, exponent = dyadic(torch.from_numpy(values))
         s = Fraction(sum(ints), 2**exponent)
         theta = s - 4 * exact_distance(values) ** 2
         lower, upper = float(cert.lower[i]), float(cert.upper[i])
