@@ -33,7 +33,16 @@ from attnsens.theta._numba_cardinality import (
     count_tail_score,
     group_cardinality_bound,
 )
-from attnsens.theta._numba_four_list import _expected_counts, _most_promising_targets, four_list_perfect_split
+from attnsens.theta._numba_four_list import (
+    FOUR_LIST_CANDIDATES,
+    FOUR_LIST_MARK_BITS_LOG2,
+    _by_residue,
+    _expected_counts,
+    _insert_pair_sums,
+    _meets_pair_sum,
+    _most_promising_targets,
+    four_list_perfect_split,
+)
 from attnsens.theta._numba_refine import COUNT_MITM_MIN_TAIL
 from attnsens.theta._torch_path import _quantum
 from attnsens.theta.certificate import STOP_DISTANCE
@@ -559,3 +568,44 @@ def test_meta_target_choice_check_catches_taking_every_target() -> None:
     """The reference above would reject a search that always takes every target."""
     expected = [40.0, 2.0, 1.0, 0.5]
     assert best_target_prefix(expected) == 1 != len(expected)
+
+
+def pair_sums_of_residue(left: np.ndarray, right: np.ndarray, modulus: int, residue: int) -> set[int]:
+    return {int(x + y) for x in left for y in right if (x + y) % modulus == residue}
+
+
+@pytest.mark.parametrize("filter_bits", ["sized", "all set"])
+def test_four_list_lookup_finds_every_match_a_set_finds(filter_bits: str) -> None:
+    """``_meets_pair_sum`` against Python sets over random lists, for targets that do and do not meet a stored pair
+    sum. With every filter bit set each wanted sum is a candidate, so the candidate block fills and is probed many
+    times over in one call (a lookup that dropped a full block's candidates would miss the later matches)."""
+    rng = np.random.default_rng(11)
+    modulus, log_size = 13, 11  # about 315 pair sums a residue, at least 4 slots each as in the search
+    shift = 64 - log_size
+    lists = [np.sort(rng.integers(0, 1 << 20, 64)) for _ in range(4)]
+    residues = [a % modulus for a in lists]
+    grouped = [_by_residue(lists[k], residues[k], modulus) for k in (1, 3)]
+    table = np.empty(1 << log_size, np.int64)
+    used = np.zeros(1 << log_size, np.int64)
+    marks = np.empty(1 << (log_size + FOUR_LIST_MARK_BITS_LOG2 - 6), np.uint64)
+    candidates = np.empty(FOUR_LIST_CANDIDATES, np.int64)
+    checked = 0
+    for stamp, residue in enumerate(range(modulus), start=1):
+        marks[:] = 0
+        assert _insert_pair_sums(lists[0], residues[0], *grouped[0], modulus, residue, table, used, stamp, shift, marks)
+        if filter_bits == "all set":
+            marks[:] = np.iinfo(np.uint64).max
+        stored = pair_sums_of_residue(lists[0], lists[1], modulus, residue)
+        right = sorted(pair_sums_of_residue(lists[2], lists[3], modulus, 0))
+        # Two targets met by construction (the last and first right sums with a stored sum; both have the residue
+        # the lookup pairs with this one), and random ones, each moved to residue ``residue``.
+        for target in [right[-1] + min(stored), right[0] + max(stored), *rng.integers(0, 1 << 22, 8)]:
+            target = int(target) - int(target) % modulus + residue
+            wanted_residue = (target - residue) % modulus
+            right_sums = pair_sums_of_residue(lists[2], lists[3], modulus, wanted_residue)
+            expected = any(target - y in stored for y in right_sums)
+            found = _meets_pair_sum(lists[2], residues[2], *grouped[1], modulus, wanted_residue, target, table, used,
+                                    stamp, shift, marks, candidates)  # fmt: skip
+            assert found == expected, (residue, target)
+            checked += expected
+    assert checked >= modulus  # the matches placed at the ends of the right list are found in every residue
