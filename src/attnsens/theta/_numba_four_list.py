@@ -340,10 +340,14 @@ def _expected_counts(values, targets):
 
 @cached_njit()
 def _four_list_modulus(expected, pair_count):
-    """The largest listed prime ≤ the expected number of perfect splits (one per residue on average), raised to
-    the smallest that keeps a pair list (pair_count / M sums) within ``FOUR_LIST_MAX_PAIRS``."""
+    """The largest listed prime ≤ the expected number of perfect splits (one per residue on average) and ≤
+    ``pair_count`` (a residue then still holds a pair sum on average), raised to the smallest that keeps a pair list
+    (pair_count / M sums) within ``FOUR_LIST_MAX_PAIRS``. Without the second cap a row of 24–27 small powers of two
+    (millions of perfect splits, 4,096 pair sums) took M = 8,191, lists of no pair sums, and a division by zero."""
     k = 0
-    while k + 1 < FOUR_LIST_MODULI.size and FOUR_LIST_MODULI[k + 1] <= expected:
+    while (
+        k + 1 < FOUR_LIST_MODULI.size and FOUR_LIST_MODULI[k + 1] <= expected and FOUR_LIST_MODULI[k + 1] <= pair_count
+    ):
         k += 1
     while k + 1 < FOUR_LIST_MODULI.size and pair_count // FOUR_LIST_MODULI[k] > FOUR_LIST_MAX_PAIRS:
         k += 1

@@ -36,8 +36,10 @@ from attnsens.theta._numba_cardinality import (
 from attnsens.theta._numba_four_list import (
     FOUR_LIST_CANDIDATES,
     FOUR_LIST_MARK_BITS_LOG2,
+    FOUR_LIST_MAX_PAIRS,
     _by_residue,
     _expected_counts,
+    _four_list_modulus,
     _insert_pair_sums,
     _meets_pair_sum,
     _most_promising_targets,
@@ -609,3 +611,43 @@ def test_four_list_lookup_finds_every_match_a_set_finds(filter_bits: str) -> Non
             assert found == expected, (residue, target)
             checked += expected
     assert checked >= modulus  # the matches placed at the ends of the right list are found in every residue
+
+
+POWERS_OF_TWO_ROW = [2.0**-k for k in (8, 8, 5, 8, 6, 8, 5, 7, 5, 8, 4, 4, 6, 8, 7, 8, 3, 4, 4, 8, 3, 3, 6, 3, 4)]
+"""25 keys, each a power of two, summing to 1 (softmax of integer multiples of log 2): millions of perfect splits
+among the four lists' 2^24 subsets, but only 4,096 pair sums a list."""
+
+
+def powers_of_two_row(n_keys: int) -> torch.Tensor:
+    """``POWERS_OF_TWO_ROW`` with two 2^-8 merged (24 keys) or one or two 2^-3 halved (26, 27 keys): sum still 1."""
+    exponents = [round(-math.log2(v)) for v in POWERS_OF_TWO_ROW]
+    if n_keys == 24:
+        exponents.remove(8)
+        exponents[exponents.index(8)] = 7
+    for _ in range(n_keys - 25):
+        exponents.remove(3)
+        exponents += [4, 4]
+    row = torch.tensor([2.0**-k for k in exponents], dtype=torch.float32)
+    assert row.numel() == n_keys and float(row.double().sum()) == 1.0
+    return row
+
+
+def test_four_list_modulus_never_exceeds_the_pair_sums() -> None:
+    """M > pair_count left pair lists of no sums and divided by zero (a crash of ``certify`` on such rows)."""
+    for group in range(6, 11):
+        pair_count = 1 << (2 * group)
+        for expected in (0.5, 100.0, 5_000.0, 1e6, 1e12):
+            modulus = _four_list_modulus(expected, pair_count)
+            assert 2 <= modulus <= pair_count and pair_count // modulus <= FOUR_LIST_MAX_PAIRS
+
+
+@pytest.mark.parametrize("n_keys", [24, 25, 26, 27])
+def test_rows_of_small_powers_of_two_are_certified(n_keys: int) -> None:
+    row = powers_of_two_row(n_keys)
+    vals = np.sort(row.double().numpy())[::-1].copy()
+    q = float(vals.min())  # every value a multiple of the smallest, a power of two
+    assert 2 * four_list_perfect_split(vals, q) == 0.0  # the total, 1, is an even multiple of q
+    theta = theta_dyadic_meet_in_the_middle(*dyadic(row))
+    for cert in (certify(row[None]), certify(row[None], exact_support=34)):
+        assert_certificate_sound(float(cert.lower[0]), float(cert.upper[0]), theta, f"{n_keys} powers of two")
+        assert bool(cert.exact[0])
