@@ -1,7 +1,8 @@
 """Soundness on rows of 2–34 keys whose logits have structure that Gaussian scores lack: integer multiples of
-log 2 (every probability a power of two when their sum is one, rounded otherwise), exact duplicates, two blocks of keys, a few large keys over many small
-ones, heavy tails. Each certificate is checked exactly against the integer meet-in-the-middle oracle, by default
-and with every row enumerated (``exact_support=34``), on both CPU backends.
+log 2 (every probability a power of two when their sum is one, rounded otherwise), exact duplicates, two blocks
+of keys, a few large keys over many small ones, heavy tails. Each certificate is checked exactly against the
+integer meet-in-the-middle oracle, by default and with every row enumerated (``exact_support=34``), on both CPU
+backends.
 
 Rows of 24–27 powers of two crashed the four-list search (a modulus larger than its pair sums) until a randomised
 comparison of this kind found them.
