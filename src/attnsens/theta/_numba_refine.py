@@ -24,6 +24,7 @@ from attnsens.theta._numba_partition import (
     descending_support,
     karmarkar_karp,
     meet_in_the_middle,
+    multiset_split,
     swap_descent,
 )
 from attnsens.theta._numba_scan import top_k
@@ -72,6 +73,7 @@ _SEARCH_PROVED = int(ThetaMethod.CARDINALITY_SEARCH)
 _SEARCH_FOUND = int(ThetaMethod.CARDINALITY_SEARCH_BUDGET)
 _MITM = int(ThetaMethod.MEET_IN_THE_MIDDLE)
 _COUNT_MITM = int(ThetaMethod.COUNT_PRUNED_MITM)
+_MULTISET = int(ThetaMethod.MULTISET_SPLIT)
 
 
 @cached_njit()
@@ -248,7 +250,8 @@ def refine_row(
 ):  # fmt: skip
     """Stages after the one-target first-fit: 16 targets, cardinality bound, KK and the greedy split with best
     exchanges, the cardinality-pruned search (error-free sums only) and the top-14 relaxation (each pair in the
-    order of ``EXACT_FIRST_MAX_SUPPORT``), then meet-in-the-middle (≤ 32 keys) or
+    order of ``EXACT_FIRST_MAX_SUPPORT``), the exact split over the copies of a few repeated values
+    (``multiset_split``), then meet-in-the-middle (≤ 32 keys) or
     the four-list search for a perfect split (rows of more than 48 keys) and budgeted CKK, and meet-in-the-middle
     after all for rows of ≤ 48 keys CKK leaves above the stop distance. ``bits`` is the row as signed integers
     (``scan_row``), ``skip_sorted`` the top-K indices in ascending order, ``scratch`` from ``relaxation_scratch(K)``,
@@ -303,6 +306,10 @@ def refine_row(
             if d_found <= stop_d:
                 return d_found, d_lb, _SEARCH_FOUND
 
+    if e == 0.0:  # a few repeated values: exact over how many copies of each the subset holds
+        d, proved = multiset_split(vals, t)
+        if proved:
+            return d, d, _MULTISET
     if n <= MITM_FALLBACK_SUPPORT:  # the rare short row every heuristic leaves open: enumerate it
         d = meet_in_the_middle(row, n, t, e, d_found, workspace)
         return d, d, _MITM

@@ -67,6 +67,9 @@ class ThetaMethod(IntEnum):
     """exact: meet-in-the-middle over the subset counts whose sums can come near s/2, each half's sums cut to those
     that can still pair near it, found no subset closer than the best known (near-uniform rows with an odd count
     and no perfect split, where the cardinality bound cannot settle them)."""
+    MULTISET_SPLIT = 20
+    """exact: the row's values take at most 16 distinct values, and a meet-in-the-middle over how many copies of
+    each a subset holds found the nearest split: rows of a few repeated values, left open by every heuristic."""
 
     @property
     def is_exact(self) -> bool:
@@ -85,6 +88,7 @@ _EXACT_METHODS = frozenset(
         ThetaMethod.CARDINALITY_BOUND,
         ThetaMethod.CARDINALITY_SEARCH,
         ThetaMethod.COUNT_PRUNED_MITM,
+        ThetaMethod.MULTISET_SPLIT,
     }
 )
 

@@ -10,13 +10,16 @@ comparison of this kind found them.
 
 from __future__ import annotations
 
+import itertools
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
 import torch
 
-from attnsens.theta import certify
+from attnsens.theta import ThetaMethod, certify
+from attnsens.theta._numba_partition import multiset_split
 from tests.reference.theta_oracles import theta_dyadic_meet_in_the_middle
 from tests.unit.theta.test_real_rows import dyadic
 from tests.unit.theta.test_soundness import BACKENDS, assert_certificate_sound
@@ -88,3 +91,96 @@ def test_structured_logit_rows_contain_theta(backend: str) -> None:
             assert bool(default.exact[i]), labels[i]
         exact_by_default += bool(default.exact[i])
     assert exact_by_default > len(rows) // 2  # not vacuous: most of these rows are proved by default
+
+
+def best_multiset_distance(values: list[int], counts: list[int], total: int) -> Fraction:
+    """min_S |p(S) − total/2| over the sub-multisets of ``values`` (integers) with ``counts`` copies each, in exact
+    rationals: every choice of every count but the largest value's, and for that one the floor and ceiling of its
+    exact best count."""
+    target = Fraction(total, 2)
+    last = len(values) - 1
+    best = None
+    for ks in itertools.product(*(range(c + 1) for c in counts[:last])):
+        partial = sum(k * v for k, v in zip(ks, values[:last], strict=True))
+        ideal = (target - partial) / values[last]
+        for k in {math.floor(ideal), math.ceil(ideal)}:
+            k = min(max(k, 0), counts[last])
+            gap = abs(partial + k * values[last] - target)
+            best = gap if best is None else min(best, gap)
+    assert best is not None
+    return best
+
+
+def random_multiset(rng: np.random.Generator, n_values: int, most: int) -> tuple[list[int], list[int]]:
+    values = sorted({int(v) for v in rng.integers(1 << 10, 1 << 20, n_values)}, reverse=True)
+    return values, [int(c) for c in rng.integers(1, most + 1, len(values))]
+
+
+def test_multiset_split_is_the_exact_optimum() -> None:
+    rng = np.random.default_rng(5)
+    for n_values, most in [(1, 9), (2, 30), (3, 20), (4, 12), (5, 6), (8, 2), (16, 1)] * 4:
+        values, counts = random_multiset(rng, n_values, most)
+        vals = np.array([v for v, c in zip(values, counts, strict=True) for _ in range(c)], dtype=np.float64)
+        total = int(vals.sum())
+        d, proved = multiset_split(vals, 0.5 * total)
+        assert proved
+        assert Fraction(d) == best_multiset_distance(values, counts, total), (values, counts)
+
+
+def test_multiset_split_declines_rows_it_cannot_list() -> None:
+    rng = np.random.default_rng(6)
+    assert not multiset_split(np.sort(rng.integers(1, 1 << 20, 17).astype(np.float64))[::-1].copy(), 1.0)[1]
+    many_copies = np.repeat(np.array([9.0, 7.0, 5.0, 3.0]), 400)  # 401^4 choices: two lists of 160,801 sums
+    assert not multiset_split(many_copies, 0.5 * many_copies.sum())[1]
+
+
+def wrong_multiset_split_without_the_last_copy(vals_desc: np.ndarray, t: float) -> tuple[float, bool]:
+    """A plausible bug: every value's count runs to c_j − 1, never taking all its copies."""
+    values, counts = np.unique(vals_desc, return_counts=True)
+    best = min(
+        abs(sum(k * v for k, v in zip(ks, values, strict=True)) - t)
+        for ks in itertools.product(*(range(c) for c in counts))
+    )
+    return float(best), True
+
+
+def test_meta_multiset_oracle_catches_a_missing_copy() -> None:
+    rng = np.random.default_rng(7)
+    with pytest.raises(AssertionError):
+        for _ in range(20):
+            values, counts = random_multiset(rng, 3, 6)
+            vals = np.array([v for v, c in zip(values, counts, strict=True) for _ in range(c)], dtype=np.float64)
+            total = int(vals.sum())
+            d, _ = wrong_multiset_split_without_the_last_copy(vals, 0.5 * total)
+            assert Fraction(d) == best_multiset_distance(values, counts, total)
+
+
+def repeated_logit_rows(seed: int) -> torch.Tensor:
+    """Softmax rows of 49–160 keys whose logits take 1–4 values: every heuristic stage stalls on them."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for n_keys in (49, 64, 97, 128, 160):
+        for n_values in (1, 2, 3, 4):
+            z = rng.choice(rng.standard_normal(n_values), n_keys)
+            p = np.exp(z - z.max())
+            rows.append(torch.nn.functional.pad(torch.from_numpy((p / p.sum()).astype(np.float32)), (0, 160 - n_keys)))
+    return torch.stack(rows)
+
+
+def test_rows_of_repeated_logits_contain_theta_at_float32_resolution() -> None:
+    """Rows the heuristics settle within the stop distance end there; the rest end exact, in the multiset split."""
+    rows = repeated_logit_rows(seed=8)
+    cert = certify(rows)
+    assert int((cert.method == ThetaMethod.MULTISET_SPLIT).sum()) >= len(rows) // 3
+    for i, row in enumerate(rows):
+        values, counts = np.unique(row[row > 0].numpy(), return_counts=True)
+        ints, exponent = dyadic(torch.from_numpy(values))
+        order = np.argsort(counts)  # the most frequent value last: the oracle loops over the others
+        ints_sorted = [ints[j] for j in order]
+        counts_sorted = [int(counts[j]) for j in order]
+        total = sum(v * c for v, c in zip(ints_sorted, counts_sorted, strict=True))
+        d = best_multiset_distance(ints_sorted, counts_sorted, total)
+        scale = Fraction(1, 2**exponent)
+        theta = total * scale - 4 * (d * scale) ** 2
+        assert_certificate_sound(float(cert.lower[i]), float(cert.upper[i]), theta, f"row {i}")
+        assert float(cert.upper[i] - cert.lower[i]) <= 2.0**-25, i
