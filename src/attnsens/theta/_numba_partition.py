@@ -219,15 +219,18 @@ def complete_karmarkar_karp(vals_desc, stop_diff, quantum_diff, budget):
 
 MULTISET_MAX_VALUES = 16
 MULTISET_SIDE = 1 << 16
+MULTISET_SIDE_EXACT = 1 << 20
 """Rows whose non-zeros take at most ``MULTISET_MAX_VALUES`` distinct values are solved exactly by ``multiset_split``
-where its two lists hold at most ``MULTISET_SIDE`` sums each (a few milliseconds at most, about 0.1 ms for four
-values of 50 copies each)."""
+where its two lists hold at most ``MULTISET_SIDE`` sums each in ``certify`` (a few milliseconds at most, about
+0.1 ms for four values of 50 copies each), ``MULTISET_SIDE_EXACT`` in ``exact`` (three values of 667 copies each,
+2,000 keys: lists of 668 and 446,224 sums, about 40 ms; CKK there ran out of its 2,000,000 nodes)."""
 
 
 @cached_njit()
-def multiset_split(vals_desc, t):
+def multiset_split(vals_desc, t, side_max=MULTISET_SIDE):
     """(d*, True) for a row with error-free sums whose values take few distinct values u_1 … u_m, with
-    multiplicities c_1 … c_m; (∞, False) where it does not apply (more values, or lists too long).
+    multiplicities c_1 … c_m; (∞, False) where it does not apply (more values, or a list longer than
+    ``side_max``).
 
     A subset is fixed by how many copies k_j ∈ [0, c_j] of each value it holds, so d* = min |Σ_j k_j·u_j − t|:
     a meet-in-the-middle over the multiplicities. The values are dealt to two sides (the most copies first, each
@@ -258,7 +261,7 @@ def multiset_split(vals_desc, t):
         k = 0 if choices[0] <= choices[1] else 1
         side[j] = k
         choices[k] *= counts[j] + 1
-        if choices[k] > MULTISET_SIDE:
+        if choices[k] > side_max:
             return np.inf, False
     left = _multiset_sums(values[:m], counts[:m], side, 0, choices[0])
     right = _multiset_sums(values[:m], counts[:m], side, 1, choices[1])

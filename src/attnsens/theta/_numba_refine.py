@@ -20,6 +20,8 @@ from attnsens.theta._numba_four_list import four_list_perfect_split
 from attnsens.theta._numba_partition import (
     CKK_EXHAUSTED,
     CKK_PERFECT,
+    MULTISET_SIDE,
+    MULTISET_SIDE_EXACT,
     complete_karmarkar_karp,
     descending_support,
     karmarkar_karp,
@@ -307,7 +309,7 @@ def refine_row(
                 return d_found, d_lb, _SEARCH_FOUND
 
     if e == 0.0:  # a few repeated values: exact over how many copies of each the subset holds
-        d, proved = multiset_split(vals, t)
+        d, proved = multiset_split(vals, t, MULTISET_SIDE if stop_d >= 0.0 else MULTISET_SIDE_EXACT)
         if proved:
             return d, d, _MULTISET
     if n <= MITM_FALLBACK_SUPPORT:  # the rare short row every heuristic leaves open: enumerate it

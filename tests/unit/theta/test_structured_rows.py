@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from attnsens.theta import ThetaMethod, certify
+from attnsens.theta import ThetaMethod, certify, exact
 from attnsens.theta._numba_partition import multiset_split
 from tests.reference.theta_oracles import theta_dyadic_meet_in_the_middle
 from tests.unit.theta.test_real_rows import dyadic
@@ -94,21 +94,20 @@ def test_structured_logit_rows_contain_theta(backend: str) -> None:
 
 
 def best_multiset_distance(values: list[int], counts: list[int], total: int) -> Fraction:
-    """min_S |p(S) − total/2| over the sub-multisets of ``values`` (integers) with ``counts`` copies each, in exact
-    rationals: every choice of every count but the largest value's, and for that one the floor and ceiling of its
-    exact best count."""
-    target = Fraction(total, 2)
+    """min_S |p(S) − total/2| over the sub-multisets of ``values`` (integers) with ``counts`` copies each, exactly:
+    every choice of every count but the last value's, and for that one the floor and ceiling of its best count (in
+    integers: |2·Σ − total| is minimised)."""
     last = len(values) - 1
     best = None
     for ks in itertools.product(*(range(c + 1) for c in counts[:last])):
-        partial = sum(k * v for k, v in zip(ks, values[:last], strict=True))
-        ideal = (target - partial) / values[last]
-        for k in {math.floor(ideal), math.ceil(ideal)}:
+        rest = total - 2 * sum(k * v for k, v in zip(ks, values[:last], strict=True))  # 2·(t − partial)
+        below = rest // (2 * values[last])
+        for k in (below, below + 1):
             k = min(max(k, 0), counts[last])
-            gap = abs(partial + k * values[last] - target)
+            gap = abs(rest - 2 * k * values[last])
             best = gap if best is None else min(best, gap)
     assert best is not None
-    return best
+    return Fraction(best, 2)
 
 
 def random_multiset(rng: np.random.Generator, n_values: int, most: int) -> tuple[list[int], list[int]]:
@@ -184,3 +183,20 @@ def test_rows_of_repeated_logits_contain_theta_at_float32_resolution() -> None:
         theta = total * scale - 4 * (d * scale) ** 2
         assert_certificate_sound(float(cert.lower[i]), float(cert.upper[i]), theta, f"row {i}")
         assert float(cert.upper[i] - cert.lower[i]) <= 2.0**-25, i
+
+
+def test_exact_solves_long_rows_of_a_few_repeated_values() -> None:
+    """2,000 keys over three logits: lists of 668 and 446,224 sums, beyond ``certify``'s cap of 2^16 and within
+    ``exact``'s; complete Karmarkar–Karp alone ran out of its 2,000,000 nodes on this row."""
+    rng = np.random.default_rng(0)
+    z = rng.choice(rng.standard_normal(3), 2000)
+    p = np.exp(z - z.max())
+    row = torch.from_numpy((p / p.sum()).astype(np.float32))
+    values, counts = np.unique(row.numpy(), return_counts=True)
+    ints, exponent = dyadic(torch.from_numpy(values))
+    total = sum(v * int(c) for v, c in zip(ints, counts, strict=True))
+    d = best_multiset_distance(ints, [int(c) for c in counts], total)
+    scale = Fraction(1, 2**exponent)
+    theta = total * scale - 4 * (d * scale) ** 2
+    value = float(exact(row[None])[0])
+    assert abs(Fraction(value) - theta) <= Fraction(2.0**-40)
