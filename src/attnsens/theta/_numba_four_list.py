@@ -114,7 +114,7 @@ def _insert_pair_sums(left, left_residues, right_grouped, right_offsets, modulus
                       marks):  # fmt: skip
     """Stores every x + y with x in ``left`` (``left_residues`` its residues), y in the right list and
     x + y ≡ ``residue`` (mod ``modulus``) in the open-addressing ``table`` (slots whose ``used`` equals ``stamp``
-    are taken), and sets its bit in the bit set ``marks`` (``_mark_bit``); False if the table fills up."""
+    are taken), and sets its bit in the bit set ``marks`` (``_mark_shift``); False if the table fills up."""
     mask = table.size - 1
     mark_shift = _mark_shift(marks)
     count = 0
@@ -151,6 +151,7 @@ def _mark_shift(marks):
 
 @cached_njit()
 def _in_table(value, table, used, stamp, shift):
+    """Whether ``value`` is stored in the open-addressing ``table`` (``_insert_pair_sums``)."""
     mask = table.size - 1
     slot = _hash_slot(value, shift)
     while used[slot] == stamp:
