@@ -126,8 +126,8 @@ def _insert_pair_sums(left, left_residues, right_grouped, right_offsets, modulus
         for i in range(right_offsets[r], right_offsets[r + 1]):
             value = x + right_grouped[i]
             hashed = np.uint64(value) * _HASH_MULTIPLIER
-            bit = np.int64(hashed >> mark_shift)
-            marks[bit >> 6] |= np.uint64(1) << np.uint64(bit & 63)
+            word, bit = _mark(hashed, mark_shift)
+            marks[word] |= bit
             slot = np.int64(hashed >> np.uint64(shift))
             while used[slot] == stamp and table[slot] != value:
                 slot = (slot + 1) & mask
@@ -147,6 +147,13 @@ def _mark_shift(marks):
     while (1 << log_bits) < 64 * marks.size:
         log_bits += 1
     return np.uint64(64 - log_bits)
+
+
+@cached_njit()
+def _mark(hashed, mark_shift):
+    """The word of ``marks`` and the bit within it that stand for a Fibonacci hash (``_mark_shift``)."""
+    index = np.int64(hashed >> mark_shift)
+    return index >> 6, np.uint64(1) << np.uint64(index & 63)
 
 
 @cached_njit()
@@ -182,9 +189,9 @@ def _meets_pair_sum(left, left_residues, right_grouped, right_offsets, modulus, 
             r += modulus
         for i in range(right_offsets[r], right_offsets[r + 1]):
             wanted = rest - right_grouped[i]
-            bit = np.int64((np.uint64(wanted) * _HASH_MULTIPLIER) >> mark_shift)
+            word, bit = _mark(np.uint64(wanted) * _HASH_MULTIPLIER, mark_shift)
             candidates[found] = wanted
-            found += np.int64((marks[bit >> 6] >> np.uint64(bit & 63)) & np.uint64(1))
+            found += np.int64((marks[word] & bit) != 0)
             if found > last:  # the block is full: probe it
                 for k in range(found):
                     if _in_table(candidates[k], table, used, stamp, shift):
