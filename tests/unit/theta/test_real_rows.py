@@ -591,6 +591,8 @@ def test_four_list_lookup_finds_every_match_a_set_finds(filter_bits: str) -> Non
     used = np.zeros(1 << log_size, np.int64)
     marks = np.empty(1 << (log_size + FOUR_LIST_MARK_BITS_LOG2 - 6), np.uint64)
     candidates = np.empty(FOUR_LIST_CANDIDATES, np.int64)
+    # Every target below has the residue of the stored sums, so the lookup pairs them with right sums ≡ 0.
+    right = sorted(pair_sums_of_residue(lists[2], lists[3], modulus, 0))
     checked = 0
     for stamp, residue in enumerate(range(modulus), start=1):
         marks[:] = 0
@@ -598,16 +600,13 @@ def test_four_list_lookup_finds_every_match_a_set_finds(filter_bits: str) -> Non
         if filter_bits == "all set":
             marks[:] = np.iinfo(np.uint64).max
         stored = pair_sums_of_residue(lists[0], lists[1], modulus, residue)
-        right = sorted(pair_sums_of_residue(lists[2], lists[3], modulus, 0))
-        # Two targets met by construction (the last and first right sums with a stored sum; both have the residue
-        # the lookup pairs with this one), and random ones, each moved to residue ``residue``.
+        # Two targets met by construction (the last and first right sums with a stored sum), and random ones, each
+        # moved to residue ``residue``.
         for target in [right[-1] + min(stored), right[0] + max(stored), *rng.integers(0, 1 << 22, 8)]:
             target = int(target) - int(target) % modulus + residue
-            wanted_residue = (target - residue) % modulus
-            right_sums = pair_sums_of_residue(lists[2], lists[3], modulus, wanted_residue)
-            expected = any(target - y in stored for y in right_sums)
-            found = _meets_pair_sum(lists[2], residues[2], *grouped[1], modulus, wanted_residue, target, table, used,
-                                    stamp, shift, marks, candidates)  # fmt: skip
+            expected = any(target - y in stored for y in right)
+            found = _meets_pair_sum(lists[2], residues[2], *grouped[1], modulus, 0, target, table, used, stamp, shift,
+                                    marks, candidates)  # fmt: skip
             assert found == expected, (residue, target)
             checked += expected
     assert checked >= modulus  # the matches placed at the ends of the right list are found in every residue
