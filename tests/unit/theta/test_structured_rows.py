@@ -119,7 +119,7 @@ def test_multiset_split_is_the_exact_optimum() -> None:
     rng = np.random.default_rng(5)
     for n_values, most in [(1, 9), (2, 30), (3, 20), (4, 12), (5, 6), (8, 2), (16, 1)] * 4:
         values, counts = random_multiset(rng, n_values, most)
-        vals = np.array([v for v, c in zip(values, counts, strict=True) for _ in range(c)], dtype=np.float64)
+        vals = np.repeat(np.array(values, dtype=np.float64), counts)
         total = int(vals.sum())
         d, proved = multiset_split(vals, 0.5 * total)
         assert proved
@@ -148,10 +148,24 @@ def test_meta_multiset_oracle_catches_a_missing_copy() -> None:
     with pytest.raises(AssertionError):
         for _ in range(20):
             values, counts = random_multiset(rng, 3, 6)
-            vals = np.array([v for v, c in zip(values, counts, strict=True) for _ in range(c)], dtype=np.float64)
+            vals = np.repeat(np.array(values, dtype=np.float64), counts)
             total = int(vals.sum())
             d, _ = wrong_multiset_split_without_the_last_copy(vals, 0.5 * total)
             assert Fraction(d) == best_multiset_distance(values, counts, total)
+
+
+def multiset_theta(row: torch.Tensor) -> Fraction:
+    """θ of a row of repeated values, exactly: s − 4·d*² with d* from ``best_multiset_distance`` on the row's
+    distinct values as integers (the most frequent last, so the oracle loops over the others)."""
+    values, counts = np.unique(row[row > 0].numpy(), return_counts=True)
+    ints, exponent = dyadic(torch.from_numpy(values))
+    order = np.argsort(counts)
+    ints_sorted = [ints[j] for j in order]
+    counts_sorted = [int(counts[j]) for j in order]
+    total = sum(v * c for v, c in zip(ints_sorted, counts_sorted, strict=True))
+    d = best_multiset_distance(ints_sorted, counts_sorted, total)
+    scale = Fraction(1, 2**exponent)
+    return total * scale - 4 * (d * scale) ** 2
 
 
 def repeated_logit_rows(seed: int) -> torch.Tensor:
@@ -172,15 +186,7 @@ def test_rows_of_repeated_logits_contain_theta_at_float32_resolution() -> None:
     cert = certify(rows)
     assert int((cert.method == ThetaMethod.MULTISET_SPLIT).sum()) >= len(rows) // 3
     for i, row in enumerate(rows):
-        values, counts = np.unique(row[row > 0].numpy(), return_counts=True)
-        ints, exponent = dyadic(torch.from_numpy(values))
-        order = np.argsort(counts)  # the most frequent value last: the oracle loops over the others
-        ints_sorted = [ints[j] for j in order]
-        counts_sorted = [int(counts[j]) for j in order]
-        total = sum(v * c for v, c in zip(ints_sorted, counts_sorted, strict=True))
-        d = best_multiset_distance(ints_sorted, counts_sorted, total)
-        scale = Fraction(1, 2**exponent)
-        theta = total * scale - 4 * (d * scale) ** 2
+        theta = multiset_theta(row)
         assert_certificate_sound(float(cert.lower[i]), float(cert.upper[i]), theta, f"row {i}")
         assert float(cert.upper[i] - cert.lower[i]) <= 2.0**-25, i
 
@@ -192,11 +198,6 @@ def test_exact_solves_long_rows_of_a_few_repeated_values() -> None:
     z = rng.choice(rng.standard_normal(3), 2000)
     p = np.exp(z - z.max())
     row = torch.from_numpy((p / p.sum()).astype(np.float32))
-    values, counts = np.unique(row.numpy(), return_counts=True)
-    ints, exponent = dyadic(torch.from_numpy(values))
-    total = sum(v * int(c) for v, c in zip(ints, counts, strict=True))
-    d = best_multiset_distance(ints, [int(c) for c in counts], total)
-    scale = Fraction(1, 2**exponent)
-    theta = total * scale - 4 * (d * scale) ** 2
+    theta = multiset_theta(row)
     value = float(exact(row[None])[0])
     assert abs(Fraction(value) - theta) <= Fraction(2.0**-40)
