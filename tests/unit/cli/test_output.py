@@ -112,3 +112,17 @@ def test_theta_exact_support_notes_the_rows_it_may_enumerate(tmp_path: Path) -> 
     summary = json.loads(result.stdout)
     assert summary["exact_support"] == 40
     assert summary["exact_fraction"] == 1.0
+
+
+def test_theta_of_a_tensor_without_rows_reports_none(tmp_path: Path) -> None:
+    """A (0, n) tensor has nothing to certify: a summary of 0 rows and an empty rows file, not a traceback."""
+    import numpy as np
+    import pandas as pd
+
+    np.save(tmp_path / "none.npy", np.zeros((0, 5), np.float32))
+    result = runner.invoke(
+        app, ["theta", str(tmp_path / "none.npy"), "--json", "--out", str(tmp_path / "rows.parquet")]
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["rows"] == 0
+    assert len(pd.read_parquet(tmp_path / "rows.parquet")) == 0
