@@ -127,6 +127,9 @@ def load(
             module_name, function_name = loader.split(":")
             loader = getattr(importlib.import_module(module_name), function_name)
         return loader(device=device, dtype=dtype)
+    if text.startswith("builtin:") and text not in ALIASES:  # no hub id or folder name holds a colon like this
+        builtins = ", ".join(sorted(a for a in ALIASES if a.startswith("builtin:")))
+        raise UnsupportedModelError(f"there is no built-in model {text!r}; the built-in models are {builtins}")
     path = Path(text).expanduser()
     from attnsens.train.saved import find_checkpoint
 

@@ -79,6 +79,13 @@ def test_an_alias_is_registered_once() -> None:
     assert M.ALIASES["smollm2"] is loader
 
 
+def test_an_unknown_built_in_model_is_named_with_those_there_are() -> None:
+    with pytest.raises(
+        UnsupportedModelError, match="no built-in model 'builtin:lnfre'; the built-in models are builtin:lnfree"
+    ):
+        M.load("builtin:lnfre")
+
+
 def test_the_own_gpt_is_recognised_by_its_class_wherever_it_is_defined() -> None:
     from attnsens.train.model import GPT, GPTConfig
 
