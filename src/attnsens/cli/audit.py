@@ -65,7 +65,7 @@ def audit(
     ] = False,
     device: Annotated[str | None, typer.Option("--device", help="cpu, cuda or cuda:N (default: cpu).")] = None,
     dtype: Annotated[
-        str | None, typer.Option("--dtype", help="Weights' float type: float32 (default), bfloat16, float16.")
+        str | None, typer.Option("--dtype", help="Weights' float type: float32 (default), bfloat16, float16, float64.")
     ] = None,
     revision: Annotated[
         str | None, typer.Option("--revision", help="Hub branch, tag or commit (e.g. Pythia's step1000).")
