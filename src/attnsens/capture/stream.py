@@ -138,8 +138,10 @@ def capture_row_statistics(
         fused = every_row and call.scores is None and query.shape[2] == key.shape[2] and query.dtype == torch.float32
         fused = fused and not last  # no layer reads the last one's output
         value = call.value if fused else None
-        batch, n_head, _, d_head = query.shape
-        output = None if value is None else value.new_empty(batch, n, n_head, d_head)
+        batch, n_head = query.shape[:2]
+        # The values' head size, which need not be the queries' (DeepSeek's latent attention, a partial rotary
+        # that widens the rotated queries and keys).
+        output = None if value is None else value.new_empty(batch, n, n_head, value.shape[-1])
         fresh = False  # whether some chunk's rows were a tensor of their own, outside the workspace
         for chunk, probs, n_keys, key_start in chunks:
             fresh = fresh or not workspace.holds(probs)

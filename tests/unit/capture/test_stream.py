@@ -266,15 +266,50 @@ def test_chunks_fit_the_memory_budget_and_stop_at_the_last_causal_key() -> None:
         C.RowSelection(max_memory=0)
 
 
-def test_a_layer_whose_every_row_is_captured_runs_on_them() -> None:
+def _deepseek_latent_attention() -> torch.nn.Module:
+    """DeepSeek-V3's multi-head latent attention: queries and keys of 12 (8 + 4 rotary), values of 6 per head."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    from tests.unit.models.tiny_models import spread_weights
+
+    torch.manual_seed(0)
+    config = DeepseekV3Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=40, moe_intermediate_size=16, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
+        topk_group=1, first_k_dense_replace=3, kv_lora_rank=8, q_lora_rank=None, qk_rope_head_dim=4,
+        qk_nope_head_dim=8, v_head_dim=6, max_position_embeddings=41, attn_implementation="sdpa",
+    )  # fmt: skip
+    model = DeepseekV3ForCausalLM(config)
+    spread_weights(model)
+    return model.eval()
+
+
+FUSED_OUTPUT_MODELS = {
+    "llama": lambda: tiny_model("llama", num_hidden_layers=3),
+    # A rotary of 0.4 × 4 dimensions: Phi rotates int(1.6) = 1 of them against a cos/sin of 2, whose broadcast
+    # widens the queries and keys to 5 while the values keep 4.
+    "phi, queries wider than values": lambda: tiny_model(
+        "phi",
+        num_hidden_layers=3,
+        num_attention_heads=3,
+        num_key_value_heads=3,
+        hidden_size=12,
+        rope_parameters={"rope_type": "default", "rope_theta": 100.0, "partial_rotary_factor": 0.4},
+    ),
+    "deepseek_v3, latent attention": _deepseek_latent_attention,
+}
+
+
+@pytest.mark.parametrize("name", FUSED_OUTPUT_MODELS)
+def test_a_layer_whose_every_row_is_captured_runs_on_them(name: str) -> None:
     """Where every row of every head is captured (float32, no padding), each layer's output is computed from the
     rows the capture reduced (softmax(rows)·V) in place of the layer's own attention call: the hidden state the
     forward under the capture hands to its last layer (the pass stops after that layer's rows) is the plain
-    (sdpa) forward's, to float32 rounding. Sampled rows, a subset of heads or a padded batch leave the layer's own
-    call in place."""
+    (sdpa) forward's, to float32 rounding, also where the values' head size is not the queries'. Sampled rows, a
+    subset of heads or a padded batch leave the layer's own call in place."""
     import attnsens.capture.stream as stream
 
-    model = tiny_model("llama", num_hidden_layers=3)
+    model = FUSED_OUTPUT_MODELS[name]()
     adapter = M.load(model)
     ids = torch.randint(0, VOCAB, (2, 23), generator=torch.Generator().manual_seed(4))
     last_layer = adapter.base.layers[-1]  # what the adapter runs: the model without its head
@@ -311,7 +346,7 @@ def test_a_layer_whose_every_row_is_captured_runs_on_them() -> None:
     padded[1, :3] = 0  # the second sequence left-padded by three tokens
     fused, calls = captured(selection=C.RowSelection(chunk_size=6))
     assert calls == (adapter.spec.n_layer - 1) * 4  # four chunks of each layer but the last, whose output no one reads
-    # On the scale of the residual stream (RMS ≈ 10 here), as a final norm would put it: float32 rounding.
+    # On the scale of the residual stream, as a final norm would put it: float32 rounding.
     scale = plain.pow(2).mean().sqrt()
     torch.testing.assert_close(fused / scale, plain / scale, rtol=1e-5, atol=1e-5)
     for kwargs in (
