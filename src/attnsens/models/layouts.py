@@ -95,7 +95,7 @@ class BlockLayout:
     query_scaled_in_projection: bool = False  # OPT: q = scaling·q_proj(x), the attention function gets scaling 1
     window: Literal["none", "config", "module"] = "none"  # where a sliding window is read
     qk_norm: bool = False  # the attention's q_norm/k_norm: per head (Qwen3, Gemma 3) or over all heads (OLMo 2)
-    softcap: str | None = None  # config attribute of the attention logit softcap (Gemma 2/3), None when absent
+    softcap: str | None = None  # config attribute of the attention logit softcap (Gemma 2), None when absent
     alibi: Literal["none", "bloom", "mpt"] = "none"  # ALiBi, with the slopes formula of the family
     scaling: str = "scaling"  # attention-module attribute holding the score scale 1/τ (default 1/√d_head)
     positions: str = "max_position_embeddings"  # config attribute of the context length
@@ -185,7 +185,8 @@ LAYOUTS: dict[str, BlockLayout] = {
         activation="hidden_activation",
         window="module",
         qk_norm=True,
-        softcap="attn_logit_softcapping",
+        # Gemma 3's attention never hands its config's attn_logit_softcapping to the attention function: the
+        # model runs uncapped whatever the config says (a version that applied it would fail the gate).
         **_SANDWICH,
     ),
     "phi3": BlockLayout(qkv="qkv_proj", gate_up="mlp.gate_up_proj", window="config"),

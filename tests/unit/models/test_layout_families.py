@@ -191,6 +191,18 @@ def test_softcapped_attention_rows_match_eager_with_the_cap_that_matters() -> No
         torch.testing.assert_close(chunk.probs, reference[chunk.layer], rtol=1e-5, atol=1e-6)
 
 
+def test_gemma_3_is_read_without_the_softcap_it_never_applies() -> None:
+    """Gemma 3 keeps attn_logit_softcapping in its config but never applies it: its rows are the uncapped model's,
+    and the adapter reads no cap, so the gate passes (reading the config's cap, it refused a faithful model)."""
+    capped = tiny_model("gemma3_text", attn_implementation="eager", attn_logit_softcapping=2.0)
+    uncapped = tiny_model("gemma3_text", attn_implementation="eager", attn_logit_softcapping=None)
+    for with_cap, without in zip(eager_attentions(capped, IDS), eager_attentions(uncapped, IDS), strict=True):
+        torch.testing.assert_close(with_cap, without, rtol=0, atol=0)
+    adapter = M.load(capped)
+    assert [layer.attention.softcap for layer in adapter.layers] == [None, None]
+    M.check_weights_fidelity(adapter, IDS)
+
+
 @pytest.mark.parametrize(
     "family", ["mistral", "qwen3", "gemma2", "gemma3_text", "olmo2", "phi3", "opt_post", "bloom", "mpt"]
 )
