@@ -35,9 +35,9 @@ from dataclasses import dataclass, fields
 import torch
 from torch import Tensor
 
-from attnsens.errors import WeightsFidelityError
+from attnsens.errors import UnsupportedModelError, WeightsFidelityError
 from attnsens.geometry.layers import attention_sublayer, block_forward, mlp_forward, norm_forward
-from attnsens.models.adapter import LayerInputs, ModelAdapter
+from attnsens.models.adapter import OUTPUT_FIELDS, LayerInputs, ModelAdapter
 from attnsens.weights import LayerWeights
 
 FIELDS = ("attn_norm", "attention", "attn_out_norm", "mlp_norm", "mlp", "mlp_out_norm", "block")
@@ -140,6 +140,10 @@ def _comparisons(layer: LayerWeights, seen: dict[str, Tensor]) -> dict[str, tupl
     return {field: checks[field] for field in FIELDS if field in checks}
 
 
+_INPUT_FIELDS = ("block_input", "attention_input", "mlp_input")
+"""What ``layer_input_taps`` reports for every layer."""
+
+
 def weights_fidelity(
     adapter: ModelAdapter, input_ids: Tensor | None = None, *, tolerance: float | None = None
 ) -> tuple[list[LayerInputs], list[FieldFidelity]]:
@@ -158,6 +162,14 @@ def weights_fidelity(
 
     with adapter.inference(), adapter.layer_input_taps(record), adapter.layer_output_taps(record):
         adapter.forward(input_ids, None)
+    for index, seen in found.items():
+        unseen = [name for name in (*_INPUT_FIELDS, *OUTPUT_FIELDS) if name not in seen]
+        if unseen:  # e.g. BLOOM with pretraining_tp > 1 and slow_but_exact slices W_O outside its module
+            raise UnsupportedModelError(
+                f"{adapter.family} model {adapter.name!r}: layer {index} computed its {', '.join(unseen)} without "
+                "calling the modules attnsens taps, so its weights cannot be checked against what the model does; "
+                "bounds need a model that runs its sublayers as modules (audits of its rows are unaffected)"
+            )
     limit = tolerance_of(layers[0].attention.w_q.dtype) if tolerance is None else tolerance
     results = []
     with torch.no_grad():

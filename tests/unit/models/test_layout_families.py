@@ -191,6 +191,19 @@ def test_softcapped_attention_rows_match_eager_with_the_cap_that_matters() -> No
         torch.testing.assert_close(chunk.probs, reference[chunk.layer], rtol=1e-5, atol=1e-6)
 
 
+def test_a_sublayer_computed_outside_its_module_is_refused_by_name() -> None:
+    """BLOOM with pretraining_tp > 1 and slow_but_exact multiplies slices of W_O and of the MLP's down projection
+    outside their modules (and without their biases): the taps never see those outputs, so the gate refuses the
+    bounds by name instead of failing on a missing tensor, while the rows stay auditable."""
+    model = tiny_model("bloom", attn_implementation="eager", pretraining_tp=3, slow_but_exact=True)
+    adapter = M.load(model)
+    for chunk in adapter.stream_attention(IDS):
+        torch.testing.assert_close(chunk.probs, eager_attentions(model, IDS)[chunk.layer], rtol=1e-5, atol=1e-6)
+    with pytest.raises(UnsupportedModelError, match="layer 0 computed its attention_output, mlp_output without"):
+        M.check_weights_fidelity(adapter, IDS)
+    M.check_weights_fidelity(M.load(tiny_model("bloom", attn_implementation="eager", pretraining_tp=3)), IDS)
+
+
 def test_gemma_3_is_read_without_the_softcap_it_never_applies() -> None:
     """Gemma 3 keeps attn_logit_softcapping in its config but never applies it: its rows are the uncapped model's,
     and the adapter reads no cap, so the gate passes (reading the config's cap, it refused a faithful model)."""
