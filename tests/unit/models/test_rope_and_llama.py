@@ -115,6 +115,20 @@ def test_an_attention_factor_on_a_partial_rotary_is_refused() -> None:
         M.check_weights_fidelity(adapter, _ids(5))
 
 
+@pytest.mark.parametrize(("family", "rotating"), [("llama", 6), ("starcoder2", 6), ("cohere", 6), ("stablelm", 2)])
+def test_the_rotating_dimensions_are_the_models_own(family: str, rotating: int) -> None:
+    """A partial_rotary_factor of 0.34 in rope_parameters: Llama's, StarCoder 2's and Cohere's default RoPE ignore
+    it and rotate all 6 dimensions of a head, StableLM's rotates int(0.34 × 6) = 2. attnsens rotates what the
+    model's frequency table holds, so the gate passes either way (read from the config alone, it refused the
+    first three with a relative error near 1)."""
+    rope = {"rope_type": "default", "rope_theta": THETA, "partial_rotary_factor": 0.34}
+    overrides = {"hidden_size": 36} if family == "stablelm" else {}  # six heads of 6 dimensions, as the others
+    adapter = M.load(tiny_model(family, rope_parameters=rope, **overrides))
+    assert adapter.spec.d_head == 6
+    assert [layer.attention.rotary.rotary_dim for layer in adapter.layers] == [rotating, rotating]
+    M.check_weights_fidelity(adapter, _ids(13))
+
+
 @pytest.mark.parametrize("config", [{"mlp_bias": True}, {"attention_bias": True, "mlp_bias": True}])
 def test_llama_biases_pass_the_gate_and_a_dropped_gate_bias_is_refused(config: dict) -> None:
     adapter = M.load(_llama("llama3", **config))
