@@ -124,3 +124,20 @@ def test_the_gate_accepts_other_float_types_and_still_refuses_a_dropped_bias(dty
     _mutated(adapter, 1, **{"attention.b_v": None})
     with pytest.raises(WeightsFidelityError, match="layer 1 attention"):
         M.check_weights_fidelity(adapter, IDS)
+
+
+def test_a_float64_model_is_held_to_float32_tolerance_only_where_its_rope_tables_are_float32() -> None:
+    """transformers computes RoPE's cos/sin in float32 for a float64 model too: a float64 Qwen2 differs from its
+    float64 weights by more than float64's 10^-6 at 40 tokens (a refusal before), and is held to float32's 10^-4;
+    a float64 GPT-2 (no RoPE) keeps 10^-6 and passes it."""
+    ids = torch.randint(2, VOCAB, (2, 40), generator=torch.Generator().manual_seed(3))
+    rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 0.5,
+            "high_freq_factor": 2.0, "original_max_position_embeddings": 12}  # fmt: skip
+    qwen2 = M.load(tiny_model("qwen2", rope_parameters=rope).to(torch.float64))
+    _, results = M.weights_fidelity(qwen2, ids)
+    assert {r.tolerance for r in results} == {1e-4}
+    assert 1e-6 < max(r.relative_error for r in results) < 1e-4
+    gpt2 = M.load(tiny_model("gpt2").to(torch.float64))
+    _, results = M.weights_fidelity(gpt2, ids)
+    assert {r.tolerance for r in results} == {1e-6}
+    assert max(r.relative_error for r in results) < 1e-6
