@@ -27,7 +27,7 @@ import einops
 import torch
 from torch import Tensor
 
-from attnsens.errors import ConfigError, InputError, ShapeError
+from attnsens.errors import ConfigError, InputError, ShapeError, UnsupportedModelError
 from attnsens.weights import AttentionWeights, NormWeights, RotaryConfig, check_qk_norms, qk_norm_is_joint
 
 
@@ -150,6 +150,8 @@ def rotary_inverse_frequencies(rotary: RotaryConfig, n_positions: int, device: t
     if context is None:  # RotaryConfig refuses this already; the types cannot say so
         raise ConfigError(f"rope_type {kind!r} needs original_max_positions")
     if kind == "dynamic":
+        if dim <= 2:  # the scaled base's exponent dim / (dim − 2), transformers' too, has no value
+            raise UnsupportedModelError(f"dynamic NTK RoPE over {dim} rotating dimensions has no scaled base")
         n = max(n_positions, context)
         base = base * (factor * n / context - (factor - 1)) ** (dim / (dim - 2))
     inv_freq = base**-exponent

@@ -444,7 +444,7 @@ class LayoutAdapter(HFAdapter):
         rotary = _rotary(lay, config, s.d_head, refuse=True, layer_type=layer_type)
         if rotary is not None:
             rotary_module = getattr(self.base, "rotary_emb", None)
-            rotary = _rotating_as_the_model(rotary, rotary_module, layer_type)
+            rotary = _rotating_as_the_model(rotary, rotary_module, s.d_head, layer_type)
             tau = rotary_temperature(1.0 / tau, rotary, rotary_module, s.d_head, layer_type)
         out = _get(attn, lay.o)
         attention = AttentionWeights(
@@ -558,17 +558,18 @@ def _rotary(
 
 
 def _rotating_as_the_model(
-    rotary: RotaryConfig, rotary_module: HFModule | None, layer_type: str | None
+    rotary: RotaryConfig, rotary_module: HFModule | None, d_head: int, layer_type: str | None
 ) -> RotaryConfig:
-    """``rotary`` rotating as many dimensions as the model's own frequency table has pairs (``inv_freq``, or
-    ``{layer_type}_inv_freq``). A ``partial_rotary_factor`` in ``rope_parameters`` is honoured by the RoPE functions of
-    some families only (Phi, StableLM, GPT-NeoX and the scaled types); Llama's default RoPE, among others, ignores it
-    and rotates every dimension, so the config alone would name the wrong ones. The gate checks the result."""
+    """``rotary`` rotating every dimension of the head where the model's own frequency table (``inv_freq``, or
+    ``{layer_type}_inv_freq``) has a frequency for every pair of them. A ``partial_rotary_factor`` in
+    ``rope_parameters`` is honoured by the RoPE functions of some families only (Phi, StableLM, GPT-NeoX and the
+    scaled types); Llama's default RoPE, among others, ignores it and rotates every dimension, so the config alone
+    would name the wrong ones. Other counts keep the config's reading, and the gate checks either."""
     table = None if layer_type is None else getattr(rotary_module, f"{layer_type}_inv_freq", None)
     table = getattr(rotary_module, "inv_freq", None) if table is None else table
-    if not isinstance(table, Tensor) or 2 * table.numel() == rotary.rotary_dim:
+    if not isinstance(table, Tensor) or 2 * table.numel() != d_head or rotary.rotary_dim == d_head:
         return rotary
-    return dataclasses.replace(rotary, rotary_dim=2 * table.numel())
+    return dataclasses.replace(rotary, rotary_dim=d_head)
 
 
 def alibi_slopes(n_head: int) -> Tensor:

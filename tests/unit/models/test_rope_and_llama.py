@@ -10,7 +10,7 @@ from transformers import LlamaConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import attnsens.models as M
-from attnsens.errors import ConfigError, UnsupportedModelError, WeightsFidelityError
+from attnsens.errors import ConfigError, ShapeError, UnsupportedModelError, WeightsFidelityError
 from attnsens.geometry.attention import apply_rotary, rotary_inverse_frequencies
 from attnsens.models.hf import rotary_of
 from attnsens.store.layer_weights import load_layer_weights, save_layer_weights
@@ -127,6 +127,26 @@ def test_the_rotating_dimensions_are_the_models_own(family: str, rotating: int) 
     assert adapter.spec.d_head == 6
     assert [layer.attention.rotary.rotary_dim for layer in adapter.layers] == [rotating, rotating]
     M.check_weights_fidelity(adapter, _ids(13))
+
+
+@pytest.mark.parametrize("family", ["phi", "gpt_neox"])
+def test_an_odd_number_of_rotating_dimensions_is_refused_by_the_gate(family: str) -> None:
+    """A partial rotary of 0.4 on heads of 4 dimensions rotates int(1.6) = 1 of them, which no RoPE pairs: the gate
+    refuses it (dynamic RoPE too, whose scaled base would otherwise divide by zero), while the rows stay
+    auditable."""
+    rope = {"rope_type": "dynamic", "factor": 3.0, "rope_theta": 100.0, "partial_rotary_factor": 0.4}
+    extra = {"rotary_pct": 0.4} if family == "gpt_neox" else {"num_key_value_heads": 1}
+    model = tiny_model(family, num_attention_heads=1, hidden_size=4, rope_parameters=rope, **extra)
+    adapter = M.load(model)
+    assert list(adapter.stream_attention(_ids(6)))
+    with pytest.raises(ShapeError, match="rotary_dim must be even"):
+        M.check_weights_fidelity(adapter, _ids(6))
+
+
+def test_dynamic_rope_over_two_dimensions_is_refused_by_name() -> None:
+    rotary = M.RotaryConfig(base=100.0, rotary_dim=2, rope_type="dynamic", factor=3.0, original_max_positions=4)
+    with pytest.raises(UnsupportedModelError, match="dynamic NTK RoPE over 2 rotating dimensions"):
+        rotary_inverse_frequencies(rotary, 9)
 
 
 @pytest.mark.parametrize("config", [{"mlp_bias": True}, {"attention_bias": True, "mlp_bias": True}])
