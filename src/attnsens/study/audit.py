@@ -104,7 +104,8 @@ def audit(
     Args:
         model: anything attnsens.models.load accepts (adapter, model object, path, hub id, alias).
         tokens: token ids [batch, n], a 1-D token stream, text, or a list of texts (tokenized with the model's
-            tokenizer; a list is padded to its longest text, each text one model input with its special tokens).
+            tokenizer; a list is padded to its longest text, each text one model input with its special tokens);
+            for a vision model, ``pixel_values`` [batch, channel, H, W] or one image [channel, H, W].
         attention_mask: [batch, n] padding mask of a [batch, n] tensor (1 = token, 0 = padding); the real tokens
             of each sequence must be contiguous (left or right padding). Padded keys get probability 0 in the
             rows, as in the model, and padded query positions are never audited.
@@ -148,12 +149,13 @@ def audit(
         adapter, tokens, attention_mask=attention_mask, seq_len=seq_len, n_sequences=n_sequences
     )
     layers = adapter.select_layers(selection.layers)
+    n_positions = adapter.sequence_shape(sequences)[1]  # a vision model's patches and [CLS]
     identity: dict[str, Any] = {"run_id": run_id, "model": adapter.name, "step": step, "seed": seed}
     manifest = None
     if out_dir is not None:
         config = {
             **identity,
-            "seq_len": int(sequences.shape[1]),
+            "seq_len": n_positions,
             "n_sequences": int(sequences.shape[0]),
             "selection": asdict(selection),
             "tokens_sha": _token_digest(sequences),
@@ -195,7 +197,7 @@ def audit(
             # Each sequence draws its own sampled positions (seed + sequence index), reproducibly, among its real
             # tokens.
             per_sequence = _real_positions(replace(selection, seed=selection.seed + index), mask, index)
-            layer_rows = per_sequence.query_positions(1, int(sequences.shape[1])).shape[1] * len(
+            layer_rows = per_sequence.query_positions(1, n_positions).shape[1] * len(
                 adapter.select_heads(per_sequence.heads)
             )
             if manifest is None:
@@ -335,7 +337,13 @@ def model_inputs(
     seq_len: int | None = None,
     n_sequences: int | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """The [batch, n] int64 token ids and padding mask (None: no padding) ``audit`` reads (see its arguments)."""
+    """The [batch, n] int64 token ids and padding mask (None: no padding) ``audit`` reads (see its arguments); for
+    a float [batch, channel, H, W] or [channel, H, W] tensor, a vision model's images, checked by the adapter."""
+    if isinstance(tokens, Tensor) and tokens.is_floating_point() and tokens.ndim in (3, 4):
+        if attention_mask is not None or seq_len is not None:
+            raise InputError("images are audited whole: drop attention_mask and seq_len")
+        pixels = adapter.check_input_ids(tokens if tokens.ndim == 4 else tokens.unsqueeze(0))
+        return pixels[:n_sequences], None
     if isinstance(tokens, list | tuple) and any(isinstance(item, str) for item in tokens):
         if attention_mask is not None or seq_len is not None:
             raise InputError("a list of texts is padded to its longest text; drop attention_mask and seq_len")

@@ -11,7 +11,7 @@ import torch
 
 import attnsens.models as M
 from attnsens.capture import RowSelection, capture_row_statistics
-from attnsens.errors import UnsupportedModelError, WeightsFidelityError
+from attnsens.errors import InputError, UnsupportedModelError, WeightsFidelityError
 from attnsens.geometry.layers import norm_forward
 from attnsens.models.fidelity import FIELDS
 from attnsens.models.layouts import alibi_slopes, mpt_alibi_slopes
@@ -340,6 +340,28 @@ def test_vit_is_bounded_on_images() -> None:
     adapter.layers[1] = replace(layer, attn_norm=layer.mlp_norm, mlp_norm=layer.attn_norm)
     with pytest.raises(WeightsFidelityError, match="layer 1 attn_norm"):
         M.check_weights_fidelity(adapter, pixels)
+
+
+def test_vit_images_are_audited_like_token_ids(tmp_path) -> None:
+    """study.audit takes a vision model's pixel_values as it takes token ids: every row of every image, layer and
+    head (10 positions: 9 patches and [CLS]), each row's p_max the model's own, in memory and to a folder."""
+    import attnsens.study
+
+    model = tiny_model("vit")
+    pixels = torch.randn(2, 3, 12, 12, generator=torch.Generator().manual_seed(1))
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        attentions = model(pixel_values=pixels, output_attentions=True).attentions
+    model.set_attn_implementation("sdpa")
+    result = attnsens.study.audit(model, pixels)
+    rows = result.rows.sort_values(["batch", "layer", "head", "query"])
+    assert len(rows) == 2 * 2 * 3 * 10
+    expected = torch.stack(attentions).amax(-1).permute(1, 0, 2, 3).reshape(-1)  # [batch, layer, head, position]
+    torch.testing.assert_close(torch.tensor(rows["p_max"].to_numpy(), dtype=torch.float32), expected)
+    on_disk = attnsens.study.audit(model, pixels[0], out_dir=tmp_path / "audit")
+    assert on_disk.n_rows == 2 * 3 * 10
+    with pytest.raises(InputError, match="drop attention_mask and seq_len"):
+        attnsens.study.audit(model, pixels, seq_len=4)
 
 
 @pytest.mark.parametrize("family", ["opt", "opt_post"])
