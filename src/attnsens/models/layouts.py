@@ -226,6 +226,13 @@ LAYOUTS: dict[str, BlockLayout] = {
         fixed_activation="gelu_tanh",
         rotary="none",
         alibi="bloom",
+        unsupported=(
+            (
+                "apply_residual_connection_post_layernorm",
+                "each sublayer's residual is its normed input instead of the block input, a block attnsens does not "
+                "bound",
+            ),
+        ),
     ),
     "mpt": BlockLayout(
         blocks="blocks",

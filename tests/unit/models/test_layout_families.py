@@ -204,6 +204,15 @@ def test_a_sublayer_computed_outside_its_module_is_refused_by_name() -> None:
     M.check_weights_fidelity(M.load(tiny_model("bloom", attn_implementation="eager", pretraining_tp=3)), IDS)
 
 
+def test_bloom_with_the_normed_input_as_its_residual_is_refused_by_name() -> None:
+    model = tiny_model("bloom", attn_implementation="eager", apply_residual_connection_post_layernorm=True)
+    adapter = M.load(model)
+    for chunk in adapter.stream_attention(IDS):
+        torch.testing.assert_close(chunk.probs, eager_attentions(model, IDS)[chunk.layer], rtol=1e-5, atol=1e-6)
+    with pytest.raises(UnsupportedModelError, match="bloom sets apply_residual_connection_post_layernorm"):
+        M.check_weights_fidelity(adapter, IDS)
+
+
 def test_gemma_3_is_read_without_the_softcap_it_never_applies() -> None:
     """Gemma 3 keeps attn_logit_softcapping in its config but never applies it: its rows are the uncapped model's,
     and the adapter reads no cap, so the gate passes (reading the config's cap, it refused a faithful model)."""
