@@ -327,7 +327,9 @@ def activation_of(name: str) -> Activation:
     """The MLPWeights activation for a transformers ``hidden_act`` / ``activation_function`` string."""
     known: dict[str, Activation] = {
         "gelu": "gelu",
+        "gelu_python": "gelu",  # the same erf form, in Python
         "gelu_new": "gelu_tanh",
+        "gelu_accurate": "gelu_tanh",  # the same tanh form, its constant precomputed
         "gelu_pytorch_tanh": "gelu_tanh",
         "gelu_fast": "gelu_tanh",
         "relu": "relu",

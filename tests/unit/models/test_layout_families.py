@@ -382,3 +382,12 @@ def test_opt_without_an_elementwise_affine_norm_is_read_with_unit_gains(family: 
     table = bound_model(adapter, IDS[:1], n_queries=3, iterations=4)
     layer_rows = table[table["head"] == -1]
     assert (layer_rows["mha_jacobian_estimate"] <= layer_rows["mha_local_jacobian_upper_bound"]).all()
+
+
+@pytest.mark.parametrize(("family", "name"), [("mistral", "gelu_python"), ("qwen3", "gelu_accurate")])
+def test_gelus_under_other_names_pass_the_gate(family: str, name: str) -> None:
+    """transformers' gelu_python is the erf GELU and gelu_accurate the tanh GELU, under other names: read as those,
+    the models pass the gate (they were refused as unknown activations)."""
+    adapter = M.load(tiny_model(family, hidden_act=name))
+    assert adapter.layers[0].mlp.activation == ("gelu" if name == "gelu_python" else "gelu_tanh")
+    M.check_weights_fidelity(adapter, IDS)
