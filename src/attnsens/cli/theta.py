@@ -157,8 +157,9 @@ def _check_key_axis(p: torch.Tensor, dim: int, tolerance: float | None, file: Pa
 
     from attnsens.theta.certificate import default_sum_tolerance
 
+    # certify names what is wrong with the others; a tensor of no rows has nothing to check
     if p.ndim < 2 or p.numel() == 0 or not p.dtype.is_floating_point or not -p.ndim <= dim < p.ndim:
-        return  # certify names what is wrong with these (a tensor of no rows has nothing to check)
+        return
     if not bool(p.isfinite().all()):
         return
     limit = default_sum_tolerance(p.dtype) if tolerance is None else tolerance
