@@ -53,6 +53,23 @@ def test_every_decoder_family_passes_the_gate(family: str) -> None:
     assert max(r.relative_error for r in results) < 1e-5
 
 
+def _assert_rows_are(reference: tuple[torch.Tensor, ...], adapter: M.ModelAdapter, inputs: torch.Tensor = IDS) -> None:
+    """Every row the adapter recomputes on ``inputs`` is the model's own (``reference``: its eager attentions)."""
+    for chunk in adapter.stream_attention(inputs):
+        torch.testing.assert_close(chunk.probs, reference[chunk.layer], rtol=1e-5, atol=1e-6)
+
+
+def _vit_and_its_attentions() -> tuple[torch.nn.Module, torch.Tensor, tuple[torch.Tensor, ...]]:
+    """A tiny ViT (sdpa), two seeded 12 × 12 images and its eager attentions on them."""
+    model = tiny_model("vit")
+    pixels = torch.randn(2, 3, 12, 12, generator=torch.Generator().manual_seed(1))
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        attentions = model(pixel_values=pixels, output_attentions=True).attentions
+    model.set_attn_implementation("sdpa")
+    return model, pixels, attentions
+
+
 def _set(adapter: M.ModelAdapter, layer: int, part: str, **changes) -> None:
     weights = adapter.layers[layer]
     adapter.layers[layer] = replace(weights, **{part: replace(getattr(weights, part), **changes)})
@@ -187,8 +204,7 @@ def test_softcapped_attention_rows_match_eager_with_the_cap_that_matters() -> No
     reference = eager_attentions(capped, IDS)
     plain = eager_attentions(uncapped, IDS)
     assert max(float((r - p).abs().max()) for r, p in zip(reference, plain, strict=True)) > 0.05
-    for chunk in M.load(capped).stream_attention(IDS):
-        torch.testing.assert_close(chunk.probs, reference[chunk.layer], rtol=1e-5, atol=1e-6)
+    _assert_rows_are(reference, M.load(capped))
 
 
 def test_a_sublayer_computed_outside_its_module_is_refused_by_name() -> None:
@@ -197,8 +213,7 @@ def test_a_sublayer_computed_outside_its_module_is_refused_by_name() -> None:
     bounds by name instead of failing on a missing tensor, while the rows stay auditable."""
     model = tiny_model("bloom", attn_implementation="eager", pretraining_tp=3, slow_but_exact=True)
     adapter = M.load(model)
-    for chunk in adapter.stream_attention(IDS):
-        torch.testing.assert_close(chunk.probs, eager_attentions(model, IDS)[chunk.layer], rtol=1e-5, atol=1e-6)
+    _assert_rows_are(eager_attentions(model, IDS), adapter)
     with pytest.raises(UnsupportedModelError, match="layer 0 computed its attention_output, mlp_output without"):
         M.check_weights_fidelity(adapter, IDS)
     M.check_weights_fidelity(M.load(tiny_model("bloom", attn_implementation="eager", pretraining_tp=3)), IDS)
@@ -207,8 +222,7 @@ def test_a_sublayer_computed_outside_its_module_is_refused_by_name() -> None:
 def test_bloom_with_the_normed_input_as_its_residual_is_refused_by_name() -> None:
     model = tiny_model("bloom", attn_implementation="eager", apply_residual_connection_post_layernorm=True)
     adapter = M.load(model)
-    for chunk in adapter.stream_attention(IDS):
-        torch.testing.assert_close(chunk.probs, eager_attentions(model, IDS)[chunk.layer], rtol=1e-5, atol=1e-6)
+    _assert_rows_are(eager_attentions(model, IDS), adapter)
     with pytest.raises(UnsupportedModelError, match="bloom sets apply_residual_connection_post_layernorm"):
         M.check_weights_fidelity(adapter, IDS)
 
@@ -276,9 +290,7 @@ def test_alibi_survives_the_weights_file(tmp_path) -> None:
 def test_mpt_with_clipped_qkv_is_audited_but_not_bounded() -> None:
     model = tiny_model("mpt", attn_implementation="eager", attn_config={"clip_qkv": 0.5})
     adapter = M.load(model)
-    reference = eager_attentions(model, IDS)
-    for chunk in adapter.stream_attention(IDS):
-        torch.testing.assert_close(chunk.probs, reference[chunk.layer], rtol=1e-5, atol=1e-6)
+    _assert_rows_are(eager_attentions(model, IDS), adapter)
     with pytest.raises(UnsupportedModelError, match="clamps its fused q, k, v"):
         bound_model(adapter, IDS[:1])
 
@@ -306,9 +318,7 @@ def test_stablelm_with_a_parallel_residual_reads_one_norm() -> None:
 def test_layernorm_qk_norms_are_audited_but_not_bounded(family: str, flag: str) -> None:
     model = tiny_model(family, **{flag: True})
     adapter = M.load(model)
-    reference = eager_attentions(model, IDS)
-    for chunk in adapter.stream_attention(IDS):
-        torch.testing.assert_close(chunk.probs, reference[chunk.layer], rtol=1e-5, atol=1e-6)
+    _assert_rows_are(eager_attentions(model, IDS), adapter)
     with pytest.raises(UnsupportedModelError, match=f"{family} sets {flag}: a LayerNorm of each head"):
         bound_model(adapter, IDS[:1])
 
@@ -329,15 +339,9 @@ def test_gpt_neox_reads_its_residual_arrangement_from_the_config(parallel: bool)
 def test_vit_is_bounded_on_images() -> None:
     """ViT is a layout entry read on pixel_values: rows, the gate (on given images or a seeded probe image), a
     mutation swapping its two LayerNorms refused, and bounds that hold."""
-    model = tiny_model("vit")
-    pixels = torch.randn(2, 3, 12, 12, generator=torch.Generator().manual_seed(1))
-    model.set_attn_implementation("eager")
-    with torch.no_grad():
-        reference = model(pixel_values=pixels, output_attentions=True).attentions
-    model.set_attn_implementation("sdpa")
+    model, pixels, reference = _vit_and_its_attentions()
     adapter = M.load(model)
-    for chunk in adapter.stream_attention(pixels):
-        torch.testing.assert_close(chunk.probs, reference[chunk.layer], rtol=1e-5, atol=1e-6)
+    _assert_rows_are(reference, adapter, pixels)
     _, results = M.weights_fidelity(adapter, pixels)
     assert max(r.relative_error for r in results) < 1e-5
     M.check_weights_fidelity(adapter)  # the seeded probe image
@@ -356,12 +360,7 @@ def test_vit_images_are_audited_like_token_ids(tmp_path) -> None:
     head (10 positions: 9 patches and [CLS]), each row's p_max the model's own, in memory and to a folder."""
     import attnsens.study
 
-    model = tiny_model("vit")
-    pixels = torch.randn(2, 3, 12, 12, generator=torch.Generator().manual_seed(1))
-    model.set_attn_implementation("eager")
-    with torch.no_grad():
-        attentions = model(pixel_values=pixels, output_attentions=True).attentions
-    model.set_attn_implementation("sdpa")
+    model, pixels, attentions = _vit_and_its_attentions()
     result = attnsens.study.audit(model, pixels)
     rows = result.rows.sort_values(["batch", "layer", "head", "query"])
     assert len(rows) == 2 * 2 * 3 * 10
