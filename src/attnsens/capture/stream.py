@@ -6,7 +6,8 @@ reuses (when every head is captured), and reduced by :func:`row_statistics`; row
 (a subset of heads, a layer's own scores) are fresh tensors, whose freed heap pages go back to the operating
 system after each layer once a chunk reaches ``TRIM_WORKING_SET`` (:mod:`attnsens.capture.allocator`). Nothing
 of size layers × n² ever exists: the extra peak memory of the rows is one chunk's working set
-(``RowSelection.max_memory``), whatever the number of layers.
+(``RowSelection.max_memory``), whatever the number of layers. The blocks' MLPs run ``TOKEN_CHUNK`` tokens at a time
+(:mod:`attnsens.models.tokenwise`), so that their [n, d_ff] intermediates are not what grows with n either.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from attnsens.models.attention import (
     chunked_rows,
     key_padding_mask_of,
 )
+from attnsens.models.tokenwise import in_token_chunks
 
 TRIM_WORKING_SET = 64 * 2**20
 """Layers whose rows are fresh tensors (not in the shared buffers) trim the heap after each layer
@@ -161,7 +163,12 @@ def capture_row_statistics(
             raise StopForward
         return output
 
-    with model.inference(), model.query_key_tap(reduce_layer), enumeration_workspaces(exact_support):
+    with (
+        model.inference(),
+        model.query_key_tap(reduce_layer),
+        in_token_chunks(model.tokenwise_modules()),
+        enumeration_workspaces(exact_support),
+    ):
         model.forward_until_stopped(input_ids, attention_mask)
     return kept
 

@@ -193,6 +193,13 @@ class ModelAdapter(ABC):
         weights.
         """
 
+    def tokenwise_modules(self) -> list[torch.nn.Module]:
+        """Modules that transform each token's hidden state on its own, one tensor [batch, n, d] in and one out:
+        each block's whole MLP where it is one module. The audit runs them a slice of tokens at a time
+        (:func:`attnsens.models.tokenwise.in_token_chunks`), so that a long input never holds its [n, d_ff]
+        activations at once. None by default."""
+        return []
+
     def attention_window(self, layer: int) -> int | None:
         """The sliding window of ``layer``'s attention (keys t − window < j ≤ t), None for full attention."""
         return None

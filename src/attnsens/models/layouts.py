@@ -45,6 +45,7 @@ from attnsens.models.hf import (
     split_heads,
     vision_positions,
 )
+from attnsens.models.hf_tap import exposes_scores
 from attnsens.weights import (
     Activation,
     AttentionWeights,
@@ -385,6 +386,17 @@ class LayoutAdapter(HFAdapter):
 
     def attention_modules(self) -> list[torch.nn.Module]:
         return [_get(block, self.layout.tapped or self.layout.attention) for block in self.blocks()]
+
+    def tokenwise_modules(self) -> list[torch.nn.Module]:
+        """Each block's MLP where the layout's projections all lie inside it; none where the MLP is not one module
+        (BERT's intermediate and output, OPT's fc1 and fc2 in the block, BLOOM's MLP that adds the residual) or
+        where a TransformerLens bridge runs the blocks through its own components."""
+        lay = self.layout
+        parts = [path for path in (lay.up, lay.gate, lay.down, lay.gate_up) if path is not None]
+        if not all(path.startswith(lay.mlp + ".") for path in parts) or exposes_scores(self.attention_modules()):
+            return []  # inside a TransformerLens bridge its components run the blocks
+        modules = [_get(block, lay.mlp) for block in self.blocks()]
+        return modules if all(isinstance(module, torch.nn.Module) for module in modules) else []
 
     def attention_window(self, layer: int) -> int | None:
         if self.layout.window == "config":

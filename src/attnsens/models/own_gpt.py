@@ -65,6 +65,9 @@ class OwnGPTAdapter(ModelAdapter):
         entry (builtin:lnfree measured 8.1–8.2 bytes a score at 2,048 and 3,072 tokens)."""
         return batch * self.spec.n_head * n * n * SCORE_BYTES + n * n
 
+    def tokenwise_modules(self) -> list[torch.nn.Module]:
+        return [block.mlp for block in self.module.blocks]
+
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> None:
         if attention_mask is not None and not bool(torch.as_tensor(attention_mask).bool().all()):
             raise InputError("attnsens' own GPT has no padding mask; pass equal-length sequences without padding")

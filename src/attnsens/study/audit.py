@@ -120,8 +120,9 @@ def audit(
             reads it back when first asked for.
         run_id, step, seed: identifiers stored in every record.
         max_memory: working-set budget in bytes of one chunk of recomputed rows (default: the selection's,
-            ``RowSelection.max_memory``, 128 MiB). Peak extra memory: the model's own forward pass, plus this
-            budget (the rows' working set: one chunk of one layer, whatever the number of layers), plus the rows
+            ``RowSelection.max_memory``, 128 MiB). Peak extra memory: the model's own forward pass (its MLPs
+            on slices of ``attnsens.models.tokenwise.TOKEN_CHUNK`` = 1,024 tokens, where each is one module), plus
+            this budget (the rows' working set: one chunk of one layer, whatever the number of layers), plus the rows
             table at most 400 bytes per audited row (83 while the capture runs; the DataFrame and the summary at
             the end), plus some 64 MiB of library working space (tests/slow/test_audit_memory.py checks it).
             With ``out_dir``, instead of the table: one layer's rows of one sequence while capturing, then while

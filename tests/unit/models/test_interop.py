@@ -47,6 +47,7 @@ def test_a_transformer_bridge_is_audited_with_its_own_rows(family: str) -> None:
         index = chunk.query_positions[:, None, :, None].expand(-1, len(chunk.heads), -1, IDS.shape[1])
         torch.testing.assert_close(chunk.probs, torch.gather(pattern, 2, index), rtol=0, atol=1e-6)
         torch.testing.assert_close(chunk.probs, torch.gather(reference[chunk.layer], 2, index), rtol=1e-5, atol=1e-6)
+    assert adapter.tokenwise_modules() == []  # the bridge's components run the blocks, MLPs included
     blocks = capture_row_statistics(adapter, IDS, selection=RowSelection(chunk_size=4))
     assert {block.layer for block in blocks} == {0, 1}
     _, results = M.weights_fidelity(adapter, IDS)
