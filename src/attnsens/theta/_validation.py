@@ -33,7 +33,7 @@ def row_status(x: torch.Tensor, *, check_sum: bool, tolerance: float) -> tuple[t
     """Vectorised per-row status (RowStatus codes, int8) and float64 row sums of ``x`` [row, key]."""
     x64 = x.to(torch.float64)
     s = x64.sum(-1)
-    finite = torch.isfinite(x64).all(-1)
+    finite = torch.isfinite(x64).all(-1) & torch.isfinite(s)  # finite values whose sum overflows float64 too
     negative = (x64 < 0).any(-1)
     empty = (x64 > 0).sum(-1) == 0
     bad_sum = (s - 1.0).abs() > tolerance if check_sum else torch.zeros_like(finite)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from attnsens.errors import TooHardError
-from attnsens.theta.certificate import EXACT_SUPPORT_MAX, Backend, run_cascade
+from attnsens.theta.certificate import EXACT_SUPPORT_MAX, Backend, default_sum_tolerance, run_cascade
 
 EXACT_MITM_MAX_SUPPORT = EXACT_SUPPORT_MAX
 EXACT_CKK_MAX_SUPPORT = 4096
@@ -20,7 +20,7 @@ def exact(
     *,
     node_budget: int = NODE_BUDGET,
     normalize: bool = False,
-    tolerance: float = 1e-3,
+    tolerance: float | None = None,
     backend: Backend = "auto",
 ) -> torch.Tensor:
     """θ(p) = s − 4·min_S (p(S) − s/2)² of every row, proved optimal, as float64.
@@ -34,6 +34,7 @@ def exact(
     Args:
         p: [..., key, ...] probabilities, key axis ``dim`` (zeros are masked keys); see ``certify``.
         node_budget: CKK nodes per row before giving up.
+        normalize, tolerance, backend: as for ``certify`` (tolerance default ``default_sum_tolerance(p.dtype)``).
 
     Returns:
         float64 tensor with the leading shape of p: fl(ŝ − 4·d̂²) for the proved optimal d̂, clamped into the
@@ -45,6 +46,8 @@ def exact(
     >>> float(exact(torch.tensor([0.25, 0.25, 0.5])))
     1.0
     """
+    if tolerance is None:
+        tolerance = default_sum_tolerance(p.dtype) if isinstance(p, torch.Tensor) else 1e-3
     cert, point = run_cascade(
         p, dim, stop_distance=_NEVER_STOP, mitm_max_support=EXACT_MITM_MAX_SUPPORT, ckk_node_budget=node_budget,
         ckk_max_support=EXACT_CKK_MAX_SUPPORT, normalize=normalize, tolerance=tolerance, backend=backend,

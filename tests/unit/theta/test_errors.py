@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from attnsens.errors import ConfigError, InputError, ShapeError
-from attnsens.theta import certify
+from attnsens.theta import certify, exact
 
 BACKENDS = ("numba", "torch")
 
@@ -75,3 +75,22 @@ def test_normalize_still_rejects_bad_values() -> None:
     p[0, 0, 0] = -1.0
     with pytest.raises(InputError, match="negative"):
         certify(p, normalize=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_row_whose_sum_overflows_is_named_as_such_when_renormalised(backend: str) -> None:
+    """Finite values whose float64 sum is infinite: renormalising would divide by inf and leave zeros, which the
+    cascade used to report as an empty row."""
+    p = torch.tensor([[0.5, 0.5], [1e308, 1e308]], dtype=torch.float64)
+    for call in (lambda: certify(p, normalize=True, backend=backend), lambda: exact(p, normalize=True)):
+        with pytest.raises(InputError, match=r"row 1 .*sums to inf.*rescale the row"):
+            call()
+
+
+def test_exact_accepts_the_row_sums_certify_accepts_for_the_dtype() -> None:
+    """bfloat16 rows sum to 1 only within a few units of 2^-8: exact's default tolerance is certify's."""
+    p = torch.tensor([0.5, 0.5078125], dtype=torch.bfloat16)  # s = 1 + 2^-7, within 2^-6
+    cert = certify(p)
+    assert bool(cert.exact) and float(exact(p)) == pytest.approx(float(cert.lower), abs=1e-15)
+    with pytest.raises(InputError, match=r"tolerance 0\.001"):
+        exact(p, tolerance=1e-3)
