@@ -394,7 +394,7 @@ class LayoutAdapter(HFAdapter):
         lay = self.layout
         parts = [path for path in (lay.up, lay.gate, lay.down, lay.gate_up) if path is not None]
         if not all(path.startswith(lay.mlp + ".") for path in parts) or exposes_scores(self.attention_modules()):
-            return []  # inside a TransformerLens bridge its components run the blocks
+            return []  # a split MLP, or a TransformerLens bridge whose components run the blocks
         modules = [_get(block, lay.mlp) for block in self.blocks()]
         return modules if all(isinstance(module, torch.nn.Module) for module in modules) else []
 
