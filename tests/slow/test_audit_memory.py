@@ -22,18 +22,10 @@ ROOT = Path(__file__).resolve().parents[2]
 N = 3072
 MAX_MEMORY = 16 * 2**20
 
-WORKER = """
-import json, sys, tempfile, threading, time
-import psutil, torch
-from transformers import LlamaConfig, LlamaForCausalLM
-import attnsens as A
+PEAK_EXTRA = """
+import threading, time
+import psutil
 
-layers, n, max_memory = (int(a) for a in sys.argv[1:])
-torch.manual_seed(0)
-config = LlamaConfig(num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, hidden_size=64,
-                     intermediate_size=96, max_position_embeddings=n, vocab_size=97)
-adapter = A.models.load(LlamaForCausalLM(config).eval())
-ids = torch.randint(0, 97, (1, n), generator=torch.Generator().manual_seed(1))
 process = psutil.Process()
 
 def peak_extra(call):
@@ -50,6 +42,24 @@ def peak_extra(call):
     done.set()
     thread.join()
     return max(peak, process.memory_info().rss) - start
+"""
+"""Worker prelude: ``peak_extra(call)``, the peak resident set during ``call()`` above the level before it, sampled
+every 2 ms by a thread."""
+
+WORKER = (
+    PEAK_EXTRA
+    + """
+import json, sys, tempfile
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+import attnsens as A
+
+layers, n, max_memory = (int(a) for a in sys.argv[1:])
+torch.manual_seed(0)
+config = LlamaConfig(num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, hidden_size=64,
+                     intermediate_size=96, max_position_embeddings=n, vocab_size=97)
+adapter = A.models.load(LlamaForCausalLM(config).eval())
+ids = torch.randint(0, 97, (1, n), generator=torch.Generator().manual_seed(1))
 
 def forward():
     with adapter.inference():
@@ -68,14 +78,20 @@ with tempfile.TemporaryDirectory() as out_dir:
 print(json.dumps({"forward": plain, "capture": capture, "audit": audit, "to_folder": to_folder, "rows": layers * 4 * n,
                   "layer_rows": 4 * n}))
 """
+)
+
+
+def _run_worker(source: str, *args: int, timeout: int) -> dict[str, int]:
+    """The JSON that ``source`` prints last, run with ``args`` in a fresh interpreter without ``MALLOC_*`` variables."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    env["PYTHONPATH"] = str(ROOT / "src")
+    command = [sys.executable, "-c", source, *map(str, args)]
+    out = subprocess.run(command, capture_output=True, text=True, check=True, env=env, cwd=ROOT, timeout=timeout)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def _measure(layers: int) -> dict[str, int]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    env["PYTHONPATH"] = str(ROOT / "src")
-    command = [sys.executable, "-c", WORKER, str(layers), str(N), str(MAX_MEMORY)]
-    out = subprocess.run(command, capture_output=True, text=True, check=True, env=env, cwd=ROOT, timeout=1800)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return _run_worker(WORKER, layers, N, MAX_MEMORY, timeout=1800)
 
 
 def _least(layers: int, runs: int = 2) -> dict[str, int]:
@@ -105,9 +121,11 @@ def test_peak_extra_memory_is_bounded_and_independent_of_the_layer_count() -> No
     assert many["audit"] <= 0.1 * 12 * 4 * N**2 * 4, many
 
 
-MLP_WORKER = """
-import json, sys, threading, time
-import psutil, torch
+MLP_WORKER = (
+    PEAK_EXTRA
+    + """
+import json, sys
+import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 import attnsens as A
 import attnsens.models.tokenwise as tokenwise
@@ -121,34 +139,18 @@ adapter = A.models.load(LlamaForCausalLM(config).eval())
 ids = torch.randint(0, 97, (1, n), generator=torch.Generator().manual_seed(1))
 selection = A.capture.RowSelection(layers=(1,), max_memory=16 * 2**20)
 A.capture.capture_row_statistics(adapter, ids[:, :64], selection=selection)  # warm-up
-process = psutil.Process()
-start = peak = process.memory_info().rss
-done = threading.Event()
-def sample():
-    global peak
-    while not done.is_set():
-        peak = max(peak, process.memory_info().rss)
-        time.sleep(0.002)
-thread = threading.Thread(target=sample, daemon=True)
-thread.start()
-A.capture.capture_row_statistics(adapter, ids, selection=selection, on_block=lambda block: None)
-done.set()
-thread.join()
-print(json.dumps({"capture": max(peak, process.memory_info().rss) - start}))
+def discard(block):
+    pass
+
+capture = peak_extra(lambda: A.capture.capture_row_statistics(adapter, ids, selection=selection, on_block=discard))
+print(json.dumps({"capture": capture}))
 """
+)
 
 
 def test_the_capture_never_holds_a_long_inputs_mlp_activations_at_once() -> None:
     """A Llama with a wide MLP (d_ff = 4096) at 4096 tokens: layer 0's MLP, whole, holds three [4096, 4096] float32
     tensors (64 MiB each) at once; on slices of 1,024 tokens, three of 16 MiB. Each capture in a fresh subprocess."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    env["PYTHONPATH"] = str(ROOT / "src")
-
-    def capture_peak(token_chunk: int) -> int:
-        command = [sys.executable, "-c", MLP_WORKER, "4096", str(token_chunk)]
-        out = subprocess.run(command, capture_output=True, text=True, check=True, env=env, cwd=ROOT, timeout=900)
-        return json.loads(out.stdout.strip().splitlines()[-1])["capture"]
-
-    whole, sliced = capture_peak(10**9), capture_peak(1024)
+    whole, sliced = (_run_worker(MLP_WORKER, 4096, chunk, timeout=900)["capture"] for chunk in (10**9, 1024))
     # Measured 197 against 54–71 MiB: 144 MiB fewer by the tensor count, asserted with room for the sampling.
     assert whole - sliced >= 80 * 2**20, (whole, sliced)
