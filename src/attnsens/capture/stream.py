@@ -24,6 +24,7 @@ from attnsens.capture.allocator import release_free_memory
 from attnsens.capture.selection import RowSelection
 from attnsens.capture.statistics import RowStats, row_statistics
 from attnsens.errors import UnsupportedModelError
+from attnsens.models import query_slices
 from attnsens.models.adapter import ModelAdapter, StopForward
 from attnsens.models.attention import (
     KEY_ALIGNMENT,
@@ -120,10 +121,19 @@ def capture_row_statistics(
 
     reduced: set[int] = set()
 
+    # Every row of every layer of a float32 causal decoder: its layers run in query slices (``in_query_slices``),
+    # each slice's rows and output computed here; the chunks then end at the slices' bounds.
+    slice_layers = model.query_sliceable_layers() if every_row and len(layers) == model.spec.n_layer else []
+    slice_layers = slice_layers if all(p.dtype == torch.float32 for p in model.module.parameters()) else []
+    slice_tokens = query_slices.QUERY_SLICE
+    slice_spans = _split_at_multiples(spans, slice_tokens)
+
     def reduce_layer(layer: int, query: Tensor, key: Tensor, call: AttentionCall) -> Tensor | None:
         if layer not in layers:
             return None
-        last = len(reduced | {layer}) == len(layers)  # the forward pass stops after this layer's rows
+        start, stop = call.queries or (0, n)
+        final = stop == n  # the layer's last call: its last slice, or its only call
+        last = final and len(reduced | {layer}) == len(layers)  # the forward pass stops after this layer's rows
         if call.sinks is not None:
             raise UnsupportedModelError(
                 f"layer {layer} of {model.name!r} has attention sinks: its rows sum to less than 1 and the row "
@@ -131,25 +141,27 @@ def capture_row_statistics(
             )
         query, key = query.detach(), key.detach()
         # The mask is the one the layer itself used (causal, padding, sliding window), read row by row.
+        layer_spans = spans if call.queries is None else [span for span in slice_spans if start <= span[0] < stop]
         chunks = chunked_rows(
-            query, key, call, positions, spans, heads=heads, key_padding_mask=key_mask, narrow_keys=True,
+            query, key, call, positions, layer_spans, heads=heads, key_padding_mask=key_mask, narrow_keys=True,
             workspace=workspace, align_keys=KEY_ALIGNMENT,
         )  # fmt: skip
         # With every row of a float32 layer at hand, its output is computed from them in place of the layer's own
         # call (float32 rows: the output agrees with the layer's own to float32 rounding, not more precise than it).
         fused = every_row and call.scores is None and query.shape[2] == key.shape[2] and query.dtype == torch.float32
-        fused = fused and not last  # no layer reads the last one's output
+        # No layer reads the last one's output; a sliced layer's slices each need theirs, the last layer's too.
+        fused = fused and (not last or call.queries is not None)
         value = call.value if fused else None
         batch, n_head = query.shape[:2]
         # The values' head size, which need not be the queries' (DeepSeek's latent attention, a partial rotary
         # that widens the rotated queries and keys).
-        output = None if value is None else value.new_empty(batch, n, n_head, value.shape[-1])
+        output = None if value is None else value.new_empty(batch, stop - start, n_head, value.shape[-1])
         fresh = False  # whether some chunk's rows were a tensor of their own, outside the workspace
         for chunk, probs, n_keys, key_start in chunks:
             fresh = fresh or not workspace.holds(probs)
             if output is not None and value is not None:
                 first = int(chunk[0, 0])
-                output[:, first : first + chunk.shape[1]] = attention_output(probs, value, key_start)
+                output[:, first - start : first - start + chunk.shape[1]] = attention_output(probs, value, key_start)
             n_keys = rearrange(n_keys, "batch query -> batch 1 query").expand(-1, len(heads), -1)
             stats = row_statistics(probs, n_keys=n_keys, exact_support=exact_support)
             if key_start:  # the chunk's rows start at key key_start; every key before it has probability 0
@@ -158,7 +170,8 @@ def capture_row_statistics(
             del probs
         if large_chunks and fresh:
             release_free_memory()
-        reduced.add(layer)
+        if final:
+            reduced.add(layer)
         if last:
             raise StopForward
         return output
@@ -167,10 +180,22 @@ def capture_row_statistics(
         model.inference(),
         model.query_key_tap(reduce_layer),
         in_token_chunks(model.tokenwise_modules()),
+        query_slices.in_query_slices(slice_layers, slice_tokens),
         enumeration_workspaces(exact_support),
     ):
         model.forward_until_stopped(input_ids, attention_mask)
     return kept
+
+
+def _split_at_multiples(spans: list[tuple[int, int]], every: int) -> list[tuple[int, int]]:
+    """``spans`` cut at every multiple of ``every``: no span crosses the bound between two query slices."""
+    cut = []
+    for first, stop in spans:
+        while first < stop:
+            end = min(stop, (first // every + 1) * every)
+            cut.append((first, end))
+            first = end
+    return cut
 
 
 def enumeration_workspaces(exact_support: int | None) -> contextlib.AbstractContextManager[None]:

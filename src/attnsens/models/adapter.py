@@ -200,6 +200,12 @@ class ModelAdapter(ABC):
         activations at once. None by default."""
         return []
 
+    def query_sliceable_layers(self) -> list[torch.nn.Module]:
+        """Blocks that may run a slice of queries at a time (:func:`attnsens.models.query_slices.in_query_slices`)
+        while the audit reduces every row: causal decoder blocks whose attention the audit's tap computes. None
+        by default."""
+        return []
+
     def attention_window(self, layer: int) -> int | None:
         """The sliding window of ``layer``'s attention (keys t − window < j ≤ t), None for full attention."""
         return None

@@ -36,6 +36,10 @@ class AttentionCall:
     layer's output in its place (the Hugging Face attention interface, without dropout or returned weights): a
     callback that returns the output [batch, query, head, d_head], softmax(rows)·V in the query's dtype, replaces
     the layer's own attention call, so the rows it reduces are the ones the forward goes on with.
+
+    ``queries`` = ``(start, stop)`` marks a call of one slice of a layer run in query slices
+    (``attnsens.models.query_slices``): the query, key and value tensors then hold every token's, those from
+    ``stop`` on not yet computed, the pattern is causal, and the output is that of the queries [start, stop) alone.
     """
 
     tau: float
@@ -46,6 +50,7 @@ class AttentionCall:
     sinks: Tensor | None = None
     scores: Tensor | None = None
     value: Tensor | None = None
+    queries: tuple[int, int] | None = None
 
     def allowed(
         self,

@@ -21,12 +21,14 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any, cast
 
 import torch
 from torch import Tensor
 
 from attnsens.errors import UnsupportedModelError
+from attnsens.models import query_slices
 from attnsens.models.adapter import QueryKeyCallback
 from attnsens.models.attention import AttentionCall
 
@@ -210,9 +212,42 @@ def _make_wrapper(implementation: str, replaced: Any) -> Callable[..., Any]:
         entry = _TAPPED.get(id(module))
         if entry is not None:
             layer, callback = entry
-            output = callback(layer, query, key, attention_call(module, implementation, query, args, kwargs))
+            call = attention_call(module, implementation, query, args, kwargs)
+            piece = query_slices.current()
+            if piece is not None:
+                return _sliced_call(module, implementation, layer, callback, query, key, call, piece), None
+            output = callback(layer, query, key, call)
             if isinstance(output, Tensor):  # the callback computed the layer's output from the rows it reduced
                 return output, None
         return original_for(module)(module, query, key, *args, **kwargs)
 
     return tapped_attention
+
+
+def _sliced_call(
+    module: torch.nn.Module,
+    implementation: str,
+    layer: int,
+    callback: QueryKeyCallback,
+    query: Tensor,
+    key: Tensor,
+    call: AttentionCall,
+    piece: query_slices.QuerySlice,
+) -> Tensor:
+    """The output of the queries of one slice of a layer run in query slices: the slice's queries, keys and values
+    join those of the slices before it (``query_slices.buffers``), and the callback computes the slice's rows and
+    output from them, under the causal pattern the model asked for (no mask of its own, ``is_causal``)."""
+    causal = call.mask is None and implementation != "eager" and bool(getattr(module, "is_causal", True))
+    if not causal or call.value is None or call.scores is not None or call.window is not None:
+        raise RuntimeError(f"layer {layer} runs in query slices but its attention call is not plain causal attention")
+    held = query_slices.buffers()
+    full = replace(
+        call,
+        causal=True,
+        value=held.fill("value", call.value, piece),
+        queries=(piece.start, piece.stop),
+    )
+    output = callback(layer, held.fill("query", query, piece), held.fill("key", key, piece), full)
+    if not isinstance(output, Tensor):
+        raise RuntimeError(f"layer {layer} runs in query slices but its rows gave no output")
+    return output

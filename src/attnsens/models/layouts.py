@@ -398,6 +398,15 @@ class LayoutAdapter(HFAdapter):
         modules = [_get(block, lay.mlp) for block in self.blocks()]
         return modules if all(isinstance(module, torch.nn.Module) for module in modules) else []
 
+    def query_sliceable_layers(self) -> list[torch.nn.Module]:
+        """The decoder blocks of a causal text model whose attention calls the attention interface through the
+        Hugging Face tap (not a TransformerLens bridge, nor a family with a tap of its own)."""
+        modules = self.attention_modules()
+        own_tap = type(self).query_key_tap is HFAdapter.query_key_tap
+        if not self.spec.causal or is_vision(self.base.config) or exposes_scores(modules) or not own_tap:
+            return []
+        return self.blocks()
+
     def attention_window(self, layer: int) -> int | None:
         if self.layout.window == "config":
             return getattr(self.base.config, "sliding_window", None)

@@ -1,0 +1,139 @@
+"""Decoder layers run in query slices under the audit's capture (attnsens.models.query_slices).
+
+The capture of every row with slices of 4 queries must give the rows of the capture without slices, token for
+token, for every causal family whose attention the tap computes; layers with a mask of their own (padding,
+sliding windows, eager attention) must run whole; and every replaced forward must be restored.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnsens.models as M
+from attnsens.capture import RowSelection, capture_row_statistics
+from attnsens.capture.stream import _split_at_multiples
+from attnsens.models import hf_tap, query_slices
+from attnsens.study.audit import audit
+from tests.unit.models.tiny_models import DECODER_FAMILIES, FAMILIES, INTERFACE_FAMILIES, VOCAB, tiny_model
+
+IDS = torch.randint(2, VOCAB, (2, 13), generator=torch.Generator().manual_seed(5))
+EAGER_ONLY = ("gemma2", "bloom", "mpt")
+FIELDS = ("p_max", "entropy", "theta_lower", "theta_upper", "argmax", "n_keys")
+SLICED = {"gpt2": 2, "gpt_neox": 2, "llama": 2, "qwen2": 1, "qwen3": 2, "gemma": 2, "gemma3_text": 1, "olmo2": 2,
+          "opt": 2, "opt_post": 2, "gptj": 2, "phi": 2, "stablelm": 2, "cohere": 2}  # fmt: skip
+"""Layers run in slices, per family. The others' layers run whole: a sliding window's mask in every layer (Mistral,
+Phi-3, Starcoder2; Qwen2 and Gemma 3 in one of their two), eager attention's mask (Gemma 2, whose softcap has no
+sdpa path), taps of their own (BLOOM, MPT), or attention modules read through the interface alone, without their
+blocks (Mixtral, the CLIP text tower)."""
+CAUSAL = tuple(f for f in (*FAMILIES, *DECODER_FAMILIES, *INTERFACE_FAMILIES) if f not in ("bert", "modernbert"))
+
+
+def _rows(adapter: M.ModelAdapter, tokens: int, monkeypatch: pytest.MonkeyPatch, **kwargs) -> dict[str, torch.Tensor]:
+    """Every statistic of every row, [layer, batch, head, query] (NaN where no row), captured with slices of
+    ``tokens`` queries."""
+    monkeypatch.setattr(query_slices, "QUERY_SLICE", tokens)
+    blocks = capture_row_statistics(adapter, IDS, **kwargs)
+    shape = (adapter.spec.n_layer, IDS.shape[0], adapter.spec.n_head, IDS.shape[1])
+    out = {}
+    for field in FIELDS:
+        table = torch.full(shape, float("nan"), dtype=torch.float64)
+        for block in blocks:
+            values = getattr(block.stats, field).double()
+            for j, head in enumerate(block.heads):
+                table[block.layer, :, head, block.query_positions[0]] = values[:, j]
+        out[field] = table
+    return out
+
+
+def _sliced_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    original = hf_tap._sliced_call
+
+    def counted(*args, **kwargs):
+        calls.append(args[2])  # the layer
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(hf_tap, "_sliced_call", counted)
+    return calls
+
+
+@pytest.mark.parametrize("family", CAUSAL)
+def test_rows_in_query_slices_are_the_rows_of_whole_layers(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tiny_model(family, attn_implementation="eager" if family in EAGER_ONLY else "sdpa")
+    adapter = M.load(model)
+    whole = _rows(adapter, 10**9, monkeypatch)
+    calls = _sliced_calls(monkeypatch)
+    sliced = _rows(adapter, 4, monkeypatch)
+    # 13 tokens in slices of 4: four calls a sliced layer.
+    assert len(calls) == 4 * SLICED.get(family, 0), calls
+    for field in FIELDS:
+        assert not bool(whole[field].isnan().any())
+        torch.testing.assert_close(sliced[field], whole[field], rtol=1e-5, atol=1e-5, msg=field)
+    assert all("forward" not in vars(block) for block in adapter.blocks())
+    assert query_slices.current() is None and query_slices._buffers is None
+
+
+def test_padding_a_layer_subset_or_a_subset_of_rows_runs_whole_layers(monkeypatch: pytest.MonkeyPatch) -> None:
+    adapter = M.load(tiny_model("llama"))
+    calls = _sliced_calls(monkeypatch)
+    padded = torch.ones_like(IDS)
+    padded[1, 10:] = 0
+    _rows(adapter, 4, monkeypatch, attention_mask=padded)
+    _rows(adapter, 4, monkeypatch, selection=RowSelection(layers=(1,)))
+    _rows(adapter, 4, monkeypatch, selection=RowSelection(heads=(0,)))
+    assert calls == []
+    _rows(adapter, 4, monkeypatch)
+    assert calls == [0] * 4 + [1] * 4
+
+
+def test_the_audit_of_sliced_layers_is_the_audit_of_whole_layers(monkeypatch: pytest.MonkeyPatch) -> None:
+    adapter = M.load(tiny_model("qwen3"))
+    monkeypatch.setattr(query_slices, "QUERY_SLICE", 10**9)
+    whole = audit(adapter, IDS).summary
+    monkeypatch.setattr(query_slices, "QUERY_SLICE", 3)
+    sliced = audit(adapter, IDS).summary
+    numeric = [c for c in whole.columns if whole[c].dtype.kind == "f"]
+    assert numeric
+    torch.testing.assert_close(torch.tensor(sliced[numeric].to_numpy()), torch.tensor(whole[numeric].to_numpy()),
+                               rtol=1e-5, atol=1e-5)  # fmt: skip
+
+
+class _Layer(torch.nn.Module):
+    """Counts its calls and the tokens of each; adds the position ids to its input."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.widths: list[int] = []
+
+    def forward(self, hidden_states: torch.Tensor, *args, position_ids=None, **kwargs) -> torch.Tensor:
+        self.widths.append(hidden_states.shape[1])
+        return hidden_states + (0 if position_ids is None else position_ids[..., None])
+
+
+def test_only_calls_the_slicer_understands_are_sliced() -> None:
+    layer = _Layer()
+    hidden = torch.zeros(1, 10, 2)
+    positions = torch.arange(10)[None]
+    with query_slices.in_query_slices([layer], 4):
+        out = layer(hidden, position_ids=positions, use_cache=False)
+        torch.testing.assert_close(out, positions[..., None].expand(1, 10, 2).float())
+        assert layer.widths == [4, 4, 2]
+        layer.widths.clear()
+        layer(hidden, attention_mask=torch.ones(1, 1, 10, 10))  # a mask of its own
+        layer(hidden, torch.zeros(1))  # a positional argument that is not None
+        layer(hidden, alibi=torch.zeros(1, 10))  # a tensor the slicer does not know
+        layer(hidden, cache_position=torch.arange(5))  # not one per token
+        layer(hidden[:, :4])  # short enough already
+        assert layer.widths == [10, 10, 10, 10, 4]
+        layer.widths.clear()
+        layer(hidden, None, None, position_ids=positions)  # GPT-2's blocks pass empty arguments by position
+        out = layer(hidden_states=hidden, position_ids=positions)  # the hidden states by name
+        torch.testing.assert_close(out, positions[..., None].expand(1, 10, 2).float())
+        assert layer.widths == [4, 4, 2] * 2
+    assert "forward" not in vars(layer)
+
+
+def test_spans_are_cut_at_the_slice_bounds() -> None:
+    assert _split_at_multiples([(0, 3), (3, 9), (9, 13)], 4) == [(0, 3), (3, 4), (4, 8), (8, 9), (9, 12), (12, 13)]
+    assert _split_at_multiples([(0, 8)], 4) == [(0, 4), (4, 8)]
