@@ -7,7 +7,10 @@ reuses (when every head is captured), and reduced by :func:`row_statistics`; row
 system after each layer once a chunk reaches ``TRIM_WORKING_SET`` (:mod:`attnsens.capture.allocator`). Nothing
 of size layers × n² ever exists: the extra peak memory of the rows is one chunk's working set
 (``RowSelection.max_memory``), whatever the number of layers. The blocks' MLPs run ``TOKEN_CHUNK`` tokens at a time
-(:mod:`attnsens.models.tokenwise`), so that their [n, d_ff] intermediates are not what grows with n either.
+(:mod:`attnsens.models.tokenwise`), so that their [n, d_ff] intermediates are not what grows with n either; and when
+every row of every layer is captured, causal decoder layers run ``QUERY_SLICE`` queries at a time
+(:mod:`attnsens.models.query_slices`), each slice's rows and output computed here from the queries, keys and values
+of the slices so far, so that a layer's [n, d_model] temporaries exist only a slice at a time.
 """
 
 from __future__ import annotations

@@ -121,7 +121,9 @@ def audit(
         run_id, step, seed: identifiers stored in every record.
         max_memory: working-set budget in bytes of one chunk of recomputed rows (default: the selection's,
             ``RowSelection.max_memory``, 128 MiB). Peak extra memory: the model's own forward pass (its MLPs
-            on slices of ``attnsens.models.tokenwise.TOKEN_CHUNK`` = 1,024 tokens, where each is one module), plus
+            on slices of ``attnsens.models.tokenwise.TOKEN_CHUNK`` = 1,024 tokens, where each is one module; when
+            every row is audited, a causal decoder's layers on slices of ``attnsens.models.query_slices.QUERY_SLICE``
+            = 1,024 queries, beside every token's queries, keys and values of one layer), plus
             this budget (the rows' working set: one chunk of one layer, whatever the number of layers), plus the rows
             table at most 400 bytes per audited row (83 while the capture runs; the DataFrame and the summary at
             the end), plus some 64 MiB of library working space (tests/slow/test_audit_memory.py checks it).
