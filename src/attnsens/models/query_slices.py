@@ -157,12 +157,24 @@ def _in_slices(forward: Callable[..., Any], tokens: int) -> Callable[..., Any]:
                     part = forward(hidden[:, start:stop], *rest, **part_kwargs)
             finally:
                 _current = None
-            if not isinstance(part, Tensor) or tuple(part.shape[:2]) != (hidden.shape[0], stop - start):
-                raise RuntimeError(f"{type(part).__name__} from a sliced layer: expected a [batch, slice, d] tensor")
+            states, extra = _hidden_states_of(part, hidden.shape[0], stop - start)
             if out is None:
-                out = part.new_empty(hidden.shape[0], n, part.shape[2])
-            out[:, start:stop] = part
-            del part
-        return out
+                out = states.new_empty(hidden.shape[0], n, states.shape[2])
+            out[:, start:stop] = states
+            del part, states
+        # transformers 4's decoder layers return a tuple: (hidden states,) and Nones for the weights and cache.
+        return out if extra is None else (out, *extra)
 
     return run
+
+
+def _hidden_states_of(part: Any, batch: int, width: int) -> tuple[Tensor, tuple[None, ...] | None]:
+    """(hidden states, the Nones after them in a tuple or None for a plain tensor) of one slice's output."""
+    states, extra = (part[0], tuple(part[1:])) if isinstance(part, tuple | list) and part else (part, None)
+    if (
+        not isinstance(states, Tensor)
+        or tuple(states.shape[:2]) != (batch, width)
+        or any(item is not None for item in extra or ())
+    ):
+        raise RuntimeError(f"{type(part).__name__} from a sliced layer: expected its [batch, slice, d] hidden states")
+    return states, extra

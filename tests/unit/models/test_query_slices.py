@@ -134,6 +134,22 @@ def test_only_calls_the_slicer_understands_are_sliced() -> None:
     assert "forward" not in vars(layer)
 
 
+class _OldLayer(_Layer):
+    """Returns its hidden states in a tuple, with a None for the weights, as transformers 4's decoder layers do."""
+
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, None]:
+        return (super().forward(hidden_states, *args, **kwargs), None)
+
+
+def test_a_layer_that_returns_a_tuple_gets_its_tuple_back() -> None:
+    layer = _OldLayer()
+    positions = torch.arange(10)[None]
+    with query_slices.in_query_slices([layer], 4):
+        out, weights = layer(torch.zeros(1, 10, 2), position_ids=positions)
+    torch.testing.assert_close(out, positions[..., None].expand(1, 10, 2).float())
+    assert weights is None and layer.widths == [4, 4, 2]
+
+
 def test_spans_are_cut_at_the_slice_bounds() -> None:
     assert _split_at_multiples([(0, 3), (3, 9), (9, 13)], 4) == [(0, 3), (3, 4), (4, 8), (8, 9), (9, 12), (12, 13)]
     assert _split_at_multiples([(0, 8)], 4) == [(0, 4), (4, 8)]
