@@ -250,4 +250,5 @@ def _sliced_call(
     output = callback(layer, held.fill("query", query, piece), held.fill("key", key, piece), full)
     if not isinstance(output, Tensor):
         raise RuntimeError(f"layer {layer} runs in query slices but its rows gave no output")
+    query_slices.answered()
     return output

@@ -405,6 +405,8 @@ class LayoutAdapter(HFAdapter):
         own_tap = type(self).query_key_tap is HFAdapter.query_key_tap
         if not self.spec.causal or is_vision(self.base.config) or exposes_scores(modules) or not own_tap:
             return []
+        if any(getattr(module, "reorder_and_upcast_attn", False) for module in modules):
+            return []  # GPT-2's reordered attention, which skips the interface
         return self.blocks()
 
     def attention_window(self, layer: int) -> int | None:

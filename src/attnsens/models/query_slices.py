@@ -45,11 +45,18 @@ class QuerySlice:
 
 _current: QuerySlice | None = None
 _buffers: SliceBuffers | None = None
+_answered = 0  # slices whose attention the tap has computed, in the slice running now
 
 
 def current() -> QuerySlice | None:
     """The slice a sliced layer is running now (None outside one)."""
     return _current
+
+
+def answered() -> None:
+    """Called by the tap once it has computed the attention of the slice running now."""
+    global _answered
+    _answered += 1
 
 
 class SliceBuffers:
@@ -138,7 +145,7 @@ def _sliced_kwargs(kwargs: dict[str, Any], start: int, stop: int) -> dict[str, A
 
 def _in_slices(forward: Callable[..., Any], tokens: int) -> Callable[..., Any]:
     def run(*args: Any, **kwargs: Any) -> Any:
-        global _current
+        global _current, _answered
         by_name = not args  # the hidden states passed as ``hidden_states=``
         hidden = kwargs.pop("hidden_states", None) if by_name else args[0]
         rest = args[1:]
@@ -150,6 +157,7 @@ def _in_slices(forward: Callable[..., Any], tokens: int) -> Callable[..., Any]:
             stop = min(n, start + tokens)
             part_kwargs = _sliced_kwargs(kwargs, start, stop)
             _current = QuerySlice(start, stop, n)
+            _answered = 0
             try:
                 if by_name:
                     part = forward(hidden_states=hidden[:, start:stop], **part_kwargs)
@@ -157,6 +165,9 @@ def _in_slices(forward: Callable[..., Any], tokens: int) -> Callable[..., Any]:
                     part = forward(hidden[:, start:stop], *rest, **part_kwargs)
             finally:
                 _current = None
+            if _answered != 1:  # its attention ran past the tap, on this slice's keys alone
+                raise RuntimeError(f"a layer run in query slices computed {_answered} attention calls through the "
+                                   "tap in one slice, not one")  # fmt: skip
             states, extra = _hidden_states_of(part, hidden.shape[0], stop - start)
             if out is None:
                 out = states.new_empty(hidden.shape[0], n, states.shape[2])

@@ -99,6 +99,24 @@ def test_the_audit_of_sliced_layers_is_the_audit_of_whole_layers(monkeypatch: py
                                rtol=1e-5, atol=1e-5)  # fmt: skip
 
 
+def test_gpt2_with_its_reordered_attention_runs_whole_layers(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tiny_model("gpt2", reorder_and_upcast_attn=True, attn_implementation="eager")
+    model.set_attn_implementation("sdpa")  # no mask of its own: only the reordered path keeps the layers whole
+    adapter = M.load(model)
+    assert adapter.query_sliceable_layers() == []
+    calls = _sliced_calls(monkeypatch)
+    _rows(adapter, 4, monkeypatch)
+    assert calls == []
+
+
+def test_a_slice_whose_attention_skips_the_tap_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    adapter = M.load(tiny_model("llama"))
+    monkeypatch.setattr(query_slices, "answered", lambda: None)  # as if the attention ran past the tap
+    with pytest.raises(RuntimeError, match="0 attention calls through the tap"):
+        _rows(adapter, 4, monkeypatch)
+    assert query_slices.current() is None and all("forward" not in vars(block) for block in adapter.blocks())
+
+
 class _Layer(torch.nn.Module):
     """Counts its calls and the tokens of each; adds the position ids to its input."""
 
@@ -108,6 +126,8 @@ class _Layer(torch.nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, *args, position_ids=None, **kwargs) -> torch.Tensor:
         self.widths.append(hidden_states.shape[1])
+        if query_slices.current() is not None:
+            query_slices.answered()  # it has no attention: as if the tap had computed it
         return hidden_states + (0 if position_ids is None else position_ids[..., None])
 
 
