@@ -399,11 +399,13 @@ class LayoutAdapter(HFAdapter):
         return modules if all(isinstance(module, torch.nn.Module) for module in modules) else []
 
     def query_sliceable_layers(self) -> list[torch.nn.Module]:
-        """The decoder blocks of a causal text model whose attention calls the attention interface through the
-        Hugging Face tap (not a TransformerLens bridge, nor a family with a tap of its own)."""
+        """The decoder blocks of a causal text model whose attention calls sdpa through the attention interface
+        and the Hugging Face tap (not a TransformerLens bridge, nor a family with a tap of its own). Eager
+        attention always gets a mask, and other kernels may apply a sliding window the call does not show."""
         modules = self.attention_modules()
         own_tap = type(self).query_key_tap is HFAdapter.query_key_tap
-        if not self.spec.causal or is_vision(self.base.config) or exposes_scores(modules) or not own_tap:
+        sdpa = self.base.config._attn_implementation == "sdpa"
+        if not self.spec.causal or is_vision(self.base.config) or exposes_scores(modules) or not own_tap or not sdpa:
             return []
         if any(getattr(module, "reorder_and_upcast_attn", False) for module in modules):
             return []  # GPT-2's reordered attention, which skips the interface

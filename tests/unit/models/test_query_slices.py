@@ -117,6 +117,15 @@ def test_a_slice_whose_attention_skips_the_tap_is_refused(monkeypatch: pytest.Mo
     assert query_slices.current() is None and all("forward" not in vars(block) for block in adapter.blocks())
 
 
+def test_only_sdpa_attention_runs_in_slices() -> None:
+    """Eager attention is always given a mask; other kernels (flash attention) may apply a sliding window that
+    the call to the interface does not show."""
+    model = tiny_model("llama")
+    assert len(M.load(model).query_sliceable_layers()) == 2
+    model.set_attn_implementation("eager")
+    assert M.load(model).query_sliceable_layers() == []
+
+
 class _Layer(torch.nn.Module):
     """Counts its calls and the tokens of each; adds the position ids to its input."""
 
