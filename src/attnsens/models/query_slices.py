@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnsens.models.tokenwise import forwards_replaced
+
 QUERY_SLICE = 1024
 """Queries per slice of a layer: at 8,192 tokens SmolLM2's layer then holds its temporaries for 1,024 tokens."""
 
@@ -95,20 +97,13 @@ def in_query_slices(layers: Sequence[torch.nn.Module], tokens: int | None = None
     written into one [batch, n, d] tensor. The attention inside must be tapped by a callback that computes each
     slice's output from :func:`buffers` (the audit's tap does). ``tokens`` defaults to ``QUERY_SLICE``."""
     global _buffers
-    tokens = QUERY_SLICE if tokens is None else tokens
-    installed = []
+    width = QUERY_SLICE if tokens is None else tokens
     outer = _buffers
     _buffers = outer or SliceBuffers()
     try:
-        for layer in layers:
-            if "forward" in vars(layer) or type(layer).__setattr__ is not torch.nn.Module.__setattr__:
-                continue
-            layer.forward = _in_slices(layer.forward, tokens)
-            installed.append(layer)
-        yield
+        with forwards_replaced(layers, lambda forward: _in_slices(forward, width)):
+            yield
     finally:
-        for layer in installed:
-            del layer.forward
         _buffers = outer
 
 

@@ -28,14 +28,24 @@ def in_token_chunks(modules: Sequence[torch.nn.Module], tokens: int | None = Non
     shape, an output that is not one tensor of the slice's tokens) runs as the module's own single call. Forward
     hooks of the modules see the whole call, as before. ``tokens`` defaults to ``TOKEN_CHUNK``."""
     tokens = TOKEN_CHUNK if tokens is None else tokens
+    with forwards_replaced(modules, lambda forward: _in_slices(forward, tokens)):
+        yield
+
+
+@contextlib.contextmanager
+def forwards_replaced(
+    modules: Sequence[torch.nn.Module], wrap: Callable[[Callable[..., Any]], Callable[..., Any]]
+) -> Iterator[None]:
+    """While active, each of ``modules`` runs ``wrap(its forward)`` in place of its forward, set on the instance
+    and removed on exit (also after an error), so its hooks still see every call as before. A module whose forward
+    is replaced on the instance already, or that keeps its attributes elsewhere (a TransformerLens bridge
+    component), is left as it is."""
     installed = []
     try:
         for module in modules:
-            # A forward replaced on the instance already, or a module that keeps its attributes elsewhere (a
-            # TransformerLens bridge component): left as it is.
             if "forward" in vars(module) or type(module).__setattr__ is not torch.nn.Module.__setattr__:
                 continue
-            module.forward = _in_slices(module.forward, tokens)
+            module.forward = wrap(module.forward)
             installed.append(module)
         yield
     finally:
