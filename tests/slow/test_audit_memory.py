@@ -81,7 +81,7 @@ print(json.dumps({"forward": plain, "capture": capture, "audit": audit, "to_fold
 )
 
 
-def _run_worker(source: str, *args: int, timeout: int) -> dict[str, int]:
+def _run_worker(source: str, *args: object, timeout: int) -> dict[str, int]:
     """The JSON that ``source`` prints last, run with ``args`` in a fresh interpreter without ``MALLOC_*`` variables."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     env["PYTHONPATH"] = str(ROOT / "src")
@@ -121,42 +121,7 @@ def test_peak_extra_memory_is_bounded_and_independent_of_the_layer_count() -> No
     assert many["audit"] <= 0.1 * 12 * 4 * N**2 * 4, many
 
 
-MLP_WORKER = (
-    PEAK_EXTRA
-    + """
-import json, sys
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
-import attnsens as A
-import attnsens.models.tokenwise as tokenwise
-
-n, token_chunk = (int(a) for a in sys.argv[1:])
-tokenwise.TOKEN_CHUNK = token_chunk
-torch.manual_seed(0)
-config = LlamaConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=64,
-                     intermediate_size=4096, max_position_embeddings=n, vocab_size=97)
-adapter = A.models.load(LlamaForCausalLM(config).eval())
-ids = torch.randint(0, 97, (1, n), generator=torch.Generator().manual_seed(1))
-selection = A.capture.RowSelection(layers=(1,), max_memory=16 * 2**20)
-A.capture.capture_row_statistics(adapter, ids[:, :64], selection=selection)  # warm-up
-def discard(block):
-    pass
-
-capture = peak_extra(lambda: A.capture.capture_row_statistics(adapter, ids, selection=selection, on_block=discard))
-print(json.dumps({"capture": capture}))
-"""
-)
-
-
-def test_the_capture_never_holds_a_long_inputs_mlp_activations_at_once() -> None:
-    """A Llama with a wide MLP (d_ff = 4096) at 4096 tokens: layer 0's MLP, whole, holds three [4096, 4096] float32
-    tensors (64 MiB each) at once; on slices of 1,024 tokens, three of 16 MiB. Each capture in a fresh subprocess."""
-    whole, sliced = (_run_worker(MLP_WORKER, 4096, chunk, timeout=900)["capture"] for chunk in (10**9, 1024))
-    # Measured 197 against 54–71 MiB: 144 MiB fewer by the tensor count, asserted with room for the sampling.
-    assert whole - sliced >= 80 * 2**20, (whole, sliced)
-
-
-LAYER_WORKER = (
+SLICE_WORKER = (
     PEAK_EXTRA
     + """
 import json, sys
@@ -164,15 +129,16 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 import attnsens as A
 import attnsens.models.query_slices as query_slices
+import attnsens.models.tokenwise as tokenwise
 
-n, query_slice = (int(a) for a in sys.argv[1:])
-query_slices.QUERY_SLICE = query_slice
+n, token_chunk, query_slice = (int(a) for a in sys.argv[1:4])
+config, layers = json.loads(sys.argv[4]), json.loads(sys.argv[5])
+tokenwise.TOKEN_CHUNK, query_slices.QUERY_SLICE = token_chunk, query_slice
 torch.manual_seed(0)
-config = LlamaConfig(num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=8, hidden_size=512,
-                     intermediate_size=512, max_position_embeddings=n, vocab_size=97)
+config = LlamaConfig(**config, num_hidden_layers=2, max_position_embeddings=n, vocab_size=97)
 adapter = A.models.load(LlamaForCausalLM(config).eval())
 ids = torch.randint(0, 97, (1, n), generator=torch.Generator().manual_seed(1))
-selection = A.capture.RowSelection(max_memory=16 * 2**20)
+selection = A.capture.RowSelection(layers=None if layers is None else tuple(layers), max_memory=16 * 2**20)
 A.capture.capture_row_statistics(adapter, ids[:, :64], selection=selection)  # warm-up
 def discard(block):
     pass
@@ -181,6 +147,22 @@ capture = peak_extra(lambda: A.capture.capture_row_statistics(adapter, ids, sele
 print(json.dumps({"capture": capture}))
 """
 )
+"""A two-layer Llama (``config``: its sizes) captured at n tokens, with the MLP slices' and the query slices' widths
+given: the peak extra memory of the capture."""
+
+
+def _slice_capture(n: int, token_chunk: int, query_slice: int, config: dict, layers: list[int] | None) -> int:
+    arguments = (n, token_chunk, query_slice, json.dumps(config), json.dumps(layers))
+    return _run_worker(SLICE_WORKER, *arguments, timeout=900)["capture"]
+
+
+def test_the_capture_never_holds_a_long_inputs_mlp_activations_at_once() -> None:
+    """A Llama with a wide MLP (d_ff = 4096) at 4096 tokens: layer 0's MLP, whole, holds three [4096, 4096] float32
+    tensors (64 MiB each) at once; on slices of 1,024 tokens, three of 16 MiB. Each capture in a fresh subprocess."""
+    config = {"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 64, "intermediate_size": 4096}
+    whole, sliced = (_slice_capture(4096, chunk, 10**9, config, [1]) for chunk in (10**9, 1024))
+    # Measured 197 against 54–71 MiB: 144 MiB fewer by the tensor count, asserted with room for the sampling.
+    assert whole - sliced >= 80 * 2**20, (whole, sliced)
 
 
 def test_the_capture_never_holds_a_long_inputs_layer_activations_at_once() -> None:
@@ -188,6 +170,7 @@ def test_the_capture_never_holds_a_long_inputs_layer_activations_at_once() -> No
     tensors (16 MiB each: the residual stream, the norm's temporaries, queries, keys, values and their rotary
     temporaries, the attention's and the layer's outputs) at once; run in slices of 1,024 queries it holds the
     residual stream in and out and the queries, keys and values. Each capture in a fresh subprocess."""
-    whole, sliced = (_run_worker(LAYER_WORKER, 8192, size, timeout=900)["capture"] for size in (10**9, 1024))
+    config = {"num_attention_heads": 8, "num_key_value_heads": 8, "hidden_size": 512, "intermediate_size": 512}
+    whole, sliced = (_slice_capture(8192, 1024, size, config, None) for size in (10**9, 1024))
     # Measured 239 and 254 against 166 and 170 MiB: at least three of the 16 MiB tensors fewer, asserted.
     assert whole - sliced >= 48 * 2**20, (whole, sliced)
