@@ -214,8 +214,6 @@ def certify(
     if precision not in STOP_DISTANCE:
         raise ConfigError(f"precision={precision!r} is not one of {sorted(STOP_DISTANCE)}")
     mitm_max_support = enumeration_support(exact_support)
-    if tolerance is None:
-        tolerance = default_sum_tolerance(p.dtype) if isinstance(p, torch.Tensor) else 1e-3
     cert, _ = run_cascade(
         p, dim, stop_distance=STOP_DISTANCE[precision], mitm_max_support=mitm_max_support,
         ckk_node_budget=CKK_NODE_BUDGET, ckk_max_support=CKK_MAX_SUPPORT, normalize=normalize,
@@ -267,16 +265,18 @@ def run_cascade(
     ckk_node_budget: int,
     ckk_max_support: int,
     normalize: bool,
-    tolerance: float,
+    tolerance: float | None,
     backend: Backend,
     progress: Callable[[int, int], None] | None = None,
 ) -> tuple[ThetaCertificate, torch.Tensor]:
     """Validate, flatten to [row, key], run one backend (block by block with ``progress``, see ``certify``), raise
-    for invalid rows, and enclose θ.
+    for invalid rows, and enclose θ. ``tolerance`` None: ``default_sum_tolerance`` of p's dtype.
 
     Returns the certificate and the float64 point value fl(ŝ − 4·d̂²) of the best subset found (leading shape).
     """
     p = check_tensor(p, dim).detach()
+    if tolerance is None:
+        tolerance = default_sum_tolerance(p.dtype)
     if not 0 <= tolerance <= MAX_TOLERANCE:
         raise ConfigError(f"tolerance={tolerance} must lie in [0, {MAX_TOLERANCE:g}]: beyond |s − 1| ≤ 1 a row is "
                           "not an attention row at all (its sum may be anything); pass normalize=True to certify "

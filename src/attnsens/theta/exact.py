@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from attnsens.errors import TooHardError
-from attnsens.theta.certificate import EXACT_SUPPORT_MAX, Backend, default_sum_tolerance, run_cascade
+from attnsens.theta.certificate import EXACT_SUPPORT_MAX, Backend, run_cascade
 
 EXACT_MITM_MAX_SUPPORT = EXACT_SUPPORT_MAX
 EXACT_CKK_MAX_SUPPORT = 4096
@@ -46,8 +46,6 @@ def exact(
     >>> float(exact(torch.tensor([0.25, 0.25, 0.5])))
     1.0
     """
-    if tolerance is None:
-        tolerance = default_sum_tolerance(p.dtype) if isinstance(p, torch.Tensor) else 1e-3
     cert, point = run_cascade(
         p, dim, stop_distance=_NEVER_STOP, mitm_max_support=EXACT_MITM_MAX_SUPPORT, ckk_node_budget=node_budget,
         ckk_max_support=EXACT_CKK_MAX_SUPPORT, normalize=normalize, tolerance=tolerance, backend=backend,
