@@ -147,11 +147,12 @@ def capture_row_statistics(
         layer_spans = spans if call.queries is None else [span for span in slice_spans if start <= span[0] < stop]
         chunks = chunked_rows(
             query, key, call, positions, layer_spans, heads=heads, key_padding_mask=key_mask, narrow_keys=True,
-            workspace=workspace, align_keys=KEY_ALIGNMENT,
+            workspace=workspace, align_keys=KEY_ALIGNMENT, query_start=start,
         )  # fmt: skip
         # With every row of a float32 layer at hand, its output is computed from them in place of the layer's own
         # call (float32 rows: the output agrees with the layer's own to float32 rounding, not more precise than it).
-        fused = every_row and call.scores is None and query.shape[2] == key.shape[2] and query.dtype == torch.float32
+        fused = every_row and call.scores is None and query.shape[2] == stop - start and key.shape[2] == n
+        fused = fused and query.dtype == torch.float32
         # No layer reads the last one's output; a sliced layer's slices each need theirs, the last layer's too.
         fused = fused and (not last or call.queries is not None)
         value = call.value if fused else None

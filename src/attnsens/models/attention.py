@@ -38,8 +38,9 @@ class AttentionCall:
     the layer's own attention call, so the rows it reduces are the ones the forward goes on with.
 
     ``queries`` = ``(start, stop)`` marks a call of one slice of a layer run in query slices
-    (``attnsens.models.query_slices``): the query, key and value tensors then hold every token's, those from
-    ``stop`` on not yet computed, the pattern is causal, and the output is that of the queries [start, stop) alone.
+    (``attnsens.models.query_slices``): the query tensor then holds the slice's queries alone, [batch, head,
+    stop − start, d_head], the key and value tensors every token's, those from ``stop`` on not yet computed; the
+    pattern is causal, and the output is that of the queries [start, stop) alone.
     """
 
     tau: float
@@ -167,6 +168,7 @@ def chunked_rows(
     narrow_keys: bool = False,
     workspace: RowWorkspace | None = None,
     align_keys: int = 1,
+    query_start: int = 0,
 ) -> Iterator[RowChunk]:
     """A :class:`RowChunk` of each chunk ``positions[:, first:stop]`` of one layer's rows, for every (first, stop)
     in ``spans``: the one loop that recomputes rows chunk by chunk (``stream_attention`` yields them,
@@ -183,12 +185,15 @@ def chunked_rows(
     exactly 0, as they are outside the span.
 
     With a ``workspace`` the scores and probabilities are computed in its buffers: a chunk's ``probs`` are then
-    overwritten by the next chunk, so the consumer must be done with them before it asks for the next."""
+    overwritten by the next chunk, so the consumer must be done with them before it asks for the next.
+
+    ``query`` may hold the queries from position ``query_start`` on only (a slice of a layer run in query slices):
+    position t's query is then ``query[:, :, t − query_start]``."""
     for first, stop in spans:
         chunk = positions[:, first:stop]
         probs, n_keys, key_start = _chunk_rows(
             query, key, call, query_positions=chunk, heads=heads, key_padding_mask=key_padding_mask,
-            narrow_keys=narrow_keys, workspace=workspace, align_keys=align_keys,
+            narrow_keys=narrow_keys, workspace=workspace, align_keys=align_keys, query_start=query_start,
         )  # fmt: skip
         yield RowChunk(chunk, probs, n_keys, key_start)
         del probs, n_keys
@@ -223,6 +228,7 @@ def _chunk_rows(
     narrow_keys: bool = False,
     workspace: RowWorkspace | None = None,
     align_keys: int = 1,
+    query_start: int = 0,
 ) -> tuple[Tensor, Tensor, int]:
     """``call_rows`` over all keys, or with ``narrow_keys`` over the span of keys the mask allows to some row
     (widened to a multiple of ``align_keys`` where n allows); also returns the span's first key. A call carrying
@@ -245,7 +251,7 @@ def _chunk_rows(
             bias = None if bias is None else bias[..., start:stop]
     probs = attention_rows(
         query, key, tau=call.tau, query_positions=query_positions, allowed=allowed, heads=heads, bias=bias,
-        softcap=call.softcap, sinks=call.sinks, keys=(start, stop), workspace=workspace,
+        softcap=call.softcap, sinks=call.sinks, keys=(start, stop), workspace=workspace, query_start=query_start,
     )  # fmt: skip
     return probs, n_keys, start
 
@@ -309,6 +315,7 @@ def attention_rows(
     sinks: Tensor | None = None,
     keys: tuple[int, int] | None = None,
     workspace: RowWorkspace | None = None,
+    query_start: int = 0,
 ) -> Tensor:
     """Rows p = softmax(q_t · K^T / tau) over the allowed keys of each selected query position t, in float32.
 
@@ -317,7 +324,8 @@ def attention_rows(
     head's row is normalised together with one extra logit per head that is then dropped (the row sums to < 1).
 
     Args:
-        query: [batch, head, n, d_head] queries after any rotary embedding.
+        query: [batch, head, n, d_head] queries after any rotary embedding (or those of positions
+            ``query_start`` onwards only).
         key: [batch, kv_head, n, d_head] keys after any rotary embedding.
         tau: softmax temperature (sqrt(d_head) for scaled dot-product attention).
         query_positions: [batch, query] 0-based positions of the rows to compute.
@@ -331,17 +339,26 @@ def attention_rows(
             those keys only. Default: all n.
         workspace: compute the scores and probabilities in its buffers (the result is a view of one of them,
             valid until the workspace is used again); without sinks only, else ignored.
+        query_start: the position of ``query``'s first query (a slice of a layer run in query slices).
 
     Returns:
         float32 probs [batch, len(heads), query, n] (or [..., stop − start] with ``keys``) with masked keys exactly
         zero (docs/math.md §2.6).
     """
-    batch, n_head, n, d_head = query.shape
+    batch, n_head, n_query, d_head = query.shape
     n_kv = key.shape[1] if key.ndim == 4 else 0
-    if key.ndim != 4 or key.shape[0] != batch or key.shape[2:] != (n, d_head) or n_kv == 0 or n_head % n_kv:
+    if key.ndim != 4 or key.shape[0] != batch or key.shape[3] != d_head or n_kv == 0 or n_head % n_kv:
         raise ShapeError(
-            f"key must be [batch, kv_head, {n}, {d_head}] with kv_head dividing {n_head}, "
+            f"key must be [batch, kv_head, n, {d_head}] with kv_head dividing {n_head}, "
             f"got query {tuple(query.shape)} and key {tuple(key.shape)}"
+        )
+    n = key.shape[2]
+    relative = query_positions - query_start
+    outside = relative.numel() > 0 and (int(relative.min()) < 0 or int(relative.max()) >= n_query)
+    if query_start < 0 or query_start + n_query > n or outside:
+        raise ShapeError(
+            f"query positions {int(query_positions.min())}..{int(query_positions.max())} must lie within the "
+            f"{n_query} queries from position {query_start}, and those within the {n} keys"
         )
     group = n_head // n_kv
     if keys is not None and tuple(keys) != (0, n):
@@ -350,7 +367,7 @@ def attention_rows(
             raise ShapeError(f"keys {tuple(keys)} must satisfy 0 <= start < stop <= {n}")
         key = key[:, :, start:stop]
     # Scaling the few queries instead of the many scores saves a pass over [head, query, key].
-    q = _rows_of(query, query_positions).float() * (1.0 / tau)  # [batch, head, query, d_head]
+    q = _rows_of(query, relative).float() * (1.0 / tau)  # [batch, head, query, d_head]
     head_list = list(range(n_head)) if heads is None else list(heads)
     every_head = head_list == list(range(n_head))
     views = None

@@ -234,9 +234,10 @@ def _sliced_call(
     call: AttentionCall,
     piece: query_slices.QuerySlice,
 ) -> Tensor:
-    """The output of the queries of one slice of a layer run in query slices: the slice's queries, keys and values
-    join those of the slices before it (``query_slices.buffers``), and the callback computes the slice's rows and
-    output from them, under the causal pattern the model asked for (no mask of its own, ``is_causal``)."""
+    """The output of the queries of one slice of a layer run in query slices: the slice's keys and values join those
+    of the slices before it (``query_slices.buffers``), and the callback computes the slice's rows and output from
+    them and the slice's own queries, under the causal pattern the model asked for (no mask of its own,
+    ``is_causal``)."""
     causal = call.mask is None and implementation != "eager" and bool(getattr(module, "is_causal", True))
     if not causal or call.value is None or call.scores is not None or call.window is not None:
         raise RuntimeError(f"layer {layer} runs in query slices but its attention call is not plain causal attention")
@@ -247,7 +248,7 @@ def _sliced_call(
         value=held.fill("value", call.value, piece),
         queries=(piece.start, piece.stop),
     )
-    output = callback(layer, held.fill("query", query, piece), held.fill("key", key, piece), full)
+    output = callback(layer, query, held.fill("key", key, piece), full)
     if not isinstance(output, Tensor):
         raise RuntimeError(f"layer {layer} runs in query slices but its rows gave no output")
     query_slices.answered()

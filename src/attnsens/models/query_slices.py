@@ -62,7 +62,8 @@ def answered() -> None:
 
 
 class SliceBuffers:
-    """Queries, keys and values of every token of the layer running in slices, filled slice by slice.
+    """Keys and values of every token of the layer running in slices, filled slice by slice (a slice's rows need
+    its own queries only).
 
     One set of zero-initialised buffers per shape serves every layer in turn: a slice's rows read the keys and
     values below its stop only, and entries above it hold zeros or an earlier layer's finite numbers, never

@@ -182,6 +182,31 @@ def test_chunks_in_a_workspace_equal_fresh_ones_and_reuse_its_memory(softcap: fl
             assert torch.equal(chunk.probs, expected.probs[:, list(heads)])
 
 
+def test_rows_of_a_query_slice_read_its_queries_by_offset() -> None:
+    """A slice of a layer run in query slices passes its own queries only (``query_start``): the rows are those of
+    the whole query tensor, bit for bit, in chunks that need not start at the slice's first query; positions
+    outside the slice's queries are refused, not read from the wrong row."""
+    from attnsens.errors import ShapeError
+    from attnsens.models.attention import AttentionCall, attention_rows, chunked_rows
+
+    generator = torch.Generator().manual_seed(8)
+    query, key = torch.randn(1, 4, 30, 8, generator=generator), torch.randn(1, 2, 30, 8, generator=generator)
+    call = AttentionCall(tau=8**0.5, causal=True)
+    positions = torch.arange(30).unsqueeze(0)
+    spans = [(12, 15), (15, 20)]
+    whole = list(chunked_rows(query, key, call, positions, spans, heads=tuple(range(4)), key_padding_mask=None,
+                              narrow_keys=True))  # fmt: skip
+    part = list(chunked_rows(query[:, :, 12:20], key, call, positions, spans, heads=tuple(range(4)),
+                             key_padding_mask=None, narrow_keys=True, query_start=12))  # fmt: skip
+    for got, expected in zip(part, whole, strict=True):
+        assert got.key_start == expected.key_start
+        assert torch.equal(got.probs, expected.probs)
+    for rows, start in (((11, 12), 12), ((19, 20), 12), ((0, 1), -1)):
+        with pytest.raises(ShapeError, match="query positions"):
+            attention_rows(query[:, :, 12:20], key, tau=1.0, query_positions=torch.tensor([rows]), allowed=None,
+                           query_start=start)  # fmt: skip
+
+
 def test_selection_layers_heads_and_range() -> None:
     adapter = M.load(tiny_model("gpt2"))
     ids = torch.randint(0, VOCAB, (1, 20))
