@@ -18,22 +18,20 @@ MASK_BYTES_PER_KEY = 2
 SPEED_CHUNK_BYTES = 16 * 2**20
 """Largest float32 scores tensor [batch, head, query, n] of a default chunk, however large the memory budget: the
 scores, their softmax and the row statistics that read it then work in the processor's caches (a 32 MiB L3 on
-the reference machine), and glibc serves every chunk from the memory the previous one freed instead of mapping
-fresh pages."""
+the reference machine), glibc serves every chunk from the memory the previous one freed instead of mapping fresh
+pages, and the chunks' working set (scores and probabilities, 32 MiB) is the same at every length. (A floor of 256
+rows under this limit once made the working set grow with n, to the whole 128 MiB budget at SmolLM2's 8,192
+tokens. Replaying one SmolLM2 layer's chunk loop, four times each, alternating: 56-row chunks 1.42–1.55 s against
+1.35–1.56 s for 221 rows at 8,192 tokens, 113-row chunks 0.38–0.41 s against 0.41–0.49 s for 256 rows at 4,096.
+Whole audits pay the chunks' fixed costs (Python, smaller matrix products) more often: with the causal chunks of
+query slices, 82 chunks a layer instead of 45 at 8,192 tokens, 5–10 % more time there; none at 2,048.)"""
 SPEED_CHUNK_FRACTION = 4
 """A default chunk holds at most 1/4 of the selected rows (rounded up, and at least ``MIN_CHUNK_ROWS``): a causal
 chunk of c of n rows computes about c²/2 masked scores, c/n of the n²/2 useful ones, while smaller chunks cost
 the θ engine more per row (fewer rows per call to share between threads)."""
 MIN_CHUNK_ROWS = 64
-"""Fewest rows of a default chunk below the memory budget: smaller chunks cost more in per-call overhead than
-they save."""
-MIN_CACHED_CHUNK_ROWS = 256
-"""Fewest rows the scores limit (``SPEED_CHUNK_BYTES``) cuts a default chunk to. At long context 16 MiB of scores
-hold few rows (56 at SmolLM2's 8,192 keys), and each chunk pays a fixed cost that the caches make larger than it
-looks: the Python and NumPy steps of the row statistics and the θ enclosure run cold after the kernels have swept
-the caches. On one SmolLM2 layer, five alternating replays each, chunks of 221 rows instead of 64 took 3.52 s
-against 3.95 s at 8,192 tokens, and 226 rows instead of 113 took 1.53 s against 1.62 s at 4,096; at 2,048 tokens
-227 and 454 rows took the same time. The memory budget still bounds every chunk."""
+"""Fewest rows the 1/4 limit (``SPEED_CHUNK_FRACTION``) cuts a default chunk to: smaller chunks cost more in
+per-call overhead than they save."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,7 +46,8 @@ class RowSelection:
     as many as keep the chunk's working set (scores and probabilities in float32, the key mask) within
     ``max_memory`` bytes (default 128 MiB: all 512 rows of a 9-head layer at n = 512, 221 rows at n = 8192), and
     for speed no more than 1/4 of the rows (``SPEED_CHUNK_FRACTION``; at least ``MIN_CHUNK_ROWS``) and no more
-    than keep the float32 scores within ``SPEED_CHUNK_BYTES`` (16 MiB; at least ``MIN_CACHED_CHUNK_ROWS``).
+    than keep the float32 scores within ``SPEED_CHUNK_BYTES`` (16 MiB: 56 rows of a 9-head layer at n = 8192), so
+    that by default the chunks' working set does not grow with n.
     With ``causal`` chunk bounds a chunk covers only the keys up to its last query (capture_row_statistics uses
     all keys, since the layer's own mask decides which count).
     """
@@ -123,7 +122,7 @@ class RowSelection:
                 pairs = torch.arange(1, count - first + 1) * widths[first:]  # (query, key) pairs of 1, 2, … rows
                 fits = int(torch.searchsorted(pairs * bytes_per_key, self.max_memory, right=True))
                 cached = int(torch.searchsorted(pairs * bytes_per_score, SPEED_CHUNK_BYTES, right=True))
-                stop = first + max(1, min(fits, fraction, max(MIN_CACHED_CHUNK_ROWS, cached)))
+                stop = first + max(1, min(fits, fraction, cached))
             bounds.append((first, stop, int(widths[stop - 1])))
             first = stop
         return bounds

@@ -33,6 +33,7 @@ from attnsens.models.attention import (
     KEY_ALIGNMENT,
     AttentionCall,
     RowWorkspace,
+    aligned_span,
     attention_output,
     chunked_rows,
     key_padding_mask_of,
@@ -113,9 +114,6 @@ def capture_row_statistics(
     # so no key is dropped on the adapter's word.
     bounds = selection.chunk_bounds(positions, heads=len(heads), n=n, causal=False)
     spans = [(first, stop) for first, stop, _keys in bounds]
-    # One pair of score and probability buffers for every chunk of every layer (the budget's 8 bytes per score).
-    workspace = RowWorkspace(batch * len(heads) * max(stop - first for first, stop in spans) * n)
-    large_chunks = 8 * workspace.elements >= TRIM_WORKING_SET
     kept: list[RowBlock] = []
     sink = on_block or kept.append
 
@@ -125,11 +123,22 @@ def capture_row_statistics(
     reduced: set[int] = set()
 
     # Every row of every layer of a float32 causal decoder: its layers run in query slices (``in_query_slices``),
-    # each slice's rows and output computed here; the chunks then end at the slices' bounds.
+    # each slice's rows and output computed here; the chunks then end at the slices' bounds. A sliced layer's
+    # attention is plain causal attention (the tap refuses any other), so its chunks are sized by the keys up to
+    # their last query: the early chunks hold more rows, and there are fewer chunks to pay a chunk's fixed cost.
     slice_layers = model.query_sliceable_layers() if every_row and len(layers) == model.spec.n_layer else []
     slice_layers = slice_layers if all(p.dtype == torch.float32 for p in model.module.parameters()) else []
     slice_tokens = query_slices.QUERY_SLICE
-    slice_spans = _split_at_multiples(spans, slice_tokens)
+    causal_bounds = selection.chunk_bounds(positions, heads=len(heads), n=n, causal=True) if slice_layers else []
+    slice_spans = _split_at_multiples([(first, stop) for first, stop, _keys in causal_bounds], slice_tokens)
+    # One pair of score and probability buffers for every chunk of every layer (the budget's 8 bytes per score),
+    # as large as the largest chunk: its rows times all n keys, or a causal chunk's keys widened for alignment.
+    widest = max(
+        [(stop - first) * n for first, stop in spans]
+        + [(stop - first) * _aligned_width(keys, n) for first, stop, keys in causal_bounds]
+    )
+    workspace = RowWorkspace(batch * len(heads) * widest)
+    large_chunks = 8 * workspace.elements >= TRIM_WORKING_SET
 
     def reduce_layer(layer: int, query: Tensor, key: Tensor, call: AttentionCall) -> Tensor | None:
         if layer not in layers:
@@ -189,6 +198,12 @@ def capture_row_statistics(
     ):
         model.forward_until_stopped(input_ids, attention_mask)
     return kept
+
+
+def _aligned_width(keys: int, n: int) -> int:
+    """Keys a chunk over keys 0..``keys`` − 1 computes, widened to a multiple of ``KEY_ALIGNMENT`` where n allows."""
+    start, stop = aligned_span((0, keys), n, KEY_ALIGNMENT)
+    return stop - start
 
 
 def _split_at_multiples(spans: list[tuple[int, int]], every: int) -> list[tuple[int, int]]:

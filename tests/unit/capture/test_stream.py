@@ -274,15 +274,17 @@ def test_chunks_fit_the_memory_budget_and_stop_at_the_last_causal_key() -> None:
     assert causal == [(0, 3, 3), (3, 5, 5), (5, 7, 7)]
     assert C.RowSelection(chunk_size=2).chunk_bounds(positions, heads=5, n=7, causal=True)[1] == (2, 4, 4)
     # Default budget, one SmolLM2 sequence at its context: 128 MiB / (9 · 8 B + 2 B) / 8192 keys = 221 rows fit,
-    # while 16 MiB of float32 scores hold 16 MiB / (9 · 4 B) / 8192 keys = 56 rows, raised to the 256-row floor of
-    # the scores limit: the budget decides.
+    # while 16 MiB of float32 scores hold 16 MiB / (9 · 4 B) / 8192 keys = 56 rows: the scores limit decides, and
+    # the chunks' scores stay within 16 MiB at every length.
     full = C.RowSelection().chunk_bounds(torch.arange(8192).unsqueeze(0), heads=9, n=8192, causal=False)
-    assert full[0] == (0, 221, 8192)
+    assert full[0] == (0, 56, 8192)
     assert C.RowSelection(max_memory=2**20).chunk_bounds(torch.arange(8192).unsqueeze(0), heads=9, n=8192,
                                                          causal=False)[0] == (0, 1, 8192)  # fmt: skip
-    # At 2048 keys the scores limit is 227 rows, raised to 256; 1/4 of the rows is 512. At 4096 keys: 113 → 256.
-    assert C.RowSelection().chunk_bounds(torch.arange(2048).unsqueeze(0), heads=9, n=2048, causal=False)[0][1] == 256
-    assert C.RowSelection().chunk_bounds(torch.arange(4096).unsqueeze(0), heads=9, n=4096, causal=False)[0][1] == 256
+    # At 2048 keys the scores limit is 227 rows (1/4 of the rows is 512); at 4096 keys 113.
+    for n, rows in ((2048, 227), (4096, 113), (8192, 56)):
+        bounds = C.RowSelection().chunk_bounds(torch.arange(n).unsqueeze(0), heads=9, n=n, causal=False)
+        assert bounds[0][1] == rows
+        assert max(stop - first for first, stop, _ in bounds) * 9 * n * 4 <= 16 * 2**20
     # At 512 keys 1/4 of the rows is 128 (of 512), below the scores limit.
     assert C.RowSelection().chunk_bounds(torch.arange(512).unsqueeze(0), heads=9, n=512, causal=False)[0][1] == 128
     # At least 64 rows under the speed limits (60 rows: one chunk), whatever the fraction.

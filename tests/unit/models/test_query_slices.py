@@ -182,3 +182,39 @@ def test_a_layer_that_returns_a_tuple_gets_its_tuple_back() -> None:
 def test_spans_are_cut_at_the_slice_bounds() -> None:
     assert _split_at_multiples([(0, 3), (3, 9), (9, 13)], 4) == [(0, 3), (3, 4), (4, 8), (8, 9), (9, 12), (12, 13)]
     assert _split_at_multiples([(0, 8)], 4) == [(0, 4), (4, 8)]
+
+
+def test_sliced_layers_chunk_by_their_causal_keys_within_the_budget_and_the_workspace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sliced layer's chunks are sized by the keys up to their last query: under a budget of 12 rows of all 40
+    keys, the first chunk holds more rows than a chunk over all keys could, no chunk exceeds the budget, and every
+    chunk's rows live in the shared workspace (a chunk the workspace could not hold would be a fresh tensor)."""
+    from attnsens.capture import stream
+    from attnsens.capture.selection import MASK_BYTES_PER_KEY, WORKING_BYTES_PER_SCORE
+    from attnsens.models.attention import RowWorkspace
+
+    adapter = M.load(tiny_model("llama"))
+    heads, n = adapter.spec.n_head, 40
+    ids = torch.randint(2, VOCAB, (1, n), generator=torch.Generator().manual_seed(1))
+    per_key = heads * WORKING_BYTES_PER_SCORE + MASK_BYTES_PER_KEY
+    selection = RowSelection(max_memory=12 * n * per_key)
+    chunks: list[tuple[int, int]] = []
+    fresh: list[bool] = []
+    original_views = RowWorkspace.views
+
+    def views(self, shape, device):
+        got = original_views(self, shape, device)
+        fresh.append(got is None)
+        chunks.append((shape[2], shape[3]))  # rows, keys
+        return got
+
+    monkeypatch.setattr(RowWorkspace, "views", views)
+    monkeypatch.setattr(query_slices, "QUERY_SLICE", 16)
+    calls = _sliced_calls(monkeypatch)
+    capture_row_statistics(adapter, ids, selection=selection)
+    assert calls and chunks and not any(fresh)
+    assert chunks[0][0] > 12  # 16 rows (one slice) over 16 keys fit the budget
+    # The budget counts each chunk's keys up to its last query; alignment may add up to 15 keys.
+    assert all(rows * (keys - 15) * per_key <= selection.max_memory for rows, keys in chunks)
+    assert stream.KEY_ALIGNMENT == 16 and all(keys % 16 == 0 or keys == n for _, keys in chunks)
