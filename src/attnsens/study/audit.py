@@ -28,9 +28,16 @@ from attnsens.errors import InputError
 from attnsens.models import ModelAdapter, load
 from attnsens.store.lock import writes_run_folder
 
-TABLE_BYTES_PER_ROW = 400
+TABLE_BYTES_PER_ROW = 520
 """Most bytes a row of the rows table takes at its peak: the columns while capturing (83), the DataFrame and the
-summary's working arrays (tests/slow/test_audit_memory.py)."""
+summary's working arrays (tests/slow/test_audit_memory.py). Measured on the summary of a run folder: SmolLM2 at
+4,096 tokens, nine layers' 331,776 rows at a time, peaked 165 MiB above the level before it (about 520 bytes a
+row)."""
+SUMMARY_MEMORY = 32 * 2**20
+"""Bytes of rows (at ``TABLE_BYTES_PER_ROW`` each) that the summary of an audit written to a folder reads back at
+once, or ``max_memory`` if smaller. With the whole budget, the summary at the end of the audit was its peak: on
+SmolLM2 at 4,096 tokens, 165 MiB for the summary against about 140 MiB while capturing; with 32 MiB, 17–27 MiB, in
+the same time (0.72–0.85 s against 0.80–0.84 s, three calls each)."""
 ProgressCallback = Callable[[int, int], None]
 """``progress(done, total)`` in units of (sequence, layer) pairs."""
 
@@ -123,12 +130,15 @@ def audit(
             ``RowSelection.max_memory``, 128 MiB). Peak extra memory: the model's own forward pass (its MLPs
             on slices of ``attnsens.models.tokenwise.TOKEN_CHUNK`` = 1,024 tokens, where each is one module; when
             every row is audited, a causal decoder's layers on slices of ``attnsens.models.query_slices.QUERY_SLICE``
-            = 1,024 queries, beside every token's queries, keys and values of one layer), plus
-            this budget (the rows' working set: one chunk of one layer, whatever the number of layers), plus the rows
-            table at most 400 bytes per audited row (83 while the capture runs; the DataFrame and the summary at
+            = 1,024 queries, beside every token's keys and values of one layer), plus this budget (the rows'
+            working set: one chunk of one layer, whatever the number of layers; by default the chunks hold at most
+            16 MiB of scores, ``attnsens.capture.selection.SPEED_CHUNK_BYTES``, 32 MiB with the probabilities, at any
+            length), plus the rows
+            table at most 520 bytes per audited row (83 while the capture runs; the DataFrame and the summary at
             the end), plus some 64 MiB of library working space (tests/slow/test_audit_memory.py checks it).
             With ``out_dir``, instead of the table: one layer's rows of one sequence while capturing, then while
-            summarizing the rows of as many layers as the budget holds at 400 bytes a row (at least one).
+            summarizing the rows of as many layers as ``SUMMARY_MEMORY`` (32 MiB, or the budget if smaller)
+            holds at 520 bytes a row (at least one).
         exact_support: prove θ exact on every row of at most this many non-zero keys (24–48; ``certify``'s
             argument). Default: rows of up to 24 keys and those a cheap proof settles; the others end at float32
             resolution. At 48 a row costs up to ~0.1–0.3 s: a SmolLM2 audit at 512 tokens takes about 20 s more.
@@ -245,7 +255,7 @@ def _summary_by_layers(
     row_files: Sequence[Path], layers: Sequence[int], *, n_rows: int, max_memory: int
 ) -> pd.DataFrame:
     """``summarize_rows`` of the rows table in ``row_files``, read and summarized a few layers at a time: as many as
-    ``max_memory`` holds at ``TABLE_BYTES_PER_ROW`` a row, at least one.
+    ``SUMMARY_MEMORY`` (or ``max_memory``, if smaller) holds at ``TABLE_BYTES_PER_ROW`` a row, at least one.
 
     Every summary record pools rows of one layer (one head, or all its heads), so the summaries of groups of
     layers concatenated are the whole table's summary, while only a group's rows are in memory at once. (One
@@ -257,7 +267,7 @@ def _summary_by_layers(
 
     dataset = ds.dataset([str(file) for file in row_files], format="parquet")
     per_layer = max(1, -(-n_rows // len(layers)))  # every layer has the same rows: heads × positions a sequence
-    step = max(1, max_memory // TABLE_BYTES_PER_ROW // per_layer)
+    step = max(1, min(max_memory, SUMMARY_MEMORY) // TABLE_BYTES_PER_ROW // per_layer)
     parts = []
     for start in range(0, len(layers), step):
         table = dataset.to_table(filter=ds.field("layer").isin(list(layers[start : start + step])))
