@@ -9,8 +9,8 @@ of size layers × n² ever exists: the extra peak memory of the rows is one chun
 (``RowSelection.max_memory``), whatever the number of layers. The blocks' MLPs run ``TOKEN_CHUNK`` tokens at a time
 (:mod:`attnsens.models.tokenwise`), so that their [n, d_ff] intermediates are not what grows with n either; and when
 every row of every layer is captured, causal decoder layers run ``QUERY_SLICE`` queries at a time
-(:mod:`attnsens.models.query_slices`), each slice's rows and output computed here from the queries, keys and values
-of the slices so far, so that a layer's [n, d_model] temporaries exist only a slice at a time.
+(:mod:`attnsens.models.query_slices`), each slice's rows and output computed here from its own queries and the keys
+and values of the slices so far, so that a layer's [n, d_model] temporaries exist only a slice at a time.
 """
 
 from __future__ import annotations
