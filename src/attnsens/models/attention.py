@@ -357,8 +357,9 @@ def attention_rows(
     outside = relative.numel() > 0 and (int(relative.min()) < 0 or int(relative.max()) >= n_query)
     if query_start < 0 or query_start + n_query > n or outside:
         raise ShapeError(
-            f"query positions {int(query_positions.min())}..{int(query_positions.max())} must lie within the "
-            f"{n_query} queries from position {query_start}, and those within the {n} keys"
+            f"query positions {query_positions.min().item() if query_positions.numel() else '(none)'}.."
+            f"{query_positions.max().item() if query_positions.numel() else ''} must lie within the {n_query} "
+            f"queries from position {query_start}, and those within the {n} keys"
         )
     group = n_head // n_kv
     if keys is not None and tuple(keys) != (0, n):
