@@ -98,6 +98,14 @@ def test_an_audit_written_to_a_folder_holds_one_layer_of_rows_at_a_time(tmp_path
     assert summarized == [2 * heads * 40] * 3
     pd.testing.assert_frame_equal(layer_by_layer.summary, in_memory.summary, check_exact=True)
 
+    # The summary's own cap, whatever the budget: two layers' rows fit it here, so two summaries (2 + 1 layers).
+    monkeypatch.setattr(audit_module, "TABLE_BYTES_PER_ROW", 1)
+    monkeypatch.setattr(audit_module, "SUMMARY_MEMORY", 2 * 2 * heads * 40)
+    summarized.clear()
+    capped = A.study.audit(model, tokens, out_dir=tmp_path / "capped")
+    assert summarized == [2 * 2 * heads * 40, 2 * heads * 40]
+    pd.testing.assert_frame_equal(capped.summary, in_memory.summary, check_exact=True)
+
 
 def test_a_sequence_moved_into_another_place_with_a_matching_hash_is_recomputed(tmp_path, capsys) -> None:
     """The rerun that the verification error advises must not keep a unit whose contents disagree with its key."""
