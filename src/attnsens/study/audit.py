@@ -37,7 +37,7 @@ SUMMARY_MEMORY = 32 * 2**20
 """Bytes of rows (at ``TABLE_BYTES_PER_ROW`` each) that the summary of an audit written to a folder reads back at
 once, or ``max_memory`` if smaller. With the whole budget, the summary at the end of the audit was its peak: on
 SmolLM2 at 4,096 tokens, 165 MiB for the summary against about 140 MiB while capturing; with 32 MiB, 17–27 MiB, in
-the same time (0.72–0.85 s against 0.80–0.84 s, three calls each)."""
+the same time (0.80–0.84 s, against 0.72–0.85 s with the whole budget; three calls each)."""
 ProgressCallback = Callable[[int, int], None]
 """``progress(done, total)`` in units of (sequence, layer) pairs."""
 
@@ -133,9 +133,9 @@ def audit(
             = 1,024 queries, beside every token's keys and values of one layer), plus this budget (the rows'
             working set: one chunk of one layer, whatever the number of layers; by default the chunks hold at most
             16 MiB of scores, ``attnsens.capture.selection.SPEED_CHUNK_BYTES``, 32 MiB with the probabilities, at any
-            length), plus the rows
-            table at most 520 bytes per audited row (83 while the capture runs; the DataFrame and the summary at
-            the end), plus some 64 MiB of library working space (tests/slow/test_audit_memory.py checks it).
+            length), plus the rows table at most 520 bytes per audited row (83 while the capture runs; the
+            DataFrame and the summary at the end), plus some 64 MiB of library working space
+            (tests/slow/test_audit_memory.py checks it).
             With ``out_dir``, instead of the table: one layer's rows of one sequence while capturing, then while
             summarizing the rows of as many layers as ``SUMMARY_MEMORY`` (32 MiB, or the budget if smaller)
             holds at 520 bytes a row (at least one).
