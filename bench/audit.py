@@ -30,8 +30,9 @@ in half the available memory.
 
 Paired time ratio: the forward and the audit measured apart, in subprocesses one after the other, each with its
 own cold first call, see different loads on a shared machine (at 512 tokens the forward's own calls have spread
-over 0.9–2.2 s in one run). One more fresh subprocess therefore warms up both calls at the full length and then
-times ``--repeats`` pairs, alternating which runs first; the figure is the median of the pairs' ratios.
+over 0.9–2.2 s in one run). One more fresh subprocess therefore warms up both calls (and the audit to a folder,
+when it is among the extras) at the full length and then times ``--repeats`` rounds of them, rotating which runs
+first; the figure is the median of the rounds' ratios.
 
 Usage: ``python bench/audit.py [--lengths 512,2048,4096,8192] [--repeats 1] [--monitor-steps 0] [--extras LIST]
 [--no-pairs]``; appends one JSON line per length to bench/results/audit.jsonl.
@@ -179,30 +180,37 @@ def measure(method: str, model_dir: str, seq_len: int, repeats: int) -> dict[str
     }
 
 
-def measure_pairs(model_dir: str, seq_len: int, pairs: int) -> dict[str, object]:
-    """The plain forward and the audit, interleaved in this process: after one warm-up call of each at the full
-    length, ``pairs`` pairs, the order alternating (forward first, then audit first), each pair's ratio timed
-    within seconds of each other, so that a change of the machine's load between the separate subprocesses does
-    not enter the ratio."""
+def measure_pairs(model_dir: str, seq_len: int, pairs: int, with_folder: bool = False) -> dict[str, object]:
+    """The plain forward and the audit (and with ``with_folder`` the audit to a folder), interleaved in this
+    process: after one warm-up call of each at the full length, ``pairs`` rounds, the order rotating (forward
+    first, then the audit first, …), each round's ratios timed within seconds of each other, so that a change of
+    the machine's load between the separate subprocesses does not enter the ratio."""
     import attnsens as A
 
     ids = torch.load(Path(model_dir) / "ids.pt", weights_only=True)[:, :seq_len]
     adapter = A.models.load(model_dir)
+    methods = ("forward", "audit", "audit_to_folder") if with_folder else ("forward", "audit")
 
     def timed(method: str) -> float:
         start = time.perf_counter()
         run_method(method, adapter, ids)
         return time.perf_counter() - start
 
-    timed("forward"), timed("audit")  # warm-up at the full length: compilation, kernels, first allocations
-    forward, audit = [], []
+    for method in methods:  # warm-up at the full length: compilation, kernels, first allocations
+        timed(method)
+    seconds: dict[str, list[float]] = {method: [] for method in methods}
     for index in range(pairs):
-        order = ("forward", "audit") if index % 2 == 0 else ("audit", "forward")
-        times = {method: timed(method) for method in order}
-        forward.append(times["forward"])
-        audit.append(times["audit"])
-    ratios = [a / f for a, f in zip(audit, forward, strict=True)]
-    return {"ratio": statistics.median(ratios), "ratios": ratios, "forward_s_all": forward, "audit_s_all": audit}
+        shift = index % len(methods)
+        for method in methods[shift:] + methods[:shift]:
+            seconds[method].append(timed(method))
+    result: dict[str, object] = {"forward_s_all": seconds["forward"], "audit_s_all": seconds["audit"]}
+    for method, prefix in (("audit", ""), ("audit_to_folder", "folder_")):
+        if method in seconds:
+            ratios = [a / f for a, f in zip(seconds[method], seconds["forward"], strict=True)]
+            result |= {f"{prefix}ratio": statistics.median(ratios), f"{prefix}ratios": ratios}
+    if with_folder:
+        result["folder_s_all"] = seconds["audit_to_folder"]
+    return result
 
 
 def transformer_lens_bridge(model_dir: str) -> Any:
@@ -293,11 +301,11 @@ def prepare(model_dir: Path, seq_len: int) -> dict[str, object]:
     return {"model": "smollm2", "n_layer": adapter.spec.n_layer, "n_head": adapter.spec.n_head}
 
 
-def run_measure(method: str, model_dir: Path, seq_len: int, repeats: int) -> dict[str, Any]:
+def run_measure(method: str, model_dir: Path, seq_len: int, repeats: int, extras: str = "") -> dict[str, Any]:
     """``measure`` in a fresh subprocess whose environment has no glibc allocator variables."""
     env = {name: value for name, value in os.environ.items() if not name.startswith("MALLOC_")}
     command = [sys.executable, __file__, "--measure", method, "--model-dir", str(model_dir)]
-    command += ["--lengths", str(seq_len), "--repeats", str(repeats)]
+    command += ["--lengths", str(seq_len), "--repeats", str(repeats), "--extras", extras]
     out = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -329,7 +337,7 @@ def main() -> None:
     if unknown := sorted(set(extras) - set(EXTRAS)):
         parser.error(f"unknown --extras {unknown}; choose among {', '.join(EXTRAS)}")
     if args.measure == "pairs":
-        print(json.dumps(measure_pairs(args.model_dir, lengths[0], args.repeats)))
+        print(json.dumps(measure_pairs(args.model_dir, lengths[0], args.repeats, "audit_to_folder" in extras)))
         return
     if args.measure:
         print(json.dumps(measure(args.measure, args.model_dir, lengths[0], args.repeats)))
@@ -365,11 +373,18 @@ def main() -> None:
                 )
             paired = None
             if not args.no_pairs:
-                paired = run_measure("pairs", model_dir, seq_len, args.repeats)
+                folder = "audit_to_folder" if "audit_to_folder" in methods else ""
+                paired = run_measure("pairs", model_dir, seq_len, args.repeats, folder)
                 print(
                     f"n={seq_len:>5}    paired in one process: audit ÷ forward {paired['ratio']:.2f} (median of "
                     f"{', '.join(f'{r:.2f}' for r in paired['ratios'])}; forward "
-                    f"{', '.join(f'{t:.2f}' for t in paired['forward_s_all'])} s)",
+                    f"{', '.join(f'{t:.2f}' for t in paired['forward_s_all'])} s)"
+                    + (
+                        f"; audit to a folder ÷ forward {paired['folder_ratio']:.2f} (median of "
+                        f"{', '.join(f'{r:.2f}' for r in paired['folder_ratios'])})"
+                        if folder
+                        else ""
+                    ),
                     flush=True,
                 )
             audit, forward = results["audit"], results["forward"]
@@ -392,6 +407,15 @@ def main() -> None:
                         "paired_ratios": paired["ratios"],
                         "paired_forward_s_all": paired["forward_s_all"],
                         "paired_audit_s_all": paired["audit_s_all"],
+                        **(
+                            {
+                                "paired_audit_to_folder_over_forward_time": paired["folder_ratio"],
+                                "paired_folder_ratios": paired["folder_ratios"],
+                                "paired_audit_to_folder_s_all": paired["folder_s_all"],
+                            }
+                            if "folder_ratio" in paired
+                            else {}
+                        ),
                     }
                 ),
                 "eager_attention_bytes": attention_bytes,
@@ -443,17 +467,19 @@ def print_table(records: list[dict[str, object]]) -> None:
         "| audit to a folder s | audit to a folder MiB "
         "| eager+stats s | eager+stats MiB "
         "| TL cache+stats s | TL cache+stats MiB | audit ÷ forward (time) | the same, paired "
+        "| audit to a folder ÷ forward, paired "
         "| audit MiB ÷ all layers' attention "
         "| audit ÷ eager (time, memory) | audit ÷ TL (time, memory) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in records:
         print(
             f"| {r['seq_len']} | {sec(r, 'forward')} | {mib(r, 'forward')} | {sec(r, 'audit')} | {mib(r, 'audit')} "
             f"| {r['audit_working_bytes'] / 2**20:,.0f} | {sec(r, 'audit_to_folder')} | {mib(r, 'audit_to_folder')} "
             f"| {sec(r, 'eager_posthoc')} | {mib(r, 'eager_posthoc')} "
             f"| {sec(r, 'tl_run_with_cache')} | {mib(r, 'tl_run_with_cache')} | {r['audit_over_forward_time']:.2f} "
-            f"| {ratio(r, 'paired_audit_over_forward_time')} | {r['audit_memory_over_eager_attention_bytes']:.3f} "
+            f"| {ratio(r, 'paired_audit_over_forward_time')} | {ratio(r, 'paired_audit_to_folder_over_forward_time')} "
+            f"| {r['audit_memory_over_eager_attention_bytes']:.3f} "
             f"| {ratio(r, 'audit_over_eager_posthoc_time')}, {ratio(r, 'audit_over_eager_posthoc_memory')} "
             f"| {ratio(r, 'audit_over_tl_cache_time')}, {ratio(r, 'audit_over_tl_cache_memory')} |"
         )
