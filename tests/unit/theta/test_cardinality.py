@@ -13,7 +13,12 @@ import pytest
 import torch
 
 from attnsens.theta import ThetaMethod, certify, exact
-from attnsens.theta._numba_cardinality import cardinality_branch_and_bound, cardinality_relaxation
+from attnsens.theta._numba_cardinality import (
+    _prefix_sums,
+    _suffix_distance,
+    cardinality_branch_and_bound,
+    cardinality_relaxation,
+)
 from tests.reference.theta_oracles import theta_dyadic_meet_in_the_middle, theta_fraction
 from tests.unit.theta.test_soundness import assert_certificate_sound
 
@@ -113,6 +118,39 @@ def test_cardinality_search_is_exact_when_it_claims_a_proof() -> None:
         for r in rows
     )
     assert proved == len(rows)  # tiny rows: the search always exhausts its tree
+
+
+def reference_suffix_distance(values: list[int], i: int, g: int) -> tuple[int, int, int]:
+    """(bound, endpoint, k) of ``_suffix_distance`` from every count's interval of values[i:], in integers."""
+    rest = sorted(values[i:])
+    if g <= 0:
+        return -g, -g, 0
+    low = [sum(rest[:k]) for k in range(len(rest) + 1)]
+    high = [sum(rest[len(rest) - k :]) for k in range(len(rest) + 1)]
+    k = max(k for k in range(len(rest) + 1) if low[k] <= g)
+    below = g - high[k]
+    above = low[k + 1] - g if k < len(rest) else None
+    bound = 0 if below <= 0 else below if above is None else min(below, above)
+    endpoint = abs(below) if above is None else min(abs(below), above)
+    return bound, endpoint, k
+
+
+def test_suffix_distance_walks_to_the_count_from_any_start() -> None:
+    """The search's bound finds its count by walking from the parent's: from every start, above or below the
+    count, it must reach the same count, bound and endpoint as every count's interval computed apart."""
+    rng = np.random.default_rng(5)
+    for length, spread in ((9, 0.02), (20, 0.3), (33, 2.0)):
+        values = sorted((int(v) for v in np.maximum(1, np.round(1000 * np.exp(spread * rng.standard_normal(length))))),
+                        reverse=True)  # fmt: skip
+        vals = np.array(values, float)
+        prefix = _prefix_sums(vals)
+        low_sum = np.array([prefix[length] - prefix[length - k] for k in range(length + 1)])
+        for i in range(length):
+            for g in rng.integers(-50, sum(values[i:]) + 50, 12).tolist():
+                want = reference_suffix_distance(values, i, g)
+                for start in range(length + 1):
+                    bound, endpoint, k = _suffix_distance(prefix, low_sum, length, i, float(g), start)
+                    assert (bound, endpoint, k) == want, (length, i, g, start)
 
 
 def test_meta_search_check_catches_a_wrong_search() -> None:
