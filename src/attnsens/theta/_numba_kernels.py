@@ -355,14 +355,20 @@ def chunk_blocks(n_rows: int, threads: int) -> int:
 _held_workspaces: dict[tuple[int, int], np.ndarray] | None = None
 
 
+def workspace_bytes(mitm_max: int, n_keys: int) -> int:
+    """Bytes of one thread's enumeration workspace (``thread_workspaces``): four lists of 2^⌈m/2⌉ float64 sums,
+    m = min(mitm_max, n_keys), where rows of more than ``ENUMERATED_AFTER_PROOFS`` keys may be enumerated, else 0."""
+    m = min(mitm_max, n_keys)
+    return 32 << (m - m // 2) if mitm_max > ENUMERATED_AFTER_PROOFS else 0
+
+
 def thread_workspaces(mitm_max: int, n_keys: int, threads: int) -> np.ndarray:
     """One enumeration workspace per thread for the kernels' calls, [threads, 4, 2^⌈m/2⌉] with m = min(mitm_max,
     n_keys) where rows of more than ``ENUMERATED_AFTER_PROOFS`` keys may be enumerated, else empty (the blocks
     then allocate the little they need). Untouched until used: a call faults in each thread's pages once,
     instead of once per task (a 512-token audit chunk holds nine heads' short rows, each head one task); within
     ``holding_workspaces`` the calls share them, and fault them in once."""
-    m = min(mitm_max, n_keys)
-    size = 1 << (m - m // 2) if mitm_max > ENUMERATED_AFTER_PROOFS else 0
+    size = workspace_bytes(mitm_max, n_keys) // 32
     if _held_workspaces is None or size == 0:
         return np.empty((threads, 4, size))
     if (threads, size) not in _held_workspaces:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable
+import os
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from types import ModuleType
 from typing import Literal
@@ -43,6 +45,10 @@ CKK_NODE_BUDGET = 20_000
 CKK_MAX_SUPPORT = 2048
 MAX_TOLERANCE = 1.0
 """Largest accepted ``tolerance``: rows with 0 ≤ s ≤ 2, where θ = s − 4·d*² keeps its meaning and radii stay finite."""
+ENUMERATION_MEMORY_SHARE = 0.5
+"""Share of the machine's physical memory that one call's enumeration workspaces may take (one a thread, 0.5 GiB
+each at ``exact_support=48``): where every thread's would exceed it, the call runs on fewer threads
+(``enumeration_threads``), so that a many-core machine with less memory a core is not driven out of memory."""
 PARALLEL_MIN_ELEMENTS = 1 << 16
 PARALLEL_MIN_ROWS = 64
 """Batches of fewer elements and fewer rows run on one thread: waking numba's thread pool costs more than
@@ -191,7 +197,9 @@ def certify(
             others end at ``precision``. Enumeration costs up to 2^(n/2) sums a half, fewer where the values span
             many binades: on real rows of 45–48 keys, one core, a median of 7 ms (SmolLM2) and 42 ms (the tiny
             GPT's near-uniform rows), at most about 0.25 s, with 0.5 GiB of buffers per thread
-            (docs/theta-algorithms.md §5); 48 made certify on real attention 13–18 times slower.
+            (docs/theta-algorithms.md §5); 48 made certify on real attention 13–18 times slower. Where every
+            thread's buffers would take more than half the physical memory, fewer threads run
+            (``ENUMERATION_MEMORY_SHARE``), with a note on stderr.
         normalize: renormalise each row by its float64 sum instead of checking it.
         tolerance: largest accepted |s − 1| when ``normalize`` is False, at most ``MAX_TOLERANCE`` = 1; default
             ``default_sum_tolerance(p.dtype)`` (1e-3 for float32/float64, 2^-9 for float16, 2^-6 for bfloat16).
@@ -428,12 +436,56 @@ def _certify_rows_numba(
     parallel = x.size >= PARALLEL_MIN_ELEMENTS or n_rows >= PARALLEL_MIN_ROWS
     kernel = kernels.certify_rows_balanced if parallel else kernels.certify_rows_serial
     note_compilation(kernels.certify_rows if parallel else kernels.certify_rows_serial, "attnsens' θ kernels")
-    with keep_torch_threads():
-        kernel(
-            x, x.view(signed), signed.type(np.iinfo(signed).max), x.dtype.itemsize == 8, stop_distance,
-            mitm_max_support, ckk_node_budget, ckk_max_support, check_sum, tolerance, out["row_sum"].numpy(),
-            out["p_max"].numpy(), out["d_found"].numpy(), out["d_lb"].numpy(), out["err"].numpy(),
-            out["method"].numpy(), out["status"].numpy(),
-            kernels.thread_workspaces(mitm_max_support, x.shape[1], get_num_threads() if parallel else 1),
-        )  # fmt: skip
+    with keep_torch_threads():  # numba's first call into its pool resets the shared OpenMP thread count
+        threads = get_num_threads() if parallel else 1
+        threads = enumeration_threads(kernels.workspace_bytes(mitm_max_support, x.shape[1]), threads)
+        with _numba_threads(threads) if parallel else contextlib.nullcontext():
+            kernel(
+                x, x.view(signed), signed.type(np.iinfo(signed).max), x.dtype.itemsize == 8, stop_distance,
+                mitm_max_support, ckk_node_budget, ckk_max_support, check_sum, tolerance, out["row_sum"].numpy(),
+                out["p_max"].numpy(), out["d_found"].numpy(), out["d_lb"].numpy(), out["err"].numpy(),
+                out["method"].numpy(), out["status"].numpy(),
+                kernels.thread_workspaces(mitm_max_support, x.shape[1], threads),
+            )  # fmt: skip
     return out
+
+
+_NOTED_THREADS: set[tuple[int, int]] = set()
+
+
+def physical_memory() -> int:
+    """Bytes of this machine's physical memory."""
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def enumeration_threads(per_thread: int, threads: int) -> int:
+    """How many of ``threads`` may run, each holding an enumeration workspace of ``per_thread`` bytes, within
+    ``ENUMERATION_MEMORY_SHARE`` of the physical memory (at least 1); says so on stderr, once per count, where
+    that is fewer than ``threads``."""
+    if per_thread == 0:
+        return threads
+    budget = int(ENUMERATION_MEMORY_SHARE * physical_memory())
+    allowed = max(1, min(threads, budget // per_thread))
+    if allowed < threads and (threads, allowed) not in _NOTED_THREADS:
+        _NOTED_THREADS.add((threads, allowed))
+        sys.stderr.write(
+            f"note: exact enumeration holds {per_thread / 2**20:,.0f} MiB a thread; {allowed} of {threads} threads "
+            f"run, within {ENUMERATION_MEMORY_SHARE:.0%} of this machine's {physical_memory() / 2**30:,.1f} GiB\n"
+        )
+    return allowed
+
+
+@contextlib.contextmanager
+def _numba_threads(threads: int) -> Iterator[None]:
+    """numba's parallel regions started from this thread use ``threads`` threads within the block."""
+    from numba import get_num_threads, set_num_threads
+
+    before = get_num_threads()
+    if threads == before:
+        yield
+        return
+    set_num_threads(threads)
+    try:
+        yield
+    finally:
+        set_num_threads(before)

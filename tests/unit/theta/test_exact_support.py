@@ -118,6 +118,46 @@ def test_held_workspaces_are_shared_within_the_block_and_released_after() -> Non
     assert thread_workspaces(40, 512, 2) is not held
 
 
+def test_enumeration_runs_on_fewer_threads_where_every_thread_s_workspace_would_not_fit(
+    real_rows: torch.Tensor, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each thread of an ``exact_support`` call holds a workspace of 2^⌈N/2⌉ × 32 bytes (0.5 GiB at 48). On a
+    machine whose memory holds fewer threads' workspaces than there are threads, fewer run, with a note, and the
+    certificate is the one all threads give."""
+    import numba
+
+    from attnsens.theta import _numba_kernels as kernels
+    from attnsens.theta import certificate
+
+    if numba.get_num_threads() < 2:
+        pytest.skip("needs numba's pool of at least two threads")
+    n = support(real_rows)
+    rows = real_rows[(n >= 25) & (n <= 36)][:96]
+    every_thread = certify(rows, exact_support=36)
+    per_thread = kernels.workspace_bytes(36, rows.shape[1])
+    assert per_thread == 32 << 18
+    sized: list[int] = []
+    workspaces = kernels.thread_workspaces
+
+    def recording(mitm_max: int, n_keys: int, threads: int) -> np.ndarray:
+        sized.append(threads)
+        return workspaces(mitm_max, n_keys, threads)
+
+    monkeypatch.setattr(kernels, "thread_workspaces", recording)
+    monkeypatch.setattr(certificate, "_NOTED_THREADS", set())
+    monkeypatch.setattr(certificate, "physical_memory", lambda: 3 * per_thread)  # half of it holds one workspace
+    capsys.readouterr()
+    one_thread = certify(rows, exact_support=36)
+    assert sized == [1]
+    assert "1 of" in capsys.readouterr().err
+    for name in ("lower", "upper", "exact", "method"):
+        assert torch.equal(getattr(one_thread, name), getattr(every_thread, name)), name
+    assert numba.get_num_threads() >= 2  # the pool's size is back after the call
+    monkeypatch.setattr(certificate, "physical_memory", lambda: 1 << 50)
+    certify(rows, exact_support=36)
+    assert sized[-1] == numba.get_num_threads()
+
+
 def test_calls_sharing_held_workspaces_give_what_separate_calls_give(real_rows: torch.Tensor) -> None:
     """Longer rows first, then shorter ones in the same buffers: nothing of the first call may reach the second."""
     from attnsens.theta._numba_kernels import holding_workspaces
