@@ -20,7 +20,7 @@ import attnsens
 SOURCE = Path(attnsens.__file__).parent
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("attnsens", "errors", "provenance", "_threads", "_numba_cache", "seeding"),  # foundation
+    ("attnsens", "errors", "provenance", "_threads", "_memory", "_numba_cache", "seeding"),  # foundation
     ("theta",),  # θ kernels
     ("_rounding",),  # directed rounding of the certified bounds
     ("weights",),  # the normalized weights: what adapters produce and bounds consume

@@ -7,11 +7,11 @@ speaks the command line's language: the flag, the offending value and the fix.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from attnsens._memory import physical_memory
 from attnsens.errors import ConfigError, FileFormatError
 
 
@@ -135,7 +135,7 @@ def longest_in_memory(bytes_at: Callable[[int], int], longest: int) -> int | Non
 
 def memory_budget() -> int:
     """Half of this machine's physical memory, in bytes: what one call may plan to hold at once."""
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // 2
+    return physical_memory() // 2
 
 
 def check_context(model: str, saved: Any, seq_len: int) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
@@ -21,6 +20,7 @@ import einops
 import numpy as np
 import torch
 
+from attnsens._memory import physical_memory
 from attnsens._threads import keep_torch_threads
 from attnsens.errors import ConfigError, ShapeError
 from attnsens.theta._enclosure import theta_enclosure
@@ -453,24 +453,19 @@ def _certify_rows_numba(
 _NOTED_THREADS: set[tuple[int, int]] = set()
 
 
-def physical_memory() -> int:
-    """Bytes of this machine's physical memory."""
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
 def enumeration_threads(per_thread: int, threads: int) -> int:
     """How many of ``threads`` may run, each holding an enumeration workspace of ``per_thread`` bytes, within
     ``ENUMERATION_MEMORY_SHARE`` of the physical memory (at least 1); says so on stderr, once per count, where
     that is fewer than ``threads``."""
     if per_thread == 0:
         return threads
-    budget = int(ENUMERATION_MEMORY_SHARE * physical_memory())
-    allowed = max(1, min(threads, budget // per_thread))
+    memory = physical_memory()
+    allowed = max(1, min(threads, int(ENUMERATION_MEMORY_SHARE * memory) // per_thread))
     if allowed < threads and (threads, allowed) not in _NOTED_THREADS:
         _NOTED_THREADS.add((threads, allowed))
         sys.stderr.write(
             f"note: exact enumeration holds {per_thread / 2**20:,.0f} MiB a thread; {allowed} of {threads} threads "
-            f"run, within {ENUMERATION_MEMORY_SHARE:.0%} of this machine's {physical_memory() / 2**30:,.1f} GiB\n"
+            f"run, within {ENUMERATION_MEMORY_SHARE:.0%} of this machine's {memory / 2**30:,.1f} GiB\n"
         )
     return allowed
 
