@@ -151,6 +151,7 @@ def capture_row_statistics(
                 f"layer {layer} of {model.name!r} has attention sinks: its rows sum to less than 1 and the row "
                 "statistics (θ, entropy) assume rows that sum to 1; stream_attention gives the rows themselves"
             )
+        model.check_call_heads(layer, query, key)
         query, key = query.detach(), key.detach()
         # The mask is the one the layer itself used (causal, padding, sliding window), read row by row.
         layer_spans = spans if call.queries is None else [span for span in slice_spans if start <= span[0] < stop]
@@ -197,6 +198,7 @@ def capture_row_statistics(
         enumeration_workspaces(exact_support),
     ):
         model.forward_until_stopped(input_ids, attention_mask)
+    model.check_every_layer_called(layers, reduced)
     return kept
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -325,6 +325,7 @@ class ModelAdapter(ABC):
 
         def keep(layer: int, query: Tensor, key: Tensor, call: AttentionCall) -> None:
             if layer in layer_list:
+                self.check_call_heads(layer, query, key)
                 kept[layer] = (query.detach(), key.detach(), call)
                 if len(kept) == len(layer_list):  # the layers after the last one wanted need not run
                     raise StopForward
@@ -332,12 +333,7 @@ class ModelAdapter(ABC):
         with self.inference(), self.query_key_tap(keep):
             self.forward_until_stopped(input_ids, attention_mask)
         key_mask = key_padding_mask_of(attention_mask, input_ids)
-        missing = [layer for layer in layer_list if layer not in kept]
-        if missing:
-            raise UnsupportedModelError(
-                f"layers {missing} of {self.name!r} never called the attention function attnsens taps, so their "
-                "rows cannot be recomputed"
-            )
+        self.check_every_layer_called(layer_list, kept)
         for layer in layer_list:
             query, key, call = kept.pop(layer)
             count = positions.shape[1]
@@ -347,6 +343,34 @@ class ModelAdapter(ABC):
                 yield AttentionChunk(
                     layer=layer, heads=head_list, query_positions=chunk_positions, probs=probs, n_keys=n_keys
                 )
+
+    def check_call_heads(self, layer: int, query: Tensor, key: Tensor) -> None:
+        """Refuse a layer whose attention call has other heads than the spec: rows of the spec's heads alone would
+        leave the others out of every table without a word.
+
+        Raises:
+            UnsupportedModelError naming the layer and both head counts.
+        """
+        n_head, n_kv = int(query.shape[1]), int(key.shape[1])
+        if n_head != self.spec.n_head or n_kv == 0 or n_head % n_kv:
+            raise UnsupportedModelError(
+                f"layer {layer} of {self.name!r} calls its attention with {n_head} query heads and {n_kv} key "
+                f"heads, where its config gives {self.spec.n_head} and {self.spec.n_kv_head}; attnsens does not "
+                "audit a model whose config does not describe its attention"
+            )
+
+    def check_every_layer_called(self, layers: Iterable[int], called: Container[int]) -> None:
+        """Refuse a forward pass in which some of ``layers`` never reached the tapped attention function.
+
+        Raises:
+            UnsupportedModelError naming those layers.
+        """
+        missing = sorted(layer for layer in layers if layer not in called)
+        if missing:
+            raise UnsupportedModelError(
+                f"layers {missing} of {self.name!r} never called the attention function attnsens taps, so their "
+                "rows cannot be recomputed"
+            )
 
     def select_layers(self, layers: Sequence[int] | None) -> tuple[int, ...]:
         return _select(layers, self.spec.n_layer, "layer")

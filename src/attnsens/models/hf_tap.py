@@ -40,8 +40,9 @@ _MASKED_BY_ITSELF = ("eager", "sdpa")  # implementations that apply no window be
 
 # id(attention module) -> (layer, callback) for every tapped module in the process.
 _TAPPED: dict[int, tuple[int, QueryKeyCallback]] = {}
-# implementation name -> (number of active taps, the local mapping entry it replaced or None)
-_INSTALLED: dict[str, tuple[int, Any]] = {}
+# (id of an attention-function registry, implementation name) -> (number of active taps, the registry's local
+# mapping entry it replaced or None)
+_INSTALLED: dict[tuple[int, str], tuple[int, Any]] = {}
 
 
 @contextlib.contextmanager
@@ -54,18 +55,18 @@ def hf_query_key_tap(
     repetition), ``call`` the AttentionCall read from the arguments the model passes to its attention function
     (τ = 1 / ``scaling``, its mask, softcap and sinks).
     """
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
     ids = [id(m) for m in attention_modules]
     for layer, module in enumerate(attention_modules):
         _TAPPED[id(module)] = (layer, on_query_key)
         if hasattr(module, _GPT2_REORDERED):
             setattr(module, _GPT2_REORDERED, _reported_reordered(module, layer, on_query_key))
-    count, replaced = _INSTALLED.get(implementation, (0, None))
-    if count == 0:
-        replaced = ALL_ATTENTION_FUNCTIONS._local_mapping.get(implementation)
-        ALL_ATTENTION_FUNCTIONS[implementation] = _make_wrapper(implementation, replaced)
-    _INSTALLED[implementation] = (count + 1, replaced)
+    registries = _registries(attention_modules)
+    for registry in registries:
+        count, replaced = _INSTALLED.get((id(registry), implementation), (0, None))
+        if count == 0:
+            replaced = registry._local_mapping.get(implementation)
+            registry[implementation] = _make_wrapper(implementation, replaced)
+        _INSTALLED[id(registry), implementation] = (count + 1, replaced)
     try:
         yield
     finally:
@@ -74,13 +75,28 @@ def hf_query_key_tap(
         for module in attention_modules:
             if _GPT2_REORDERED in vars(module):
                 delattr(module, _GPT2_REORDERED)
-        count, replaced = _INSTALLED.pop(implementation)
-        if count > 1:
-            _INSTALLED[implementation] = (count - 1, replaced)
-        elif replaced is None:
-            del ALL_ATTENTION_FUNCTIONS._local_mapping[implementation]
-        else:
-            ALL_ATTENTION_FUNCTIONS[implementation] = replaced
+        for registry in registries:
+            count, replaced = _INSTALLED.pop((id(registry), implementation))
+            if count > 1:
+                _INSTALLED[id(registry), implementation] = (count - 1, replaced)
+            elif replaced is None:
+                del registry._local_mapping[implementation]
+            else:
+                registry[implementation] = replaced
+
+
+def _registries(attention_modules: Sequence[torch.nn.Module]) -> list[Any]:
+    """The attention-function registries the modules look their function up in: transformers' own, and any of a
+    family's module that keeps a registry of its own (Doge's ``ALL_ATTENTION_FUNCTIONS`` adds its flex attention
+    to a fresh ``AttentionInterface``, whose local entries the global one does not see)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    found = {id(ALL_ATTENTION_FUNCTIONS): ALL_ATTENTION_FUNCTIONS}
+    for module in attention_modules:
+        own = getattr(sys.modules.get(type(module).__module__), "ALL_ATTENTION_FUNCTIONS", None)
+        if isinstance(own, type(ALL_ATTENTION_FUNCTIONS)):
+            found.setdefault(id(own), own)
+    return list(found.values())
 
 
 _GPT2_REORDERED = "_upcast_and_reordered_attn"

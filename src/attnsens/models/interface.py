@@ -55,6 +55,16 @@ def interface_attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]
     return [m for m in model.modules() if calls_attention_interface(type(m))]
 
 
+def _calls_causal(call: AttentionCall) -> bool:
+    """Whether an attention call on two tokens hides the second key from the first query."""
+    if call.scores is not None:  # a TransformerLens bridge's own scores: masked keys sit at the float minimum
+        return bool(call.scores[0, 0, 0, -1] <= torch.finfo(call.scores.dtype).min / 2)
+    if call.mask is None:
+        return call.causal
+    allowed, _, _ = call.allowed(torch.zeros(1, 1, dtype=torch.long), call.mask.shape[-1])
+    return allowed is not None and not bool(allowed[0, 0, 1])
+
+
 class InterfaceAdapter(HFAdapter):
     """Attention rows of any model whose attention layers call the interface; no normalized weights."""
 
@@ -74,44 +84,58 @@ class InterfaceAdapter(HFAdapter):
                 "cannot tap its queries and keys; this family is not supported"
             )
         super().__init__(module, name=name, tokenizer=tokenizer)
-        self.spec = replace(self.spec, n_layer=len(self._attention), causal=self._first_layer_is_causal())
+        self.spec = replace(self.spec, n_layer=len(self._attention))
+        if not is_vision(self.base.config):
+            self.spec = self._probed_spec()
 
-    def _first_layer_is_causal(self) -> bool:
-        """Whether the first attention layer is causal, as the model calls it (the spec's flag; each row uses the
-        mask of its own call whatever this says).
+    def _probed_spec(self) -> ModelSpec:
+        """The spec with the heads and causality of the attention calls themselves, read from a forward pass on
+        two tokens: a config need not describe the stack that runs (a BART decoder alone has
+        ``decoder_attention_heads``, which ``num_attention_heads`` does not name).
 
-        The layer's ``is_causal`` attribute is not the whole story: the CLIP text tower keeps ``is_causal = False``
-        on its layers and passes a causal mask (and ``is_causal=True``) at call time. So a text model whose layer
-        does not say it is causal is run once on two tokens, and its first call is read: causal when it has no
-        mask and asks for the causal pattern, or when its mask (inside a TransformerLens bridge: its scores) hides
-        the second key from the first query.
+        Causal: the first layer's ``is_causal`` attribute, or else its first call. The layer's attribute is not
+        the whole story: the CLIP text tower keeps ``is_causal = False`` on its layers and passes a causal mask
+        (and ``is_causal=True``) at call time. So the call is read: causal when it has no mask and asks for the
+        causal pattern, or when its mask (inside a TransformerLens bridge: its scores) hides the second key from
+        the first query.
+
+        Raises:
+            UnsupportedModelError when the layers' head counts differ, or no module calls the interface.
         """
-        if bool(getattr(self._attention[0], "is_causal", False)):
-            return True
-        if is_vision(self.base.config):
-            return False
-        calls: list[AttentionCall] = []
+        calls: dict[int, tuple[Tensor, Tensor, AttentionCall]] = {}
 
-        def record(layer: int, _query: Tensor, _key: Tensor, call: AttentionCall) -> None:
-            if layer == 0:
-                calls.append(call)
+        def record(layer: int, query: Tensor, key: Tensor, call: AttentionCall) -> None:
+            calls.setdefault(layer, (query, key, call))
 
         probe = torch.zeros(1, 2, dtype=torch.long, device=self.device)
         with torch.no_grad(), self.query_key_tap(record):
             self.forward(probe)
         if not calls:
-            return False
-        call = calls[0]
-        if call.scores is not None:  # a TransformerLens bridge's own scores: masked keys sit at the float minimum
-            return bool(call.scores[0, 0, 0, -1] <= torch.finfo(call.scores.dtype).min / 2)
-        if call.mask is None:
-            return call.causal
-        allowed, _, _ = call.allowed(torch.zeros(1, 1, dtype=torch.long), call.mask.shape[-1])
-        return allowed is not None and not bool(allowed[0, 0, 1])
+            raise UnsupportedModelError(
+                f"{self.family}: none of its attention modules called the attention function on a text input, so "
+                "attnsens cannot tap its queries and keys"
+            )
+        # Modules a text input never calls are no layer of its self-attention stack: a decoder's cross-attention
+        # (a BART decoder alone has one beside each self-attention), which runs only on an encoder's states.
+        self._attention = [module for layer, module in enumerate(self._attention) if layer in calls]
+        calls = dict(enumerate(calls[layer] for layer in sorted(calls)))
+        causal = bool(getattr(self._attention[0], "is_causal", False)) or _calls_causal(calls[0][2])
+        spec = replace(self.spec, n_layer=len(calls), causal=causal)
+        if calls[0][2].scores is not None:  # a bridge's scores: query heads only, no keys or head size to read
+            return spec
+        shapes = {(int(q.shape[1]), int(k.shape[1]), int(q.shape[-1])) for q, k, _ in calls.values()}
+        if len(shapes) > 1:
+            raise UnsupportedModelError(
+                f"{self.family}: its layers differ in their query heads, key heads or head size "
+                f"({sorted(shapes)}); attnsens audits models whose layers share one"
+            )
+        n_head, n_kv_head, d_head = shapes.pop()
+        return replace(spec, n_head=n_head, n_kv_head=n_kv_head, d_head=d_head)
 
     @classmethod
     def spec_of(cls, config: Any) -> ModelSpec:
-        n_head = config.num_attention_heads
+        # A text model's heads are read from its calls (``_probed_spec``); its config need not name them.
+        n_head = getattr(config, "num_attention_heads", None) or 1
         d_head = getattr(config, "head_dim", None) or config.hidden_size // n_head
         if is_vision(config):
             positions, vocab = vision_positions(config), 1

@@ -12,7 +12,7 @@ import os
 import pickle
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -212,6 +212,50 @@ def unwrapped(model: Any) -> tuple[torch.nn.Module, Any] | None:
     return None
 
 
+def text_sub_config(config: Any) -> Any:
+    """The text model's sub-config of a composite transformers config (a vision-language model's
+    ``text_config``), or None for a config of one model."""
+    sub_configs = getattr(config, "sub_configs", None) or {}
+    get_text_config = getattr(config, "get_text_config", None)
+    if not sub_configs or get_text_config is None:
+        return None
+    text = get_text_config(decoder=True)
+    return text if any(getattr(config, name, None) is text for name in sub_configs) else None
+
+
+def audited_config(config: Any) -> Any:
+    """The config of the model attnsens audits: a composite model's text sub-config, else ``config``."""
+    return text_sub_config(config) or config
+
+
+def language_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The model attnsens audits in ``model``: a vision-language model's language model (its decoder, a
+    transformers model of its own, e.g. Gemma 3's ``Gemma3TextModel`` or LLaVA's ``LlamaModel``), else ``model``.
+
+    Token ids reach only the language model (the vision tower runs on images alone), so its attention rows are
+    those of the whole model on text, and its family's layout, bounds and weights-fidelity gate apply (CLIP's
+    ``CLIPModel`` gives its text tower, a ``CLIPTextModel``). A composite model without such a decoder is refused,
+    naming its sub-configs.
+
+    Raises:
+        UnsupportedModelError for a composite model whose language model is not a transformers model of its own.
+    """
+    config: Any = getattr(model, "config", None)
+    text = text_sub_config(config)
+    if text is None:
+        return model
+    get_decoder = getattr(model, "get_decoder", None)
+    decoder = get_decoder() if callable(get_decoder) else None
+    if decoder is not None and decoder is not model and getattr(decoder, "config", None) is not None:
+        if getattr(decoder.config, "model_type", None) == text.model_type and hasattr(decoder, "base_model"):
+            return cast(torch.nn.Module, decoder)
+    parts = ", ".join(sorted(config.sub_configs))
+    raise UnsupportedModelError(
+        f"{config.model_type} is a composite model ({parts}) without a language model attnsens can audit alone; "
+        f"load one of its parts as a model of its own (its {text.model_type} text model, for instance)"
+    )
+
+
 def _from_module(
     model: torch.nn.Module, *, name: str, tokenizer: Any, device: Any, dtype: torch.dtype | None
 ) -> ModelAdapter:
@@ -223,6 +267,7 @@ def _from_module(
         from attnsens.models.own_gpt import OwnGPTAdapter
 
         return OwnGPTAdapter(model, name=name, tokenizer=tokenizer)
+    model = language_model(model)
     config = getattr(model, "config", None)
     model_type = getattr(config, "model_type", None)
     if model_type is None or not hasattr(model, "base_model"):
@@ -276,7 +321,7 @@ def _from_pretrained(
             )
             + f"; give a local path, a .gguf file or an alias ({', '.join(sorted(ALIASES))})"
         ) from err
-    adapter_type = adapter_class(config.model_type)
+    adapter_class(audited_config(config).model_type)  # an unsupported family is refused before its weights load
     try:
         # The config read above is passed on: transformers would parse it again (seconds for a GGUF file).
         module = AutoModel.from_pretrained(source, config=config, dtype=dtype, **extra)
@@ -295,7 +340,8 @@ def _from_pretrained(
         tokenizer = _real_tokenizer(AutoTokenizer.from_pretrained(source, **extra))
     except (OSError, ValueError, TypeError):
         tokenizer = None
-    return adapter_type(module.to(device).eval(), name=name, tokenizer=tokenizer)
+    audited: Any = language_model(module)
+    return adapter_class(audited.config.model_type)(audited.to(device).eval(), name=name, tokenizer=tokenizer)
 
 
 def _real_tokenizer(tokenizer: Any) -> Any:

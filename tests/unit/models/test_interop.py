@@ -102,6 +102,7 @@ def test_an_audit_only_family_inside_a_bridge_is_audited_through_the_bridge_comp
     reference = eager_attentions(model, IDS)
     adapter = M.load(_bridge(model))
     assert adapter.spec.causal and adapter.spec.n_layer == 2
+    assert (adapter.spec.n_head, adapter.spec.n_kv_head, adapter.spec.d_head) == (6, 2, 6)  # not the scores' shape
     chunks = list(adapter.stream_attention(IDS, chunk_size=4))
     assert sorted({chunk.layer for chunk in chunks}) == [0, 1]
     for chunk in chunks:
