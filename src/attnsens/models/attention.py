@@ -81,8 +81,12 @@ class AttentionCall:
                 "only under one mask shared by every head"
             )
         batch, rows = query_positions.shape
-        index = rearrange(query_positions, "batch query -> batch query 1").expand(batch, rows, n)
-        picked = torch.gather(mask[:, 0].expand(batch, -1, -1), 1, index)  # [batch, query, key]
+        per_query = mask[:, 0].expand(batch, -1, -1)  # [batch, query or 1, key]
+        if per_query.shape[1] == 1:  # one row of the mask for every query (LayoutLM's [batch, 1, 1, n] padding)
+            picked = per_query.expand(batch, rows, n)
+        else:
+            index = rearrange(query_positions, "batch query -> batch query 1").expand(batch, rows, n)
+            picked = torch.gather(per_query, 1, index)  # [batch, query, key]
         if picked.dtype == torch.bool:
             allowed, bias = picked, None
         else:

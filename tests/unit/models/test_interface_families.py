@@ -160,3 +160,20 @@ def test_an_additive_bias_in_the_mask_is_added_to_the_scores_like_eager_attentio
     scores = query @ key.repeat_interleave(2, dim=1).transpose(-1, -2) * 5**-0.5 + mask
     torch.testing.assert_close(probs, torch.softmax(scores, dim=-1)[:, :, 2:], rtol=1e-6, atol=1e-7)
     assert n_keys.tolist() == [[3, 4, 5, 6, 7], [1, 2, 3, 4, 5]]
+
+
+@pytest.mark.parametrize("mask", [None, LEFT_PADDED, RIGHT_PADDED], ids=["no padding", "left", "right"])
+def test_a_mask_with_one_row_for_every_query_is_read_for_each_query(mask: torch.Tensor | None) -> None:
+    """LayoutLM hands its attention function the old [batch, 1, 1, n] padding mask, broadcast over the queries."""
+    from transformers import LayoutLMConfig, LayoutLMModel
+
+    from tests.unit.models.tiny_models import spread_weights
+
+    torch.manual_seed(0)
+    config = LayoutLMConfig(
+        vocab_size=VOCAB, hidden_size=21, num_hidden_layers=2, num_attention_heads=3, intermediate_size=37,
+        max_position_embeddings=41, attn_implementation="eager",
+    )  # fmt: skip
+    model = LayoutLMModel(config)
+    spread_weights(model)
+    _assert_rows_match(model.eval(), mask)
