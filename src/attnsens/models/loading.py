@@ -214,12 +214,22 @@ def unwrapped(model: Any) -> tuple[torch.nn.Module, Any] | None:
 
 def text_sub_config(config: Any) -> Any:
     """The text model's sub-config of a composite transformers config (a vision-language model's
-    ``text_config``), or None for a config of one model."""
+    ``text_config``), or None for a config of one model.
+
+    Raises:
+        UnsupportedModelError for a composite config with several text sub-configs.
+    """
     sub_configs = getattr(config, "sub_configs", None) or {}
     get_text_config = getattr(config, "get_text_config", None)
     if not sub_configs or get_text_config is None:
         return None
-    text = get_text_config(decoder=True)
+    try:
+        text = get_text_config(decoder=True)
+    except ValueError as error:  # transformers finds several text sub-configs
+        raise UnsupportedModelError(
+            f"{config.model_type} is a composite model ({', '.join(sorted(sub_configs))}) with more than one text "
+            "model; load the one to audit as a model of its own"
+        ) from error
     return text if any(getattr(config, name, None) is text for name in sub_configs) else None
 
 

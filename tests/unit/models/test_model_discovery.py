@@ -115,6 +115,17 @@ def test_a_composite_model_without_a_language_model_of_its_own_is_refused_naming
         M.load(model)
 
 
+def test_a_composite_model_with_several_text_models_is_refused(monkeypatch) -> None:
+    model = _llava()
+
+    def ambiguous(**_: object) -> None:
+        raise ValueError("Multiple valid text configs were found in the model config")
+
+    monkeypatch.setattr(model.config, "get_text_config", ambiguous)
+    with pytest.raises(UnsupportedModelError, match="with more than one text model"):
+        M.load(model)
+
+
 def test_a_decoder_whose_config_names_other_heads_is_audited_with_the_heads_it_calls() -> None:
     # A BART decoder alone: its config's num_attention_heads is the encoder's (2); the decoder calls 4 heads, and a
     # cross-attention module beside each self-attention, which no text input calls, is no layer.
