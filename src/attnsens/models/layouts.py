@@ -1,9 +1,10 @@
 """Families read from one declarative table (:data:`LAYOUTS`): the decoders GPT-2 (Conv1D weights), GPT-NeoX
-(Pythia), Llama (SmolLM2), Mistral, Qwen2, Qwen3 (per-head QK-norm), Gemma, Gemma 2 (sandwich norms, attention
-logit softcap), Gemma 3 (sandwich norms, per-head QK-norm, one RoPE per layer type), OLMo 2 (norms after each
-sublayer only, QK-norm over all heads), Phi, Phi-3, StableLM, StarCoder2, Cohere, OPT, GPT-J, BLOOM and MPT
-(ALiBi; their taps live in ``bloom`` and ``mpt``), Falcon (``falcon`` picks its arrangement), and the encoders
-BERT (all-MiniLM-L6-v2), RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA and DistilBERT.
+(Pythia), Llama (SmolLM2; Seed-OSS and InternLM3 are Llama's block), Mistral, Ministral, Qwen2, Qwen3 (per-head
+QK-norm), Gemma, Gemma 2 (sandwich norms, attention logit softcap), Gemma 3 (sandwich norms, per-head QK-norm, one
+RoPE per layer type), OLMo 2 (norms after each sublayer only, QK-norm over all heads; OLMo 3 the same, with
+sliding windows), Phi, Phi-3, StableLM, StarCoder2, Cohere, OPT, GPT-J, BLOOM and MPT (ALiBi; their taps live in
+``bloom`` and ``mpt``), Falcon (``falcon`` picks its arrangement), and the encoders BERT (all-MiniLM-L6-v2),
+RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA and DistilBERT.
 
 A :class:`BlockLayout` says where a family keeps each part of a block and what it does differently: fused
 projections (Phi-3's ``qkv_proj`` = [q; k; v] rows, ``gate_up_proj`` = [gate; up] rows), Gemma's RMSNorm scale
@@ -171,6 +172,9 @@ LAYOUTS: dict[str, BlockLayout] = {
         parallel_shares_norm=False,
     ),
     "mistral": BlockLayout(window="config"),
+    "ministral": BlockLayout(window="module"),  # Llama with a window on the layers its layer_types make sliding
+    "seed_oss": BlockLayout(),  # Llama with q/k/v biases (and optional o and MLP biases)
+    "internlm3": BlockLayout(),  # Llama's modules under InternLM3's config
     "qwen2": BlockLayout(window="module"),
     "qwen3": BlockLayout(window="module", qk_norm=True),
     "gemma": BlockLayout(gamma_offset=1.0),
@@ -259,6 +263,14 @@ LAYOUTS: dict[str, BlockLayout] = {
         attn_out_norm="post_attention_layernorm",
         mlp_out_norm="post_feedforward_layernorm",
         qk_norm=True,
+    ),
+    "olmo3": BlockLayout(  # OLMo 2's block, with a window on the layers its layer_types make sliding
+        attn_norm=None,
+        mlp_norm=None,
+        attn_out_norm="post_attention_layernorm",
+        mlp_out_norm="post_feedforward_layernorm",
+        qk_norm=True,
+        window="module",
     ),
     "opt": BlockLayout(
         blocks="decoder.layers",

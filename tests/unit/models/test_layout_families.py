@@ -29,7 +29,9 @@ IDS = torch.randint(2, VOCAB, (2, 13), generator=torch.Generator().manual_seed(7
 WINDOWS = {"mistral": [5, 5], "qwen2": [None, 5], "qwen3": [None, None], "phi3": [5, 5], "gemma": [None, None],
            "gemma2": [5, None], "gemma3_text": [5, None], "olmo2": [None, None], "opt": [None, None],
            "opt_post": [None, None], "gptj": [None, None], "bloom": [None, None], "mpt": [None, None],
-           "phi": [None, None], "stablelm": [None, None], "starcoder2": [5, 5], "cohere": [None, None]}  # fmt: skip
+           "phi": [None, None], "stablelm": [None, None], "starcoder2": [5, 5], "cohere": [None, None],
+           "ministral": [5, None], "seed_oss": [None, None], "internlm3": [None, None],
+           "olmo3": [5, None]}  # fmt: skip
 OUT_NORM_FIELDS = {"attn_out_norm", "mlp_out_norm"}
 
 
@@ -140,6 +142,15 @@ MUTATIONS = {
         "gemma2", 0, "attn_out_norm", lambda a: _swap(a, 0, "mlp_norm", "attn_out_norm")
     ),
     "gemma2: no norm after the MLP": ("gemma2", 1, "block", lambda a: _drop(a, 1, "mlp_out_norm")),
+    "ministral: no window on its sliding layer": (
+        "ministral", 0, "attention", lambda a: _set(a, 0, "attention", sliding_window=None)
+    ),
+    "olmo3: no window on its sliding layer": (
+        "olmo3", 0, "attention", lambda a: _set(a, 0, "attention", sliding_window=None)
+    ),
+    "olmo3: a window on its full layer": ("olmo3", 1, "attention", lambda a: _set(a, 1, "attention", sliding_window=5)),
+    "seed_oss: drop the query bias": ("seed_oss", 0, "attention", lambda a: _set(a, 0, "attention", b_q=None)),
+    "internlm3: drop the output bias": ("internlm3", 1, "attention", lambda a: _set(a, 1, "attention", b_o=None)),
 }  # fmt: skip
 
 
@@ -153,7 +164,7 @@ def test_the_gate_refuses_mutated_decoder_weights(name: str) -> None:
     assert (caught.value.family, caught.value.layer, caught.value.field) == (adapter.family, layer, field)
 
 
-@pytest.mark.parametrize("family", ["mistral", "qwen2", "qwen3", "olmo2", "phi3", "bloom", "mpt"])
+@pytest.mark.parametrize("family", ["mistral", "ministral", "qwen2", "qwen3", "olmo2", "olmo3", "phi3", "bloom", "mpt"])
 def test_rows_match_eager_attention_with_sliding_windows_and_qk_norm(family: str) -> None:
     model = _model(family)
     adapter = M.load(model)
@@ -170,7 +181,7 @@ def test_rows_match_eager_attention_with_sliding_windows_and_qk_norm(family: str
     assert n_keys == {i: WINDOWS.get(family, [None, None])[i] or IDS.shape[1] for i in range(2)}
 
 
-@pytest.mark.parametrize("family", ["olmo2", "gemma3_text"])
+@pytest.mark.parametrize("family", ["olmo2", "olmo3", "gemma3_text"])
 def test_norms_after_the_sublayers_reproduce_what_the_model_adds_to_the_stream(family: str) -> None:
     """The norms the layout reads around the sublayers, checked on the model's own attention and MLP outputs
     (independently of attnsens' attention forward)."""
@@ -185,7 +196,7 @@ def test_norms_after_the_sublayers_reproduce_what_the_model_adds_to_the_stream(f
         attn_norm, mlp_norm = adapter.read_norm(block, lay.attn_norm), adapter.read_norm(block, lay.mlp_norm)
         attn_out_norm, mlp_out_norm = (adapter.read_norm(block, name) for name in (lay.attn_out_norm, lay.mlp_out_norm))
         assert attn_out_norm is not None and mlp_out_norm is not None
-        assert (attn_norm is None) == (family == "olmo2") == (adapter.spec.placement == "none")
+        assert (attn_norm is None) == (family in ("olmo2", "olmo3")) == (adapter.spec.placement == "none")
         x, added = seen["block_input"], norm_forward(seen["attention_output"], attn_out_norm)
         torch.testing.assert_close(added, seen["normed_attention_output"], **close)
         if attn_norm is not None and mlp_norm is not None:

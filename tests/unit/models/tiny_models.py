@@ -22,14 +22,19 @@ from transformers import (
     GPTJForCausalLM,
     GPTNeoXConfig,
     GPTNeoXModel,
+    InternLM3Config,
     LlamaConfig,
     LlamaForCausalLM,
+    MinistralConfig,
+    MinistralForCausalLM,
     MistralConfig,
     MistralForCausalLM,
     MptConfig,
     MptForCausalLM,
     Olmo2Config,
     Olmo2ForCausalLM,
+    Olmo3Config,
+    Olmo3ForCausalLM,
     OPTConfig,
     OPTForCausalLM,
     Phi3Config,
@@ -40,19 +45,22 @@ from transformers import (
     Qwen3ForCausalLM,
     RobertaConfig,
     RobertaModel,
+    SeedOssConfig,
+    SeedOssForCausalLM,
 )
 
 VOCAB = 53
 FAMILIES = ("gpt2", "gpt_neox", "llama", "bert")
 DECODER_FAMILIES = (
-    "mistral", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "olmo2", "phi3", "opt", "opt_post", "gptj", "bloom",
+    "mistral", "ministral", "seed_oss", "internlm3", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "olmo2",
+    "olmo3", "phi3", "opt", "opt_post", "gptj", "bloom",
     "mpt", "phi", "stablelm", "starcoder2", "cohere",
 )  # fmt: skip
 """Families bounded through the declarative decoder table (models/layouts.py); sliding windows of 5 keys; gemma2
 with sandwich norms and an attention logit softcap of 3 (eager attention), gemma3_text with per-head QK-norm and
 one RoPE per layer type, olmo2 with norms after each sublayer and a QK-norm over all heads, bloom with ALiBi and
 its fused per-head qkv, mpt with its own ALiBi slopes (both audited through their own score computation)."""
-OUT_NORM_FAMILIES = ("gemma2", "gemma3_text", "olmo2")
+OUT_NORM_FAMILIES = ("gemma2", "gemma3_text", "olmo2", "olmo3")
 """Families whose blocks apply a norm to each sublayer's output; their norm gains are spread too."""
 ENCODER_FAMILIES = ("roberta", "electra", "distilbert")
 """Encoders read by the BERT adapter (RoBERTa, ELECTRA) and by the layout table (DistilBERT)."""
@@ -92,6 +100,13 @@ CONFIGS = {
     "phi3": (Phi3Config, Phi3ForCausalLM, {**_GQA, "sliding_window": 5, "pad_token_id": 0, "bos_token_id": 0,
                                            "eos_token_id": 0}),
     "olmo2": (Olmo2Config, Olmo2ForCausalLM, {**_GQA, "pad_token_id": 0}),
+    "olmo3": (Olmo3Config, Olmo3ForCausalLM, {**_GQA, "pad_token_id": 0, "sliding_window": 5,
+                                              "layer_types": ["sliding_attention", "full_attention"]}),
+    "ministral": (MinistralConfig, MinistralForCausalLM, {**_GQA, "head_dim": 6, "sliding_window": 5,
+                                                          "layer_types": ["sliding_attention", "full_attention"]}),
+    "seed_oss": (SeedOssConfig, SeedOssForCausalLM, {**_GQA, "head_dim": 6, "attention_bias": True,
+                                                     "attention_out_bias": True, "mlp_bias": True}),
+    "internlm3": (InternLM3Config, LlamaForCausalLM, {**_GQA, "head_dim": 6, "qkv_bias": True, "bias": True}),
     "bloom": (BloomConfig, BloomForCausalLM, {"n_layer": 2, "n_head": 3, "hidden_size": 21}),
     "mpt": (MptConfig, MptForCausalLM, {"n_layers": 2, "n_heads": 3, "d_model": 21, "max_seq_len": 41}),
     "opt": (OPTConfig, OPTForCausalLM, {"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 21,
