@@ -86,12 +86,13 @@ class InterfaceAdapter(HFAdapter):
         super().__init__(module, name=name, tokenizer=tokenizer)
         self.spec = replace(self.spec, n_layer=len(self._attention))
         if not is_vision(self.base.config):
-            self.spec = self._probed_spec()
+            self._attention, self.spec = self._probe()
 
-    def _probed_spec(self) -> ModelSpec:
-        """The spec with the heads and causality of the attention calls themselves, read from a forward pass on
-        two tokens: a config need not describe the stack that runs (a BART decoder alone has
-        ``decoder_attention_heads``, which ``num_attention_heads`` does not name).
+    def _probe(self) -> tuple[list[torch.nn.Module], ModelSpec]:
+        """The attention modules a text input calls, and the spec with the heads and causality of those calls,
+        read from a forward pass on two tokens: a config need not describe the stack that runs (a BART decoder
+        alone has ``decoder_attention_heads``, which ``num_attention_heads`` does not name, and a cross-attention
+        module beside each self-attention, which runs only on an encoder's states).
 
         Causal: the first layer's ``is_causal`` attribute, or else its first call. The layer's attribute is not
         the whole story: the CLIP text tower keeps ``is_causal = False`` on its layers and passes a causal mask
@@ -115,14 +116,12 @@ class InterfaceAdapter(HFAdapter):
                 f"{self.family}: none of its attention modules called the attention function on a text input, so "
                 "attnsens cannot tap its queries and keys"
             )
-        # Modules a text input never calls are no layer of its self-attention stack: a decoder's cross-attention
-        # (a BART decoder alone has one beside each self-attention), which runs only on an encoder's states.
-        self._attention = [module for layer, module in enumerate(self._attention) if layer in calls]
+        called = [module for layer, module in enumerate(self._attention) if layer in calls]
         calls = dict(enumerate(calls[layer] for layer in sorted(calls)))
-        causal = bool(getattr(self._attention[0], "is_causal", False)) or _calls_causal(calls[0][2])
+        causal = bool(getattr(called[0], "is_causal", False)) or _calls_causal(calls[0][2])
         spec = replace(self.spec, n_layer=len(calls), causal=causal)
         if calls[0][2].scores is not None:  # a bridge's scores: query heads only, no keys or head size to read
-            return spec
+            return called, spec
         shapes = {(int(q.shape[1]), int(k.shape[1]), int(q.shape[-1])) for q, k, _ in calls.values()}
         if len(shapes) > 1:
             raise UnsupportedModelError(
@@ -130,11 +129,11 @@ class InterfaceAdapter(HFAdapter):
                 f"({sorted(shapes)}); attnsens audits models whose layers share one"
             )
         n_head, n_kv_head, d_head = shapes.pop()
-        return replace(spec, n_head=n_head, n_kv_head=n_kv_head, d_head=d_head)
+        return called, replace(spec, n_head=n_head, n_kv_head=n_kv_head, d_head=d_head)
 
     @classmethod
     def spec_of(cls, config: Any) -> ModelSpec:
-        # A text model's heads are read from its calls (``_probed_spec``); its config need not name them.
+        # A text model's heads are read from its calls (``_probe``); its config need not name them.
         n_head = getattr(config, "num_attention_heads", None) or 1
         d_head = getattr(config, "head_dim", None) or config.hidden_size // n_head
         if is_vision(config):
