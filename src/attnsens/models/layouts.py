@@ -1,4 +1,5 @@
-"""Families read from one declarative table (:data:`LAYOUTS`): the decoders GPT-2 (Conv1D weights), GPT-NeoX
+"""Families read from one declarative table (:data:`LAYOUTS`): the decoders GPT-2 (Conv1D weights), GPT-BigCode
+(GPT-2's block on nn.Linear, multi-query attention), GPT-NeoX
 (Pythia), Llama (SmolLM2; Seed-OSS and InternLM3 are Llama's block), Mistral, Ministral, Qwen2, Qwen3 (per-head
 QK-norm), Gemma, Gemma 2 (sandwich norms, attention logit softcap), Gemma 3 (sandwich norms, per-head QK-norm, one
 RoPE per layer type), OLMo 2 (norms after each sublayer only, QK-norm over all heads; OLMo 3 the same, with
@@ -74,6 +75,8 @@ class BlockLayout:
     qkv_order: Literal["blocks", "heads", "groups"] = "blocks"  # rows of the fused qkv: [q; k; v] blocks,
     # [head, (q, k, v), d_head] (BLOOM, Falcon without multi-query) or [kv_head, (q × group, k, v), d_head] (Falcon's
     # new decoder architecture)
+    qkv_in_blocks_if: str | None = None  # config flag under which the fused qkv is in [q; k; v] blocks; without it
+    # the rows are per head (GPT-BigCode: blocks under multi_query, one head of keys and values)
     attention_output: str | None = None  # module (in the block) whose output is the attention sublayer's output,
     # when the attention module itself returns the residual sum (BLOOM); default the attention module
     mlp: str = "mlp"  # the module whose output is the MLP's output
@@ -158,6 +161,22 @@ LAYOUTS: dict[str, BlockLayout] = {
         activation="activation_function",
         rotary="none",
         conv1d=True,
+    ),
+    "gpt_bigcode": BlockLayout(  # GPT-2's block on nn.Linear, with multi-query attention (StarCoder, SantaCoder)
+        blocks="h",
+        attention="attn",
+        qkv="c_attn",
+        qkv_in_blocks_if="multi_query",
+        o="c_proj",
+        up="mlp.c_fc",
+        gate=None,
+        down="mlp.c_proj",
+        attn_norm="ln_1",
+        mlp_norm="ln_2",
+        norm="layernorm",
+        activation="activation_function",
+        rotary="none",
+        unsupported=(("add_cross_attention", "cross-attention blocks, which attnsens does not bound"),),
     ),
     "gpt_neox": BlockLayout(
         attention="attention",
@@ -357,6 +376,8 @@ class LayoutAdapter(HFAdapter):
         """The family's layout, parallel when its ``parallel_if`` flag is set (a family whose blocks vary more with
         its config overrides this)."""
         layout = layout_of(config.model_type)
+        if layout.qkv_in_blocks_if is not None and not getattr(config, layout.qkv_in_blocks_if, False):
+            layout = dataclasses.replace(layout, qkv_order="heads")
         if layout.parallel_if is not None and getattr(config, layout.parallel_if, False):
             mlp_norm = layout.attn_norm if layout.parallel_shares_norm else layout.mlp_norm
             return dataclasses.replace(layout, parallel_residual=True, mlp_norm=mlp_norm)

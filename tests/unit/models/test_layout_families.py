@@ -31,7 +31,7 @@ WINDOWS = {"mistral": [5, 5], "qwen2": [None, 5], "qwen3": [None, None], "phi3":
            "opt_post": [None, None], "gptj": [None, None], "bloom": [None, None], "mpt": [None, None],
            "phi": [None, None], "stablelm": [None, None], "starcoder2": [5, 5], "cohere": [None, None],
            "ministral": [5, None], "seed_oss": [None, None], "internlm3": [None, None],
-           "olmo3": [5, None]}  # fmt: skip
+           "olmo3": [5, None], "gpt_bigcode": [None, None]}  # fmt: skip
 OUT_NORM_FIELDS = {"attn_out_norm", "mlp_out_norm"}
 
 
@@ -84,6 +84,12 @@ def _drop(adapter: M.ModelAdapter, layer: int, norm: str) -> None:
 def _swap(adapter: M.ModelAdapter, layer: int, first: str, second: str) -> None:
     weights = adapter.layers[layer]
     adapter.layers[layer] = replace(weights, **{first: getattr(weights, second), second: getattr(weights, first)})
+
+
+def _reread(adapter: M.ModelAdapter, **layout: object) -> None:
+    """Read every layer again under a layout with ``layout``'s changes."""
+    adapter.layout = replace(adapter.layout, **layout)
+    adapter._layers = None
 
 
 MUTATIONS = {
@@ -152,6 +158,20 @@ MUTATIONS = {
     "seed_oss: drop the query bias": ("seed_oss", 0, "attention", lambda a: _set(a, 0, "attention", b_q=None)),
     "internlm3: drop the output bias": ("internlm3", 1, "attention", lambda a: _set(a, 1, "attention", b_o=None)),
 }  # fmt: skip
+
+
+def test_gpt_bigcode_reads_its_fused_qkv_as_its_config_lays_it_out() -> None:
+    """Multi-query: [q; k; v] blocks, one head of keys and values; multi-head: per head, [head, (q, k, v), d_head]."""
+    adapter = M.load(tiny_model("gpt_bigcode", multi_query=False))
+    assert (adapter.spec.n_kv_head, adapter.layout.qkv_order) == (3, "heads")
+    M.check_weights_fidelity(adapter, IDS)
+    _reread(adapter, qkv_order="blocks")
+    with pytest.raises(WeightsFidelityError):
+        M.check_weights_fidelity(adapter, IDS)
+    crossed = M.load(tiny_model("gpt_bigcode", multi_query=False, add_cross_attention=True))
+    assert capture_row_statistics(crossed, IDS)  # its self-attention rows
+    with pytest.raises(UnsupportedModelError, match="sets add_cross_attention"):
+        M.check_weights_fidelity(crossed, IDS)
 
 
 @pytest.mark.parametrize("name", MUTATIONS)

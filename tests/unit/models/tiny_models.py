@@ -18,6 +18,8 @@ from transformers import (
     GemmaForCausalLM,
     GPT2Config,
     GPT2LMHeadModel,
+    GPTBigCodeConfig,
+    GPTBigCodeForCausalLM,
     GPTJConfig,
     GPTJForCausalLM,
     GPTNeoXConfig,
@@ -53,7 +55,7 @@ VOCAB = 53
 FAMILIES = ("gpt2", "gpt_neox", "llama", "bert")
 DECODER_FAMILIES = (
     "mistral", "ministral", "seed_oss", "internlm3", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "olmo2",
-    "olmo3", "phi3", "opt", "opt_post", "gptj", "bloom",
+    "olmo3", "phi3", "opt", "opt_post", "gptj", "gpt_bigcode", "bloom",
     "mpt", "phi", "stablelm", "starcoder2", "cohere",
 )  # fmt: skip
 """Families bounded through the declarative decoder table (models/layouts.py); sliding windows of 5 keys; gemma2
@@ -86,6 +88,9 @@ CONFIGS = {
     "electra": (ElectraConfig, ElectraModel, {"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 21,
                                               "embedding_size": 13, "intermediate_size": 37,
                                               "max_position_embeddings": 41}),
+    "gpt_bigcode": (GPTBigCodeConfig, GPTBigCodeForCausalLM, {"n_layer": 2, "n_head": 3, "n_embd": 21, "n_inner": 37,
+                                                              "n_positions": 41, "bos_token_id": 0,
+                                                              "eos_token_id": 0}),
     "gptj": (GPTJConfig, GPTJForCausalLM, {"n_layer": 2, "n_head": 3, "n_embd": 24, "n_inner": 37, "rotary_dim": 4,
                                            "n_positions": 41, "bos_token_id": 0, "eos_token_id": 0}),
     "distilbert": (DistilBertConfig, DistilBertModel, {"n_layers": 2, "n_heads": 3, "dim": 21, "hidden_dim": 37,

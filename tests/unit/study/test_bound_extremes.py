@@ -21,10 +21,10 @@ from tests.unit.models.tiny_models import DECODER_FAMILIES, ENCODER_FAMILIES, FA
 EAGER_ONLY = ("gemma2", "bloom", "mpt")  # transformers has no sdpa path for them
 QUERY = ("q_proj.", "query.", "q_lin.")
 FUSED_QKV = ("c_attn.", "query_key_value.", "qkv_proj.", "Wqkv.")
-"""Families whose query projection is one matrix with the keys' and values' (GPT-2, GPT-NeoX, Phi-3, BLOOM, MPT):
-they cannot zero the queries alone, and are scaled whole for sharp attention."""
+"""Families whose query projection is one matrix with the keys' and values' (GPT-2, GPT-BigCode, GPT-NeoX, Phi-3,
+BLOOM, MPT): they cannot zero the queries alone, and are scaled whole for sharp attention."""
 ALL_FAMILIES = (*FAMILIES, *DECODER_FAMILIES, *ENCODER_FAMILIES)
-SEPARATE_QUERY = tuple(f for f in ALL_FAMILIES if f not in ("gpt2", "gpt_neox", "phi3", "bloom", "mpt"))
+SEPARATE_QUERY = tuple(f for f in ALL_FAMILIES if f not in ("gpt2", "gpt_bigcode", "gpt_neox", "phi3", "bloom", "mpt"))
 IDS = torch.randint(2, VOCAB, (1, 17), generator=torch.Generator().manual_seed(3))
 
 
