@@ -385,6 +385,9 @@ class LayoutAdapter(HFAdapter):
 
     @classmethod
     def kv_heads_of(cls, config: Any) -> int:
+        flag = layout_of(config.model_type).qkv_in_blocks_if
+        if flag is not None:  # GPT-BigCode's attention reads its flag, not num_key_value_heads
+            return 1 if getattr(config, flag, False) else int(config.num_attention_heads)
         return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
 
     @classmethod
@@ -550,6 +553,13 @@ class LayoutAdapter(HFAdapter):
             weights = [self._matrix(linear).clone() for linear in linears]
             return (*weights, *(copied(linear.bias) for linear in linears))
         fused = _get(attn, self.layout.qkv)
+        rows = (s.n_head + 2 * s.n_kv_head) * s.d_head
+        if self._matrix(fused).shape[0] != rows:
+            raise UnsupportedModelError(
+                f"{self.family}: its fused qkv projection has {self._matrix(fused).shape[0]} rows where the config's "
+                f"{s.n_head} query and {s.n_kv_head} key heads of size {s.d_head} give {rows}; attnsens does not "
+                "bound a model whose config does not describe its attention"
+            )
         if self.layout.qkv_order != "blocks":  # rows [head, (q, k, v), d_head] or [kv_head, (q × group, k, v), d_head]
             group = 1 if self.layout.qkv_order == "heads" else s.n_head // s.n_kv_head
             parts = (slice(0, group), slice(group, group + 1), slice(group + 1, group + 2))

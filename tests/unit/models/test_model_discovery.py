@@ -174,3 +174,10 @@ def test_calls_with_other_heads_than_the_spec_are_refused(family: str) -> None:
         capture_row_statistics(adapter, IDS)
     with pytest.raises(UnsupportedModelError, match="calls its attention with 6 query heads"):
         list(adapter.stream_attention(IDS))
+
+
+def test_a_fused_projection_that_the_spec_does_not_describe_is_refused_for_bounds() -> None:
+    adapter = M.load(tiny_model("gpt2"))
+    adapter.spec = replace(adapter.spec, n_head=1, n_kv_head=1)  # its c_attn holds 3 heads of 7
+    with pytest.raises(UnsupportedModelError, match=r"fused qkv projection has 63 rows where .* give 21"):
+        bound_model(adapter, IDS[:1])
