@@ -1,11 +1,12 @@
 """Families read from one declarative table (:data:`LAYOUTS`): the decoders GPT-2 (Conv1D weights), GPT-BigCode
-(GPT-2's block on nn.Linear, multi-query attention), GPT-NeoX
-(Pythia), Llama (SmolLM2; Seed-OSS and InternLM3 are Llama's block), Mistral, Ministral, Qwen2, Qwen3 (per-head
-QK-norm), Gemma, Gemma 2 (sandwich norms, attention logit softcap), Gemma 3 (sandwich norms, per-head QK-norm, one
-RoPE per layer type), OLMo 2 (norms after each sublayer only, QK-norm over all heads; OLMo 3 the same, with
-sliding windows), Phi, Phi-3, StableLM, StarCoder2, Cohere, OPT, GPT-J, BLOOM and MPT (ALiBi; their taps live in
-``bloom`` and ``mpt``), Falcon (``falcon`` picks its arrangement), and the encoders BERT (all-MiniLM-L6-v2),
-RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA and DistilBERT.
+(GPT-2's block on nn.Linear, multi-query attention), GPT-NeoX (Pythia), Llama (SmolLM2; Seed-OSS and InternLM3
+are Llama's block; SmolLM3 with NoPE layers; Helium and ERNIE 4.5 with RoPE on adjacent pairs), Mistral,
+Ministral, Qwen2, Qwen3 (per-head QK-norm), Gemma, Gemma 2 (sandwich norms, attention logit softcap; VaultGemma
+with pre-norms only), Gemma 3 (sandwich norms, per-head QK-norm, one RoPE per layer type), OLMo 2 (norms after
+each sublayer only, QK-norm over all heads; OLMo 3 the same, with sliding windows), Phi, Phi-3, StableLM,
+StarCoder2, Cohere, OPT, GPT-J, BLOOM and MPT (ALiBi; their taps live in ``bloom`` and ``mpt``), Falcon
+(``falcon`` picks its arrangement), and the encoders BERT (all-MiniLM-L6-v2), RoBERTa, XLM-RoBERTa, CamemBERT,
+ELECTRA and DistilBERT.
 
 A :class:`BlockLayout` says where a family keeps each part of a block and what it does differently: fused
 projections (Phi-3's ``qkv_proj`` = [q; k; v] rows, ``gate_up_proj`` = [gate; up] rows), Gemma's RMSNorm scale
@@ -105,6 +106,8 @@ class BlockLayout:
     scaling: str = "scaling"  # attention-module attribute holding the score scale 1/τ (default 1/√d_head)
     positions: str = "max_position_embeddings"  # config attribute of the context length
     rotary_interleaved: bool = False  # RoPE on adjacent pairs (Cohere) instead of halves
+    rotary_if: str | None = None  # attention-module attribute saying whether its layer applies RoPE (SmolLM3's NoPE
+    # layers), default every layer of a family with RoPE
     conv1d: bool = False  # GPT-2's Conv1D modules store weights as [in, out]
     parallel_if: str | None = None  # config flag that makes the block parallel (StableLM, GPT-NeoX)
     parallel_shares_norm: bool = True  # under parallel_if: the MLP reads the attention norm (StableLM), or its own
@@ -191,7 +194,10 @@ LAYOUTS: dict[str, BlockLayout] = {
         parallel_shares_norm=False,
     ),
     "mistral": BlockLayout(window="config"),
-    "ministral": BlockLayout(window="module"),  # Llama with a window on the layers its layer_types make sliding
+    "ministral": BlockLayout(window="module"),
+    "smollm3": BlockLayout(window="module", rotary_if="use_rope"),  # Llama with NoPE layers (no RoPE)
+    "helium": BlockLayout(rotary_interleaved=True),  # Llama with RoPE on adjacent pairs
+    "ernie4_5": BlockLayout(rotary_interleaved=True),  # Llama with a window on the layers its layer_types make sliding
     "seed_oss": BlockLayout(),  # Llama with q/k/v biases (and optional o and MLP biases)
     "internlm3": BlockLayout(),  # Llama's modules under InternLM3's config
     "qwen2": BlockLayout(window="module"),
@@ -212,6 +218,13 @@ LAYOUTS: dict[str, BlockLayout] = {
         # Gemma 3's attention never hands its config's attn_logit_softcapping to the attention function: the
         # model runs uncapped whatever the config says (a version that applied it would fail the gate).
         **_SANDWICH,
+    ),
+    "vaultgemma": BlockLayout(  # Gemma 2's attention (softcap, windows) with pre-norms only
+        gamma_offset=1.0,
+        activation="hidden_activation",
+        window="module",
+        softcap="attn_logit_softcapping",
+        mlp_norm="pre_feedforward_layernorm",
     ),
     "phi3": BlockLayout(qkv="qkv_proj", gate_up="mlp.gate_up_proj", window="config"),
     "phi": BlockLayout(
@@ -510,6 +523,8 @@ class LayoutAdapter(HFAdapter):
             w_q, b_q, tau = w_q * scaling, None if b_q is None else b_q * scaling, 1.0
         layer_type = (getattr(config, "layer_types", None) or [None] * (index + 1))[index]
         rotary = _rotary(lay, config, s.d_head, refuse=True, layer_type=layer_type)
+        if lay.rotary_if is not None and not getattr(attn, lay.rotary_if):
+            rotary = None  # a layer without position encoding in a family with RoPE
         if rotary is not None:
             rotary_module = getattr(self.base, "rotary_emb", None)
             rotary = _rotating_as_the_model(rotary, rotary_module, s.d_head, layer_type)

@@ -52,7 +52,7 @@ def _assert_rows_match(model: torch.nn.Module, mask: torch.Tensor | None) -> M.M
 @pytest.mark.parametrize("mask", [None, LEFT_PADDED, RIGHT_PADDED], ids=["no padding", "left", "right"])
 @pytest.mark.parametrize("family", EVERY_FAMILY)
 def test_rows_match_eager_attention_under_the_models_own_masks(family: str, mask: torch.Tensor | None) -> None:
-    implementation = "eager" if family in (*SOFTCAPPED, "bloom", "mpt") else "sdpa"  # no sdpa path in transformers
+    implementation = "eager" if family in (*SOFTCAPPED, "vaultgemma", "bloom", "mpt") else "sdpa"  # no sdpa path
     _assert_rows_match(tiny_model(family, attn_implementation=implementation, **SOFTCAPPED.get(family, {})), mask)
 
 

@@ -31,11 +31,12 @@ WINDOWS = {"mistral": [5, 5], "qwen2": [None, 5], "qwen3": [None, None], "phi3":
            "opt_post": [None, None], "gptj": [None, None], "bloom": [None, None], "mpt": [None, None],
            "phi": [None, None], "stablelm": [None, None], "starcoder2": [5, 5], "cohere": [None, None],
            "ministral": [5, None], "seed_oss": [None, None], "internlm3": [None, None],
-           "olmo3": [5, None], "gpt_bigcode": [None, None]}  # fmt: skip
+           "olmo3": [5, None], "gpt_bigcode": [None, None], "smollm3": [5, None], "helium": [None, None],
+           "ernie4_5": [None, None], "vaultgemma": [5, None]}  # fmt: skip
 OUT_NORM_FIELDS = {"attn_out_norm", "mlp_out_norm"}
 
 
-EAGER_ONLY = ("gemma2", "bloom", "mpt")  # transformers has no sdpa path for them
+EAGER_ONLY = ("gemma2", "vaultgemma", "bloom", "mpt")  # transformers has no sdpa path for them (softcaps, ALiBi)
 
 
 def _model(family: str) -> torch.nn.Module:
@@ -156,6 +157,16 @@ MUTATIONS = {
     ),
     "olmo3: a window on its full layer": ("olmo3", 1, "attention", lambda a: _set(a, 1, "attention", sliding_window=5)),
     "seed_oss: drop the query bias": ("seed_oss", 0, "attention", lambda a: _set(a, 0, "attention", b_q=None)),
+    "smollm3: RoPE on its NoPE layer": (
+        "smollm3", 1, "attention", lambda a: _set(a, 1, "attention", rotary=a.layers[0].attention.rotary)
+    ),
+    "helium: rotate halves": ("helium", 0, "attention", lambda a: _set(
+        a, 0, "attention", rotary=replace(a.layers[0].attention.rotary, interleaved=False))
+    ),
+    "ernie4_5: rotate halves": ("ernie4_5", 1, "attention", lambda a: _set(
+        a, 1, "attention", rotary=replace(a.layers[1].attention.rotary, interleaved=False))
+    ),
+    "vaultgemma: no softcap": ("vaultgemma", 0, "attention", lambda a: _set(a, 0, "attention", softcap=None)),
     "internlm3: drop the output bias": ("internlm3", 1, "attention", lambda a: _set(a, 1, "attention", b_o=None)),
 }  # fmt: skip
 
@@ -184,7 +195,10 @@ def test_the_gate_refuses_mutated_decoder_weights(name: str) -> None:
     assert (caught.value.family, caught.value.layer, caught.value.field) == (adapter.family, layer, field)
 
 
-@pytest.mark.parametrize("family", ["mistral", "ministral", "qwen2", "qwen3", "olmo2", "olmo3", "phi3", "bloom", "mpt"])
+@pytest.mark.parametrize(
+    "family",
+    ["mistral", "ministral", "smollm3", "vaultgemma", "qwen2", "qwen3", "olmo2", "olmo3", "phi3", "bloom", "mpt"],
+)
 def test_rows_match_eager_attention_with_sliding_windows_and_qk_norm(family: str) -> None:
     model = _model(family)
     adapter = M.load(model)

@@ -12,6 +12,8 @@ from transformers import (
     DistilBertModel,
     ElectraConfig,
     ElectraModel,
+    Ernie4_5Config,
+    Ernie4_5ForCausalLM,
     Gemma2Config,
     Gemma2ForCausalLM,
     GemmaConfig,
@@ -24,6 +26,8 @@ from transformers import (
     GPTJForCausalLM,
     GPTNeoXConfig,
     GPTNeoXModel,
+    HeliumConfig,
+    HeliumForCausalLM,
     InternLM3Config,
     LlamaConfig,
     LlamaForCausalLM,
@@ -49,19 +53,25 @@ from transformers import (
     RobertaModel,
     SeedOssConfig,
     SeedOssForCausalLM,
+    SmolLM3Config,
+    SmolLM3ForCausalLM,
+    VaultGemmaConfig,
+    VaultGemmaForCausalLM,
 )
 
 VOCAB = 53
 FAMILIES = ("gpt2", "gpt_neox", "llama", "bert")
 DECODER_FAMILIES = (
-    "mistral", "ministral", "seed_oss", "internlm3", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "olmo2",
-    "olmo3", "phi3", "opt", "opt_post", "gptj", "gpt_bigcode", "bloom",
+    "mistral", "ministral", "seed_oss", "internlm3", "smollm3", "helium", "ernie4_5", "vaultgemma", "qwen2", "qwen3",
+    "gemma", "gemma2", "gemma3_text", "olmo2", "olmo3", "phi3", "opt", "opt_post", "gptj", "gpt_bigcode", "bloom",
     "mpt", "phi", "stablelm", "starcoder2", "cohere",
 )  # fmt: skip
 """Families bounded through the declarative decoder table (models/layouts.py); sliding windows of 5 keys; gemma2
 with sandwich norms and an attention logit softcap of 3 (eager attention), gemma3_text with per-head QK-norm and
 one RoPE per layer type, olmo2 with norms after each sublayer and a QK-norm over all heads, bloom with ALiBi and
-its fused per-head qkv, mpt with its own ALiBi slopes (both audited through their own score computation)."""
+its fused per-head qkv, mpt with its own ALiBi slopes (both audited through their own score computation), smollm3
+with a NoPE layer, helium and ernie4_5 with RoPE on adjacent pairs, vaultgemma with a softcap of 3 and pre-norms
+only."""
 OUT_NORM_FAMILIES = ("gemma2", "gemma3_text", "olmo2", "olmo3")
 """Families whose blocks apply a norm to each sublayer's output; their norm gains are spread too."""
 ENCODER_FAMILIES = ("roberta", "electra", "distilbert")
@@ -111,6 +121,17 @@ CONFIGS = {
                                                           "layer_types": ["sliding_attention", "full_attention"]}),
     "seed_oss": (SeedOssConfig, SeedOssForCausalLM, {**_GQA, "head_dim": 6, "attention_bias": True,
                                                      "attention_out_bias": True, "mlp_bias": True}),
+    "smollm3": (SmolLM3Config, SmolLM3ForCausalLM, {**_GQA, "head_dim": 6, "pad_token_id": 0,
+                                                    "no_rope_layers": [1, 0], "use_sliding_window": True,
+                                                    "sliding_window": 5,
+                                                    "layer_types": ["sliding_attention", "full_attention"]}),
+    "helium": (HeliumConfig, HeliumForCausalLM, {**_GQA, "head_dim": 6, "pad_token_id": 0, "bos_token_id": 0,
+                                                 "eos_token_id": 0}),
+    "ernie4_5": (Ernie4_5Config, Ernie4_5ForCausalLM, {**_GQA, "head_dim": 6, "use_bias": True, "pad_token_id": 0,
+                                                       "bos_token_id": 0, "eos_token_id": 0}),
+    "vaultgemma": (VaultGemmaConfig, VaultGemmaForCausalLM, {**_GQA, "head_dim": 6, "sliding_window": 5,
+                                                             "layer_types": ["sliding_attention", "full_attention"],
+                                                             "attn_logit_softcapping": 3.0}),
     "internlm3": (InternLM3Config, LlamaForCausalLM, {**_GQA, "head_dim": 6, "qkv_bias": True, "bias": True}),
     "bloom": (BloomConfig, BloomForCausalLM, {"n_layer": 2, "n_head": 3, "hidden_size": 21}),
     "mpt": (MptConfig, MptForCausalLM, {"n_layers": 2, "n_heads": 3, "d_model": 21, "max_seq_len": 41}),

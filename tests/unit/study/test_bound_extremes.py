@@ -18,7 +18,7 @@ import attnsens.models as M
 from attnsens.study.bounds import bound_model
 from tests.unit.models.tiny_models import DECODER_FAMILIES, ENCODER_FAMILIES, FAMILIES, VOCAB, tiny_model
 
-EAGER_ONLY = ("gemma2", "bloom", "mpt")  # transformers has no sdpa path for them
+EAGER_ONLY = ("gemma2", "vaultgemma", "bloom", "mpt")  # transformers has no sdpa path for them
 QUERY = ("q_proj.", "query.", "q_lin.")
 FUSED_QKV = ("c_attn.", "query_key_value.", "qkv_proj.", "Wqkv.")
 """Families whose query projection is one matrix with the keys' and values' (GPT-2, GPT-BigCode, GPT-NeoX, Phi-3,
