@@ -55,6 +55,9 @@ def _build(model_type: str, kind: str) -> Any:
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
     config = AutoConfig.for_model(model_type)
+    for name in ("pad_token_id", "bos_token_id", "eos_token_id"):  # ids of the full vocabulary would not embed
+        if isinstance(getattr(config, name, None), int) and getattr(config, name) >= SIZES["vocab_size"]:
+            setattr(config, name, 0)
     for name, value in SIZES.items():
         if hasattr(config, name):
             try:

@@ -1,6 +1,7 @@
 """Families read from one declarative table (:data:`LAYOUTS`): the decoders GPT-2 (Conv1D weights), GPT-BigCode
 (GPT-2's block on nn.Linear, multi-query attention), GPT-NeoX (Pythia), Llama (SmolLM2; Seed-OSS and InternLM3
-are Llama's block; SmolLM3 with NoPE layers; Helium and ERNIE 4.5 with RoPE on adjacent pairs), Mistral,
+are Llama's block; SmolLM3 with NoPE layers; Helium and ERNIE 4.5 with RoPE on adjacent pairs; GLM and GLM-4
+with a fused gate-up projection and a partial RoPE on adjacent pairs, GLM-4 with sandwich norms), Mistral,
 Ministral, Qwen2, Qwen3 (per-head QK-norm), Gemma, Gemma 2 (sandwich norms, attention logit softcap; VaultGemma
 with pre-norms only), Gemma 3 (sandwich norms, per-head QK-norm, one RoPE per layer type), OLMo 2 (norms after
 each sublayer only, QK-norm over all heads; OLMo 3 the same, with sliding windows), Phi, Phi-3, StableLM,
@@ -197,7 +198,14 @@ LAYOUTS: dict[str, BlockLayout] = {
     "ministral": BlockLayout(window="module"),
     "smollm3": BlockLayout(window="module", rotary_if="use_rope"),  # Llama with NoPE layers (no RoPE)
     "helium": BlockLayout(rotary_interleaved=True),  # Llama with RoPE on adjacent pairs
-    "ernie4_5": BlockLayout(rotary_interleaved=True),  # Llama with a window on the layers its layer_types make sliding
+    "ernie4_5": BlockLayout(rotary_interleaved=True),
+    "glm": BlockLayout(gate_up="mlp.gate_up_proj", rotary_interleaved=True),  # partial rotary on adjacent pairs
+    "glm4": BlockLayout(  # GLM's block with a norm after each sublayer beside the pre-norms
+        gate_up="mlp.gate_up_proj",
+        rotary_interleaved=True,
+        attn_out_norm="post_self_attn_layernorm",
+        mlp_out_norm="post_mlp_layernorm",
+    ),  # Llama with a window on the layers its layer_types make sliding
     "seed_oss": BlockLayout(),  # Llama with q/k/v biases (and optional o and MLP biases)
     "internlm3": BlockLayout(),  # Llama's modules under InternLM3's config
     "qwen2": BlockLayout(window="module"),

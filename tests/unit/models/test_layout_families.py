@@ -32,7 +32,7 @@ WINDOWS = {"mistral": [5, 5], "qwen2": [None, 5], "qwen3": [None, None], "phi3":
            "phi": [None, None], "stablelm": [None, None], "starcoder2": [5, 5], "cohere": [None, None],
            "ministral": [5, None], "seed_oss": [None, None], "internlm3": [None, None],
            "olmo3": [5, None], "gpt_bigcode": [None, None], "smollm3": [5, None], "helium": [None, None],
-           "ernie4_5": [None, None], "vaultgemma": [5, None]}  # fmt: skip
+           "ernie4_5": [None, None], "vaultgemma": [5, None], "glm": [None, None], "glm4": [None, None]}  # fmt: skip
 OUT_NORM_FIELDS = {"attn_out_norm", "mlp_out_norm"}
 
 
@@ -166,6 +166,10 @@ MUTATIONS = {
     "ernie4_5: rotate halves": ("ernie4_5", 1, "attention", lambda a: _set(
         a, 1, "attention", rotary=replace(a.layers[1].attention.rotary, interleaved=False))
     ),
+    "glm: RoPE on every dimension": ("glm", 0, "attention", lambda a: _set(
+        a, 0, "attention", rotary=replace(a.layers[0].attention.rotary, rotary_dim=8))
+    ),
+    "glm4: no norm after attention": ("glm4", 0, "mlp_norm", lambda a: _drop(a, 0, "attn_out_norm")),
     "vaultgemma: no softcap": ("vaultgemma", 0, "attention", lambda a: _set(a, 0, "attention", softcap=None)),
     "internlm3: drop the output bias": ("internlm3", 1, "attention", lambda a: _set(a, 1, "attention", b_o=None)),
 }  # fmt: skip
@@ -215,7 +219,7 @@ def test_rows_match_eager_attention_with_sliding_windows_and_qk_norm(family: str
     assert n_keys == {i: WINDOWS.get(family, [None, None])[i] or IDS.shape[1] for i in range(2)}
 
 
-@pytest.mark.parametrize("family", ["olmo2", "olmo3", "gemma3_text"])
+@pytest.mark.parametrize("family", ["olmo2", "olmo3", "gemma3_text", "glm4"])
 def test_norms_after_the_sublayers_reproduce_what_the_model_adds_to_the_stream(family: str) -> None:
     """The norms the layout reads around the sublayers, checked on the model's own attention and MLP outputs
     (independently of attnsens' attention forward)."""

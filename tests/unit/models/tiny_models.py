@@ -18,6 +18,10 @@ from transformers import (
     Gemma2ForCausalLM,
     GemmaConfig,
     GemmaForCausalLM,
+    Glm4Config,
+    Glm4ForCausalLM,
+    GlmConfig,
+    GlmForCausalLM,
     GPT2Config,
     GPT2LMHeadModel,
     GPTBigCodeConfig,
@@ -62,7 +66,8 @@ from transformers import (
 VOCAB = 53
 FAMILIES = ("gpt2", "gpt_neox", "llama", "bert")
 DECODER_FAMILIES = (
-    "mistral", "ministral", "seed_oss", "internlm3", "smollm3", "helium", "ernie4_5", "vaultgemma", "qwen2", "qwen3",
+    "mistral", "ministral", "seed_oss", "internlm3", "smollm3", "helium", "ernie4_5", "glm", "glm4", "vaultgemma",
+    "qwen2", "qwen3",
     "gemma", "gemma2", "gemma3_text", "olmo2", "olmo3", "phi3", "opt", "opt_post", "gptj", "gpt_bigcode", "bloom",
     "mpt", "phi", "stablelm", "starcoder2", "cohere",
 )  # fmt: skip
@@ -71,8 +76,8 @@ with sandwich norms and an attention logit softcap of 3 (eager attention), gemma
 one RoPE per layer type, olmo2 with norms after each sublayer and a QK-norm over all heads, bloom with ALiBi and
 its fused per-head qkv, mpt with its own ALiBi slopes (both audited through their own score computation), smollm3
 with a NoPE layer, helium and ernie4_5 with RoPE on adjacent pairs, vaultgemma with a softcap of 3 and pre-norms
-only."""
-OUT_NORM_FAMILIES = ("gemma2", "gemma3_text", "olmo2", "olmo3")
+only, glm and glm4 with a partial RoPE on adjacent pairs (glm4 with a norm after each sublayer)."""
+OUT_NORM_FAMILIES = ("gemma2", "gemma3_text", "olmo2", "olmo3", "glm4")
 """Families whose blocks apply a norm to each sublayer's output; their norm gains are spread too."""
 ENCODER_FAMILIES = ("roberta", "electra", "distilbert")
 """Encoders read by the BERT adapter (RoBERTa, ELECTRA) and by the layout table (DistilBERT)."""
@@ -129,6 +134,10 @@ CONFIGS = {
                                                  "eos_token_id": 0}),
     "ernie4_5": (Ernie4_5Config, Ernie4_5ForCausalLM, {**_GQA, "head_dim": 6, "use_bias": True, "pad_token_id": 0,
                                                        "bos_token_id": 0, "eos_token_id": 0}),
+    "glm": (GlmConfig, GlmForCausalLM, {**_GQA, "hidden_size": 48, "head_dim": 8, "attention_bias": True,
+                                        "pad_token_id": 0, "bos_token_id": 0, "eos_token_id": 0}),
+    "glm4": (Glm4Config, Glm4ForCausalLM, {**_GQA, "hidden_size": 48, "head_dim": 8, "attention_bias": True,
+                                           "pad_token_id": 0, "bos_token_id": 0, "eos_token_id": 0}),
     "vaultgemma": (VaultGemmaConfig, VaultGemmaForCausalLM, {**_GQA, "head_dim": 6, "sliding_window": 5,
                                                              "layer_types": ["sliding_attention", "full_attention"],
                                                              "attn_logit_softcapping": 3.0}),
