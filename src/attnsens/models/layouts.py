@@ -5,9 +5,9 @@ with a fused gate-up projection and a partial RoPE on adjacent pairs, GLM-4 with
 Ministral, Qwen2, Qwen3 (per-head QK-norm), Gemma, Gemma 2 (sandwich norms, attention logit softcap; VaultGemma
 with pre-norms only), Gemma 3 (sandwich norms, per-head QK-norm, one RoPE per layer type), OLMo 2 (norms after
 each sublayer only, QK-norm over all heads; OLMo 3 the same, with sliding windows), Phi, Phi-3, StableLM,
-StarCoder2, Cohere, OPT, GPT-J, BLOOM and MPT (ALiBi; their taps live in ``bloom`` and ``mpt``), Falcon
-(``falcon`` picks its arrangement), and the encoders BERT (all-MiniLM-L6-v2), RoBERTa, XLM-RoBERTa, CamemBERT,
-ELECTRA and DistilBERT.
+StarCoder2, Cohere (Cohere 2 with windows, RoPE on its sliding layers alone), BioGPT, OPT, GPT-J, BLOOM and MPT
+(ALiBi; their taps live in ``bloom`` and ``mpt``), Falcon (``falcon`` picks its arrangement), and the encoders
+BERT (all-MiniLM-L6-v2), RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA and DistilBERT.
 
 A :class:`BlockLayout` says where a family keeps each part of a block and what it does differently: fused
 projections (Phi-3's ``qkv_proj`` = [q; k; v] rows, ``gate_up_proj`` = [gate; up] rows), Gemma's RMSNorm scale
@@ -255,6 +255,25 @@ LAYOUTS: dict[str, BlockLayout] = {
         parallel_residual=True,
         rotary_interleaved=True,
         unsupported=(("use_qk_norm", _LAYERNORM_QK),),
+    ),
+    "cohere2": BlockLayout(  # Cohere's block with windows; RoPE on the sliding layers alone
+        mlp_norm="input_layernorm",
+        norm="layernorm",
+        parallel_residual=True,
+        rotary_interleaved=True,
+        window="module",
+        rotary_if="sliding_window",
+    ),
+    "biogpt": BlockLayout(  # OPT's block names, pre-LN, learned positions, the scaling in the attention call
+        o="out_proj",
+        mlp="fc2",
+        up="fc1",
+        gate=None,
+        down="fc2",
+        attn_norm="self_attn_layer_norm",
+        mlp_norm="final_layer_norm",
+        norm="layernorm",
+        rotary="none",
     ),
     "bloom": BlockLayout(
         blocks="h",

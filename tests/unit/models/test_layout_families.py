@@ -32,7 +32,8 @@ WINDOWS = {"mistral": [5, 5], "qwen2": [None, 5], "qwen3": [None, None], "phi3":
            "phi": [None, None], "stablelm": [None, None], "starcoder2": [5, 5], "cohere": [None, None],
            "ministral": [5, None], "seed_oss": [None, None], "internlm3": [None, None],
            "olmo3": [5, None], "gpt_bigcode": [None, None], "smollm3": [5, None], "helium": [None, None],
-           "ernie4_5": [None, None], "vaultgemma": [5, None], "glm": [None, None], "glm4": [None, None]}  # fmt: skip
+           "ernie4_5": [None, None], "vaultgemma": [5, None], "glm": [None, None], "glm4": [None, None],
+           "cohere2": [5, None], "biogpt": [None, None]}  # fmt: skip
 OUT_NORM_FIELDS = {"attn_out_norm", "mlp_out_norm"}
 
 
@@ -170,6 +171,10 @@ MUTATIONS = {
         a, 0, "attention", rotary=replace(a.layers[0].attention.rotary, rotary_dim=8))
     ),
     "glm4: no norm after attention": ("glm4", 0, "mlp_norm", lambda a: _drop(a, 0, "attn_out_norm")),
+    "cohere2: RoPE on its full layer": (
+        "cohere2", 1, "attention", lambda a: _set(a, 1, "attention", rotary=a.layers[0].attention.rotary)
+    ),
+    "biogpt: drop the first norm's bias": ("biogpt", 0, "attn_norm", lambda a: _set(a, 0, "attn_norm", beta=None)),
     "vaultgemma: no softcap": ("vaultgemma", 0, "attention", lambda a: _set(a, 0, "attention", softcap=None)),
     "internlm3: drop the output bias": ("internlm3", 1, "attention", lambda a: _set(a, 1, "attention", b_o=None)),
 }  # fmt: skip

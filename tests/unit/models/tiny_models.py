@@ -6,8 +6,12 @@ import torch
 from transformers import (
     BertConfig,
     BertModel,
+    BioGptConfig,
+    BioGptForCausalLM,
     BloomConfig,
     BloomForCausalLM,
+    Cohere2Config,
+    Cohere2ForCausalLM,
     DistilBertConfig,
     DistilBertModel,
     ElectraConfig,
@@ -69,14 +73,15 @@ DECODER_FAMILIES = (
     "mistral", "ministral", "seed_oss", "internlm3", "smollm3", "helium", "ernie4_5", "glm", "glm4", "vaultgemma",
     "qwen2", "qwen3",
     "gemma", "gemma2", "gemma3_text", "olmo2", "olmo3", "phi3", "opt", "opt_post", "gptj", "gpt_bigcode", "bloom",
-    "mpt", "phi", "stablelm", "starcoder2", "cohere",
+    "mpt", "phi", "stablelm", "starcoder2", "cohere", "cohere2", "biogpt",
 )  # fmt: skip
 """Families bounded through the declarative decoder table (models/layouts.py); sliding windows of 5 keys; gemma2
 with sandwich norms and an attention logit softcap of 3 (eager attention), gemma3_text with per-head QK-norm and
 one RoPE per layer type, olmo2 with norms after each sublayer and a QK-norm over all heads, bloom with ALiBi and
 its fused per-head qkv, mpt with its own ALiBi slopes (both audited through their own score computation), smollm3
 with a NoPE layer, helium and ernie4_5 with RoPE on adjacent pairs, vaultgemma with a softcap of 3 and pre-norms
-only, glm and glm4 with a partial RoPE on adjacent pairs (glm4 with a norm after each sublayer)."""
+only, glm and glm4 with a partial RoPE on adjacent pairs (glm4 with a norm after each sublayer),
+cohere2 with RoPE on its sliding layer alone, biogpt with learned positions."""
 OUT_NORM_FAMILIES = ("gemma2", "gemma3_text", "olmo2", "olmo3", "glm4")
 """Families whose blocks apply a norm to each sublayer's output; their norm gains are spread too."""
 ENCODER_FAMILIES = ("roberta", "electra", "distilbert")
@@ -138,6 +143,11 @@ CONFIGS = {
                                         "pad_token_id": 0, "bos_token_id": 0, "eos_token_id": 0}),
     "glm4": (Glm4Config, Glm4ForCausalLM, {**_GQA, "hidden_size": 48, "head_dim": 8, "attention_bias": True,
                                            "pad_token_id": 0, "bos_token_id": 0, "eos_token_id": 0}),
+    "cohere2": (Cohere2Config, Cohere2ForCausalLM, {**_GQA, "sliding_window": 5, "logit_scale": 0.5,
+                                                    "layer_types": ["sliding_attention", "full_attention"]}),
+    "biogpt": (BioGptConfig, BioGptForCausalLM, {"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 21,
+                                                 "intermediate_size": 37, "max_position_embeddings": 41,
+                                                 "pad_token_id": 0, "bos_token_id": 0, "eos_token_id": 0}),
     "vaultgemma": (VaultGemmaConfig, VaultGemmaForCausalLM, {**_GQA, "head_dim": 6, "sliding_window": 5,
                                                              "layer_types": ["sliding_attention", "full_attention"],
                                                              "attn_logit_softcapping": 3.0}),
