@@ -195,7 +195,7 @@ LAYOUTS: dict[str, BlockLayout] = {
         parallel_shares_norm=False,
     ),
     "mistral": BlockLayout(window="config"),
-    "ministral": BlockLayout(window="module"),
+    "ministral": BlockLayout(window="module"),  # Llama with a window on the layers its layer_types make sliding
     "smollm3": BlockLayout(window="module", rotary_if="use_rope"),  # Llama with NoPE layers (no RoPE)
     "helium": BlockLayout(rotary_interleaved=True),  # Llama with RoPE on adjacent pairs
     "ernie4_5": BlockLayout(rotary_interleaved=True),
@@ -205,7 +205,7 @@ LAYOUTS: dict[str, BlockLayout] = {
         rotary_interleaved=True,
         attn_out_norm="post_self_attn_layernorm",
         mlp_out_norm="post_mlp_layernorm",
-    ),  # Llama with a window on the layers its layer_types make sliding
+    ),
     "seed_oss": BlockLayout(),  # Llama with q/k/v biases (and optional o and MLP biases)
     "internlm3": BlockLayout(),  # Llama's modules under InternLM3's config
     "qwen2": BlockLayout(window="module"),
@@ -413,8 +413,8 @@ class LayoutAdapter(HFAdapter):
 
     @classmethod
     def layout_for(cls, config: Any) -> BlockLayout:
-        """The family's layout, parallel when its ``parallel_if`` flag is set (a family whose blocks vary more with
-        its config overrides this)."""
+        """The family's layout, parallel when its ``parallel_if`` flag is set, its fused qkv per head when its
+        ``qkv_in_blocks_if`` flag is not (a family whose blocks vary more with its config overrides this)."""
         layout = layout_of(config.model_type)
         if layout.qkv_in_blocks_if is not None and not getattr(config, layout.qkv_in_blocks_if, False):
             layout = dataclasses.replace(layout, qkv_order="heads")
@@ -595,11 +595,12 @@ class LayoutAdapter(HFAdapter):
             weights = [self._matrix(linear).clone() for linear in linears]
             return (*weights, *(copied(linear.bias) for linear in linears))
         fused = _get(attn, self.layout.qkv)
-        rows = (s.n_head + 2 * s.n_kv_head) * s.d_head
-        if self._matrix(fused).shape[0] != rows:
+        matrix = self._matrix(fused)
+        expected = (s.n_head + 2 * s.n_kv_head) * s.d_head
+        if matrix.shape[0] != expected:
             raise UnsupportedModelError(
-                f"{self.family}: its fused qkv projection has {self._matrix(fused).shape[0]} rows where the config's "
-                f"{s.n_head} query and {s.n_kv_head} key heads of size {s.d_head} give {rows}; attnsens does not "
+                f"{self.family}: its fused qkv projection has {matrix.shape[0]} rows where the config's "
+                f"{s.n_head} query and {s.n_kv_head} key heads of size {s.d_head} give {expected}; attnsens does not "
                 "bound a model whose config does not describe its attention"
             )
         if self.layout.qkv_order != "blocks":  # rows [head, (q, k, v), d_head] or [kv_head, (q × group, k, v), d_head]
@@ -610,11 +611,11 @@ class LayoutAdapter(HFAdapter):
                 rows = t.detach().reshape(s.n_kv_head, group + 2, s.d_head, *t.shape[1:])
                 return [rows[:, part].reshape(-1, *t.shape[1:]).clone() for part in parts]
 
-            weights = split(self._matrix(fused))
+            weights = split(matrix)
             biases = [None] * 3 if fused.bias is None else split(fused.bias)
             return (*weights, *biases)
         sizes = [s.n_head * s.d_head, s.n_kv_head * s.d_head, s.n_kv_head * s.d_head]
-        weights = [w.clone() for w in self._matrix(fused).split(sizes, dim=0)]
+        weights = [w.clone() for w in matrix.split(sizes, dim=0)]
         biases = [None] * 3 if fused.bias is None else [b.clone() for b in fused.bias.detach().split(sizes)]
         return (*weights, *biases)
 
