@@ -149,37 +149,62 @@ _SANDWICH: dict[str, Any] = {
 }
 """Gemma 2/3: X + N_ao(Attn(N1 X)), then + N_mo(MLP(N2 ·)); ``post_attention_layernorm`` normalizes the attention
 output there, and the MLP's pre-norm is ``pre_feedforward_layernorm``."""
+_GPT2 = BlockLayout(
+    blocks="h",
+    attention="attn",
+    qkv="c_attn",
+    o="c_proj",
+    up="mlp.c_fc",
+    gate=None,
+    down="mlp.c_proj",
+    attn_norm="ln_1",
+    mlp_norm="ln_2",
+    norm="layernorm",
+    activation="activation_function",
+    rotary="none",
+    conv1d=True,
+)
+"""GPT-2 (and GPT-BigCode on nn.Linear): a fused [q; k; v] projection, learned positions, a plain MLP."""
+_GLM = BlockLayout(gate_up="mlp.gate_up_proj", rotary_interleaved=True)
+"""GLM: Llama's names with a fused [gate; up] projection and a partial RoPE on adjacent pairs."""
+_COHERE = BlockLayout(
+    mlp_norm="input_layernorm",
+    norm="layernorm",
+    parallel_residual=True,
+    rotary_interleaved=True,
+    unsupported=(("use_qk_norm", _LAYERNORM_QK),),
+)
+"""Cohere: a parallel block on one LayerNorm, RoPE on adjacent pairs."""
+_OLMO2 = BlockLayout(
+    attn_norm=None,
+    mlp_norm=None,
+    attn_out_norm="post_attention_layernorm",
+    mlp_out_norm="post_feedforward_layernorm",
+    qk_norm=True,
+)
+"""OLMo 2: norms after each sublayer only, a QK-norm over all heads."""
+_OPT = BlockLayout(
+    blocks="decoder.layers",
+    o="out_proj",
+    mlp="fc2",
+    up="fc1",
+    gate=None,
+    down="fc2",
+    attn_norm="self_attn_layer_norm",
+    mlp_norm="final_layer_norm",
+    norm="layernorm",
+    activation="activation_function",
+    rotary="none",
+    query_scaled_in_projection=True,
+)
+"""OPT: pre- or post-LN (``do_layer_norm_before``), the query scaling folded into q_proj."""
 LAYOUTS: dict[str, BlockLayout] = {
     "llama": BlockLayout(),
-    "gpt2": BlockLayout(
-        blocks="h",
-        attention="attn",
-        qkv="c_attn",
-        o="c_proj",
-        up="mlp.c_fc",
-        gate=None,
-        down="mlp.c_proj",
-        attn_norm="ln_1",
-        mlp_norm="ln_2",
-        norm="layernorm",
-        activation="activation_function",
-        rotary="none",
-        conv1d=True,
-    ),
-    "gpt_bigcode": BlockLayout(  # GPT-2's block on nn.Linear, with multi-query attention (StarCoder, SantaCoder)
-        blocks="h",
-        attention="attn",
-        qkv="c_attn",
+    "gpt2": _GPT2,
+    "gpt_bigcode": dataclasses.replace(  # GPT-2's block on nn.Linear, multi-query attention (StarCoder, SantaCoder)
+        _GPT2,
+        conv1d=False,
         qkv_in_blocks_if="multi_query",
-        o="c_proj",
-        up="mlp.c_fc",
-        gate=None,
-        down="mlp.c_proj",
-        attn_norm="ln_1",
-        mlp_norm="ln_2",
-        norm="layernorm",
-        activation="activation_function",
-        rotary="none",
         unsupported=(("add_cross_attention", "cross-attention blocks, which attnsens does not bound"),),
     ),
     "gpt_neox": BlockLayout(
@@ -199,12 +224,9 @@ LAYOUTS: dict[str, BlockLayout] = {
     "smollm3": BlockLayout(window="module", rotary_if="use_rope"),  # Llama with NoPE layers (no RoPE)
     "helium": BlockLayout(rotary_interleaved=True),  # Llama with RoPE on adjacent pairs
     "ernie4_5": BlockLayout(rotary_interleaved=True),
-    "glm": BlockLayout(gate_up="mlp.gate_up_proj", rotary_interleaved=True),  # partial rotary on adjacent pairs
-    "glm4": BlockLayout(  # GLM's block with a norm after each sublayer beside the pre-norms
-        gate_up="mlp.gate_up_proj",
-        rotary_interleaved=True,
-        attn_out_norm="post_self_attn_layernorm",
-        mlp_out_norm="post_mlp_layernorm",
+    "glm": _GLM,
+    "glm4": dataclasses.replace(  # GLM's block with a norm after each sublayer beside the pre-norms
+        _GLM, attn_out_norm="post_self_attn_layernorm", mlp_out_norm="post_mlp_layernorm"
     ),
     "seed_oss": BlockLayout(),  # Llama with q/k/v biases (and optional o and MLP biases)
     "internlm3": BlockLayout(),  # Llama's modules under InternLM3's config
@@ -249,31 +271,9 @@ LAYOUTS: dict[str, BlockLayout] = {
         norm="layernorm", parallel_if="use_parallel_residual", unsupported=(("qk_layernorm", _LAYERNORM_QK),)
     ),
     "starcoder2": BlockLayout(up="mlp.c_fc", gate=None, down="mlp.c_proj", norm="layernorm", window="config"),
-    "cohere": BlockLayout(
-        mlp_norm="input_layernorm",
-        norm="layernorm",
-        parallel_residual=True,
-        rotary_interleaved=True,
-        unsupported=(("use_qk_norm", _LAYERNORM_QK),),
-    ),
-    "cohere2": BlockLayout(  # Cohere's block with windows; RoPE on the sliding layers alone
-        mlp_norm="input_layernorm",
-        norm="layernorm",
-        parallel_residual=True,
-        rotary_interleaved=True,
-        window="module",
-        rotary_if="sliding_window",
-    ),
-    "biogpt": BlockLayout(  # OPT's block names, pre-LN, learned positions, the scaling in the attention call
-        o="out_proj",
-        mlp="fc2",
-        up="fc1",
-        gate=None,
-        down="fc2",
-        attn_norm="self_attn_layer_norm",
-        mlp_norm="final_layer_norm",
-        norm="layernorm",
-        rotary="none",
+    "cohere": _COHERE,
+    "cohere2": dataclasses.replace(  # Cohere's block with windows; RoPE on the sliding layers alone
+        _COHERE, window="module", rotary_if="sliding_window", unsupported=()
     ),
     "bloom": BlockLayout(
         blocks="h",
@@ -316,34 +316,11 @@ LAYOUTS: dict[str, BlockLayout] = {
         scaling="softmax_scale",
         positions="max_seq_len",
     ),
-    "olmo2": BlockLayout(
-        attn_norm=None,
-        mlp_norm=None,
-        attn_out_norm="post_attention_layernorm",
-        mlp_out_norm="post_feedforward_layernorm",
-        qk_norm=True,
-    ),
-    "olmo3": BlockLayout(  # OLMo 2's block, with a window on the layers its layer_types make sliding
-        attn_norm=None,
-        mlp_norm=None,
-        attn_out_norm="post_attention_layernorm",
-        mlp_out_norm="post_feedforward_layernorm",
-        qk_norm=True,
-        window="module",
-    ),
-    "opt": BlockLayout(
-        blocks="decoder.layers",
-        o="out_proj",
-        mlp="fc2",
-        up="fc1",
-        gate=None,
-        down="fc2",
-        attn_norm="self_attn_layer_norm",
-        mlp_norm="final_layer_norm",
-        norm="layernorm",
-        activation="activation_function",
-        rotary="none",
-        query_scaled_in_projection=True,
+    "olmo2": _OLMO2,
+    "olmo3": dataclasses.replace(_OLMO2, window="module"),  # with a window on the layers layer_types make sliding
+    "opt": _OPT,
+    "biogpt": dataclasses.replace(  # OPT's module names, pre-LN, learned positions, the scaling in the call
+        _OPT, blocks="layers", activation="hidden_act", query_scaled_in_projection=False
     ),
     "gptj": BlockLayout(
         blocks="h",
