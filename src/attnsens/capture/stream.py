@@ -126,6 +126,8 @@ def capture_row_statistics(
     # each slice's rows and output computed here; the chunks then end at the slices' bounds. A sliced layer's
     # attention is plain causal attention (the tap refuses any other), so its chunks are sized by the keys up to
     # their last query: the early chunks hold more rows, and there are fewer chunks to pay a chunk's fixed cost.
+    # Each layer writes its output over its input: the model passes it on to the next layer and reads no layer's
+    # input again, and the forward stops after the last layer (so one residual stream, not three, at long context).
     slice_layers = model.query_sliceable_layers() if every_row and len(layers) == model.spec.n_layer else []
     slice_layers = slice_layers if all(p.dtype == torch.float32 for p in model.module.parameters()) else []
     slice_tokens = query_slices.QUERY_SLICE
@@ -194,7 +196,7 @@ def capture_row_statistics(
         model.inference(),
         model.query_key_tap(reduce_layer),
         in_token_chunks(model.tokenwise_modules()),
-        query_slices.in_query_slices(slice_layers, slice_tokens),
+        query_slices.in_query_slices(slice_layers, slice_tokens, overwrite=True),
         enumeration_workspaces(exact_support),
     ):
         model.forward_until_stopped(input_ids, attention_mask)

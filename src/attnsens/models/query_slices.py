@@ -92,17 +92,26 @@ def buffers() -> SliceBuffers:
 
 
 @contextlib.contextmanager
-def in_query_slices(layers: Sequence[torch.nn.Module], tokens: int | None = None) -> Iterator[None]:
+def in_query_slices(
+    layers: Sequence[torch.nn.Module], tokens: int | None = None, *, overwrite: bool = False
+) -> Iterator[None]:
     """While active, each of ``layers`` called on more than ``tokens`` tokens the way a causal decoder's model
     calls it (module docstring) runs on consecutive slices of ``tokens`` queries, in order, each slice's output
     written into one [batch, n, d] tensor. The attention inside must be tapped by a callback that computes each
-    slice's output from :func:`buffers` (the audit's tap does). ``tokens`` defaults to ``QUERY_SLICE``."""
+    slice's output from :func:`buffers` (the audit's tap does). ``tokens`` defaults to ``QUERY_SLICE``.
+
+    With ``overwrite``, that tensor is the layer's input wherever the input has storage of its own
+    (``_overwritable``): once a slice has run, nothing in the layer reads its input rows again (later slices read
+    their own rows, and the keys and values from :func:`buffers`), so a stack of layers then holds one
+    [batch, n, d] residual stream instead of an input and an output beside the embeddings. Only for a caller that
+    reads no layer's input after the layer: a causal decoder's model, which passes each layer's output to the next
+    and keeps nothing else of it (nor of the embeddings, for the next layers) while the layers run."""
     global _buffers
     width = QUERY_SLICE if tokens is None else tokens
     outer = _buffers
     _buffers = outer or SliceBuffers()
     try:
-        with forwards_replaced(layers, lambda forward: _in_slices(forward, width)):
+        with forwards_replaced(layers, lambda forward: _in_slices(forward, width, overwrite)):
             yield
     finally:
         _buffers = outer
@@ -139,7 +148,7 @@ def _sliced_kwargs(kwargs: dict[str, Any], start: int, stop: int) -> dict[str, A
     return out
 
 
-def _in_slices(forward: Callable[..., Any], tokens: int) -> Callable[..., Any]:
+def _in_slices(forward: Callable[..., Any], tokens: int, overwrite: bool) -> Callable[..., Any]:
     def run(*args: Any, **kwargs: Any) -> Any:
         global _current, _answered
         by_name = not args  # the hidden states passed as ``hidden_states=``
@@ -166,13 +175,28 @@ def _in_slices(forward: Callable[..., Any], tokens: int) -> Callable[..., Any]:
                                    "tap in one slice, not one")  # fmt: skip
             states, extra = _hidden_states_of(part, hidden.shape[0], stop - start)
             if out is None:
-                out = states.new_empty(hidden.shape[0], n, states.shape[2])
+                in_place = overwrite and _overwritable(hidden, states)
+                out = hidden if in_place else states.new_empty(hidden.shape[0], n, states.shape[2])
             out[:, start:stop] = states
             del part, states
         # transformers 4's decoder layers return a tuple: (hidden states,) and Nones for the weights and cache.
         return out if extra is None else (out, *extra)
 
     return run
+
+
+def _overwritable(hidden: Tensor, states: Tensor) -> bool:
+    """Whether a sliced layer's output ``states`` may be written over its input ``hidden``: a tensor with storage
+    of its own (not a view, which may be of a parameter or of some other tensor), of the output's width and dtype,
+    outside autograd."""
+    return (
+        hidden._base is None
+        and hidden.is_contiguous()
+        and not hidden.requires_grad
+        and not isinstance(hidden, torch.nn.Parameter)
+        and hidden.dtype == states.dtype
+        and hidden.shape[2] == states.shape[2]
+    )
 
 
 def _hidden_states_of(part: Any, batch: int, width: int) -> tuple[Tensor, tuple[None, ...] | None]:

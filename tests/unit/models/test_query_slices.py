@@ -165,6 +165,29 @@ def test_only_calls_the_slicer_understands_are_sliced() -> None:
     assert "forward" not in vars(layer)
 
 
+def test_with_overwrite_a_layer_writes_its_output_over_its_own_input_only() -> None:
+    layer, positions = _Layer(), torch.arange(10)[None]
+    expected = positions[..., None].expand(1, 10, 2).float()
+    hidden = torch.zeros(1, 10, 2)
+    with query_slices.in_query_slices([layer], 4):
+        out = layer(hidden, position_ids=positions)
+    assert out is not hidden and not hidden.any()  # without overwrite the caller's input is left alone
+    with query_slices.in_query_slices([layer], 4, overwrite=True):
+        out = layer(hidden, position_ids=positions)
+        assert out is hidden
+        torch.testing.assert_close(hidden, expected)
+        # Every slice read its own input rows before they were overwritten: two calls add the positions twice.
+        torch.testing.assert_close(layer(out, position_ids=positions), 2 * expected)
+        # A view (of a parameter, of a wider tensor) or another dtype is never written over.
+        wide = torch.zeros(1, 10, 4)
+        assert layer(wide[..., :2], position_ids=positions) is not None and not wide.any()
+        double = torch.zeros(1, 10, 2, dtype=torch.float64)
+        assert layer(double, position_ids=positions.double()) is double  # the output's dtype: written over
+        single = torch.zeros(1, 10, 2)
+        assert layer(single, position_ids=positions.double()) is not single and not single.any()
+    assert layer.widths == [4, 4, 2] * 6
+
+
 class _OldLayer(_Layer):
     """Returns its hidden states in a tuple, with a None for the weights, as transformers 4's decoder layers do."""
 
