@@ -1,12 +1,12 @@
 """Families read from one declarative table (:data:`LAYOUTS`): the decoders GPT-2 (Conv1D weights), GPT-BigCode
-(GPT-2's block on nn.Linear, multi-query attention), GPT-NeoX (Pythia), Llama (SmolLM2; Seed-OSS and InternLM3
-are Llama's block; SmolLM3 with NoPE layers; Helium and ERNIE 4.5 with RoPE on adjacent pairs; GLM and GLM-4
-with a fused gate-up projection and a partial RoPE on adjacent pairs, GLM-4 with sandwich norms), Mistral,
-Ministral, Qwen2, Qwen3 (per-head QK-norm), Gemma, Gemma 2 (sandwich norms, attention logit softcap; VaultGemma
-with pre-norms only), Gemma 3 (sandwich norms, per-head QK-norm, one RoPE per layer type), OLMo 2 (norms after
-each sublayer only, QK-norm over all heads; OLMo 3 the same, with sliding windows), Phi, Phi-3, StableLM,
-StarCoder2, Cohere (Cohere 2 with windows, RoPE on its sliding layers alone), BioGPT, OPT, GPT-J, BLOOM and MPT
-(ALiBi; their taps live in ``bloom`` and ``mpt``), Falcon (``falcon`` picks its arrangement), and the encoders
+(GPT-2's block on nn.Linear, multi-query attention), GPT-NeoX (Pythia), Llama (SmolLM2; Seed-OSS and InternLM3 are
+Llama's block; Granite with a residual multiplier; SmolLM3 with NoPE layers; Helium and ERNIE 4.5 with RoPE on
+adjacent pairs; GLM and GLM-4 with a fused gate-up projection and a partial RoPE on adjacent pairs, GLM-4 with
+sandwich norms), Mistral, Ministral, Qwen2, Qwen3 (per-head QK-norm), Gemma, Gemma 2 (sandwich norms, attention logit
+softcap; VaultGemma with pre-norms only), Gemma 3 (sandwich norms, per-head QK-norm, one RoPE per layer type), OLMo 2
+(norms after each sublayer only, QK-norm over all heads; OLMo 3 the same, with sliding windows), Phi, Phi-3,
+StableLM, StarCoder2, Cohere (Cohere 2 with windows, RoPE on its sliding layers alone), BioGPT, OPT, GPT-J, BLOOM and
+MPT (ALiBi; their taps live in ``bloom`` and ``mpt``), Falcon (``falcon`` picks its arrangement), and the encoders
 BERT (all-MiniLM-L6-v2), RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA and DistilBERT.
 
 A :class:`BlockLayout` says where a family keeps each part of a block and what it does differently: fused
@@ -24,8 +24,10 @@ permutation while loading, so ``q_proj``/``k_proj`` are already in the rotate-ha
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -33,7 +35,7 @@ import torch
 from torch import Tensor
 
 from attnsens.errors import UnsupportedModelError
-from attnsens.models.adapter import NORMED_OUTPUT_FIELDS, ModelSpec
+from attnsens.models.adapter import NORMED_OUTPUT_FIELDS, OUTPUT_FIELDS, ModelSpec
 from attnsens.models.hf import (
     HFAdapter,
     HFModule,
@@ -112,6 +114,8 @@ class BlockLayout:
     conv1d: bool = False  # GPT-2's Conv1D modules store weights as [in, out]
     parallel_if: str | None = None  # config flag that makes the block parallel (StableLM, GPT-NeoX)
     parallel_shares_norm: bool = True  # under parallel_if: the MLP reads the attention norm (StableLM), or its own
+    residual_multiplier: str | None = None  # config attribute r of blocks X + r·Attn(N1 X), then + r·MLP(N2 ·)
+    # (Granite): folded into both output projections, so each sublayer's output is what it adds to the stream
     unsupported: tuple[tuple[str, str], ...] = ()  # (config attribute, why) refused for bounds when it is set
 
 
@@ -229,6 +233,9 @@ LAYOUTS: dict[str, BlockLayout] = {
         _GLM, attn_out_norm="post_self_attn_layernorm", mlp_out_norm="post_mlp_layernorm"
     ),
     "seed_oss": BlockLayout(),  # Llama with q/k/v biases (and optional o and MLP biases)
+    # Llama's block with each sublayer's output scaled by residual_multiplier; its attention_multiplier is the
+    # module's scaling and its embedding_multiplier comes before the blocks, both read as every layout's.
+    "granite": BlockLayout(residual_multiplier="residual_multiplier"),
     "internlm3": BlockLayout(),  # Llama's modules under InternLM3's config
     "qwen2": BlockLayout(window="module"),
     "qwen3": BlockLayout(window="module", qk_norm=True),
@@ -509,6 +516,23 @@ class LayoutAdapter(HFAdapter):
         ]
         return [*super().output_hook_points(layer), *normed]
 
+    def residual_multiplier(self) -> float:
+        """The factor r of each sublayer's output in the residual sum (1 for every layout but Granite's)."""
+        name = self.layout.residual_multiplier
+        return 1.0 if name is None else float(getattr(self.base.config, name))
+
+    def layer_output_taps(self, record: Callable[[int, str, Tensor], None]) -> contextlib.AbstractContextManager[None]:
+        """The outputs of every layout; with a residual multiplier r, each sublayer's output times r (what it adds
+        to the residual stream, the output of the normalized weights with r folded in)."""
+        residual = self.residual_multiplier()
+        if residual == 1.0:
+            return super().layer_output_taps(record)
+
+        def scaled(layer: int, field: str, tensor: Tensor) -> None:
+            record(layer, field, tensor * residual if field in OUTPUT_FIELDS[:2] else tensor)
+
+        return super().layer_output_taps(scaled)
+
     def read_layers(self) -> list[LayerWeights]:
         for attribute, why in self.layout.unsupported:
             if getattr(self.base.config, attribute, None):
@@ -534,15 +558,16 @@ class LayoutAdapter(HFAdapter):
             rotary = _rotating_as_the_model(rotary, rotary_module, s.d_head, layer_type)
             tau = rotary_temperature(1.0 / tau, rotary, rotary_module, s.d_head, layer_type)
         out = _get(attn, lay.o)
+        residual = self.residual_multiplier()
         attention = AttentionWeights(
             w_q=split_heads(w_q, s.n_head),
             w_k=split_heads(w_k, s.n_kv_head),
             w_v=split_heads(w_v, s.n_kv_head),
-            w_o=self._matrix(out).clone(),
+            w_o=self._matrix(out) * residual,
             b_q=split_bias(b_q, s.n_head),
             b_k=split_bias(b_k, s.n_kv_head),
             b_v=split_bias(b_v, s.n_kv_head),
-            b_o=copied(out.bias),
+            b_o=None if out.bias is None else out.bias.detach() * residual,
             tau=tau,
             causal=s.causal,
             rotary=rotary,
@@ -599,7 +624,7 @@ class LayoutAdapter(HFAdapter):
     def _mlp(self, block: HFModule) -> MLPWeights:
         lay = self.layout
         activation = lay.fixed_activation or activation_of(getattr(self.base.config, lay.activation))
-        down = _get(block, lay.down)
+        down, residual = _get(block, lay.down), self.residual_multiplier()
         w_gate: Tensor | None
         if lay.gate_up is not None:
             fused = _get(block, lay.gate_up)
@@ -618,8 +643,8 @@ class LayoutAdapter(HFAdapter):
             b_in=b_in,
             w_gate=w_gate,
             b_gate=b_gate,
-            w_out=self._matrix(down).clone(),
-            b_out=copied(down.bias),
+            w_out=self._matrix(down) * residual,
+            b_out=None if down.bias is None else down.bias.detach() * residual,
         )
 
     def read_norm(self, block: HFModule, name: str | None) -> NormWeights | None:

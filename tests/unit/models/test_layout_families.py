@@ -33,7 +33,7 @@ WINDOWS = {"mistral": [5, 5], "qwen2": [None, 5], "qwen3": [None, None], "phi3":
            "ministral": [5, None], "seed_oss": [None, None], "internlm3": [None, None],
            "olmo3": [5, None], "gpt_bigcode": [None, None], "smollm3": [5, None], "helium": [None, None],
            "ernie4_5": [None, None], "vaultgemma": [5, None], "glm": [None, None], "glm4": [None, None],
-           "cohere2": [5, None], "biogpt": [None, None]}  # fmt: skip
+           "cohere2": [5, None], "biogpt": [None, None], "granite": [None, None]}  # fmt: skip
 OUT_NORM_FIELDS = {"attn_out_norm", "mlp_out_norm"}
 
 
@@ -177,6 +177,11 @@ MUTATIONS = {
     "biogpt: drop the first norm's bias": ("biogpt", 0, "attn_norm", lambda a: _set(a, 0, "attn_norm", beta=None)),
     "vaultgemma: no softcap": ("vaultgemma", 0, "attention", lambda a: _set(a, 0, "attention", softcap=None)),
     "internlm3: drop the output bias": ("internlm3", 1, "attention", lambda a: _set(a, 1, "attention", b_o=None)),
+    # Read as Llama (no residual multiplier): the attention output the MLP's norm sees is 1/0.22 times the model's.
+    "granite: no residual multiplier": ("granite", 0, "mlp_norm", lambda a: _reread(a, residual_multiplier=None)),
+    "granite: 1/√d_head in place of the attention multiplier": ("granite", 0, "attention", lambda a: _set(
+        a, 0, "attention", tau=a.layers[0].attention.d_head ** 0.5)
+    ),
 }  # fmt: skip
 
 

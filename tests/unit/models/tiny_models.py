@@ -34,6 +34,8 @@ from transformers import (
     GPTJForCausalLM,
     GPTNeoXConfig,
     GPTNeoXModel,
+    GraniteConfig,
+    GraniteForCausalLM,
     HeliumConfig,
     HeliumForCausalLM,
     InternLM3Config,
@@ -71,7 +73,7 @@ VOCAB = 53
 FAMILIES = ("gpt2", "gpt_neox", "llama", "bert")
 DECODER_FAMILIES = (
     "mistral", "ministral", "seed_oss", "internlm3", "smollm3", "helium", "ernie4_5", "glm", "glm4", "vaultgemma",
-    "qwen2", "qwen3",
+    "granite", "qwen2", "qwen3",
     "gemma", "gemma2", "gemma3_text", "olmo2", "olmo3", "phi3", "opt", "opt_post", "gptj", "gpt_bigcode", "bloom",
     "mpt", "phi", "stablelm", "starcoder2", "cohere", "cohere2", "biogpt",
 )  # fmt: skip
@@ -81,7 +83,8 @@ one RoPE per layer type, olmo2 with norms after each sublayer and a QK-norm over
 its fused per-head qkv, mpt with its own ALiBi slopes (both audited through their own score computation), smollm3
 with a NoPE layer, helium and ernie4_5 with RoPE on adjacent pairs, vaultgemma with a softcap of 3 and pre-norms
 only, glm and glm4 with a partial RoPE on adjacent pairs (glm4 with a norm after each sublayer),
-cohere2 with RoPE on its sliding layer alone, biogpt with learned positions."""
+cohere2 with RoPE on its sliding layer alone, biogpt with learned positions, granite with a residual multiplier of
+0.22, an attention multiplier of 0.1 in place of 1/√d_head and its embeddings times 12."""
 OUT_NORM_FAMILIES = ("gemma2", "gemma3_text", "olmo2", "olmo3", "glm4")
 """Families whose blocks apply a norm to each sublayer's output; their norm gains are spread too."""
 ENCODER_FAMILIES = ("roberta", "electra", "distilbert")
@@ -151,6 +154,9 @@ CONFIGS = {
     "vaultgemma": (VaultGemmaConfig, VaultGemmaForCausalLM, {**_GQA, "head_dim": 6, "sliding_window": 5,
                                                              "layer_types": ["sliding_attention", "full_attention"],
                                                              "attn_logit_softcapping": 3.0}),
+    "granite": (GraniteConfig, GraniteForCausalLM, {**_GQA, "residual_multiplier": 0.22, "attention_multiplier": 0.1,
+                                                    "embedding_multiplier": 12.0, "logits_scaling": 8.0,
+                                                    "attention_bias": True, "pad_token_id": 0}),
     "internlm3": (InternLM3Config, LlamaForCausalLM, {**_GQA, "head_dim": 6, "qkv_bias": True, "bias": True}),
     "bloom": (BloomConfig, BloomForCausalLM, {"n_layer": 2, "n_head": 3, "hidden_size": 21}),
     "mpt": (MptConfig, MptForCausalLM, {"n_layers": 2, "n_heads": 3, "d_model": 21, "max_seq_len": 41}),
