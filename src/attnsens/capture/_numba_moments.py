@@ -24,6 +24,7 @@ import numba
 import numpy as np
 
 from attnsens._numba_cache import cached_njit
+from attnsens.theta._numba_scan import _support_end
 
 LN2_HI = 6.93147180369123816490e-01
 LN2_LO = 1.90821492927058770002e-10
@@ -36,6 +37,8 @@ LG6, LG7 = 1.531383769920937332e-01, 1.479819860511658591e-01
 SMALLEST_NORMAL_BITS = 0x00800000
 """Bits of 2^-126, the smallest normal float32: positive values below it are subnormal."""
 MANTISSA_ULP = 2.0**-23
+NO_POSITIVE = np.int32(np.iinfo(np.int32).max)
+"""The largest int32, as the θ scan's ``_support_end`` takes it."""
 
 
 @cached_njit(error_model="numpy", fastmath={"contract"})
@@ -119,10 +122,15 @@ def _first_index(bits, value):  # pragma: no cover - compiled
 
 @cached_njit()
 def moments_of_row(row, bits):  # pragma: no cover - compiled
-    """(p_max, its first key, Σp, Σp², −Σ p log p, positive count) of one float32 row with int32 ``bits``."""
-    s, s2, h, count, subnormal, best = _row_pass(row, bits)
+    """(p_max, its first key, Σp, Σp², −Σ p log p, positive count) of one float32 row with int32 ``bits``.
+
+    The logarithm's pass reads the row up to its last entry that is not ±0.0 (``_support_end``, whole blocks of
+    zeros at a time): a causal row's zero tail adds nothing to any sum, and costs a comparison a key instead of a
+    logarithm."""
+    end = _support_end(bits, NO_POSITIVE)
+    s, s2, h, count, subnormal, best = _row_pass(row[:end], bits[:end])
     if subnormal:
-        h += _subnormal_entropy(row, bits)
+        h += _subnormal_entropy(row[:end], bits[:end])
     index = _first_index(bits, best)
     return row[index], index, s, s2, h, count
 

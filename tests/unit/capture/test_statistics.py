@@ -81,11 +81,14 @@ def test_leading_shape_is_kept() -> None:
 def test_moments_of_subnormal_zero_and_negative_zero_entries_match_the_oracle() -> None:
     """The vectorised moments pass: subnormal values (their second, math.log pass), ±0.0 (masked keys) and long
     rows, against math.fsum and math.log."""
-    rows = torch.zeros(4, 300, dtype=torch.float32)
+    rows = torch.zeros(6, 300, dtype=torch.float32)
     rows[0, :3] = torch.tensor([0.5, 0.25, 0.25])
     rows[1, 0], rows[1, 5], rows[1, 6] = 1.0, 2.0**-140, 2.0**-149  # subnormal float32 values
     rows[2] = torch.softmax(torch.randn(300, generator=torch.Generator().manual_seed(1)), dim=0)
     rows[3, 10], rows[3, 11] = -0.0, 1.0
+    # The pass stops at the last entry that is not ±0.0: keys after long runs of zeros still count.
+    rows[4, 0], rows[4, 200], rows[4, 299] = 0.5, 0.25, 0.25
+    rows[5, 0], rows[5, 150], rows[5, 250] = 1.0, 2.0**-149, -0.0
     stats = row_statistics(rows)
     for i, row in enumerate(rows.double().tolist()):
         support = [v for v in row if v > 0]
