@@ -44,6 +44,15 @@ def audit(
         str | None,
         typer.Option("--corpus", help="Built-in corpus to audit: shakespeare (the default when --text is not given)."),
     ] = None,
+    ids: Annotated[
+        Path | None,
+        typer.Option(
+            "--ids",
+            help="Token ids to audit instead of text, for a model without a tokenizer: a .pt or .npy tensor [n] (a "
+            "stream cut into --seq-len windows) or [batch, n] (sequences, each cut to --seq-len), or text with the "
+            "ids separated by spaces or commas, one sequence a line.",
+        ),
+    ] = None,
     batch: Annotated[int, typer.Option("--batch", min=1, help="Number of sequences audited.")] = 1,
     sample: Annotated[
         int | None, typer.Option("--sample", min=1, help="Query positions sampled per sequence (default: all rows).")
@@ -103,6 +112,7 @@ def audit(
         default_out_dir,
         load_model,
         parse_dtype,
+        read_token_ids,
         saved_checkpoint,
     )
     from attnsens.cli.progress import ProgressReport
@@ -118,8 +128,11 @@ def audit(
     check_device(device)
     torch_dtype = parse_dtype(dtype)
     layer_list, head_list = _indices(layers, "--layers"), _indices(heads, "--heads")
-    source = _read_source(text, corpus)
-    if not source.strip():
+    if ids is not None and (text is not None or corpus is not None):
+        raise InputError(f"give one of --ids {ids}, --text and --corpus, not several")
+    token_ids = None if ids is None else read_token_ids(ids)
+    source = "" if token_ids is not None else _read_source(text, corpus)
+    if token_ids is None and not source.strip():
         raise InputError(f"the text of {text} is empty; give a file or corpus with some text")
     run_seed = seed if study_runs(Path(model)) else None
     saved = saved_checkpoint(model, step, run_seed, placement)
@@ -132,12 +145,22 @@ def audit(
         )
         _check_indices(layer_list, adapter.spec.n_layer, "--layers", "layers")
         _check_indices(head_list, adapter.spec.n_head, "--heads", "heads")
-        seq_len = _seq_len_in_memory(adapter, seq_len, source, quiet=as_json)
-        sequences = split_sequences(adapter, source, seq_len=seq_len, n_sequences=batch)
+        if token_ids is None:
+            available = None
+        else:  # a stream's windows, or each sequence, at most the context
+            available = min(token_ids.shape[-1], adapter.spec.max_positions)
+        seq_len = _seq_len_in_memory(adapter, seq_len, source, quiet=as_json, available=available)
+        if token_ids is not None and token_ids.ndim == 2:  # sequences of their own: each cut to --seq-len
+            seq_len = min(seq_len, token_ids.shape[1])
+            sequences = split_sequences(adapter, token_ids[:, :seq_len], n_sequences=batch)
+        else:
+            tokens = source if token_ids is None else token_ids
+            sequences = split_sequences(adapter, tokens, seq_len=seq_len, n_sequences=batch)
         if len(sequences) < batch:
+            what = "the text" if token_ids is None else f"--ids {ids}"
             raise InputError(
-                f"the text gives {len(sequences)} sequence(s) of {seq_len} tokens, fewer than --batch {batch}; "
-                f"use --batch {len(sequences)}, a shorter --seq-len or more text"
+                f"{what} gives {len(sequences)} sequence(s) of {seq_len} tokens, fewer than --batch {batch}; "
+                f"use --batch {len(sequences)}, a shorter --seq-len or more {'text' if token_ids is None else 'ids'}"
             )
         # Progress counts (sequence, layer) pairs: "layers" of one sequence, each sequence's layers of several.
         unit = "layers" if len(sequences) == 1 else f"layers ({len(sequences)} sequences)"
@@ -174,8 +197,11 @@ def audit(
     console.print(f"{result.n_rows:,} rows written to {out}/rows, summary to {out}/summary", soft_wrap=True)
 
 
-def _seq_len_in_memory(adapter: Any, seq_len: int | None, source: str, *, quiet: bool) -> int:
-    """--seq-len, or without it the tokens of ``source`` up to the context (``text_seq_len``), checked against what
+def _seq_len_in_memory(
+    adapter: Any, seq_len: int | None, source: str, *, quiet: bool, available: int | None = None
+) -> int:
+    """--seq-len, or without it the tokens of ``source`` up to the context (``text_seq_len``; ``available`` tokens
+    where the ids are given instead of text), checked against what
     the model's own forward pass holds for one layer's attention scores (``ModelAdapter.forward_score_bytes``): a
     --seq-len beyond half of this machine's memory is refused, the default shortened to fit (said unless
     ``quiet``)."""
@@ -186,7 +212,7 @@ def _seq_len_in_memory(adapter: Any, seq_len: int | None, source: str, *, quiet:
 
     limit = longest_in_memory(lambda n: adapter.forward_score_bytes(1, n), adapter.spec.max_positions)
     if seq_len is None:
-        text_tokens = text_seq_len(adapter, source)
+        text_tokens = text_seq_len(adapter, source) if available is None else available
         if limit is not None and text_tokens > limit:
             if not quiet:
                 error_console.print(

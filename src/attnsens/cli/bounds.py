@@ -38,7 +38,7 @@ COLUMNS = (
 """(title, column of the bounds table) of the terminal table; every number is shown with 3 significant digits."""
 
 LEGEND = (
-    "Jacobian norms ({norm}) at the text's tokens, 3 significant digits. bound: certified upper bound; est.: "
+    "Jacobian norms ({norm}) at the evaluated tokens, 3 significant digits. bound: certified upper bound; est.: "
     "autograd lower estimate; ratio = MHA bound / MHA est. (1 = tight); θ̃ max: largest per-head θ̃; MHA Lip: "
     "length-independent Lipschitz bound (θ = 1) on the input ball; FFN Lip: the FFN's; LN cond.: fraction of "
     "tokens meeting the LayerNorm condition (T6); —: not applicable."
@@ -64,6 +64,14 @@ def bounds(
     ],
     text: Annotated[
         Path | None, typer.Option("--text", help="UTF-8 text file for the local bounds (default: a sample text).")
+    ] = None,
+    ids: Annotated[
+        Path | None,
+        typer.Option(
+            "--ids",
+            help="Token ids to bound on instead of text, for a model without a tokenizer: a .pt or .npy tensor, or "
+            "text with the ids separated by spaces or commas; the first --seq-len ids of its first sequence.",
+        ),
     ] = None,
     seq_len: Annotated[int, typer.Option("--seq-len", min=2, help="Tokens of the evaluated sequence.")] = 32,
     geometry: Annotated[str, typer.Option("--geometry", help="Block norm convention: rms or l2.")] = "rms",
@@ -108,35 +116,55 @@ def bounds(
     import torch
 
     from attnsens._threads import keep_torch_threads
-    from attnsens.cli.inputs import check_context, check_out_dir, load_model, read_text_file, saved_checkpoint, writing
+    from attnsens.cli.inputs import (
+        check_context,
+        check_out_dir,
+        load_model,
+        read_text_file,
+        read_token_ids,
+        saved_checkpoint,
+        writing,
+    )
     from attnsens.cli.progress import ProgressReport
     from attnsens.errors import InputError
     from attnsens.geometry.norms import check_geometry
     from attnsens.store.layer_weights import load_layer_weights
+    from attnsens.study.audit import split_sequences
     from attnsens.study.bounds import bound_model
 
     check_geometry(geometry)
     if out is not None:
         check_out_dir(out)
     saved = saved_checkpoint(model, step, seed, placement)
+    if ids is not None and text is not None:
+        raise InputError(f"give one of --ids {ids} and --text {text}, not both")
     if saved is None and model.endswith(".safetensors"):
-        if text is not None:
-            raise InputError(f"{model} holds layer weights only (no tokenizer); drop --text or give a full model")
+        if text is not None or ids is not None:
+            raise InputError(
+                f"{model} holds layer weights only (no embeddings); drop --{'text' if ids is None else 'ids'} or give "
+                "a full model"
+            )
         target, input_ids, name = load_layer_weights(model), None, Path(model).name
         n_layer = len(target)
     else:
+        token_ids = None if ids is None else read_token_ids(ids)
         source = SAMPLE_TEXT if text is None else read_text_file(text)
         check_context(model, saved, seq_len)
         target = load_model(model, saved)
-        input_ids, name, n_layer = target.encode(source, max_length=seq_len), target.name, len(target.layers)
+        if token_ids is None:
+            input_ids = target.encode(source, max_length=seq_len)
+        else:
+            input_ids = split_sequences(target, (token_ids if token_ids.ndim == 1 else token_ids[0])[:seq_len])
+        name, n_layer = target.name, len(target.layers)
+        given, more = ("the text", "--text with more text") if token_ids is None else (f"--ids {ids}", "more ids")
         if input_ids.shape[1] < 2:
-            raise InputError(f"the text gives {input_ids.shape[1]} token(s); give --text with at least 2 tokens")
+            raise InputError(f"{given} gives {input_ids.shape[1]} token(s); give {more}, at least 2 tokens")
         if input_ids.shape[1] < seq_len and not as_json:
             from attnsens.cli.app import error_console
 
             error_console.print(
-                f"note: the text gives {input_ids.shape[1]} tokens, fewer than --seq-len {seq_len}; bounding those "
-                "(give --text with more text for a longer sequence)",
+                f"note: {given} gives {input_ids.shape[1]} tokens, fewer than --seq-len {seq_len}; bounding those "
+                f"(give {more} for a longer sequence)",
                 soft_wrap=True,
             )
     with keep_torch_threads(), ProgressReport("bounding", "layers", enabled=not as_json) as report:

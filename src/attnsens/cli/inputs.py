@@ -30,6 +30,55 @@ def read_text_file(path: Path, flag: str = "--text") -> str:
         raise FileFormatError(f"cannot read {flag} {path} ({err.strerror}); check its permissions") from err
 
 
+def read_token_ids(path: Path, flag: str = "--ids") -> Any:
+    """Token ids from ``path``: a tensor saved by ``torch.save`` (.pt, .pth, read with ``weights_only``), a NumPy
+    array (.npy), or text with integers separated by spaces or commas, one sequence a line. Returns an integer
+    tensor [n] (one sequence, or one stream to cut into windows) or [batch, n]; FileFormatError naming ``flag``
+    and the fix otherwise (the ids' range is checked against the model's vocabulary where they are used)."""
+    import numpy as np
+    import torch
+
+    if not path.is_file():
+        raise FileFormatError(f"{flag} {path} does not exist or is not a file; check the path")
+    if path.suffix.lower() in (".pt", ".pth", ".npy"):
+        try:
+            if path.suffix.lower() == ".npy":
+                loaded = torch.from_numpy(np.load(path, allow_pickle=False))
+            else:
+                loaded = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # torch.load and np.load raise many types for a file that is not theirs
+            raise FileFormatError(
+                f"cannot read {flag} {path} ({type(err).__name__}: {err}); save the ids with torch.save or np.save, "
+                "or as text"
+            ) from err
+    else:
+        lines = [line.replace(",", " ").split() for line in read_text_file(path, flag).splitlines()]
+        lines = [line for line in lines if line]
+        if not lines:
+            raise FileFormatError(f"{flag} {path} holds no token ids; give integers separated by spaces or commas")
+        lengths = sorted({len(line) for line in lines})
+        if len(lengths) > 1:
+            raise FileFormatError(
+                f"{flag} {path}: its lines hold different numbers of token ids ({lengths}); give sequences of one "
+                "length, or all the ids on one line as one stream"
+            )
+        try:
+            loaded = torch.tensor([[int(token) for token in line] for line in lines], dtype=torch.long)
+        except ValueError as err:
+            raise FileFormatError(
+                f"{flag} {path}: {err}; give integer token ids separated by spaces or commas"
+            ) from err
+    if not isinstance(loaded, torch.Tensor):
+        raise FileFormatError(f"{flag} {path} holds a {type(loaded).__name__}, not a tensor of token ids")
+    if loaded.is_floating_point() or loaded.is_complex() or loaded.dtype == torch.bool:
+        raise FileFormatError(f"{flag} {path} holds {loaded.dtype} values; token ids are integers")
+    if loaded.ndim == 2 and loaded.shape[0] == 1:
+        loaded = loaded[0]
+    if loaded.ndim not in (1, 2) or loaded.numel() == 0:
+        raise FileFormatError(f"{flag} {path}: token ids must be [n] or [batch, n], got shape {tuple(loaded.shape)}")
+    return loaded.to(torch.long)
+
+
 def check_out_file(path: Path, flag: str = "--out", example: str = "results.parquet") -> None:
     """``path`` can become a file: not a directory, and its folder is (or can be made) a directory."""
     if path.is_dir():

@@ -129,7 +129,8 @@ class HFAdapter(ModelAdapter):
         if self.tokenizer is None:
             raise InputError(
                 f"model {self.name!r} was loaded without a tokenizer (none beside its weights); save one there "
-                "(tokenizer.save_pretrained) or pass token ids instead of text (A.study.audit(model, ids) in Python)"
+                "(tokenizer.save_pretrained) or pass token ids instead of text (--ids FILE on the command line, "
+                "A.study.audit(model, ids) in Python)"
             )
         ids = self.tokenizer(
             text, truncation=max_length is not None, max_length=max_length, add_special_tokens=special_tokens,

@@ -206,3 +206,55 @@ def test_running_out_of_memory_is_one_line(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setattr(audit_module, "audit", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("a bug")))
     result = runner.invoke(app, ["audit", "builtin:lnfree", "--seq-len", "16", "--out", str(tmp_path / "p")])
     assert isinstance(result.exception, RuntimeError) and str(result.exception) == "a bug"  # other errors stay loud
+
+
+def test_token_ids_stand_in_for_text_for_a_model_without_a_tokenizer(tmp_path: Path) -> None:
+    """--ids reads a .pt, .npy or text file of token ids: a stream cut into --seq-len windows, or sequences of
+    their own, each cut to --seq-len; audit and bounds run on them where text is refused, and bad files are one
+    line naming the fix."""
+    import numpy as np
+    import torch
+
+    from tests.unit.models.tiny_models import VOCAB, tiny_model
+
+    folder = tmp_path / "granite"
+    tiny_model("granite").save_pretrained(folder)
+    stream = torch.randint(0, VOCAB, (30,), generator=torch.Generator().manual_seed(3))
+    (tmp_path / "stream.txt").write_text(" ".join(map(str, stream.tolist())))
+    torch.save(stream.reshape(3, 10), tmp_path / "rows.pt")
+    np.save(tmp_path / "rows.npy", stream.reshape(3, 10).numpy())
+
+    def audit(ids: str, *extra: str) -> dict:
+        out = tmp_path / f"out-{len(list(tmp_path.iterdir()))}"
+        result = runner.invoke(app, ["audit", str(folder), "--ids", str(tmp_path / ids), "--out", str(out), *extra,
+                                     "--json"])  # fmt: skip
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)
+
+    # A stream: windows of --seq-len; 2 layers × 6 heads × 8 queries × 3 windows.
+    assert audit("stream.txt", "--seq-len", "8", "--batch", "3")["n_rows"] == 2 * 6 * 8 * 3
+    # Sequences of their own (.pt and .npy alike): each cut to --seq-len, never joined into a stream.
+    for name in ("rows.pt", "rows.npy"):
+        payload = audit(name, "--seq-len", "7", "--batch", "3")
+        assert (payload["seq_len"], payload["n_rows"]) == (7, 2 * 6 * 7 * 3)
+    assert audit("rows.pt")["seq_len"] == 10  # whole sequences by default, one by default
+    bounds = runner.invoke(app, ["bounds", str(folder), "--ids", str(tmp_path / "stream.txt"), "--seq-len", "9",
+                                 "--json"])  # fmt: skip
+    assert bounds.exit_code == 0, bounds.output
+    assert {record["layer"] for record in json.loads(bounds.stdout)["records"]} == {0, 1}
+
+    (tmp_path / "ragged.txt").write_text("1 2 3\n4 5\n")
+    (tmp_path / "words.txt").write_text("1 2 three")
+    torch.save(torch.rand(5), tmp_path / "floats.pt")
+    (tmp_path / "large.txt").write_text(f"1 2 {VOCAB}")
+    for name, message in [
+        ("ragged.txt", "different numbers of token ids"),
+        ("words.txt", "integer token ids separated by spaces or commas"),
+        ("floats.pt", "token ids are integers"),
+        ("large.txt", f"token ids must lie in [0, {VOCAB})"),
+        ("missing.npy", "does not exist"),
+    ]:
+        result = runner.invoke(app, ["audit", str(folder), "--ids", str(tmp_path / name), "--out", str(tmp_path / "x")])
+        assert result.exit_code == 1 and message in result.output, (name, result.output)
+    both = runner.invoke(app, ["audit", str(folder), "--ids", str(tmp_path / "rows.pt"), "--corpus", "shakespeare"])
+    assert both.exit_code == 1 and "give one of --ids" in both.output
