@@ -342,17 +342,38 @@ def activation_of(name: str) -> Activation:
     return known[name]
 
 
-def layer_norm(module: HFModule) -> NormWeights:
+def layer_norm(module: HFModule, *, eps: float | None = None) -> NormWeights:
     """NormWeights of a ``torch.nn.LayerNorm`` (bias may be absent; without an elementwise affine map γ = 1, as
-    OPT's ``layer_norm_elementwise_affine=False``) or of a LayerNorm module that keeps its ε as
-    ``variance_epsilon`` (Cohere)."""
+    OPT's ``layer_norm_elementwise_affine=False``), of a LayerNorm module that keeps its ε as ``variance_epsilon``
+    (Cohere), or, with ``eps``, of one that keeps none (OLMo's parameter-free LayerNorm passes a literal to
+    ``F.layer_norm``; ``check_norm_eps`` then checks it on the module)."""
     bias = getattr(module, "bias", None)
-    eps = getattr(module, "eps", None)
+    kept = getattr(module, "eps", getattr(module, "variance_epsilon", None))
+    if kept is None and eps is None:
+        raise UnsupportedModelError(
+            f"{type(module).__name__} keeps no ε (no eps or variance_epsilon attribute), and its family's layout "
+            "names none; attnsens does not bound a norm whose ε it cannot read"
+        )
     weight = getattr(module, "weight", None)
     gamma = torch.ones(module.normalized_shape) if weight is None else weight.detach().clone()
-    return NormWeights(
-        kind="layernorm",
-        gamma=gamma,
-        beta=copied(bias),
-        eps=float(module.variance_epsilon if eps is None else eps),
-    )
+    return NormWeights(kind="layernorm", gamma=gamma, beta=copied(bias), eps=float(kept if kept is not None else eps))
+
+
+def check_norm_eps(module: HFModule, norm: NormWeights) -> None:
+    """UnsupportedModelError unless ``module`` computes with ``norm``'s ε: on a probe whose variance is ε itself
+    the output scales by 1/√(var + ε), so a wrong ε shows as a factor (√(11/2) ≈ 2.3 for 10⁻⁶ read as 10⁻⁵), where
+    the weights-fidelity gate, on activations of variance about 1, would see a relative change of ε alone."""
+    from attnsens.geometry.layers import norm_forward
+
+    width = int(norm.gamma.numel())
+    signs = torch.tensor([1.0, -1.0], dtype=torch.float64).repeat((width + 1) // 2)[:width]
+    centred = signs - signs.mean()
+    probe = (centred * (norm.eps**0.5 / centred.square().mean().sqrt())).to(norm.gamma.dtype)
+    with torch.no_grad():
+        seen = module(probe[None]).double()[0]
+    expected = norm_forward(probe.double(), norm)
+    if not torch.allclose(seen, expected, rtol=1e-3, atol=1e-6):
+        raise UnsupportedModelError(
+            f"{type(module).__name__} does not compute with ε = {norm.eps:g}, the value its family's layout names "
+            "(checked on a probe of variance ε); attnsens does not bound a norm whose ε it cannot read"
+        )

@@ -1,13 +1,13 @@
 """Families read from one declarative table (:data:`LAYOUTS`): the decoders GPT-2 (Conv1D weights), GPT-BigCode
 (GPT-2's block on nn.Linear, multi-query attention), GPT-NeoX (Pythia), Llama (SmolLM2; Seed-OSS and InternLM3 are
-Llama's block; Granite with a residual multiplier; SmolLM3 with NoPE layers; Helium and ERNIE 4.5 with RoPE on
-adjacent pairs; GLM and GLM-4 with a fused gate-up projection and a partial RoPE on adjacent pairs, GLM-4 with
-sandwich norms), Mistral, Ministral, Qwen2, Qwen3 (per-head QK-norm), Gemma, Gemma 2 (sandwich norms, attention logit
-softcap; VaultGemma with pre-norms only), Gemma 3 (sandwich norms, per-head QK-norm, one RoPE per layer type), OLMo 2
-(norms after each sublayer only, QK-norm over all heads; OLMo 3 the same, with sliding windows), Phi, Phi-3,
-StableLM, StarCoder2, Cohere (Cohere 2 with windows, RoPE on its sliding layers alone), BioGPT, OPT, GPT-J, BLOOM and
-MPT (ALiBi; their taps live in ``bloom`` and ``mpt``), Falcon (``falcon`` picks its arrangement), and the encoders
-BERT (all-MiniLM-L6-v2), RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA and DistilBERT.
+Llama's block; Granite with a residual multiplier; OLMo with parameter-free LayerNorms; SmolLM3 with NoPE layers;
+Helium and ERNIE 4.5 with RoPE on adjacent pairs; GLM and GLM-4 with a fused gate-up projection and a partial RoPE on
+adjacent pairs, GLM-4 with sandwich norms), Mistral, Ministral, Qwen2, Qwen3 (per-head QK-norm), Gemma, Gemma 2
+(sandwich norms, attention logit softcap; VaultGemma with pre-norms only), Gemma 3 (sandwich norms, per-head QK-norm,
+one RoPE per layer type), OLMo 2 (norms after each sublayer only, QK-norm over all heads; OLMo 3 the same, with
+sliding windows), Phi, Phi-3, StableLM, StarCoder2, Cohere (Cohere 2 with windows, RoPE on its sliding layers alone),
+BioGPT, OPT, GPT-J, BLOOM and MPT (ALiBi; their taps live in ``bloom`` and ``mpt``), Falcon (``falcon`` picks its
+arrangement), and the encoders BERT (all-MiniLM-L6-v2), RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA and DistilBERT.
 
 A :class:`BlockLayout` says where a family keeps each part of a block and what it does differently: fused
 projections (Phi-3's ``qkv_proj`` = [q; k; v] rows, ``gate_up_proj`` = [gate; up] rows), Gemma's RMSNorm scale
@@ -41,6 +41,7 @@ from attnsens.models.hf import (
     HFModule,
     HookPoint,
     activation_of,
+    check_norm_eps,
     copied,
     is_vision,
     layer_norm,
@@ -93,6 +94,8 @@ class BlockLayout:
     attn_out_norm: str | None = None  # norm of the attention output before the residual sum (Gemma 2/3, OLMo 2)
     mlp_out_norm: str | None = None  # norm of the MLP output before the residual sum
     norm: NormKind = "rmsnorm"
+    norm_eps: float | None = None  # ε of norm modules that keep none (OLMo's parameter-free LayerNorm: 10⁻⁵),
+    # checked on each module as it is read (hf.check_norm_eps)
     gamma_offset: float = 0.0  # Gemma's RMSNorm multiplies by (1 + weight)
     activation: str = "hidden_act"  # config attribute naming the MLP activation
     fixed_activation: Activation | None = None  # the activation of families whose config names none (BLOOM)
@@ -233,6 +236,11 @@ LAYOUTS: dict[str, BlockLayout] = {
         _GLM, attn_out_norm="post_self_attn_layernorm", mlp_out_norm="post_mlp_layernorm"
     ),
     "seed_oss": BlockLayout(),  # Llama with q/k/v biases (and optional o and MLP biases)
+    "olmo": BlockLayout(  # Llama's names with parameter-free LayerNorms
+        norm="layernorm",
+        norm_eps=1e-5,
+        unsupported=(("clip_qkv", "a clamp of the queries, keys and values, which attnsens does not bound"),),
+    ),
     # Llama's block with each sublayer's output scaled by residual_multiplier; its attention_multiplier is the
     # module's scaling and its embedding_multiplier comes before the blocks, both read as every layout's.
     "granite": BlockLayout(residual_multiplier="residual_multiplier"),
@@ -658,7 +666,10 @@ class LayoutAdapter(HFAdapter):
 
     def _norm(self, module: HFModule) -> NormWeights:
         if self.layout.norm == "layernorm":
-            return layer_norm(module)
+            norm = layer_norm(module, eps=self.layout.norm_eps)
+            if self.layout.norm_eps is not None:
+                check_norm_eps(module, norm)
+            return norm
         return rms_norm(module, gamma_offset=self.layout.gamma_offset)
 
 

@@ -35,10 +35,10 @@ FAMILIES: dict[str, str] = {
     "falcon": "attnsens.models.falcon:FalconAdapter",
     "mpt": "attnsens.models.mpt:MptAdapter",
     **{family: "attnsens.models.layouts:LayoutAdapter" for family in (
-        "gpt_bigcode", "mistral", "ministral", "seed_oss", "granite", "internlm3", "smollm3", "helium", "ernie4_5",
-        "glm", "glm4", "vaultgemma", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "olmo2", "olmo3",
-        "opt", "gptj", "distilbert", "phi", "stablelm", "starcoder2", "cohere", "cohere2", "biogpt", "roberta",
-        "xlm-roberta", "camembert", "electra", "vit",
+        "gpt_bigcode", "mistral", "ministral", "seed_oss", "granite", "olmo", "internlm3", "smollm3", "helium",
+        "ernie4_5", "glm", "glm4", "vaultgemma", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3",
+        "olmo2", "olmo3", "opt", "gptj", "distilbert", "phi", "stablelm", "starcoder2", "cohere", "cohere2",
+        "biogpt", "roberta", "xlm-roberta", "camembert", "electra", "vit",
     )},
 }  # fmt: skip
 """transformers ``model_type`` → ``module:AdapterClass`` (bounds and audit); other families whose attention calls

@@ -33,7 +33,8 @@ WINDOWS = {"mistral": [5, 5], "qwen2": [None, 5], "qwen3": [None, None], "phi3":
            "ministral": [5, None], "seed_oss": [None, None], "internlm3": [None, None],
            "olmo3": [5, None], "gpt_bigcode": [None, None], "smollm3": [5, None], "helium": [None, None],
            "ernie4_5": [None, None], "vaultgemma": [5, None], "glm": [None, None], "glm4": [None, None],
-           "cohere2": [5, None], "biogpt": [None, None], "granite": [None, None]}  # fmt: skip
+           "cohere2": [5, None], "biogpt": [None, None], "granite": [None, None],
+           "olmo": [None, None]}  # fmt: skip
 OUT_NORM_FIELDS = {"attn_out_norm", "mlp_out_norm"}
 
 
@@ -179,6 +180,9 @@ MUTATIONS = {
     "internlm3: drop the output bias": ("internlm3", 1, "attention", lambda a: _set(a, 1, "attention", b_o=None)),
     # Read as Llama (no residual multiplier): the attention output the MLP's norm sees is 1/0.22 times the model's.
     "granite: no residual multiplier": ("granite", 0, "mlp_norm", lambda a: _reread(a, residual_multiplier=None)),
+    "olmo: a LayerNorm with a bias of 0.1": ("olmo", 1, "attn_norm", lambda a: _set(
+        a, 1, "attn_norm", beta=torch.full_like(a.layers[1].attn_norm.gamma, 0.1))
+    ),
     "granite: 1/√d_head in place of the attention multiplier": ("granite", 0, "attention", lambda a: _set(
         a, 0, "attention", tau=a.layers[0].attention.d_head ** 0.5)
     ),
@@ -449,3 +453,22 @@ def test_gelus_under_other_names_pass_the_gate(family: str, name: str) -> None:
     adapter = M.load(tiny_model(family, hidden_act=name))
     assert adapter.layers[0].mlp.activation == ("gelu" if name == "gelu_python" else "gelu_tanh")
     M.check_weights_fidelity(adapter, IDS)
+
+
+def test_olmo_reads_the_epsilon_of_its_parameter_free_norms_from_the_layout_and_checks_it() -> None:
+    """OLMo's LayerNorm keeps no ε (its forward passes 10⁻⁵ to F.layer_norm): the layout names it and each norm is
+    checked on a probe of variance ε, where the gate, on activations of variance about 1, could not tell 10⁻⁶ from
+    10⁻⁵; a clamp of q, k and v (clip_qkv) is audited but not bounded."""
+    adapter = M.load(_model("olmo"))
+    assert {layer.attn_norm.eps for layer in adapter.layers} == {1e-5}
+    M.check_weights_fidelity(adapter, IDS)
+    _reread(adapter, norm_eps=1e-6)
+    with pytest.raises(UnsupportedModelError, match="does not compute with ε = 1e-06"):
+        adapter.layers  # noqa: B018 - reading the layers checks the norms
+    _reread(adapter, norm_eps=None)
+    with pytest.raises(UnsupportedModelError, match="keeps no ε"):
+        adapter.layers  # noqa: B018
+    clipped = M.load(tiny_model("olmo", clip_qkv=0.5))
+    assert capture_row_statistics(clipped, IDS)
+    with pytest.raises(UnsupportedModelError, match="sets clip_qkv"):
+        M.check_weights_fidelity(clipped, IDS)

@@ -23,7 +23,8 @@ FIELDS = ("p_max", "entropy", "theta_lower", "theta_upper", "argmax", "n_keys")
 SLICED = {"gpt2": 2, "gpt_neox": 2, "llama": 2, "qwen2": 1, "qwen3": 2, "gemma": 2, "gemma3_text": 1, "olmo2": 2,
           "opt": 2, "opt_post": 2, "gptj": 2, "phi": 2, "stablelm": 2, "cohere": 2, "ministral": 1, "seed_oss": 2,
           "internlm3": 2, "olmo3": 1, "gpt_bigcode": 2, "smollm3": 1, "helium": 2, "ernie4_5": 2, "glm": 2,
-          "glm4": 2, "cohere2": 1, "biogpt": 2, "granite": 2}  # fmt: skip
+          "glm4": 2, "cohere2": 1, "biogpt": 2, "granite": 2,
+          "olmo": 2}  # fmt: skip
 """Layers run in slices, per family. The others' layers run whole: a sliding window's mask in every layer (Mistral,
 Phi-3, Starcoder2; Qwen2, Gemma 3, Ministral and OLMo 3 in one of their two), eager attention's mask (Gemma 2,
 whose softcap has no sdpa path), taps of their own (BLOOM, MPT), or attention modules read through the interface

@@ -51,6 +51,8 @@ from transformers import (
     Olmo2ForCausalLM,
     Olmo3Config,
     Olmo3ForCausalLM,
+    OlmoConfig,
+    OlmoForCausalLM,
     OPTConfig,
     OPTForCausalLM,
     Phi3Config,
@@ -73,7 +75,7 @@ VOCAB = 53
 FAMILIES = ("gpt2", "gpt_neox", "llama", "bert")
 DECODER_FAMILIES = (
     "mistral", "ministral", "seed_oss", "internlm3", "smollm3", "helium", "ernie4_5", "glm", "glm4", "vaultgemma",
-    "granite", "qwen2", "qwen3",
+    "granite", "olmo", "qwen2", "qwen3",
     "gemma", "gemma2", "gemma3_text", "olmo2", "olmo3", "phi3", "opt", "opt_post", "gptj", "gpt_bigcode", "bloom",
     "mpt", "phi", "stablelm", "starcoder2", "cohere", "cohere2", "biogpt",
 )  # fmt: skip
@@ -84,7 +86,8 @@ its fused per-head qkv, mpt with its own ALiBi slopes (both audited through thei
 with a NoPE layer, helium and ernie4_5 with RoPE on adjacent pairs, vaultgemma with a softcap of 3 and pre-norms
 only, glm and glm4 with a partial RoPE on adjacent pairs (glm4 with a norm after each sublayer),
 cohere2 with RoPE on its sliding layer alone, biogpt with learned positions, granite with a residual multiplier of
-0.22, an attention multiplier of 0.1 in place of 1/√d_head and its embeddings times 12."""
+0.22, an attention multiplier of 0.1 in place of 1/√d_head and its embeddings times 12, olmo with parameter-free
+LayerNorms."""
 OUT_NORM_FAMILIES = ("gemma2", "gemma3_text", "olmo2", "olmo3", "glm4")
 """Families whose blocks apply a norm to each sublayer's output; their norm gains are spread too."""
 ENCODER_FAMILIES = ("roberta", "electra", "distilbert")
@@ -157,6 +160,7 @@ CONFIGS = {
     "granite": (GraniteConfig, GraniteForCausalLM, {**_GQA, "residual_multiplier": 0.22, "attention_multiplier": 0.1,
                                                     "embedding_multiplier": 12.0, "logits_scaling": 8.0,
                                                     "attention_bias": True, "pad_token_id": 0}),
+    "olmo": (OlmoConfig, OlmoForCausalLM, {**_GQA, "pad_token_id": 0, "bos_token_id": 0, "eos_token_id": 0}),
     "internlm3": (InternLM3Config, LlamaForCausalLM, {**_GQA, "head_dim": 6, "qkv_bias": True, "bias": True}),
     "bloom": (BloomConfig, BloomForCausalLM, {"n_layer": 2, "n_head": 3, "hidden_size": 21}),
     "mpt": (MptConfig, MptForCausalLM, {"n_layers": 2, "n_heads": 3, "d_model": 21, "max_seq_len": 41}),
