@@ -349,14 +349,15 @@ def layer_norm(module: HFModule, *, eps: float | None = None) -> NormWeights:
     ``F.layer_norm``; ``check_norm_eps`` then checks it on the module)."""
     bias = getattr(module, "bias", None)
     kept = getattr(module, "eps", getattr(module, "variance_epsilon", None))
-    if kept is None and eps is None:
+    kept = eps if kept is None else kept
+    if kept is None:
         raise UnsupportedModelError(
             f"{type(module).__name__} keeps no ε (no eps or variance_epsilon attribute), and its family's layout "
             "names none; attnsens does not bound a norm whose ε it cannot read"
         )
     weight = getattr(module, "weight", None)
     gamma = torch.ones(module.normalized_shape) if weight is None else weight.detach().clone()
-    return NormWeights(kind="layernorm", gamma=gamma, beta=copied(bias), eps=float(kept if kept is not None else eps))
+    return NormWeights(kind="layernorm", gamma=gamma, beta=copied(bias), eps=float(kept))
 
 
 def check_norm_eps(module: HFModule, norm: NormWeights) -> None:
