@@ -38,7 +38,7 @@ SMALLEST_NORMAL_BITS = 0x00800000
 """Bits of 2^-126, the smallest normal float32: positive values below it are subnormal."""
 MANTISSA_ULP = 2.0**-23
 NO_POSITIVE = np.int32(np.iinfo(np.int32).max)
-"""The largest int32, as the θ scan's ``_support_end`` takes it."""
+"""The largest int32: the ``no_positive`` that the θ scan (``_support_end``, ``scan_row``) takes for float32 rows."""
 
 
 @cached_njit(error_model="numpy", fastmath={"contract"})

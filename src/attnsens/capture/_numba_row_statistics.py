@@ -16,7 +16,7 @@ import numpy as np
 from numba import prange
 
 from attnsens._numba_cache import cached_njit
-from attnsens.capture._numba_moments import moments_of_row
+from attnsens.capture._numba_moments import NO_POSITIVE, moments_of_row
 from attnsens.theta._numba_enclosure import theta_interval
 from attnsens.theta._numba_kernels import ROW_BLOCK, _certify_block, blocks_per_task, thread_workspace
 
@@ -46,7 +46,6 @@ def row_statistics_rows(
     ``parallel_chunksize(chunk_tasks(...))``, as ``certify_rows_balanced`` does). Outputs as in ``certify_rows`` and
     ``row_moments``; ``workspaces`` as in ``certify_rows``."""
     bits = x.view(np.int32)
-    no_positive = np.int32(np.iinfo(np.int32).max)
     n_blocks = (x.shape[0] + ROW_BLOCK - 1) // ROW_BLOCK
     per_task = blocks_per_task(mitm_max)
     for task in prange((n_blocks + per_task - 1) // per_task):
@@ -54,7 +53,7 @@ def row_statistics_rows(
         for b in range(task * per_task, min(n_blocks, (task + 1) * per_task)):
             r0 = b * ROW_BLOCK
             workspace = _statistics_block(
-                x, bits, no_positive, r0, min(x.shape[0], r0 + ROW_BLOCK), stop_d, mitm_max, ckk_budget,
+                x, bits, NO_POSITIVE, r0, min(x.shape[0], r0 + ROW_BLOCK), stop_d, mitm_max, ckk_budget,
                 ckk_max_support, tolerance, row_sum, theta_p_max, d_found, d_lb, err, method, status, lower, upper,
                 p_max, argmax, total, squares, entropy, nonzero, workspace,
             )  # fmt: skip
@@ -67,11 +66,10 @@ def row_statistics_rows_serial(
 ):  # fmt: skip
     """``row_statistics_rows`` on one thread: small batches, where waking the thread pool costs more than the work."""
     bits = x.view(np.int32)
-    no_positive = np.int32(np.iinfo(np.int32).max)
     workspace = workspaces[0]
     for r0 in range(0, x.shape[0], ROW_BLOCK):
         workspace = _statistics_block(
-            x, bits, no_positive, r0, min(x.shape[0], r0 + ROW_BLOCK), stop_d, mitm_max, ckk_budget, ckk_max_support,
+            x, bits, NO_POSITIVE, r0, min(x.shape[0], r0 + ROW_BLOCK), stop_d, mitm_max, ckk_budget, ckk_max_support,
             tolerance, row_sum, theta_p_max, d_found, d_lb, err, method, status, lower, upper, p_max, argmax, total,
             squares, entropy, nonzero, workspace,
         )  # fmt: skip
