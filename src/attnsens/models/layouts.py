@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from attnsens.errors import UnsupportedModelError
-from attnsens.models.adapter import NORMED_OUTPUT_FIELDS, OUTPUT_FIELDS, ModelSpec
+from attnsens.models.adapter import NORMED_OUTPUT_FIELDS, ModelSpec
 from attnsens.models.hf import (
     HFAdapter,
     HFModule,
@@ -537,7 +537,7 @@ class LayoutAdapter(HFAdapter):
             return super().layer_output_taps(record)
 
         def scaled(layer: int, field: str, tensor: Tensor) -> None:
-            record(layer, field, tensor * residual if field in OUTPUT_FIELDS[:2] else tensor)
+            record(layer, field, tensor * residual if field in ("attention_output", "mlp_output") else tensor)
 
         return super().layer_output_taps(scaled)
 
