@@ -1,7 +1,7 @@
 """The first-fit stages of the θ cascade (docs/theta-algorithms.md §3 step 5, §6 "Interleaved first-fit"), as
-numba functions: the whole-row fill into t in key order, the fill by binade, and the one-target fill into the
-best top-8 target, each run interleaved over a block's rows so that their chains of dependent add/compare steps
-overlap in the pipeline. Distances follow the rounding model of ``_numba_kernels``.
+numba functions: the whole-row fill into t in key order and back from the last key, the fill by binade, and the
+one-target fill into the best top-8 target, each run interleaved over a block's rows so that their chains of
+dependent add/compare steps overlap in the pipeline. Distances follow the rounding model of ``_numba_kernels``.
 """
 
 from __future__ import annotations
@@ -132,13 +132,14 @@ def _first_fit_quad(x, rows, skip, targets, stop, stop_d, out):
 
 
 @cached_njit(inline="always")
-def _fill_whole_blocks(row, end, g):
-    """The whole-block phase of the whole-row first-fit: (total, index) after adding the blocks of
-    ``FREEZE_EVERY`` keys of row[:end] from the first on, each by one vectorised sum, while they fit into g."""
+def _fill_whole_blocks(row, end, g, reverse):
+    """The whole-block phase of the whole-row first-fit: (total, keys) after adding the blocks of ``FREEZE_EVERY``
+    keys of row[:end], from the first on (or, ``reverse``, from the last back), each by one vectorised sum, while
+    they fit into g; ``keys`` is how many keys those blocks hold."""
     filled = 0.0
     i = 0
     while i + FREEZE_EVERY <= end:
-        block = float64_sum(row[i : i + FREEZE_EVERY])
+        block = float64_sum(row[end - i - FREEZE_EVERY : end - i] if reverse else row[i : i + FREEZE_EVERY])
         if filled + block > g:
             break
         filled += block
@@ -147,9 +148,9 @@ def _fill_whole_blocks(row, end, g):
 
 
 @cached_njit()
-def _whole_row_first_fits(x, r0, rows, n_rows, ends, row_sum, stop_d, out_d):
-    """First-fit of each row x[r0 + rows[a], :ends[rows[a]]] in key order into the capacity t = ŝ/2; out_d[a] is its
-    distance min(gap, e_min − gap).
+def _whole_row_first_fits(x, r0, rows, n_rows, ends, row_sum, stop_d, reverse, out_d):
+    """First-fit of each row x[r0 + rows[a], :ends[rows[a]]] in key order (``reverse``: from its last key back to its
+    first) into the capacity t = ŝ/2; out_d[a] is its distance min(gap, e_min − gap).
 
     While a row's running total stays below t every key fits, so whole blocks of ``FREEZE_EVERY`` keys are added
     by one vectorised sum each as long as the block fits (``_fill_whole_blocks``). From the first block that does
@@ -177,7 +178,7 @@ def _whole_row_first_fits(x, r0, rows, n_rows, ends, row_sum, stop_d, out_d):
                 taken += 1
                 j = rows[a]
                 g = 0.5 * row_sum[r0 + j]
-                total, i = _fill_whole_blocks(x[r0 + j], ends[j], g)
+                total, i = _fill_whole_blocks(x[r0 + j], ends[j], g, reverse)
                 if i >= ends[j]:  # every key fitted: no walk
                     out_d[a] = _fill_distance(g, total, np.inf)
                     continue
@@ -192,10 +193,17 @@ def _whole_row_first_fits(x, r0, rows, n_rows, ends, row_sum, stop_d, out_d):
                 busy = True
                 j = rows[a]
                 i = position[lane]
-                segment = x[r0 + j, i : min(ends[j], i + FREEZE_EVERY)]
-                size = segment.size
-                for k in range(size):
-                    keys[lane, k] = np.float64(segment[k])
+                end = ends[j]
+                if reverse:  # the keys before the last i, latest first
+                    segment = x[r0 + j, max(0, end - i - FREEZE_EVERY) : end - i]
+                    size = segment.size
+                    for k in range(size):
+                        keys[lane, k] = np.float64(segment[size - 1 - k])
+                else:
+                    segment = x[r0 + j, i : min(end, i + FREEZE_EVERY)]
+                    size = segment.size
+                    for k in range(size):
+                        keys[lane, k] = np.float64(segment[k])
             for k in range(size, FREEZE_EVERY):
                 keys[lane, k] = 0.0
         if not busy:

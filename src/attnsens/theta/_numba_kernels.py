@@ -10,16 +10,16 @@ operands are bounded by s, so its absolute error is at most (1.5·n + 13)·u·s 
 We use E = (2n + 16)·u·ŝ·(1 + 2^-10). When every value is an integer multiple of a power-of-two quantum q and
 ŝ ≤ 2^52·q, every partial sum and difference is an exact float64, so E = 0.
 
-Order of the cascade per row: scan (``_numba_scan``); dominant atom; on rows of more than 128 keys, the
-whole row first-fit into t = ŝ/2 in key order and then by binade (no top-K needed when they settle, as on 98 % of
-SmolLM2's non-dominant long rows); top-8 relaxation; meet-in-the-middle and its shortcuts for short rows;
-one-target first-fit into the best top-8 target; then in ``_numba_refine``: 16-target first-fit, Karmarkar–Karp
-and the greedy split with best exchanges, the cardinality-pruned search and the top-14 relaxation, budgeted CKK.
-This module holds the driver; the stages live in ``_numba_first_fit`` (the fills), ``_numba_refine``,
-``_numba_partition``, ``_numba_cardinality``, ``_numba_four_list`` and ``_numba_enumeration``. Rows are processed
-in blocks of ``ROW_BLOCK``. The whole-row first-fit adds whole blocks of keys by vectorised sums while they fit,
-and its key-by-key walk, like the top-8-target first-fit a chain of dependent add/compare steps, runs interleaved
-over the block's rows so that the chains overlap in the pipeline (``_numba_first_fit._whole_row_first_fits``).
+Order of the cascade per row: scan (``_numba_scan``); dominant atom; on rows of more than 128 keys, the whole row
+first-fit into t = ŝ/2 in key order, then from the last key back, then by binade (no top-K needed when they settle, as
+on 98 % of SmolLM2's non-dominant long rows); top-8 relaxation; meet-in-the-middle and its shortcuts for short rows;
+one-target first-fit into the best top-8 target; then in ``_numba_refine``: 16-target first-fit, Karmarkar–Karp and the
+greedy split with best exchanges, the cardinality-pruned search and the top-14 relaxation, budgeted CKK. This module
+holds the driver; the stages live in ``_numba_first_fit`` (the fills), ``_numba_refine``, ``_numba_partition``,
+``_numba_cardinality``, ``_numba_four_list`` and ``_numba_enumeration``. Rows are processed in blocks of ``ROW_BLOCK``.
+The whole-row first-fit adds whole blocks of keys by vectorised sums while they fit, and its key-by-key walk, like the
+top-8-target first-fit a chain of dependent add/compare steps, runs interleaved over the block's rows so that the chains
+overlap in the pipeline (``_numba_first_fit._whole_row_first_fits``).
 
 Every function is compiled with ``attnsens._numba_cache.cached_njit``: the on-disk cache sits in a folder
 named by a hash of all kernel sources, so an edit to any ``_numba_*.py`` recompiles the whole cascade.
@@ -198,7 +198,21 @@ def _certify_block(
     masses = np.empty(4 * BINADES)
     grouped = np.empty(x.shape[1] if n_whole_row else 0)
     whole_row_d = np.empty(n_whole_row)
-    _whole_row_first_fits(x, r0, whole_row, n_whole_row, ends, row_sum, stop_d, whole_row_d)
+    _whole_row_first_fits(x, r0, whole_row, n_whole_row, ends, row_sum, stop_d, False, whole_row_d)
+    # The rows the key-order fill leaves open are filled again from their last key back (recent keys first).
+    reverse_rows = np.empty(n_whole_row, np.int64)
+    reverse_of = np.empty(n_whole_row, np.int64)
+    n_reverse = 0
+    for a in range(n_whole_row):
+        j = whole_row[a]
+        if not settled(whole_row_d[a], qs[j], err[r0 + j], stop_d, _FF_ONE):
+            reverse_rows[n_reverse] = j
+            reverse_of[n_reverse] = a
+            n_reverse += 1
+    reverse_d = np.empty(n_reverse)
+    _whole_row_first_fits(x, r0, reverse_rows, n_reverse, ends, row_sum, stop_d, True, reverse_d)
+    for b in range(n_reverse):
+        whole_row_d[reverse_of[b]] = min(whole_row_d[reverse_of[b]], reverse_d[b])
     for a in range(n_whole_row):
         j = whole_row[a]
         r = r0 + j

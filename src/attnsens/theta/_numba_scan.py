@@ -30,23 +30,41 @@ def _lowest_bit(x):
 
 
 @cached_njit()
-def _proving_quantum(total):
-    """The smallest power of two q with total ≤ 2^52·q (total > 0)."""
+def _proving_exponent(total):
+    """The smallest k with total ≤ 2^52·2^k (total > 0): 2^k is the coarsest quantum that proves sums up to total."""
     m, e = math.frexp(total)
     if m == 0.5:  # total is itself a power of two
         e -= 1
-    return math.ldexp(1.0, e - EXACT_SUM_QUANTA_LOG2)
+    return e - EXACT_SUM_QUANTA_LOG2
 
 
 @cached_njit()
-def _all_multiples(row, end, q):
-    """Whether every positive entry of row[:end] is an integer multiple of the power of two q."""
-    for i in range(end):
-        x = np.float64(row[i])
-        if x > 0.0:
-            y = x / q  # exact: q is a power of two and x/q ≤ 2^52 for the entries of a row the quantum can prove
-            if y != math.floor(y):
-                return False
+def _all_float32_multiples(bits, end, k):
+    """Whether every positive float32 of row[:end], given by its int32 ``bits``, is an integer multiple of 2^k.
+
+    The value of bits b > 0 is m·2^(max(f, 1) − 150), f = b >> 23 its biased exponent and m its 24-bit
+    significand (with the implicit leading bit where f ≥ 1), so it is a multiple of 2^k exactly when the low
+    k + 150 − max(f, 1) bits of m are zero (at most 24 of them: all 24 means 2^k exceeds the value). A subnormal's
+    significand may take the leading bit too: below 24 bits the mask leaves it out, and at 24 the others are
+    not all zero. Integer operations that vectorise, in blocks of 64 keys, stopping after the first block with
+    an entry that is not (on attention rows, the first tiny entry with a full mantissa): the same answer as
+    dividing each value by 2^k and comparing with its floor, without the division.
+    """
+    zero = np.int32(0)
+    offset = np.int32(k + 150)
+    i = 0
+    while i < end:
+        block = bits[i : min(end, i + 64)]
+        bad = zero
+        for j in range(block.size):
+            b = block[j]
+            significand = (b & np.int32(0x7FFFFF)) | np.int32(0x800000)
+            low = min(max(offset - max(b >> np.int32(23), np.int32(1)), zero), np.int32(24))
+            remainder = significand & ((np.int32(1) << low) - np.int32(1))
+            bad |= remainder if b > zero else zero
+        if bad != zero:
+            return False
+        i += 64
     return True
 
 
@@ -202,7 +220,7 @@ def scan_row(row, bits, no_positive, exact_quantum, k_top):
             # float32 bits: biased exponent f ≥ 1 has ulp 2^(f − 150); subnormals (f = 0) have ulp 2^-149.
             q = math.ldexp(1.0, max(int(np.int64(smallest) >> 23), 1) - 150)
             if not total <= math.ldexp(q, EXACT_SUM_QUANTA_LOG2) and total >= SMALLEST_EXACT_SUM:
-                if _all_multiples(row, end, _proving_quantum(total)):
+                if _all_float32_multiples(bits, end, _proving_exponent(total)):
                     q = row_lowest_bit(row, end)
     return total, n, p_max, q, end, status, threshold, first
 

@@ -92,3 +92,39 @@ def test_negative_zero_is_a_zero_and_a_negative_entry_is_flagged() -> None:
 def test_non_finite_entries_are_flagged(bad: float) -> None:
     row = np.array([0.5, bad, 0.5], np.float32)
     assert scan(row, exact_quantum=False)[5] == 1  # RowStatus.NON_FINITE
+
+
+def test_multiples_of_a_power_of_two_by_integer_bits() -> None:
+    """``_all_float32_multiples`` (the significand's low bits) answers as dividing each value by 2^k does, on normal
+    and subnormal values, short and full significands, ±0.0, every cut of the span and k on both sides of the
+    float32 range: a mask one bit short or long, or a normal value read without its implicit bit, gives another
+    answer."""
+    from attnsens.theta._numba_scan import _all_float32_multiples
+
+    rng = np.random.default_rng(5)
+
+    def by_division(values: np.ndarray, k: int) -> bool:
+        q = math.ldexp(1.0, k)
+        return all(v <= 0.0 or float(v) / q == math.floor(float(v) / q) for v in values.astype(np.float64))
+
+    seen = {True: 0, False: 0}
+    for trial in range(4000):
+        size = int(rng.integers(1, 150))
+        kind = trial % 4
+        if kind == 0:  # full significands
+            x = rng.random(size)
+        elif kind == 1:  # short significands over the whole exponent range
+            x = rng.integers(0, 16, size) * np.ldexp(1.0, rng.integers(-149, 0, size))
+        elif kind == 2:  # subnormals and zeros
+            x = rng.integers(0, 2**23, size) * 2.0**-149
+            x[rng.random(size) < 0.3] = 0.0
+        else:  # powers of two and negative zeros
+            x = np.ldexp(1.0, rng.integers(-149, 1, size))
+            x[rng.random(size) < 0.2] = -0.0
+        row = x.astype(np.float32)
+        end = int(rng.integers(0, size + 1))
+        k = int(rng.integers(-152, 3))
+        expected = by_division(row[:end], k)
+        assert _all_float32_multiples(row.view(np.int32), end, k) == expected, (trial, k, row[:end])
+        seen[expected] += 1
+    assert min(seen.values()) > 500  # both answers are tested often

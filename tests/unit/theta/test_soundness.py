@@ -232,23 +232,83 @@ def sink_half_quantum_rows(sizes: tuple[int, ...], high: int, seed: int) -> tupl
     return torch.stack(rows), quanta
 
 
+def scattered_half_quantum_rows(sizes: tuple[int, ...], seed: int) -> tuple[torch.Tensor, list[Fraction]]:
+    """Half-quantum rows (``half_quantum_rows``) shaped like the long attention rows that neither whole-row fill
+    settles: of each pair's first copies, four are large (2^19–2^20), six medium (1/128–1/4 of those) and the rest
+    small (1–127), all in random key order. Both fills, in key order and back from the last key, spend small keys
+    before they reach s/2 and are left with a gap that only large keys follow; the fill by binade is not."""
+    gen = torch.Generator().manual_seed(seed)
+    rows, quanta = [], []
+    for n_pairs in sizes:
+        u = torch.rand(n_pairs, generator=gen, dtype=torch.float64)
+        exponent = torch.cat([19.0 + u[:4], 13.0 + 5.0 * u[4:10]])
+        small = torch.randint(1, 2**7, (n_pairs - 10,), generator=gen).to(torch.float64)
+        half = torch.cat([torch.floor(2.0**exponent), small])
+        ints = torch.cat([half, half, torch.ones(1, dtype=torch.float64)])
+        ints = ints[torch.randperm(ints.numel(), generator=gen)]
+        scale = 2.0 ** -float(torch.ceil(torch.log2(ints.sum())))
+        rows.append(torch.nn.functional.pad(ints * scale, (0, 1003 - ints.numel())))
+        quanta.append(Fraction(scale))
+    return torch.stack(rows), quanta
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_planted_half_quantum_split_binade_first_fit(dtype: torch.dtype) -> None:
-    """Sink-led half-quantum rows (θ = s − q² exactly) that the key-order fill leaves open: the binade first-fit
-    settles them, and must report the distance of a real subset. In the coarse rows q/2 exceeds the stop distance,
-    so it can end them only with a claimed perfect split: a binade added whole without fitting, or a key counted
-    twice, claims a distance below q/2 and is caught; in the fine rows it ends at the stop distance and its own
-    method code shows it ran. A binade added whole when it overshoots reports a subset beyond s/2 as within the
-    stop distance, which leaves the interval wider than 2^-25."""
+def test_planted_half_quantum_split_sink_rows(dtype: torch.dtype) -> None:
+    """Sink-led half-quantum rows (θ = s − q² exactly) that the key-order fill leaves open: the fill back from the
+    last key (and the fill by binade after it) settles them, and must report the distance of a real subset. In the
+    coarse rows q/2 exceeds the stop distance, so a fill can end them only with a claimed perfect split: a key
+    counted twice or a block added without fitting claims a distance below q/2 and is caught."""
     fine, fine_q = sink_half_quantum_rows((80, 150, 300, 500) * 4, 2**12, seed=21)
     coarse, coarse_q = sink_half_quantum_rows((80, 150, 250) * 4, 4, seed=22)
     assert all(q / 2 > Fraction(2.0**-13.5) for q in coarse_q)
     batch = torch.cat([fine, coarse]).to(dtype)
     quanta = fine_q + coarse_q
     cert = certify(batch, tolerance=1.0)
-    methods = [ThetaMethod(int(m)) for m in cert.method]
-    assert methods[: len(fine)].count(ThetaMethod.FIRST_FIT_BINADES) >= 4, methods  # the stage under test settles rows
+    fills = (ThetaMethod.FIRST_FIT_ONE_TARGET, ThetaMethod.FIRST_FIT_BINADES)
+    assert sum(ThetaMethod(int(m)) in fills for m in cert.method[: len(fine)]) >= 8  # the stages under test settle rows
     for i, row in enumerate(batch):
         s = sum(Fraction(v) for v in row.tolist())
         assert_certificate_sound(float(cert.lower[i]), float(cert.upper[i]), s - quanta[i] ** 2, f"sink row {i}")
     assert float(cert.width[: len(fine)].max()) <= 2.0**-25  # and each fine row's subset is as close as it says
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_planted_half_quantum_split_binade_first_fit(dtype: torch.dtype) -> None:
+    """Scattered half-quantum rows (θ = s − q² exactly) that both whole-row fills leave open: the binade first-fit
+    settles them (its own method code shows it ran), and must report the distance of a real subset. A binade
+    added whole when it overshoots reports a subset beyond s/2 as within the stop distance, which leaves the
+    interval wider than 2^-25 or below θ."""
+    rows, quanta = scattered_half_quantum_rows((80, 150, 300, 500) * 4, seed=21)
+    batch = rows.to(dtype)
+    cert = certify(batch, tolerance=1.0)
+    methods = [ThetaMethod(int(m)) for m in cert.method]
+    assert methods.count(ThetaMethod.FIRST_FIT_BINADES) >= 4, methods  # the stage under test settles rows
+    for i, row in enumerate(batch):
+        s = sum(Fraction(v) for v in row.tolist())
+        assert_certificate_sound(float(cert.lower[i]), float(cert.upper[i]), s - quanta[i] ** 2, f"scattered row {i}")
+    assert float(cert.width.max()) <= 2.0**-25
+
+
+@pytest.mark.parametrize("high", [2**12, 4])
+def test_binade_first_fit_reports_a_real_subset(high: int) -> None:
+    """The binade first-fit on its own, on the sink-led half-quantum rows: every split is an odd number of q/2 from
+    s/2 and the sums are exact, so its distance must be at least q/2 (a binade added whole without fitting, or a
+    key counted twice, gives less), and on the rows of many small keys within the stop distance."""
+    import math
+
+    import numpy as np
+
+    from attnsens.theta._numba_first_fit import BINADES, _binade_first_fit
+
+    rows, quanta = sink_half_quantum_rows((80, 150, 300, 500) * 2, high, seed=23)
+    x = rows.to(torch.float32).numpy()
+    bits = x.view(np.int32)
+    counts, masses, grouped = np.empty(4 * BINADES, np.int64), np.empty(4 * BINADES), np.empty(x.shape[1])
+    for i, q in enumerate(quanta):
+        end = int(np.flatnonzero(x[i])[-1]) + 1
+        t = 0.5 * float(x[i].astype(np.float64).sum())
+        top = math.frexp(float(x[i].max()))[1] - 1 + 127
+        d = _binade_first_fit(x[i], bits[i], end, t, 2.0**-13.5, 23, 127, top, counts, masses, grouped)
+        assert Fraction(d) >= q / 2, f"row {i}: d = {d!r} below q/2 = {float(q / 2)!r}"
+        if high > 4:
+            assert d <= 2.0**-13.5, f"row {i}: d = {d!r}"
