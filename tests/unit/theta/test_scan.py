@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from attnsens.theta import certify
-from attnsens.theta._numba_scan import scan_row, top_k
+from attnsens.theta._numba_scan import _all_float32_multiples, scan_row, top_k
 from tests.unit.theta.rows import softmax_rows, with_zeros
 
 K = 8
@@ -99,8 +99,6 @@ def test_multiples_of_a_power_of_two_by_integer_bits() -> None:
     and subnormal values, short and full significands, ±0.0, every cut of the span and k on both sides of the
     float32 range: a mask one bit short or long, or a normal value read without its implicit bit, gives another
     answer."""
-    from attnsens.theta._numba_scan import _all_float32_multiples
-
     rng = np.random.default_rng(5)
 
     def by_division(values: np.ndarray, k: int) -> bool:

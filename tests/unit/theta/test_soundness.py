@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
+import numpy as np
 import pytest
 import torch
 
 from attnsens.theta import ThetaMethod, certify
+from attnsens.theta._numba_first_fit import BINADES, _binade_first_fit
 from tests.reference.theta_oracles import theta_fraction
 from tests.unit.theta.rows import adversarial_rows, error_radius, softmax_rows, sums_error_free, with_zeros
 
@@ -294,12 +297,6 @@ def test_binade_first_fit_reports_a_real_subset(high: int) -> None:
     """The binade first-fit on its own, on the sink-led half-quantum rows: every split is an odd number of q/2 from
     s/2 and the sums are exact, so its distance must be at least q/2 (a binade added whole without fitting, or a
     key counted twice, gives less), and on the rows of many small keys within the stop distance."""
-    import math
-
-    import numpy as np
-
-    from attnsens.theta._numba_first_fit import BINADES, _binade_first_fit
-
     rows, quanta = sink_half_quantum_rows((80, 150, 300, 500) * 2, high, seed=23)
     x = rows.to(torch.float32).numpy()
     bits = x.view(np.int32)
