@@ -183,15 +183,21 @@ def half_quantum_rows(pairs: tuple[int, ...], high: int, seed: int) -> tuple[tor
     """Rows of equal pairs of integers in [1, high) plus one key of 1, scaled by the power of two q that brings the
     sum into (1/2, 1]: every split is an odd number of q/2 from s/2, and q/2 is attained (θ = s − q²)."""
     gen = torch.Generator().manual_seed(seed)
-    rows, quanta = [], []
-    for n_pairs in pairs:
-        half = torch.randint(1, high, (n_pairs,), generator=gen).to(torch.float64)
-        ints = torch.cat([half, half, torch.ones(1, dtype=torch.float64)])
-        ints = ints[torch.randperm(ints.numel(), generator=gen)]
-        scale = 2.0 ** -float(torch.ceil(torch.log2(ints.sum())))
-        rows.append(torch.nn.functional.pad(ints * scale, (0, 1001 - ints.numel())))
-        quanta.append(Fraction(scale))
-    return torch.stack(rows), quanta
+    scaled = [scaled_row(shuffled_pairs(torch.randint(1, high, (n,), generator=gen), gen), 1001) for n in pairs]
+    return torch.stack([row for row, _ in scaled]), [q for _, q in scaled]
+
+
+def shuffled_pairs(half: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Two copies of each value of ``half`` and one key of 1, in random key order (float64 integers)."""
+    ints = torch.cat([half.to(torch.float64), half.to(torch.float64), torch.ones(1, dtype=torch.float64)])
+    return ints[torch.randperm(ints.numel(), generator=gen)]
+
+
+def scaled_row(ints: torch.Tensor, width: int) -> tuple[torch.Tensor, Fraction]:
+    """Integers scaled by the power of two q that brings their sum into (1/2, 1], padded with zeros to ``width``
+    keys, and q."""
+    scale = 2.0 ** -float(torch.ceil(torch.log2(ints.sum())))
+    return torch.nn.functional.pad(ints * scale, (0, width - ints.numel())), Fraction(scale)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -228,10 +234,9 @@ def sink_half_quantum_rows(sizes: tuple[int, ...], high: int, seed: int) -> tupl
         half = torch.randint(1, high, (n_pairs,), generator=gen).to(torch.float64)
         sink = torch.tensor([float(torch.ceil(0.45 * half.sum()))], dtype=torch.float64)
         middle = torch.cat([half, half, torch.ones(1, dtype=torch.float64)])
-        ints = torch.cat([sink, middle.sort().values, sink])
-        scale = 2.0 ** -float(torch.ceil(torch.log2(ints.sum())))
-        rows.append(torch.nn.functional.pad(ints * scale, (0, 1003 - ints.numel())))
-        quanta.append(Fraction(scale))
+        row, q = scaled_row(torch.cat([sink, middle.sort().values, sink]), 1003)
+        rows.append(row)
+        quanta.append(q)
     return torch.stack(rows), quanta
 
 
@@ -246,12 +251,9 @@ def scattered_half_quantum_rows(sizes: tuple[int, ...], seed: int) -> tuple[torc
         u = torch.rand(n_pairs, generator=gen, dtype=torch.float64)
         exponent = torch.cat([19.0 + u[:4], 13.0 + 5.0 * u[4:10]])
         small = torch.randint(1, 2**7, (n_pairs - 10,), generator=gen).to(torch.float64)
-        half = torch.cat([torch.floor(2.0**exponent), small])
-        ints = torch.cat([half, half, torch.ones(1, dtype=torch.float64)])
-        ints = ints[torch.randperm(ints.numel(), generator=gen)]
-        scale = 2.0 ** -float(torch.ceil(torch.log2(ints.sum())))
-        rows.append(torch.nn.functional.pad(ints * scale, (0, 1003 - ints.numel())))
-        quanta.append(Fraction(scale))
+        row, q = scaled_row(shuffled_pairs(torch.cat([torch.floor(2.0**exponent), small]), gen), 1003)
+        rows.append(row)
+        quanta.append(q)
     return torch.stack(rows), quanta
 
 
