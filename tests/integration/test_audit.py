@@ -107,6 +107,34 @@ def test_an_audit_written_to_a_folder_holds_one_layer_of_rows_at_a_time(tmp_path
     pd.testing.assert_frame_equal(capped.summary, in_memory.summary, check_exact=True)
 
 
+def test_one_sequence_written_to_a_folder_is_summarized_layer_by_layer_without_reading_back(
+    tmp_path, monkeypatch
+) -> None:
+    """One sequence: each layer's summary records come from its rows before they go to disk, so nothing is read
+    back, and the summary is the in-memory audit's bit for bit; a rerun over the finished folder reads it back."""
+    import attnsens.store
+    from attnsens.study.audit import _summary_by_layers
+
+    model = tiny_model("llama")
+    tokens = torch.randint(0, VOCAB, (1, 37), generator=torch.Generator().manual_seed(4))
+    in_memory = A.study.audit(model, tokens)
+    read_back = []
+    summarize = attnsens.store.summarize_rows
+    monkeypatch.setattr(attnsens.store, "summarize_rows", lambda rows: read_back.append(len(rows)) or summarize(rows))
+    written = A.study.audit(model, tokens, out_dir=tmp_path)
+    assert read_back == []
+    pd.testing.assert_frame_equal(written.summary, in_memory.summary, check_exact=True)
+    pd.testing.assert_frame_equal(read_table(tmp_path / "summary"), in_memory.summary, check_exact=True)
+    layers = list(range(model.config.num_hidden_layers))
+    from_disk = _summary_by_layers(written.row_files, layers, n_rows=written.n_rows, max_memory=2**30)
+    pd.testing.assert_frame_equal(from_disk, written.summary, check_exact=True)
+
+    read_back.clear()
+    again = A.study.audit(model, tokens, out_dir=tmp_path)  # the sequence is recorded: its rows are read back
+    assert read_back == [written.n_rows]
+    pd.testing.assert_frame_equal(again.summary, in_memory.summary, check_exact=True)
+
+
 def test_a_sequence_moved_into_another_place_with_a_matching_hash_is_recomputed(tmp_path, capsys) -> None:
     """The rerun that the verification error advises must not keep a unit whose contents disagree with its key."""
     from attnsens.store import sha256_file

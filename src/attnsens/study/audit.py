@@ -123,8 +123,9 @@ def audit(
         selection: layers, heads, positions (RowSelection; default: every row).
         out_dir: run directory to write Parquet files and the manifest to; sequences already recorded there
             are kept instead of recomputed. The rows go to disk a layer at a time (one row group each) and the
-            summary is built a few layers at a time, so the rows table is never in memory: the result's ``rows``
-            reads it back when first asked for.
+            summary is built a layer at a time (one sequence: from each layer's rows before they are written;
+            several: read back a few layers at a time), so the rows table is never in memory: the result's
+            ``rows`` reads it back when first asked for.
         run_id, step, seed: identifiers stored in every record.
         max_memory: working-set budget in bytes of one chunk of recomputed rows (default: the selection's,
             ``RowSelection.max_memory``, 128 MiB). Peak extra memory: the model's own forward pass (its MLPs
@@ -136,9 +137,9 @@ def audit(
             length), plus the rows table at most 520 bytes per audited row (83 while the capture runs; the
             DataFrame and the summary at the end), plus some 64 MiB of library working space
             (tests/slow/test_audit_memory.py checks it).
-            With ``out_dir``, instead of the table: one layer's rows of one sequence while capturing, then while
-            summarizing the rows of as many layers as ``SUMMARY_MEMORY`` (32 MiB, or the budget if smaller)
-            holds at 520 bytes a row (at least one).
+            With ``out_dir``, instead of the table: one layer's rows of one sequence while capturing, then, for
+            several sequences, while summarizing the rows of as many layers as ``SUMMARY_MEMORY`` (32 MiB, or the
+            budget if smaller) holds at 520 bytes a row (at least one).
         exact_support: prove θ exact on every row of at most this many non-zero keys (24–48; ``certify``'s
             argument). Default: rows of up to 24 keys and those a cheap proof settles; the others end at float32
             resolution. At 48 a row costs up to ~0.1–0.3 s: a SmolLM2 audit at 512 tokens takes about 20 s more.
@@ -201,10 +202,14 @@ def audit(
         layer_done()
 
     frames = []
+    # One sequence written to a folder: each layer's summary records are every record of that layer, so they are
+    # computed from its rows while they are in memory, before they go to disk, instead of read back at the end.
+    layer_summaries: list[pd.DataFrame] | None = [] if manifest is not None and sequences.shape[0] == 1 else None
     with enumeration_workspaces(exact_support):  # shared by every sequence's chunks
         for index in range(sequences.shape[0]):
             unit = _row_unit(index)
             if manifest is not None and manifest.is_done(unit):
+                layer_summaries = None  # recorded by an earlier call: its rows are read back
                 tick(len(layers))
                 continue
             # Each sequence draws its own sampled positions (seed + sequence index), reproducibly, among its real
@@ -221,7 +226,8 @@ def audit(
                 # Written one layer at a time, a row group each: the folder's rows are never all in memory.
                 columns = RowColumns(capacity=layer_rows)
                 with manifest.unit_parts(unit, schema="rows") as write:
-                    capture(index, per_sequence, columns, partial(_write_layer, columns, write, index, identity, tick))
+                    on_layer = partial(_write_layer, columns, write, index, identity, tick, layer_summaries)
+                    capture(index, per_sequence, columns, on_layer)
             release_free_memory()
     if manifest is None:
         rows = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
@@ -229,7 +235,10 @@ def audit(
     units = [_row_unit(index) for index in range(sequences.shape[0])]
     row_files = tuple(manifest.run_dir / unit for unit in units)
     n_rows = sum(int(manifest.units[unit]["num_rows"]) for unit in units)  # recorded with each unit
-    summary = _summary_by_layers(row_files, layers, n_rows=n_rows, max_memory=selection.max_memory)
+    if layer_summaries is not None:
+        summary = _concatenated(layer_summaries)
+    else:
+        summary = _summary_by_layers(row_files, layers, n_rows=n_rows, max_memory=selection.max_memory)
     manifest.write_unit("summary/summary.parquet", summary, schema="summary")
     return AuditResult(summary=summary, n_rows=n_rows, out_dir=manifest.run_dir, row_files=row_files)
 
@@ -240,10 +249,22 @@ def _write_layer(
     index: int,
     identity: dict[str, Any],
     tick: Callable[[], None],
+    summaries: list[pd.DataFrame] | None = None,
 ) -> None:
-    """Write the layer of sequence ``index`` held in ``columns`` (emptying them), then count it done."""
+    """Write the layer of sequence ``index`` held in ``columns`` (emptying them), then count it done; first append
+    its summary records to ``summaries`` when given (one sequence: they are all of the layer's records)."""
+    if summaries is not None:
+        summaries.append(columns.summary(**identity))
     write(columns.table(batch_offset=index, **identity))
     tick()
+
+
+def _concatenated(summaries: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """Summaries of disjoint groups of layers as one summary table, in the order of its key."""
+    from attnsens.store.schema import SUMMARY
+
+    summary = pd.concat(summaries, ignore_index=True) if len(summaries) > 1 else summaries[0]
+    return summary.sort_values(list(SUMMARY.key), ignore_index=True)
 
 
 def _row_unit(index: int) -> str:
@@ -263,7 +284,6 @@ def _summary_by_layers(
     import pyarrow.dataset as ds
 
     from attnsens.store import summarize_rows
-    from attnsens.store.schema import SUMMARY
 
     dataset = ds.dataset([str(file) for file in row_files], format="parquet")
     per_layer = max(1, -(-n_rows // len(layers)))  # every layer has the same rows: heads × positions a sequence
@@ -273,8 +293,7 @@ def _summary_by_layers(
         table = dataset.to_table(filter=ds.field("layer").isin(list(layers[start : start + step])))
         parts.append(summarize_rows(table.replace_schema_metadata(None).to_pandas()))
         del table
-    summary = pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0]
-    return summary.sort_values(list(SUMMARY.key), ignore_index=True)
+    return _concatenated(parts)
 
 
 class RowColumns:
@@ -335,6 +354,13 @@ class RowColumns:
         }
         # Through the schema, so fresh and resumed frames carry the same dtypes.
         return conform(pa.table({**identity, **columns}), "rows")
+
+    def summary(self, *, run_id: str, model: str, step: int, seed: int) -> pd.DataFrame:
+        """``summarize_rows`` of the collected rows (keeps them): the same records as the frame's summary."""
+        from attnsens.store.summary import summarize_columns
+
+        columns = {name: column[: self._count] for name, column in self._columns.items()}
+        return summarize_columns(columns, run_id=run_id, model=model, step=step, seed=seed)
 
     def frame(self, *, run_id: str, model: str, step: int, seed: int, batch_offset: int = 0) -> pd.DataFrame:
         """The collected rows as a DataFrame with the columns of the store's ``rows`` table (empties the columns)."""

@@ -102,3 +102,29 @@ def test_median_of_two_values_never_exceeds_the_upper_one(rows):
     two["theta_lower"] = [0.1, np.nextafter(0.1, 1.0)]
     median = summarize_rows(two, level="head")["theta_lower_median"].iloc[0]
     assert two["theta_lower"].min() <= median <= two["theta_lower"].max()
+
+
+@pytest.mark.parametrize("with_missing", [False, True], ids=["complete", "missing values"])
+def test_columns_summarize_as_the_frame_of_the_same_rows_bit_for_bit(rows, with_missing):
+    """``summarize_columns`` on one step and seed's arrays gives exactly ``summarize_rows``'s records on the frame of
+    those rows, per head and pooled, with missing values where a frame may hold them."""
+    import pandas as pd
+
+    from attnsens.store.summary import summarize_columns
+
+    one = rows[(rows.step == 100) & (rows.seed == 1)].reset_index(drop=True)
+    if with_missing:
+        one = one.copy()
+        rng = np.random.default_rng(5)
+        one.loc[rng.random(len(one)) < 0.1, "theta_lower"] = np.nan
+        one.loc[rng.random(len(one)) < 0.1, "n_eff"] = np.nan
+    identity = {"run_id": one.run_id[0], "model": one.model[0], "step": int(one.step[0]), "seed": int(one.seed[0])}
+    arrays = {name: one[name].to_numpy() for name in one.columns if name not in identity}
+    summary = summarize_columns(arrays, **identity)
+    pd.testing.assert_frame_equal(summary, summarize_rows(one), check_exact=True)
+    conform(summary, "summary")
+
+    empty = summarize_columns({name: values[:0] for name, values in arrays.items()}, **identity)
+    pd.testing.assert_frame_equal(empty, summarize_rows(one.iloc[:0]))
+    with pytest.raises(ValueError, match="columns lack"):
+        summarize_columns({name: values for name, values in arrays.items() if name != "entropy"}, **identity)
