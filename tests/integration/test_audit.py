@@ -134,6 +134,25 @@ def test_one_sequence_written_to_a_folder_is_summarized_layer_by_layer_without_r
     assert read_back == [written.n_rows]
     pd.testing.assert_frame_equal(again.summary, in_memory.summary, check_exact=True)
 
+    # However many finished layers are summarized together: each alone, or all at once.
+    import attnsens.store.summary
+
+    audit_module = sys.modules["attnsens.study.audit"]
+    summarized = []
+    by_columns = attnsens.store.summary.summarize_columns
+    monkeypatch.setattr(
+        attnsens.store.summary,
+        "summarize_columns",
+        lambda c, **k: summarized.append(len(c["layer"])) or by_columns(c, **k),
+    )
+    layer_rows = written.n_rows // len(layers)
+    for budget, calls in ((1, [layer_rows] * len(layers)), (2**30, [written.n_rows])):
+        monkeypatch.setattr(audit_module, "LAYER_SUMMARY_MEMORY", budget)
+        summarized.clear()
+        result = A.study.audit(model, tokens, out_dir=tmp_path / f"budget-{budget}")
+        assert summarized == calls and read_back == [written.n_rows]
+        pd.testing.assert_frame_equal(result.summary, in_memory.summary, check_exact=True)
+
 
 def test_a_sequence_moved_into_another_place_with_a_matching_hash_is_recomputed(tmp_path, capsys) -> None:
     """The rerun that the verification error advises must not keep a unit whose contents disagree with its key."""

@@ -17,6 +17,8 @@ ALL_HEADS = -1
 _GROUP = ("run_id", "model", "step", "seed", "layer", "head")
 _NEEDED = (*_GROUP, "theta_lower", "theta_upper", "theta_exact", "dominant", "p_max", "entropy")
 _NEEDED_EXTRA = ("normalized_entropy", "n_eff")
+SUMMARIZED_COLUMNS = ("layer", "head", *(c for c in (*_NEEDED, *_NEEDED_EXTRA) if c not in _GROUP))
+"""The columns of the rows table that ``summarize_columns`` reads."""
 
 
 def summarize_rows(rows: pd.DataFrame, *, level: Literal["head", "layer", "both"] = "both") -> pd.DataFrame:
@@ -57,11 +59,10 @@ def summarize_columns(
     reading them back from disk (``attnsens.study.audit``).
 
     Args:
-        columns: at least ``layer``, ``head`` and the aggregated columns of the rows table, equal lengths.
+        columns: the ``SUMMARIZED_COLUMNS`` of the rows table (others are ignored), equal lengths.
         run_id, model, step, seed: the identity every row shares.
     """
-    needed = ("layer", "head", *(c for c in (*_NEEDED, *_NEEDED_EXTRA) if c not in _GROUP))
-    missing = [name for name in needed if name not in columns]
+    missing = [name for name in SUMMARIZED_COLUMNS if name not in columns]
     if missing:
         raise InputError(f"columns lack {missing}; give the columns of the rows table")
     count = len(columns["layer"])

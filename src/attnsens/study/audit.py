@@ -38,6 +38,10 @@ SUMMARY_MEMORY = 32 * 2**20
 once, or ``max_memory`` if smaller. With the whole budget, the summary at the end of the audit was its peak: on
 SmolLM2 at 4,096 tokens, 165 MiB for the summary against about 140 MiB while capturing; with 32 MiB, 17–27 MiB, in
 the same time (0.80–0.84 s, against 0.72–0.85 s with the whole budget; three calls each)."""
+LAYER_SUMMARY_MEMORY = 8 * 2**20
+"""Bytes of finished layers' summarized columns (58 a row) that an audit of one sequence written to a folder holds
+before it summarizes them together (``_LayerSummaries``): a summary per layer would pay its fixed cost, a few
+milliseconds of pandas, thirty times over where a layer's rows are few (SmolLM2 at 512 tokens, 4,608 a layer)."""
 ProgressCallback = Callable[[int, int], None]
 """``progress(done, total)`` in units of (sequence, layer) pairs."""
 
@@ -204,7 +208,8 @@ def audit(
     frames = []
     # One sequence written to a folder: each layer's summary records are every record of that layer, so they are
     # computed from its rows while they are in memory, before they go to disk, instead of read back at the end.
-    layer_summaries: list[pd.DataFrame] | None = [] if manifest is not None and sequences.shape[0] == 1 else None
+    one_sequence = manifest is not None and sequences.shape[0] == 1
+    layer_summaries: _LayerSummaries | None = _LayerSummaries(identity) if one_sequence else None
     with enumeration_workspaces(exact_support):  # shared by every sequence's chunks
         for index in range(sequences.shape[0]):
             unit = _row_unit(index)
@@ -236,7 +241,7 @@ def audit(
     row_files = tuple(manifest.run_dir / unit for unit in units)
     n_rows = sum(int(manifest.units[unit]["num_rows"]) for unit in units)  # recorded with each unit
     if layer_summaries is not None:
-        summary = _concatenated(layer_summaries)
+        summary = layer_summaries.summary()
     else:
         summary = _summary_by_layers(row_files, layers, n_rows=n_rows, max_memory=selection.max_memory)
     manifest.write_unit("summary/summary.parquet", summary, schema="summary")
@@ -249,14 +254,51 @@ def _write_layer(
     index: int,
     identity: dict[str, Any],
     tick: Callable[[], None],
-    summaries: list[pd.DataFrame] | None = None,
+    summaries: _LayerSummaries | None = None,
 ) -> None:
-    """Write the layer of sequence ``index`` held in ``columns`` (emptying them), then count it done; first append
-    its summary records to ``summaries`` when given (one sequence: they are all of the layer's records)."""
+    """Write the layer of sequence ``index`` held in ``columns`` (emptying them), then count it done; first hand
+    its rows to ``summaries`` when given (one sequence: they are all of the layer's rows)."""
     if summaries is not None:
-        summaries.append(columns.summary(**identity))
+        summaries.add(columns.held())
     write(columns.table(batch_offset=index, **identity))
     tick()
+
+
+class _LayerSummaries:
+    """The summary of an audit of one sequence written to a folder, from each layer's rows before they are written:
+    every record pools rows of one layer, so finished layers are summarized together, as many as
+    ``LAYER_SUMMARY_MEMORY`` holds, and nothing is read back from disk. The records equal ``summarize_rows`` of the
+    whole rows table bit for bit."""
+
+    def __init__(self, identity: dict[str, Any]) -> None:
+        self._identity = identity
+        self._held: list[dict[str, np.ndarray]] = []
+        self._bytes = 0
+        self._parts: list[pd.DataFrame] = []
+
+    def add(self, columns: dict[str, np.ndarray]) -> None:
+        """Keep a copy of the summarized columns of one layer's rows; summarize what is held once it fills the
+        budget."""
+        from attnsens.store.summary import SUMMARIZED_COLUMNS
+
+        kept = {name: np.array(columns[name]) for name in SUMMARIZED_COLUMNS}
+        self._held.append(kept)
+        self._bytes += sum(values.nbytes for values in kept.values())
+        if self._bytes >= LAYER_SUMMARY_MEMORY:
+            self._summarize_held()
+
+    def _summarize_held(self) -> None:
+        from attnsens.store.summary import SUMMARIZED_COLUMNS, summarize_columns
+
+        if self._held:
+            merged = {name: np.concatenate([held[name] for held in self._held]) for name in SUMMARIZED_COLUMNS}
+            self._parts.append(summarize_columns(merged, **self._identity))
+            self._held, self._bytes = [], 0
+
+    def summary(self) -> pd.DataFrame:
+        """The summary table of every layer added."""
+        self._summarize_held()
+        return _concatenated(self._parts)
 
 
 def _concatenated(summaries: Sequence[pd.DataFrame]) -> pd.DataFrame:
@@ -355,12 +397,9 @@ class RowColumns:
         # Through the schema, so fresh and resumed frames carry the same dtypes.
         return conform(pa.table({**identity, **columns}), "rows")
 
-    def summary(self, *, run_id: str, model: str, step: int, seed: int) -> pd.DataFrame:
-        """``summarize_rows`` of the collected rows (keeps them): the same records as the frame's summary."""
-        from attnsens.store.summary import summarize_columns
-
-        columns = {name: column[: self._count] for name, column in self._columns.items()}
-        return summarize_columns(columns, run_id=run_id, model=model, step=step, seed=seed)
+    def held(self) -> dict[str, np.ndarray]:
+        """The collected rows' columns (views, valid until the columns are emptied or grow)."""
+        return {name: column[: self._count] for name, column in self._columns.items()}
 
     def frame(self, *, run_id: str, model: str, step: int, seed: int, batch_offset: int = 0) -> pd.DataFrame:
         """The collected rows as a DataFrame with the columns of the store's ``rows`` table (empties the columns)."""
