@@ -127,9 +127,9 @@ def audit(
         selection: layers, heads, positions (RowSelection; default: every row).
         out_dir: run directory to write Parquet files and the manifest to; sequences already recorded there
             are kept instead of recomputed. The rows go to disk a layer at a time (one row group each) and the
-            summary is built a layer at a time (one sequence: from each layer's rows before they are written;
-            several: read back a few layers at a time), so the rows table is never in memory: the result's
-            ``rows`` reads it back when first asked for.
+            summary is built a few layers at a time (one sequence: from the finished layers' rows before they
+            are written, ``LAYER_SUMMARY_MEMORY`` of them at a time; several: read back), so the rows table is
+            never in memory: the result's ``rows`` reads it back when first asked for.
         run_id, step, seed: identifiers stored in every record.
         max_memory: working-set budget in bytes of one chunk of recomputed rows (default: the selection's,
             ``RowSelection.max_memory``, 128 MiB). Peak extra memory: the model's own forward pass (its MLPs
