@@ -204,11 +204,13 @@ def _meets_pair_sum(left, left_residues, right_grouped, right_offsets, modulus, 
 
 
 @cached_njit()
-def four_list_perfect_split(vals_desc, q, long_work=FOUR_LIST_LONG_WORK):
+def four_list_perfect_split(vals_desc, q, long_work=FOUR_LIST_LONG_WORK, gap=-1):
     """d = |p(S) − s/2| of a perfect split (2d ≤ q) found by a four-list search, or ∞ when none was found.
 
     Only for error-free sums (every value an integer multiple of q, s ≤ 2^52·q): the values become exact int64
-    multiples v_i of q with total V, and a perfect split is a subset of sum ⌊V/2⌋ (then 2d = (V mod 2)·q). The 40
+    multiples v_i of q with total V, and a perfect split is a subset of sum ⌊V/2⌋ (then 2d = (V mod 2)·q). With
+    ``gap`` = δ ≥ 0 (δ ≡ V mod 2) the search looks for a subset of sum (V − δ)/2 instead, at d = δ·q/2: the split
+    at a proved lower bound (``_numba_residues.residue_bound``). The 40
     smallest values go to four lists of 2^10 subset sums; the larger ones are split greedily and fix the target
     T (the ``FOUR_LIST_FLIPS`` smallest of them on either side: up to 64 targets, of which it searches those that
     promise the most splits per pass, ``_most_promising_targets``). With M a modulus and r a residue, the pair
@@ -230,6 +232,8 @@ def four_list_perfect_split(vals_desc, q, long_work=FOUR_LIST_LONG_WORK):
     for i in range(n):
         ints[i] = np.int64(vals_desc[i] / q)
     total = ints.sum()
+    if gap < 0:
+        gap = total % 2
     side_in = np.int64(0)
     side_out = np.int64(0)
     n_flip = min(n_fixed, FOUR_LIST_FLIPS)
@@ -245,7 +249,7 @@ def four_list_perfect_split(vals_desc, q, long_work=FOUR_LIST_LONG_WORK):
         for k in range(n_flip):
             if (choice >> k) & 1:
                 side += ints[n_fixed - n_flip + k]
-        targets[choice] = total // 2 - side
+        targets[choice] = (total - gap) // 2 - side
     targets, expected, best_expected = _most_promising_targets(searched, targets)
     if best_expected < FOUR_LIST_MIN_EXPECTED:
         return np.inf
@@ -286,7 +290,7 @@ def four_list_perfect_split(vals_desc, q, long_work=FOUR_LIST_LONG_WORK):
                 list_3, residues_3, grouped_4, offsets_4, modulus, (target - residue) % modulus, target, table, used,
                 stamp, shift, marks, candidates,
             ):  # fmt: skip
-                return 0.5 * q * float(total % 2)
+                return 0.5 * q * float(gap)
     return np.inf
 
 

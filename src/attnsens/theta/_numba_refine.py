@@ -29,6 +29,7 @@ from attnsens.theta._numba_partition import (
     multiset_split,
     swap_descent,
 )
+from attnsens.theta._numba_residues import residue_bound
 from attnsens.theta._numba_scan import top_k
 from attnsens.theta.methods import ThetaMethod
 
@@ -76,6 +77,7 @@ _SEARCH_FOUND = int(ThetaMethod.CARDINALITY_SEARCH_BUDGET)
 _MITM = int(ThetaMethod.MEET_IN_THE_MIDDLE)
 _COUNT_MITM = int(ThetaMethod.COUNT_PRUNED_MITM)
 _MULTISET = int(ThetaMethod.MULTISET_SPLIT)
+_RESIDUE = int(ThetaMethod.RESIDUE_BOUND)
 
 
 @cached_njit()
@@ -358,17 +360,30 @@ def prove_short_row(row, n, t, q, e, k_top, probe_nodes, search_nodes, four_list
     if d_group > e:
         return d_group, _CARDINALITY
     if e == 0.0:
-        # The four-list search first: on the tiny GPT's short rows it finds the perfect splits the CKK probe would
-        # (and 8 times as many), and the probe then runs only on the rows it leaves. The two stages on those
-        # 8,524 rows: 0.31 → 0.28 s; the tensor 0.53 → 0.49–0.51 s (alternating runs), the same values.
-        d = four_list_perfect_split(vals, q, four_list_work)
-        if proves_perfect(d, q, e):
-            return d, _PERFECT
-        best_diff, outcome = complete_karmarkar_karp(vals, -1.0, q, probe_nodes)
+        d_known = min(d_card_end, d_group_end)  # each the distance of a real subset
+        d_residue = residue_bound(vals, q)
+        if 2.0 * d_residue > q:
+            # No split is perfect, and a subset at the bound is optimal: the four-list search looks for one.
+            if d_known <= d_residue:
+                return d_known, _RESIDUE
+            gap = np.int64(2.0 * d_residue / q)
+            if four_list_perfect_split(vals, q, four_list_work, gap) <= d_residue:
+                return d_residue, _RESIDUE
+            best_diff, outcome = complete_karmarkar_karp(vals, -1.0, 2.0 * d_residue, probe_nodes)
+            if outcome == CKK_PERFECT:  # 2d* ≤ best_diff ≤ 2·d_residue ≤ 2d*
+                return 0.5 * best_diff, _RESIDUE
+        else:
+            # The four-list search first: on the tiny GPT's short rows it finds the perfect splits the CKK probe
+            # would (and 8 times as many), and the probe then runs only on the rows it leaves. The two stages on
+            # those 8,524 rows: 0.31 → 0.28 s; the tensor 0.53 → 0.49–0.51 s (alternating runs), the same values.
+            d = four_list_perfect_split(vals, q, four_list_work)
+            if proves_perfect(d, q, e):
+                return d, _PERFECT
+            best_diff, outcome = complete_karmarkar_karp(vals, -1.0, q, probe_nodes)
         if outcome == CKK_EXHAUSTED or outcome == CKK_PERFECT:
             return 0.5 * best_diff, _CKK_PROVED
         if count_tail_score(vals, t) >= COUNT_MITM_MIN_TAIL:
-            d_known = min(d_card_end, d_group_end, 0.5 * best_diff)  # each the distance of a real subset
+            d_known = min(d_known, 0.5 * best_diff)
             d, proved = count_pruned_meet_in_the_middle(vals, t, d_known, search_nodes)
             if proved:
                 return d, _COUNT_MITM

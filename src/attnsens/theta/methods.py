@@ -70,6 +70,10 @@ class ThetaMethod(IntEnum):
     MULTISET_SPLIT = 20
     """exact: the row's values take at most 16 distinct values, and a meet-in-the-middle over how many copies of
     each a subset holds found the nearest split: rows of a few repeated values, left open by every heuristic."""
+    RESIDUE_BOUND = 21
+    """exact: sums are error-free, the residues modulo 64 that the row's subset sums reach (in units of q) leave
+    none nearer s/2 than d_lb > q/2, and a subset at d_lb was found (rows of 25–48 keys whose lowest bits come
+    from a few small values)."""
 
     @property
     def is_exact(self) -> bool:
@@ -89,6 +93,7 @@ _EXACT_METHODS = frozenset(
         ThetaMethod.CARDINALITY_SEARCH,
         ThetaMethod.COUNT_PRUNED_MITM,
         ThetaMethod.MULTISET_SPLIT,
+        ThetaMethod.RESIDUE_BOUND,
     }
 )
 
