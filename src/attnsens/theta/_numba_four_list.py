@@ -204,13 +204,15 @@ def _meets_pair_sum(left, left_residues, right_grouped, right_offsets, modulus, 
 
 
 @cached_njit()
-def four_list_perfect_split(vals_desc, q, long_work=FOUR_LIST_LONG_WORK, gap=-1):
+def four_list_perfect_split(vals_desc, q, long_work=FOUR_LIST_LONG_WORK, gap=-1, crowding=1.0):
     """d = |p(S) − s/2| of a perfect split (2d ≤ q) found by a four-list search, or ∞ when none was found.
 
     Only for error-free sums (every value an integer multiple of q, s ≤ 2^52·q): the values become exact int64
     multiples v_i of q with total V, and a perfect split is a subset of sum ⌊V/2⌋ (then 2d = (V mod 2)·q). With
     ``gap`` = δ ≥ 0 (δ ≡ V mod 2) the search looks for a subset of sum (V − δ)/2 instead, at d = δ·q/2: the split
-    at a proved lower bound (``_numba_residues.residue_bound``). The 40
+    at a proved lower bound (``_numba_residues.residue_bound``), and ``crowding`` scales the estimated count of
+    subsets at each target (there: 64 over the residues modulo 64 that subset sums reach, into which they crowd).
+    The 40
     smallest values go to four lists of 2^10 subset sums; the larger ones are split greedily and fix the target
     T (the ``FOUR_LIST_FLIPS`` smallest of them on either side: up to 64 targets, of which it searches those that
     promise the most splits per pass, ``_most_promising_targets``). With M a modulus and r a residue, the pair
@@ -251,6 +253,8 @@ def four_list_perfect_split(vals_desc, q, long_work=FOUR_LIST_LONG_WORK, gap=-1)
                 side += ints[n_fixed - n_flip + k]
         targets[choice] = (total - gap) // 2 - side
     targets, expected, best_expected = _most_promising_targets(searched, targets)
+    expected *= crowding
+    best_expected *= crowding
     if best_expected < FOUR_LIST_MIN_EXPECTED:
         return np.inf
     modulus = _four_list_modulus(best_expected, 1 << (2 * group))

@@ -18,7 +18,7 @@ import torch
 
 from attnsens.theta import ThetaMethod, certify, exact
 from attnsens.theta._numba_four_list import four_list_perfect_split
-from attnsens.theta._numba_residues import reached_residues, residue_bound
+from attnsens.theta._numba_residues import reached_residues, residue_bound, residue_count
 from tests.reference.theta_oracles import best_twice_gap_dyadic, theta_dyadic_meet_in_the_middle
 from tests.unit.theta.test_real_rows import dyadic
 from tests.unit.theta.test_soundness import assert_certificate_sound
@@ -56,6 +56,8 @@ def test_reached_residues_are_the_subset_sums_modulo_64() -> None:
         assert total == int(ints.sum())
         bits = {r for r in range(64) if (int(reach) >> r) & 1}
         assert bits == {a % 64 for a in subset_sums(ints)}, ints
+        assert residue_count(np.uint64(reach)) == len(bits)
+        assert residue_bound(np.sort(ints.astype(np.float64))[::-1].copy(), 1.0)[1] == len(bits)
 
 
 def assert_bound_below_the_optimum(bound: Callable[[np.ndarray, float], float], seed: int) -> int:
@@ -76,14 +78,14 @@ def assert_bound_below_the_optimum(bound: Callable[[np.ndarray, float], float], 
 
 
 def test_residue_bound_never_exceeds_the_optimum_and_is_often_it() -> None:
-    tight = assert_bound_below_the_optimum(residue_bound, seed=1)
+    tight = assert_bound_below_the_optimum(lambda vals, q: residue_bound(vals, q)[0], seed=1)
     assert tight >= 150  # 212 of 300
 
 
 def test_meta_bound_check_catches_a_bound_one_step_too_high() -> None:
     """The check above fails on a bound that skips one candidate distance (δ + 2 where δ is reached)."""
     with pytest.raises(AssertionError):
-        assert_bound_below_the_optimum(lambda vals, q: residue_bound(vals, q) + q, seed=1)
+        assert_bound_below_the_optimum(lambda vals, q: residue_bound(vals, q)[0] + q, seed=1)
 
 
 def few_low_keys_rows(seed: int, count: int, drop: tuple[float, float] = (2.0, 4.0)) -> torch.Tensor:
@@ -133,7 +135,7 @@ def test_four_list_split_at_the_bound_is_the_optimum() -> None:
     for row in rows:
         ints, _ = dyadic(row)
         vals = np.sort(np.array(ints, np.float64))[::-1].copy()
-        bound = residue_bound(vals, 1.0)
+        bound, _ = residue_bound(vals, 1.0)
         gap = int(2 * bound)
         if gap <= sum(ints) % 2:
             continue
