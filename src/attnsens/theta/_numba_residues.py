@@ -21,9 +21,10 @@ from attnsens._numba_cache import cached_njit
 
 RESIDUE_MODULUS_BITS = 6
 """M = 2^6: the residues fit one 64-bit word, so each value costs a rotation and an OR (0.44 µs a row of 48 keys,
-the call from Python included). On the rows of 25–48 keys that the short-row proofs left open (a sample of 100–150 of each real tensor, each
-row's optimum from meet-in-the-middle), moduli up to 2^22 proved the optimum of 21 SmolLM2 rows, 18 causal
-synthetic rows and 3 of the tiny GPT's; 2^6 was enough for all SmolLM2's, 15 of the 18 and 2 of the 3."""
+the call from Python included). On the rows of 25–48 keys that the short-row proofs left open (a sample of
+100–150 of each real tensor, each row's optimum from meet-in-the-middle), moduli up to 2^22 proved the optimum
+of 21 SmolLM2 rows, 18 causal synthetic rows and 3 of the tiny GPT's; 2^6 was enough for all SmolLM2's, 15 of the
+18 and 2 of the 3."""
 RESIDUE_MODULUS = 1 << RESIDUE_MODULUS_BITS
 _MASK = np.uint64(RESIDUE_MODULUS - 1)
 _ONE = np.uint64(1)
