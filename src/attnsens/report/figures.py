@@ -233,10 +233,6 @@ def layer_head_heatmap_figure(summary: pd.DataFrame, *, step: int | None = None,
                         color="white" if (value < 0.6) == (cmap == "viridis") else "black",
                     )
         fig.colorbar(image, ax=ax, fraction=0.046, pad=0.02).outline.set_visible(False)
-    if run is None:
-        title = f"Per head at checkpoint {step:,}"
-    elif step == 0 and heads["step"].nunique() == 1:  # one audit of a pretrained model: no checkpoint to name
-        title = f"Per head — {run}"
-    else:
-        title = f"Per head at checkpoint {step:,} — {run}"
-    return finish(fig, title)
+    single_audit = step == 0 and heads["step"].nunique() == 1  # of a pretrained model: no checkpoint to name
+    title = "Per head" if single_audit else f"Per head at checkpoint {step:,}"
+    return finish(fig, title if run is None else f"{title} — {run}")

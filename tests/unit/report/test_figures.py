@@ -149,6 +149,15 @@ def test_heatmap_cells_are_per_head_medians(frames):
     assert grid[1, 3] == pytest.approx(expected)
 
 
+def test_heatmap_title_names_its_checkpoint_unless_it_is_one_audit(frames):
+    """A pretrained model's audit (one record step, 0) has no checkpoint to name."""
+    assert layer_head_heatmap_figure(frames["summary"], step=100)._suptitle.get_text() == "Per head at checkpoint 100"
+    one_audit = frames["summary"].query("step == 0")
+    assert layer_head_heatmap_figure(one_audit)._suptitle.get_text() == "Per head"
+    named = layer_head_heatmap_figure(one_audit, run="audit")._suptitle.get_text()
+    assert named == "Per head — audit"
+
+
 def test_loglog_slope_recovers_a_power_law():
     n = np.array([16.0, 64.0, 256.0, 1024.0])
     assert loglog_slope(n, 3.0 / n) == pytest.approx(-1.0)
