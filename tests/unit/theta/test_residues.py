@@ -20,6 +20,7 @@ from attnsens.theta import ThetaMethod, certify, exact
 from attnsens.theta._numba_four_list import four_list_perfect_split
 from attnsens.theta._numba_residues import reached_residues, residue_bound, residue_count
 from tests.reference.theta_oracles import best_twice_gap_dyadic, theta_dyadic_meet_in_the_middle
+from tests.unit.theta.test_cardinality import best_twice_gap
 from tests.unit.theta.test_real_rows import dyadic
 from tests.unit.theta.test_soundness import assert_certificate_sound
 
@@ -42,12 +43,6 @@ def subset_sums(ints: np.ndarray) -> list[int]:
     return [sum(c) for r in range(len(ints) + 1) for c in itertools.combinations(ints.tolist(), r)]
 
 
-def brute_twice_gap(ints: np.ndarray) -> int:
-    """min over subsets of |2A − V|, every subset enumerated."""
-    total = int(ints.sum())
-    return min(abs(2 * a - total) for a in subset_sums(ints))
-
-
 def test_reached_residues_are_the_subset_sums_modulo_64() -> None:
     rng = np.random.default_rng(0)
     for _ in range(200):
@@ -68,7 +63,7 @@ def assert_bound_below_the_optimum(bound: Callable[[np.ndarray, float], float], 
     for _ in range(300):
         ints = low_bit_integers(rng, int(rng.integers(6, 15)))
         vals = np.sort(ints.astype(np.float64))[::-1].copy()
-        twice_gap = brute_twice_gap(ints)
+        twice_gap = best_twice_gap(ints.tolist())
         claimed = bound(vals, 1.0)
         assert 2 * Fraction(claimed) <= twice_gap, (ints.tolist(), claimed, twice_gap)
         tight += 2 * claimed == twice_gap
