@@ -58,21 +58,25 @@ class RowBlock:
     query_positions: Tensor  # [batch, query]
     stats: RowStats
 
-    def columns(self) -> dict[str, Tensor]:
-        """One flat CPU tensor per column (layer, head, batch, query and every statistic), row-major."""
-        batch, n_head, n_query = self.stats.p_max.shape
-        heads = torch.as_tensor(self.heads, dtype=torch.int64)
+    def grid(self) -> dict[str, Tensor]:
+        """Every column (layer, head, batch, query and every statistic) as a CPU tensor that broadcasts to the
+        rows' [batch, head, query] grid: ``layer`` a scalar, ``head`` [1, head, 1], ``batch`` [batch, 1, 1],
+        ``query`` [batch, 1, query], the statistics their own [batch, head, query]."""
+        batch = self.stats.p_max.shape[0]
         out = {
-            "layer": torch.full((batch * n_head * n_query,), self.layer, dtype=torch.int64),
-            "head": heads.view(1, n_head, 1).expand(batch, n_head, n_query).reshape(-1),
-            "batch": torch.arange(batch).view(batch, 1, 1).expand(batch, n_head, n_query).reshape(-1),
-            "query": rearrange(self.query_positions.cpu(), "batch query -> batch 1 query")
-            .expand(batch, n_head, n_query)
-            .reshape(-1),
+            "layer": torch.tensor(self.layer, dtype=torch.int64),
+            "head": torch.as_tensor(self.heads, dtype=torch.int64).view(1, -1, 1),
+            "batch": torch.arange(batch).view(batch, 1, 1),
+            "query": rearrange(self.query_positions.cpu(), "batch query -> batch 1 query"),
         }
         for f in fields(self.stats):
-            out[f.name] = getattr(self.stats, f.name).reshape(-1).cpu()
+            out[f.name] = getattr(self.stats, f.name).cpu()
         return out
+
+    def columns(self) -> dict[str, Tensor]:
+        """One flat CPU tensor per column (layer, head, batch, query and every statistic), row-major."""
+        shape = self.stats.p_max.shape
+        return {name: values.expand(shape).reshape(-1) for name, values in self.grid().items()}
 
 
 def capture_row_statistics(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property, partial
 from pathlib import Path
 from typing import Any
@@ -360,24 +360,17 @@ class RowColumns:
 
     def add(self, block: RowBlock) -> None:
         """Copy the block's rows into the columns: each column's slice, viewed as [batch, head, query], takes its
-        values by broadcasting (the columns of ``RowBlock.columns``, without building them first)."""
+        values from ``RowBlock.grid`` by broadcasting (the columns of ``RowBlock.columns``, without building them
+        first)."""
         if not self.layers or self.layers[-1] != block.layer:
             self.layers.append(block.layer)
         shape = tuple(block.stats.p_max.shape)
         count = int(np.prod(shape))
         self._reserve(self._count + count)
-        values: dict[str, Any] = {
-            "layer": block.layer,
-            "head": np.asarray(block.heads).reshape(1, -1, 1),
-            "batch": np.arange(shape[0]).reshape(-1, 1, 1),
-            "query": block.query_positions.cpu().numpy()[:, None, :],
-        }
-        for f in fields(block.stats):
-            values[f.name] = getattr(block.stats, f.name).cpu().numpy()
-        for name, value in values.items():
+        for name, values in block.grid().items():
             if name not in self._columns:
                 self._columns[name] = np.empty(self._capacity, dtype=self._dtypes[name])
-            self._columns[name][self._count : self._count + count].reshape(shape)[...] = value
+            self._columns[name][self._count : self._count + count].reshape(shape)[...] = values.numpy()
         self._count += count
 
     def _reserve(self, rows: int) -> None:
