@@ -1,4 +1,5 @@
-"""One vectorised pass over each float32 attention row: max, argmax, Σp, Σp², −Σ p log p, nonzero count.
+"""One vectorised pass over each float32 attention row: max, argmax, Σp, Σp², −Σ p log p, nonzero count; and the
+same pass over a softmax row and its logits, which takes the entropy from the logits (``moments_of_row_logits``).
 
 Compiled on first use (numba is imported by the caller only when a CPU tensor needs it).
 
@@ -133,6 +134,50 @@ def moments_of_row(row, bits):  # pragma: no cover - compiled
         h += _subnormal_entropy(row[:end], bits[:end])
     index = _first_index(bits, best)
     return row[index], index, s, s2, h, count
+
+
+@cached_njit(error_model="numpy", fastmath={"reassoc", "nsz"})
+def _row_pass_logits(row, bits, logits):  # pragma: no cover - compiled
+    """(Σp, Σp², Σ p·s over positive p, positive count, largest bits) of one row and its logits s, one pass.
+
+    A key with p = 0 (masked, s = −∞, or underflowed) adds nothing: its logit is not read into the sums."""
+    total = 0.0
+    squares = 0.0
+    cross = 0.0
+    count = 0
+    best = 0
+    for j in range(row.size):
+        b = bits[j]
+        positive = b > 0
+        x = np.float64(row[j]) if positive else 0.0
+        s = np.float64(logits[j]) if positive else 0.0
+        total += x
+        squares += x * x
+        cross += x * s
+        count += positive
+        best = max(best, b)
+    return total, squares, cross, count, best
+
+
+@cached_njit()
+def moments_of_row_logits(row, bits, logits):  # pragma: no cover - compiled
+    """``moments_of_row`` of a softmax row whose logits ``logits`` (float32, the values the softmax read) are at
+    hand: the entropy without a logarithm a key.
+
+    With p_i = exp(s_i − log Z), −Σ p_i log p_i = log Z · Σp − Σ p_i s_i, and log Z = s_a − log p_a at the largest
+    entry a: one logarithm a row. Each stored p_i carries the softmax's rounding (a few float32 ulps), so this and
+    −Σ p log p of the stored values are two estimates of the row's entropy that differ by a few 2^-24 · Σp
+    (docs/math.md §2.4). Rounding can leave a row that is one key in all but the last bits a few 10^-14 below 0;
+    the result is clamped at 0, the entropy's true lower bound. p_max, argmax, Σp, Σp² and the count are those of
+    ``moments_of_row`` bit for bit."""
+    end = _support_end(bits, NO_POSITIVE)
+    s, s2, cross, count, best = _row_pass_logits(row[:end], bits[:end], logits[:end])
+    index = _first_index(bits, best)
+    entropy = 0.0
+    if count:
+        log_z = np.float64(logits[index]) - math.log(np.float64(row[index]))
+        entropy = max(0.0, log_z * s - cross)
+    return row[index], index, s, s2, entropy, count
 
 
 @cached_njit(parallel=True)

@@ -16,7 +16,7 @@ import numpy as np
 from numba import prange
 
 from attnsens._numba_cache import cached_njit
-from attnsens.capture._numba_moments import NO_POSITIVE, moments_of_row
+from attnsens.capture._numba_moments import NO_POSITIVE, moments_of_row, moments_of_row_logits
 from attnsens.theta._numba_enclosure import theta_interval
 from attnsens.theta._numba_kernels import ROW_BLOCK, _certify_block, blocks_per_task, thread_workspace
 
@@ -24,7 +24,8 @@ from attnsens.theta._numba_kernels import ROW_BLOCK, _certify_block, blocks_per_
 @cached_njit()
 def _statistics_block(
     x, bits, no_positive, r0, r1, stop_d, mitm_max, ckk_budget, ckk_max_support, tolerance, row_sum, theta_p_max,
-    d_found, d_lb, err, method, status, lower, upper, p_max, argmax, total, squares, entropy, nonzero, workspace,
+    d_found, d_lb, err, method, status, lower, upper, p_max, argmax, total, squares, entropy, nonzero, logits,
+    workspace,
 ):  # fmt: skip
     workspace = _certify_block(
         x, bits, no_positive, r0, r1, False, stop_d, mitm_max, ckk_budget, ckk_max_support, True, tolerance, row_sum,
@@ -32,19 +33,25 @@ def _statistics_block(
     )  # fmt: skip
     for r in range(r0, r1):
         lower[r], upper[r] = theta_interval(row_sum[r], d_found[r], d_lb[r], err[r])
-        p_max[r], argmax[r], total[r], squares[r], entropy[r], nonzero[r] = moments_of_row(x[r], bits[r])
+        if logits.shape[0]:
+            p_max[r], argmax[r], total[r], squares[r], entropy[r], nonzero[r] = moments_of_row_logits(
+                x[r], bits[r], logits[r]
+            )
+        else:
+            p_max[r], argmax[r], total[r], squares[r], entropy[r], nonzero[r] = moments_of_row(x[r], bits[r])
     return workspace
 
 
 @cached_njit(parallel=True)
 def row_statistics_rows(
     x, stop_d, mitm_max, ckk_budget, ckk_max_support, tolerance, row_sum, theta_p_max, d_found, d_lb, err, method,
-    status, lower, upper, p_max, argmax, total, squares, entropy, nonzero, workspaces,
+    status, lower, upper, p_max, argmax, total, squares, entropy, nonzero, logits, workspaces,
 ):  # fmt: skip
     """The cascade (float32 ``x`` [row, key], C-contiguous; sums checked against ``tolerance``), θ's interval
     [``lower``, ``upper``] and the moments of every row, in parallel over blocks of rows (call it within
     ``parallel_chunksize(chunk_tasks(...))``, as ``certify_rows_balanced`` does). Outputs as in ``certify_rows`` and
-    ``row_moments``; ``workspaces`` as in ``certify_rows``."""
+    ``row_moments``; ``workspaces`` as in ``certify_rows``. ``logits``: the rows' float32 logits [row, key], from
+    which the entropy is taken (``moments_of_row_logits``), or an array of no rows for −Σ p log p of the values."""
     bits = x.view(np.int32)
     n_blocks = (x.shape[0] + ROW_BLOCK - 1) // ROW_BLOCK
     per_task = blocks_per_task(mitm_max)
@@ -55,14 +62,14 @@ def row_statistics_rows(
             workspace = _statistics_block(
                 x, bits, NO_POSITIVE, r0, min(x.shape[0], r0 + ROW_BLOCK), stop_d, mitm_max, ckk_budget,
                 ckk_max_support, tolerance, row_sum, theta_p_max, d_found, d_lb, err, method, status, lower, upper,
-                p_max, argmax, total, squares, entropy, nonzero, workspace,
+                p_max, argmax, total, squares, entropy, nonzero, logits, workspace,
             )  # fmt: skip
 
 
 @cached_njit()
 def row_statistics_rows_serial(
     x, stop_d, mitm_max, ckk_budget, ckk_max_support, tolerance, row_sum, theta_p_max, d_found, d_lb, err, method,
-    status, lower, upper, p_max, argmax, total, squares, entropy, nonzero, workspaces,
+    status, lower, upper, p_max, argmax, total, squares, entropy, nonzero, logits, workspaces,
 ):  # fmt: skip
     """``row_statistics_rows`` on one thread: small batches, where waking the thread pool costs more than the work."""
     bits = x.view(np.int32)
@@ -71,5 +78,5 @@ def row_statistics_rows_serial(
         workspace = _statistics_block(
             x, bits, NO_POSITIVE, r0, min(x.shape[0], r0 + ROW_BLOCK), stop_d, mitm_max, ckk_budget, ckk_max_support,
             tolerance, row_sum, theta_p_max, d_found, d_lb, err, method, status, lower, upper, p_max, argmax, total,
-            squares, entropy, nonzero, workspace,
+            squares, entropy, nonzero, logits, workspace,
         )  # fmt: skip

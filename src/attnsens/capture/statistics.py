@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from attnsens._threads import keep_torch_threads
+from attnsens.errors import ShapeError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -24,7 +25,7 @@ class RowStats:
     theta_method: Tensor  # int8 code of the certificate method (attnsens.theta)
     p_max: Tensor  # max_i p_i
     argmax: Tensor  # int64 key position of p_max
-    entropy: Tensor  # H(p) = −Σ p_i log p_i, nats
+    entropy: Tensor  # H(p) = −Σ p_i log p_i, nats (from the logits where they were given)
     normalized_entropy: Tensor  # H(p) / log n_keys; 0 when n_keys = 1
     n_eff: Tensor  # 1 / Σ p_i²
     row_sum: Tensor  # s = Σ p_i
@@ -39,7 +40,9 @@ class RowStats:
         return RowStats(**{f.name: getattr(self, f.name).to(device) for f in fields(self)})
 
 
-def row_statistics(probs: Tensor, *, n_keys: Tensor | None = None, exact_support: int | None = None) -> RowStats:
+def row_statistics(
+    probs: Tensor, *, n_keys: Tensor | None = None, exact_support: int | None = None, logits: Tensor | None = None
+) -> RowStats:
     """θ certificate, p_max, argmax, entropy H = −Σ p log p, H / log n_keys, n_eff = 1/Σp², s = Σp of every row.
 
     Args:
@@ -49,6 +52,10 @@ def row_statistics(probs: Tensor, *, n_keys: Tensor | None = None, exact_support
             an allowed key can underflow to an exact zero.
         exact_support: prove every row of at most this many non-zero keys exact (``certify``'s argument, 24–48;
             default: the cheap proofs only).
+        logits: the float32 logits s the rows are the softmax of (probs' shape; −∞ at masked keys). The entropy is
+            then log Z · Σp − Σ p_i s_i with log Z = s_a − log p_a at the row's largest entry a: no logarithm a
+            key. It and −Σ p log p of the stored values differ by a few float32 ulps of H, the softmax's own
+            rounding (docs/math.md §2.4). Default: −Σ p log p of ``probs``.
 
     Returns:
         RowStats with the leading shape of ``probs``. The θ interval is the θ engine's certificate for the
@@ -60,11 +67,15 @@ def row_statistics(probs: Tensor, *, n_keys: Tensor | None = None, exact_support
     """
     from attnsens.theta import certify
 
-    fused = _fused_row_statistics(probs, n_keys, exact_support)
+    if logits is not None and logits.shape != probs.shape:
+        raise ShapeError(f"logits must have the rows' shape {tuple(probs.shape)}, got {tuple(logits.shape)}")
+    fused = _fused_row_statistics(probs, n_keys, exact_support, logits)
     if fused is not None:
         return fused
     certificate = certify(probs, dim=-1, exact_support=exact_support)
     p_max, argmax, row_sum, squares, entropy, nonzero = _row_moments(probs)
+    if logits is not None:
+        entropy = _entropy_from_logits(probs, logits, argmax, row_sum, nonzero)
     n_keys = nonzero if n_keys is None else n_keys.to(device=probs.device, dtype=torch.int64)
     log_n = torch.log(n_keys.to(torch.float64))
     normalized = torch.where(n_keys > 1, entropy / torch.where(n_keys > 1, log_n, 1.0), 0.0)
@@ -84,7 +95,9 @@ def row_statistics(probs: Tensor, *, n_keys: Tensor | None = None, exact_support
     )
 
 
-def _fused_row_statistics(probs: Tensor, n_keys: Tensor | None, exact_support: int | None = None) -> RowStats | None:
+def _fused_row_statistics(
+    probs: Tensor, n_keys: Tensor | None, exact_support: int | None = None, logits: Tensor | None = None
+) -> RowStats | None:
     """``row_statistics`` of float32 CPU rows by one compiled pass (``_numba_row_statistics``): the same numbers
     bit for bit, without the per-call steps between ``certify`` and the moments. None where it does not apply
     (other devices and dtypes, no numba, no rows), and the caller takes the general path."""
@@ -92,6 +105,8 @@ def _fused_row_statistics(probs: Tensor, n_keys: Tensor | None, exact_support: i
 
     mitm_max_support = enumeration_support(exact_support)  # refused here and on the general path alike
     if probs.device.type != "cpu" or probs.dtype != torch.float32 or probs.dim() == 0 or probs.numel() == 0:
+        return None
+    if logits is not None and (logits.device.type != "cpu" or logits.dtype != torch.float32):
         return None
     try:
         from numba import get_num_threads, parallel_chunksize
@@ -116,6 +131,10 @@ def _fused_row_statistics(probs: Tensor, n_keys: Tensor | None, exact_support: i
     rows = probs.detach().reshape(-1, probs.shape[-1]).contiguous()
     x = rows.numpy()
     count = x.shape[0]
+    if logits is None:
+        scores = np.empty((0, 0), dtype=np.float32)  # no rows: the kernel takes −Σ p log p
+    else:
+        scores = logits.detach().reshape(-1, probs.shape[-1]).contiguous().numpy()
     tolerance = default_sum_tolerance(probs.dtype)
     row_sum, theta_p_max, d_found, d_lb, err, lower, upper, total, squares, entropy = np.empty((10, count))
     method = np.empty(count, dtype=np.int8)
@@ -130,7 +149,7 @@ def _fused_row_statistics(probs: Tensor, n_keys: Tensor | None, exact_support: i
         kernel(
             x, STOP_DISTANCE["float32"], mitm_max_support, CKK_NODE_BUDGET, CKK_MAX_SUPPORT, tolerance, row_sum,
             theta_p_max, d_found, d_lb, err, method, status, lower, upper, p_max, argmax, total, squares, entropy,
-            nonzero, thread_workspaces(mitm_max_support, x.shape[1], get_num_threads() if parallel else 1),
+            nonzero, scores, thread_workspaces(mitm_max_support, x.shape[1], get_num_threads() if parallel else 1),
         )  # fmt: skip
     if status.any():
         raise_for_status(torch.from_numpy(status), rows, tuple(shape), -1, tolerance)
@@ -157,6 +176,18 @@ def _fused_row_statistics(probs: Tensor, n_keys: Tensor | None, exact_support: i
         "dominant": p_max_64 >= total / 2,
     }
     return RowStats(**{name: torch.from_numpy(value.reshape(shape)) for name, value in columns.items()})
+
+
+def _entropy_from_logits(probs: Tensor, logits: Tensor, argmax: Tensor, row_sum: Tensor, nonzero: Tensor) -> Tensor:
+    """log Z · Σp − Σ p_i s_i per row with log Z = s_a − log p_a at ``argmax`` a, clamped at 0; 0 for rows without
+    a positive entry (the kernel ``moments_of_row_logits`` in torch operations, for rows off the CPU)."""
+    p = probs.to(torch.float64)
+    s = logits.to(torch.float64)
+    at = argmax.unsqueeze(-1)
+    log_z = (s.gather(-1, at) - torch.log(p.gather(-1, at))).squeeze(-1)
+    cross = torch.where(probs > 0, p * s, 0.0).sum(dim=-1)
+    entropy = (log_z * row_sum - cross).clamp_min(0.0)
+    return torch.where(nonzero > 0, entropy, 0.0)
 
 
 def _row_moments(probs: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:

@@ -183,7 +183,9 @@ def capture_row_statistics(
                 first = int(chunk[0, 0])
                 output[:, first - start : first - start + chunk.shape[1]] = attention_output(probs, value, key_start)
             n_keys = rearrange(n_keys, "batch query -> batch 1 query").expand(-1, len(heads), -1)
-            stats = row_statistics(probs, n_keys=n_keys, exact_support=exact_support)
+            # Rows computed in the workspace have their logits beside them: the entropy without a logarithm a key.
+            logits = workspace.logits_of(probs)
+            stats = row_statistics(probs, n_keys=n_keys, exact_support=exact_support, logits=logits)
             if key_start:  # the chunk's rows start at key key_start; every key before it has probability 0
                 stats = replace(stats, argmax=stats.argmax + key_start)
             sink(RowBlock(layer=layer, heads=heads, query_positions=chunk, stats=stats))

@@ -122,6 +122,7 @@ class RowWorkspace:
     def __init__(self, elements: int) -> None:
         self.elements = elements
         self._buffers: list[Tensor] = []
+        self._last: tuple[Tensor, Tensor] | None = None
 
     def views(self, shape: tuple[int, ...], device: torch.device) -> tuple[Tensor, Tensor] | None:
         """Contiguous float32 ``shape`` views of the two buffers, or None when they would not fit."""
@@ -133,7 +134,18 @@ class RowWorkspace:
         if not self._buffers or self._buffers[0].device != device:
             self._buffers = [torch.empty(self.elements, dtype=torch.float32, device=device) for _ in range(2)]
         scores, probs = (buffer[:count].view(shape) for buffer in self._buffers)
+        self._last = (scores, probs)
         return scores, probs
+
+    def logits_of(self, probs: Tensor) -> Tensor | None:
+        """The scores whose softmax ``probs`` is, when ``probs`` is the probabilities view of the latest
+        :meth:`views` (``attention_rows`` writes the softmax of that scores view there, and no call since has
+        overwritten either); else None."""
+        if self._last is None:
+            return None
+        scores, latest = self._last
+        same = probs.data_ptr() == latest.data_ptr() and probs.shape == latest.shape
+        return scores if same and probs.stride() == latest.stride() else None
 
     def holds(self, tensor: Tensor) -> bool:
         """Whether ``tensor`` lives in one of the two buffers, rather than being a fresh tensor of its own."""

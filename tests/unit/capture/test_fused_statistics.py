@@ -96,8 +96,10 @@ def test_other_dtypes_and_empty_batches_take_the_general_path() -> None:
     calls = []
     saved = statistics._fused_row_statistics
 
-    def spy(probs: torch.Tensor, n_keys: torch.Tensor | None, exact_support: int | None) -> RowStats | None:
-        result = saved(probs, n_keys, exact_support)
+    def spy(
+        probs: torch.Tensor, n_keys: torch.Tensor | None, exact_support: int | None, logits: torch.Tensor | None
+    ) -> RowStats | None:
+        result = saved(probs, n_keys, exact_support, logits)
         calls.append(result is not None)
         return result
 
