@@ -41,6 +41,28 @@ def test_rows_match_eager_attention(smollm2) -> None:
         torch.testing.assert_close(chunk.probs, expected, rtol=1e-5, atol=1e-6)
 
 
+def test_the_audits_entropy_from_logits_agrees_with_its_rows(smollm2, monkeypatch) -> None:
+    """On the real model's rows the entropy the audit takes from the logits and −Σ p log p of the same rows are
+    within the rows' own rounding of each other (docs/math.md §2.4), in every chunk of every layer."""
+    import attnsens.capture.stream as stream
+    from attnsens.capture import row_statistics
+    from attnsens.study import audit
+
+    gaps = []
+
+    def checked(probs, *, n_keys=None, exact_support=None, logits=None):
+        stats = row_statistics(probs, n_keys=n_keys, exact_support=exact_support, logits=logits)
+        assert logits is not None
+        plain = row_statistics(probs, n_keys=n_keys, exact_support=exact_support)
+        gaps.append(float(((stats.entropy - plain.entropy).abs() / stats.row_sum).max()))
+        return stats
+
+    monkeypatch.setattr(stream, "row_statistics", checked)
+    ids = smollm2.encode("Shall I compare thee to a summer's day? Thou art more lovely and more temperate. " * 12)
+    audit(smollm2, ids)
+    assert len(gaps) >= smollm2.spec.n_layer and max(gaps) <= 2 * 8 * 2.0**-24
+
+
 def test_weights_reproduce_block_zero_including_gguf_rope_layout(smollm2) -> None:
     """The q/k rows of a GGUF file are permuted for interleaved RoPE; the adapter's weights with rotate-half
     RoPE must still reproduce the block."""

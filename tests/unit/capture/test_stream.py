@@ -42,6 +42,27 @@ def test_statistics_equal_those_of_eager_rows(family: str) -> None:
         torch.testing.assert_close(got[f.name], getattr(expected, f.name), rtol=2e-5, atol=2e-6, msg=f.name)
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_the_capture_takes_each_rows_entropy_from_its_logits(family: str, monkeypatch) -> None:
+    """Every chunk of a capture of every row reaches the statistics with its logits, and the entropy from them
+    agrees with −Σ p log p of the same rows within the rows' own rounding (docs/math.md §2.4)."""
+    import attnsens.capture.stream as stream
+
+    calls = []
+
+    def checked(probs, *, n_keys=None, exact_support=None, logits=None):
+        stats = C.row_statistics(probs, n_keys=n_keys, exact_support=exact_support, logits=logits)
+        plain = C.row_statistics(probs, n_keys=n_keys, exact_support=exact_support)
+        margin = 2 * 8 * 2.0**-24 * stats.row_sum + 1e-13
+        calls.append((logits is not None, bool(((stats.entropy - plain.entropy).abs() <= margin).all())))
+        return stats
+
+    monkeypatch.setattr(stream, "row_statistics", checked)
+    adapter = M.load(tiny_model(family))
+    C.capture_row_statistics(adapter, torch.randint(0, VOCAB, (2, 40)), selection=C.RowSelection(chunk_size=7))
+    assert len(calls) > 2 and all(with_logits and agree for with_logits, agree in calls)
+
+
 def test_chunk_size_does_not_change_results_and_bounds_peak_rows(monkeypatch) -> None:
     adapter = M.load(tiny_model("llama"))
     ids = torch.randint(0, VOCAB, (2, 23))
