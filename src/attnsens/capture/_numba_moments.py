@@ -137,8 +137,9 @@ def moments_of_row(row, bits):  # pragma: no cover - compiled
 
 
 @cached_njit(error_model="numpy", fastmath={"reassoc", "nsz"})
-def _row_pass_logits(row, bits, logits):  # pragma: no cover - compiled
-    """(Σp, Σp², Σ p·s over positive p, positive count, largest bits) of one row and its logits s, one pass.
+def _row_pass_logits(row, bits, logits, center):  # pragma: no cover - compiled
+    """(Σp, Σp², Σ p·(s − ``center``) over positive p, positive count, largest bits) of one row and its logits s,
+    one pass.
 
     A key with p = 0 (masked, s = −∞, or underflowed) adds nothing: its logit is not read into the sums."""
     total = 0.0
@@ -150,7 +151,7 @@ def _row_pass_logits(row, bits, logits):  # pragma: no cover - compiled
         b = bits[j]
         positive = b > 0
         x = np.float64(row[j]) if positive else 0.0
-        s = np.float64(logits[j]) if positive else 0.0
+        s = np.float64(logits[j]) - center if positive else 0.0
         total += x
         squares += x * x
         cross += x * s
@@ -169,13 +170,21 @@ def moments_of_row_logits(row, bits, logits):  # pragma: no cover - compiled
     −Σ p log p of the stored values are two estimates of the row's entropy that differ by a few 2^-24 · Σp
     (docs/math.md §2.4). Rounding can leave a row that is one key in all but the last bits a few 10^-14 below 0;
     the result is clamped at 0, the entropy's true lower bound. p_max, argmax, Σp, Σp² and the count are those of
-    ``moments_of_row`` bit for bit."""
+    ``moments_of_row`` bit for bit.
+
+    The logits are taken relative to that of the row's first positive key, c: every key with p_i > 0 (subnormal
+    float32 values included) has s_i within 104 of log Z, so the sums hold terms of at most about 104 whatever the
+    logits' scale (logits near 10^9 would otherwise leave log Z · Σp and Σ p s equal in their first 16 digits)."""
     end = _support_end(bits, NO_POSITIVE)
-    s, s2, cross, count, best = _row_pass_logits(row[:end], bits[:end], logits[:end])
+    first = 0
+    while first < end and bits[first] <= 0:
+        first += 1
+    center = np.float64(logits[first]) if first < end else 0.0
+    s, s2, cross, count, best = _row_pass_logits(row[:end], bits[:end], logits[:end], center)
     index = _first_index(bits, best)
     entropy = 0.0
     if count:
-        log_z = np.float64(logits[index]) - math.log(np.float64(row[index]))
+        log_z = np.float64(logits[index]) - center - math.log(np.float64(row[index]))  # log Z − c
         entropy = max(0.0, log_z * s - cross)
     return row[index], index, s, s2, entropy, count
 

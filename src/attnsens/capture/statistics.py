@@ -180,13 +180,13 @@ def _fused_row_statistics(
 
 def _entropy_from_logits(probs: Tensor, logits: Tensor, argmax: Tensor, row_sum: Tensor, nonzero: Tensor) -> Tensor:
     """log Z · Σp − Σ p_i s_i per row with log Z = s_a − log p_a at ``argmax`` a, clamped at 0; 0 for rows without
-    a positive entry (the kernel ``moments_of_row_logits`` in torch operations, for rows off the CPU)."""
+    a positive entry (the kernel ``moments_of_row_logits`` in torch operations, for rows off the CPU). The logits
+    are taken relative to s_a, so that the sums' terms stay small whatever the logits' scale."""
     p = probs.to(torch.float64)
-    s = logits.to(torch.float64)
     at = argmax.unsqueeze(-1)
-    log_z = (s.gather(-1, at) - torch.log(p.gather(-1, at))).squeeze(-1)
-    cross = torch.where(probs > 0, p * s, 0.0).sum(dim=-1)
-    entropy = (log_z * row_sum - cross).clamp_min(0.0)
+    centered = logits.to(torch.float64) - logits.to(torch.float64).gather(-1, at)
+    cross = torch.where(probs > 0, p * centered, 0.0).sum(dim=-1)
+    entropy = (-torch.log(p.gather(-1, at)).squeeze(-1) * row_sum - cross).clamp_min(0.0)
     return torch.where(nonzero > 0, entropy, 0.0)
 
 

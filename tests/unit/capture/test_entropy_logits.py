@@ -54,6 +54,27 @@ def test_entropy_from_logits_agrees_with_the_stored_values_within_their_rounding
     assert bool((stats.entropy >= 0).all())
 
 
+def test_logits_of_any_scale_give_the_entropy_of_the_values() -> None:
+    """Logits near ±10^12 (float32 steps of 2^16 there, so a row of them is uniform over its keys, or as good as
+    one key) and near 10^2: the sums are taken relative to a logit of the row, so log Z · Σp and Σ p s, each about
+    10^12, do not cancel to rounding noise (float64 steps of 1.2·10^-4 there)."""
+    steps = torch.tensor([0.0, 0.0, 0.0, -1.0, 0.0, -1.0, 0.0] * 40)
+    logits = torch.stack([1e12 + 0 * steps, -3e11 + 0 * steps, 123.0 + steps])
+    probs = torch.softmax(logits, dim=-1)
+    stats = row_statistics(probs, logits=logits)
+    saved = statistics._fused_row_statistics
+    statistics._fused_row_statistics = lambda *args: None
+    try:
+        general = row_statistics(probs, logits=logits)
+    finally:
+        statistics._fused_row_statistics = saved
+    for i in range(3):
+        expected = oracle_entropy(probs[i])
+        margin = 2 * ROUNDING * float(stats.row_sum[i]) + 1e-13
+        assert abs(float(stats.entropy[i]) - expected) <= margin, (i, float(stats.entropy[i]), expected)
+        assert abs(float(general.entropy[i]) - expected) <= margin, (i, float(general.entropy[i]), expected)
+
+
 def test_the_margin_catches_a_wrong_normaliser() -> None:
     """Meta-test: log Z taken as s_a (as if p_a were 1) falls outside the margin on every row whose largest entry
     is not about 1, and the entropy in bits on every row of some entropy, so the comparison above can fail."""
