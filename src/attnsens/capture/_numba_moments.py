@@ -174,7 +174,8 @@ def moments_of_row_logits(row, bits, logits):  # pragma: no cover - compiled
 
     The logits are taken relative to that of the row's first positive key, c: every key with p_i > 0 (subnormal
     float32 values included) has s_i within 104 of log Z, so the sums hold terms of at most about 104 whatever the
-    logits' scale (logits near 10^9 would otherwise leave log Z · Σp and Σ p s equal in their first 16 digits)."""
+    logits' scale (with logits near 10^12, log Z · Σp and Σ p s would each be about 10^12, and their float64
+    rounding, about 10^-4, would swamp H's digits)."""
     end = _support_end(bits, NO_POSITIVE)
     first = 0
     while first < end and bits[first] <= 0:

@@ -7,7 +7,8 @@ SmolLM2 audit (120 chunks of 1,152 rows) those steps cost about 1.7 ms a chunk, 
 block of rows goes through the cascade (``_certify_block``, the code ``certify`` runs), is enclosed row by row
 (``theta_interval``, the same operations as ``theta_enclosure``) and then read once more for its moments while
 it is still in the cache (``moments_of_row``, the code of ``row_moments``). The results are those of ``certify`` and
-``row_moments`` bit for bit (``tests/unit/capture/test_fused_statistics.py``).
+``row_moments`` bit for bit (``tests/unit/capture/test_fused_statistics.py``). Given the rows' logits, as the
+audit gives them, the entropy is taken from those instead (``moments_of_row_logits``, docs/math.md §2.4).
 """
 
 from __future__ import annotations

@@ -99,8 +99,9 @@ def _fused_row_statistics(
     probs: Tensor, n_keys: Tensor | None, exact_support: int | None = None, logits: Tensor | None = None
 ) -> RowStats | None:
     """``row_statistics`` of float32 CPU rows by one compiled pass (``_numba_row_statistics``): the same numbers
-    bit for bit, without the per-call steps between ``certify`` and the moments. None where it does not apply
-    (other devices and dtypes, no numba, no rows), and the caller takes the general path."""
+    bit for bit (an entropy from ``logits`` to float64 rounding: the sums run in another order), without the
+    per-call steps between ``certify`` and the moments. None where it does not apply (other devices and dtypes,
+    no numba, no rows), and the caller takes the general path."""
     from attnsens.theta.certificate import enumeration_support
 
     mitm_max_support = enumeration_support(exact_support)  # refused here and on the general path alike
