@@ -9,10 +9,10 @@ from dataclasses import fields
 import pytest
 import torch
 
-import attnsens.capture.statistics as statistics
 from attnsens.capture.statistics import RowStats, row_statistics
 from attnsens.errors import ShapeError
 from attnsens.models.attention import RowWorkspace
+from tests.unit.capture.test_fused_statistics import general_path
 
 FLOAT32_ULP = 2.0**-24
 ROUNDING = 8 * FLOAT32_ULP
@@ -62,12 +62,7 @@ def test_logits_of_any_scale_give_the_entropy_of_the_values() -> None:
     logits = torch.stack([1e12 + 0 * steps, -3e11 + 0 * steps, 123.0 + steps])
     probs = torch.softmax(logits, dim=-1)
     stats = row_statistics(probs, logits=logits)
-    saved = statistics._fused_row_statistics
-    statistics._fused_row_statistics = lambda *args: None
-    try:
-        general = row_statistics(probs, logits=logits)
-    finally:
-        statistics._fused_row_statistics = saved
+    general = general_path(probs, logits=logits)
     for i in range(3):
         expected = oracle_entropy(probs[i])
         margin = 2 * ROUNDING * float(stats.row_sum[i]) + 1e-13
@@ -117,12 +112,7 @@ def test_the_torch_path_computes_the_same_entropy() -> None:
     logits = logit_rows(3)
     probs = torch.softmax(logits, dim=-1)
     fused = row_statistics(probs, logits=logits)
-    saved = statistics._fused_row_statistics
-    statistics._fused_row_statistics = lambda *args: None
-    try:
-        general = row_statistics(probs, logits=logits)
-    finally:
-        statistics._fused_row_statistics = saved
+    general = general_path(probs, logits=logits)
     torch.testing.assert_close(general.entropy, fused.entropy, rtol=0, atol=1e-12)
     torch.testing.assert_close(general.normalized_entropy, fused.normalized_entropy, rtol=0, atol=1e-12)
 

@@ -18,12 +18,17 @@ from tests.unit.theta.rows import softmax_rows, with_zeros
 FIXTURE = Path(__file__).resolve().parents[2] / "data" / "tiny_gpt_early_rows.npz"
 
 
-def general_path(probs: torch.Tensor, n_keys: torch.Tensor | None = None, exact_support: int | None = None) -> RowStats:
+def general_path(
+    probs: torch.Tensor,
+    n_keys: torch.Tensor | None = None,
+    exact_support: int | None = None,
+    logits: torch.Tensor | None = None,
+) -> RowStats:
     """``row_statistics`` with the one-pass kernel switched off."""
     saved = statistics._fused_row_statistics
     statistics._fused_row_statistics = lambda *args: None
     try:
-        return row_statistics(probs, n_keys=n_keys, exact_support=exact_support)
+        return row_statistics(probs, n_keys=n_keys, exact_support=exact_support, logits=logits)
     finally:
         statistics._fused_row_statistics = saved
 
