@@ -41,10 +41,32 @@ def reached_residues(vals, q):
     for v in vals:
         a = np.int64(v / q)
         total += a
-        shift = np.uint64(a) & _MASK
-        if shift != 0:
-            reach |= (reach << shift) | (reach >> (_WORD - shift))
+        reach = _with_value(reach, a)
     return reach, total
+
+
+@cached_njit()
+def _with_value(reach, a):
+    """The residues ``reach`` holds, and each of them plus the integer a ≥ 0 (mod 64): one rotation and an OR."""
+    shift = np.uint64(a) & _MASK
+    if shift != 0:
+        reach |= (reach << shift) | (reach >> (_WORD - shift))
+    return reach
+
+
+@cached_njit()
+def integer_residues(values):
+    """The bitset of the residues modulo 64 that subset sums of the non-negative int64 ``values`` reach."""
+    reach = _ONE
+    for a in values:
+        reach = _with_value(reach, a)
+    return reach
+
+
+@cached_njit()
+def reaches(reach, target):
+    """Whether the residue of the integer ``target`` ≥ 0 modulo 64 is in the bitset ``reach``."""
+    return (reach >> (np.uint64(target) & _MASK)) & _ONE != 0
 
 
 @cached_njit()

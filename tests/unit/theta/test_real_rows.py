@@ -43,6 +43,7 @@ from attnsens.theta._numba_four_list import (
     _insert_pair_sums,
     _meets_pair_sum,
     _most_promising_targets,
+    _reachable_targets,
     four_list_perfect_split,
 )
 from attnsens.theta._numba_refine import COUNT_MITM_MIN_TAIL
@@ -526,6 +527,68 @@ def test_four_list_estimate_counts_subsets_count_by_count() -> None:
             assert true > 50 and abs(estimate / true - 1.0) < 0.25, (k, true, estimate)
         else:
             assert true == 0.0 and estimate < 0.01 < 10.0 < one_gaussian, (k, estimate, one_gaussian)
+
+
+def reference_expected_count(values: np.ndarray, target: int) -> float:
+    """``_expected_counts`` term by term in Python floats, every count k = 1 … m − 1 included (no cut-off)."""
+    m = values.size
+    mean = float(values.mean())
+    variance = float(((values.astype(float) - mean) ** 2).sum()) / (m - 1)
+    total = 0.0
+    for k in range(1, m):
+        sigma = math.sqrt(k * (m - k) / m * variance)
+        if sigma > 0.0:
+            z = (target - k * mean) / sigma
+            total += math.comb(m, k) * math.exp(-0.5 * z * z) / (math.sqrt(2 * math.pi) * sigma)
+    return total
+
+
+def test_four_list_estimate_leaves_out_only_counts_that_add_nothing() -> None:
+    """The estimate takes an exp only for the counts within ``EXPECTED_COUNT_Z`` spreads of the target: on
+    near-uniform, spread and tiny values, at and between the bumps, it equals the sum over every count."""
+    rng = np.random.default_rng(17)
+    families = [
+        rng.integers(9_600, 10_400, 24),  # near-uniform (early training)
+        (2.0 ** rng.uniform(0, 30, 30)).astype(np.int64) + 1,  # many binades (a pretrained model's rows)
+        rng.integers(1, 50, 12),  # small integers: sums crowd, spreads of a few units
+    ]
+    compared = 0
+    for values in families:
+        values = np.sort(values.astype(np.int64))[::-1].copy()
+        mean = float(values.mean())
+        targets = np.array(
+            [round(k * mean) for k in (1.0, 3.5, values.size / 2, values.size / 2 + 0.5, values.size - 1.5)], np.int64
+        )
+        estimates = _expected_counts(values, targets)
+        for target, estimate in zip(targets.tolist(), estimates.tolist(), strict=True):
+            reference = reference_expected_count(values, target)
+            assert estimate == pytest.approx(reference, rel=1e-9, abs=1e-12), (target, estimate, reference)
+            compared += reference > 1.0
+    assert compared >= 6  # most targets have many subsets: the comparison is not of zeros
+
+
+def test_four_list_keeps_exactly_the_targets_whose_residue_a_subset_sum_reaches() -> None:
+    """A target's residue modulo 64 must be one that some subset sum of the searched values has, or no subset hits
+    it. Values of which only a few are odd multiples of small powers of two (a row's smallest keys beside larger
+    ones in coarser binades) reach few residues; every target that is a real subset sum is kept, and exactly
+    the targets whose residue no subset reaches are dropped (brute force over all 2^14 subsets)."""
+    rng = np.random.default_rng(23)
+    coarse = rng.integers(1 << 10, 1 << 12, 11) * 64  # multiples of 64: they add nothing to the residues
+    fine = np.array([3, 10, 17])  # subset sums ≡ 0, 3, 10, 13, 17, 20, 27, 30 (mod 64)
+    values = np.concatenate([coarse, fine]).astype(np.int64)
+    sums = np.zeros(1, np.int64)
+    for v in values:
+        sums = np.concatenate([sums, sums + v])
+    reached = set((sums % 64).tolist())
+    assert len(reached) == 8
+    hits = rng.choice(sums, 40)
+    misses = rng.integers(0, int(values.sum()), 200)
+    targets = np.concatenate([hits, misses, [-1, int(values.sum()) + 1]]).astype(np.int64)
+    kept = _reachable_targets(values, targets.copy())
+    assert set(hits.tolist()) <= set(kept.tolist())
+    expected = [int(t) for t in targets if 0 <= t <= values.sum() and int(t) % 64 in reached]
+    assert kept.tolist() == expected
+    assert len(expected) < 0.5 * targets.size  # most random targets are dropped: the filter is not a no-op
 
 
 def best_target_prefix(expected: list[float]) -> int:
