@@ -117,6 +117,23 @@ def test_the_torch_path_computes_the_same_entropy() -> None:
     torch.testing.assert_close(general.normalized_entropy, fused.normalized_entropy, rtol=0, atol=1e-12)
 
 
+def test_rows_off_the_cpu_kernel_take_no_logarithm_a_key_with_logits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """float64 rows (as GPU rows are) take the torch operations: with logits their entropy is the logits' formula
+    alone, within the rows' rounding of −Σ p log p, and the elementwise −p log p pass is not run at all."""
+    logits = logit_rows(5).double()
+    probs = torch.softmax(logits, dim=-1)
+    plain = row_statistics(probs)
+
+    def no_xlogy(*args: object, **kwargs: object) -> torch.Tensor:
+        raise AssertionError("−Σ p log p computed although the logits give the entropy")
+
+    monkeypatch.setattr(torch.special, "xlogy", no_xlogy)
+    with_logits = row_statistics(probs, logits=logits)
+    torch.testing.assert_close(with_logits.entropy, plain.entropy, rtol=1e-12, atol=1e-12)
+    for name in ("p_max", "argmax", "row_sum", "n_eff", "theta_lower", "theta_upper"):
+        assert torch.equal(getattr(with_logits, name), getattr(plain, name)), name
+
+
 def test_logits_of_another_shape_are_refused() -> None:
     probs = torch.softmax(torch.randn(4, 10), dim=-1)
     with pytest.raises(ShapeError, match="logits"):
