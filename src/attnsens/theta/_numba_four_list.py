@@ -44,10 +44,10 @@ often exact than with all targets and a gate of 0.05 (rows of 25–48 keys, alte
 EXPECTED_COUNT_Z = 10.0
 """Counts k whose sums lie more than this many spreads from a target add nothing to its estimate
 (``_expected_counts``): each is at most C(40, 20)·e^-50 < 3·10^-11 times the peak density 1/(√(2π)·σ_k), where
-the gates compare the estimate with 0.5 and more.
-The estimate only steers the search (which targets, which modulus, whether to search), never a bound. With an
-exp for every count within 40 spreads and a division per term, the estimate for the 64 targets of a row of 46–48
-keys took 25 µs (the call from Python included); with this cut and one product per term, 10 µs."""
+the gates compare the estimate with 0.5 and more. The estimate only steers the search (which targets, which
+modulus, whether to search), never a bound. With an exp for every count within 40 spreads and a division per
+term, the estimate for the 64 targets of a row of 46–48 keys took 25 µs (the call from Python included); with
+this cut and one product per term, 10 µs."""
 FOUR_LIST_MARK_BITS_LOG2 = 2
 """Bits of the lookup filter per slot of the hash table, as a power of 2: 4 bits a slot, at least 16 per stored pair
 sum (the table has at least 4 slots per sum), 8 kB for pair lists of 2,048 sums."""
