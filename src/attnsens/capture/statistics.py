@@ -183,7 +183,8 @@ def _entropy_from_logits(probs: Tensor, logits: Tensor, argmax: Tensor, row_sum:
     are taken relative to s_a, so that the sums' terms stay small whatever the logits' scale."""
     p = probs.to(torch.float64)
     at = argmax.unsqueeze(-1)
-    centered = logits.to(torch.float64) - logits.to(torch.float64).gather(-1, at)
+    scores = logits.to(torch.float64)
+    centered = scores - scores.gather(-1, at)
     cross = torch.where(probs > 0, p * centered, 0.0).sum(dim=-1)
     entropy = (-torch.log(p.gather(-1, at)).squeeze(-1) * row_sum - cross).clamp_min(0.0)
     return torch.where(nonzero > 0, entropy, 0.0)
