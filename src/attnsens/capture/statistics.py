@@ -144,11 +144,13 @@ def _fused_row_statistics(
     parallel = x.size >= PARALLEL_MIN_ELEMENTS or count >= PARALLEL_MIN_ROWS
     kernel = kernels.row_statistics_rows if parallel else kernels.row_statistics_rows_serial
     note_compilation(kernel, "attnsens' row-statistics kernels")
-    with keep_torch_threads(), parallel_chunksize(chunk_tasks(count, get_num_threads(), mitm_max_support)):
+    block = kernels.statistics_block_rows(x.shape[1])
+    with keep_torch_threads(), parallel_chunksize(chunk_tasks(count, get_num_threads(), mitm_max_support, block)):
         kernel(
             x, STOP_DISTANCE["float32"], mitm_max_support, CKK_NODE_BUDGET, CKK_MAX_SUPPORT, tolerance, row_sum,
             theta_p_max, d_found, d_lb, err, method, status, lower, upper, p_max, argmax, total, squares, entropy,
             nonzero, scores, thread_workspaces(mitm_max_support, x.shape[1], get_num_threads() if parallel else 1),
+            block,
         )  # fmt: skip
     if status.any():
         raise_for_status(torch.from_numpy(status), rows, tuple(shape), -1, tolerance)

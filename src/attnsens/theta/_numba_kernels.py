@@ -69,16 +69,22 @@ from attnsens.theta._numba_refine import (
 from attnsens.theta._numba_scan import row_lowest_bit, scan_row, top_k
 from attnsens.theta.methods import RowStatus, ThetaMethod
 
-ROW_BLOCK = 8
-CHUNK_BLOCKS = 16
+ROW_BLOCK = 64
+"""Rows the cascade takes together (``_certify_block``): their scratch arrays are allocated once for the block, and
+the interleaved first-fits walk four of the block's rows at a time, a lane taking the block's next row as its row
+ends, so that more rows keep more lanes busy. Against blocks of 8 rows (AVX2 machine, 2 threads, fastest of
+seven): certify on 65,536 full rows of 1,024 keys 45.2–45.8 → 30.4 ms, on as many causal rows 85.2–86.2 → 75.5 ms
+(32 rows: 33.3 and 78.8 ms; 128 and 256: 28.1–29.0 and 74.6–76.6 ms). One thread, the causal rows' dominant atoms
+of up to 24 keys cost 0.29 → 0.16 µs a row in the kernel, its first-fit rows of 513–1,024 keys 1.34 → 0.90 µs.
+The audit's one-pass statistics take fewer rows a block on long rows (``statistics_block_rows``)."""
+CHUNK_BLOCKS = 4
 """Threads take blocks of rows up to CHUNK_BLOCKS at a time as they finish (dynamic schedule): rows cost very
 different amounts (a causal head's short and long rows, the rare rows that need the late stages), and a core
-slowed by other work would otherwise hold up the whole call."""
+slowed by other work would otherwise hold up the whole call. With blocks of 64 rows, takes of 1, 2, 4 and 16 blocks
+gave the same times within 2 % (the causal rows above, and the audit's chunks at 512 and 2,048 tokens)."""
 TASKS_PER_THREAD = 16
 """Smaller batches take fewer blocks at a time, so that each thread gets at least this many takes
-(``chunk_blocks``). An audit chunk of SmolLM2 at 512 tokens is 1,152 rows, 144 blocks: taken 16 at a time that is
-9 takes, one head's queries each, of which one thread gets 5 and the other 4. Four at a time, 16 chunks of its
-audit (four layers) took 27.7 ms instead of 29.5 (medians of 7 alternating runs)."""
+(``chunk_blocks``). An audit chunk of SmolLM2 at 512 tokens is 1,152 rows, 18 blocks, taken one at a time."""
 SEARCH_NODES = 2_000
 QUICK_SEARCH_NODES = 500
 """Node budgets of the CKK probe of ``prove_short_row`` when meet-in-the-middle follows (exact) and when it does
@@ -98,11 +104,11 @@ row of that support, on the device); of the GPU kernel's rows, those it leaves o
 LONG_SEARCH_NODES = 200_000
 """Before enumerating a row longer than ``MITM_FALLBACK_SUPPORT`` keys (up to 0.25 s at 48), in ``exact``,
 the count-pruned meet-in-the-middle gets 200,000 nodes (about 1 ms) instead of the 5,000 of ``certify``."""
-ENUMERATION_TASK_BLOCKS = 16
+ENUMERATION_TASK_BLOCKS = 2
 """Where ``mitm_max`` exceeds ``ENUMERATED_AFTER_PROOFS`` (``exact``, ``certify``'s ``exact_support``), a parallel
-task runs 16 blocks of rows in turn, and they share one enumeration workspace: each new workspace of 2^(n/2)
-sums costs its page faults once (at 48 keys about 0.2 s, as long as an enumeration). Otherwise a task is one
-block, as the enumeration there never needs more than 2^13 sums a list."""
+task runs 2 blocks of rows (128 rows) in turn, and they share one enumeration workspace: each new workspace of
+2^(n/2) sums costs its page faults once (at 48 keys about 0.2 s, as long as an enumeration). Otherwise a task is
+one block, as the enumeration there never needs more than 2^13 sums a list."""
 FOUR_LIST_ENUMERATION_SHARE = 2
 """Before enumerating a row of n > ``MITM_FALLBACK_SUPPORT`` keys, the four-list search may use up to
 2^(n/2 − 2) pair sums (at least ``FOUR_LIST_LONG_WORK``): at about 3 ns a pair sum against about 8 ns for each
@@ -359,10 +365,10 @@ def certify_rows(
             )  # fmt: skip
 
 
-def chunk_blocks(n_rows: int, threads: int) -> int:
-    """Blocks of rows a thread takes at a time: ``CHUNK_BLOCKS``, fewer where that would leave a thread fewer than
-    ``TASKS_PER_THREAD`` takes, at least 1."""
-    blocks = -(-n_rows // ROW_BLOCK)
+def chunk_blocks(n_rows: int, threads: int, block: int = ROW_BLOCK) -> int:
+    """Blocks of ``block`` rows a thread takes at a time: ``CHUNK_BLOCKS``, fewer where that would leave a thread
+    fewer than ``TASKS_PER_THREAD`` takes, at least 1."""
+    blocks = -(-n_rows // block)
     return max(1, min(CHUNK_BLOCKS, blocks // (threads * TASKS_PER_THREAD)))
 
 
@@ -404,9 +410,10 @@ def holding_workspaces() -> Iterator[None]:
         _held_workspaces = outer
 
 
-def chunk_tasks(n_rows: int, threads: int, mitm_max: int) -> int:
-    """Tasks (``blocks_per_task`` blocks each) a thread takes at a time: ``chunk_blocks`` over the task size."""
-    return max(1, chunk_blocks(n_rows, threads) // blocks_per_task(mitm_max))
+def chunk_tasks(n_rows: int, threads: int, mitm_max: int, block: int = ROW_BLOCK) -> int:
+    """Tasks (``blocks_per_task`` blocks of ``block`` rows each) a thread takes at a time: ``chunk_blocks`` over the
+    task size."""
+    return max(1, chunk_blocks(n_rows, threads, block) // blocks_per_task(mitm_max))
 
 
 def certify_rows_balanced(*args):

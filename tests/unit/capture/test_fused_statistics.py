@@ -74,6 +74,32 @@ def test_long_causal_rows_give_the_general_path_bit_for_bit() -> None:
     assert_identical(row_statistics(rows.reshape(4, 64, 1024)), general_path(rows.reshape(4, 64, 1024)))
 
 
+@pytest.mark.parametrize("block", [1, 3, 8, 64])
+def test_any_block_of_rows_gives_the_same_bits(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rows a block holds (``statistics_block_rows``) change no result: the hardest real rows and long causal
+    rows, in blocks of 1, 3, 8 and 64 rows, against the default for their width."""
+    from attnsens.capture import _numba_row_statistics as kernels
+
+    hard = real_rows()[:150].reshape(3, 50, -1)
+    rows = softmax_rows(192, 1024, 2.0, seed=11)
+    causal = torch.softmax(
+        torch.log(rows).masked_fill(torch.arange(1024) > 5 * torch.arange(192)[:, None], -torch.inf), -1
+    ).reshape(3, 64, 1024)
+    expected = [row_statistics(hard), row_statistics(causal)]
+    monkeypatch.setattr(kernels, "statistics_block_rows", lambda n_keys: block)
+    for probs, theirs in zip((hard, causal), expected, strict=True):
+        assert_identical(row_statistics(probs), theirs)
+
+
+def test_long_rows_take_fewer_rows_a_block() -> None:
+    from attnsens.capture._numba_row_statistics import MIN_STATISTICS_BLOCK, statistics_block_rows
+    from attnsens.theta._numba_kernels import ROW_BLOCK
+
+    assert statistics_block_rows(128) == statistics_block_rows(2048) == ROW_BLOCK
+    assert statistics_block_rows(4096) == 32 and statistics_block_rows(8192) == 16
+    assert statistics_block_rows(1 << 20) == MIN_STATISTICS_BLOCK
+
+
 def test_explicit_key_counts_subnormals_and_masked_keys() -> None:
     rows = with_zeros(softmax_rows(96, 300, 6.0, seed=4), 0.3, seed=5)
     rows[::7] = torch.softmax(torch.linspace(0, 120, 300), 0)  # long tails underflow to subnormals and zeros

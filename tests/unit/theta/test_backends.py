@@ -103,15 +103,18 @@ def test_enclosure_is_the_same_in_numpy_and_in_torch() -> None:
 
 def test_small_batches_are_shared_out_in_smaller_takes() -> None:
     """Each thread gets at least TASKS_PER_THREAD takes of blocks where the batch allows, never more than
-    CHUNK_BLOCKS blocks a take: an audit chunk of 1,152 rows goes out 4 blocks at a time, not in 9 takes of 16."""
+    CHUNK_BLOCKS blocks a take: an audit chunk of 1,152 rows goes out a block at a time (blocks of 8 rows: 4 at a
+    time), a large batch CHUNK_BLOCKS at a time."""
     from attnsens.theta._numba_kernels import CHUNK_BLOCKS, ROW_BLOCK, TASKS_PER_THREAD, chunk_blocks
 
-    assert chunk_blocks(1152, 2) == 4
+    assert chunk_blocks(1152, 2) == 1
+    assert chunk_blocks(1152, 2, block=8) == 4
     assert chunk_blocks(65536, 2) == CHUNK_BLOCKS
     assert chunk_blocks(8, 2) == chunk_blocks(0, 4) == 1
-    for rows in (100, 1152, 5000, 40_000):
-        for threads in (1, 2, 8):
-            take = chunk_blocks(rows, threads)
-            blocks = -(-rows // ROW_BLOCK)
-            assert 1 <= take <= CHUNK_BLOCKS
-            assert take == 1 or blocks // take >= threads * TASKS_PER_THREAD
+    for block in (8, ROW_BLOCK):
+        for rows in (100, 1152, 5000, 40_000):
+            for threads in (1, 2, 8):
+                take = chunk_blocks(rows, threads, block)
+                blocks = -(-rows // block)
+                assert 1 <= take <= CHUNK_BLOCKS
+                assert take == 1 or blocks // take >= threads * TASKS_PER_THREAD
