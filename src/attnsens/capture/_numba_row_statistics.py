@@ -66,7 +66,9 @@ def row_statistics_rows(
     ``parallel_chunksize(chunk_tasks(...))``, as ``certify_rows_balanced`` does). Outputs as in ``certify_rows`` and
     ``row_moments``; ``workspaces`` as in ``certify_rows``. ``logits``: the rows' float32 logits [row, key], from
     which the entropy is taken (``moments_of_row_logits``), or an array of no rows for −Σ p log p of the values.
-    ``block``: rows a block holds (``statistics_block_rows``, at most ``ROW_BLOCK``)."""
+    ``block``: rows a block holds (``statistics_block_rows``; at most ``ROW_BLOCK``, the size of the cascade's
+    scratch arrays)."""
+    block = max(1, min(block, ROW_BLOCK))
     bits = x.view(np.int32)
     n_blocks = (x.shape[0] + block - 1) // block
     per_task = blocks_per_task(mitm_max)
@@ -87,6 +89,7 @@ def row_statistics_rows_serial(
     status, lower, upper, p_max, argmax, total, squares, entropy, nonzero, logits, workspaces, block,
 ):  # fmt: skip
     """``row_statistics_rows`` on one thread: small batches, where waking the thread pool costs more than the work."""
+    block = max(1, min(block, ROW_BLOCK))
     bits = x.view(np.int32)
     workspace = workspaces[0]
     for r0 in range(0, x.shape[0], block):
