@@ -38,10 +38,15 @@ SUMMARY_MEMORY = 32 * 2**20
 once, or ``max_memory`` if smaller. With the whole budget, the summary at the end of the audit was its peak: on
 SmolLM2 at 4,096 tokens, 165 MiB for the summary against about 140 MiB while capturing; with 32 MiB, 17–27 MiB, in
 the same time (0.80–0.84 s, against 0.72–0.85 s with the whole budget; three calls each)."""
-LAYER_SUMMARY_MEMORY = 8 * 2**20
+LAYER_SUMMARY_MEMORY = 2 * 2**20
 """Bytes of finished layers' summarized columns (58 a row) that an audit of one sequence written to a folder holds
 before it summarizes them together (``_LayerSummaries``): a summary per layer would pay its fixed cost, a few
-milliseconds of pandas, thirty times over where a layer's rows are few (SmolLM2 at 512 tokens, 4,608 a layer)."""
+milliseconds of pandas, thirty times over where a layer's rows are few (SmolLM2 at 512 tokens, 4,608 a layer).
+What is held, and the summary's working space on it, stays within the documented bound whatever the layer count:
+with 8 MiB the folder audit of a tiny Llama at 3,072 tokens peaked at 27.6 MiB with 3 layers and 39.3 MiB with 12
+(``tests/slow/test_audit_memory.py`` allows 8 MiB of growth), with 2 MiB at 27.3 and 26.0 MiB; SmolLM2's folder
+audits took the same time with either (512 tokens: 0.973 and 0.978 s, 2,048: 4.86 and 4.89 s, fastest of six and
+three alternating calls)."""
 ProgressCallback = Callable[[int, int], None]
 """``progress(done, total)`` in units of (sequence, layer) pairs."""
 
