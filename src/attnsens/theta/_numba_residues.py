@@ -91,9 +91,7 @@ def residue_bound(vals, q):
     reach, total = reached_residues(vals, q)
     delta = total & 1
     while delta < total:
-        below = np.uint64((total - delta) >> 1) & _MASK
-        above = np.uint64((total + delta) >> 1) & _MASK
-        if ((reach >> below) | (reach >> above)) & _ONE:
+        if reaches(reach, (total - delta) >> 1) or reaches(reach, (total + delta) >> 1):
             break
         delta += 2
     return 0.5 * np.float64(delta) * q, residue_count(reach)
