@@ -35,7 +35,9 @@ when it is among the extras) at the full length and then times ``--repeats`` rou
 first; the figure is the median of the rounds' ratios.
 
 Usage: ``python bench/audit.py [--lengths 512,2048,4096,8192] [--repeats 1] [--monitor-steps 0] [--extras LIST]
-[--no-pairs]``; appends one JSON line per length to bench/results/audit.jsonl.
+[--no-pairs]``; appends one JSON line per length to bench/results/audit.jsonl. ``--extras audit_exact48`` (alone
+or among others) measures the audit with every row of at most 48 keys proved exact (``exact_support=48``), apart
+and in the paired rounds: what that proof costs beside the default audit.
 """
 
 from __future__ import annotations
@@ -58,10 +60,14 @@ import torch
 from _jsonl import append_record
 
 RESULTS = Path(__file__).resolve().parent / "results" / "audit.jsonl"
-EXTRAS = ("audit_to_folder", "eager_posthoc", "tl_run_with_cache")
+EXTRAS = ("audit_to_folder", "eager_posthoc", "tl_run_with_cache", "audit_exact48")
 """Calls measured beside the plain forward and the audit: the audit written to a run folder (its rows go to disk
-layer by layer, as ``attnsens audit`` writes them), and the two ways of getting the same statistics without
-attnsens."""
+layer by layer, as ``attnsens audit`` writes them), the two ways of getting the same statistics without
+attnsens, and the audit with every row of at most 48 keys proved exact (``exact_support=48``)."""
+DEFAULT_EXTRAS = EXTRAS[:3]
+"""The extras measured unless ``--extras`` names others: ``audit_exact48`` only on request."""
+PAIRED_EXTRAS = ("audit_to_folder", "audit_exact48")
+"""Extras that are also timed in the paired rounds, beside the forward and the audit."""
 WARMUP_TOKENS = 128
 """Long enough that the warm-up runs the θ engine's parallel kernel too (9 heads × 128 rows × 128 keys ≥
 ``attnsens.theta.certificate.PARALLEL_MIN_ELEMENTS``), so no kernel is loaded from numba's cache while timed."""
@@ -124,6 +130,8 @@ def run_method(method: str, loaded: Any, ids: torch.Tensor) -> Any:
             loaded.module(input_ids=ids)
         elif method == "audit":
             return A.study.audit(loaded, ids)
+        elif method == "audit_exact48":
+            return A.study.audit(loaded, ids, exact_support=48)
         elif method == "audit_to_folder":
             with tempfile.TemporaryDirectory() as out_dir:
                 return A.study.audit(loaded, ids, out_dir=out_dir)
@@ -180,16 +188,16 @@ def measure(method: str, model_dir: str, seq_len: int, repeats: int) -> dict[str
     }
 
 
-def measure_pairs(model_dir: str, seq_len: int, pairs: int, with_folder: bool = False) -> dict[str, object]:
-    """The plain forward and the audit (and with ``with_folder`` the audit to a folder), interleaved in this
-    process: after one warm-up call of each at the full length, ``pairs`` rounds, the order rotating (forward
-    first, then the audit first, …), each round's ratios timed within seconds of each other, so that a change of
-    the machine's load between the separate subprocesses does not enter the ratio."""
+def measure_pairs(model_dir: str, seq_len: int, pairs: int, extras: tuple[str, ...] = ()) -> dict[str, object]:
+    """The plain forward and the audit (and the ``extras`` among ``PAIRED_EXTRAS``), interleaved in this process:
+    after one warm-up call of each at the full length, ``pairs`` rounds, the order rotating (forward first, then
+    the audit first, …), each round's ratios timed within seconds of each other, so that a change of the machine's
+    load between the separate subprocesses does not enter the ratio."""
     import attnsens as A
 
     ids = torch.load(Path(model_dir) / "ids.pt", weights_only=True)[:, :seq_len]
     adapter = A.models.load(model_dir)
-    methods = ("forward", "audit", "audit_to_folder") if with_folder else ("forward", "audit")
+    methods = ("forward", "audit", *extras)
 
     def timed(method: str) -> float:
         start = time.perf_counter()
@@ -204,12 +212,12 @@ def measure_pairs(model_dir: str, seq_len: int, pairs: int, with_folder: bool = 
         for method in methods[shift:] + methods[:shift]:
             seconds[method].append(timed(method))
     result: dict[str, object] = {"forward_s_all": seconds["forward"], "audit_s_all": seconds["audit"]}
-    for method, prefix in (("audit", ""), ("audit_to_folder", "folder_")):
+    for method, prefix in (("audit", ""), ("audit_to_folder", "folder_"), ("audit_exact48", "exact48_")):
         if method in seconds:
             ratios = [a / f for a, f in zip(seconds[method], seconds["forward"], strict=True)]
             result |= {f"{prefix}ratio": statistics.median(ratios), f"{prefix}ratios": ratios}
-    if with_folder:
-        result["folder_s_all"] = seconds["audit_to_folder"]
+            if prefix:
+                result[f"{prefix}s_all"] = seconds[method]
     return result
 
 
@@ -324,7 +332,7 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=50)
     parser.add_argument(
         "--extras",
-        default=",".join(EXTRAS),
+        default=",".join(DEFAULT_EXTRAS),
         help=f"comma-separated calls measured beside the forward and the audit, among {', '.join(EXTRAS)} (the "
         "baselines only where all layers' attention fits in memory, TransformerLens where it is installed)",
     )
@@ -337,7 +345,8 @@ def main() -> None:
     if unknown := sorted(set(extras) - set(EXTRAS)):
         parser.error(f"unknown --extras {unknown}; choose among {', '.join(EXTRAS)}")
     if args.measure == "pairs":
-        print(json.dumps(measure_pairs(args.model_dir, lengths[0], args.repeats, "audit_to_folder" in extras)))
+        paired_extras = tuple(name for name in PAIRED_EXTRAS if name in extras)
+        print(json.dumps(measure_pairs(args.model_dir, lengths[0], args.repeats, paired_extras)))
         return
     if args.measure:
         print(json.dumps(measure(args.measure, args.model_dir, lengths[0], args.repeats)))
@@ -354,7 +363,7 @@ def main() -> None:
                 extra
                 for extra in EXTRAS
                 if extra in extras
-                and (extra == "audit_to_folder" or eager_fits(info, seq_len))
+                and (extra in PAIRED_EXTRAS or eager_fits(info, seq_len))
                 and (extra != "tl_run_with_cache" or has_transformer_lens())
             ]
             results = {}
@@ -366,24 +375,24 @@ def main() -> None:
                     f"peak extra RSS {results[method]['peak_extra_bytes'] / 2**20:8.1f} MiB"
                     + (
                         f", of which its tables {results[method]['result_bytes'] / 2**20:.1f} MiB"
-                        if method in ("audit", "audit_to_folder")
+                        if method in ("audit", "audit_to_folder", "audit_exact48")
                         else ""
                     ),
                     flush=True,
                 )
             paired = None
             if not args.no_pairs:
-                folder = "audit_to_folder" if "audit_to_folder" in methods else ""
-                paired = run_measure("pairs", model_dir, seq_len, args.repeats, folder)
+                paired_extras = ",".join(name for name in PAIRED_EXTRAS if name in methods)
+                paired = run_measure("pairs", model_dir, seq_len, args.repeats, paired_extras)
                 print(
                     f"n={seq_len:>5}    paired in one process: audit ÷ forward {paired['ratio']:.2f} (median of "
                     f"{', '.join(f'{r:.2f}' for r in paired['ratios'])}; forward "
                     f"{', '.join(f'{t:.2f}' for t in paired['forward_s_all'])} s)"
-                    + (
-                        f"; audit to a folder ÷ forward {paired['folder_ratio']:.2f} (median of "
-                        f"{', '.join(f'{r:.2f}' for r in paired['folder_ratios'])})"
-                        if folder
-                        else ""
+                    + "".join(
+                        f"; {label} ÷ forward {paired[prefix + 'ratio']:.2f} (median of "
+                        f"{', '.join(f'{r:.2f}' for r in paired[prefix + 'ratios'])})"
+                        for prefix, label in (("folder_", "audit to a folder"), ("exact48_", "audit, exact ≤ 48"))
+                        if prefix + "ratio" in paired
                     ),
                     flush=True,
                 )
@@ -416,6 +425,15 @@ def main() -> None:
                             if "folder_ratio" in paired
                             else {}
                         ),
+                        **(
+                            {
+                                "paired_audit_exact48_over_forward_time": paired["exact48_ratio"],
+                                "paired_exact48_ratios": paired["exact48_ratios"],
+                                "paired_audit_exact48_s_all": paired["exact48_s_all"],
+                            }
+                            if "exact48_ratio" in paired
+                            else {}
+                        ),
                     }
                 ),
                 "eager_attention_bytes": attention_bytes,
@@ -430,6 +448,8 @@ def main() -> None:
                 record["audit_to_folder_memory_over_forward_memory"] = (
                     to_folder["peak_extra_bytes"] / forward["peak_extra_bytes"]
                 )
+            if "audit_exact48" in results:
+                record["audit_exact48_over_forward_time"] = results["audit_exact48"]["seconds"] / forward["seconds"]
             if "eager_posthoc" in results:
                 baseline = results["eager_posthoc"]
                 record["audit_over_eager_posthoc_time"] = audit["seconds"] / baseline["seconds"]
@@ -448,7 +468,7 @@ def main() -> None:
 
 
 def print_table(records: list[dict[str, object]]) -> None:
-    """One line per length: times and peak extra memory of the three calls, and the ratios."""
+    """One line per length: times and peak extra memory of the calls measured, and the ratios."""
 
     def mib(record: dict[str, object], method: str) -> str:
         value = record.get(f"{method}_peak_extra_bytes")
@@ -469,9 +489,10 @@ def print_table(records: list[dict[str, object]]) -> None:
         "| TL cache+stats s | TL cache+stats MiB | audit ÷ forward (time) | the same, paired "
         "| audit to a folder ÷ forward, paired "
         "| audit MiB ÷ all layers' attention "
-        "| audit ÷ eager (time, memory) | audit ÷ TL (time, memory) |"
+        "| audit ÷ eager (time, memory) | audit ÷ TL (time, memory) "
+        "| audit, exact ≤ 48, ÷ forward (time, the same paired) | audit, exact ≤ 48 MiB |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in records:
         print(
             f"| {r['seq_len']} | {sec(r, 'forward')} | {mib(r, 'forward')} | {sec(r, 'audit')} | {mib(r, 'audit')} "
@@ -481,7 +502,9 @@ def print_table(records: list[dict[str, object]]) -> None:
             f"| {ratio(r, 'paired_audit_over_forward_time')} | {ratio(r, 'paired_audit_to_folder_over_forward_time')} "
             f"| {r['audit_memory_over_eager_attention_bytes']:.3f} "
             f"| {ratio(r, 'audit_over_eager_posthoc_time')}, {ratio(r, 'audit_over_eager_posthoc_memory')} "
-            f"| {ratio(r, 'audit_over_tl_cache_time')}, {ratio(r, 'audit_over_tl_cache_memory')} |"
+            f"| {ratio(r, 'audit_over_tl_cache_time')}, {ratio(r, 'audit_over_tl_cache_memory')} "
+            f"| {ratio(r, 'audit_exact48_over_forward_time')}, {ratio(r, 'paired_audit_exact48_over_forward_time')} "
+            f"| {mib(r, 'audit_exact48')} |"
         )
 
 
