@@ -91,6 +91,8 @@ def theta(
         raise InputError(advice.replace("key axis dim=", "key axis --dim ")) from err
     summary = summarize(cert, seconds=time.perf_counter() - start)
     summary["kernel_load_seconds"] = load_seconds
+    if summary["rows"] > 0:
+        summary["short_rows_not_exact"] = short_rows_not_exact(p, dim, cert)
     summary.update(
         file=str(file), key=key, dim=dim, precision=precision, exact_support=exact_support, shape=list(p.shape)
     )
@@ -227,6 +229,18 @@ def summarize(cert: ThetaCertificate, *, seconds: float) -> dict[str, Any]:
     }
 
 
+def short_rows_not_exact(p: torch.Tensor, dim: int, cert: ThetaCertificate) -> int:
+    """How many rows of at most ``EXACT_SUPPORT_MAX`` (48) non-zero keys the certificate leaves unproved: the rows
+    ``--exact-support 48`` would prove exact (docs/theta-algorithms.md §5)."""
+    from attnsens.theta.certificate import EXACT_SUPPORT_MAX
+
+    open_rows = ~cert.exact
+    if not bool(open_rows.any()):
+        return 0
+    support = (p != 0).sum(dim).to(open_rows.device)
+    return int((open_rows & (support <= EXACT_SUPPORT_MAX)).sum())
+
+
 PROGRESS_MIN_ELEMENTS = 1 << 26
 """Tensors of at least this many entries (256 MiB of float32, about a second to certify on two cores) show the
 certificate's progress, as do calls with ``--exact-support`` from ``ENUMERATION_NOTE_SUPPORT`` on."""
@@ -294,6 +308,11 @@ def print_summary(summary: dict[str, Any]) -> None:
         table.add_row("max interval width", f"{summary['max_width']:.3g}")
         table.add_row("width ≤ 2^-25 fraction", f"{summary['width_at_most_2^-25_fraction']:.4f}")
         table.add_row("methods", ", ".join(f"{k}: {v:,}" for k, v in summary["methods"].items()))
+        if summary.get("short_rows_not_exact"):
+            table.add_row(
+                "rows of ≤ 48 keys not proved exact",
+                f"{summary['short_rows_not_exact']:,} (--exact-support 48 proves them)",
+            )
     table.add_row("seconds", f"{summary['seconds']:.3f}")
     if "kernel_load_seconds" in summary:
         table.add_row("seconds to load the kernels, before", f"{summary['kernel_load_seconds']:.3f}")

@@ -46,6 +46,32 @@ def test_summary_json_for_each_format(tmp_path: Path, suffix: str) -> None:
     assert summary["width_at_most_2^-25_fraction"] == 1.0
 
 
+def _short_and_long_rows() -> torch.Tensor:
+    """Near-uniform rows of 30–47 keys (zeros pad them to 64), where the default leaves a few unproved, and 8 rows of
+    64 keys."""
+    rows = []
+    for i, n in enumerate(range(30, 48)):
+        for sigma in (0.3, 0.6):
+            rows.append(torch.nn.functional.pad(softmax_rows(1, n, sigma, seed=100 + i), (0, 64 - n)))
+    rows.append(softmax_rows(8, 64, 1.0, seed=5))
+    return torch.cat(rows)
+
+
+def test_summary_counts_the_short_rows_exact_support_48_would_prove(tmp_path: Path) -> None:
+    path = tmp_path / "p.npy"
+    np.save(path, _short_and_long_rows().T.contiguous().numpy())  # keys on axis 0: the count follows --dim
+    default = json.loads(_invoke(str(path), "--dim", "0", "--json").stdout)
+    proved = json.loads(_invoke(str(path), "--dim", "0", "--json", "--exact-support", "48").stdout)
+    open_short = default["short_rows_not_exact"]
+    assert open_short > 0, "the rows must include short ones the default leaves unproved"
+    assert proved["short_rows_not_exact"] == 0
+    # Exactly the rows counted become exact: rows of more than 48 keys are certified alike either way.
+    assert round((proved["exact_fraction"] - default["exact_fraction"]) * default["rows"]) == open_short
+    table = _invoke(str(path), "--dim", "0")
+    assert "rows of ≤ 48 keys not proved exact" in table.stdout and "--exact-support 48" in table.stdout
+    assert "not proved exact" not in _invoke(str(path), "--dim", "0", "--exact-support", "48").stdout
+
+
 def test_table_shows_the_digits_that_separate_a_bound_from_0_and_1(tmp_path: Path) -> None:
     """A one-hot row's lower bound lies a rounding step below 0 (θ = 0): the table shows −2.2e-16, not
     −0.00000000, and near-uniform rows' bounds keep the digits that separate them from 1."""
