@@ -66,8 +66,12 @@ layer by layer, as ``attnsens audit`` writes them), the two ways of getting the 
 attnsens, and the audit with every row of at most 48 keys proved exact (``exact_support=48``)."""
 DEFAULT_EXTRAS = EXTRAS[:3]
 """The extras measured unless ``--extras`` names others: ``audit_exact48`` only on request."""
-PAIRED_EXTRAS = ("audit_to_folder", "audit_exact48")
-"""Extras that are also timed in the paired rounds, beside the forward and the audit."""
+PAIRED_EXTRAS = {
+    "audit_to_folder": ("folder_", "audit to a folder"),
+    "audit_exact48": ("exact48_", "audit, exact ≤ 48"),
+}
+"""Extras that are also timed in the paired rounds, beside the forward and the audit: the prefix of their keys in
+``measure_pairs``' result (``{prefix}ratio``, ``{prefix}ratios``, ``{prefix}s_all``) and their printed label."""
 WARMUP_TOKENS = 128
 """Long enough that the warm-up runs the θ engine's parallel kernel too (9 heads × 128 rows × 128 keys ≥
 ``attnsens.theta.certificate.PARALLEL_MIN_ELEMENTS``), so no kernel is loaded from numba's cache while timed."""
@@ -212,7 +216,7 @@ def measure_pairs(model_dir: str, seq_len: int, pairs: int, extras: tuple[str, .
         for method in methods[shift:] + methods[:shift]:
             seconds[method].append(timed(method))
     result: dict[str, object] = {"forward_s_all": seconds["forward"], "audit_s_all": seconds["audit"]}
-    for method, prefix in (("audit", ""), ("audit_to_folder", "folder_"), ("audit_exact48", "exact48_")):
+    for method, prefix in (("audit", ""), *((name, prefix) for name, (prefix, _) in PAIRED_EXTRAS.items())):
         if method in seconds:
             ratios = [a / f for a, f in zip(seconds[method], seconds["forward"], strict=True)]
             result |= {f"{prefix}ratio": statistics.median(ratios), f"{prefix}ratios": ratios}
@@ -391,7 +395,7 @@ def main() -> None:
                     + "".join(
                         f"; {label} ÷ forward {paired[prefix + 'ratio']:.2f} (median of "
                         f"{', '.join(f'{r:.2f}' for r in paired[prefix + 'ratios'])})"
-                        for prefix, label in (("folder_", "audit to a folder"), ("exact48_", "audit, exact ≤ 48"))
+                        for prefix, label in PAIRED_EXTRAS.values()
                         if prefix + "ratio" in paired
                     ),
                     flush=True,
@@ -416,24 +420,16 @@ def main() -> None:
                         "paired_ratios": paired["ratios"],
                         "paired_forward_s_all": paired["forward_s_all"],
                         "paired_audit_s_all": paired["audit_s_all"],
-                        **(
-                            {
-                                "paired_audit_to_folder_over_forward_time": paired["folder_ratio"],
-                                "paired_folder_ratios": paired["folder_ratios"],
-                                "paired_audit_to_folder_s_all": paired["folder_s_all"],
-                            }
-                            if "folder_ratio" in paired
-                            else {}
-                        ),
-                        **(
-                            {
-                                "paired_audit_exact48_over_forward_time": paired["exact48_ratio"],
-                                "paired_exact48_ratios": paired["exact48_ratios"],
-                                "paired_audit_exact48_s_all": paired["exact48_s_all"],
-                            }
-                            if "exact48_ratio" in paired
-                            else {}
-                        ),
+                        **{
+                            key: value
+                            for name, (prefix, _) in PAIRED_EXTRAS.items()
+                            if prefix + "ratio" in paired
+                            for key, value in (
+                                (f"paired_{name}_over_forward_time", paired[prefix + "ratio"]),
+                                (f"paired_{prefix}ratios", paired[prefix + "ratios"]),
+                                (f"paired_{name}_s_all", paired[prefix + "s_all"]),
+                            )
+                        },
                     }
                 ),
                 "eager_attention_bytes": attention_bytes,
