@@ -309,9 +309,11 @@ def print_summary(summary: dict[str, Any]) -> None:
         table.add_row("width ≤ 2^-25 fraction", f"{summary['width_at_most_2^-25_fraction']:.4f}")
         table.add_row("methods", ", ".join(f"{k}: {v:,}" for k, v in summary["methods"].items()))
         if summary.get("short_rows_not_exact"):
+            from attnsens.theta.certificate import EXACT_SUPPORT_MAX
+
             table.add_row(
-                "rows of ≤ 48 keys not proved exact",
-                f"{summary['short_rows_not_exact']:,} (--exact-support 48 proves them)",
+                f"rows of ≤ {EXACT_SUPPORT_MAX} keys not proved exact",
+                f"{summary['short_rows_not_exact']:,} (--exact-support {EXACT_SUPPORT_MAX} proves them)",
             )
     table.add_row("seconds", f"{summary['seconds']:.3f}")
     if "kernel_load_seconds" in summary:
