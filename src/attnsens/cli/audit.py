@@ -137,7 +137,7 @@ def audit(
     run_seed = seed if study_runs(Path(model)) else None
     saved = saved_checkpoint(model, step, run_seed, placement)
     if seq_len is not None:
-        check_context(model, saved, seq_len)
+        check_context(model, saved, seq_len, trust_remote_code=trust_remote_code)
     # The lock before the model loads: a second writer of --out is refused at once, not after the load.
     with writing_run_folder(out, "audit"):
         adapter = load_model(

@@ -187,12 +187,13 @@ def memory_budget() -> int:
     return physical_memory() // 2
 
 
-def check_context(model: str, saved: Any, seq_len: int) -> None:
-    """Refuse a --seq-len beyond the model's context, read from its configuration before the weights load."""
+def check_context(model: str, saved: Any, seq_len: int, *, trust_remote_code: bool = False) -> None:
+    """Refuse a --seq-len beyond the model's context, read from its configuration before the weights load (a
+    folder that names code of its own is refused unless ``trust_remote_code``)."""
     from attnsens.errors import InputError
     from attnsens.models.loading import context_length
 
-    context = context_length(model) if saved is None else saved.context_length()
+    context = context_length(model, trust_remote_code=trust_remote_code) if saved is None else saved.context_length()
     if context is not None and seq_len > context:
         raise InputError(
             f"--seq-len {seq_len} exceeds the context of {model!r} ({context} positions); "

@@ -8,6 +8,7 @@ register more (``register_alias("builtin:lnfree", loader)``).
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import pickle
 from collections.abc import Callable
@@ -308,21 +309,31 @@ def _from_pretrained(
     name: str,
     *,
     gguf_file: str | None = None,
-    trust_remote_code: bool = False,
+    trust_remote_code: bool,
     device: Any,
     dtype: torch.dtype,
     revision: str | None = None,
 ) -> ModelAdapter:
+    """The adapter of a local folder, hub id or GGUF file loaded through transformers' Auto classes.
+
+    Every transformers call passes ``trust_remote_code`` explicitly, so transformers never asks on stdin whether to
+    run a repository's code (it does when the argument is left out); a local folder that names code of its own is
+    refused first (:func:`refuse_remote_code`), a hub repository when transformers reports it.
+    """
     from transformers import AutoConfig, AutoModel, AutoTokenizer
 
-    extra: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    extra: dict[str, Any] = {}
     if revision is not None:
         extra["revision"] = revision
     if gguf_file is not None:
         extra["gguf_file"] = gguf_file
+    if Path(source).is_dir():
+        refuse_remote_code(Path(source), trust_remote_code=trust_remote_code)
     try:
-        config = AutoConfig.from_pretrained(source, **extra)
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, **extra)
     except (OSError, ValueError) as err:
+        if not trust_remote_code and "trust_remote_code" in str(err):
+            raise UnsupportedModelError(_remote_code_message(name, "its repository")) from None
         offline = os.environ.get("HF_HUB_OFFLINE") == "1"
         raise FileFormatError(
             f"cannot load model {name!r}: not a local model directory"
@@ -336,7 +347,9 @@ def _from_pretrained(
     adapter_class(audited_config(config).model_type)  # an unsupported family is refused before its weights load
     try:
         # The config read above is passed on: transformers would parse it again (seconds for a GGUF file).
-        module = AutoModel.from_pretrained(source, config=config, dtype=dtype, **extra)
+        module = AutoModel.from_pretrained(
+            source, config=config, dtype=dtype, trust_remote_code=trust_remote_code, **extra
+        )
     except pickle.UnpicklingError:
         # transformers reads pickled weights with torch.load(weights_only=True), which refuses arbitrary objects.
         raise FileFormatError(
@@ -349,11 +362,44 @@ def _from_pretrained(
             "pytorch_model.bin) beside its config.json"
         ) from err
     try:
-        tokenizer = _real_tokenizer(AutoTokenizer.from_pretrained(source, **extra))
+        tokenizer = _real_tokenizer(AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **extra))
     except (OSError, ValueError, TypeError):
         tokenizer = None
     audited: Any = language_model(module)
     return adapter_class(audited.config.model_type)(audited.to(device).eval(), name=name, tokenizer=tokenizer)
+
+
+REMOTE_CODE_FILES = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json")
+"""The files of a model folder whose ``auto_map`` makes transformers import Python code from the folder."""
+
+
+def refuse_remote_code(folder: Path, *, trust_remote_code: bool) -> None:
+    """Refuse a local model folder that names Python code of its own, unless ``trust_remote_code``.
+
+    transformers runs a folder's ``configuration_*.py`` / ``modeling_*.py`` / ``tokenization_*.py`` when one of
+    :data:`REMOTE_CODE_FILES` maps a class to it (``auto_map``). The files are read as JSON only; nothing of the
+    folder is imported and nothing is asked on stdin.
+
+    Raises:
+        UnsupportedModelError naming ``--trust-remote-code`` when the folder has such a mapping and
+        ``trust_remote_code`` is False.
+    """
+    if trust_remote_code:
+        return
+    for name in REMOTE_CODE_FILES:
+        try:
+            payload = json.loads((folder / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(payload, dict) and payload.get("auto_map"):
+            raise UnsupportedModelError(_remote_code_message(str(folder), f"{name} (auto_map)"))
+
+
+def _remote_code_message(name: str, where: str) -> str:
+    return (
+        f"model {name!r} runs Python code of its own, named in {where}; attnsens runs none unless you pass "
+        "--trust-remote-code (trust_remote_code=True in Python), after reading that code"
+    )
 
 
 def _real_tokenizer(tokenizer: Any) -> Any:
@@ -374,10 +420,12 @@ def _from_gguf(path: Path, name: str, *, device: Any, dtype: torch.dtype) -> Mod
 
     folder = gguf_cache.cached_conversion(path)
     if folder is not None:
-        return _from_pretrained(str(folder), name, device=device, dtype=dtype)
+        return _from_pretrained(str(folder), name, trust_remote_code=False, device=device, dtype=dtype)
     # Converted at float32 on the CPU whatever was asked, so the saved folder serves every later dtype.
     with gguf_cache.one_parse_per_file():
-        converted = _from_pretrained(str(path.parent), name, gguf_file=path.name, device="cpu", dtype=torch.float32)
+        converted = _from_pretrained(
+            str(path.parent), name, gguf_file=path.name, trust_remote_code=False, device="cpu", dtype=torch.float32
+        )
     module: Any = converted.module
     tokenizer = getattr(converted, "tokenizer", None)
     gguf_cache.save_conversion(path, lambda staging: _save_converted(module, tokenizer, staging))
@@ -443,14 +491,15 @@ def _load_smollm2(*, device: Any, dtype: torch.dtype) -> ModelAdapter:
 
 def _load_minilm(*, device: Any, dtype: torch.dtype) -> ModelAdapter:
     source, extra = _minilm_source()
-    return _from_pretrained(source, "minilm", **extra, device=device, dtype=dtype)
+    return _from_pretrained(source, "minilm", **extra, trust_remote_code=False, device=device, dtype=dtype)
 
 
-def context_length(model: str) -> int | None:
+def context_length(model: str, *, trust_remote_code: bool = False) -> int | None:
     """Positions a packaged alias, local directory or .gguf file accepts, read from its configuration alone.
 
     Seconds instead of the weight load's minutes, so that a too-long request is refused before the load. None when
-    the configuration cannot be read this way (other aliases, hub ids); loading the model then says why.
+    the configuration cannot be read this way (other aliases, hub ids); loading the model then says why. A folder
+    that names code of its own is refused here already unless ``trust_remote_code`` (:func:`refuse_remote_code`).
     """
     from transformers import AutoConfig
 
@@ -463,6 +512,7 @@ def context_length(model: str) -> int | None:
         if path.suffix == ".gguf" and path.is_file():
             source, extra = str(path.parent), {"gguf_file": path.name}
         elif (path / "config.json").is_file():
+            refuse_remote_code(path, trust_remote_code=trust_remote_code)
             source, extra = str(path), {}
         else:
             return None
@@ -480,7 +530,7 @@ def context_length(model: str) -> int | None:
                 return None
         source, extra = str(folder), {}
     try:
-        config = AutoConfig.from_pretrained(source, **extra)
+        config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code, **extra)
     except (OSError, ValueError):
         return None
     return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
