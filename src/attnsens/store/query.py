@@ -9,7 +9,15 @@ by different versions with extra nullable columns combine.
 
 Before a folder is read it is checked against its manifest (``attnsens.store.verify``): a missing, changed,
 misplaced, unreadable or extra unit stops the read with one line naming it, unless ``force`` is given; even
-then unreadable files are left out, so one truncated file never blocks the other tables.
+then unreadable files are left out, so one truncated file never blocks the other tables. :func:`query` also
+refuses a folder without a manifest unless ``force``.
+
+Confinement (guaranteed by DuckDB's own settings, not by reading the SQL text): once the views exist, the
+connection may read only the run's own Parquet files (``allowed_paths``, ``enable_external_access = false``),
+installs and loads no extension (autoinstall and autoload off), and its configuration is locked
+(``lock_configuration``), so no statement can widen any of this. :func:`query` runs only statements that
+DuckDB's parser classifies as SELECT: COPY, EXPORT, ATTACH, INSTALL/LOAD, SET, PRAGMA, CREATE and the rest are
+refused before they run, so nothing is written, attached or configured.
 """
 
 from __future__ import annotations
@@ -23,7 +31,8 @@ from typing import TYPE_CHECKING
 import pandas as pd
 import pyarrow.parquet as pq
 
-from attnsens.errors import FileFormatError, QueryError
+from attnsens.errors import FileFormatError, QueryError, RunIntegrityError
+from attnsens.store.manifest import MANIFEST_NAME
 from attnsens.store.parquet import METADATA_KEY
 from attnsens.store.verify import RunCheck, verify_run
 
@@ -71,8 +80,9 @@ def connect(
 ) -> tuple[duckdb.DuckDBPyConnection, dict[str, list[Path]]]:
     """An in-memory DuckDB connection with one view per table of ``run_dir``, and the tables' files.
 
-    The folder is verified first (or ``check``, a :func:`verify_run` result, is used). Raises RunIntegrityError
-    when it fails and ``force`` is False; FileFormatError when the directory is missing or holds no tables.
+    The folder is verified first (or ``check``, a :func:`verify_run` result, is used). The connection can read the
+    tables' files and nothing else, and cannot change that (module docstring). Raises RunIntegrityError when the
+    check fails and ``force`` is False; FileFormatError when the directory is missing or holds no tables.
     """
     import duckdb
 
@@ -85,9 +95,12 @@ def connect(
         raise FileFormatError(
             f"no Parquet tables under {str(run_dir)!r} (expected e.g. rows/*.parquet); run audit or study first"
         )
-    connection = duckdb.connect(":memory:")
+    connection = duckdb.connect(
+        ":memory:", config={"autoinstall_known_extensions": False, "autoload_known_extensions": False}
+    )
+    tables = {name: [file.absolute() for file in files] for name, files in tables.items()}
     for name, files in tables.items():
-        listed = ", ".join("'" + file.as_posix().replace("'", "''") + "'" for file in files)
+        listed = ", ".join(_literal(file.as_posix()) for file in files)
         try:
             connection.execute(
                 f'CREATE VIEW "{name}" AS SELECT * FROM '
@@ -99,15 +112,34 @@ def connect(
                 f"cannot read table {name!r} ({len(files)} file(s) under {str(run_dir)!r}): {_one_line(err)}; "
                 "rewrite or remove the bad file"
             ) from None
+    _confine(connection, [file for files in tables.values() for file in files])
     return connection, tables
+
+
+def _confine(connection: duckdb.DuckDBPyConnection, files: list[Path]) -> None:
+    """Let ``connection`` read ``files`` and nothing else, for good (the order matters: the lock comes last)."""
+    allowed = ", ".join(_literal(file.as_posix()) for file in files)
+    connection.execute(f"SET allowed_paths = [{allowed}]")
+    connection.execute("SET enable_external_access = false")
+    connection.execute("SET lock_configuration = true")
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
 
 
 def query(
     run_dir: str | os.PathLike[str], sql: str, *, force: bool = False, check: RunCheck | None = None
 ) -> pd.DataFrame:
-    """Run ``sql`` (DuckDB dialect) over the tables of ``run_dir`` and return the result as a DataFrame.
+    """Run ``sql`` (DuckDB dialect, SELECT statements only) over the tables of ``run_dir``; the result as a DataFrame.
 
-    The folder must pass :func:`attnsens.store.verify.verify_run` unless ``force`` (see :func:`connect`).
+    The folder must have a manifest and pass :func:`attnsens.store.verify.verify_run` unless ``force`` (see
+    :func:`connect`). Guarantees: only the run's own Parquet files are read, and nothing is written, attached,
+    installed or configured (module docstring).
+
+    Raises:
+        QueryError naming what is allowed for any statement other than a SELECT and for a read outside the run;
+        QueryError for SQL that fails; RunIntegrityError for a folder without a manifest (unless ``force``).
 
     >>> query("runs/tiny", "SELECT layer, median(theta_lower) FROM rows GROUP BY layer")  # doctest: +SKIP
     """
@@ -115,16 +147,44 @@ def query(
 
     if not sql.strip():
         raise QueryError('the SQL query is empty; pass e.g. "SELECT * FROM summary LIMIT 10"')
+    if check is None:
+        check = verify_run(run_dir)
     connection, tables = connect(run_dir, force=force, check=check)
+    if not check.has_manifest and not force:
+        connection.close()
+        raise RunIntegrityError(
+            f"run folder {str(run_dir)!r} has no {MANIFEST_NAME}, so its files cannot be verified; query the --out "
+            "folder of an attnsens run, or pass --force to read them anyway"
+        )
+    allowed = f"only SELECT statements over this run's tables ({', '.join(tables)}) are allowed"
     try:
+        _refuse_all_but_select(connection, sql, allowed)
         result = connection.execute(sql)
         if result.description is None:
             return pd.DataFrame()
         return result.df()
+    except duckdb.PermissionException as err:
+        raise QueryError(f"{_one_line(err).split(' LINE ')[0]}: {allowed}, reading the run's own files") from None
     except duckdb.Error as err:
         raise QueryError(f"{_one_line(err)} (tables in this run: {', '.join(tables)}); fix the SQL") from None
     finally:
         connection.close()
+
+
+def _refuse_all_but_select(connection: duckdb.DuckDBPyConnection, sql: str, allowed: str) -> None:
+    """QueryError for any statement of ``sql`` that DuckDB's parser does not classify as a SELECT (DESCRIBE, SHOW,
+    SUMMARIZE, VALUES and FROM-first queries are SELECTs)."""
+    import duckdb
+
+    try:
+        statements = connection.extract_statements(sql)
+        kinds = [statement.type for statement in statements]
+    except ValueError:  # a statement kind the Python binding cannot name (UPDATE EXTENSIONS)
+        kinds = [None]
+    for kind in kinds:
+        if kind != duckdb.StatementType.SELECT:
+            what = "this statement" if kind is None else f"a {kind.name} statement"
+            raise QueryError(f"{what} is refused: {allowed}; nothing is written, attached, installed or configured")
 
 
 def _one_line(err: Exception) -> str:
