@@ -176,6 +176,9 @@ def audit(
                 exact_support=exact_support,
                 progress=report.update,
             )
+    from attnsens.report import write_findings
+
+    findings_path, findings = write_findings(out)
     identity = ["run_id", "model", "step", "seed"]
     per_layer = result.layer_summary()
     if as_json:
@@ -184,6 +187,7 @@ def audit(
             "out": str(out),
             "seq_len": seq_len,
             "n_rows": result.n_rows,
+            "findings": findings,
             "layers": per_layer.drop(columns=[*identity, "head"]).to_dict("records"),
         }
         if per_head:
@@ -194,7 +198,10 @@ def audit(
     if per_head:
         _print_table(adapter.name, result.summary[result.summary["head"] >= 0], by_head=True)
     _print_table(adapter.name, per_layer, by_head=False)
-    console.print(f"{result.n_rows:,} rows written to {out}/rows, summary to {out}/summary", soft_wrap=True)
+    console.print(
+        f"{result.n_rows:,} rows written to {out}/rows, summary to {out}/summary, findings to {findings_path}",
+        soft_wrap=True,
+    )
 
 
 def _seq_len_in_memory(

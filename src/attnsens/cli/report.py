@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from attnsens.cli.app import ForceOption, app, console, domain_errors_exit, warn_unverified
+from attnsens.cli.app import ForceOption, JsonOption, app, console, domain_errors_exit, warn_unverified
 
 
 @app.command()
@@ -18,8 +18,13 @@ def report(
         Path | None, typer.Option("--out", help="HTML file to write (default: RUN_DIR/report.html).")
     ] = None,
     force: ForceOption = False,
+    as_json: JsonOption = False,
 ) -> None:
-    """Write the HTML report of a run (after checking it against its manifest); the last line printed is its path."""
+    """Write the HTML report and findings.json of a run (after checking it against its manifest); the last line
+    printed is the report's path. With --json, print the findings (the objects of findings.json) instead."""
+    import json
+
+    from attnsens.cli.app import print_json
     from attnsens.cli.inputs import check_out_file, writing
     from attnsens.report import build_report
     from attnsens.store.verify import verify_run
@@ -30,4 +35,8 @@ def report(
         warn_unverified(verify_run(run_dir))
     with writing(out or run_dir / "report.html"):
         path = build_report(run_dir, out=out, force=force)
+    if as_json:
+        findings = path.with_name("findings.json") if out is None else path.with_suffix(".findings.json")
+        print_json(json.loads(findings.read_text(encoding="utf-8")))
+        return
     console.print(str(path), soft_wrap=True)

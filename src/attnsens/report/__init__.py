@@ -21,13 +21,16 @@ from attnsens.report.figures_bounds import (
     norm_products_figure,
     training_figure,
 )
-from attnsens.report.html import build_report, render_report
+from attnsens.report.findings import Finding, evaluate_findings
+from attnsens.report.html import build_report, render_report, write_findings
 
 __all__ = [
+    "Finding",
     "bounds_figure",
     "build_report",
     "concentration_figure",
     "dominant_fraction_figure",
+    "evaluate_findings",
     "grad_norms_figure",
     "influence_figure",
     "layer_head_heatmap_figure",
@@ -37,4 +40,5 @@ __all__ = [
     "theta_lower_by_step_figure",
     "theta_vs_pmax_figure",
     "training_figure",
+    "write_findings",
 ]

@@ -9,11 +9,13 @@ changed, misplaced, unreadable or extra unit; a folder without a manifest gets a
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 from attnsens.report.data import RunData, load_run
-from attnsens.report.findings import evaluate_findings
+from attnsens.report.findings import Finding, evaluate_findings, findings_records
 from attnsens.report.html_parts import esc, page
 from attnsens.report.sections import (
     Section,
@@ -35,6 +37,7 @@ from attnsens.store.parquet import atomic_write
 from attnsens.store.verify import RunCheck
 
 REPORT_NAME = "report.html"
+FINDINGS_NAME = "findings.json"
 
 
 def _compares_placements(data: RunData) -> bool:
@@ -43,8 +46,9 @@ def _compares_placements(data: RunData) -> bool:
     return bounds is not None and "residual_jacobian_estimate" in bounds and bounds["run_id"].nunique() > 1
 
 
-def render_report(data: RunData) -> str:
-    """The report of ``data`` as an HTML document (a string; nothing is written)."""
+def render_report(data: RunData, findings: list[Finding] | None = None) -> str:
+    """The report of ``data`` as an HTML document (a string; nothing is written); ``findings`` are evaluated
+    from ``data`` unless given."""
     has_summary = data.summary is not None and not data.summary.empty
     has_ln = (
         data.bounds is not None
@@ -85,7 +89,8 @@ def render_report(data: RunData) -> str:
             sections.extend(build(data) for build in builders)
         elif note:
             omitted.append(note)
-    head = [overview_section(data, omitted), findings_section(data, evaluate_findings(data))]
+    findings = evaluate_findings(data) if findings is None else findings
+    head = [overview_section(data, omitted), findings_section(data, findings)]
     everything = head + sections
     banner = [integrity_banner(data.check)] if data.check is not None else []
     models = data.overview.get("model") or ["attnsens run"]
@@ -121,7 +126,24 @@ def build_report(
     a banner); FileFormatError when the directory is missing or holds no Parquet tables.
     """
     data = load_run(run_dir, force=force)
-    document = render_report(data)
+    findings = evaluate_findings(data)
+    document = render_report(data, findings)
     target = Path(out) if out is not None else Path(run_dir) / REPORT_NAME
     atomic_write(target, lambda tmp: Path(tmp).write_text(document, encoding="utf-8"))
+    _write_findings(findings, target.with_name(FINDINGS_NAME) if out is None else target.with_suffix(".findings.json"))
     return target
+
+
+def write_findings(run_dir: str | os.PathLike[str], *, force: bool = False) -> tuple[Path, list[dict[str, Any]]]:
+    """Evaluate the findings of ``run_dir`` and write them to ``RUN_DIR/findings.json``; return the path and the
+    records (docs/findings.md)."""
+    findings = evaluate_findings(load_run(run_dir, force=force))
+    target = Path(run_dir) / FINDINGS_NAME
+    return target, _write_findings(findings, target)
+
+
+def _write_findings(findings: list[Finding], target: Path) -> list[dict[str, Any]]:
+    records = findings_records(findings)
+    text = json.dumps(records, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
+    atomic_write(target, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    return records

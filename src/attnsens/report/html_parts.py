@@ -54,6 +54,8 @@ td:first-child, th:first-child { text-align: left; }
          background: var(--na); }
 .badge.agrees { background: var(--good); }
 .badge.disagrees { background: var(--bad); }
+.finding.inconclusive, .finding.implied-by-p_max { border-left-color: var(--na); }
+.badge.inconclusive, .badge.implied-by-p_max { background: var(--na); }
 .integrity-banner { font-size: 14px; color: #fff; background: var(--bad); padding: 10px 16px; border-radius: 4px;
                     margin: 10px 0 4px; font-family: "Inter", "Helvetica Neue", "DejaVu Sans", Arial, sans-serif; }
 .integrity-banner ul { margin: 6px 0; }

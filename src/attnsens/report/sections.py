@@ -22,7 +22,6 @@ from attnsens.report.findings import (
     ENTROPY_DROP,
     NEAR_ONE,
     SHORT_CLAIMS,
-    TRIVIAL_P_MAX,
     Finding,
 )
 from attnsens.report.html_parts import definition_list, esc, figure_html, table_html
@@ -184,8 +183,12 @@ def run_label(data: RunData, run_id: str) -> str:
     kind = data.run_kinds.get(run_id, "training")
     if kind == "pretrained":
         return f"{run_id} (pretrained model)"
-    cells = _present(data.cells, "cells")
+    if data.cells is None:  # a run with an influence table only
+        return run_id
+    cells = data.cells
     seeds = sorted(int(s) for s in cells.loc[cells["run_id"] == run_id, "seed"].unique())
+    if not seeds:
+        return run_id
     seed_text = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {', '.join(map(str, seeds))}"
     what = "training run" if kind == "training" else "one checkpoint"
     return f"{run_id} ({what}, {seed_text})"
@@ -193,34 +196,63 @@ def run_label(data: RunData, run_id: str) -> str:
 
 def findings_section(data: RunData, findings: list[Finding]) -> Section:
     runs = list(dict.fromkeys(f.run_id for f in findings))
-    keys = list(dict.fromkeys(f.key for f in findings))
-    status = {(f.run_id, f.key): f.status for f in findings}
-    verdicts = pd.DataFrame(
-        {"finding": [SHORT_CLAIMS.get(key, key) for key in keys]}
-        | {(run or "run"): [status.get((run, key), "") for key in keys] for run in runs}
-    )
     intro = (
-        "<p>The paper's three empirical findings, checked against each run's data: every placement trained "
-        "here and, where present, the pretrained reference. Each verdict comes from the numbers shown, with its "
-        "threshold and effect size; <em>not observed</em> means the effect is absent or below threshold, "
-        "<em>trivially implied</em> that the claim follows from small p_max alone. Every finding is also computed "
-        f"without attention-sink rows (argmax at key 0) and early rows (fewer than {EARLY_KEYS} keys).</p>"
+        "<p>The paper's findings, checked against each run's data: every placement trained here and, where present, "
+        "the pretrained reference. Each verdict names its statistic and threshold and rests on a 95 % bootstrap "
+        "interval over independent units (audited sequences, and seeds where there are several; never rows): "
+        "<em>agrees</em> or <em>disagrees</em> only when the interval lies on one side of the threshold, "
+        "<em>inconclusive</em> when it straddles it, <em>implied by p_max</em> when the envelope "
+        "E = max(s − m², 4m(s − m) + s(1 − s)) that the largest weight alone gives already reaches it "
+        "(docs/math.md T2(b)). Every finding is computed over all rows and over the core rows, which leave out "
+        f"attention-sink rows (argmax at key 0) and early rows (fewer than {EARLY_KEYS} keys). The same objects are "
+        "in <code>findings.json</code>.</p>"
     )
-    body = intro + table_html(verdicts, caption="Verdict per finding and run.")
+    body = intro + table_html(_headline(findings), caption="Verdict per run and finding: all rows beside core rows.")
     for run in runs:
         cards = []
         for finding in (f for f in findings if f.run_id == run):
             table = table_html(finding.table, caption=finding.table_caption) if finding.table is not None else ""
-            badge = esc(finding.status.replace(" ", "-"))
+            badge = esc(finding.verdict.replace(" ", "-"))
+            subset = f" ({finding.subset} rows)" if finding.subset else ""
+            threshold = "" if finding.threshold is None else f" — threshold {finding.threshold:g}"
             cards.append(
                 f'<div class="finding {badge}">'
-                f'<p><span class="badge {badge}">{esc(finding.status)}</span>'
-                f'<span class="claim">Paper: {esc(finding.claim)}</span></p>'
+                f'<p><span class="badge {badge}">{esc(finding.verdict)}</span>'
+                f'<span class="claim">{esc(SHORT_CLAIMS.get(finding.finding, finding.finding))}{esc(subset)}'
+                f"{esc(threshold)}. Paper: {esc(finding.claim)}</span></p>"
                 f"<p>Measured: {esc(finding.measured)}</p>{table}</div>"
             )
         heading = esc(run_label(data, run)) if run else "this run"
         body += f"<h3>{heading}</h3>" + "".join(cards)
     return Section(anchor="findings", title="Findings, as measured", body=body)
+
+
+def _headline(findings: list[Finding]) -> pd.DataFrame:
+    """One row per (run, finding, threshold): the verdict and statistic [95 % interval] of all rows and core rows."""
+    records: dict[tuple[str, str, float | None], dict[str, str]] = {}
+    for finding in findings:
+        key = (finding.run_id, finding.finding, finding.threshold)
+        record = records.setdefault(
+            key,
+            {
+                "run": finding.run_id or "run",
+                "finding": SHORT_CLAIMS.get(finding.finding, finding.finding)
+                + ("" if finding.threshold is None else f" ({finding.threshold:g})"),
+            },
+        )
+        value = "" if finding.statistic is None else f": {_statistic_text(finding)}"
+        record[f"{finding.subset or 'all'} rows"] = finding.verdict + value
+    return pd.DataFrame(list(records.values())).fillna("–")
+
+
+def _statistic_text(finding: Finding) -> str:
+    digits = 2 if finding.finding == "concentration" else 3
+    if finding.finding == "dominant":
+        percent = [100 * (value or 0) for value in (finding.statistic, finding.ci_low, finding.ci_high)]
+        return "{:.1f} % [{:.1f}, {:.1f}]".format(*percent)
+    low = "–" if finding.ci_low is None else f"{finding.ci_low:.{digits}f}"
+    high = "–" if finding.ci_high is None else f"{finding.ci_high:.{digits}f}"
+    return f"{finding.statistic:.{digits}f} [{low}, {high}]"
 
 
 def _has_trend(data: RunData) -> bool:
@@ -258,8 +290,9 @@ def theta_section(data: RunData) -> Section:
         "runs against the checkpoint step (symmetric-log axis, step 0 included), one panel per run, one line per "
         "layer (colour: depth), the band spanning the seeds; for a pretrained model against the layer. Dotted "
         "line: θ = 1, the largest possible value. Since the certificate is a lower bound, half the rows have a "
-        "true θ at least the plotted median (docs/math.md T2(f)). Read it with the concentration figure: while the "
-        f"median p_max is below {TRIVIAL_P_MAX:.3f}, θ ≥ 1 − p_max² ≥ {NEAR_ONE} holds for any row."
+        "true θ at least the plotted median (docs/math.md T2(f)). Read it with the concentration figure: p_max alone "
+        "implies θ ≥ E = max(1 − m², 4m(1 − m)), which is at least 8/9 for every row with m < 1/2 and reaches "
+        f"{NEAR_ONE} unless m lies in (0.316, 0.342) or above 0.658; the findings compare each median with E's."
     )
     body = _cell_figures(data, figures.theta_lower_by_step_figure, caption, "θ lower bound by layer")
     return Section(anchor="theta", title="θ lower bound per layer and checkpoint", body=body)

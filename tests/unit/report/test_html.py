@@ -79,16 +79,28 @@ def test_figures_are_embedded_and_not_blank(document):
 
 def test_findings_have_verdicts_and_numbers(document, run_dir):
     findings = document.split('id="findings"')[1].split("</section>")[0]
-    verdicts = re.findall(r'class="badge ([a-z-]+)"', findings)
-    assert len(verdicts) == 3
-    assert set(verdicts) <= {"agrees", "disagrees", "not-observed", "trivially-implied", "not-measured"}
+    verdicts = re.findall(r'class="badge ([a-z_-]+)"', findings)
+    # one badge per finding of findings.json, in its order: θ at two thresholds, concentration and dominant atoms
+    # over all rows; the synthetic rows are all sink or early rows, so the core subset is one "not measured"; and
+    # the influence slope
+    records = json.loads((run_dir / "findings.json").read_text(encoding="utf-8"))
+    assert [r["verdict"].replace(" ", "-") for r in records] == verdicts
+    assert [(r["finding"], r["subset"]) for r in records] == [
+        ("theta", "all"), ("theta", "all"), ("concentration", "all"), ("dominant", "all"), ("theta", "core"),
+        ("influence", None),
+    ]  # fmt: skip
+    assert verdicts[4] == "not-measured" and verdicts[5] in ("agrees", "inconclusive")
+    assert set(verdicts) <= {"agrees", "disagrees", "inconclusive", "implied-by-p_max", "not-observed", "not-measured"}
     # the synthetic run concentrates strongly, so its lowest median θ is far below 1 and must be reported so
     assert verdicts[0] == "disagrees"
-    summary = read_table(run_dir / "summary")
-    lowest = summary[summary["head"] == ALL_HEADS]["theta_lower_median"].min()
+    rows = read_table(run_dir / "rows")
+    lowest = rows.groupby(["step", "layer"])["theta_lower"].median().min()
     assert lowest < 0.9
-    sentence = rf"in each of \d+ \(layer, checkpoint, seed\) cells\. Lowest: {lowest:.4f} \("
-    assert re.search(sentence, findings)
+    assert re.search(
+        rf"the lowest median θ lower bound over \d+ \(layer, checkpoint\) cells, seeds pooled, {lowest:.4f} \[",
+        findings,
+    )
+    assert (run_dir / "findings.json").is_file()
 
 
 def test_missing_tables_are_omitted_with_a_note(run_dir, tmp_path):
@@ -127,7 +139,8 @@ def test_cli_writes_atomically_to_out_and_prints_the_path_last(run_dir, tmp_path
     result = runner.invoke(app, ["report", str(small), "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert result.output.strip().splitlines()[-1] == str(out)
-    assert [p.name for p in out.parent.iterdir()] == ["cli.html"]
+    # the report and its findings beside it, and no temporary file left
+    assert sorted(p.name for p in out.parent.iterdir()) == ["cli.findings.json", "cli.html"]
     assert out.stat().st_size > 10_000
 
     result = runner.invoke(app, ["report", str(tmp_path / "missing")])
