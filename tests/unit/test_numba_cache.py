@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from attnsens import _numba_cache
@@ -15,7 +20,8 @@ numba = pytest.importorskip("numba")
 def test_every_kernel_source_is_hashed() -> None:
     names = {path.name for path in _numba_cache.kernel_sources()}
     package = Path(_numba_cache.__file__).parent
-    assert {path.name for path in package.rglob("_numba_*.py")} <= names
+    assert {path.name for path in package.rglob("_numba_*.py")} - {"_numba_cache.py"} <= names
+    assert "_numba_cache.py" not in names  # no kernel in it: editing it keeps the compiled kernels
     assert {"methods.py", "_constants.py"} <= names
 
 
@@ -60,27 +66,76 @@ def test_numba_code_outside_attnsens_keeps_its_own_cache() -> None:
     assert numba.config.CACHE_DIR != str(_numba_cache.kernel_cache_dir())
 
 
-class _Kernel:
-    """What note_compilation reads of a numba dispatcher: its compiled signatures and its cache index file."""
-
-    def __init__(self, index: Path, signatures: list[str]) -> None:
-        self.signatures = signatures
-        self._cache = type("Cache", (), {"_cache_file": type("File", (), {"_index_path": str(index)})()})()
-
-
-def test_compilation_is_announced_once_when_nothing_is_compiled(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+def test_compilation_is_announced_once_per_kind_and_not_when_cached(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    compiling = {"fresh": True, "cached": False}
     monkeypatch.setattr(_numba_cache, "_ANNOUNCED", set())
-    index = tmp_path / "kernel.nbi"
-    _numba_cache.note_compilation(_Kernel(index, ["(float32[:, :],)"]), "compiled in this process")
-    _numba_cache.note_compilation(_Kernel(index, []), "fresh kernels")
-    _numba_cache.note_compilation(_Kernel(index, []), "fresh kernels")
-    index.touch()
-    _numba_cache.note_compilation(_Kernel(index, []), "kernels on disk")
+    monkeypatch.setattr(_numba_cache, "compiles", lambda kernel, args: compiling[kernel])
+    for _ in range(3):
+        _numba_cache.note_compilation("fresh", (), "fresh kernels", "about a minute")
+        _numba_cache.note_compilation("cached", (), "kernels on disk", "about a minute")
+    with _numba_cache.notes_silenced():
+        _numba_cache.note_compilation("fresh", (), "kernels warmed up", "about a minute")
     assert capsys.readouterr().err.splitlines() == [
-        "note: compiling fresh kernels for this machine (once per version of attnsens; about a minute)"
+        "note: compiling fresh kernels for this machine, once per version of attnsens (about a minute on two cores; "
+        "`attnsens warmup` compiles every kernel ahead)"
     ]
+
+
+def _moments_args(rows: np.ndarray) -> tuple[np.ndarray, ...]:
+    count = rows.shape[0]
+    out = [np.empty(count, dtype=dtype) for dtype in (np.float32, np.int64, np.float64, np.float64, np.float64)]
+    return (rows, *out, np.empty(count, dtype=np.int64))
+
+
+def test_compiles_reads_what_numba_has_in_memory_and_on_disk() -> None:
+    """After a call, ``compiles`` says False for those argument types and True for types never compiled (numba
+    internals moving would otherwise silence the note, or make it speak on every run)."""
+    import torch
+
+    from attnsens.capture._numba_moments import row_moments
+    from attnsens.capture.statistics import _row_moments
+
+    _row_moments(torch.softmax(torch.randn(3, 7), dim=-1))
+    assert not _numba_cache.compiles(row_moments, _moments_args(np.full((3, 7), 1 / 7, dtype=np.float32)))
+    assert _numba_cache.compiles(row_moments, _moments_args(np.full((3, 7), 1 / 7, dtype=np.float16)))
+
+
+def test_the_locator_files_kernels_by_module_and_stamps_them_by_content() -> None:
+    from attnsens.capture import _numba_moments
+
+    source = _numba_moments.__file__
+    locator = _numba_cache.ContentCacheLocator.from_function(_numba_moments.row_moments.py_func, source)
+    assert locator is not None
+    assert locator.get_cache_path() == str(_numba_cache.kernel_cache_dir() / "capture._numba_moments")
+    assert locator.get_source_stamp() == hashlib.sha256(Path(source).read_bytes()).hexdigest()
+    assert _numba_moments.row_moments._cache._cache_path == locator.get_cache_path()
+    assert _numba_cache.ContentCacheLocator.from_function(_moments_args, __file__) is None  # outside the package
+
+
+def test_a_second_checkout_loads_the_kernels_the_first_compiled(tmp_path: Path) -> None:
+    """A copy of the package elsewhere (new path, new file times) finds the first checkout's machine code: the
+    row-moments call compiles nothing."""
+    import torch
+
+    from attnsens.capture.statistics import _row_moments
+
+    _row_moments(torch.softmax(torch.randn(3, 7), dim=-1))  # compiled or loaded here
+    package = Path(_numba_cache.__file__).parent
+    shutil.copytree(package, tmp_path / "attnsens", ignore=shutil.ignore_patterns("__pycache__", "*.nbi", "*.nbc"))
+    script = (
+        "import sys, torch, attnsens\n"
+        f"assert attnsens.__file__.startswith({str(tmp_path)!r}), attnsens.__file__\n"
+        "from attnsens.capture._numba_moments import row_moments\n"
+        "from attnsens.capture.statistics import _row_moments\n"
+        "_row_moments(torch.softmax(torch.randn(3, 7), dim=-1))\n"
+        "print(sum(row_moments.stats.cache_hits.values()), sum(row_moments.stats.cache_misses.values()))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "0"], done.stdout + done.stderr
 
 
 def test_the_index_file_the_note_reads_is_where_numba_writes_it() -> None:

@@ -93,6 +93,11 @@ def row_statistics(
     )
 
 
+ROW_STATISTICS_NOTE = ("attnsens' row-statistics kernels", "about a minute")
+ROW_MOMENTS_NOTE = ("attnsens' row-moments kernel", "about ten seconds")
+"""What ``note_compilation`` says when a call compiles these kernels, and the time that took on two cores."""
+
+
 def _fused_row_statistics(
     probs: Tensor, n_keys: Tensor | None, exact_support: int | None = None, logits: Tensor | None = None
 ) -> RowStats | None:
@@ -143,15 +148,16 @@ def _fused_row_statistics(
     nonzero = np.empty(count, dtype=np.int64)
     parallel = x.size >= PARALLEL_MIN_ELEMENTS or count >= PARALLEL_MIN_ROWS
     kernel = kernels.row_statistics_rows if parallel else kernels.row_statistics_rows_serial
-    note_compilation(kernel, "attnsens' row-statistics kernels")
     block = kernels.statistics_block_rows(x.shape[1])
+    args = (
+        x, STOP_DISTANCE["float32"], mitm_max_support, CKK_NODE_BUDGET, CKK_MAX_SUPPORT, tolerance, row_sum,
+        theta_p_max, d_found, d_lb, err, method, status, lower, upper, p_max, argmax, total, squares, entropy,
+        nonzero, scores, thread_workspaces(mitm_max_support, x.shape[1], get_num_threads() if parallel else 1),
+        block,
+    )  # fmt: skip
+    note_compilation(kernel, args, *ROW_STATISTICS_NOTE)
     with keep_torch_threads(), parallel_chunksize(chunk_tasks(count, get_num_threads(), mitm_max_support, block)):
-        kernel(
-            x, STOP_DISTANCE["float32"], mitm_max_support, CKK_NODE_BUDGET, CKK_MAX_SUPPORT, tolerance, row_sum,
-            theta_p_max, d_found, d_lb, err, method, status, lower, upper, p_max, argmax, total, squares, entropy,
-            nonzero, scores, thread_workspaces(mitm_max_support, x.shape[1], get_num_threads() if parallel else 1),
-            block,
-        )  # fmt: skip
+        kernel(*args)
     if status.any():
         raise_for_status(torch.from_numpy(status), rows, tuple(shape), -1, tolerance)
     # The rest in NumPy, the same IEEE float64 operations: on a chunk of 1,152 rows each torch call here took
@@ -198,14 +204,17 @@ def _row_moments(probs: Tensor, logits: Tensor | None = None) -> tuple[Tensor, T
     instead of it off the CPU kernel: one elementwise logarithm pass fewer."""
     shape = probs.shape[:-1]
     if probs.device.type == "cpu" and probs.dtype == torch.float32:
+        from attnsens._numba_cache import note_compilation
         from attnsens.capture._numba_moments import row_moments
 
         rows = probs.reshape(-1, probs.shape[-1]).contiguous().numpy()
         count = rows.shape[0]
         out = [torch.empty(count, dtype=dtype) for dtype in (torch.float32, torch.int64, *[torch.float64] * 3)]
         nonzero = torch.empty(count, dtype=torch.int64)
+        args = (rows, *(t.numpy() for t in out), nonzero.numpy())
+        note_compilation(row_moments, args, *ROW_MOMENTS_NOTE)
         with keep_torch_threads():
-            row_moments(rows, *(t.numpy() for t in out), nonzero.numpy())
+            row_moments(*args)
         p_max, argmax, total, squares, entropy = (t.reshape(shape) for t in out)
         nonzero = nonzero.reshape(shape)
         if logits is not None:

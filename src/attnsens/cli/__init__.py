@@ -13,6 +13,7 @@ from attnsens.cli import theta as _theta  # noqa: F401  (registers `theta`)
 from attnsens.cli import train as _train  # noqa: F401  (registers `train`)
 from attnsens.cli import verify as _verify  # noqa: F401  (registers `verify`)
 from attnsens.cli import version as _version  # noqa: F401  (registers `version`)
+from attnsens.cli import warmup as _warmup  # noqa: F401  (registers `warmup`)
 from attnsens.cli.app import app
 
 

@@ -18,10 +18,100 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from typer import _click as click
+from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from attnsens.errors import AttnsensError
 
-app = typer.Typer(
+EXPLICIT_FLAG_VALUES = {"true": True, "false": False, "yes": True, "no": False, "1": True, "0": False}
+"""Values a user may write after an on/off flag, as Hugging Face's argument parser accepts them (``--fp16 True``)."""
+
+
+def explicit_flag_values(command: click.Command, args: list[str]) -> list[str]:
+    """``args`` with ``--flag true`` / ``--flag=false`` (any case, see ``EXPLICIT_FLAG_VALUES``) written as the flag
+    alone or left out, for every on/off flag of ``command``; ``--flag/--no-flag`` pairs take the ``--no-`` form.
+
+    >>> from typer.main import get_command
+    >>> demo = typer.Typer()
+    >>> @demo.command()
+    ... def run(path: str, as_json: Annotated[bool, typer.Option("--json")] = False) -> None: ...
+    >>> explicit_flag_values(get_command(demo), ["x.npy", "--json", "True", "--json=no"])
+    ['x.npy', '--json']
+    """
+    flags = {}
+    for param in command.params:
+        if getattr(param, "is_bool_flag", False):
+            on, off = list(param.opts), list(param.secondary_opts)
+            for name in on:
+                flags[name] = (name, off[0] if off else None)
+            for name in off:
+                flags[name] = (name, on[0] if on else None)
+    out: list[str] = []
+    pending = list(args)
+    while pending:
+        arg = pending.pop(0)
+        if arg == "--":
+            return [*out, arg, *pending]
+        name, equals, value = arg.partition("=")
+        if name in flags and not equals and pending and pending[0].lower() in EXPLICIT_FLAG_VALUES:
+            value, equals = pending.pop(0), "="
+        if name in flags and equals and value.lower() in EXPLICIT_FLAG_VALUES:
+            same, opposite = flags[name]
+            if EXPLICIT_FLAG_VALUES[value.lower()]:
+                out.append(same)
+            elif opposite is not None:
+                out.append(opposite)
+            continue
+        out.append(arg)
+    return out
+
+
+class _AttnsensHelp:
+    """Help as attnsens writes it: arguments in the usage line as MODEL / [OUT] (typer writes ``{model}``, which a
+    shell reads as a brace expansion), and ``--help`` without a ``<bool>`` value."""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)  # type: ignore[misc]
+        if option is not None:
+            option.metavar = ""
+        return option
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []  # type: ignore[attr-defined]
+        for param in self.get_params(ctx):  # type: ignore[attr-defined]
+            if isinstance(param, TyperArgument):
+                name = (param.metavar or param.name or "").upper()
+                name = name if param.required else f"[{name}]"
+                pieces.append(name + ("..." if param.nargs != 1 else ""))
+            else:
+                pieces.extend(param.get_usage_pieces(ctx))
+        return pieces
+
+
+class AttnsensCommand(_AttnsensHelp, TyperCommand):
+    """Every ``attnsens`` command: the help above, and on/off flags that also take an explicit true/false."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, explicit_flag_values(self, args))
+
+
+class AttnsensGroup(_AttnsensHelp, TyperGroup):
+    """The ``attnsens`` group, with its commands' help."""
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        return [*super().collect_usage_pieces(ctx), self.subcommand_metavar]
+
+
+class _Typer(typer.Typer):
+    """A typer application whose commands are ``AttnsensCommand``s."""
+
+    def command(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("cls", AttnsensCommand)
+        return super().command(*args, **kwargs)
+
+
+app = _Typer(
+    cls=AttnsensGroup,
     name="attnsens",
     help="Certified attention sensitivity: θ(p) certificates, bounds, audits, studies and influence.",
     no_args_is_help=True,
@@ -164,12 +254,17 @@ def print_error(message: str) -> None:
 
 
 def warn_unverified(check: Any) -> None:
-    """One yellow line on stderr when a forced read goes ahead on a folder that failed its check."""
+    """One yellow line on stderr when a forced read goes ahead on a folder that failed its check or has no
+    manifest to check against."""
     from rich.text import Text
 
-    if check is not None and not check.ok:
+    if check is None or (check.ok and check.has_manifest):
+        return
+    if check.ok:
+        message = f"read with --force: {str(check.run_dir)!r} has no manifest.json; its files are not verified"
+    else:
         message = f"read with --force: {check.problem_list()}"
-        error_console.print(Text.assemble(("warning:", "bold yellow"), " ", message), soft_wrap=True)
+    error_console.print(Text.assemble(("warning:", "bold yellow"), " ", message), soft_wrap=True)
 
 
 def print_json(payload: Any) -> None:

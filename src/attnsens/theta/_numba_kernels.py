@@ -36,6 +36,7 @@ from numba import get_num_threads, get_thread_id, parallel_chunksize, prange
 
 from attnsens._numba_cache import cached_njit
 from attnsens.theta._constants import (
+    ENUMERATED_AFTER_PROOFS,
     ERROR_RADIUS_OFFSET,
     ERROR_RADIUS_PER_KEY,
     ERROR_RADIUS_SLACK,
@@ -94,13 +95,6 @@ COUNT_MITM_NODES = 5_000
 proves most near-uniform odd rows without a perfect split (on the tiny GPT's early rows of 25–32 keys, 32 → 68 %
 exact with it and the four-list search from 25 keys; 20,000 nodes reach 71 % for over three times the added
 time)."""
-ENUMERATED_AFTER_PROOFS = 26
-"""Rows of up to this many keys that the proofs of ``prove_short_row`` leave open are enumerated at once, whatever
-``mitm_max`` (about 0.2 ms a row), instead of going on to settle at the precision asked without a proof. Rows of
-25–28 keys exact, one thread: SmolLM2 at 256 tokens 62 → 79 %, those rows' time 19 → 68 ms (the whole tensor
-about 0.42 s); the tiny GPT at checkpoints 0–64 66 → 86 %, 100 → 155 ms. Enumerating up to 28 keys makes all of
-them exact but took SmolLM2's 157 ms. The GPU kernel and the torch path enumerate only up to ``mitm_max`` (every
-row of that support, on the device); of the GPU kernel's rows, those it leaves open come here."""
 LONG_SEARCH_NODES = 200_000
 """Before enumerating a row longer than ``MITM_FALLBACK_SUPPORT`` keys (up to 0.25 s at 48), in ``exact``,
 the count-pruned meet-in-the-middle gets 200,000 nodes (about 1 ms) instead of the 5,000 of ``certify``."""

@@ -435,19 +435,33 @@ def _certify_rows_numba(
     out["status"] = torch.zeros(n_rows, dtype=torch.int8)
     parallel = x.size >= PARALLEL_MIN_ELEMENTS or n_rows >= PARALLEL_MIN_ROWS
     kernel = kernels.certify_rows_balanced if parallel else kernels.certify_rows_serial
-    note_compilation(kernels.certify_rows if parallel else kernels.certify_rows_serial, "attnsens' θ kernels")
     with keep_torch_threads():  # numba's first call into its pool resets the shared OpenMP thread count
         threads = get_num_threads() if parallel else 1
         threads = enumeration_threads(kernels.workspace_bytes(mitm_max_support, x.shape[1]), threads)
+        args = (
+            x, x.view(signed), signed.type(np.iinfo(signed).max), x.dtype.itemsize == 8, stop_distance,
+            mitm_max_support, ckk_node_budget, ckk_max_support, check_sum, tolerance, out["row_sum"].numpy(),
+            out["p_max"].numpy(), out["d_found"].numpy(), out["d_lb"].numpy(), out["err"].numpy(),
+            out["method"].numpy(), out["status"].numpy(),
+            kernels.thread_workspaces(mitm_max_support, x.shape[1], threads),
+        )  # fmt: skip
+        note_compilation(
+            kernels.certify_rows if parallel else kernels.certify_rows_serial, args, *_COMPILE_NOTES[x.dtype.itemsize]
+        )
         with _numba_threads(threads) if parallel else contextlib.nullcontext():
-            kernel(
-                x, x.view(signed), signed.type(np.iinfo(signed).max), x.dtype.itemsize == 8, stop_distance,
-                mitm_max_support, ckk_node_budget, ckk_max_support, check_sum, tolerance, out["row_sum"].numpy(),
-                out["p_max"].numpy(), out["d_found"].numpy(), out["d_lb"].numpy(), out["err"].numpy(),
-                out["method"].numpy(), out["status"].numpy(),
-                kernels.thread_workspaces(mitm_max_support, x.shape[1], threads),
-            )  # fmt: skip
+            kernel(*args)
     return out
+
+
+_COMPILE_NOTES = {
+    4: ("attnsens' θ kernels for float32 rows", "about a minute"),
+    8: (
+        "attnsens' θ kernels for float64 rows (float64 tensors, normalize=True, the softmax Jacobian's norm)",
+        "about a minute",
+    ),
+}
+"""What ``note_compilation`` says when a call compiles the θ kernels, by the rows' item size: what compiles and the
+time it took on two cores (``attnsens warmup``; docs/performance.md)."""
 
 
 _NOTED_THREADS: set[tuple[int, int]] = set()

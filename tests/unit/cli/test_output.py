@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 import attnsens
 from attnsens.cli import app
-from attnsens.store import write_parquet
+from attnsens.store import Manifest, write_parquet
 
 runner = CliRunner()
 NEAR_ONE = 0.9999999999999999  # the float just below 1
@@ -23,6 +23,7 @@ def results(tmp_path: Path) -> Path:
     columns = {"layer": [0, 1, 2], "theta_lower": [0.99999987, 1.0, NEAR_ONE]}
     columns.update({f"a_rather_long_column_name_{i}": [0.123456789, 2.5, float("nan")] for i in range(6)})
     write_parquet(columns, tmp_path / "rows" / "part.parquet")
+    Manifest.open(tmp_path).record("rows/part.parquet", table="rows")  # query reads only verified folders
     return tmp_path
 
 
@@ -69,11 +70,37 @@ def test_influence_json_is_strict() -> None:
     json.loads(result.stdout, parse_constant=lambda name: pytest.fail(f"non-standard JSON constant {name}"))
 
 
-def test_flags_take_no_value_and_help_says_so() -> None:
-    help_text = runner.invoke(app, ["query", "--help"], env={"COLUMNS": "160"}).stdout
-    assert "<bool>" not in help_text.replace("--help            <bool>", "")
-    result = runner.invoke(app, ["version", "--json", "true"])
-    assert result.exit_code == 2  # a usage error: --json is a flag
+def test_help_shows_flags_without_a_value_and_arguments_by_name() -> None:
+    """No ``<bool>`` after any flag (--help included), and the usage line names arguments as a shell user writes
+    them (MODEL, not typer's ``{model}``, which a shell reads as a brace expansion)."""
+    for command in ("query", "audit", "theta", "warmup"):
+        help_text = runner.invoke(app, [command, "--help"], env={"COLUMNS": "160"}).stdout
+        assert "<bool>" not in help_text, command
+        assert "{" not in help_text.splitlines()[1], help_text.splitlines()[1]
+    usage = runner.invoke(app, ["audit", "--help"], env={"COLUMNS": "160"}).stdout.splitlines()[1]
+    assert "MODEL" in usage and "{model}" not in usage
+    assert "<bool>" not in runner.invoke(app, ["--help"], env={"COLUMNS": "160"}).stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "as_json"),
+    [
+        (["--json"], True),
+        (["--json", "true"], True),
+        (["--json", "True"], True),
+        (["--json=yes"], True),
+        (["--json", "1"], True),
+        (["--json", "false"], False),
+        (["--json=no"], False),
+    ],
+)
+def test_a_flag_takes_an_explicit_true_or_false(args: list[str], as_json: bool) -> None:
+    """``--json true`` (as Hugging Face's argument parser takes ``--fp16 True``) means ``--json``; false leaves it
+    off. A value that is not a truth value stays an extra argument, a usage error."""
+    result = runner.invoke(app, ["version", *args])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.lstrip().startswith("{") is as_json, result.stdout
+    assert runner.invoke(app, ["version", "--json", "maybe"]).exit_code == 2
 
 
 def test_version_flag_and_module_entry_point() -> None:
