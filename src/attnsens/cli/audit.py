@@ -19,10 +19,12 @@ from attnsens.cli.app import (
     format_float,
     print_json,
 )
+from attnsens.cli.interrupt import on_interrupt, rerun_to_resume
 
 
 @app.command()
 @domain_errors_exit
+@on_interrupt(rerun_to_resume)
 def audit(
     model: ModelArgument,
     out: Annotated[

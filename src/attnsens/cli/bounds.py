@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 
 from attnsens.cli.app import JsonOption, PlacementOption, StepOption, app, console, domain_errors_exit, flag, print_json
+from attnsens.cli.interrupt import on_interrupt, rerun_bounds
 
 SAMPLE_TEXT = (
     "The quality of mercy is not strained; it droppeth as the gentle rain from heaven upon the place beneath. "
@@ -54,6 +55,7 @@ ESTIMATOR_BUDGET = (
 
 @app.command(epilog=ESTIMATOR_BUDGET)
 @domain_errors_exit
+@on_interrupt(rerun_bounds)
 def bounds(
     model: Annotated[
         str,

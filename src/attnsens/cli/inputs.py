@@ -35,6 +35,9 @@ def read_token_ids(path: Path, flag: str = "--ids") -> Any:
     array (.npy), or text with integers separated by spaces or commas, one sequence a line. Returns an integer
     tensor [n] (one sequence, or one stream to cut into windows) or [batch, n]; FileFormatError naming ``flag``
     and the fix otherwise (the ids' range is checked against the model's vocabulary where they are used)."""
+    import pickle
+    import warnings
+
     import numpy as np
     import torch
 
@@ -45,7 +48,14 @@ def read_token_ids(path: Path, flag: str = "--ids") -> Any:
             if path.suffix.lower() == ".npy":
                 loaded = torch.from_numpy(np.load(path, allow_pickle=False))
             else:
-                loaded = torch.load(path, map_location="cpu", weights_only=True)
+                with warnings.catch_warnings():  # torch warns of a file's pickle protocol before refusing it
+                    warnings.simplefilter("ignore")
+                    loaded = torch.load(path, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as err:  # its message would advise weights_only=False
+            raise FileFormatError(
+                f"{flag} {path} holds pickled Python objects, which attnsens does not run (torch.load "
+                "weights_only=True); save the ids with torch.save(tensor) or np.save, or as text"
+            ) from err
         except Exception as err:  # torch.load and np.load raise many types for a file that is not theirs
             raise FileFormatError(
                 f"cannot read {flag} {path} ({type(err).__name__}: {err}); save the ids with torch.save or np.save, "
@@ -102,6 +112,9 @@ def default_out_dir(command: str, model: str) -> Path:
     while candidate.exists():
         suffix += 1
         candidate = base.with_name(f"{base.name}-{suffix}")
+    from attnsens.cli.interrupt import chosen_out
+
+    chosen_out.set(candidate)  # named if the command is interrupted: a rerun resumes there with --out
     return candidate
 
 

@@ -9,10 +9,12 @@ from typing import Annotated, Any
 import typer
 
 from attnsens.cli.app import OutDirOption, app, console, domain_errors_exit, flag
+from attnsens.cli.interrupt import on_interrupt, rerun_to_resume
 
 
 @app.command()
 @domain_errors_exit
+@on_interrupt(rerun_to_resume)
 def study(
     out: OutDirOption,
     config: Annotated[str, typer.Option("--config", help="GPT preset: tiny, small, medium or large.")] = "tiny",

@@ -109,6 +109,7 @@ def theta(
 def load_tensor(path: Path, key: str | None) -> torch.Tensor:
     """The tensor stored in ``path`` (``key`` selects one of several); FileFormatError if there is none."""
     import pickle
+    import warnings
 
     import numpy as np
     import torch
@@ -125,7 +126,9 @@ def load_tensor(path: Path, key: str | None) -> torch.Tensor:
 
             loaded = load_file(str(path))
         else:
-            loaded = torch.load(path, map_location="cpu", weights_only=True)
+            with warnings.catch_warnings():  # torch warns of a file's pickle protocol before refusing it
+                warnings.simplefilter("ignore")
+                loaded = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         raise FileFormatError(
             f"{path} holds pickled Python objects, which attnsens does not run (torch.load weights_only=True); "

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from attnsens.cli.app import JsonOption, OutDirOption, app, console, domain_errors_exit, flag, print_json
+from attnsens.cli.interrupt import on_interrupt, rerun_training
 
 if TYPE_CHECKING:
     from attnsens.cli.progress import ProgressReport
@@ -16,6 +17,7 @@ if TYPE_CHECKING:
 
 @app.command()
 @domain_errors_exit
+@on_interrupt(rerun_training)
 def train(
     out: OutDirOption,
     config: Annotated[str, typer.Option("--config", help="GPT preset: tiny, small, medium or large.")] = "tiny",

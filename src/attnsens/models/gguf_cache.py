@@ -23,6 +23,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import math
 import os
 import shutil
 import struct
@@ -128,47 +129,152 @@ def gguf_context_length(path: str | os.PathLike[str]) -> int | None:
     Reads the key–value header up to the two keys it needs and skips the rest without decoding it: milliseconds,
     where transformers' reader decodes every field of the file (seconds for a tokenizer of 49,152 tokens) before
     the configuration can be read. It serves the context check that precedes the first load of a GGUF file.
+    Raises ValueError for a header that ends early or claims more than the file holds.
     """
     with open(path, "rb") as handle:
-        magic, version = handle.read(4), _read(handle, "<I")
+        header = _Header(handle)
+        magic, version = handle.read(4), header.read("<I")
         if magic != b"GGUF" or version not in (2, 3):
             return None
-        _read(handle, "<Q")  # tensor count
+        header.read("<Q")  # tensor count
         architecture = None
-        for _ in range(_read(handle, "<Q")):
-            key, kind = _read_string(handle), _read(handle, "<I")
+        for _ in range(header.count("metadata entries", _SMALLEST_ENTRY)):
+            key, kind = header.string(), header.read("<I")
             if key == "general.architecture" and kind == _STRING:
-                architecture = _read_string(handle)
+                architecture = header.string()
             elif architecture is not None and key == f"{architecture}.context_length" and kind in _SCALARS:
-                return int(_read(handle, _SCALARS[kind]))
+                return int(header.read(_SCALARS[kind]))
             else:
-                _skip_value(handle, kind)
+                header.skip_value(kind)
     return None
 
 
-def _read(handle: BinaryIO, fmt: str):
-    size = struct.calcsize(fmt)
-    data = handle.read(size)
-    if len(data) != size:
-        raise ValueError("the GGUF header ends early")
-    return struct.unpack(fmt, data)[0]
+def check_gguf_header(path: str | os.PathLike[str]) -> None:
+    """Refuse a GGUF file whose header transformers' reader would fail on or trust beyond the file.
+
+    Walks the whole header without decoding it — every metadata entry, every tensor's name, dimensions and type —
+    and checks each count and length against the bytes the file has left, and each tensor's element count against
+    the bytes its data can take (no GGML type stores a weight in less than one bit). transformers' reader would
+    otherwise stop with a ``struct.error`` on a count the file cannot hold, or try to allocate a string or tensor
+    that a few bytes of header claim.
+
+    Raises:
+        FileFormatError: one line naming the file and what in its header is wrong.
+    """
+    from attnsens.errors import FileFormatError
+
+    try:
+        with open(path, "rb") as handle:
+            header = _Header(handle)
+            magic, version = handle.read(4), header.read("<I")
+            if magic != b"GGUF":
+                raise ValueError("it does not start with the GGUF magic bytes")
+            if version not in (2, 3):
+                raise ValueError(f"its format version is {version}; attnsens reads GGUF versions 2 and 3")
+            tensors = header.read("<Q")
+            for _ in range(header.count("metadata entries", _SMALLEST_ENTRY)):
+                header.string()
+                header.skip_value(header.read("<I"))
+            if tensors > header.remaining() // _SMALLEST_TENSOR:
+                raise ValueError(
+                    f"it claims {tensors:,} tensors, more than the {header.remaining():,} bytes left after its "
+                    "metadata can describe"
+                )
+            elements = []
+            for _ in range(tensors):
+                name = header.string()
+                dimensions = header.read("<I")
+                if dimensions > _MAX_DIMENSIONS:
+                    raise ValueError(f"tensor {name!r} claims {dimensions} dimensions (GGUF allows {_MAX_DIMENSIONS})")
+                elements.append((name, math.prod(header.read("<Q") for _ in range(dimensions))))
+                header.read("<I")  # type
+                header.read("<Q")  # offset in the data
+            for name, count in elements:
+                if count > 8 * header.remaining():
+                    raise ValueError(
+                        f"tensor {name!r} claims {count:,} elements, more than the {header.remaining():,} bytes "
+                        "of tensor data can hold"
+                    )
+    except ValueError as err:
+        raise FileFormatError(f"GGUF file {str(path)!r} is damaged: {err}; get the file again") from None
+    except OSError as err:
+        raise FileFormatError(f"cannot read GGUF file {str(path)!r} ({err.strerror or err}); check the path") from None
 
 
-def _read_string(handle: BinaryIO) -> str:
-    return handle.read(_read(handle, "<Q")).decode("utf-8", errors="replace")
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+"""GGUF metadata value types with a fixed size (8 = string and 9 = array are read apart), as struct formats."""
+_STRING, _ARRAY = 8, 9
+_SMALLEST_ENTRY = 8 + 4 + 1
+"""Bytes of the smallest metadata entry: the key's length, the value type and a one-byte value."""
+_SMALLEST_TENSOR = 8 + 4 + 4 + 8
+"""Bytes of the smallest tensor description: the name's length, the dimension count, the type and the offset."""
+_MAX_DIMENSIONS = 4
+"""GGML_MAX_DIMS: the most dimensions a GGUF tensor has."""
+_MAX_NESTING = 8
+"""Arrays of arrays deeper than this are refused (GGUF writers nest one level at most)."""
 
 
-def _skip_value(handle: BinaryIO, kind: int) -> None:
-    if kind in _SCALARS:
-        handle.seek(struct.calcsize(_SCALARS[kind]), os.SEEK_CUR)
-    elif kind == _STRING:
-        handle.seek(_read(handle, "<Q"), os.SEEK_CUR)
-    elif kind == _ARRAY:
-        element, count = _read(handle, "<I"), _read(handle, "<Q")
-        if element in _SCALARS:
-            handle.seek(count * struct.calcsize(_SCALARS[element]), os.SEEK_CUR)
+class _Header:
+    """Reads a GGUF header, refusing any count or length that the bytes left in the file cannot hold (ValueError):
+    nothing is ever allocated or looped over on the header's word alone."""
+
+    def __init__(self, handle: BinaryIO) -> None:
+        self.handle = handle
+        self.size = os.fstat(handle.fileno()).st_size
+
+    def remaining(self) -> int:
+        return max(0, self.size - self.handle.tell())
+
+    def read(self, fmt: str) -> Any:
+        size = struct.calcsize(fmt)
+        data = self.handle.read(size)
+        if len(data) != size:
+            raise ValueError("the GGUF header ends early")
+        return struct.unpack(fmt, data)[0]
+
+    def count(self, what: str, smallest: int) -> int:
+        """A count of items of at least ``smallest`` bytes each."""
+        value = int(self.read("<Q"))
+        if value > self.remaining() // smallest:
+            raise ValueError(
+                f"it claims {value:,} {what}, more than the {self.remaining():,} bytes left in the file can hold "
+                "(the header ends early or is corrupt)"
+            )
+        return value
+
+    def length(self) -> int:
+        """A string's length in bytes."""
+        value = int(self.read("<Q"))
+        if value > self.remaining():
+            raise ValueError(
+                f"a string at byte {self.handle.tell() - 8:,} claims {value:,} bytes, more than the "
+                f"{self.remaining():,} left in the file (the header ends early or is corrupt)"
+            )
+        return value
+
+    def string(self) -> str:
+        return self.handle.read(self.length()).decode("utf-8", errors="replace")
+
+    def skip(self, size: int) -> None:
+        if size > self.remaining():
+            raise ValueError("the GGUF header ends early")
+        self.handle.seek(size, os.SEEK_CUR)
+
+    def skip_value(self, kind: int, depth: int = 0) -> None:
+        if kind in _SCALARS:
+            self.skip(struct.calcsize(_SCALARS[kind]))
+        elif kind == _STRING:
+            self.skip(self.length())
+        elif kind == _ARRAY:
+            if depth >= _MAX_NESTING:
+                raise ValueError(f"it nests arrays more than {_MAX_NESTING} deep")
+            element = self.read("<I")
+            smallest = struct.calcsize(_SCALARS[element]) if element in _SCALARS else 8
+            count = self.count("array elements", smallest)
+            if element in _SCALARS:
+                self.skip(count * smallest)
+            else:
+                for _ in range(count):
+                    self.skip_value(element, depth + 1)
         else:
-            for _ in range(count):
-                _skip_value(handle, element)
-    else:
-        raise ValueError(f"unknown GGUF metadata type {kind}")
+            raise ValueError(f"unknown GGUF metadata type {kind}")

@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import pickle
+import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -345,11 +346,19 @@ def _from_pretrained(
             + f"; give a local path, a .gguf file or an alias ({', '.join(sorted(ALIASES))})"
         ) from err
     adapter_class(audited_config(config).model_type)  # an unsupported family is refused before its weights load
+    check_declared_size(audited_config(config), source, name, gguf_file=gguf_file)
     try:
         # The config read above is passed on: transformers would parse it again (seconds for a GGUF file).
         module = AutoModel.from_pretrained(
             source, config=config, dtype=dtype, trust_remote_code=trust_remote_code, **extra
         )
+    except RuntimeError as err:
+        if "mismatched_sizes" not in str(err) and "size mismatch" not in str(err):
+            raise
+        raise FileFormatError(
+            f"cannot load the weights of model {name!r}: their shapes differ from those its configuration declares, "
+            "so the configuration and the weights do not belong together; get the model's files again"
+        ) from None
     except pickle.UnpicklingError:
         # transformers reads pickled weights with torch.load(weights_only=True), which refuses arbitrary objects.
         raise FileFormatError(
@@ -367,6 +376,46 @@ def _from_pretrained(
         tokenizer = None
     audited: Any = language_model(module)
     return adapter_class(audited.config.model_type)(audited.to(device).eval(), name=name, tokenizer=tokenizer)
+
+
+LARGE_EMBEDDING = 2**28
+"""Weights of an embedding (1 GiB in float32) from which a declared size is checked before the load allocates it."""
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf")
+"""Suffixes of the files a model folder keeps its weights in."""
+
+
+def check_declared_size(config: Any, source: str, name: str, *, gguf_file: str | None = None) -> None:
+    """Refuse a local model whose configuration declares a large embedding that its weight files cannot hold.
+
+    The embedding has ``vocab_size × hidden_size`` weights, and no format stores a weight in less than one bit, so
+    a configuration that declares more than eight weights per byte of the weight files (a vocabulary of 10^12
+    tokens) is damaged or belongs to another model. From :data:`LARGE_EMBEDDING` weights on, the load would try to
+    allocate that embedding before it reads a weight, so it is refused here; below, the load itself names what is
+    wrong (shapes that do not fit, a pickle it does not run). Hub ids and folders without weight files are left to
+    the load as well.
+
+    Raises:
+        FileFormatError: one line naming the model, the declared sizes and the bytes of its weight files.
+    """
+    folder = Path(source)
+    if not folder.is_dir():
+        return
+    files = [folder / gguf_file] if gguf_file else [p for p in folder.iterdir() if p.suffix in WEIGHT_SUFFIXES]
+    try:
+        stored = sum(p.stat().st_size for p in files if p.is_file())
+    except OSError:
+        return
+    vocabulary, width = getattr(config, "vocab_size", None), getattr(config, "hidden_size", None)
+    width = min(width, getattr(config, "embedding_size", None) or width) if isinstance(width, int) else width
+    if not stored or not isinstance(vocabulary, int) or not isinstance(width, int):
+        return
+    if vocabulary < 0 or width < 0 or vocabulary * width > max(8 * stored, LARGE_EMBEDDING):
+        where = f"GGUF file {gguf_file!r}" if gguf_file else f"config.json of {name!r}"
+        raise FileFormatError(
+            f"the {where} declares a vocabulary of {vocabulary:,} tokens × {width:,} dimensions, an embedding of "
+            f"{vocabulary * width:,} weights, more than its weight files ({stored:,} bytes) can hold; the "
+            "configuration is damaged or belongs to another model"
+        )
 
 
 REMOTE_CODE_FILES = ("config.json", "tokenizer_config.json", "processor_config.json", "preprocessor_config.json")
@@ -421,11 +470,15 @@ def _from_gguf(path: Path, name: str, *, device: Any, dtype: torch.dtype) -> Mod
     folder = gguf_cache.cached_conversion(path)
     if folder is not None:
         return _from_pretrained(str(folder), name, trust_remote_code=False, device=device, dtype=dtype)
+    gguf_cache.check_gguf_header(path)  # a header transformers' reader would fail on is refused in one line
     # Converted at float32 on the CPU whatever was asked, so the saved folder serves every later dtype.
     with gguf_cache.one_parse_per_file():
-        converted = _from_pretrained(
-            str(path.parent), name, gguf_file=path.name, trust_remote_code=False, device="cpu", dtype=torch.float32
-        )
+        try:
+            converted = _from_pretrained(
+                str(path.parent), name, gguf_file=path.name, trust_remote_code=False, device="cpu", dtype=torch.float32
+            )
+        except struct.error as err:  # the header passed the check above; its values did not
+            raise FileFormatError(f"GGUF file {str(path)!r} is damaged ({err}); get the file again") from None
     module: Any = converted.module
     tokenizer = getattr(converted, "tokenizer", None)
     gguf_cache.save_conversion(path, lambda staging: _save_converted(module, tokenizer, staging))

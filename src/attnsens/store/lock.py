@@ -3,7 +3,9 @@
 The lock is ``RUN/.writer.lock``: an advisory ``flock`` held for the whole command, and the holder's pid, host,
 command and start time written into the file so that a refused writer can name it. The operating system drops
 a flock when its process dies, however it dies, so a lock left by a killed process (a file naming a pid, no
-flock) is taken over at once, with a note naming the dead holder. Readers (``report``, ``query``, ``verify``)
+flock) is taken over at once, with a note naming the holder and only what is known of it: on this host, whether
+its pid still runs; on another host, its record and age alone. Something other than a regular file where the lock
+file goes (a directory, a link) is refused, never followed. Readers (``report``, ``query``, ``verify``)
 never take the lock: they only read files that writers replace atomically.
 
 Taking the lock also removes what killed writers left behind: temporary files and staging directories named
@@ -29,12 +31,13 @@ import os
 import re
 import shutil
 import socket
+import stat
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-from attnsens.errors import RunLockedError
+from attnsens.errors import FileFormatError, RunLockedError
 
 LOCK_NAME = ".writer.lock"
 _TEMPORARY = re.compile(r"^\..+?(?:\.(\d+))?\.tmp$")
@@ -90,7 +93,7 @@ def _take(handle: Any, directory: Path, command: str, note: Callable[[str], None
 
     previous = _parse(handle.read())
     if previous and previous.get("pid") != os.getpid():
-        note(f"took over the lock of {directory}: {_describe(previous)} is no longer running")
+        note(f"took over the lock of {directory}: {_takeover(previous)}")
     record = {
         "pid": os.getpid(),
         "host": socket.gethostname(),
@@ -116,8 +119,12 @@ def _open_locked(directory: Path) -> Any:
     while True:
         try:
             directory.mkdir(parents=True, exist_ok=True)
-            handle = open(path, "a+")
+            _refuse_other_kinds(path)
+            # O_NOFOLLOW: a link put in place of the lock file never makes attnsens write where it points.
+            flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+            handle = os.fdopen(os.open(path, flags, 0o644), "a+")
         except OSError as err:
+            _refuse_other_kinds(path)  # replaced between the check and the open
             raise output_write_error(path, err) from None
         try:
             _acquire(handle, directory)
@@ -128,6 +135,28 @@ def _open_locked(directory: Path) -> Any:
             handle.close()
             raise
         handle.close()
+
+
+def _refuse_other_kinds(path: Path) -> None:
+    """RunLockedError naming ``path`` when something other than a regular file (a directory, a link, a pipe) sits
+    where the lock file goes: attnsens neither writes into it nor follows it, nor removes what it did not write."""
+    try:
+        status = os.lstat(path)
+    except OSError:
+        return
+    if stat.S_ISREG(status.st_mode):
+        return
+    kind = (
+        "a directory"
+        if stat.S_ISDIR(status.st_mode)
+        else "a symbolic link"
+        if stat.S_ISLNK(status.st_mode)
+        else "not a regular file"
+    )
+    raise FileFormatError(
+        f"{path} is {kind}, where attnsens keeps the writer lock file of {path.parent}; it was not written by "
+        f"attnsens: move it out of the folder, then rerun the same command (or choose another --out)"
+    )
 
 
 def _same_file(handle: Any, path: Path) -> bool:
@@ -218,6 +247,41 @@ def _acquire(handle: Any, directory: Path) -> None:
 def _refusal(directory: Path, holder: dict[str, Any] | None) -> str:
     who = _describe(holder) if holder else "another process"
     return f"{directory} is being written by {who}; wait for it to finish or choose another --out directory"
+
+
+def _takeover(record: dict[str, Any]) -> str:
+    """What is known of the holder named in a lock file that no process holds: its pid is checked on this host
+    only; of a process on another host attnsens knows only the record and its age."""
+    age = _age(record.get("started_utc"))
+    since = f", {age} ago" if age else ""
+    described = _describe(record)[:-1] + since + ")"
+    pid = record.get("pid")
+    if record.get("host") == socket.gethostname() and isinstance(pid, int):
+        if not _alive(pid):
+            return f"{described} is no longer running"
+        return f"{described} no longer holds it (that pid is now another process's)"
+    return (
+        f"the file names {described}, which holds no lock on it from here; attnsens cannot see the processes "
+        f"of host {record.get('host')}: if that one still runs, stop it, as two writers would mix their results"
+    )
+
+
+def _age(started: Any) -> str | None:
+    """``started`` (an ISO time in UTC) as the time since then: "40 s", "3 min", "5 h", "2 d"; None if unreadable.
+
+    >>> _age((_dt.datetime.now(_dt.UTC) - _dt.timedelta(hours=5, minutes=1)).isoformat())
+    '5 h'
+    """
+    try:
+        seconds = (_dt.datetime.now(_dt.UTC) - _dt.datetime.fromisoformat(str(started))).total_seconds()
+    except (TypeError, ValueError):
+        return None
+    if seconds < 0:
+        return None
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)} {unit}"
+    return f"{int(seconds)} s"
 
 
 def _describe(record: dict[str, Any]) -> str:

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from attnsens.cli import app
-from attnsens.errors import RunLockedError
+from attnsens.errors import FileFormatError, RunLockedError
 from attnsens.store.lock import LOCK_NAME, read_holder, writer_lock
 
 HOLD = (
@@ -163,3 +163,61 @@ def test_a_lock_file_unlinked_while_it_was_taken_is_opened_again(tmp_path, monke
     monkeypatch.setattr(lock, "_acquire", unlink_first)
     with writer_lock(tmp_path / "run", command="audit"):
         assert len(calls) == 2 and read_holder(tmp_path / "run")["pid"] == os.getpid()
+
+
+def _record(tmp_path, **fields) -> None:
+    (tmp_path / "run").mkdir(exist_ok=True)
+    (tmp_path / "run" / LOCK_NAME).write_text(json.dumps({"command": "study", **fields}) + "\n")
+
+
+def test_the_takeover_note_of_another_hosts_record_claims_nothing_about_that_process(tmp_path):
+    import datetime as dt
+
+    started = (dt.datetime.now(dt.UTC) - dt.timedelta(hours=5, minutes=2)).isoformat(timespec="seconds")
+    _record(tmp_path, pid=os.getppid(), host="elsewhere.example", started_utc=started)
+    notes: list[str] = []
+    with writer_lock(tmp_path / "run", command="audit", note=notes.append):
+        pass
+    assert len(notes) == 1, notes
+    assert f"pid {os.getppid()} on host elsewhere.example" in notes[0] and "5 h ago" in notes[0]
+    assert "no longer running" not in notes[0]
+    assert "cannot see the processes of host elsewhere.example" in notes[0] and "if that one still runs" in notes[0]
+
+
+def test_the_takeover_note_of_a_live_pid_on_this_host_says_it_holds_no_lock(tmp_path):
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        _record(tmp_path, pid=sleeper.pid, host=socket.gethostname(), started_utc="not a time")
+        notes: list[str] = []
+        with writer_lock(tmp_path / "run", command="audit", note=notes.append):
+            pass
+        assert len(notes) == 1 and f"pid {sleeper.pid}" in notes[0] and "no longer holds it" in notes[0], notes
+        assert "no longer running" not in notes[0]
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_lock_path_that_is_a_directory_is_named_without_disk_advice(tmp_path):
+    (tmp_path / "run" / LOCK_NAME).mkdir(parents=True)
+    (tmp_path / "run" / LOCK_NAME / "keep.txt").write_text("someone's")
+    result = CliRunner().invoke(app, ["train", "--out", str(tmp_path / "run"), "--steps", "1"])
+    assert result.exit_code == 1, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and f"{tmp_path / 'run' / LOCK_NAME} is a directory" in lines[0], result.output
+    assert "space" not in lines[0] and "writable" not in lines[0]
+    assert (tmp_path / "run" / LOCK_NAME / "keep.txt").read_text() == "someone's"
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [LOCK_NAME]
+
+
+def test_a_lock_path_that_is_a_link_is_never_followed(tmp_path):
+    outside = tmp_path / "outside.txt"
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / LOCK_NAME).symlink_to(outside)
+    with pytest.raises(FileFormatError, match="is a symbolic link"), writer_lock(tmp_path / "run", command="audit"):
+        pass
+    assert not outside.exists()
+    outside.write_text("precious\n")
+    with pytest.raises(FileFormatError, match="is a symbolic link"), writer_lock(tmp_path / "run", command="audit"):
+        pass
+    assert outside.read_text() == "precious\n"
