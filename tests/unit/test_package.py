@@ -34,6 +34,16 @@ def test_version_command_prints_version() -> None:
     assert f'"attnsens": "{attnsens.__version__}"' in result.output
 
 
+def test_the_version_is_the_one_pyproject_declares_and_the_changelog_releases() -> None:
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    declared = tomllib.loads((root / "pyproject.toml").read_text(encoding="utf-8"))["project"]["version"]
+    assert attnsens.__version__ == declared
+    assert f"## [{declared}] - " in (root / "CHANGELOG.md").read_text(encoding="utf-8")
+
+
 def test_every_command_has_help() -> None:
     runner = CliRunner()
     top = runner.invoke(app, ["--help"])

@@ -356,7 +356,7 @@ def certified_constant(
         assumptions, whose ``log10_constant`` is then indicative only (docs/math.md §10, §10.6).
 
     Raises:
-        WeightsFidelityError when a model's normalized weights do not reproduce its blocks (models/fidelity.py).
+        WeightsFidelityError: a model's normalized weights do not reproduce its blocks (models/fidelity.py).
     """
     if head_output not in ("ov", "split"):
         raise ConfigError(f"head_output must be 'ov' or 'split', got {head_output!r}")

@@ -349,7 +349,7 @@ class ModelAdapter(ABC):
         leave the others out of every table without a word.
 
         Raises:
-            UnsupportedModelError naming the layer and both head counts.
+            UnsupportedModelError: naming the layer and both head counts.
         """
         n_head, n_kv = int(query.shape[1]), int(key.shape[1])
         if n_head != self.spec.n_head or n_kv == 0 or n_head % n_kv:
@@ -363,7 +363,7 @@ class ModelAdapter(ABC):
         """Refuse a forward pass in which some of ``layers`` never reached the tapped attention function.
 
         Raises:
-            UnsupportedModelError naming those layers.
+            UnsupportedModelError: naming those layers.
         """
         missing = sorted(layer for layer in layers if layer not in called)
         if missing:

@@ -200,8 +200,8 @@ def check_weights_fidelity(
         The layer inputs of the checked forward pass (what a bound on ``input_ids`` then uses).
 
     Raises:
-        WeightsFidelityError naming the family, layer, field and relative error; UnsupportedModelError when the
-        adapter already knows it cannot read the model's weights.
+        WeightsFidelityError: naming the family, layer, field and relative error.
+        UnsupportedModelError: the adapter already knows it cannot read the model's weights.
     """
     inputs, results = weights_fidelity(adapter, input_ids, tolerance=tolerance)
     for result in results:

@@ -100,8 +100,8 @@ def load(
             passed to transformers' ``from_pretrained``.
 
     Raises:
-        UnsupportedModelError for an unknown family or model object, FileFormatError for a path or id that
-        cannot be loaded.
+        UnsupportedModelError: an unknown family or model object.
+        FileFormatError: a path or id that cannot be loaded.
     """
     if isinstance(model, ModelAdapter):
         return model

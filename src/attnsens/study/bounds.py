@@ -239,7 +239,7 @@ def bound_model(
         ``_upper_bound``.
 
     Raises:
-        WeightsFidelityError when an adapter's normalized weights do not reproduce the model's own blocks.
+        WeightsFidelityError: an adapter's normalized weights do not reproduce the model's own blocks.
     """
     geometry_name = G.norms.check_geometry(geometry)
     from attnsens.study.finite import check_finite_layers, check_finite_module
