@@ -131,9 +131,9 @@ class InfluenceCertificate:
         return _up(_log10(self.unembedding_spread / 2) + self.log10_influence_upper_bound(n))
 
     def log10_length_for_probability_change(self, eta: float) -> float:
-        """log10 n*(η): for every n ≥ n*, ‖p − p'‖₁ ≤ η; n* = spread · C/(2η) (unmasked attention).
+        """log10 ``n*(η)``: for every n ≥ ``n*``, ‖p − p'‖₁ ≤ η; ``n* = spread · C/(2η)`` (unmasked attention).
 
-        docs/math.md §10.4 states n* = C‖U‖/η; spread/2 ≤ ‖U‖/√2, so this n* is smaller and equally valid.
+        docs/math.md §10.4 states ``n* = C‖U‖/η``; spread/2 ≤ ‖U‖/√2, so this ``n*`` is smaller and equally valid.
         """
         log10_constant = self._require()
         if self.masking != "unmasked":
