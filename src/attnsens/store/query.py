@@ -176,6 +176,7 @@ def _refuse_all_but_select(connection: duckdb.DuckDBPyConnection, sql: str, allo
     SUMMARIZE, VALUES and FROM-first queries are SELECTs)."""
     import duckdb
 
+    kinds: list[duckdb.StatementType | None]
     try:
         statements = connection.extract_statements(sql)
         kinds = [statement.type for statement in statements]
