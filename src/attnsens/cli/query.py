@@ -43,6 +43,7 @@ def query(
     from rich.table import Table
 
     from attnsens.cli.app import jsonable, print_json
+    from attnsens.cli.verify import warn_incomplete
     from attnsens.errors import QueryError
     from attnsens.store.query import query as run_query
     from attnsens.store.verify import verify_run
@@ -53,6 +54,7 @@ def query(
     if force:
         warn_unverified(check)
     frame = run_query(run_dir, sql, force=force, check=check)
+    warn_incomplete(check)
     if as_json:
         print_json([jsonable(record) for record in frame.astype(object).to_dict("records")])
         return

@@ -26,15 +26,18 @@ def report(
 
     from attnsens.cli.app import print_json
     from attnsens.cli.inputs import check_out_file, writing
+    from attnsens.cli.verify import warn_incomplete
     from attnsens.report import build_report
     from attnsens.store.verify import verify_run
 
     if out is not None:
         check_out_file(out, example="report.html")
+    check = verify_run(run_dir)
     if force:
-        warn_unverified(verify_run(run_dir))
+        warn_unverified(check)
     with writing(out or run_dir / "report.html"):
         path = build_report(run_dir, out=out, force=force)
+    warn_incomplete(check)
     if as_json:
         findings = path.with_name("findings.json") if out is None else path.with_suffix(".findings.json")
         print_json(json.loads(findings.read_text(encoding="utf-8")))

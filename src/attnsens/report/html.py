@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from attnsens.report.completeness import completeness_banner, provisional
 from attnsens.report.data import RunData, load_run
 from attnsens.report.findings import Finding, evaluate_findings, findings_records
 from attnsens.report.html_parts import esc, page
@@ -90,9 +91,9 @@ def render_report(data: RunData, findings: list[Finding] | None = None) -> str:
         elif note:
             omitted.append(note)
     findings = evaluate_findings(data) if findings is None else findings
-    head = [overview_section(data, omitted), findings_section(data, findings)]
+    head = [overview_section(data, omitted), provisional(findings_section(data, findings), data.check)]
     everything = head + sections
-    banner = [integrity_banner(data.check)] if data.check is not None else []
+    banner = [completeness_banner(data.check)] + ([integrity_banner(data.check)] if data.check is not None else [])
     models = data.overview.get("model") or ["attnsens run"]
     title = "attnsens report — " + ", ".join(str(m) for m in models[:3]) + (" …" if len(models) > 3 else "")
     created = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")

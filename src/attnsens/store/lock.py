@@ -119,12 +119,12 @@ def _open_locked(directory: Path) -> Any:
     while True:
         try:
             directory.mkdir(parents=True, exist_ok=True)
-            _refuse_other_kinds(path)
+            refuse_other_kinds(path)
             # O_NOFOLLOW: a link put in place of the lock file never makes attnsens write where it points.
             flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
             handle = os.fdopen(os.open(path, flags, 0o644), "a+")
         except OSError as err:
-            _refuse_other_kinds(path)  # replaced between the check and the open
+            refuse_other_kinds(path)  # replaced between the check and the open
             raise output_write_error(path, err) from None
         try:
             _acquire(handle, directory)
@@ -137,7 +137,7 @@ def _open_locked(directory: Path) -> Any:
         handle.close()
 
 
-def _refuse_other_kinds(path: Path) -> None:
+def refuse_other_kinds(path: Path) -> None:
     """RunLockedError naming ``path`` when something other than a regular file (a directory, a link, a pipe) sits
     where the lock file goes: attnsens neither writes into it nor follows it, nor removes what it did not write."""
     try:
@@ -154,7 +154,7 @@ def _refuse_other_kinds(path: Path) -> None:
         else "not a regular file"
     )
     raise FileFormatError(
-        f"{path} is {kind}, where attnsens keeps the writer lock file of {path.parent}; it was not written by "
+        f"{path} is {kind}, where attnsens keeps a lock file of {path.parent}; it was not written by "
         f"attnsens: move it out of the folder, then rerun the same command (or choose another --out)"
     )
 
@@ -226,6 +226,30 @@ def read_holder(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
         return _parse((Path(run_dir) / LOCK_NAME).read_text())
     except OSError:
         return None
+
+
+def live_writer(run_dir: str | os.PathLike[str]) -> str | None:
+    """Who is writing ``run_dir`` now, as far as a reader can tell without taking the lock; None when no one is.
+
+    The lock file's record is emptied when its writer ends normally. A record naming a pid of this host that still
+    runs is a live writer; one naming a dead pid was left by a killed writer (no one writes). Of a record naming
+    another host nothing more can be known, and it is reported as such.
+    """
+    path = Path(run_dir) / LOCK_NAME
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return None
+    except OSError:
+        return None
+    record = read_holder(run_dir)
+    if not record:
+        return None
+    pid = record.get("pid")
+    if pid == os.getpid() and record.get("host") == socket.gethostname():
+        return None  # this process writes it, and reads it back at its end (a study's report)
+    if record.get("host") == socket.gethostname():
+        return f"{_describe(record)} is writing it" if isinstance(pid, int) and _alive(pid) else None
+    return f"its lock file names {_describe(record)}, which may still be writing it (attnsens cannot tell)"
 
 
 def _acquire(handle: Any, directory: Path) -> None:

@@ -12,11 +12,17 @@ objects, and per unit a relative path inside the run directory (no ``..``, no ab
 Several processes (e.g. torchrun ranks) may record units into the same manifest: every update re-reads the
 file under an exclusive lock and replaces it atomically.
 
+A writer also records what it plans before it starts (:meth:`Manifest.plan`): every unit it will write and, for a
+study, every training checkpoint by run folder. A folder whose planned units are not all recorded is incomplete —
+still being written, or interrupted — and ``verify``, ``report`` and ``query`` name what is absent.
+
 Layout::
 
     {"format": 1, "config": {...}, "provenance": {...},
      "units": {"rows/seed=0/step=000100.parquet": {"table": "rows", "sha256": "...", "num_rows": 1024,
-                                                   "recorded_utc": "..."}}}
+                                                   "recorded_utc": "..."}},
+     "planned": {"units": ["rows/seed=0/step=000100.parquet", ...],
+                 "checkpoints": {"runs/placement=pre/seed=0": [0, 1, 2, 4, ...]}}}
 """
 
 from __future__ import annotations
@@ -104,6 +110,31 @@ class Manifest:
     def units(self) -> dict[str, dict[str, Any]]:
         """Recorded units: relative path → {"table", "sha256", "num_rows", "recorded_utc"}."""
         return self._payload["units"]
+
+    @property
+    def planned_units(self) -> list[str]:
+        """The units the writer planned (:meth:`plan`); [] for a manifest written before plans were recorded."""
+        return list(self._payload.get("planned", {}).get("units", []))
+
+    @property
+    def planned_checkpoints(self) -> dict[str, list[int]]:
+        """The training checkpoints the writer planned: run folder (relative) → steps."""
+        return {k: list(v) for k, v in self._payload.get("planned", {}).get("checkpoints", {}).items()}
+
+    def plan(self, units: Collection[str], *, checkpoints: Mapping[str, Collection[int]] | None = None) -> None:
+        """Record what this run will have when it is finished: ``units`` (relative unit paths) and ``checkpoints``
+        (a training run folder, relative → its scheduled steps). A later :meth:`plan` replaces the record (a study
+        extended by more seeds plans more)."""
+        planned = {
+            "units": sorted({self._key(unit) for unit in units}),
+            "checkpoints": {self._key(k): sorted({int(s) for s in v}) for k, v in (checkpoints or {}).items()},
+        }
+        with _locked(self.run_dir):
+            payload = _load(self.path) or self._payload
+            if payload.get("planned") != planned:
+                payload["planned"] = planned
+                _store(self.path, payload)
+        self._payload = payload
 
     @classmethod
     def open(
@@ -320,8 +351,7 @@ def manifest_problem(payload: dict[str, Any]) -> str | None:
     if not isinstance(payload.get("scopes", {}), dict):
         return "'scopes' is not an object"
     for key, entry in payload["units"].items():
-        parts = key.split("/")
-        if key.startswith("/") or "\\" in key or ":" in parts[0] or any(p in ("", ".", "..") for p in parts):
+        if _outside(key):
             return f"unit {key!r} is not a relative path inside the run directory"
         if not isinstance(entry, dict):
             return f"unit {key!r} has a {type(entry).__name__} entry, not an object"
@@ -331,7 +361,28 @@ def manifest_problem(payload: dict[str, Any]) -> str | None:
             return f"unit {key!r} has table {entry.get('table')!r}, not a name"
         if entry.get("num_rows") is not None and type(entry["num_rows"]) is not int:
             return f"unit {key!r} has num_rows {entry['num_rows']!r}, not an integer"
+    return _plan_problem(payload.get("planned", {}))
+
+
+def _plan_problem(planned: Any) -> str | None:
+    if not isinstance(planned, dict):
+        return "'planned' is not an object"
+    units, checkpoints = planned.get("units", []), planned.get("checkpoints", {})
+    if not isinstance(units, list) or not isinstance(checkpoints, dict):
+        return "'planned' does not hold a list of units and an object of checkpoints"
+    for key in [*units, *checkpoints]:
+        if not isinstance(key, str) or _outside(key):
+            return f"planned unit {key!r} is not a relative path inside the run directory"
+    for key, steps in checkpoints.items():
+        if not isinstance(steps, list) or any(type(step) is not int or step < 0 for step in steps):
+            return f"planned checkpoints of {key!r} are not a list of steps"
     return None
+
+
+def _outside(key: str) -> bool:
+    """Whether ``key`` is not a relative path inside the run directory (absolute, ``..``, a drive, a backslash)."""
+    parts = key.split("/")
+    return key.startswith("/") or "\\" in key or ":" in parts[0] or any(p in ("", ".", "..") for p in parts)
 
 
 def _store(path: Path, payload: dict[str, Any]) -> None:
@@ -348,7 +399,17 @@ def _locked(run_dir: Path) -> Iterator[None]:
     except ImportError:
         yield
         return
-    with open(run_dir / ".manifest.lock", "a") as handle:
+    from attnsens.store.lock import refuse_other_kinds
+
+    path = run_dir / ".manifest.lock"
+    refuse_other_kinds(path)  # a directory or a link in its place is named; a link is never followed
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        descriptor = os.open(path, flags, 0o644)
+    except OSError as err:
+        refuse_other_kinds(path)
+        raise FileFormatError(f"cannot open {path} ({err.strerror or err}); check the folder's permissions") from None
+    with os.fdopen(descriptor, "a") as handle:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
         try:
             yield

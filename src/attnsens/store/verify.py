@@ -12,6 +12,15 @@ Four kinds of problem are found, each named by its unit (the file's path relativ
 A folder without ``manifest.json`` (``attnsens bounds --out``, hand-made folders) has nothing to compare with:
 only readability is checked, and the check says the folder is unverified.
 
+The training checkpoints below the folder (a study's ``runs/…/checkpoints``, or a training run's own) are checked
+against their checkpoint manifests the same way: each file missing or changed, a ``state.json`` naming another step
+or seed (misplaced), a checkpoint manifest that does not parse (unreadable).
+
+Verified is not complete: the units and checkpoints the writer planned (``Manifest.plan``) that are not recorded
+are named as absent, and a writer that holds the folder now (``.writer.lock``) is named; both leave :attr:`ok` as it
+is (what is there verifies) and make :attr:`RunCheck.complete` False. A planned unit whose file is on disk but not
+recorded is absent, not extra: the writer's rerun computes and records it.
+
 Hash cache rule: a file's sha256 is kept in ``.hash-cache.json`` in the run folder together with its size,
 mtime, ctime and inode (``os.stat``). A file whose four values all equal the cached ones is taken to still have
 the cached sha256 and is not read again; any other file is hashed. Every write of a file changes its ctime
@@ -37,6 +46,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from attnsens.errors import OutputWriteError, RunIntegrityError
+from attnsens.store.lock import live_writer
 from attnsens.store.manifest import MANIFEST_NAME, Manifest, sha256_file
 from attnsens.store.parquet import atomic_write
 
@@ -59,6 +69,15 @@ class Problem:
     def describe(self) -> str:
         return f"{self.unit} ({self.detail})" if self.detail else self.unit
 
+    @property
+    def checkpoint(self) -> str | None:
+        """The checkpoint directory (relative) this problem is in, or None for a unit of the run."""
+        parts = self.unit.split("/")
+        if "checkpoints" not in parts:
+            return None
+        index = parts.index("checkpoints")
+        return "/".join(parts[: index + 2]) if len(parts) > index + 2 else "/".join(parts[: index + 1])
+
 
 @dataclass(frozen=True)
 class RunCheck:
@@ -69,10 +88,35 @@ class RunCheck:
     verified: int
     problems: tuple[Problem, ...] = ()
     rebuild: str = field(default="", compare=False)
+    checkpoints: int = 0
+    absent: tuple[str, ...] = ()
+    writer: str | None = None
 
     @property
     def ok(self) -> bool:
+        """Every unit and checkpoint that is there verifies (:attr:`complete` says whether all planned ones are)."""
         return not self.problems
+
+    @property
+    def complete(self) -> bool:
+        """Every planned unit and checkpoint is recorded, and no writer holds the folder."""
+        return not self.absent and self.writer is None
+
+    def incompleteness(self) -> str:
+        """One line naming the planned units that are absent and a live writer, with what to do ("" if complete)."""
+        if self.complete:
+            return ""
+        parts = []
+        if self.absent:
+            named = ", ".join(self.absent[:_LISTED]) + (" …" if len(self.absent) > _LISTED else "")
+            parts.append(f"{len(self.absent)} planned unit(s) absent ({named})")
+        if self.writer is not None:
+            parts.append(self.writer)
+        if self.writer is not None:
+            fix = "its results are provisional until the writer finishes"
+        else:
+            fix = f"finish it with {self.rebuild or 'the command that wrote it'}"
+        return f"run folder {str(self.run_dir)!r} is not complete: {'; '.join(parts)}; {fix}"
 
     @property
     def unreadable(self) -> frozenset[Path]:
@@ -94,12 +138,29 @@ class RunCheck:
         return ", ".join(parts)
 
     def message(self) -> str:
-        """One line: what is wrong and the fix (rebuild with the writing command, or read anyway with --force)."""
+        """One line: what is wrong and the fix, which rebuilds (rerun the writing command, after deleting a damaged
+        checkpoint that it would otherwise refuse) and never deletes a result that holds; or read with --force."""
         fixes = []
-        if any(p.kind != "extra" for p in self.problems):
-            fixes.append(f"rebuild with {self.rebuild}" if self.has_manifest else "rewrite or remove the bad files")
-        if any(p.kind == "extra" for p in self.problems):
-            fixes.append("remove the extra files")
+        units = [p for p in self.problems if p.checkpoint is None]
+        checkpoints = sorted({p.checkpoint for p in self.problems if p.checkpoint is not None})
+        rebuild = self.rebuild or "the command that wrote it"
+        if checkpoints:
+            fixes.append(
+                f"delete the damaged checkpoint folder(s) {', '.join(checkpoints)} and rerun {rebuild}: training "
+                "resumes from the last good checkpoint (from the start if none is left) and rebuilds the rest"
+            )
+        if units and not self.has_manifest:
+            fixes.append("rewrite or remove the bad files")
+        elif units:
+            fixes.append(
+                f"rebuild with {rebuild}"
+                + (
+                    " (it recomputes and records the extra units; a file that is no unit of this run stays extra: "
+                    "move it out of the folder)"
+                    if any(p.kind == "extra" for p in units)
+                    else ""
+                )
+            )
         where = "does not match its manifest" if self.has_manifest else "holds unreadable files"
         return (
             f"run folder {str(self.run_dir)!r} {where}: {self.problem_list()}; "
@@ -112,9 +173,10 @@ class RunCheck:
 
     def summary(self) -> str:
         """One line for a clean folder."""
+        checkpoints = f", {self.checkpoints} checkpoint(s) match their manifests" if self.checkpoints else ""
         if not self.has_manifest:
-            return f"{str(self.run_dir)!r} has no {MANIFEST_NAME}: its files are readable but not verified"
-        return f"{str(self.run_dir)!r}: {self.verified} unit(s) match {MANIFEST_NAME}"
+            return f"{str(self.run_dir)!r} has no {MANIFEST_NAME}: its files are readable but not verified{checkpoints}"
+        return f"{str(self.run_dir)!r}: {self.verified} unit(s) match {MANIFEST_NAME}{checkpoints}"
 
 
 def runs_below(root: Path) -> list[Path]:
@@ -154,11 +216,18 @@ def verify_run(run_dir: str | os.PathLike[str], *, rehash: bool = False) -> RunC
                 f"{str(root)!r} is no run (it has no {MANIFEST_NAME}) but holds {len(runs)} run folder(s): {listed}; "
                 "pass one of them (their tables are not pooled unchecked)"
             )
+        cache = _HashCache(root, enabled=not rehash)
         unreadable = [_unreadable(unit) for unit in on_disk if not _readable(root / unit)]
-        return RunCheck(root, has_manifest=False, verified=0, problems=tuple(unreadable))
+        checked, checkpoint_problems, _ = _check_checkpoints(root, cache, {})
+        cache.save()
+        return RunCheck(
+            root, has_manifest=False, verified=0, problems=(*unreadable, *checkpoint_problems), checkpoints=checked,
+            writer=live_writer(root),
+        )  # fmt: skip
     manifest = Manifest.load(root)
     cache = _HashCache(root, enabled=not rehash)
     problems: list[Problem] = []
+    planned = set(manifest.planned_units)
     for unit, entry in sorted(manifest.units.items()):
         file = root / unit
         if not file.is_file():
@@ -176,12 +245,75 @@ def verify_run(run_dir: str | os.PathLike[str], *, rehash: bool = False) -> RunC
         elif cache.sha256(file, unit) != entry["sha256"]:
             problems.append(Problem(unit, "changed", "sha256 differs from the manifest"))
     for unit in on_disk:
-        if unit not in manifest.units:
+        if unit not in manifest.units and unit not in planned:
             readable = _readable(root / unit)
             problems.append(Problem(unit, "extra", "not in the manifest") if readable else _unreadable(unit))
-    cache.save()
     verified = len(manifest.units) - sum(1 for p in problems if p.kind != "extra")
-    return RunCheck(root, has_manifest=True, verified=verified, problems=tuple(problems), rebuild=_rebuild(manifest))
+    checked, checkpoint_problems, absent_checkpoints = _check_checkpoints(root, cache, manifest.planned_checkpoints)
+    cache.save()
+    absent = sorted(planned - set(manifest.units)) + absent_checkpoints
+    return RunCheck(
+        root, has_manifest=True, verified=verified, problems=(*problems, *checkpoint_problems),
+        rebuild=_rebuild(manifest), checkpoints=checked, absent=tuple(absent), writer=live_writer(root),
+    )  # fmt: skip
+
+
+def _check_checkpoints(
+    root: Path, cache: _HashCache, planned: dict[str, list[int]]
+) -> tuple[int, list[Problem], list[str]]:
+    """The training checkpoints below ``root`` against their checkpoint manifests: (checkpoints that verify, the
+    problems, the planned checkpoints that are not registered)."""
+    from attnsens.errors import CheckpointError
+    from attnsens.train.checkpoint import MANIFEST, checkpoint_name, read_manifest, recorded_key
+
+    found = sorted({p.parent.parent for p in root.glob("**/checkpoints/" + MANIFEST) if p.is_file()})
+    folders = {("." if d == root else d.relative_to(root).as_posix()): d for d in found}
+    folders.update({name: root / name for name in planned if name not in folders})
+    problems: list[Problem] = []
+    absent: list[str] = []
+    checked = 0
+    for name, folder in sorted(folders.items()):
+        prefix = "" if name == "." else f"{name}/"
+        if any(part.startswith(".") for part in Path(prefix).parts):
+            continue
+        try:
+            entries = read_manifest(folder)
+        except CheckpointError as err:
+            problems.append(Problem(f"{prefix}checkpoints/{MANIFEST}", "unreadable", str(err).split(";")[0]))
+            continue
+        seed = _seed_of(name)
+        for entry_name, entry in sorted(entries.items()):
+            before = len(problems)
+            directory = f"{prefix}checkpoints/{entry_name}"
+            for file_name, expected in sorted(entry["files"].items()):
+                path = folder / "checkpoints" / entry_name / file_name
+                if not path.is_file():
+                    problems.append(Problem(f"{directory}/{file_name}", "missing"))
+                elif cache.sha256(path, f"{directory}/{file_name}") != expected:
+                    problems.append(Problem(f"{directory}/{file_name}", "changed", "sha256 differs from the manifest"))
+            if len(problems) == before:
+                try:
+                    step, recorded_seed = recorded_key(folder / "checkpoints" / entry_name)
+                except CheckpointError:
+                    step, recorded_seed = None, None
+                wrong = [f"step {step!r}"] if step != entry["step"] else []
+                wrong += [f"seed {recorded_seed!r}"] if seed is not None and recorded_seed != seed else []
+                if wrong:
+                    problems.append(
+                        Problem(f"{directory}/state.json", "misplaced", f"holds {' and '.join(wrong)}, its place says "
+                                f"step {entry['step']}" + ("" if seed is None else f" of seed {seed}"))
+                    )  # fmt: skip
+                else:
+                    checked += 1
+        registered = {entry["step"] for entry in entries.values()}
+        absent += [f"{prefix}checkpoints/{checkpoint_name(s)}" for s in planned.get(name, []) if s not in registered]
+    return checked, problems, absent
+
+
+def _seed_of(folder: str) -> int | None:
+    """The training seed a study's run folder is named by (``…/seed=3``), or None."""
+    match = re.fullmatch(r"seed=(\d+)", folder.rsplit("/", 1)[-1])
+    return int(match.group(1)) if match else None
 
 
 def forget_untrusted(manifest: Manifest, *, note: Callable[[str], None] | None = None) -> list[Problem]:

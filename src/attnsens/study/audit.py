@@ -186,6 +186,7 @@ def audit(
             **({} if exact_support is None else {"exact_support": exact_support}),
         }
         manifest = Manifest.open(out_dir, config=config)
+        manifest.plan([*(_row_unit(index) for index in range(sequences.shape[0])), SUMMARY_UNIT])
         forget_untrusted(manifest, note=lambda message: print(f"note: {message}", file=sys.stderr))
     total, done = sequences.shape[0] * len(layers), 0
 
@@ -249,7 +250,7 @@ def audit(
         summary = layer_summaries.summary()
     else:
         summary = _summary_by_layers(row_files, layers, n_rows=n_rows, max_memory=selection.max_memory)
-    manifest.write_unit("summary/summary.parquet", summary, schema="summary")
+    manifest.write_unit(SUMMARY_UNIT, summary, schema="summary")
     return AuditResult(summary=summary, n_rows=n_rows, out_dir=manifest.run_dir, row_files=row_files)
 
 
@@ -312,6 +313,10 @@ def _concatenated(summaries: Sequence[pd.DataFrame]) -> pd.DataFrame:
 
     summary = pd.concat(summaries, ignore_index=True) if len(summaries) > 1 else summaries[0]
     return summary.sort_values(list(SUMMARY.key), ignore_index=True)
+
+
+SUMMARY_UNIT = "summary/summary.parquet"
+"""The unit file of an audit folder's per-layer and per-head summary."""
 
 
 def _row_unit(index: int) -> str:

@@ -235,6 +235,29 @@ def reference_paths(alias: str) -> dict[str, str]:
 BASELINES_UNIT = "baselines/baselines.parquet"
 
 
+def planned_units(config: StudyConfig) -> list[str]:
+    """Every unit file a finished study of ``config`` holds: the baselines, each run's training units, each
+    checkpoint's audit units and the reference's (recorded in the manifest as its plan)."""
+    units = [BASELINES_UNIT]
+    for placement in config.norm_placements:
+        for seed in config.seeds:
+            units += [f"{table}/placement={placement}/seed={seed}.parquet" for table in ("training", "grad_norms")]
+            for step in config.train.checkpoint_schedule:
+                units += unit_paths(placement, seed, step, bounds=config.bounds_at(step)).values()
+    if config.reference is not None:
+        units += reference_paths(config.reference).values()
+    return units
+
+
+def planned_checkpoints(config: StudyConfig) -> dict[str, list[int]]:
+    """Every training checkpoint a finished study of ``config`` holds, by run folder relative to the study."""
+    return {
+        f"runs/placement={placement}/seed={seed}": list(config.train.checkpoint_schedule)
+        for placement in config.norm_placements
+        for seed in config.seeds
+    }
+
+
 @writes_run_folder("out_dir", "study")
 def run_study(
     config: StudyConfig,
@@ -266,6 +289,7 @@ def run_study(
     # A study folder takes more seeds: the ones done are kept (their checkpoints verified below), the new ones run.
     manifest = Manifest.open(out, config=config.describe(), growable=("seeds",))
     if rank == 0:
+        manifest.plan(planned_units(config), checkpoints=planned_checkpoints(config))
         forget_untrusted(manifest, note=say)
     runs = [(placement, seed) for placement in config.norm_placements for seed in config.seeds]
     discarded = {}

@@ -216,7 +216,7 @@ def verify_checkpoint(run_dir: str | Path, step: int, *, seed: int | None = None
     return directory
 
 
-def _recorded_key(directory: Path) -> tuple[Any, Any]:
+def recorded_key(directory: Path) -> tuple[Any, Any]:
     """(step, training seed) that the checkpoint's own ``state.json`` records; CheckpointError when unreadable."""
     try:
         state = json.loads((directory / "state.json").read_text())
@@ -231,7 +231,7 @@ def _recorded_key(directory: Path) -> tuple[Any, Any]:
 def _check_key(directory: Path, step: int, seed: int | None) -> None:
     """The contents of checkpoint ``step`` must be step ``step``'s (of ``seed``): a copied checkpoint whose hashes
     were copied into the manifest as well passes every sha256 check but not this one."""
-    recorded_step, recorded_seed = _recorded_key(directory)
+    recorded_step, recorded_seed = recorded_key(directory)
     wrong = []
     if recorded_step != step:
         wrong.append(f"step {recorded_step!r}")
@@ -338,7 +338,7 @@ def _duplicate_message(root: Path, first: str, second: str) -> str:
     for name in (first, second):
         directory = root / name
         try:
-            recorded_step, _ = _recorded_key(directory)
+            recorded_step, _ = recorded_key(directory)
         except CheckpointError:
             continue
         named = _NAME.match(name)

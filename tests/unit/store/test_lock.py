@@ -221,3 +221,14 @@ def test_a_lock_path_that_is_a_link_is_never_followed(tmp_path):
     with pytest.raises(FileFormatError, match="is a symbolic link"), writer_lock(tmp_path / "run", command="audit"):
         pass
     assert outside.read_text() == "precious\n"
+
+
+def test_a_manifest_lock_that_is_a_link_is_never_followed(tmp_path):
+    from attnsens.store import Manifest
+
+    outside = tmp_path / "outside.txt"
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / ".manifest.lock").symlink_to(outside)
+    with pytest.raises(FileFormatError, match=r"\.manifest\.lock is a symbolic link"):
+        Manifest.open(tmp_path / "run", config={"a": 1})
+    assert not outside.exists()
