@@ -94,7 +94,7 @@ def row_statistics(
 
 
 ROW_STATISTICS_NOTE = ("attnsens' row-statistics kernels", "about a minute")
-ROW_MOMENTS_NOTE = ("attnsens' row-moments kernel", "about ten seconds")
+ROW_MOMENTS_NOTE = ("attnsens' row-moments kernel", "a few seconds")
 """What ``note_compilation`` says when a call compiles these kernels, and the time that took on two cores."""
 
 

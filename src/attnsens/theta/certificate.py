@@ -454,7 +454,7 @@ def _certify_rows_numba(
 
 
 _COMPILE_NOTES = {
-    4: ("attnsens' θ kernels for float32 rows", "about a minute"),
+    4: ("attnsens' θ kernels for float32 rows", "one to two minutes"),
     8: (
         "attnsens' θ kernels for float64 rows (float64 tensors, normalize=True, the softmax Jacobian's norm)",
         "about a minute",
