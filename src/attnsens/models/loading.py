@@ -346,7 +346,7 @@ def _from_pretrained(
             + f"; give a local path, a .gguf file or an alias ({', '.join(sorted(ALIASES))})"
         ) from err
     adapter_class(audited_config(config).model_type)  # an unsupported family is refused before its weights load
-    check_declared_size(audited_config(config), source, name, gguf_file=gguf_file)
+    check_declared_size(audited_config(config), source, name, gguf_file=gguf_file, before_load=True)
     try:
         # The config read above is passed on: transformers would parse it again (seconds for a GGUF file).
         module = AutoModel.from_pretrained(
@@ -370,6 +370,8 @@ def _from_pretrained(
             f"cannot load the weights of model {name!r} ({_first_line(err)}); put model.safetensors (or "
             "pytorch_model.bin) beside its config.json"
         ) from err
+    # Loaded: a smaller embedding than the pre-load check refuses, missing from the files, was initialized at random.
+    check_declared_size(audited_config(config), source, name, gguf_file=gguf_file)
     try:
         tokenizer = _real_tokenizer(AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, **extra))
     except (OSError, ValueError, TypeError):
@@ -384,15 +386,18 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf")
 """Suffixes of the files a model folder keeps its weights in."""
 
 
-def check_declared_size(config: Any, source: str, name: str, *, gguf_file: str | None = None) -> None:
+def check_declared_size(
+    config: Any, source: str, name: str, *, gguf_file: str | None = None, before_load: bool = False
+) -> None:
     """Refuse a local model whose configuration declares a large embedding that its weight files cannot hold.
 
     The embedding has ``vocab_size × hidden_size`` weights, and no format stores a weight in less than one bit, so
     a configuration that declares more than eight weights per byte of the weight files (a vocabulary of 10^12
-    tokens) is damaged or belongs to another model. From :data:`LARGE_EMBEDDING` weights on, the load would try to
-    allocate that embedding before it reads a weight, so it is refused here; below, the load itself names what is
-    wrong (shapes that do not fit, a pickle it does not run). Hub ids and folders without weight files are left to
-    the load as well.
+    tokens) is damaged or belongs to another model. Called ``before_load``, it refuses only embeddings of
+    :data:`LARGE_EMBEDDING` weights or more, which the load would try to allocate before it reads a weight; a
+    smaller one is left to the load, which names what else is wrong (shapes that do not fit, a pickle it does not
+    run), and is checked again after it (transformers initializes a weight missing from the files at random). Hub ids
+    and folders without weight files are left to the load.
 
     Raises:
         FileFormatError: one line naming the model, the declared sizes and the bytes of its weight files.
@@ -409,7 +414,8 @@ def check_declared_size(config: Any, source: str, name: str, *, gguf_file: str |
     width = min(width, getattr(config, "embedding_size", None) or width) if isinstance(width, int) else width
     if not stored or not isinstance(vocabulary, int) or not isinstance(width, int):
         return
-    if vocabulary < 0 or width < 0 or vocabulary * width > max(8 * stored, LARGE_EMBEDDING):
+    declared = vocabulary * width
+    if vocabulary < 0 or width < 0 or (declared > 8 * stored and (declared >= LARGE_EMBEDDING or not before_load)):
         where = f"GGUF file {gguf_file!r}" if gguf_file else f"config.json of {name!r}"
         raise FileFormatError(
             f"the {where} declares a vocabulary of {vocabulary:,} tokens × {width:,} dimensions, an embedding of "

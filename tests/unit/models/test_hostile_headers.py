@@ -106,6 +106,16 @@ def test_a_config_with_a_vocabulary_of_a_trillion_tokens_is_one_line(tmp_path, e
     assert "memory" not in lines[0] and "Traceback" not in result.output
 
 
+def test_a_smaller_embedding_missing_from_the_weights_is_refused_after_the_load(tmp_path):
+    folder = _folder(tmp_path, "missing", 10**6, (0, 8))
+    (tmp_path / "missing" / "model.safetensors").unlink()
+    save_file({"model.norm.weight": torch.ones(8)}, str(tmp_path / "missing" / "model.safetensors"))
+    result = CliRunner().invoke(app, ["bounds", folder, "--seq-len", "4"])
+    assert result.exit_code == 1, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and "declares a vocabulary of 1,000,000 tokens × 8 dimensions" in lines[0], result.output
+
+
 def test_weights_whose_shapes_differ_from_the_config_are_one_line(tmp_path):
     folder = _folder(tmp_path, "mixed", 16, (5, 8))
     result = CliRunner().invoke(app, ["bounds", folder, "--seq-len", "4"])
