@@ -16,20 +16,26 @@ import pandas as pd
 
 from attnsens.errors import AttnsensError
 from attnsens.influence.certificate import InfluenceCertificate, certified_constant, not_applicable
+from attnsens.influence.input_set import LayerObservation, input_set_log10_constant, observe_layers
 from attnsens.influence.measure import POSITION_KINDS, measure
 from attnsens.influence.slope import SlopeFit, fit_loglog_slope
+from attnsens.train.model import GPT
 
 DEFAULT_LENGTHS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 
 
 @dataclass(frozen=True, kw_only=True)
 class InfluenceResult:
-    """Certificate, per-(n, position kind) table with ``influence_upper_bound``, and the fitted log–log slope."""
+    """Certificate, per-(n, position kind) table with ``influence_upper_bound``, and the fitted log–log slope;
+    where inputs were observed (``run_influence(observe=…)``), each block's measured norm, score oscillation and
+    p_max·n, and the input-set constant they give (attnsens.influence.input_set)."""
 
     model: str
     certificate: InfluenceCertificate
     table: pd.DataFrame
     fit: SlopeFit
+    observations: tuple[LayerObservation, ...] = ()
+    input_set_log10_C: float | None = None
 
     def per_length(self) -> pd.DataFrame:
         """One row per n: worst position kind's influence and TV, and the certified bound (NaN where none)."""
@@ -60,6 +66,8 @@ class InfluenceResult:
             "masking": cert.masking,
             "reasons": list(cert.reasons),
             "indicative_log10_C": None if cert.applicable else cert.log10_constant,
+            "input_set_log10_C": self.input_set_log10_C,
+            "layers": self.layer_records(),
             "log10_probability_constant": probability,
             "n_star": {"eta": 0.01, "log10_n": n_star},
             "measured": [
@@ -72,6 +80,29 @@ class InfluenceResult:
                 for row in self.per_length().itertuples()
             ],
         }
+
+    def layer_records(self) -> list[dict[str, Any]]:
+        """Per block k: the certified recursion's A_k, log10 e^{2A_k} and bound on the block's input norm beside the
+        observed A_k, input norm and median p_max·n (the observed ones None where no inputs were observed)."""
+        observed = {o.layer: o for o in self.observations}
+        cert = self.certificate
+        records = []
+        for index, bounds in enumerate(cert.layers):
+            seen = observed.get(index)
+            records.append(
+                {
+                    "layer": index,
+                    "A_k": bounds.score_upper_bound,
+                    "log10_weight_ratio": bounds.log_weight_ratio / math.log(10.0),
+                    "input_norm_bound": cert.embedding_norm
+                    if index == 0
+                    else cert.layers[index - 1].hidden_norm_upper_bound,
+                    "A_k_observed": None if seen is None else max(seen.observed.score_half_range),
+                    "input_norm_observed": None if seen is None else seen.observed.hidden_norm,
+                    "p_max_n_median": None if seen is None else seen.p_max_n_median,
+                }
+            )
+        return records
 
     def write(self, out_dir: str | Path, *, run_id: str = "influence") -> Path:
         """Write the table as ``OUT/influence/<model>.parquet`` (schema ``influence``) and record it in the manifest."""
@@ -96,9 +127,12 @@ def run_influence(
     seed: int = 0,
     batch_size: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    observe: Sequence[Any] | None = None,
 ) -> InfluenceResult:
     """Certificate (or the reasons there is none), measured influence per length, and the log–log slope;
-    ``progress(done, total)`` after each length measured."""
+    ``progress(done, total)`` after each length measured. ``observe``: token tensors ``[batch, n]`` on which an
+    attnsens GPT's block norms, score oscillations and p_max·n are measured, with the input-set constant they give
+    (:mod:`attnsens.influence.input_set`; not a certificate)."""
     try:
         certificate = certified_constant(model)
     except AttnsensError as err:
@@ -110,4 +144,17 @@ def run_influence(
         certificate.influence_upper_bound(int(n)) if certificate.applicable else math.nan for n in table["n"]
     ]
     label = name or getattr(model, "name", None) or type(model).__name__
-    return InfluenceResult(model=label, certificate=certificate, table=table, fit=fit_loglog_slope(table))
+    observations: tuple[LayerObservation, ...] = ()
+    input_set = None
+    module = getattr(model, "module", model)
+    if observe is not None and isinstance(module, GPT):
+        observations = tuple(observe_layers(module, observe))
+        input_set = input_set_log10_constant(certificate, observations)
+    return InfluenceResult(
+        model=label,
+        certificate=certificate,
+        table=table,
+        fit=fit_loglog_slope(table),
+        observations=observations,
+        input_set_log10_C=input_set,
+    )

@@ -150,8 +150,22 @@ def log_poly_at(poly: LogPolynomial, harmonic: float) -> float:
     return _logsumexp(*(_up(c + _times(m, log_h)) if m else c for m, c in enumerate(poly)))
 
 
+@dataclass(frozen=True, kw_only=True)
+class ObservedLayer:
+    """What a set of inputs reached at one block: the largest norm of its input rows (in place of B_{k−1}) and, per
+    head, half the largest oscillation max_r s_jr − min_r s_jr of a score row (in place of A_{k,h})."""
+
+    hidden_norm: float
+    score_half_range: tuple[float, ...]
+
+
 def run_recursion(
-    blocks: Sequence[BlockConstants], *, embedding_norm: float, embedding_diameter: float, length: int | None = None
+    blocks: Sequence[BlockConstants],
+    *,
+    embedding_norm: float,
+    embedding_diameter: float,
+    length: int | None = None,
+    observed: Sequence[ObservedLayer] | None = None,
 ) -> tuple[LayerBounds, ...]:
     """B_k, A_k, D_k, E_k for every block (module docstring; docs/math.md §10.3 with biases and the causal variant).
 
@@ -160,20 +174,31 @@ def run_recursion(
         embedding_norm: B_0 = sup ‖v_a + p_j‖.
         embedding_diameter: D_0 = max_{a,b} ‖v_a − v_b‖ (the two inputs share p_i).
         length: n for the finite-n tightening (unmasked blocks only), or None for the n-independent constants.
+        observed: one ObservedLayer per block: the recursion then takes each block's input norm and score
+            oscillation as measured on some inputs instead of their bounds over all inputs. The result is an
+            *input-set* value: it speaks of inputs that stay within those measurements, and certifies nothing
+            for other inputs (docs/math.md §10.6).
 
     Returns:
         One LayerBounds per block; the last one's E is C (unmasked) or the polynomial E_L(H_n) (causal).
     """
+    if observed is not None and len(observed) != len(blocks):
+        raise ValueError(f"observed has {len(observed)} layers for {len(blocks)} blocks")
     log_other: LogPolynomial = (-math.inf,)
     hidden, log_changed = embedding_norm, _log(embedding_diameter)
     log_two = _log(2.0)
     rows = []
-    for block in blocks:
+    for index, block in enumerate(blocks):
+        seen = None if observed is None else observed[index]
+        if seen is not None:
+            hidden = seen.hidden_norm
         log_hidden = _log(hidden)
         head_sum: LogPolynomial = (-math.inf,)
         omegas, scores = [], []
-        for head in block.heads:
+        for h, head in enumerate(block.heads):
             score = _plus(_times(head.score_norm, _times(hidden, hidden)), _times(head.query_bias_score_norm, hidden))
+            if seen is not None:
+                score = seen.score_half_range[h]
             scores.append(score)  # A_{k,h}
             log_rho = 2 * score
             log_query_change = log_other  # δ_j ≤ E (n ≥ 1)

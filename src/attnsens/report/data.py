@@ -93,6 +93,7 @@ class RunData:
     overview: dict[str, Any] = field(default_factory=dict)
     check: RunCheck | None = None
     finding_rows: pd.DataFrame | None = None
+    influence_summaries: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
 
 
 def load_run(run_dir: str | os.PathLike[str], *, force: bool = False) -> RunData:
@@ -139,6 +140,7 @@ def load_run(run_dir: str | os.PathLike[str], *, force: bool = False) -> RunData
             certificates=certificates,
             check=check,
             finding_rows=finding_rows,
+            influence_summaries=_influence_summaries(tables.get("influence", [])),
         )
         return _with_overview(data, connection, tables)
     finally:
@@ -220,6 +222,25 @@ def _run_kinds(cells: pd.DataFrame | None, training: pd.DataFrame | None) -> dic
         else:
             kinds[str(run)] = "pretrained" if int(steps.iloc[0]) == 0 else "checkpoint"
     return kinds
+
+
+def _influence_summaries(files: list[Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    """(run_id, model) → the experiment's summary stored with each influence file (``InfluenceResult.summary``:
+    certified and input-set constants, per-layer A_k and p_max·n); files written without one are left out."""
+    import pyarrow.parquet as pq
+
+    from attnsens.store.parquet import read_metadata
+
+    summaries = {}
+    for file in files:
+        try:
+            summary = read_metadata(file).get("metadata", {})
+            keys = pq.read_table(file, columns=["run_id", "model"]).slice(0, 1).to_pylist()
+        except (OSError, ValueError, KeyError):
+            continue
+        if keys and summary.get("model") is not None:
+            summaries[str(keys[0]["run_id"]), str(keys[0]["model"])] = summary
+    return summaries
 
 
 def _read_manifest(root: Path) -> dict[str, Any] | None:

@@ -601,17 +601,36 @@ def influence_findings(data: RunData) -> list[Finding]:
         slowest = INFLUENCE_SLOPE + INFLUENCE_MARGIN
         verdict: Verdict = "disagrees" if slope.low > slowest else "agrees" if slope.high <= slowest else "inconclusive"
         bound = part["influence_upper_bound"] if "influence_upper_bound" in part else pd.Series(dtype=float)
+        summary = data.influence_summaries.get((str(run_id), str(model)), {})
         certified = bool(bound.notna().any())
-        log10_c = float(np.log10((part["n"] * bound).max())) if certified else None
+        log10_c = None
+        if certified:
+            with np.errstate(over="ignore", divide="ignore"):
+                log10_c = float(np.log10((part["n"] * bound).max()))
+            if not math.isfinite(log10_c):  # C/n overflowed a float: the stored log10 C
+                log10_c = summary.get("log10_certified_C")
         measured = (
             f"{model}: slope of log max ‖Δy_n‖ on log n over {part['n'].nunique()} lengths "
             f"({int(part['n'].min()):,}–{int(part['n'].max()):,}), {slope.text(3)} ({fit.confidence:.0%} t "
             f"interval, {samples} samples per length and position kind); 1/n decay is slope −1 (agreeing up to "
             f"{INFLUENCE_SLOPE + INFLUENCE_MARGIN:g}). "
         )
-        measured += (
-            f"Certified C: 10^{log10_c:.1f}." if certified else "No certified C applies to this model (see the table)."
-        )
+        layers = summary.get("layers") or []
+        p_max_n = [layer["p_max_n_median"] for layer in layers if layer.get("p_max_n_median") is not None]
+        if p_max_n:
+            measured += f"Median p_max·n per layer {', '.join(f'{v:.2f}' for v in p_max_n)}"
+            measured += (
+                f": attention is close to uniform (below {UNIFORM_P_MAX_N:g} in every layer), so a 1/n decay is "
+                "plain averaging. "
+                if max(p_max_n) < UNIFORM_P_MAX_N
+                else ": attention is not uniform. "
+            )
+        if log10_c is None:
+            measured += "No certified C applies to this model (see the table)."
+        else:
+            measured += f"Certified C: 10^{log10_c:,.1f}"
+            input_set = summary.get("input_set_log10_C")
+            measured += "." if input_set is None else f"; input-set C (not a certificate): 10^{input_set:,.1f}."
         findings.append(
             Finding(
                 **base,
@@ -621,7 +640,13 @@ def influence_findings(data: RunData) -> list[Finding]:
                 **_with_interval(slope),
                 n_rows=None,
                 n_sequences=samples,
-                details={"model": str(model), "log10_certified_C": log10_c, "confidence": fit.confidence},
+                details={
+                    "model": str(model),
+                    "log10_certified_C": log10_c,
+                    "input_set_log10_C": summary.get("input_set_log10_C"),
+                    "p_max_n_median_per_layer": p_max_n,
+                    "confidence": fit.confidence,
+                },
             )
         )
     return findings

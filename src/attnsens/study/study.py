@@ -59,7 +59,10 @@ class StudyConfig:
     §9.4: rows with few keys are trivially dominant); the bounds use the first ``bound_tokens`` tokens of one
     evaluation block, at every ``bound_stride``-th checkpoint (and the last). ``reference`` names a pretrained model
     (an alias of attnsens.models.load, e.g. ``smollm2``) audited on the text of the same evaluation blocks,
-    re-tokenized with its own tokenizer: the trained end of the spectrum.
+    re-tokenized with its own tokenizer: the trained end of the spectrum. Every LayerNorm-free placement
+    (``none``) also gets the inverse-length influence experiment at its first seed's last checkpoint:
+    ``influence_samples`` samples per length and position kind, lengths 4, 8, 16, … up to the context, with the
+    certified constant and the input-set one of the audited and measured inputs (docs/math.md §10).
     """
 
     name: str
@@ -78,6 +81,7 @@ class StudyConfig:
     bound_iterations: int = 4
     bound_stride: int = 1
     reference: str | None = None
+    influence_samples: int = 16
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "seeds", tuple(int(s) for s in self.seeds))
@@ -104,6 +108,13 @@ class StudyConfig:
             self.train_for(placement)  # TrainConfig checks the values
         if not isinstance(self.bound_stride, int) or self.bound_stride < 1:
             raise ConfigError(f"bound_stride must be a positive integer, got {self.bound_stride!r}")
+        if not isinstance(self.influence_samples, int) or self.influence_samples < 2:
+            raise ConfigError(f"influence_samples must be an integer >= 2, got {self.influence_samples!r}")
+        if "none" in placements and len(self.influence_lengths()) < 3:
+            raise ConfigError(
+                f"the influence experiment of placement 'none' fits a slope over lengths 4, 8, … up to block_size, "
+                f"which needs block_size >= 16, got {self.data.block_size}"
+            )
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise ConfigError(f"seeds must be distinct and non-empty, got {self.seeds}")
         if not 1 <= self.audit_sequences <= self.data.eval_sequences:
@@ -154,7 +165,8 @@ class StudyConfig:
         for placement, settings in given.items():
             placement_train[placement] = {**placement_train.get(placement, {}), **settings}
         overrides["placement_train"] = placement_train
-        data_config = default_data_config(model, source=data)
+        data_config = default_data_config(model, source=data, eval_sequences=defaults.get("eval_sequences", 8))
+        overrides.setdefault("audit_sequences", defaults.get("audit_sequences", 4))
         return cls(
             name=name,
             model=model,
@@ -193,7 +205,17 @@ class StudyConfig:
         record = asdict(self)
         if not record["placement_train"]:
             del record["placement_train"]
+        if "none" not in (self.placements or ()):  # the influence experiment runs on LayerNorm-free placements only
+            del record["influence_samples"]
         return record
+
+    def influence_lengths(self) -> tuple[int, ...]:
+        """The lengths of the influence experiment: 4, 8, 16, … up to the context (``block_size``)."""
+        lengths, n = [], 4
+        while n < self.data.block_size:
+            lengths.append(n)
+            n *= 2
+        return (*lengths, self.data.block_size)
 
 
 # tiny: sized so that `make demo` (two seeds and the SmolLM2 reference) finishes in about 6 minutes on 2 CPU cores
@@ -204,7 +226,15 @@ POST_LN_TRAIN = {"lr": 2e-3, "warmup_steps": 300}
 SHARED_TRAIN_FIELDS = frozenset({"steps", "seed", "batch_size", "micro_batch_size", "checkpoints"})
 """What every placement of a study shares: the same steps, checkpoints and data order, so runs compare step by step."""
 STUDY_DEFAULTS: dict[str, dict[str, Any]] = {
-    "tiny": {"steps": 1200, "batch_size": 16, "placement_train": {"post": POST_LN_TRAIN, "deepnorm": POST_LN_TRAIN}},
+    "tiny": {
+        "steps": 1200,
+        "batch_size": 16,
+        "placement_train": {"post": POST_LN_TRAIN, "deepnorm": POST_LN_TRAIN},
+        # 16 audited sequences of 32 sampled rows per (layer, checkpoint, seed) cell: bootstrap intervals over
+        # sequences narrow enough for the findings (docs/findings.md)
+        "eval_sequences": 16,
+        "audit_sequences": 16,
+    },
     "small": {"steps": 5000},
     "medium": {"steps": 5000},
     "large": {"steps": 5000},
@@ -237,7 +267,8 @@ BASELINES_UNIT = "baselines/baselines.parquet"
 
 def planned_units(config: StudyConfig) -> list[str]:
     """Every unit file a finished study of ``config`` holds: the baselines, each run's training units, each
-    checkpoint's audit units and the reference's (recorded in the manifest as its plan)."""
+    checkpoint's audit units, the reference's and the influence experiment's (recorded in the manifest as its
+    plan)."""
     units = [BASELINES_UNIT]
     for placement in config.norm_placements:
         for seed in config.seeds:
@@ -246,6 +277,8 @@ def planned_units(config: StudyConfig) -> list[str]:
                 units += unit_paths(placement, seed, step, bounds=config.bounds_at(step)).values()
     if config.reference is not None:
         units += reference_paths(config.reference).values()
+    if "none" in config.norm_placements:
+        units.append(influence_path("none", config.seeds[0]))
     return units
 
 
@@ -303,14 +336,10 @@ def run_study(
         manifest.write_unit(BASELINES_UNIT, baselines_frame(config, data), schema="baselines")
 
     started = time.perf_counter()
-    for placement, seed in runs:
-        before = {**discarded[placement, seed], **model_hashes(_seed_dir(out, placement, seed))}
-        _train_seed(
-            config, out, placement, seed, data, manifest, rank=rank, device=device, say=say, callbacks=callbacks
-        )
-        if rank == 0:
-            after = model_hashes(_seed_dir(out, placement, seed))
-            _forget_stale_audits(config, placement, seed, before, after, manifest)
+    _train_runs(
+        config, out, runs, data, manifest, discarded, rank=rank, world=world, device=device, say=say,
+        callbacks=callbacks,
+    )  # fmt: skip
     train_seconds = time.perf_counter() - started
 
     started = time.perf_counter()
@@ -325,6 +354,10 @@ def run_study(
         units = reference_paths(config.reference).values()
         if not all(manifest.is_done(unit) for unit in units):
             _audit_reference(config, config.reference, out, eval_inputs, manifest, say=say)
+    if rank == 0:
+        for placement in config.norm_placements:
+            if placement == "none" and not manifest.is_done(influence_path(placement, config.seeds[0])):
+                _influence(config, out, placement, config.seeds[0], eval_inputs, manifest, say=say)
     if dist.is_initialized():
         dist.barrier()
     audit_seconds = time.perf_counter() - started
@@ -335,6 +368,47 @@ def run_study(
 
         report = build_report(out)
     return StudyResult(out_dir=out, report=report, train_seconds=train_seconds, audit_seconds=audit_seconds)
+
+
+def influence_path(placement: str, seed: int) -> str:
+    """The unit of the influence experiment on one placement's run."""
+    return f"influence/placement={placement}/seed={seed}.parquet"
+
+
+def _influence(
+    config: StudyConfig, out: Path, placement: str, seed: int, eval_inputs: torch.Tensor, manifest: Any, *, say: Log
+) -> None:
+    """The inverse-length influence experiment on the last checkpoint of one run (docs/math.md §10): measured
+    ‖Δy_n‖ over ``config.influence_lengths()``, the certified constant, and the input-set constant of the audited
+    text and of random sequences like those measured (attnsens.influence.input_set)."""
+    from attnsens.influence.experiment import run_influence
+
+    started = time.perf_counter()
+    step = config.train.checkpoint_schedule[-1]
+    model = GPT(config.model_for(placement))
+    model.load_state_dict(load_model_state(_seed_dir(out, placement, seed), step))
+    model.eval()
+    lengths = config.influence_lengths()
+    generator = torch.Generator().manual_seed(seed)
+    random_tokens = torch.randint(
+        0, config.model.vocab_size, (config.influence_samples, lengths[-1]), generator=generator
+    )
+    run_id = config.run_id(placement)
+    name = f"{run_id} seed {seed} step {step}"
+    result = run_influence(
+        model, lengths, name=name, n_samples=config.influence_samples, seed=seed, observe=[eval_inputs, random_tokens]
+    )
+    frame = result.table.copy()
+    frame.insert(0, "model", name)
+    frame.insert(0, "run_id", run_id)
+    manifest.write_unit(influence_path(placement, seed), frame, schema="influence", metadata=result.summary())
+    certified = result.summary()["log10_certified_C"]
+    constant = "no certified C" if certified is None else f"certified C = 10^{certified:.1f}"
+    say(
+        f"{placement} seed {seed} step {step}: influence slope {result.fit.slope:.3f} "
+        f"[{result.fit.slope_ci[0]:.3f}, {result.fit.slope_ci[1]:.3f}] over n = {lengths[0]}–{lengths[-1]}, "
+        f"{constant} ({time.perf_counter() - started:.1f} s)"
+    )
 
 
 def _seed_dir(out: Path, placement: str, seed: int) -> Path:
@@ -352,6 +426,94 @@ def _shared_data(config: StudyConfig, out: Path, rank: int) -> TokenData:
     return data
 
 
+def _train_runs(
+    config: StudyConfig,
+    out: Path,
+    runs: Sequence[tuple[str, int]],
+    data: TokenData,
+    manifest: Any,
+    discarded: Mapping[tuple[Any, int], dict[int, str]],
+    *,
+    rank: int,
+    world: int,
+    device: str | None,
+    say: Log,
+    callbacks: Sequence[object],
+) -> None:
+    """Train every run not yet trained: side by side in worker processes on a CPU (attnsens.study.workers), else
+    one after another; each run with ``threads_per_run`` threads either way, so a resumed study continues bit for
+    bit."""
+    from attnsens.study import workers
+
+    threads = workers.threads_per_run(len(runs))
+    todo = [run for run in runs if not _trained(config, out, *run, manifest)]
+    for placement, seed in runs:
+        if (placement, seed) not in todo:
+            say(f"{placement} seed {seed}: already trained ({config.train.steps} steps)")
+    before = {run: {**discarded[run], **model_hashes(_seed_dir(out, *run))} for run in todo}
+    side_by_side = min(len(todo), torch.get_num_threads() // threads)
+    on_cpu = device == "cpu" or (device is None and not torch.cuda.is_available())
+    if world == 1 and on_cpu and side_by_side > 1 and workers.relays_only_records(callbacks):
+        checkpoints = _CheckpointLog("", config.train.steps, say)
+
+        def done(result: workers.TrainedRun) -> None:
+            run = (result.placement, result.seed)
+            _record_training(config, manifest, *run, result.training, result.grad_norms, result.seconds, say)
+            _forget_stale_audits(config, *run, before[run], model_hashes(_seed_dir(out, *run)), manifest)
+
+        say(f"training {len(todo)} runs side by side, {side_by_side} at a time, {threads} thread(s) each")
+        workers.train_in_processes(
+            config, out, todo, threads=threads, workers=side_by_side, device=device,
+            on_record=lambda record: _relay_record(callbacks, record),
+            on_checkpoint=checkpoints.note, on_done=done,
+        )  # fmt: skip
+        return
+    with workers.torch_threads(threads):
+        for run in todo:
+            _train_seed(config, out, *run, data, manifest, rank=rank, device=device, say=say, callbacks=callbacks)
+            if rank == 0:
+                _forget_stale_audits(config, *run, before[run], model_hashes(_seed_dir(out, *run)), manifest)
+
+
+def _relay_record(callbacks: Sequence[object], record: dict[str, Any]) -> None:
+    for callback in callbacks:
+        if hasattr(callback, "on_record"):
+            callback.on_record(record)
+
+
+def _trained(config: StudyConfig, out: Path, placement: str, seed: int, manifest: Any) -> bool:
+    """Whether the run has every scheduled checkpoint and its training and gradient-norm units are recorded."""
+    finished = set(config.train.checkpoint_schedule) <= set(saved_steps(_seed_dir(out, placement, seed)))
+    return finished and all(manifest.is_done(unit) for unit in _training_units(placement, seed).values())
+
+
+def _training_units(placement: str, seed: int) -> dict[str, str]:
+    return {table: f"{table}/placement={placement}/seed={seed}.parquet" for table in ("training", "grad_norms")}
+
+
+def _record_training(
+    config: StudyConfig,
+    manifest: Any,
+    placement: str,
+    seed: int,
+    training: list[dict[str, Any]],
+    grad_norms: list[dict[str, Any]],
+    seconds: float,
+    say: Log,
+) -> None:
+    """Write a trained run's training and gradient-norm units, and say how it ended."""
+    import pandas as pd
+
+    for table, unit in _training_units(placement, seed).items():
+        records = training if table == "training" else grad_norms
+        manifest.write_unit(unit, pd.DataFrame(records), schema=table)
+    last = training[-1]
+    say(
+        f"{placement} seed {seed}: trained {config.train.steps} steps in {seconds:.1f} s, "
+        f"loss {last['loss']:.3f}, eval loss {last['eval_loss']:.3f}"
+    )
+
+
 def _train_seed(
     config: StudyConfig,
     out: Path,
@@ -365,17 +527,9 @@ def _train_seed(
     say: Log,
     callbacks: Sequence[object] = (),
 ) -> None:
-    import pandas as pd
-
-    units = {table: f"{table}/placement={placement}/seed={seed}.parquet" for table in ("training", "grad_norms")}
     run_dir = _seed_dir(out, placement, seed)
-    label = f"{placement} seed {seed}"
-    finished = set(config.train.checkpoint_schedule) <= set(saved_steps(run_dir))
-    if finished and all(manifest.is_done(unit) for unit in units.values()):
-        say(f"{label}: already trained ({config.train.steps} steps)")
-        return
     started = time.perf_counter()
-    progress = _CheckpointLog(label, config.train.steps, say)
+    progress = _CheckpointLog(f"{placement} seed {seed}", config.train.steps, say)
     result = train(
         config.model_for(placement),
         replace(config.train_for(placement), seed=seed),
@@ -389,13 +543,8 @@ def _train_seed(
         callbacks=[progress, *callbacks] if rank == 0 else [],
     )
     if rank == 0:
-        for table, unit in units.items():
-            manifest.write_unit(unit, pd.DataFrame(getattr(result, table)), schema=table)
-        last = result.training[-1]
-        say(
-            f"{label}: trained {result.final_step} steps in {time.perf_counter() - started:.1f} s, "
-            f"loss {last['loss']:.3f}, eval loss {last['eval_loss']:.3f}"
-        )
+        seconds = time.perf_counter() - started
+        _record_training(config, manifest, placement, seed, result.training, result.grad_norms, seconds, say)
 
 
 def _forget_stale_audits(
@@ -415,7 +564,10 @@ class _CheckpointLog:
         self.label, self.steps, self.say, self.started = label, steps, say, time.perf_counter()
 
     def on_checkpoint(self, step: int, model: torch.nn.Module, path: Path) -> None:
-        self.say(f"{self.label}: checkpoint {step}/{self.steps} ({time.perf_counter() - self.started:.1f} s)")
+        self.note(self.label, step, time.perf_counter() - self.started)
+
+    def note(self, label: str, step: int, seconds: float) -> None:
+        self.say(f"{label}: checkpoint {step}/{self.steps} ({seconds:.1f} s)")
 
 
 def _audit_checkpoint(
