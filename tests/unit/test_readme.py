@@ -191,7 +191,8 @@ def _interrupts_say_how_to_resume(tmp_path: Path) -> None:
         while callback is not None and not hasattr(callback, "resume_advice"):
             callback = getattr(callback, "__wrapped__", None)
         if callback is not None:
-            advice[command.callback.__name__] = callback.resume_advice({"out": Path("r"), "resume": True})
+            name = getattr(command.callback, "__name__", "")
+            advice[name] = callback.resume_advice({"out": Path("r"), "resume": True})
     for name in ("train", "study", "audit"):
         assert "rerun the same command to resume" in advice[name], advice
 

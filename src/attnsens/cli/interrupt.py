@@ -53,7 +53,8 @@ def on_interrupt(advice: Callable[[dict[str, Any]], str]) -> Callable[[F], F]:
             finally:
                 chosen_out.reset(token)
 
-        wrapper.resume_advice = advice  # type: ignore[attr-defined]  (what a test of the wiring looks for)
+        # What a test of the wiring looks for.
+        wrapper.resume_advice = advice  # type: ignore[attr-defined]
         return wrapper  # type: ignore[return-value]
 
     return decorate

@@ -389,7 +389,7 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf")
 def check_declared_size(
     config: Any, source: str, name: str, *, gguf_file: str | None = None, before_load: bool = False
 ) -> None:
-    """Refuse a local model whose configuration declares a large embedding that its weight files cannot hold.
+    """Refuse a local model whose configuration declares an embedding that its weight files cannot hold.
 
     The embedding has ``vocab_size × hidden_size`` weights, and no format stores a weight in less than one bit, so
     a configuration that declares more than eight weights per byte of the weight files (a vocabulary of 10^12

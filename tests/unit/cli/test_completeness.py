@@ -193,7 +193,7 @@ def test_a_live_writer_is_named(study, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     holder = subprocess.Popen([sys.executable, "-c", hold, str(run)], stdout=subprocess.PIPE, text=True, env=env)
     try:
-        assert holder.stdout.readline().strip() == "held"
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         check = verify_run(run)
         assert check.ok and not check.complete and check.writer is not None
         assert f"pid {holder.pid} on host" in check.writer and "(attnsens study" in check.writer
