@@ -64,3 +64,36 @@ def test_a_new_run_refuses_the_folder_of_another_run(tmp_path: Path) -> None:
     trained = runner.invoke(app, [*args, "--out", str(notes)])
     assert trained.exit_code == 0, trained.output
     assert (notes / "training.parquet").exists() and (notes / "readme.txt").read_text() == "my notes"
+
+
+def test_tensorboard_writes_event_files_beside_the_parquet_log(tmp_path: Path) -> None:
+    import pandas as pd
+    import pytest
+
+    pytest.importorskip("google.protobuf")
+    from tests.unit.train.event_files import read_scalars
+
+    corpus = tmp_path / "verse.txt"
+    corpus.write_text(synthetic_text(20_000))
+    out = tmp_path / "run"
+    args = ["train", "--config", "tiny", "--steps", "3", "--batch-size", "2", "--data", str(corpus), "--out", str(out)]
+    result = CliRunner().invoke(app, [*args, "--tensorboard", "--json"])
+    assert result.exit_code == 0, result.output
+
+    versions, scalars = read_scalars(out)
+    assert versions == ["brain.Event:2"]
+    training = pd.read_parquet(out / "training.parquet")
+    for name in ("loss", "lr", "grad_norm_global"):
+        assert [step for step, _ in scalars[f"train/{name}"]] == [1, 2, 3]
+        assert [value for _, value in scalars[f"train/{name}"]] == pytest.approx(training[name].tolist(), rel=1e-6)
+    checkpointed = training.dropna(subset=["eval_loss"])
+    assert [step for step, _ in scalars["train/eval_loss"]] == checkpointed["step"].tolist()
+    assert [value for _, value in scalars["train/eval_loss"]] == pytest.approx(checkpointed["eval_loss"].tolist())
+
+    try:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    except ImportError:
+        return
+    accumulator = EventAccumulator(str(out))
+    accumulator.Reload()
+    assert [event.step for event in accumulator.Scalars("train/loss")] == [1, 2, 3]

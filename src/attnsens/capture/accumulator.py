@@ -58,6 +58,28 @@ class RowSummaryAccumulator:
             )
         return records
 
+    def compute_layers(self) -> list[dict[str, float | int]]:
+        """One record per layer over the rows of all its heads, sorted: n_rows, median theta_lower, median p_max,
+        mean entropy and the fraction of dominant rows (the figures a training log shows per layer)."""
+        pooled: dict[int, dict[str, list[Tensor]]] = defaultdict(lambda: defaultdict(list))
+        for (layer, _head), slot in self._values.items():
+            for name in ("theta_lower", "p_max", "entropy", "dominant"):
+                pooled[layer][name].extend(slot[name])
+        records = []
+        for layer, slot in sorted(pooled.items()):
+            values = {name: torch.cat(parts) for name, parts in slot.items()}
+            records.append(
+                {
+                    "layer": layer,
+                    "n_rows": int(values["theta_lower"].numel()),
+                    "theta_lower_median": _median(values["theta_lower"]),
+                    "p_max_median": _median(values["p_max"]),
+                    "entropy_mean": float(values["entropy"].double().mean()),
+                    "fraction_dominant": float(values["dominant"].double().mean()),
+                }
+            )
+        return records
+
 
 def _median(values: Tensor) -> float:
     # torch.median picks the lower middle element; quantile interpolates, matching pandas' median.

@@ -36,6 +36,14 @@ def train(
     threads: Annotated[
         int | None, typer.Option("--threads", min=1, help="CPU threads for torch (default: torch's choice).")
     ] = None,
+    tensorboard: Annotated[
+        bool,
+        flag(
+            "--tensorboard",
+            help="Also write each step's loss, learning rate, gradient norm and eval loss as TensorBoard event "
+            "files beside the Parquet log in --out (tensorboard --logdir OUT).",
+        ),
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Train a GPT on text; checkpoints at steps 0, 1, 2, 4, … and the last. Multi-GPU/CPU: prefix with
@@ -60,11 +68,18 @@ def train(
     data_config = default_data_config(model_config, source=None if data is None else str(data))
     writer = int(os.environ.get("RANK", "0")) == 0
     with ProgressReport("training", "steps", enabled=writer and not as_json) as report:
-        callback = TrainingProgress(report, steps)
-        result = train_run(
-            model_config, train_config, data_config, out, resume=resume, extend=resume, device=device,
-            callbacks=[callback],
-        )  # fmt: skip
+        callbacks: list[object] = [TrainingProgress(report, steps)]
+        if tensorboard and writer:
+            callbacks.append(TensorBoardLog(out))
+        try:
+            result = train_run(
+                model_config, train_config, data_config, out, resume=resume, extend=resume, device=device,
+                callbacks=callbacks,
+            )  # fmt: skip
+        finally:
+            for callback in callbacks:
+                if isinstance(callback, TensorBoardLog):
+                    callback.close()
     if dist.is_initialized() and dist.get_rank() != 0:
         return
     last = result.training[-1]
@@ -108,3 +123,30 @@ class TrainingProgress:
         if record.get("eval_loss") is not None:
             detail += f", eval loss {record['eval_loss']:.4f}"
         self.report.update(record["step"], self.steps, detail)
+
+
+class TensorBoardLog:
+    """Trainer callback: each step's record as TensorBoard scalars (``train/loss``, ``train/lr``,
+    ``train/grad_norm_global``, and ``train/eval_loss`` at checkpoints) in an event file of ``run_dir``.
+
+    The file is opened at the first record, so a run refused before it trains leaves none behind.
+    """
+
+    SCALARS = ("loss", "lr", "grad_norm_global", "eval_loss")
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.writer: Any = None
+
+    def on_record(self, record: dict[str, Any]) -> None:
+        from attnsens.train.tensorboard import ScalarEventWriter
+
+        if self.writer is None:
+            self.writer = ScalarEventWriter(self.run_dir)
+        values = {f"train/{name}": record[name] for name in self.SCALARS if record.get(name) is not None}
+        self.writer.add_scalars(values, record["step"])
+        self.writer.flush()  # a TensorBoard watching the folder shows every step as it ends
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
