@@ -55,6 +55,10 @@ class QueryError(AttnsensError):
     """A SQL query over a run's results failed (syntax, unknown table or column)."""
 
 
+class WeightsChangedError(AttnsensError):
+    """A model's parameters changed after attnsens read its normalized weights: a bound would rest on stale ones."""
+
+
 class WeightsFidelityError(AttnsensError):
     """Normalized weights do not reproduce the model's own block output: no bound may rest on them."""
 
@@ -67,6 +71,7 @@ class WeightsFidelityError(AttnsensError):
         super().__init__(
             f"weights-fidelity gate: {family}{named} layer {layer} {field}: the normalized weights give relative "
             f"error {relative_error:.3g} against the model's own output (tolerance {tolerance:.1g}); the "
-            f"{family} adapter misses a feature of this model (rope scaling, a bias, a norm variant), so no bound "
-            f"is computed; report the model's config to attnsens"
+            f"{family} adapter misses a feature of this model (rope scaling, a bias, a norm variant) or its "
+            f"parameters were edited after loading without a trace, so no bound is computed; load the model again, "
+            f"and if the error stays report the model's config to attnsens"
         )

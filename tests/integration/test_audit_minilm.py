@@ -35,7 +35,8 @@ def test_minilm_rows_and_weights_match_the_model() -> None:
 def test_minilm_weights_pass_the_fidelity_gate() -> None:
     adapter = M.load("minilm")
     _, results = M.weights_fidelity(adapter, adapter.encode("Though this be madness, yet there is method in't"))
-    assert len(results) == 6 * 5 and max(r.relative_error for r in results) < 1e-5  # measured 5.7e-7
+    # five fields on the text and two identification fields on random inputs per layer
+    assert len(results) == 6 * (5 + 2) and max(r.relative_error for r in results) < 1e-5  # measured 7.2e-7
 
 
 def test_the_default_seq_len_is_the_text_up_to_the_context_without_tokenizing_all_of_a_long_text(monkeypatch) -> None:

@@ -91,8 +91,8 @@ def test_cli_audit_on_smollm2(smollm2, tmp_path, monkeypatch) -> None:
 def test_the_shipped_weights_pass_the_fidelity_gate(smollm2) -> None:
     ids = smollm2.encode("The quality of mercy is not strained; it droppeth as the gentle rain from heaven")
     _, results = M.weights_fidelity(smollm2, ids)
-    assert len(results) == 30 * 5
-    assert max(r.relative_error for r in results) < 1e-5  # measured 1.7e-6 (layer 8 attention)
+    assert len(results) == 30 * (5 + 2)  # five fields on the text, two identification fields on random inputs
+    assert max(r.relative_error for r in results) < 1e-5  # measured 1.7e-6 (layer 8 attention); identification 8.3e-7
 
 
 def test_the_converted_folder_reproduces_the_gguf_load(tmp_path, monkeypatch) -> None:

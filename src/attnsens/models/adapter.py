@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from attnsens.errors import ConfigError, InputError, ShapeError, UnsupportedModelError
+from attnsens.errors import ConfigError, InputError, ShapeError, UnsupportedModelError, WeightsChangedError
 from attnsens.models.attention import AttentionCall, chunked_rows, key_padding_mask_of
 from attnsens.weights import LayerWeights, NormKind, Placement, RotaryConfig
 
@@ -122,6 +122,7 @@ class ModelAdapter(ABC):
         self.name = name
         self.spec = spec
         self._layers: list[LayerWeights] | None = None
+        self._read_state: dict[str, tuple[Tensor, int, int]] = {}
 
     def __repr__(self) -> str:
         s = self.spec
@@ -139,11 +140,50 @@ class ModelAdapter(ABC):
 
     @property
     def layers(self) -> list[LayerWeights]:
-        """Normalized weights of every layer (read once, detached, on the model's device)."""
+        """Normalized weights of every layer (read once, detached, on the model's device). Each parameter's
+        identity, version counter and storage are recorded as they are read; :meth:`check_weights_unchanged`
+        compares them with the module's at bound time."""
         if self._layers is None:
             with torch.no_grad():
+                state = _parameter_state(self.module)
                 self._layers = self.read_layers()
+            self._read_state = state
         return self._layers
+
+    def reread_layers(self) -> list[LayerWeights]:
+        """Read the normalized weights again from the module as it is now (after a deliberate edit of its
+        parameters), recording their versions anew."""
+        self._layers = None
+        return self.layers
+
+    def check_weights_unchanged(self) -> None:
+        """Refuse normalized weights read before the module's parameters changed: a parameter replaced, assigned
+        new storage (``.data =``) or modified in place (its version counter moved, as every in-place torch
+        operation does) since :attr:`layers` read them. An edit through ``.data`` moves no counter; the
+        weights-fidelity gate's identification pass, which compares the normalized weights with the module as it
+        is, sees those.
+
+        Raises:
+            WeightsChangedError: naming the first changed parameter and the fix.
+        """
+        if self._layers is None:
+            return
+        now = _parameter_state(self.module)
+        for name, (tensor, version, pointer) in self._read_state.items():
+            seen = now.get(name)
+            if seen is None or seen[0] is not tensor or seen[1] != version or seen[2] != pointer:
+                how = "was removed" if seen is None else "was replaced" if seen[0] is not tensor else "changed"
+                raise WeightsChangedError(
+                    f"parameter {name!r} of {self.name!r} {how} after attnsens read its weights, so they no longer "
+                    "describe the model; load the model again (attnsens.models.load) or call "
+                    "adapter.reread_layers() after editing it"
+                )
+        added = sorted(set(now) - set(self._read_state))
+        if added:
+            raise WeightsChangedError(
+                f"parameter {added[0]!r} of {self.name!r} was added after attnsens read its weights; load the model "
+                "again (attnsens.models.load) or call adapter.reread_layers() after editing it"
+            )
 
     @property
     def device(self) -> torch.device:
@@ -176,10 +216,14 @@ class ModelAdapter(ABC):
         """While active, every attention layer reports its queries and keys (after rotary) to ``on_query_key``."""
 
     @abstractmethod
-    def layer_input_taps(self, record: Callable[[int, str, Tensor], None]) -> contextlib.AbstractContextManager[None]:
+    def layer_input_taps(
+        self, record: Callable[[int, str, Tensor], Tensor | None]
+    ) -> contextlib.AbstractContextManager[None]:
         """While active, report each layer's residual tensors to ``record(layer, field, tensor)``.
 
-        ``field`` is one of the LayerInputs field names.
+        ``field`` is one of the LayerInputs field names. Where ``record`` returns a tensor for ``attention_input``
+        or ``mlp_input``, the sublayer runs on it in place of its own input (same shape and type): the
+        weights-fidelity gate feeds each sublayer random inputs this way (models/fidelity.py).
         """
 
     @abstractmethod
@@ -396,6 +440,11 @@ class ModelAdapter(ABC):
         if positions.numel() and (positions.min() < 0 or positions.max() >= n):
             raise InputError(f"query positions must lie in [0, {n - 1}] for sequences of length {n}")
         return positions
+
+
+def _parameter_state(module: torch.nn.Module) -> dict[str, tuple[Tensor, int, int]]:
+    """name → (the parameter, its version counter, its storage address), for every parameter of ``module``."""
+    return {name: (p, p._version, p.data_ptr()) for name, p in module.named_parameters()}
 
 
 def _select(chosen: Sequence[int] | None, count: int, what: str) -> tuple[int, ...]:

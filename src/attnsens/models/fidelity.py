@@ -23,6 +23,24 @@ Each comparison is a relative error max_t ‖ref_t − out_t‖₂ / max_t ‖ou
 tolerance of the model's float type raises :class:`~attnsens.errors.WeightsFidelityError` naming the family, the
 layer and the field. Checking on the captured sub-inputs (not a propagated stream) localises a mismatch to the
 sublayer that causes it.
+
+Agreement on a few real tokens says nothing about the directions those tokens do not span: a weight wrong only
+off their span (a misread column block, or an edit u vᵀ with v orthogonal to every token) passes the comparisons
+above, while a local bound uses every direction. So the gate also *identifies* each sublayer
+(``attention_identification``, ``mlp_identification``): a second forward pass replaces every attention and MLP
+input, at the sublayer itself (``ModelAdapter.layer_input_taps``), by seeded Gaussian tokens at the RMS of the real
+ones, and compares the sublayer's output with the reference forward of the normalized weights on the same tokens.
+There are at least ``max(d_model, head·d_head, d_ff) + 1`` of them (:func:`identification_tokens`), so in general
+position they span the input of every linear map inside the sublayer — d_model for W_Q, W_K, W_V and W_in, the
+heads' outputs for W_O, the hidden units for W_out — plus one for its bias: an affine map that agrees with
+another on them is that map. A norm's γ and β are identified by the real tokens already (two tokens with distinct
+normalized coordinates fix each γ_i, β_i), its ε by ``hf.check_norm_eps`` where the layout names it. The pass costs
+two forwards of that many tokens (model and reference), set by the widths and not by the bounded sequence: about a
+fifth of ``attnsens bounds smollm2 --seq-len 32`` at one thread (docs/performance.md §4).
+
+Before any of this the adapter checks that no parameter changed since it read the normalized weights
+(``ModelAdapter.check_weights_unchanged``: identity, version counter, storage); an edit that bypasses the version
+counter (``.data``) still changes the function the identification pass compares.
 """
 
 from __future__ import annotations
@@ -41,7 +59,9 @@ from attnsens.models.adapter import OUTPUT_FIELDS, LayerInputs, ModelAdapter
 from attnsens.weights import LayerWeights
 
 FIELDS = ("attn_norm", "attention", "attn_out_norm", "mlp_norm", "mlp", "mlp_out_norm", "block")
-"""The sub-outputs the gate compares, in forward order (a layer compares those it has)."""
+"""The sub-outputs the gate compares on the real forward pass, in forward order (a layer compares those it has)."""
+IDENTIFICATION_FIELDS = ("attention_identification", "mlp_identification")
+"""The sublayers the identification pass compares on random inputs, in every layer (module docstring)."""
 
 DEFAULT_TOLERANCE: dict[torch.dtype, float] = {
     torch.float64: 1e-6,  # without RoPE; with it, float32's (``tolerance_of``)
@@ -54,6 +74,9 @@ HALF_TOLERANCE = 3e-2
 """Tolerance of any other float type."""
 
 PROBE_LENGTH = 16
+IDENTIFICATION_LENGTH = 64
+"""Tokens per sequence of the identification pass (fewer where the context is shorter); its batch grows until
+the pass has :func:`identification_tokens` tokens."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,16 +93,26 @@ class FieldFidelity:
         return self.relative_error <= self.tolerance
 
 
-def probe_input_ids(adapter: ModelAdapter, length: int = PROBE_LENGTH) -> Tensor:
-    """Seeded token ids ``[1, n]`` (n = min(length, context)) for gating a model when no tokens are given, or one
-    seeded image ``[1, channel, H, W]`` for a vision encoder."""
+def probe_input_ids(adapter: ModelAdapter, length: int = PROBE_LENGTH, *, batch: int = 1) -> Tensor:
+    """Seeded token ids ``[batch, n]`` (n = min(length, context)) for gating a model when no tokens are given, or
+    seeded images ``[batch, channel, H, W]`` for a vision encoder."""
     generator = torch.Generator().manual_seed(0)
     config = getattr(getattr(adapter.module, "base_model", None), "config", None)
     if config is not None and getattr(config, "image_size", None) and getattr(config, "patch_size", None):
-        side = config.image_size  # a vision encoder: one seeded image of standard-normal pixels
-        return torch.randn(1, config.num_channels, side, side, generator=generator)
+        side = config.image_size  # a vision encoder: seeded images of standard-normal pixels
+        return torch.randn(batch, config.num_channels, side, side, generator=generator)
     n = max(1, min(length, adapter.spec.max_positions))
-    return torch.randint(0, adapter.spec.vocab_size, (1, n), generator=generator)
+    return torch.randint(0, adapter.spec.vocab_size, (batch, n), generator=generator)
+
+
+def identification_tokens(layers: list[LayerWeights]) -> int:
+    """Tokens that identify every sublayer of ``layers``: one more than the widest input of a linear map inside
+    one, max(d_model, head·d_head, d_ff) + 1 (module docstring)."""
+    widest = max(
+        max(layer.attention.d_model, layer.attention.n_head * layer.attention.d_head, layer.mlp.w_in.shape[0])
+        for layer in layers
+    )
+    return widest + 1
 
 
 def relative_error(reference: Tensor, observed: Tensor) -> float:
@@ -148,17 +181,83 @@ _INPUT_FIELDS = ("block_input", "attention_input", "mlp_input")
 """What ``layer_input_taps`` reports for every layer."""
 
 
+def _identification(
+    adapter: ModelAdapter, layers: list[LayerWeights], scales: dict[tuple[int, str], float], limit: float
+) -> list[FieldFidelity]:
+    """The identification pass (module docstring): every attention and MLP input replaced by seeded Gaussian
+    tokens of RMS ``scales[(layer, field)]``, each sublayer's output compared with its reference as it comes, so
+    that no more than one layer's tensors are held. The reference runs in float64 for a float64 model and in
+    float32 otherwise (its rounding, about 10⁻⁷ relative, far below any tolerance but float64's)."""
+    by_index = {layer.index: layer for layer in layers}
+    n = max(1, min(IDENTIFICATION_LENGTH, adapter.spec.max_positions))
+    probe = probe_input_ids(adapter, n)
+    _, n = adapter.sequence_shape(probe)
+    tokens = identification_tokens(layers)
+    batch = -(-tokens // n)
+    # the shortest sequences that still give ``tokens`` in ``batch`` of them (a vision encoder's length is its own)
+    input_ids = adapter.check_input_ids(probe_input_ids(adapter, -(-tokens // batch), batch=batch))
+    generator = torch.Generator().manual_seed(1)
+    given: dict[int, dict[str, Tensor]] = {}
+    errors: dict[tuple[int, str], float] = {}
+    reference_dtype = torch.float64 if layers[0].attention.w_q.dtype == torch.float64 else torch.float32
+
+    def replace(layer: int, field: str, tensor: Tensor) -> Tensor | None:
+        if field not in ("attention_input", "mlp_input"):
+            return None
+        mine = given.setdefault(layer, {})
+        for other in mine.values():  # one module's output feeding both sublayers (GPT-J's ln_1): one replacement
+            if other.shape == tensor.shape and torch.equal(other, tensor):
+                mine[field] = other
+                return None
+        noise = torch.randn(tensor.shape, generator=generator, dtype=torch.float64) * scales.get((layer, field), 1.0)
+        mine[field] = noise.to(tensor.device, tensor.dtype)
+        return mine[field]
+
+    def compare(layer: int, field: str, tensor: Tensor) -> None:
+        name = {"attention_output": "attention", "mlp_output": "mlp"}.get(field)
+        seen = given.get(layer, {})
+        source = {"attention": "attention_input", "mlp": "mlp_input"}.get(name or "")
+        if name is None or source not in seen or layer not in by_index:
+            return
+        x = seen.pop(source).to(reference_dtype)  # compared once: a layer's inputs are dropped as its outputs come
+        weights = by_index[layer]
+        reference = attention_sublayer(x, weights.attention) if name == "attention" else mlp_forward(x, weights.mlp)
+        errors[(layer, f"{name}_identification")] = relative_error(reference, tensor)
+
+    with adapter.inference(), adapter.layer_input_taps(replace), adapter.layer_output_taps(compare):
+        adapter.forward(input_ids, None)
+    return [
+        FieldFidelity(
+            layer=layer.index, field=field, relative_error=errors.get((layer.index, field), math.inf), tolerance=limit
+        )
+        for layer in layers
+        for field in IDENTIFICATION_FIELDS
+    ]
+
+
+def _rms(tensor: Tensor) -> float:
+    """The RMS of every entry of ``tensor`` (1 where it is 0 or not finite: a scale for random inputs)."""
+    value = float(tensor.to(torch.float64).square().mean().sqrt())
+    return value if math.isfinite(value) and value > 0 else 1.0
+
+
 def weights_fidelity(
     adapter: ModelAdapter, input_ids: Tensor | None = None, *, tolerance: float | None = None
 ) -> tuple[list[LayerInputs], list[FieldFidelity]]:
-    """Run the model once on ``input_ids`` (default: :func:`probe_input_ids`) and compare every layer's
-    normalized weights with the model's own sub-outputs (module docstring).
+    """Check that the adapter's normalized weights are still the module's, run the model once on ``input_ids``
+    (default: :func:`probe_input_ids`) and compare every layer's normalized weights with the model's own
+    sub-outputs, then identify every sublayer on random inputs (module docstring).
 
     Returns:
-        The layer inputs of that forward pass and one :class:`FieldFidelity` per (layer, field); nothing raised.
+        The layer inputs of the real forward pass and one :class:`FieldFidelity` per (layer, field): the real
+        pass's fields in forward order, then the identification pass's; no mismatch raised.
+
+    Raises:
+        WeightsChangedError: a parameter changed after the adapter read its normalized weights.
     """
     input_ids = adapter.check_input_ids(probe_input_ids(adapter) if input_ids is None else input_ids)
     layers = adapter.layers  # first: an adapter that refuses a model's weights does so before any hook is placed
+    adapter.check_weights_unchanged()
     found: dict[int, dict[str, Tensor]] = {i: {} for i in range(adapter.spec.n_layer)}
 
     def record(layer: int, field: str, tensor: Tensor) -> None:
@@ -184,6 +283,8 @@ def weights_fidelity(
             for field, (reference, observed) in _comparisons(layer, f64).items():
                 error = relative_error(reference(), observed)
                 results.append(FieldFidelity(layer=layer.index, field=field, relative_error=error, tolerance=limit))
+    scales = {(i, name): _rms(seen[name]) for i, seen in found.items() for name in ("attention_input", "mlp_input")}
+    results += _identification(adapter, layers, scales, limit)
     names = {f.name for f in fields(LayerInputs)}
     inputs = [
         LayerInputs(layer=i, **{k: v for k, v in found[i].items() if k in names}) for i in range(adapter.spec.n_layer)
@@ -194,13 +295,15 @@ def weights_fidelity(
 def check_weights_fidelity(
     adapter: ModelAdapter, input_ids: Tensor | None = None, *, tolerance: float | None = None
 ) -> list[LayerInputs]:
-    """The gate: :func:`weights_fidelity`, raising on the first (layer, field) in forward order that fails.
+    """The gate: :func:`weights_fidelity`, raising on the first (layer, field) that fails: the real pass's in
+    forward order, then the identification pass's.
 
     Returns:
         The layer inputs of the checked forward pass (what a bound on ``input_ids`` then uses).
 
     Raises:
         WeightsFidelityError: naming the family, layer, field and relative error.
+        WeightsChangedError: a parameter changed after the adapter read its weights.
         UnsupportedModelError: the adapter already knows it cannot read the model's weights.
     """
     inputs, results = weights_fidelity(adapter, input_ids, tolerance=tolerance)

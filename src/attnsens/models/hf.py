@@ -96,7 +96,9 @@ class HFAdapter(ModelAdapter):
         implementation = self.base.config._attn_implementation or "eager"
         return hf_query_key_tap(modules, implementation, on_query_key)
 
-    def layer_input_taps(self, record: Callable[[int, str, Tensor], None]) -> contextlib.AbstractContextManager[None]:
+    def layer_input_taps(
+        self, record: Callable[[int, str, Tensor], Tensor | None]
+    ) -> contextlib.AbstractContextManager[None]:
         return self._taps(self.hook_points, record)
 
     def layer_output_taps(self, record: Callable[[int, str, Tensor], None]) -> contextlib.AbstractContextManager[None]:
@@ -104,15 +106,18 @@ class HFAdapter(ModelAdapter):
 
     @contextlib.contextmanager
     def _taps(
-        self, points: Callable[[int], list[HookPoint]], record: Callable[[int, str, Tensor], None]
+        self, points: Callable[[int], list[HookPoint]], record: Callable[[int, str, Tensor], Tensor | None]
     ) -> Iterator[None]:
-        # Some families (OPT) run their MLP on [batch·n, d_model]; every field is reported as [batch, n, d_model].
+        # Some families (OPT) run their MLP on [batch·n, d_model]; every field is reported as [batch, n, d_model],
+        # and a replacement returned by ``record`` goes back in the module's own shape.
         shapes: dict[int, torch.Size] = {}
 
-        def as_block_shape(layer: int, field: str, tensor: Tensor) -> None:
+        def as_block_shape(layer: int, field: str, tensor: Tensor) -> Tensor | None:
+            shape = tensor.shape
             if tensor.ndim == 2:
                 tensor = tensor.reshape(*shapes[layer][:-1], tensor.shape[-1])
-            record(layer, field, tensor)
+            replacement = record(layer, field, tensor)
+            return None if replacement is None else replacement.reshape(shape)
 
         handles = []
         for layer, block in enumerate(self.blocks()):
@@ -162,18 +167,28 @@ class HFAdapter(ModelAdapter):
 
 
 def _register(
-    module: torch.nn.Module, where: str, layer: int, field: str, record: Callable[[int, str, Tensor], None]
+    module: torch.nn.Module, where: str, layer: int, field: str, record: Callable[[int, str, Tensor], Tensor | None]
 ) -> Any:
+    """A hook reporting ``module``'s first input or output to ``record``; where ``record`` returns a tensor, the
+    module runs on it (input) or passes it on (output) in place of its own."""
     if where == "input":
 
-        def pre_hook(_module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            record(layer, field, args[0] if args else kwargs["hidden_states"])
+        def pre_hook(_module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+            replacement = record(layer, field, args[0] if args else kwargs["hidden_states"])
+            if replacement is None:
+                return None
+            if args:
+                return (replacement, *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": replacement}
 
         return module.register_forward_pre_hook(pre_hook, with_kwargs=True)
 
-    def post_hook(_module: torch.nn.Module, _args: Any, output: Any) -> None:
+    def post_hook(_module: torch.nn.Module, _args: Any, output: Any) -> Any:
         # a copy: some blocks add to a sublayer's output in place afterwards (Falcon's mlp_output += attention_output)
-        record(layer, field, (output[0] if isinstance(output, tuple) else output).clone())
+        replacement = record(layer, field, (output[0] if isinstance(output, tuple) else output).clone())
+        if replacement is None:
+            return None
+        return (replacement, *output[1:]) if isinstance(output, tuple) else replacement
 
     return module.register_forward_hook(post_hook)
 

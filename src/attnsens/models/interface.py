@@ -162,7 +162,9 @@ class InterfaceAdapter(HFAdapter):
     def read_layers(self) -> list[LayerWeights]:
         raise self._no_layout("normalized weights")
 
-    def layer_input_taps(self, record: Callable[[int, str, Tensor], None]) -> contextlib.AbstractContextManager[None]:
+    def layer_input_taps(
+        self, record: Callable[[int, str, Tensor], Tensor | None]
+    ) -> contextlib.AbstractContextManager[None]:
         raise self._no_layout("layer inputs")
 
     def layer_output_taps(self, record: Callable[[int, str, Tensor], None]) -> contextlib.AbstractContextManager[None]:

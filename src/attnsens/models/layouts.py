@@ -388,6 +388,9 @@ LAYOUTS: dict[str, BlockLayout] = {
 
 NO_POSITION_LIMIT = 1 << 20
 """The context of families without learned or rotary positions (ALiBi): no limit of their own, only memory's."""
+PAD_OFFSET_POSITIONS = frozenset({"roberta", "xlm-roberta", "camembert"})
+"""Families whose learned position ids start after ``pad_token_id`` (RoBERTa's ``create_position_ids_from_input_ids``):
+their context is ``max_position_embeddings − pad_token_id − 1`` tokens (512 of 514)."""
 
 
 def _get(root: Any, path: str) -> Any:
@@ -432,6 +435,8 @@ class LayoutAdapter(HFAdapter):
             else "pre"
         )  # fmt: skip
         positions, vocab = getattr(config, layout.positions, None) or NO_POSITION_LIMIT, config.vocab_size
+        if config.model_type in PAD_OFFSET_POSITIONS and isinstance(getattr(config, "pad_token_id", None), int):
+            positions -= config.pad_token_id + 1  # position ids run from pad_token_id + 1
         if is_vision(config):
             positions, vocab = vision_positions(config), 1
         return ModelSpec(
@@ -488,7 +493,11 @@ class LayoutAdapter(HFAdapter):
 
     def hook_points(self, layer: int) -> list[HookPoint]:
         block, lay = self.blocks()[layer], self.layout
-        first_mlp = _get(block, lay.gate_up or lay.up)
+        parts = [path for path in (lay.up, lay.gate, lay.gate_up) if path is not None]
+        # The MLP's input where every projection reading it lies in one module (the gate's identification pass
+        # replaces it there, so gate and up both read the replacement), else its one input projection (BERT, OPT).
+        inside = all(path.startswith(lay.mlp + ".") for path in parts)
+        first_mlp = _get(block, lay.mlp if inside and len(parts) > 1 else lay.gate_up or lay.up)
         if lay.attn_norm is None or lay.mlp_norm is None:  # placement "none"
             return [
                 (block, "input", "block_input"),

@@ -98,17 +98,18 @@ class OwnGPTAdapter(ModelAdapter):
                 handle.remove()
 
     @contextlib.contextmanager
-    def layer_input_taps(self, record: Callable[[int, str, Tensor], None]) -> Iterator[None]:
+    def layer_input_taps(self, record: Callable[[int, str, Tensor], Tensor | None]) -> Iterator[None]:
         alpha = float(self.module.config.deepnorm_alpha)
         post = self.spec.placement == "post"
         handles = []
         for layer, block in enumerate(self.module.blocks):
             seen: dict[str, Tensor] = {}
 
-            def tap(field: str, layer: int = layer, seen: dict[str, Tensor] = seen) -> Callable[..., None]:
-                def hook(_m: Any, _a: Any, out: Tensor) -> None:
-                    seen[field] = out
-                    record(layer, field, out)
+            def tap(field: str, layer: int = layer, seen: dict[str, Tensor] = seen) -> Callable[..., Tensor | None]:
+                def hook(_m: Any, _a: Any, out: Tensor) -> Tensor | None:
+                    replacement = record(layer, field, out)
+                    seen[field] = out if replacement is None else replacement
+                    return replacement
 
                 return hook
 

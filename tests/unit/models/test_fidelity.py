@@ -10,7 +10,7 @@ import torch
 import attnsens.models as M
 from attnsens.errors import WeightsFidelityError
 from attnsens.influence import certified_constant
-from attnsens.models.fidelity import FIELDS, relative_error
+from attnsens.models.fidelity import FIELDS, IDENTIFICATION_FIELDS, relative_error
 from attnsens.study.bounds import bound_model
 from attnsens.train.model import GPT, GPTConfig
 from tests.unit.models.tiny_models import FAMILIES, VOCAB, spread_weights, tiny_model
@@ -42,7 +42,8 @@ def test_every_family_passes_the_gate_at_float32_rounding(family: str) -> None:
     assert len(inputs) == adapter.spec.n_layer
     fields = {r.field for r in results}
     no_out_norms = set(FIELDS) - {"attn_out_norm", "mlp_out_norm"}  # these families have no norms after sublayers
-    assert fields == (no_out_norms if adapter.spec.placement != "none" else {"attention", "mlp", "block"})
+    real = no_out_norms if adapter.spec.placement != "none" else {"attention", "mlp", "block"}
+    assert fields == real | set(IDENTIFICATION_FIELDS)
     worst = max(r.relative_error for r in results)
     assert worst < 1e-5, [r for r in results if r.relative_error >= 1e-5]
     checked = M.check_weights_fidelity(adapter, IDS)

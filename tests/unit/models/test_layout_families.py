@@ -13,7 +13,7 @@ import attnsens.models as M
 from attnsens.capture import RowSelection, capture_row_statistics
 from attnsens.errors import InputError, UnsupportedModelError, WeightsFidelityError
 from attnsens.geometry.layers import norm_forward
-from attnsens.models.fidelity import FIELDS
+from attnsens.models.fidelity import FIELDS, IDENTIFICATION_FIELDS
 from attnsens.models.layouts import alibi_slopes, mpt_alibi_slopes
 from attnsens.study.bounds import bound_model
 from tests.unit.models.tiny_models import (
@@ -54,7 +54,7 @@ def test_every_decoder_family_passes_the_gate(family: str) -> None:
     expected = set(FIELDS) - (set() if family in OUT_NORM_FAMILIES else OUT_NORM_FIELDS)
     if adapter.spec.placement == "none":  # OLMo 2: norms after the sublayers only
         expected -= {"attn_norm", "mlp_norm"}
-    assert {r.field for r in results} == expected
+    assert {r.field for r in results} == expected | set(IDENTIFICATION_FIELDS)
     assert max(r.relative_error for r in results) < 1e-5
 
 
