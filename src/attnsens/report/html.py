@@ -131,20 +131,23 @@ def build_report(
     document = render_report(data, findings)
     target = Path(out) if out is not None else Path(run_dir) / REPORT_NAME
     atomic_write(target, lambda tmp: Path(tmp).write_text(document, encoding="utf-8"))
-    _write_findings(findings, target.with_name(FINDINGS_NAME) if out is None else target.with_suffix(".findings.json"))
+    where = target.with_name(FINDINGS_NAME) if out is None else target.with_suffix(".findings.json")
+    _write_findings(findings, where, data.check)
     return target
 
 
 def write_findings(run_dir: str | os.PathLike[str], *, force: bool = False) -> tuple[Path, list[dict[str, Any]]]:
     """Evaluate the findings of ``run_dir`` and write them to ``RUN_DIR/findings.json``; return the path and the
     records (docs/findings.md)."""
-    findings = evaluate_findings(load_run(run_dir, force=force))
+    data = load_run(run_dir, force=force)
     target = Path(run_dir) / FINDINGS_NAME
-    return target, _write_findings(findings, target)
+    return target, _write_findings(evaluate_findings(data), target, data.check)
 
 
-def _write_findings(findings: list[Finding], target: Path) -> list[dict[str, Any]]:
-    records = findings_records(findings)
+def _write_findings(findings: list[Finding], target: Path, check: RunCheck | None) -> list[dict[str, Any]]:
+    """Write the findings' records, each marked ``provisional`` when the run is not complete (completeness.py)."""
+    complete = check is None or check.complete
+    records = [{**record, "provisional": not complete} for record in findings_records(findings)]
     text = json.dumps(records, indent=1, ensure_ascii=False, allow_nan=False) + "\n"
     atomic_write(target, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
     return records

@@ -174,6 +174,8 @@ def test_an_incomplete_study_is_named_by_verify_report_and_query(study, tmp_path
     assert page.index("This run is not complete.") < page.index('id="findings"')
     assert "Findings, as measured (provisional: the run is not complete)" in page
     assert "step_000004" in page
+    records = json.loads((run / "findings.json").read_text(encoding="utf-8"))
+    assert records and all(record["provisional"] is True for record in records)
 
     queried = runner.invoke(app, ["query", str(run), "SELECT count(*) AS n FROM rows"])
     assert queried.exit_code == 0, queried.output
@@ -182,6 +184,8 @@ def test_an_incomplete_study_is_named_by_verify_report_and_query(study, tmp_path
 
     complete = build_report(study, out=tmp_path / "complete.html").read_text(encoding="utf-8")
     assert "not complete" not in complete and "provisional" not in complete
+    records = json.loads((tmp_path / "complete.findings.json").read_text(encoding="utf-8"))
+    assert records and all(record["provisional"] is False for record in records)
 
 
 def test_a_live_writer_is_named(study, tmp_path):
