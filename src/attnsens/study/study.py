@@ -463,7 +463,7 @@ def _train_runs(
 
         say(f"training {len(todo)} runs side by side, {side_by_side} at a time, {threads} thread(s) each")
         workers.train_in_processes(
-            config, out, todo, threads=threads, workers=side_by_side, device=device,
+            config, out, todo, data, threads=threads, workers=side_by_side, device=device,
             on_record=lambda record: _relay_record(callbacks, record),
             on_checkpoint=checkpoints.note, on_done=done,
         )  # fmt: skip

@@ -9,8 +9,8 @@ an interrupted study that resumes on the same machine continues every run bit fo
 finished.
 
 Each worker is a fresh interpreter (``python -m attnsens.study.workers``, so nothing of the caller's script runs
-again in it) that reads its job from stdin, loads the study's tokenized data from ``OUT/data`` and writes one JSON
-line per training record and checkpoint, then the run's log. The parent relays the records to the study's
+again in it). It reads its job from stdin, with the study's token stream, tokenized once by the parent, and writes
+one JSON line per training record and checkpoint, then the run's log. The parent relays the records to the study's
 callbacks and writes every manifest unit, so the study's writer lock stays with one process.
 """
 
@@ -38,6 +38,7 @@ from attnsens import errors
 
 if TYPE_CHECKING:
     from attnsens.study.study import StudyConfig
+    from attnsens.train.data import TokenData
 
 
 def threads_per_run(runs: int, threads: int | None = None) -> int:
@@ -78,6 +79,7 @@ def train_in_processes(
     config: StudyConfig,
     out: Path,
     runs: Sequence[tuple[str, int]],
+    data: TokenData,
     *,
     threads: int,
     workers: int,
@@ -101,7 +103,9 @@ def train_in_processes(
         while waiting or running:
             while waiting and len(running) < workers:
                 run = waiting.pop(0)
-                job = pickle.dumps({"config": config, "out": out, "run": run, "device": device, "threads": threads})
+                job = pickle.dumps(
+                    {"config": config, "out": out, "run": run, "data": data, "device": device, "threads": threads}
+                )
                 process = subprocess.Popen(
                     [sys.executable, "-m", "attnsens.study.workers"],
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -178,13 +182,13 @@ class _Relay:
         _send({"checkpoint": [self.label, step, time.perf_counter() - self.started]})
 
 
-def _train_run(config: StudyConfig, out: Path, placement: str, seed: int, device: str | None) -> TrainedRun:
-    """One run, in a worker process (the tokenized data is read from ``OUT/data``, written by the parent)."""
-    from attnsens.train.data import prepare_data
+def _train_run(
+    config: StudyConfig, out: Path, placement: str, seed: int, data: TokenData, device: str | None
+) -> TrainedRun:
+    """One run, in a worker process, on the token stream the parent tokenized."""
     from attnsens.train.run import train
 
     started = time.perf_counter()
-    data = prepare_data(config.data, out / "data", save=False)
     result = train(
         config.model_for(placement),
         replace(config.train_for(placement), seed=seed),
@@ -234,7 +238,7 @@ def _main() -> None:
     torch.set_num_threads(job["threads"])
     try:
         placement, seed = job["run"]
-        result = _train_run(job["config"], job["out"], placement, seed, job["device"])
+        result = _train_run(job["config"], job["out"], placement, seed, job["data"], job["device"])
     except errors.AttnsensError as err:
         _send({"error": type(err).__name__, "message": str(err)})
         return
