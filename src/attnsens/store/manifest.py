@@ -123,8 +123,8 @@ class Manifest:
 
     def plan(self, units: Collection[str], *, checkpoints: Mapping[str, Collection[int]] | None = None) -> None:
         """Record what this run will have when it is finished: ``units`` (relative unit paths) and ``checkpoints``
-        (a training run folder, relative → its scheduled steps). A later :meth:`plan` replaces the record (a study
-        extended by more seeds plans more)."""
+        (a training run folder, relative, or ``"."`` for this one → its scheduled steps). A later :meth:`plan`
+        replaces the record (a study extended by more seeds plans more)."""
         planned = {
             "units": sorted({self._key(unit) for unit in units}),
             "checkpoints": {self._key(k): sorted({int(s) for s in v}) for k, v in (checkpoints or {}).items()},
@@ -370,7 +370,7 @@ def _plan_problem(planned: Any) -> str | None:
     units, checkpoints = planned.get("units", []), planned.get("checkpoints", {})
     if not isinstance(units, list) or not isinstance(checkpoints, dict):
         return "'planned' does not hold a list of units and an object of checkpoints"
-    for key in [*units, *checkpoints]:
+    for key in [*units, *(k for k in checkpoints if k != ".")]:  # "." : the run folder's own checkpoints
         if not isinstance(key, str) or _outside(key):
             return f"planned unit {key!r} is not a relative path inside the run directory"
     for key, steps in checkpoints.items():

@@ -407,6 +407,8 @@ def _rebuild(manifest: Manifest) -> str:
         arguments.append(argument)
     if not found:  # ``attnsens audit`` without --out chose a new folder under runs/
         arguments += ["--out", folder]
+    if arguments[0] == "train" and "--resume" not in arguments:  # without it, train refuses a folder with checkpoints
+        arguments.append("--resume")
     return f"`{shlex.join(['attnsens', *arguments])}`"
 
 

@@ -119,6 +119,12 @@ def train(
     trainer = Trainer(model_config, train_config, data, run_dir, run_id=run_id, callbacks=callbacks, device=device)
     if resume:
         trainer.resume(extend=extend)
+    if write_log and trainer.is_writer:
+        from attnsens.store import Manifest
+
+        # The plan, so that `attnsens verify` names what an interrupted run still lacks ("." is this folder).
+        planned = {".": list(train_config.checkpoint_schedule)}
+        Manifest.open(run_dir).plan([TRAINING_FILE, GRAD_NORMS_FILE], checkpoints=planned)
     log = trainer.run()
     if write_log and trainer.is_writer:
         import pandas as pd

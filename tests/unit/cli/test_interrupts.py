@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -13,18 +14,23 @@ import pytest
 
 from attnsens.cli.interrupt import chosen_out, rerun_bounds, rerun_to_resume, rerun_training
 from attnsens.store.lock import read_holder
+from attnsens.store.verify import verify_run
 from attnsens.train.checkpoint import saved_steps
 
 REPO = Path(__file__).resolve().parents[3]
 
 
-def _train(out: Path, *extra: str) -> subprocess.Popen:
+def _attnsens(*arguments: str) -> subprocess.Popen:
     env = {
         **os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), str(REPO)]), "OMP_NUM_THREADS": "1",
         "HF_HUB_OFFLINE": "1",
     }  # fmt: skip
-    command = [sys.executable, "-m", "attnsens", "train", "--out", str(out), "--steps", "100000", *extra]
+    command = [sys.executable, "-m", "attnsens", *arguments]
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _train(out: Path) -> subprocess.Popen:
+    return _attnsens("train", "--out", str(out), "--steps", "100000")
 
 
 def _wait_for_checkpoint(process: subprocess.Popen, out: Path) -> None:
@@ -50,8 +56,13 @@ def test_sigterm_then_sigint_each_print_one_line_and_the_rerun_resumes(tmp_path)
     assert not list(out.rglob("*.tmp"))
     kept = saved_steps(out)
     assert 0 in kept
+    check = verify_run(out)  # what is there verifies; verify names what the interrupted run lacks
+    assert check.ok and not check.complete and check.writer is None
+    assert "training.parquet" in check.absent and "checkpoints/step_100000" in check.absent
+    advice = check.incompleteness().split("finish it with `")[1].split("`")[0]
+    assert advice == shlex.join(["attnsens", "train", "--out", str(out), "--steps", "100000", "--resume"])
 
-    process = _train(out, "--resume")
+    process = _attnsens(*shlex.split(advice)[1:])  # verify's advice, followed
     deadline = time.monotonic() + 240
     while saved_steps(out) == kept:  # a new checkpoint: it went on from where it stopped
         assert process.poll() is None, process.communicate()
