@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,7 +35,7 @@ import pyarrow.parquet as pq
 from attnsens.errors import FileFormatError, QueryError, RunIntegrityError
 from attnsens.store.manifest import MANIFEST_NAME
 from attnsens.store.parquet import METADATA_KEY
-from attnsens.store.verify import RunCheck, verify_run
+from attnsens.store.verify import IncompleteRunWarning, RunCheck, verify_run
 
 if TYPE_CHECKING:
     import duckdb
@@ -135,7 +136,8 @@ def query(
 
     The folder must have a manifest and pass :func:`attnsens.store.verify.verify_run` unless ``force`` (see
     :func:`connect`). Guarantees: only the run's own Parquet files are read, and nothing is written, attached,
-    installed or configured (module docstring).
+    installed or configured (module docstring). A run that is not complete (planned units absent, a writer still
+    running) is read, with an :class:`~attnsens.store.verify.IncompleteRunWarning` naming what it lacks.
 
     Raises:
         QueryError naming what is allowed for any statement other than a SELECT and for a read outside the run;
@@ -149,6 +151,8 @@ def query(
         raise QueryError('the SQL query is empty; pass e.g. "SELECT * FROM summary LIMIT 10"')
     if check is None:
         check = verify_run(run_dir)
+        if not check.complete:  # (a caller that passes its check, as the command line does, says it its own way)
+            warnings.warn(check.incompleteness(), IncompleteRunWarning, stacklevel=2)
     connection, tables = connect(run_dir, force=force, check=check)
     if not check.has_manifest and not force:
         connection.close()

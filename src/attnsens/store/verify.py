@@ -58,6 +58,10 @@ _KEY_PART = re.compile(r"^(step|seed|sequence)=(\d+)(?:\.parquet)?$")
 _LISTED = 3
 
 
+class IncompleteRunWarning(UserWarning):
+    """A run was read before it was complete: planned units are absent or a writer still holds it."""
+
+
 @dataclass(frozen=True)
 class Problem:
     """One unit that cannot be trusted: its path (relative to the run folder), the kind and what was seen."""

@@ -248,3 +248,17 @@ def test_a_folder_of_runs_is_refused_by_name_not_pooled(pristine, tmp_path):
     assert result.exit_code == 1 and "holds 2 run folder(s): first, second" in result.output
     assert not (parent / "report.html").exists()
     assert len(_counts(parent / "first")) == len(SEEDS) * len(STEPS)  # each run reads as before
+
+
+def test_the_python_query_of_an_incomplete_run_warns_naming_what_it_lacks(run):
+    import warnings
+
+    from attnsens.store.verify import IncompleteRunWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _counts(run)  # complete: no warning
+    manifest = Manifest.load(run)
+    manifest.plan([*manifest.units, "rows/seed=2/step=000000.parquet"])
+    with pytest.warns(IncompleteRunWarning, match=r"1 planned unit\(s\) absent \(rows/seed=2/step=000000.parquet\)"):
+        assert _counts(run) == _counts(run, check=verify_run(run))
