@@ -317,3 +317,39 @@ def format_float(value: float, *, wide: bool = False) -> str:
         if digits >= 16:  # beyond float64's resolution: the shortest text that reads back as the value
             return repr(value)
     return f"{value:.{digits}g}"
+
+
+THETA_MARK = "†"
+
+
+def format_theta_lower(value: float) -> tuple[str, str | None]:
+    """A θ lower bound for a table, kept within θ's range [0, 1] or marked: (text, None), or (text + " †", why)
+    where ``why`` ("above 1" or "below 0") selects the footnote (``theta_footnote``).
+
+    A bound above 1 is shown as 1, which is still a lower bound; one below 0 is shown as it is, as lifting it to 0
+    could exceed the θ of the stored row it bounds.
+
+    >>> format_theta_lower(0.99999987), format_theta_lower(1.00000008)
+    (('0.99999987', None), ('1 †', 'above 1'))
+    """
+    if value > 1.0:
+        return f"{format_float(1.0)} {THETA_MARK}", "above 1"
+    if value < 0.0:
+        return f"{format_float(value)} {THETA_MARK}", "below 0"
+    return format_float(value), None
+
+
+def theta_footnote(reasons: set[str | None]) -> str | None:
+    """The note under a table whose θ lower bounds ``format_theta_lower`` marked, or None."""
+    shown = []
+    if "above 1" in reasons:
+        shown.append("lower bounds above 1 are shown as 1, still lower bounds")
+    if "below 0" in reasons:
+        shown.append("those below 0 as they are")
+    if not shown:
+        return None
+    return (
+        f"{THETA_MARK} θ of a probability row lies in [0, 1]; these bounds are certified for the rows as stored, "
+        "whose float sums can exceed 1 by rounding, and θ of a row of sum s > 1 can reach s or fall below 0: "
+        f"{'; '.join(shown)}. --json and the Parquet files keep the certified values."
+    )

@@ -16,8 +16,9 @@ from attnsens.cli.app import (
     console,
     domain_errors_exit,
     flag,
-    format_float,
+    format_theta_lower,
     print_json,
+    theta_footnote,
 )
 from attnsens.cli.interrupt import on_interrupt, rerun_to_resume
 
@@ -96,7 +97,8 @@ def audit(
         typer.Option(
             "--exact-support",
             help="Prove θ exact on every row with at most this many non-zero keys (24–48; up to ~0.3 s a row at "
-            "48). Default: rows of up to 24 keys, and longer ones where a cheap proof applies.",
+            "48). Default: rows of up to 26 keys on the CPU (24 on the GPU and torch paths), and longer ones "
+            "where a cheap proof applies.",
         ),
     ] = None,
     trust_remote_code: Annotated[
@@ -287,7 +289,8 @@ def _print_table(name: str, summary: object, *, by_head: bool) -> None:
     title = f"attention audit of {name}" + (", per head" if by_head else "")
     table = Table(title=title, header_style="bold")
     records = list(summary.itertuples(index=False))  # type: ignore[attr-defined]
-    theta = [format_float(record.theta_lower_median) for record in records]
+    marked = [format_theta_lower(record.theta_lower_median) for record in records]
+    theta = [text for text, _ in marked]
     theta_header = "median θ lower bound"
     columns = (*keys, "rows", theta_header, "dominant fraction", "median p_max", "mean entropy (nats)")
     theta_width = max(map(len, theta), default=0)
@@ -310,3 +313,6 @@ def _print_table(name: str, summary: object, *, by_head: bool) -> None:
             f"{record.entropy_mean:.3f}",
         )
     console.print(table)
+    footnote = theta_footnote({reason for _, reason in marked})
+    if footnote is not None:
+        console.print(footnote, soft_wrap=True)

@@ -16,16 +16,20 @@ from attnsens.errors import ConfigError, FileFormatError
 
 
 def read_text_file(path: Path, flag: str = "--text") -> str:
-    """The UTF-8 text of ``path``; FileFormatError naming ``flag`` when it is missing or not UTF-8."""
+    """The UTF-8 text of ``path``; FileFormatError naming ``flag`` when it is missing or not UTF-8 (UTF-16 and
+    UTF-32 named as such, with their conversion)."""
     if not path.is_file():
         raise FileFormatError(f"{flag} {path} does not exist or is not a file; check the path")
+    from attnsens._encoding import conversion_advice, detect_wide_encoding
+
     try:
+        with path.open("rb") as handle:
+            head = handle.read(4096)
+        if detect_wide_encoding(head) is not None:  # UTF-16 of ASCII text would decode as UTF-8 with NULs
+            raise FileFormatError(f"{flag} {path} {conversion_advice(path)}")
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
-        raise FileFormatError(
-            f"{flag} {path} is not UTF-8 text (byte {err.start}: {err.reason}); convert it, e.g. "
-            f"`iconv -f latin1 -t utf-8 {path.name}`"
-        ) from err
+        raise FileFormatError(f"{flag} {path} {conversion_advice(path, err)}") from err
     except OSError as err:
         raise FileFormatError(f"cannot read {flag} {path} ({err.strerror}); check its permissions") from err
 
@@ -200,6 +204,57 @@ def memory_budget() -> int:
     return physical_memory() // 2
 
 
+def check_model_path(model: str, *, revision: str | None = None) -> None:
+    """Refuse a MODEL argument that names a local path that does not exist, saying so, before the loader reads it
+    as a hub id: one that cannot be a hub id (``./x``, ``/x``, ``a/b/c``), and, while the hub is offline
+    (HF_HUB_OFFLINE), one that could be but is neither a local path nor in the local hub cache."""
+    import os
+
+    from attnsens.models.loading import ALIASES
+
+    if model in ALIASES or model.startswith("builtin:"):
+        return  # the loader names the built-in models when one is unknown
+    path = Path(model).expanduser()
+    if path.exists():
+        return
+    aliases = ", ".join(sorted(ALIASES))
+    missing = f"MODEL {model}: no file or folder {path.absolute()} exists; check the path"
+    if not _could_be_hub_id(model):
+        raise FileFormatError(f"{missing} (a MODEL is a local folder, a .gguf file, an alias ({aliases}) or a hub id)")
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "on", "yes", "true")
+    if offline and not _in_hub_cache(model, revision):
+        raise FileFormatError(
+            f"{missing}; nor is {model!r} a hub id in the local cache, and the hub is offline (HF_HUB_OFFLINE=1)"
+        )
+
+
+def _could_be_hub_id(text: str) -> bool:
+    """Whether ``text`` has the form of a hub repository id: ``name`` or ``namespace/name`` (huggingface_hub's
+    rules: letters, digits, ``-``, ``_`` and ``.``, no ``--`` or ``..``, at most 96 characters)."""
+    import re
+
+    return (
+        len(text) <= 96
+        and re.fullmatch(r"(?:[\w.-]+/)?[\w.-]+", text, flags=re.ASCII) is not None
+        and "--" not in text
+        and ".." not in text
+        and not text.startswith((".", "-"))
+        and not text.endswith((".", "-", ".gguf"))
+    )
+
+
+def _in_hub_cache(repo_id: str, revision: str | None) -> bool:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:
+        return False
+    try:
+        found = try_to_load_from_cache(repo_id, "config.json", revision=revision)
+    except Exception:  # an id the hub's own check refuses is not in the cache either
+        return False
+    return isinstance(found, str)
+
+
 def check_context(model: str, saved: Any, seq_len: int, *, trust_remote_code: bool = False) -> None:
     """Refuse a --seq-len beyond the model's context, read from its configuration before the weights load (a
     folder that names code of its own is refused unless ``trust_remote_code``)."""
@@ -253,4 +308,5 @@ def load_model(
     quiet_transformers()
     if saved is not None:
         return load(saved, device=device, dtype=dtype)
+    check_model_path(model, revision=revision)
     return load(model, trust_remote_code=trust_remote_code, device=device, dtype=dtype, revision=revision)

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from attnsens.cli.app import OutDirOption, app, console, domain_errors_exit, flag
+from attnsens.cli.app import JsonOption, OutDirOption, app, console, domain_errors_exit, flag, print_json
 from attnsens.cli.interrupt import on_interrupt, rerun_to_resume
 
 
@@ -47,11 +47,13 @@ def study(
     threads: Annotated[
         int | None, typer.Option("--threads", min=1, help="CPU threads for torch (default: torch's choice).")
     ] = None,
+    as_json: JsonOption = False,
 ) -> None:
     """Train every seed, audit every checkpoint (θ certificates, concentration, bounds), write the report.
 
     Rerun the same command to resume an interrupted study; rerun it with more --seeds (0,1 after 0) to add them.
     The runs done are verified and kept. The last line printed is the report's path.
+    With --json, only the run's summary is printed: folder, report, findings, configuration, seconds.
     """
     import torch
 
@@ -95,16 +97,37 @@ def study(
     is_writer = int(os.environ.get("RANK", "0")) == 0
 
     def say(message: str) -> None:
-        if is_writer:
+        if is_writer and not as_json:
             console.print(message, soft_wrap=True)
 
-    with ProgressReport("training", "steps", enabled=is_writer) as report:
+    with ProgressReport("training", "steps", enabled=is_writer and not as_json) as report:
         result = run_study(
             study_config, out, log=say, device=device, callbacks=[SeedProgress(report, study_config.train.steps)]
         )
+    if as_json:
+        if result.report is not None:
+            print_json(study_summary(result, study_config))
+        return
     if result.report is not None:
         say(f"trained in {result.train_seconds:.0f} s, audited in {result.audit_seconds:.0f} s")
         console.print(str(result.report), soft_wrap=True)
+
+
+def study_summary(result: Any, study_config: Any) -> dict[str, Any]:
+    """What ``study --json`` prints: the folder, report and findings files, the configuration (as recorded in the
+    manifest) and the seconds spent training and auditing."""
+    findings = result.report.parent / "findings.json"
+    return {
+        "out_dir": result.out_dir,
+        "report": result.report,
+        "findings": findings if findings.is_file() else None,
+        "seeds": list(study_config.seeds),
+        "placements": list(study_config.placements),
+        "steps": study_config.train.steps,
+        "train_seconds": result.train_seconds,
+        "audit_seconds": result.audit_seconds,
+        "config": study_config.describe(),
+    }
 
 
 class SeedProgress:

@@ -8,7 +8,16 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from attnsens.cli.app import JsonOption, app, console, domain_errors_exit, flag, format_float, print_json
+from attnsens.cli.app import (
+    JsonOption,
+    app,
+    console,
+    domain_errors_exit,
+    flag,
+    format_theta_lower,
+    print_json,
+    theta_footnote,
+)
 from attnsens.errors import FileFormatError, InputError
 
 if TYPE_CHECKING:
@@ -24,7 +33,12 @@ SUFFIXES = (".npy", ".pt", ".pth", ".safetensors")
 def theta(
     file: Annotated[Path, typer.Argument(help="Tensor of attention probabilities: .npy, .pt or .safetensors.")],
     key: Annotated[
-        str | None, typer.Option("--key", help="Tensor name inside a .pt dict or .safetensors file.")
+        str | None,
+        typer.Option(
+            "--key",
+            help="Tensor name inside a .pt dict or .safetensors file; a nested one by its dotted path "
+            "(layer0.attn, attentions.3).",
+        ),
     ] = None,
     dim: Annotated[int, typer.Option("--dim", help="Key axis of the tensor.")] = -1,
     precision: Annotated[str, typer.Option("--precision", help="Stop refining at float32 or float64 resolution.")] = (
@@ -35,8 +49,8 @@ def theta(
         typer.Option(
             "--exact-support",
             help="Prove every row with at most this many non-zero keys exact (24–48; the enumeration of an open "
-            "row of 45–48 keys takes milliseconds to a few tenths of a second). Default: rows of up to 24 keys, "
-            "and longer ones where a cheap proof applies.",
+            "row of 45–48 keys takes milliseconds to a few tenths of a second). Default: rows of up to 26 keys on "
+            "the CPU (24 on the GPU and torch paths), and longer ones where a cheap proof applies.",
         ),
     ] = None,
     normalize: Annotated[bool, flag("--normalize", help="Renormalise rows instead of checking sums.")] = False,
@@ -137,13 +151,30 @@ def load_tensor(path: Path, key: str | None) -> torch.Tensor:
     except Exception as err:
         reason = str(err).strip().splitlines()[0] if str(err).strip() else ""
         raise FileFormatError(f"cannot read {path} ({type(err).__name__}: {reason}); is it a saved tensor?") from err
-    if isinstance(loaded, dict):
-        tensors = {k: v for k, v in loaded.items() if isinstance(v, torch.Tensor)}
+    if isinstance(loaded, dict | list | tuple):
+        tensors = nested_tensors(loaded)
+        if not tensors:
+            kind = type(loaded).__name__
+            raise FileFormatError(
+                f"{path} holds a {kind} with no tensor in it, at any depth; save the attention tensor itself "
+                "or a dict of tensors"
+            )
         if key is None and len(tensors) == 1:
             key = next(iter(tensors))
         if key not in tensors:
-            which = "choose one with --key NAME" if key is None else f"it has no tensor {key!r}: choose one of them"
-            raise FileFormatError(f"{path} holds tensors {sorted(tensors)}; {which}")
+            names = sorted(tensors)
+            shown = str(names) if len(names) <= 12 else f"{str(names[:12])[:-1]}, … and {len(names) - 12} more]"
+            deep = sorted(name for name in names if name not in _top_level_names(loaded))
+            if key is not None:
+                which = f"it has no tensor {key!r}: choose one of them"
+            elif len(deep) == len(names):
+                which = f"choose one with --key and its dotted path, e.g. --key {deep[0]}"
+            elif deep:
+                which = f"choose one with --key NAME (a nested one by its dotted path, e.g. --key {deep[0]})"
+            else:
+                which = "choose one with --key NAME"
+            held = "no tensor at its top level, only nested ones:" if len(deep) == len(names) else "tensors"
+            raise FileFormatError(f"{path} holds {held} {shown}; {which}")
         loaded = tensors[key]
     elif key is not None:
         raise FileFormatError(f"{path} holds a single tensor, not a named collection; drop --key {key}")
@@ -154,6 +185,30 @@ def load_tensor(path: Path, key: str | None) -> torch.Tensor:
             f"{path} holds a {str(loaded.layout).removeprefix('torch.')} tensor; save it dense (tensor.to_dense())"
         )
     return loaded
+
+
+def nested_tensors(container: Any, prefix: str = "") -> dict[str, Any]:
+    """Every tensor in a dict, list or tuple, at any depth, by its dotted path (``layer0.attn``, ``attentions.3``);
+    a top-level name wins over a nested path spelled the same."""
+    import torch
+
+    found: dict[str, Any] = {}
+    items = container.items() if isinstance(container, dict) else enumerate(container)
+    nested: list[tuple[str, Any]] = []
+    for name, value in items:
+        path = f"{prefix}{name}"
+        if isinstance(value, torch.Tensor):
+            found[path] = value
+        elif isinstance(value, dict | list | tuple):
+            nested.append((path, value))
+    for path, value in nested:
+        for name, tensor in nested_tensors(value, f"{path}.").items():
+            found.setdefault(name, tensor)
+    return found
+
+
+def _top_level_names(container: Any) -> set[str]:
+    return {str(name) for name in (container.keys() if isinstance(container, dict) else range(len(container)))}
 
 
 def _check_key_axis(p: torch.Tensor, dim: int, tolerance: float | None, file: Path) -> None:
@@ -302,12 +357,15 @@ def print_summary(summary: dict[str, Any]) -> None:
     table.add_column("statistic")
     table.add_column("value", justify="right")
     table.add_row("rows", f"{summary['rows']:,}")
+    reasons: set[str | None] = set()
     if summary["rows"] > 0:
         table.add_row("exact fraction", f"{summary['exact_fraction']:.4f}")
         table.add_row("dominant-atom fraction", f"{summary['dominant_fraction']:.4f}")
         for name, value in summary["theta_lower_bound"].items():
             # format_float: the digits that separate a bound from 1 (or from 0: −2.2e-16, not −0.00000000)
-            table.add_row(f"θ lower bound {name}", format_float(value))
+            text, reason = format_theta_lower(value)
+            reasons.add(reason)
+            table.add_row(f"θ lower bound {name}", text)
         table.add_row("max interval width", f"{summary['max_width']:.3g}")
         table.add_row("width ≤ 2^-25 fraction", f"{summary['width_at_most_2^-25_fraction']:.4f}")
         table.add_row("methods", ", ".join(f"{k}: {v:,}" for k, v in summary["methods"].items()))
@@ -322,5 +380,8 @@ def print_summary(summary: dict[str, Any]) -> None:
     if "kernel_load_seconds" in summary:
         table.add_row("seconds to load the kernels, before", f"{summary['kernel_load_seconds']:.3f}")
     console.print(table)
+    footnote = theta_footnote(reasons)
+    if footnote is not None:
+        console.print(footnote, soft_wrap=True)
     if "out" in summary:
         console.print(f"per-row results written to {summary['out']}")

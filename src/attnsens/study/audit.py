@@ -150,8 +150,9 @@ def audit(
             several sequences, while summarizing the rows of as many layers as ``SUMMARY_MEMORY`` (32 MiB, or the
             budget if smaller) holds at 520 bytes a row (at least one).
         exact_support: prove θ exact on every row of at most this many non-zero keys (24–48; ``certify``'s
-            argument). Default: rows of up to 24 keys and those a cheap proof settles; the others end at float32
-            resolution. At 48 a row costs up to ~0.1–0.3 s: a SmolLM2 audit at 512 tokens takes about 20 s more.
+            argument). Default: rows of up to 26 keys on the CPU (24 on the GPU and torch paths) and those a cheap
+            proof settles; the others end at float32 resolution. At 48 a row costs up to ~0.1–0.3 s: a SmolLM2
+            audit at 512 tokens takes about 20 s more.
         progress: called after each (sequence, layer) is done.
 
     Returns:

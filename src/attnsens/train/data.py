@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from attnsens._encoding import conversion_advice, detect_wide_encoding
 from attnsens.errors import ConfigError, FileFormatError
 
 END_OF_TEXT = "<|endoftext|>"
@@ -98,8 +99,14 @@ def read_documents(source: str | Path | None) -> list[str]:
     documents = []
     for path in corpus_files(source):
         try:
+            with path.open("rb") as handle:
+                head = handle.read(4096)
+            if detect_wide_encoding(head) is not None:  # UTF-16 of ASCII text would decode as UTF-8 with NULs
+                raise FileFormatError(f"training text {path} {conversion_advice(path)}")
             text = path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as err:
+        except UnicodeDecodeError as err:
+            raise FileFormatError(f"training text {path} {conversion_advice(path, err)}") from err
+        except OSError as err:
             raise FileFormatError(f"cannot read training text {path}: {err}; give UTF-8 text files") from err
         if path.suffix == ".md":
             for pattern, replacement in _MARKDOWN:
