@@ -76,19 +76,33 @@ def test_tensorboard_writes_event_files_beside_the_parquet_log(tmp_path: Path) -
     corpus = tmp_path / "verse.txt"
     corpus.write_text(synthetic_text(20_000))
     out = tmp_path / "run"
-    args = ["train", "--config", "tiny", "--steps", "3", "--batch-size", "2", "--data", str(corpus), "--out", str(out)]
-    result = CliRunner().invoke(app, [*args, "--tensorboard", "--json"])
+    args = ["train", "--config", "tiny", "--steps", "4", "--batch-size", "2", "--data", str(corpus), "--out", str(out)]
+    result = CliRunner().invoke(app, [*args, "--tensorboard", "--monitor-every", "2", "--json"])
     assert result.exit_code == 0, result.output
 
     versions, scalars = read_scalars(out)
     assert versions == ["brain.Event:2"]
     training = pd.read_parquet(out / "training.parquet")
     for name in ("loss", "lr", "grad_norm_global"):
-        assert [step for step, _ in scalars[f"train/{name}"]] == [1, 2, 3]
+        assert [step for step, _ in scalars[f"train/{name}"]] == [1, 2, 3, 4]
         assert [value for _, value in scalars[f"train/{name}"]] == pytest.approx(training[name].tolist(), rel=1e-6)
     checkpointed = training.dropna(subset=["eval_loss"])
     assert [step for step, _ in scalars["train/eval_loss"]] == checkpointed["step"].tolist()
     assert [value for _, value in scalars["train/eval_loss"]] == pytest.approx(checkpointed["eval_loss"].tolist())
+
+    # The sensitivity monitor's per-layer figures, every 2 steps, for every layer of the tiny GPT.
+    from attnsens.train.model import preset
+
+    n_layer = preset("tiny").n_layer
+    figures = ("theta_lower_median", "p_max_median", "entropy_mean", "fraction_dominant")
+    assert {tag for tag in scalars if tag.startswith("attnsens/")} == {
+        f"attnsens/layer_{layer}/{figure}" for layer in range(n_layer) for figure in figures
+    }
+    for layer in range(n_layer):
+        theta = scalars[f"attnsens/layer_{layer}/theta_lower_median"]
+        assert [step for step, _ in theta] == [2, 4]
+        assert all(0.0 <= value <= 1.0 for _, value in theta)
+        assert all(0.0 < value <= 1.0 for _, value in scalars[f"attnsens/layer_{layer}/p_max_median"])
 
     try:
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -96,4 +110,11 @@ def test_tensorboard_writes_event_files_beside_the_parquet_log(tmp_path: Path) -
         return
     accumulator = EventAccumulator(str(out))
     accumulator.Reload()
-    assert [event.step for event in accumulator.Scalars("train/loss")] == [1, 2, 3]
+    assert [event.step for event in accumulator.Scalars("train/loss")] == [1, 2, 3, 4]
+
+
+def test_monitor_every_needs_tensorboard(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["train", "--out", str(tmp_path / "run"), "--monitor-every", "5"])
+    assert result.exit_code == 1
+    assert "--monitor-every writes its figures to the TensorBoard event files; add --tensorboard" in result.output
+    assert not (tmp_path / "run").exists()

@@ -44,6 +44,16 @@ def train(
             "files beside the Parquet log in --out (tensorboard --logdir OUT).",
         ),
     ] = False,
+    monitor_every: Annotated[
+        int | None,
+        typer.Option(
+            "--monitor-every",
+            min=0,
+            help="With --tensorboard: every this many steps, the sensitivity monitor's per-layer figures (median θ "
+            "lower bound, median p_max, mean entropy, dominant fraction; attnsens/layer_L/…) on 4 held-out blocks "
+            "go to the event files too. Default 50; 0: off.",
+        ),
+    ] = None,
     as_json: JsonOption = False,
 ) -> None:
     """Train a GPT on text; checkpoints at steps 0, 1, 2, 4, … and the last. Multi-GPU/CPU: prefix with
@@ -59,6 +69,10 @@ def train(
 
     check_device(device)
     check_out_dir(out)
+    if monitor_every is not None and not tensorboard:
+        from attnsens.errors import ConfigError
+
+        raise ConfigError("--monitor-every writes its figures to the TensorBoard event files; add --tensorboard")
     if threads is not None:
         torch.set_num_threads(threads)
     model_config = preset(config, norm=norm)
@@ -70,7 +84,7 @@ def train(
     with ProgressReport("training", "steps", enabled=writer and not as_json) as report:
         callbacks: list[object] = [TrainingProgress(report, steps)]
         if tensorboard and writer:
-            callbacks.append(TensorBoardLog(out))
+            callbacks.append(TensorBoardLog(out, monitor_every=50 if monitor_every is None else monitor_every))
         try:
             result = train_run(
                 model_config, train_config, data_config, out, resume=resume, extend=resume, device=device,
@@ -127,16 +141,33 @@ class TrainingProgress:
 
 class TensorBoardLog:
     """Trainer callback: each step's record as TensorBoard scalars (``train/loss``, ``train/lr``,
-    ``train/grad_norm_global``, and ``train/eval_loss`` at checkpoints) in an event file of ``run_dir``.
+    ``train/grad_norm_global``, and ``train/eval_loss`` at checkpoints) in an event file of ``run_dir``; with
+    ``monitor_every`` > 0, a SensitivityMonitor on the first ``PROBE_BLOCKS`` blocks of the held-out batch adds its
+    per-layer figures (``attnsens/layer_L/…``) every ``monitor_every`` steps.
 
     The file is opened at the first record, so a run refused before it trains leaves none behind.
     """
 
     SCALARS = ("loss", "lr", "grad_norm_global", "eval_loss")
+    PROBE_BLOCKS = 4
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, *, monitor_every: int = 0) -> None:
         self.run_dir = run_dir
+        self.monitor_every = monitor_every
+        self.monitor: Any = None
         self.writer: Any = None
+        self.pending: dict[str, float] = {}
+
+    def on_train_begin(self, trainer: Any) -> None:
+        if self.monitor_every > 0:
+            from attnsens.capture import SensitivityMonitor
+
+            probe = trainer.data.eval_batch()[0][: self.PROBE_BLOCKS]
+            self.monitor = SensitivityMonitor(probe, every=self.monitor_every)
+
+    def on_step_end(self, step: int, model: Any, batch: Any = None) -> None:
+        if self.monitor is not None and self.monitor.on_step_end(step, model):
+            self.pending = self.monitor.scalars(step)
 
     def on_record(self, record: dict[str, Any]) -> None:
         from attnsens.train.tensorboard import ScalarEventWriter
@@ -144,7 +175,8 @@ class TensorBoardLog:
         if self.writer is None:
             self.writer = ScalarEventWriter(self.run_dir)
         values = {f"train/{name}": record[name] for name in self.SCALARS if record.get(name) is not None}
-        self.writer.add_scalars(values, record["step"])
+        self.writer.add_scalars({**values, **self.pending}, record["step"])
+        self.pending = {}
         self.writer.flush()  # a TensorBoard watching the folder shows every step as it ends
 
     def close(self) -> None:

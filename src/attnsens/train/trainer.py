@@ -5,10 +5,11 @@ LayerNorm gains, biases, or the token/position embeddings — the token embeddin
 the gradient's global ℓ2 norm is clipped to 1.0; bf16 autocast on CUDA only (fp32 master weights), full fp32 on
 CPU so that a resumed run is bit-identical to an uninterrupted one.
 
-Observers are named callbacks, objects with any of ``on_step_end(step, model, batch)`` (after the optimizer
-update; ``batch`` is the step's input ids), ``on_checkpoint(step, model, path)`` (``model`` is the bare GPT) and
-``on_record(record)`` (the step's record of the training table: loss, lr, tokens_seen, wall_time_s, and eval_loss
-at checkpoints; for progress displays).
+Observers are named callbacks, objects with any of ``on_train_begin(trainer)`` (once ``run`` starts, before this
+process's first step: the trainer's ``data``, ``model`` and ``step``), ``on_step_end(step, model, batch)`` (after the
+optimizer update; ``batch`` is the step's input ids), ``on_checkpoint(step, model, path)`` (``model`` is the bare
+GPT) and ``on_record(record)`` (the step's record of the training table: loss, lr, tokens_seen, wall_time_s, and
+eval_loss at checkpoints; for progress displays).
 ``attnsens.capture.SensitivityMonitor`` is such an object.
 Under ``torchrun`` every rank trains its share of the global batch and rank 0 alone writes.
 """
@@ -227,6 +228,9 @@ class Trainer:
         """Train up to ``train_config.steps``, checkpointing on the schedule. Returns {"training", "grad_norms"}."""
         config = self.train_config
         schedule = set(config.checkpoint_schedule)
+        for callback in self.callbacks:
+            if hasattr(callback, "on_train_begin"):
+                callback.on_train_begin(self)
         if self.step == 0 and 0 in schedule:  # the same decision on every rank: _checkpoint ends in a barrier
             self._checkpoint()
         start = time.perf_counter() - self._elapsed
