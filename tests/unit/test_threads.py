@@ -23,3 +23,21 @@ def test_parallel_kernels_keep_torch_thread_count() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+def test_the_training_monitor_keeps_torch_thread_count() -> None:
+    # Training goes on after each probe with the threads it was given (bench/train.py measured 1 → 2 before).
+    code = (
+        "import torch\n"
+        "from attnsens.capture import SensitivityMonitor\n"
+        "from attnsens.train.model import GPT, preset\n"
+        "torch.set_num_threads(1)\n"
+        "model = GPT(preset('tiny'))\n"
+        "monitor = SensitivityMonitor(torch.randint(0, 1024, (2, 128)), every=1)\n"
+        "assert monitor.on_step_end(0, model)\n"
+        "assert torch.get_num_threads() == 1, torch.get_num_threads()\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "ok"

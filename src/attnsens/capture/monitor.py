@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from attnsens._threads import keep_torch_threads
 from attnsens.capture.accumulator import RowSummaryAccumulator
 from attnsens.capture.selection import RowSelection
 from attnsens.capture.stream import capture_row_statistics
@@ -68,9 +69,12 @@ class SensitivityMonitor:
         start = time.perf_counter()
         adapter = self._adapter(model)
         accumulator = RowSummaryAccumulator()
-        capture_row_statistics(
-            adapter, self.probe_ids.to(adapter.device), selection=self.selection, on_block=accumulator.update
-        )
+        # The first probe starts numba's thread pool, which resets the OpenMP thread count torch shares: training
+        # would go on with other threads than it was given.
+        with keep_torch_threads():
+            capture_row_statistics(
+                adapter, self.probe_ids.to(adapter.device), selection=self.selection, on_block=accumulator.update
+            )
         self.history.extend({"step": step, **record} for record in accumulator.compute())
         self.layers.extend({"step": step, **record} for record in accumulator.compute_layers())
         self.seconds += time.perf_counter() - start
