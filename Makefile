@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: setup
-	$(VENV)/bin/attnsens study --config tiny --seeds 0,1 --reference smollm2 --out demo-output
+	$(VENV)/bin/attnsens study --config tiny --seeds 0,1 --placements pre,none --steps 600 --reference smollm2 --out demo-output
 
 # The report's browser test needs Chromium; .ci/run installs it, and without it the test is skipped with a reason.
 test: setup

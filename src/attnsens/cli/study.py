@@ -131,23 +131,21 @@ def study_summary(result: Any, study_config: Any) -> dict[str, Any]:
 
 
 class SeedProgress:
-    """Trainer callback for a study: the training progress of each run (placement, seed) in turn (loss, tokens/s,
-    ETA)."""
+    """Trainer callback for a study: the training progress of each run (placement, seed), with loss, tokens/s and
+    ETA; runs trained side by side report in turn, each with its own rate."""
 
     def __init__(self, report: Any, steps: int) -> None:
         self.report, self.steps = report, steps
-        self.run: tuple[str, int] | None = None
-        self.current: Any = None
+        self.runs: dict[tuple[str, int], Any] = {}
 
     def on_record(self, record: dict[str, Any]) -> None:
-        run = (record["run_id"], record["seed"])
-        if run != self.run:
-            from attnsens.cli.train import TrainingProgress
+        from attnsens.cli.train import TrainingProgress
 
-            self.run = run
-            self.report.label = f"{record['run_id']} seed {record['seed']}: training"
-            self.current = TrainingProgress(self.report, self.steps)
-        self.current.on_record(record)
+        run = (record["run_id"], record["seed"])
+        if run not in self.runs:
+            self.runs[run] = TrainingProgress(self.report, self.steps)
+        self.report.label = f"{record['run_id']} seed {record['seed']}: training"
+        self.runs[run].on_record(record)
 
 
 def _learning_rates(value: str | None) -> tuple[float | None, dict[str, float]]:
