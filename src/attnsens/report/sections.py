@@ -216,7 +216,7 @@ def findings_section(data: RunData, findings: list[Finding]) -> Section:
             table = table_html(finding.table, caption=finding.table_caption) if finding.table is not None else ""
             badge = esc(finding.verdict.replace(" ", "-"))
             subset = f" ({finding.subset} rows)" if finding.subset else ""
-            threshold = "" if finding.threshold is None else f" — threshold {finding.threshold:g}"
+            threshold = "" if finding.threshold is None else f" — threshold {finding.threshold:.3g}"
             cards.append(
                 f'<div class="finding {badge}">'
                 f'<p><span class="badge {badge}">{esc(finding.verdict)}</span>'
@@ -239,7 +239,7 @@ def _headline(findings: list[Finding]) -> pd.DataFrame:
             {
                 "run": finding.run_id or "run",
                 "finding": SHORT_CLAIMS.get(finding.finding, finding.finding)
-                + ("" if finding.threshold is None else f" ({finding.threshold:g})"),
+                + ("" if finding.threshold is None else f" ({finding.threshold:.3g})"),
             },
         )
         value = "" if finding.statistic is None else f": {_statistic_text(finding)}"
@@ -667,7 +667,7 @@ def _influence_constants(run_id: str, model: str, summary: dict[str, Any]) -> st
         if layers:
             total = sum(layer["log10_weight_ratio"] for layer in layers)
             text += (
-                ". The recursion bounds every attention weight by e^{2A_k}/n, with A_k the largest score "
+                ". The recursion bounds every attention weight by exp(2A_k)/n, with A_k the largest score "
                 f"oscillation any input can reach in layer k; over the {len(layers)} layers these factors alone add "
                 f"10^{total:,.1f}, which is why C is far above the measured n·‖Δy_n‖"
             )
@@ -683,7 +683,7 @@ def _influence_constants(run_id: str, model: str, summary: dict[str, Any]) -> st
             {
                 "layer": [layer["layer"] for layer in layers],
                 "A_k (certified recursion)": [layer["A_k"] for layer in layers],
-                "log10 e^{2A_k}": [layer["log10_weight_ratio"] for layer in layers],
+                "log10 exp(2A_k)": [layer["log10_weight_ratio"] for layer in layers],
                 "A_k (measured)": [layer.get("A_k_observed") for layer in layers],
                 "input norm bound": [layer.get("input_norm_bound") for layer in layers],
                 "input norm (measured)": [layer.get("input_norm_observed") for layer in layers],
