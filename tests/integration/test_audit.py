@@ -250,7 +250,7 @@ def test_cli_audit_without_a_text_audits_the_built_in_corpus(tmp_path) -> None:
         (["minilm", "--text", "MISSING", "--seq-len", "8"], "does not exist"),
         (["minilm", "--text", "EMPTY", "--seq-len", "8"], "is empty"),
         (["minilm", "--text", "TEXT", "--seq-len", "600"], "exceeds the context"),
-        (["no-such/model", "--text", "TEXT", "--seq-len", "8"], "cannot load model"),
+        (["no-such/model", "--text", "TEXT", "--seq-len", "8"], "no file or folder"),
         (["minilm", "--text", "TEXT", "--corpus", "shakespeare", "--seq-len", "8"], "not both"),
         (["minilm", "--corpus", "poetry", "--seq-len", "8"], "unknown corpus"),
         (["minilm", "--text", "SHORT", "--seq-len", "64"], "the text has 1 token, fewer than the 62 of one window"),

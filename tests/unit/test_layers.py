@@ -20,7 +20,7 @@ import attnsens
 SOURCE = Path(attnsens.__file__).parent
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("attnsens", "errors", "provenance", "_threads", "_memory", "_numba_cache", "seeding"),  # foundation
+    ("attnsens", "errors", "provenance", "_threads", "_memory", "_numba_cache", "_encoding", "seeding"),  # foundation
     ("theta",),  # θ kernels
     ("_rounding",),  # directed rounding of the certified bounds
     ("weights",),  # the normalized weights: what adapters produce and bounds consume
@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("capture",),  # row statistics while a model runs
     ("influence",),  # inverse-length influence
     ("report",),  # figures, findings, HTML
-    ("study",),  # pipelines
+    ("study", "warmup"),  # pipelines; compiling every kernel ahead
     ("cli", "__main__"),  # commands
 )
 """Lowest first; a module may import from its own layer and the layers before it. ``attnsens`` is the root

@@ -268,7 +268,7 @@ def _check_checkpoints(
     """The training checkpoints below ``root`` against their checkpoint manifests: (checkpoints that verify, the
     problems, the planned checkpoints that are not registered)."""
     from attnsens.errors import CheckpointError
-    from attnsens.train.checkpoint import MANIFEST, checkpoint_name, read_manifest, recorded_key
+    from attnsens.store.checkpoint_files import MANIFEST, checkpoint_name, read_manifest, recorded_key
 
     found = sorted({p.parent.parent for p in root.glob("**/checkpoints/" + MANIFEST) if p.is_file()})
     folders = {("." if d == root else d.relative_to(root).as_posix()): d for d in found}

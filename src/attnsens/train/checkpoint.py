@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -37,14 +36,17 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from attnsens.errors import CheckpointError
+from attnsens.store.checkpoint_files import (
+    _NAME,
+    MANIFEST,
+    _rebuild,
+    checkpoint_dir,
+    checkpoint_name,
+    read_manifest,
+    recorded_key,
+)
 from attnsens.store.manifest import sha256_file
 from attnsens.store.parquet import atomic_write, output_write_error
-
-MANIFEST = "manifest.json"
-TENSOR_FILES = ("model.safetensors", "optimizer.safetensors", "rng.safetensors")
-CHECKPOINT_FILES = (*TENSOR_FILES, "state.json")
-_NAME = re.compile(r"^step_(\d{6,})$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def checkpoint_steps(max_steps: int) -> list[int]:
@@ -59,57 +61,6 @@ def checkpoint_steps(max_steps: int) -> list[int]:
     if max_steps > 0:
         steps.append(max_steps)
     return steps
-
-
-def checkpoint_name(step: int) -> str:
-    return f"step_{step:06d}"
-
-
-def checkpoint_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "checkpoints"
-
-
-def read_manifest(run_dir: str | Path) -> dict[str, dict[str, Any]]:
-    """The manifest's entries by checkpoint name ({} when no checkpoint was written yet)."""
-    path = checkpoint_dir(run_dir) / MANIFEST
-    if not path.exists():
-        return {}
-    problem: str | None
-    try:
-        payload = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        payload, problem = None, f"is not valid JSON ({err})"
-    else:
-        problem = _manifest_problem(payload)
-    if problem is not None:
-        raise CheckpointError(
-            f"checkpoint manifest {path} {problem}; restore it, or delete {checkpoint_dir(run_dir)} and rerun to "
-            "retrain this run from the start"
-        )
-    return payload
-
-
-def _manifest_problem(payload: Any) -> str | None:
-    """What is wrong with a parsed checkpoint manifest (None when it fits the layout of the module docstring)."""
-    if not isinstance(payload, dict):
-        return f"holds a JSON {type(payload).__name__}, not an object of checkpoints"
-    for name, entry in payload.items():
-        match = _NAME.match(name)
-        if match is None:
-            return f"has an entry {name!r} that is not a checkpoint name like 'step_000008'"
-        if not isinstance(entry, dict) or not isinstance(entry.get("files"), dict):
-            return f"has an entry {name!r} without a 'files' object"
-        step = entry.get("step")
-        if type(step) is not int or step != int(match.group(1)):
-            return f"has an entry {name!r} whose step is {step!r}, not the integer {int(match.group(1))}"
-        for file_name, digest in entry["files"].items():
-            if file_name not in CHECKPOINT_FILES:
-                return f"has an entry {name!r} naming a file {file_name!r} (allowed: {', '.join(CHECKPOINT_FILES)})"
-            if not isinstance(digest, str) or not _SHA256.match(digest):
-                return f"has an entry {name!r} whose sha256 of {file_name} is {digest!r}, not 64 hex digits"
-        if "model.safetensors" not in entry["files"]:
-            return f"has an entry {name!r} that lists no model.safetensors"
-    return None
 
 
 def prune_deleted(run_dir: str | Path) -> dict[int, str]:
@@ -216,18 +167,6 @@ def verify_checkpoint(run_dir: str | Path, step: int, *, seed: int | None = None
     return directory
 
 
-def recorded_key(directory: Path) -> tuple[Any, Any]:
-    """(step, training seed) that the checkpoint's own ``state.json`` records; CheckpointError when unreadable."""
-    try:
-        state = json.loads((directory / "state.json").read_text())
-        train_config = state.get("train_config") or {}
-        return state["step"], train_config.get("seed") if isinstance(train_config, dict) else None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
-        raise CheckpointError(
-            f"checkpoint {directory} has an unusable state.json ({type(err).__name__}: {err}); {_rebuild(directory)}"
-        ) from None
-
-
 def _check_key(directory: Path, step: int, seed: int | None) -> None:
     """The contents of checkpoint ``step`` must be step ``step``'s (of ``seed``): a copied checkpoint whose hashes
     were copied into the manifest as well passes every sha256 check but not this one."""
@@ -243,10 +182,6 @@ def _check_key(directory: Path, step: int, seed: int | None) -> None:
             f"checkpoint {directory} holds {' and '.join(wrong)}, not {wanted} (a copy of another checkpoint); "
             f"{_rebuild(directory)}"
         )
-
-
-def _rebuild(directory: Path) -> str:
-    return f"delete {directory} and rerun: training resumes from the last good checkpoint and rebuilds it"
 
 
 def _tensors(path: Path) -> dict[str, Tensor]:
