@@ -26,7 +26,16 @@ def _attnsens(*arguments: str) -> subprocess.Popen:
         "HF_HUB_OFFLINE": "1",
     }  # fmt: skip
     command = [sys.executable, "-m", "attnsens", *arguments]
-    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_sigint_by_default
+    )
+
+
+def _sigint_by_default() -> None:
+    """In the child, before it starts: SIGINT delivered as a terminal's Ctrl-C delivers it. A test run started in
+    the background of a non-interactive shell (``make test &``) ignores SIGINT, a child inherits that, and Python
+    then leaves it ignored, as a command run in the background should."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _train(out: Path) -> subprocess.Popen:
