@@ -14,12 +14,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from attnsens.influence.recursion import ObservedLayer, log_poly_at, run_recursion
+
+if TYPE_CHECKING:
+    from attnsens.influence.certificate import InfluenceCertificate
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,22 +89,21 @@ def observe_layers(model: torch.nn.Module, sequences: Sequence[Tensor]) -> list[
     ]
 
 
-def input_set_log10_constant(certificate: object, observations: Sequence[LayerObservation]) -> float | None:
+def input_set_log10_constant(
+    certificate: InfluenceCertificate, observations: Sequence[LayerObservation]
+) -> float | None:
     """log10 of the recursion's constant with the observed norms and oscillations (module docstring), or None where
     the certificate has no recursion to rerun (a model it does not model)."""
-    blocks = getattr(certificate, "blocks", ())
-    layers = getattr(certificate, "layers", ())
-    certified = getattr(certificate, "log10_constant", None)
-    if not blocks or not layers or certified is None:
+    if not certificate.blocks or not certificate.layers or certificate.log10_constant is None:
         return None
     first = observations[0].observed.hidden_norm
     rows = run_recursion(
-        blocks,
+        certificate.blocks,
         embedding_norm=first,
         # two inputs differ at one position by at most the embeddings' diameter, and by at most 2·B_0 on the set
-        embedding_diameter=min(getattr(certificate, "embedding_diameter", math.inf), 2 * first),
+        embedding_diameter=min(certificate.embedding_diameter, 2 * first),
         observed=[o.observed for o in observations],
     )
     # the same final factor as the certificate's (a final norm's Lipschitz constant; 1 without one)
-    final = certified - log_poly_at(layers[-1].log_other_positions, 1.0) / math.log(10.0)
+    final = certificate.log10_constant - log_poly_at(certificate.layers[-1].log_other_positions, 1.0) / math.log(10.0)
     return log_poly_at(rows[-1].log_other_positions, 1.0) / math.log(10.0) + final

@@ -27,7 +27,8 @@ SUBSETS = ("all", "core")
 COUNT_COLUMNS = ("n_rows", "n_dominant", "n_sink", "n_dominant_sink", "n_early")
 """The cells' row counts (integers); every other aggregate is a median, mean or fraction."""
 
-_CORE = f"argmax <> 0 AND n_keys >= {EARLY_KEYS}"
+CORE_ROWS_SQL = f"argmax <> 0 AND n_keys >= {EARLY_KEYS}"
+"""The SQL condition of a core row: not a sink (argmax at key 0), not early."""
 
 _AGGREGATES = f"""
     count(*) AS n_rows,
@@ -47,7 +48,7 @@ _AGGREGATES = f"""
 CELLS_SQL = f"""
 SELECT run_id, step, seed, layer, 'all' AS subset, {_AGGREGATES} FROM rows GROUP BY run_id, step, seed, layer
 UNION ALL
-SELECT run_id, step, seed, layer, 'core' AS subset, {_AGGREGATES} FROM rows WHERE {_CORE}
+SELECT run_id, step, seed, layer, 'core' AS subset, {_AGGREGATES} FROM rows WHERE {CORE_ROWS_SQL}
 GROUP BY run_id, step, seed, layer
 ORDER BY run_id, subset, step, seed, layer
 """

@@ -17,7 +17,7 @@ import pandas as pd
 
 from attnsens.errors import FileFormatError
 from attnsens.report.cells import layer_cells
-from attnsens.report.run_statistics import FINDING_ROWS_SQL
+from attnsens.report.run_statistics import CLOSED_FORM_SQL, FINDING_ROWS_SQL
 from attnsens.store.manifest import MANIFEST_NAME
 from attnsens.store.parquet import read_metadata
 from attnsens.store.query import connect
@@ -30,8 +30,6 @@ _CHECKPOINT_TABLES = ("rows", "summary", "bounds")
 
 # θ of a dominant row with stored sum s is s − 4(p_max − s/2)² = 4 p_max (s − p_max) + s (1 − s)
 # (docs/architecture.md "θ semantics"); for s = 1 this is 4 p_max (1 − p_max), docs/math.md T2(a).
-_DOMINANT_THETA_SQL = "(4 * p_max * (row_sum - p_max) + row_sum * (1 - row_sum))"
-
 _SUMMARY_INPUT_COLUMNS = (
     "run_id, model, step, seed, layer, head, theta_lower, theta_upper, theta_exact, dominant, p_max, entropy, "
     "normalized_entropy, n_eff"
@@ -159,8 +157,8 @@ def _with_layer_records(summary: pd.DataFrame | None, connection: Any) -> pd.Dat
 _DOMINANT_CHECK_SQL = (
     "count(*), count(*) FILTER (WHERE dominant), "
     "avg(CAST(theta_exact AS DOUBLE)) FILTER (WHERE dominant), "
-    f"max(abs(theta_lower - {_DOMINANT_THETA_SQL})) FILTER (WHERE dominant), "
-    f"max(abs(theta_upper - {_DOMINANT_THETA_SQL})) FILTER (WHERE dominant)"
+    f"max(abs(theta_lower - {CLOSED_FORM_SQL})) FILTER (WHERE dominant), "
+    f"max(abs(theta_upper - {CLOSED_FORM_SQL})) FILTER (WHERE dominant)"
 )
 
 

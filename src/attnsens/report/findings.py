@@ -26,8 +26,9 @@ import numpy as np
 import pandas as pd
 
 from attnsens.report.bootstrap import CONFIDENCE, Interval, interval
+from attnsens.report.cells import EARLY_KEYS
 from attnsens.report.data import RunData
-from attnsens.report.run_statistics import EARLY_KEYS, ENVELOPE_MARGIN, RunStatistics
+from attnsens.report.run_statistics import ENVELOPE_MARGIN, RunStatistics
 
 NEAR_ONE = 0.9
 """The paper's "near 1": a median θ lower bound at or above this (‖J‖∞→1 within 10 % of its maximum 1/τ)."""
@@ -606,14 +607,7 @@ def influence_findings(data: RunData) -> list[Finding]:
         # The certified rate's shape or faster agrees (within the margin); an interval wholly above decays slower.
         slowest = expected + INFLUENCE_MARGIN
         verdict: Verdict = "disagrees" if slope.low > slowest else "agrees" if slope.high <= slowest else "inconclusive"
-        bound = part["influence_upper_bound"] if "influence_upper_bound" in part else pd.Series(dtype=float)
-        certified = bool(bound.notna().any())
-        log10_c = None
-        if certified:
-            with np.errstate(over="ignore", divide="ignore"):
-                log10_c = float(np.log10((part["n"] * bound).max()))
-            if not math.isfinite(log10_c):  # C/n overflowed a float: the stored log10 C
-                log10_c = summary.get("log10_certified_C")
+        log10_c = certified_log10_constant(part, summary)
         measured = (
             f"{model}: slope of log max ‖Δy_n‖ on log n over {part['n'].nunique()} lengths "
             f"({int(part['n'].min()):,}–{int(part['n'].max()):,}), {slope.text(3)} ({fit.confidence:.0%} t "
@@ -657,6 +651,19 @@ def influence_findings(data: RunData) -> list[Finding]:
             )
         )
     return findings
+
+
+def certified_log10_constant(part: pd.DataFrame, summary: dict[str, Any]) -> float | None:
+    """log10 of max_n n·(C/n) over one model's influence rows, or the stored log10 C (``summary``, the
+    experiment's metadata) where C/n overflowed a float; None where no certificate applies."""
+    bound = part["influence_upper_bound"] if "influence_upper_bound" in part else pd.Series(dtype=float)
+    if not bound.notna().any():
+        return None
+    value = float((part["n"] * bound).max())
+    if math.isfinite(value) and value > 0:
+        return math.log10(value)
+    stored = summary.get("log10_certified_C")
+    return None if stored is None else float(stored)
 
 
 def expected_slope(lengths: list[int], summary: dict[str, Any]) -> tuple[float, str]:

@@ -19,18 +19,19 @@ import numpy as np
 import pandas as pd
 
 from attnsens.report.bootstrap import Interval, UnitWeights, interval, unit_weights, weighted_median, weighted_ratio
-
-EARLY_KEYS = 16
-"""Rows with fewer keys than this are "early" and left out of the core rows (attnsens.report.cells)."""
+from attnsens.report.cells import CORE_ROWS_SQL
 
 ENVELOPE_MARGIN = 0.01
 """A row's certificate adds to p_max where its θ lower bound exceeds the envelope E by more than this."""
 
+CLOSED_FORM_SQL = "(4 * p_max * (row_sum - p_max) + row_sum * (1 - row_sum))"
+"""θ of a dominant row (p_max ≥ s/2), 4m(s − m) + s(1 − s), in SQL; also the second branch of the envelope E."""
+
 FINDING_ROWS_SQL = f"""
 SELECT run_id, step, seed, layer, head, batch,
-       (argmax <> 0 AND n_keys >= {EARLY_KEYS}) AS core,
+       ({CORE_ROWS_SQL}) AS core,
        theta_lower,
-       greatest(row_sum - p_max * p_max, 4 * p_max * (row_sum - p_max) + row_sum * (1 - row_sum)) AS envelope,
+       greatest(row_sum - p_max * p_max, {CLOSED_FORM_SQL}) AS envelope,
        p_max * n_keys AS p_max_n,
        normalized_entropy,
        dominant,

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +24,7 @@ from attnsens.report.findings import (
     NEAR_ONE,
     SHORT_CLAIMS,
     Finding,
+    certified_log10_constant,
 )
 from attnsens.report.html_parts import definition_list, esc, figure_html, table_html
 from attnsens.store.summary import ALL_HEADS
@@ -626,7 +626,7 @@ def influence_section(data: RunData) -> Section:
                 "lengths": f"{int(part['n'].min()):,}–{int(part['n'].max()):,}",
                 "fitted slope": slope,
                 "max n·influence": float((part["n"] * part["influence_max"]).max()),
-                "log10 C (certified)": _log10_constant(part, bound, stored.get(model, {})) if certified else None,
+                "log10 C (certified)": certified_log10_constant(part, stored.get(model, {})),
                 "measured ≤ C/n at every n": sound,
                 "max TV": float(part["tv_max"].max()) if "tv_max" in part else None,
             }
@@ -639,15 +639,6 @@ def influence_section(data: RunData) -> Section:
     for (run_id, model), summary in sorted(data.influence_summaries.items()):
         body += _influence_constants(run_id, model, summary)
     return Section(anchor="influence", title="Inverse-length influence", body=body)
-
-
-def _log10_constant(part: pd.DataFrame, bound: pd.Series, summary: dict[str, Any]) -> float | None:
-    """log10 of max_n n·(C/n) from the table, or the stored log10 C where C/n overflows a float."""
-    value = float((part["n"] * bound).max())
-    if math.isfinite(value) and value > 0:
-        return math.log10(value)
-    stored = summary.get("log10_certified_C")
-    return None if stored is None else float(stored)
 
 
 def _influence_constants(run_id: str, model: str, summary: dict[str, Any]) -> str:

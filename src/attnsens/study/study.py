@@ -277,7 +277,7 @@ def planned_units(config: StudyConfig) -> list[str]:
     units = [BASELINES_UNIT]
     for placement in config.norm_placements:
         for seed in config.seeds:
-            units += [f"{table}/placement={placement}/seed={seed}.parquet" for table in ("training", "grad_norms")]
+            units += _training_units(placement, seed).values()
             for step in config.train.checkpoint_schedule:
                 units += unit_paths(placement, seed, step, bounds=config.bounds_at(step)).values()
     if config.reference is not None:
@@ -359,10 +359,8 @@ def run_study(
         units = reference_paths(config.reference).values()
         if not all(manifest.is_done(unit) for unit in units):
             _audit_reference(config, config.reference, out, eval_inputs, manifest, say=say)
-    if rank == 0:
-        for placement in config.norm_placements:
-            if placement == "none" and not manifest.is_done(influence_path(placement, config.seeds[0])):
-                _influence(config, out, placement, config.seeds[0], eval_inputs, manifest, say=say)
+    if rank == 0 and "none" in config.norm_placements and not manifest.is_done(influence_path("none", config.seeds[0])):
+        _influence(config, out, "none", config.seeds[0], eval_inputs, manifest, say=say)
     if dist.is_initialized():
         dist.barrier()
     audit_seconds = time.perf_counter() - started
@@ -406,8 +404,9 @@ def _influence(
     frame = result.table.copy()
     frame.insert(0, "model", name)
     frame.insert(0, "run_id", run_id)
-    manifest.write_unit(influence_path(placement, seed), frame, schema="influence", metadata=result.summary())
-    certified = result.summary()["log10_certified_C"]
+    summary = result.summary()
+    manifest.write_unit(influence_path(placement, seed), frame, schema="influence", metadata=summary)
+    certified = summary["log10_certified_C"]
     constant = "no certified C" if certified is None else f"certified C = 10^{certified:.1f}"
     say(
         f"{placement} seed {seed} step {step}: influence slope {result.fit.slope:.3f} "
@@ -519,6 +518,32 @@ def _record_training(
     )
 
 
+def train_run(
+    config: StudyConfig,
+    out: Path,
+    placement: str,
+    seed: int,
+    data: TokenData,
+    *,
+    device: str | None,
+    callbacks: Sequence[object],
+) -> Any:
+    """Train (or resume) one run of the study into its folder, its log kept in memory for the study's units; the
+    same call in this process and in a worker process (attnsens.study.workers). Returns the TrainResult."""
+    return train(
+        config.model_for(placement),
+        replace(config.train_for(placement), seed=seed),
+        config.data,
+        _seed_dir(out, placement, seed),
+        resume=True,
+        run_id=config.run_id(placement),
+        device=device,
+        write_log=False,
+        data=data,
+        callbacks=callbacks,
+    )
+
+
 def _train_seed(
     config: StudyConfig,
     out: Path,
@@ -532,20 +557,10 @@ def _train_seed(
     say: Log,
     callbacks: Sequence[object] = (),
 ) -> None:
-    run_dir = _seed_dir(out, placement, seed)
     started = time.perf_counter()
     progress = _CheckpointLog(f"{placement} seed {seed}", config.train.steps, say)
-    result = train(
-        config.model_for(placement),
-        replace(config.train_for(placement), seed=seed),
-        config.data,
-        run_dir,
-        resume=True,
-        run_id=config.run_id(placement),
-        device=device,
-        write_log=False,
-        data=data,
-        callbacks=[progress, *callbacks] if rank == 0 else [],
+    result = train_run(
+        config, out, placement, seed, data, device=device, callbacks=[progress, *callbacks] if rank == 0 else []
     )
     if rank == 0:
         seconds = time.perf_counter() - started

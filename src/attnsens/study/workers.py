@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from queue import Queue
 from typing import TYPE_CHECKING, Any
@@ -65,13 +65,12 @@ def relays_only_records(callbacks: Sequence[object]) -> bool:
 
 @dataclass(frozen=True)
 class TrainedRun:
-    """What a worker sends back: the run's training and gradient-norm records, its last step and its seconds."""
+    """What a worker sends back: the run's training and gradient-norm records and its seconds."""
 
     placement: str
     seed: int
     training: list[dict[str, Any]]
     grad_norms: list[dict[str, Any]]
-    final_step: int
     seconds: float
 
 
@@ -186,27 +185,16 @@ def _train_run(
     config: StudyConfig, out: Path, placement: str, seed: int, data: TokenData, device: str | None
 ) -> TrainedRun:
     """One run, in a worker process, on the token stream the parent tokenized."""
-    from attnsens.train.run import train
+    from attnsens.study.study import train_run
 
     started = time.perf_counter()
-    result = train(
-        config.model_for(placement),
-        replace(config.train_for(placement), seed=seed),
-        config.data,
-        out / "runs" / f"placement={placement}" / f"seed={seed}",
-        resume=True,
-        run_id=config.run_id(placement),
-        device=device,
-        write_log=False,
-        data=data,
-        callbacks=[_Relay(f"{placement} seed {seed}")],
-    )
+    relay = _Relay(f"{placement} seed {seed}")
+    result = train_run(config, out, placement, seed, data, device=device, callbacks=[relay])
     return TrainedRun(
         placement=placement,
         seed=seed,
         training=list(result.training),
         grad_norms=list(result.grad_norms),
-        final_step=result.final_step,
         seconds=time.perf_counter() - started,
     )
 

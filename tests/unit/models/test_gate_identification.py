@@ -7,6 +7,7 @@ random inputs that span its input space; parameters edited after the adapter rea
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 import pandas as pd
@@ -104,20 +105,27 @@ def test_an_edit_in_the_null_space_of_the_probe_tokens_is_refused_by_the_identif
     assert _head_bound(table, 0, "mha_local_jacobian_upper_bound") >= estimate
 
 
-def test_a_misread_of_w_v_confined_to_directions_off_the_probe_span_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
-    adapter = M.load(_llama())
-    basis = _off_span(_attention_inputs(adapter, 1))
-    keep = torch.eye(D_MODEL, dtype=torch.float64) - basis.T @ basis  # projector onto the probe tokens' span
+def _misread(
+    monkeypatch: pytest.MonkeyPatch, adapter: M.ModelAdapter, layer: int, change: Callable[[LayerWeights], LayerWeights]
+) -> None:
+    """Make the adapter read layer ``layer``'s normalized weights through ``change`` (a misreading adapter), and
+    read them again."""
     read = adapter.read_layers
 
     def misread() -> list[LayerWeights]:
         layers = read()
-        attention = layers[1].attention
-        layers[1] = replace(layers[1], attention=replace(attention, w_v=attention.w_v @ keep))
+        layers[layer] = change(layers[layer])
         return layers
 
     monkeypatch.setattr(adapter, "read_layers", misread)
     adapter.reread_layers()
+
+
+def test_a_misread_of_w_v_confined_to_directions_off_the_probe_span_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    adapter = M.load(_llama())
+    basis = _off_span(_attention_inputs(adapter, 1))
+    keep = torch.eye(D_MODEL, dtype=torch.float64) - basis.T @ basis  # projector onto the probe tokens' span
+    _misread(monkeypatch, adapter, 1, lambda w: replace(w, attention=replace(w.attention, w_v=w.attention.w_v @ keep)))
     _, results = M.weights_fidelity(adapter, IDS)
     assert all(r.passed for r in results if r.field in FIELDS)
     assert {(r.layer, r.field) for r in results if not r.passed} == {(1, "attention_identification")}
@@ -133,16 +141,7 @@ def test_a_misread_of_w_out_confined_to_hidden_units_off_the_probe_tokens_is_cau
     basis = _off_span(_mlp_hidden(model, 0))
     assert basis.shape[0] > 0
     keep = torch.eye(basis.shape[1], dtype=torch.float64) - basis.T @ basis
-    read = adapter.read_layers
-
-    def misread() -> list[LayerWeights]:
-        layers = read()
-        mlp = layers[0].mlp
-        layers[0] = replace(layers[0], mlp=replace(mlp, w_out=mlp.w_out @ keep))
-        return layers
-
-    monkeypatch.setattr(adapter, "read_layers", misread)
-    adapter.reread_layers()
+    _misread(monkeypatch, adapter, 0, lambda w: replace(w, mlp=replace(w.mlp, w_out=w.mlp.w_out @ keep)))
     _, results = M.weights_fidelity(adapter, IDS)
     assert all(r.passed for r in results if r.field in FIELDS)
     assert {(r.layer, r.field) for r in results if not r.passed} == {(0, "mlp_identification")}
