@@ -17,7 +17,7 @@ from einops import rearrange
 from torch import Tensor
 
 from attnsens.errors import InputError, ShapeError, UnsupportedModelError
-from attnsens.models.adapter import OUTPUT_FIELDS, ModelAdapter, ModelSpec, QueryKeyCallback
+from attnsens.models.adapter import OUTPUT_FIELDS, ModelAdapter, ModelSpec, QueryKeyCallback, StopForward
 from attnsens.models.hf_tap import exposes_scores, hf_query_key_tap, scores_tap
 from attnsens.weights import ROPE_TYPES, Activation, MLPWeights, NormWeights, RotaryConfig
 
@@ -71,6 +71,28 @@ class HFAdapter(ModelAdapter):
             self.base(pixel_values=input_ids)
         else:
             self.base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+
+    def blank_image(self) -> Tensor:
+        """One black image [1, channel, H, W] in the model's dtype, the input a vision encoder is probed with."""
+        config = self.base.config
+        dtype = next(self.module.parameters()).dtype
+        side = config.image_size
+        return torch.zeros(1, config.num_channels, side, side, device=self.device, dtype=dtype)
+
+    def vision_tokens(self) -> int:
+        """The sequence length a vision encoder runs, read from its first attention call on a blank image: the
+        patches and whatever tokens the family adds ([CLS]; DeiT's distillation token; none for SigLIP)."""
+        seen: list[int] = []
+
+        def record(_layer: int, query: Tensor, _key: Tensor, _call: Any) -> None:
+            seen.append(int(query.shape[2]))
+            raise StopForward
+
+        with torch.no_grad(), self.query_key_tap(record):
+            self.forward_until_stopped(self.blank_image())
+        if not seen:
+            raise UnsupportedModelError(f"{self.family}: no attention layer ran on an image, so attnsens cannot tap it")
+        return seen[0]
 
     def check_input_ids(self, input_ids: Tensor) -> Tensor:
         """Token ids as for every adapter; a vision model's input is ``pixel_values`` [batch, channel, H, W]."""

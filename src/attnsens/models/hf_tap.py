@@ -34,8 +34,9 @@ from attnsens.models.attention import AttentionCall
 
 # Keyword arguments of the attention interface that do not change the probabilities (or are read below).
 _NEUTRAL = {"dropout", "scaling", "is_causal", "sliding_window", "softcap", "s_aux", "output_attentions",
-            "position_ids", "cache_position", "use_cache", "layer_idx", "cu_seq_lens_q", "cu_seq_lens_k",
-            "max_length_q", "max_length_k", "target_dtype", "attention_type", "deterministic"}  # fmt: skip
+            "position_bias", "position_ids", "cache_position", "use_cache", "layer_idx", "cu_seq_lens_q",
+            "cu_seq_lens_k", "max_length_q", "max_length_k", "target_dtype", "attention_type",
+            "deterministic"}  # fmt: skip
 _MASKED_BY_ITSELF = ("eager", "sdpa")  # implementations that apply no window beyond the mask they are given
 
 # id(attention module) -> (layer, callback) for every tapped module in the process.
@@ -109,7 +110,7 @@ def _reported_reordered(module: torch.nn.Module, layer: int, on_query_key: Query
     def reordered(query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None = None) -> Any:
         # The same softmax(q·k·scaling + mask) as the interface, computed in float32 with the scale on the product.
         # Its output comes from the method itself: the call offers no values to compute it from.
-        call = attention_call(module, "eager", query, (None, attention_mask), {"scaling": module.scaling})
+        call = attention_call(module, "eager", query, key, (None, attention_mask), {"scaling": module.scaling})
         on_query_key(layer, query, key, call)
         return original(query, key, value, attention_mask)
 
@@ -117,9 +118,18 @@ def _reported_reordered(module: torch.nn.Module, layer: int, on_query_key: Query
 
 
 def attention_call(
-    module: torch.nn.Module, implementation: str, query: Tensor, args: tuple[Any, ...], kwargs: dict[str, Any]
+    module: torch.nn.Module,
+    implementation: str,
+    query: Tensor,
+    key: Tensor,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
 ) -> AttentionCall:
     """The AttentionCall of one call ``interface(module, query, key, value, attention_mask, ...)``.
+
+    A per-head additive ``position_bias`` [batch | 1, head, query, key] (T5's relative positions) is not one mask
+    shared by the heads: the call then carries its scores, q·kᵀ·scaling + bias + mask, as the family's eager
+    attention computes them, and the model's own attention function computes the output.
 
     Raises:
         UnsupportedModelError naming an argument that would change the probabilities in a way attnsens does not
@@ -145,16 +155,48 @@ def attention_call(
         value = None
     is_causal = kwargs.get("is_causal")
     is_causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+    causal = mask is None and implementation != "eager" and bool(is_causal) and query.shape[2] > 1
     softcap, sinks = kwargs.get("softcap"), kwargs.get("s_aux")
+    position_bias = kwargs.get("position_bias")
+    if position_bias is not None:
+        if softcap is not None or sinks is not None:
+            raise UnsupportedModelError(
+                f"{type(module).__name__} passes a position bias beside a softcap or sinks to its attention "
+                "function; attnsens does not know their order, so it refuses to recompute the rows"
+            )
+        scores = biased_scores(query, key, float(scaling), position_bias, mask, causal=causal)
+        return AttentionCall(tau=1.0 / float(scaling), scores=scores)
     return AttentionCall(
         tau=1.0 / float(scaling),
         mask=mask,
-        causal=mask is None and implementation != "eager" and bool(is_causal) and query.shape[2] > 1,
+        causal=causal,
         window=None if implementation in _MASKED_BY_ITSELF else kwargs.get("sliding_window"),
         softcap=None if softcap is None else float(softcap),
         sinks=None if sinks is None else sinks.detach(),
         value=value,
     )
+
+
+def biased_scores(
+    query: Tensor, key: Tensor, scaling: float, bias: Tensor, mask: Tensor | None, *, causal: bool
+) -> Tensor:
+    """Pre-softmax scores q·kᵀ·scaling + bias + mask [batch, head, query, key] in float32, keys a bool mask (or,
+    without a mask, the ``causal`` pattern) hides at the float minimum; key heads are repeated for grouped
+    queries."""
+    query, key = query.detach().float(), key.detach().float()
+    if key.shape[1] != query.shape[1]:
+        key = key.repeat_interleave(query.shape[1] // key.shape[1], dim=1)
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling + bias.detach().float()
+    lowest = torch.finfo(scores.dtype).min
+    if causal:
+        n_query, n_key = scores.shape[-2:]
+        later = torch.ones(n_query, n_key, dtype=torch.bool, device=scores.device).triu(n_key - n_query + 1)
+        return scores.masked_fill(later, lowest)
+    if mask is not None and mask.dtype == torch.bool:
+        return scores.masked_fill(~mask, lowest)
+    if mask is not None:
+        scores = scores + mask.float()
+    return scores.clamp(min=lowest)
 
 
 @contextlib.contextmanager
@@ -228,7 +270,7 @@ def _make_wrapper(implementation: str, replaced: Any) -> Callable[..., Any]:
         entry = _TAPPED.get(id(module))
         if entry is not None:
             layer, callback = entry
-            call = attention_call(module, implementation, query, args, kwargs)
+            call = attention_call(module, implementation, query, key, args, kwargs)
             piece = query_slices.current()
             if piece is not None:
                 return _sliced_call(module, implementation, layer, callback, query, key, call, piece), None

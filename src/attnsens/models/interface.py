@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from functools import cache
 from typing import Any
@@ -22,10 +22,11 @@ import torch
 from torch import Tensor
 
 from attnsens.errors import UnsupportedModelError
-from attnsens.models.adapter import ModelSpec
+from attnsens.models.adapter import ModelSpec, QueryKeyCallback
 from attnsens.models.attention import AttentionCall
 from attnsens.models.hf import HFAdapter, HFModule, is_vision, vision_positions
-from attnsens.models.hf_tap import is_bridge_attention
+from attnsens.models.hf_tap import exposes_scores, is_bridge_attention
+from attnsens.models.layouts import NO_POSITION_LIMIT
 from attnsens.weights import LayerWeights
 
 
@@ -44,6 +45,21 @@ def _source_names_interface(function: Callable[..., Any]) -> bool:
     except (OSError, TypeError):
         return False
     return "ALL_ATTENTION_FUNCTIONS" in source
+
+
+def is_encoder_decoder(model: torch.nn.Module) -> bool:
+    """Whether ``model`` holds an encoder stack and a decoder stack (BART, T5, Whisper), as opposed to one stack of
+    such a model passed alone."""
+    return all(isinstance(getattr(model, part, None), torch.nn.Module) for part in ("encoder", "decoder"))
+
+
+def takes_token_ids(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s forward takes ``input_ids``, or passes its positional arguments on (BART's decoder
+    wrapper); Whisper's encoder, whose first argument is its audio features, does not."""
+    parameters = list(inspect.signature(model.forward).parameters.values())
+    return any(p.name == "input_ids" for p in parameters) or (
+        bool(parameters) and parameters[0].kind is inspect.Parameter.VAR_POSITIONAL
+    )
 
 
 def interface_attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -66,14 +82,26 @@ def _calls_causal(call: AttentionCall) -> bool:
 
 
 class InterfaceAdapter(HFAdapter):
-    """Attention rows of any model whose attention layers call the interface; no normalized weights."""
+    """Attention rows of any model whose attention layers call the interface; no normalized weights.
+
+    A layer is one call of the attention function in a forward pass. A module called more than once per pass
+    (ALBERT's one shared layer, run ``num_hidden_layers`` times) gives one audited layer per call, in call order.
+    """
 
     def __init__(self, module: HFModule, *, name: str, tokenizer: Any = None) -> None:
-        config = module.base_model.config
-        if getattr(config, "is_encoder_decoder", False):
+        config, base = module.base_model.config, module.base_model
+        if is_encoder_decoder(base):
+            stacks = [part for part in ("encoder", "decoder") if takes_token_ids(getattr(base, part))]
+            advice = " or ".join(f"A.models.load(model.get_{part}())" for part in stacks)
             raise UnsupportedModelError(
-                f"{config.model_type} is an encoder-decoder; attnsens audits self-attention of one stack only "
-                "(load its encoder or decoder alone)"
+                f"{config.model_type} is an encoder-decoder; attnsens audits one stack at a time: pass its "
+                f"{' or its '.join(stacks)} alone ({advice})"
+            )
+        if not is_vision(config) and not takes_token_ids(base):
+            inputs = next(iter(inspect.signature(base.forward).parameters), "no argument")  # its first argument
+            raise UnsupportedModelError(
+                f"{config.model_type}: {type(base).__name__} takes {inputs}, not token ids; attnsens audits models "
+                "of token ids (text) or of pixel_values (images)"
             )
         self._attention = interface_attention_modules(module.base_model)
         if not self._attention:
@@ -83,16 +111,18 @@ class InterfaceAdapter(HFAdapter):
                 "its softmax itself instead of calling transformers' attention-function interface, so attnsens "
                 "cannot tap its queries and keys; this family is not supported"
             )
+        self._call_layers: list[list[int]] | None = None  # per tapped module, its layers when one is called twice
         super().__init__(module, name=name, tokenizer=tokenizer)
         self.spec = replace(self.spec, n_layer=len(self._attention))
-        if not is_vision(self.base.config):
-            self._attention, self.spec = self._probe()
+        self._attention, self.spec = self._probe()
 
     def _probe(self) -> tuple[list[torch.nn.Module], ModelSpec]:
-        """The attention modules a text input calls, and the spec with the heads and causality of those calls,
-        read from a forward pass on two tokens: a config need not describe the stack that runs (a BART decoder
-        alone has ``decoder_attention_heads``, which ``num_attention_heads`` does not name, and a cross-attention
-        module beside each self-attention, which runs only on an encoder's states).
+        """The attention modules an input calls, in call order, and the spec with the heads, causality and (for a
+        vision encoder) sequence length of those calls, read from a forward pass on two tokens or one blank
+        image: a config need not describe the stack that runs (a BART decoder alone has
+        ``decoder_attention_heads``, which ``num_attention_heads`` does not name, and a cross-attention module
+        beside each self-attention, which runs only on an encoder's states; DeiT adds a distillation token to
+        [CLS], SigLIP has neither).
 
         Causal: the first layer's ``is_causal`` attribute, or else its first call. The layer's attribute is not
         the whole story: the CLIP text tower keeps ``is_causal = False`` on its layers and passes a causal mask
@@ -103,26 +133,31 @@ class InterfaceAdapter(HFAdapter):
         Raises:
             UnsupportedModelError when the layers' head counts differ, or no module calls the interface.
         """
-        calls: dict[int, tuple[Tensor, Tensor, AttentionCall]] = {}
+        calls: list[tuple[int, Tensor, Tensor, AttentionCall]] = []
 
-        def record(layer: int, query: Tensor, key: Tensor, call: AttentionCall) -> None:
-            calls.setdefault(layer, (query, key, call))
+        def record(index: int, query: Tensor, key: Tensor, call: AttentionCall) -> None:
+            calls.append((index, query, key, call))
 
-        probe = torch.zeros(1, 2, dtype=torch.long, device=self.device)
+        vision = is_vision(self.base.config)
         with torch.no_grad(), self.query_key_tap(record):
-            self.forward(probe)
+            self.forward(self.blank_image() if vision else torch.zeros(1, 2, dtype=torch.long, device=self.device))
         if not calls:
             raise UnsupportedModelError(
-                f"{self.family}: none of its attention modules called the attention function on a text input, so "
-                "attnsens cannot tap its queries and keys"
+                f"{self.family}: none of its attention modules called the attention function on "
+                f"{'an image' if vision else 'a text input'}, so attnsens cannot tap its queries and keys"
             )
-        called = [module for layer, module in enumerate(self._attention) if layer in calls]
-        calls = dict(enumerate(calls[layer] for layer in sorted(calls)))
-        causal = bool(getattr(called[0], "is_causal", False)) or _calls_causal(calls[0][2])
+        order = list(dict.fromkeys(index for index, *_ in calls))  # modules in the order of their first call
+        called = [self._attention[index] for index in order]
+        if len(order) < len(calls):  # a module called more than once: each call is a layer of its own
+            self._call_layers = [[layer for layer, c in enumerate(calls) if c[0] == index] for index in order]
+        first_query, _, first_call = calls[0][1:]
+        causal = bool(getattr(called[0], "is_causal", False)) or _calls_causal(first_call)
         spec = replace(self.spec, n_layer=len(calls), causal=causal)
-        if calls[0][2].scores is not None:  # a bridge's scores: query heads only, no keys or head size to read
-            return called, spec
-        shapes = {(int(q.shape[1]), int(k.shape[1]), int(q.shape[-1])) for q, k, _ in calls.values()}
+        if vision:
+            spec = replace(spec, max_positions=int(first_query.shape[2]))
+        if exposes_scores(called):
+            return called, spec  # a bridge's scores: query heads only, no keys or head size to read
+        shapes = {(int(q.shape[1]), int(k.shape[1]), int(q.shape[-1])) for _, q, k, _ in calls}
         if len(shapes) > 1:
             raise UnsupportedModelError(
                 f"{self.family}: its layers differ in their query heads, key heads or head size "
@@ -131,15 +166,43 @@ class InterfaceAdapter(HFAdapter):
         n_head, n_kv_head, d_head = shapes.pop()
         return called, replace(spec, n_head=n_head, n_kv_head=n_kv_head, d_head=d_head)
 
+    def query_key_tap(self, on_query_key: QueryKeyCallback) -> contextlib.AbstractContextManager[None]:
+        if self._call_layers is None:
+            return super().query_key_tap(on_query_key)
+        return self._per_call_tap(self._call_layers, on_query_key)
+
+    @contextlib.contextmanager
+    def _per_call_tap(self, call_layers: list[list[int]], on_query_key: QueryKeyCallback) -> Iterator[None]:
+        """The tap of modules called more than once per forward pass: the j-th call of module i is layer
+        ``call_layers[i][j]``; the count starts again with every pass of the model."""
+        seen = [0] * len(call_layers)
+
+        def restart(*_: Any) -> None:
+            seen[:] = [0] * len(call_layers)
+
+        def per_call(index: int, query: Tensor, key: Tensor, call: AttentionCall) -> Tensor | None:
+            layers = call_layers[index]
+            layer = layers[min(seen[index], len(layers) - 1)]
+            seen[index] += 1
+            return on_query_key(layer, query, key, call)
+
+        handle = self.base.register_forward_pre_hook(restart)
+        try:
+            with super().query_key_tap(per_call):
+                yield
+        finally:
+            handle.remove()
+
     @classmethod
     def spec_of(cls, config: Any) -> ModelSpec:
         # A text model's heads are read from its calls (``_probe``); its config need not name them.
         n_head = getattr(config, "num_attention_heads", None) or 1
         d_head = getattr(config, "head_dim", None) or config.hidden_size // n_head
         if is_vision(config):
-            positions, vocab = vision_positions(config), 1
-        else:
-            positions, vocab = config.max_position_embeddings, config.vocab_size
+            positions, vocab = vision_positions(config), 1  # the probe reads the length the model runs
+        else:  # relative positions (T5) have no limit of their own
+            positions = getattr(config, "max_position_embeddings", None) or NO_POSITION_LIMIT
+            vocab = config.vocab_size
         return ModelSpec(
             n_layer=config.num_hidden_layers,
             n_head=n_head,

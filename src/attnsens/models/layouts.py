@@ -405,6 +405,8 @@ class LayoutAdapter(HFAdapter):
     def __init__(self, module: HFModule, *, name: str, tokenizer: Any = None) -> None:
         self.layout = self.layout_for(module.base_model.config)
         super().__init__(module, name=name, tokenizer=tokenizer)
+        if is_vision(self.base.config):
+            self.spec = dataclasses.replace(self.spec, max_positions=self.vision_tokens())
 
     @classmethod
     def layout_for(cls, config: Any) -> BlockLayout:
@@ -434,11 +436,12 @@ class LayoutAdapter(HFAdapter):
             else "post" if layout.post_norm or not getattr(config, "do_layer_norm_before", True)
             else "pre"
         )  # fmt: skip
-        positions, vocab = getattr(config, layout.positions, None) or NO_POSITION_LIMIT, config.vocab_size
+        positions = getattr(config, layout.positions, None) or NO_POSITION_LIMIT
+        vocab = getattr(config, "vocab_size", None) or 1
         if config.model_type in PAD_OFFSET_POSITIONS and isinstance(getattr(config, "pad_token_id", None), int):
             positions -= config.pad_token_id + 1  # position ids run from pad_token_id + 1
         if is_vision(config):
-            positions, vocab = vision_positions(config), 1
+            positions = vision_positions(config)  # LayoutAdapter reads the length the model runs
         return ModelSpec(
             n_layer=config.num_hidden_layers,
             n_head=config.num_attention_heads,

@@ -102,20 +102,22 @@ def test_audit_only_families_refuse_bounds_by_name(family: str) -> None:
 
 @pytest.mark.parametrize("family", VISION_FAMILIES)
 def test_vision_rows_match_eager_attention(family: str) -> None:
-    model = tiny_model(family)
+    """Every token a vision encoder runs is audited: DeiT's distillation token beside [CLS], SigLIP's patches
+    alone."""
+    model, n = tiny_model(family), VISION_FAMILIES[family]
     pixels = torch.randn(2, 3, 12, 12, generator=torch.Generator().manual_seed(5))
     model.set_attn_implementation("eager")
     with torch.no_grad():
         reference = model(pixel_values=pixels, output_attentions=True).attentions
     model.set_attn_implementation("sdpa")
     adapter = M.load(model)
-    assert adapter.sequence_shape(pixels) == (2, 10)
+    assert adapter.sequence_shape(pixels) == (2, n)
     chunks = list(adapter.stream_attention(pixels, chunk_size=4))
-    assert [chunk.layer for chunk in chunks] == [0, 0, 0, 1, 1, 1]
+    assert [chunk.layer for chunk in chunks] == [0] * -(-n // 4) + [1] * -(-n // 4)
     for chunk in chunks:
-        index = chunk.query_positions[:, None, :, None].expand(-1, 3, -1, 10)
+        index = chunk.query_positions[:, None, :, None].expand(-1, 3, -1, n)
         torch.testing.assert_close(chunk.probs, torch.gather(reference[chunk.layer], 2, index), rtol=1e-5, atol=1e-5)
-        assert torch.equal(chunk.n_keys, torch.full_like(chunk.n_keys, 10))
+        assert torch.equal(chunk.n_keys, torch.full_like(chunk.n_keys, n))
 
 
 def test_attention_sinks_take_their_mass_and_are_not_reported() -> None:
@@ -137,12 +139,33 @@ def test_call_arguments_of_unknown_effect_are_refused_by_name() -> None:
 
     module, query = torch.nn.Linear(2, 2), torch.zeros(1, 3, 5, 4)
     value, mask = torch.zeros(1, 3, 5, 4), torch.zeros(1, 1, 5, 5)
-    call = attention_call(module, "sdpa", query, (value, mask), {"scaling": 0.25, "dropout": 0.0})
+    call = attention_call(module, "sdpa", query, query, (value, mask), {"scaling": 0.25, "dropout": 0.0})
     assert (call.tau, call.mask is mask, call.softcap, call.sinks) == (4.0, True, None, None)
-    with pytest.raises(UnsupportedModelError, match="Linear passes position_bias to its attention function"):
-        attention_call(module, "sdpa", query, (value, mask), {"position_bias": torch.zeros(1, 3, 5, 5)})
+    with pytest.raises(UnsupportedModelError, match="Linear passes head_mask to its attention function"):
+        attention_call(module, "sdpa", query, query, (value, mask), {"head_mask": torch.ones(3)})
     with pytest.raises(UnsupportedModelError, match="passes a dict attention mask"):
-        attention_call(module, "flex_attention", query, (value, {"block": 1}), {})
+        attention_call(module, "flex_attention", query, query, (value, {"block": 1}), {})
+
+
+def test_a_per_head_position_bias_gives_the_calls_scores_as_eager_attention_computes_them() -> None:
+    """T5's relative-position bias [1, head, query, key] differs per head: the call carries q·kᵀ·scaling + bias +
+    mask, and its rows are eager's softmax of those."""
+    from attnsens.models.attention import call_rows
+    from attnsens.models.hf_tap import attention_call
+
+    generator = torch.Generator().manual_seed(5)
+    query, key = torch.randn(2, 4, 6, 3, generator=generator), torch.randn(2, 2, 6, 3, generator=generator)
+    bias = torch.randn(1, 4, 6, 6, generator=generator) * 3
+    mask = torch.zeros(2, 1, 6, 6)
+    mask[1, ..., :2] = torch.finfo(torch.float32).min  # two padded keys in the second sequence
+    arguments = {"scaling": 0.5, "position_bias": bias}
+    call = attention_call(torch.nn.Linear(2, 2), "eager", query, key, (key, mask), arguments)
+    assert call.scores is not None and call.mask is None and call.value is None
+    positions = torch.arange(6).expand(2, -1)
+    probs, n_keys = call_rows(query, key, call, query_positions=positions)
+    eager = torch.softmax(query @ key.repeat_interleave(2, dim=1).transpose(-1, -2) * 0.5 + bias + mask, dim=-1)
+    torch.testing.assert_close(probs, eager, rtol=1e-6, atol=1e-7)
+    assert n_keys[0].tolist() == [6] * 6 and n_keys[1].tolist() == [4] * 6
 
 
 def test_an_additive_bias_in_the_mask_is_added_to_the_scores_like_eager_attention() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from transformers import (
     BertConfig,
@@ -137,7 +139,7 @@ CONFIGS = {
                                                           "layer_types": ["sliding_attention", "full_attention"]}),
     "seed_oss": (SeedOssConfig, SeedOssForCausalLM, {**_GQA, "head_dim": 6, "attention_bias": True,
                                                      "attention_out_bias": True, "mlp_bias": True}),
-    "smollm3": (SmolLM3Config, SmolLM3ForCausalLM, {**_GQA, "head_dim": 6, "pad_token_id": 0,
+    "smollm3": (SmolLM3Config, SmolLM3ForCausalLM, {**_GQA, "pad_token_id": 0,
                                                     "no_rope_layers": [1, 0], "use_sliding_window": True,
                                                     "sliding_window": 5,
                                                     "layer_types": ["sliding_attention", "full_attention"]}),
@@ -181,13 +183,28 @@ def tiny_model(family: str, *, attn_implementation: str = "sdpa", seed: int = 0,
         raise ValueError(family)
     torch.manual_seed(seed)
     config_class, model_class, keywords = CONFIGS[family]
-    settings = config_class(**{**keywords, **config}, vocab_size=VOCAB, attn_implementation=attn_implementation)
+    settings = stock_config(config_class, attn_implementation=attn_implementation, **{**keywords, **config})
     extra = {"add_pooling_layer": False} if family in ("bert", "roberta") else {}
     model = model_class(settings, **extra)
     spread_weights(model)
     if family in OUT_NORM_FAMILIES:
         spread_norm_gains(model)
     return model.eval()
+
+
+def stock_config(config_class: type, *, attn_implementation: str = "sdpa", **fields: object) -> Any:
+    """``config_class`` from its own defaults with ``fields`` changed, and ``vocab_size`` = VOCAB where the class
+    has one. Every field must be one the stock config has: transformers keeps an unknown keyword as an attribute,
+    so a helper adding, say, ``vocab_size`` to every config would hide a crash on the real checkpoints of a family
+    whose config has none (ViT)."""
+    defaults = config_class()
+    sizes = {"vocab_size": VOCAB} if hasattr(defaults, "vocab_size") else {}
+    config = config_class(**{**sizes, **fields}, attn_implementation=attn_implementation)
+    # A field the class converts (a legacy rotary_pct into rope_parameters) is consumed; an unknown one stays.
+    stray = sorted(name for name in fields if not hasattr(defaults, name) and name in vars(config))
+    if stray:
+        raise ValueError(f"{config_class.__name__} has no field {', '.join(stray)}; a real checkpoint has none either")
+    return config
 
 
 def spread_weights(model: torch.nn.Module) -> None:
@@ -226,8 +243,9 @@ def eager_attentions(model: torch.nn.Module, input_ids: torch.Tensor, attention_
 
 INTERFACE_FAMILIES = ("mixtral", "modernbert", "clip_text")
 """Families audited through the attention-function interface alone (models/interface.py): rows, no bounds."""
-VISION_FAMILIES = ("vit", "clip_vision")
-"""Vision encoders audited through the interface: input pixel_values [batch, 3, 12, 12], 9 patches + [CLS]."""
+VISION_FAMILIES = {"vit": 10, "clip_vision": 10, "deit": 11, "siglip_vision": 9}
+"""Vision encoders on pixel_values [batch, 3, 12, 12] → their sequence length: 9 patches, plus [CLS] (ViT, CLIP),
+[CLS] and a distillation token (DeiT), or nothing (SigLIP)."""
 BYPASS_FAMILIES = ("gpt_neo",)
 """Families whose eager attention computes its own softmax: refused by name."""
 
@@ -240,6 +258,8 @@ def _interface_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
         CLIPVisionModel,
         CohereConfig,
         CohereForCausalLM,
+        DeiTConfig,
+        DeiTModel,
         FalconConfig,
         FalconModel,
         Gemma3ForCausalLM,
@@ -254,6 +274,8 @@ def _interface_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
         ModernBertModel,
         PhiConfig,
         PhiForCausalLM,
+        SiglipVisionConfig,
+        SiglipVisionModel,
         StableLmConfig,
         StableLmForCausalLM,
         Starcoder2Config,
@@ -269,6 +291,7 @@ def _interface_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
         "intermediate_size": 37,
         "max_position_embeddings": 41,
     }
+    vision = {name: size for name, size in small.items() if name != "max_position_embeddings"}
     return {
         "mixtral": (MixtralConfig, MixtralForCausalLM, {**_GQA, "intermediate_size": 40, "sliding_window": 5,
                                                         "num_local_experts": 3,
@@ -281,13 +304,16 @@ def _interface_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
         "gemma3_text": (Gemma3TextConfig, Gemma3ForCausalLM, {**_GQA, "head_dim": 8, "sliding_window": 5,
                                                              "layer_types": ["sliding_attention", "full_attention"]}),
         "modernbert": (ModernBertConfig, ModernBertModel, {**small, "hidden_size": 24, "local_attention": 6,
-                                                           "global_attn_every_n_layers": 2, "pad_token_id": 0,
+                                                           "layer_types": ["full_attention", "sliding_attention"],
+                                                           "pad_token_id": 0,
                                                            "bos_token_id": 0, "eos_token_id": 0, "cls_token_id": 0,
                                                            "sep_token_id": 0}),
         "clip_text": (CLIPTextConfig, CLIPTextModel, {**small, "bos_token_id": 0, "eos_token_id": 1,
                                                       "pad_token_id": 1}),
-        "vit": (ViTConfig, ViTModel, {**small, "image_size": 12, "patch_size": 4}),
-        "clip_vision": (CLIPVisionConfig, CLIPVisionModel, {**small, "image_size": 12, "patch_size": 4}),
+        "vit": (ViTConfig, ViTModel, {**vision, "image_size": 12, "patch_size": 4}),
+        "clip_vision": (CLIPVisionConfig, CLIPVisionModel, {**vision, "image_size": 12, "patch_size": 4}),
+        "deit": (DeiTConfig, DeiTModel, {**vision, "image_size": 12, "patch_size": 4}),
+        "siglip_vision": (SiglipVisionConfig, SiglipVisionModel, {**vision, "image_size": 12, "patch_size": 4}),
         "gpt_oss": (GptOssConfig, GptOssForCausalLM, {**_GQA, "intermediate_size": 40, "head_dim": 6,
                                                       "num_local_experts": 3, "num_experts_per_tok": 2,
                                                       "sliding_window": 5,
