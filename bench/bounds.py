@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -39,7 +40,6 @@ from _jsonl import append_record
 from attnsens import _rounding as rounding
 from attnsens import geometry as G
 from attnsens.errors import InputError
-from attnsens.geometry.attention import biases_of
 from attnsens.models.fidelity import probe_input_ids
 from attnsens.provenance import provenance
 from attnsens.study.bounds import bound_model
@@ -187,7 +187,7 @@ def plain_layer_seconds(adapter, input_ids, repeats: int = 5) -> list[float]:
 
 def certified_layer_seconds(adapter, input_ids) -> list[float]:
     """Seconds per layer to compute its certified bounds alone (no estimates): the block's local bound with its
-    attention factor (block_local_jacobian_bound), the MHA Lipschitz bound and the T7 block bound (with its FFN
+    attention factor (block_local_jacobian_bounds), the MHA Lipschitz bound and the T7 block bound (with its FFN
     bound), on the radii bound_model uses."""
     inputs = adapter.layer_inputs(input_ids)
     seconds = []
@@ -195,11 +195,10 @@ def certified_layer_seconds(adapter, input_ids) -> list[float]:
         attn = layer.attention
         x = entry.block_input.to(torch.float64)
         start = time.perf_counter()
-        local = G.block_local_jacobian_bound(x, layer)
+        local = G.block_local_jacobian_bounds(x, layer)
         pre = layer.placement == "pre"
         radius = G.norm_output_radius_rms(layer.attn_norm) if pre else G.block_rms_norm(local.attention_input).amax()
-        G.mha_lipschitz_upper_bound(attn.w_q, attn.w_k, attn.w_v, attn.w_o, tau=attn.tau, radius_rms=radius,
-                                    d_model=attn.d_model, biases=biases_of(attn), rotary=attn.rotary)  # fmt: skip
+        G.mha_lipschitz_bounds(replace(attn, q_norm=None, k_norm=None, softcap=None), radius_rms=radius)
         G.block_lipschitz_upper_bound(layer, input_radius_rms=None if pre else float(G.block_rms_norm(x).amax()))
         seconds.append(time.perf_counter() - start)
     return seconds

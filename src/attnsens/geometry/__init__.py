@@ -1,7 +1,9 @@
 """Block-∞/RMS geometry: norms, Jacobians and certified bounds for attention, normalization and blocks.
 
-Pure functions of tensors and weights (docs/math.md §2.5–§5). Certified bounds end in ``_upper_bound``; empirical
-values from autograd end in ``_estimate`` and are lower bounds of the quantity they estimate. The primary norm
+Pure functions of tensors and weights (docs/math.md §2.5–§5). A certified bound returned as a number ends in
+``_upper_bound``; a function returning several bounds in a dataclass is named for it (``mha_local_jacobian_bounds``
+returns ``MHALocalJacobianBounds``); empirical values from autograd end in ``_estimate`` and are lower bounds of the
+quantity they estimate. The primary norm
 convention is the RMS variant ‖X‖_{∞,rms} = max_i ‖x_i‖₂/√d; the ℓ2 variant max_i ‖x_i‖₂ is available.
 """
 
@@ -9,17 +11,18 @@ from __future__ import annotations
 
 from attnsens.geometry.attention import AttentionBiases, AttentionForward, apply_rotary, causal_mask, mha_forward
 from attnsens.geometry.attention_bounds import (
-    MHALipschitzBound,
-    MHALocalJacobianBound,
-    mha_lipschitz_upper_bound,
-    mha_local_jacobian_upper_bound,
-    projection_norms,
+    MHALipschitzBounds,
+    MHALocalJacobianBounds,
+    ProjectionNormBounds,
+    mha_lipschitz_bounds,
+    mha_local_jacobian_bounds,
+    projection_norm_bounds,
 )
 from attnsens.geometry.blocks import (
-    BlockLocalJacobianBound,
+    BlockLocalJacobianBounds,
     activation_lipschitz,
     block_lipschitz_upper_bound,
-    block_local_jacobian_bound,
+    block_local_jacobian_bounds,
     block_local_jacobian_upper_bound,
     ffn_lipschitz_upper_bound,
     ffn_local_jacobian_upper_bound,
@@ -54,16 +57,17 @@ from attnsens.geometry.scaling import deepnet_constants, depth_scale_heuristic, 
 __all__ = [
     "AttentionBiases",
     "AttentionForward",
-    "BlockLocalJacobianBound",
-    "MHALipschitzBound",
-    "MHALocalJacobianBound",
+    "BlockLocalJacobianBounds",
+    "MHALipschitzBounds",
+    "MHALocalJacobianBounds",
+    "ProjectionNormBounds",
     "activation_lipschitz",
     "apply_rotary",
     "block_forward",
     "block_jacobian_norm_estimate",
     "block_l2_norm",
     "block_lipschitz_upper_bound",
-    "block_local_jacobian_bound",
+    "block_local_jacobian_bounds",
     "block_local_jacobian_upper_bound",
     "block_rms_norm",
     "causal_mask",
@@ -75,15 +79,15 @@ __all__ = [
     "layernorm_jacobian",
     "ln_only_product_upper_bound",
     "mha_forward",
-    "mha_lipschitz_upper_bound",
-    "mha_local_jacobian_upper_bound",
+    "mha_lipschitz_bounds",
+    "mha_local_jacobian_bounds",
     "mlp_forward",
     "norm_forward",
     "norm_jacobian_spectral_norm_upper_bound",
     "norm_lipschitz_upper_bound",
     "norm_output_radius_rms",
     "pre_ln_expansion_remainder_upper_bound",
-    "projection_norms",
+    "projection_norm_bounds",
     "quartic_path_norm_product",
     "residual_jacobian_estimates",
     "residual_stream",

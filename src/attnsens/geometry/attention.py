@@ -20,8 +20,7 @@ adds m_h·(j − i), a constant of the input: it moves the rows and leaves every
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import overload
+from dataclasses import dataclass, field
 
 import einops
 import torch
@@ -92,33 +91,59 @@ def rms_norm_forward(x: Tensor, norm: NormWeights) -> Tensor:
     return y if norm.beta is None else y + norm.beta.to(x.dtype)
 
 
-def biases_of(weights: AttentionWeights, dtype: torch.dtype | None = None) -> AttentionBiases:
-    """The biases of an ``AttentionWeights`` as an ``AttentionBiases``, cast to ``dtype`` when given."""
+@dataclass(frozen=True)
+class _AttentionTensors:
+    """The tensor form of an attention sublayer, for the kernels of this package and their tests: what an
+    ``AttentionWeights`` carries, with two freedoms it lacks: projections (and biases) may carry a leading batch
+    axis matching X (one set of weights per sequence), and ``mask`` is any bool ``[query, key]`` or
+    ``[batch, query, key]`` (True = allowed; None: all keys).
 
-    def cast(bias: Tensor | None) -> Tensor | None:
-        return None if bias is None or dtype is None else bias.to(dtype)
+    Wq ``[(batch,) head, d_head, d_model]``; Wk, Wv ``[(batch,) kv_head, d_head, d_model]``; Wo
+    ``[(batch,) d_model, head * d_head]``; tau: softmax temperature; biases; rotary: RoPE applied to queries and
+    keys after their biases; q_norm, k_norm: QK-norm applied after the biases, before RoPE; softcap: the logit cap
+    c (scores u = q·k/τ become c·tanh(u/c) before the mask, Gemma 2); alibi_slopes: ``[head]`` ALiBi slopes m
+    (head h adds m_h·(j − i) to the capped scores).
+    """
 
-    if dtype is None:
-        return AttentionBiases(q=weights.b_q, k=weights.b_k, v=weights.b_v, o=weights.b_o)
-    return AttentionBiases(q=cast(weights.b_q), k=cast(weights.b_k), v=cast(weights.b_v), o=cast(weights.b_o))
+    Wq: Tensor
+    Wk: Tensor
+    Wv: Tensor
+    Wo: Tensor
+    tau: float
+    mask: Tensor | None = None
+    biases: AttentionBiases = field(default_factory=AttentionBiases)
+    rotary: RotaryConfig | None = None
+    q_norm: NormWeights | None = None
+    k_norm: NormWeights | None = None
+    softcap: float | None = None
+    alibi_slopes: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if not self.tau > 0:
+            raise ConfigError(f"temperature tau must be > 0, got {self.tau}")
 
 
-def refuse_beside_weights(function: str, **carried: object) -> None:
-    """ConfigError naming the arguments given beside an ``AttentionWeights``, which carries them itself: the
-    weights form and the tensor form of ``function`` are not mixed."""
-    given = sorted(name for name, value in carried.items() if value is not None)
-    if given:
-        raise ConfigError(
-            f"{function}: the AttentionWeights already carries {', '.join(given)}; pass either the weights alone "
-            "or the projection tensors with tau, mask, biases and rotary"
-        )
+def _attention_tensors(
+    weights: AttentionWeights, n_query: int | None = None, device: torch.device | None = None,
+    dtype: torch.dtype | None = None,
+) -> _AttentionTensors:  # fmt: skip
+    """The tensor form of ``weights`` for sequences of ``n_query`` tokens on ``device`` (its causal or
+    sliding-window mask; None without ``n_query``), weights and biases cast to ``dtype`` when given."""
 
+    def cast(t: Tensor) -> Tensor:
+        return t if dtype is None else t.to(dtype)
 
-def projections_given(function: str, Wk: Tensor | None, Wv: Tensor | None, Wo: Tensor | None) -> tuple[Tensor, ...]:
-    """(Wk, Wv, Wo) of the tensor form of ``function``; ConfigError when one is missing."""
-    if Wk is None or Wv is None or Wo is None:
-        raise ConfigError(f"{function} needs Wq, Wk, Wv and Wo (or one AttentionWeights)")
-    return Wk, Wv, Wo
+    def cast_bias(t: Tensor | None) -> Tensor | None:
+        return None if t is None else cast(t)
+
+    biases = AttentionBiases(q=cast_bias(weights.b_q), k=cast_bias(weights.b_k), v=cast_bias(weights.b_v),
+                             o=cast_bias(weights.b_o))  # fmt: skip
+    return _AttentionTensors(
+        cast(weights.w_q), cast(weights.w_k), cast(weights.w_v), cast(weights.w_o), weights.tau,
+        mask=None if n_query is None else attention_mask_of(weights, n_query, device), biases=biases,
+        rotary=weights.rotary, q_norm=weights.q_norm, k_norm=weights.k_norm, softcap=weights.softcap,
+        alibi_slopes=weights.alibi_slopes,
+    )  # fmt: skip
 
 
 def causal_mask(n_query: int, device: torch.device | None = None, *, window: int | None = None) -> Tensor:
@@ -252,92 +277,28 @@ def allowed_keys(mask: Tensor | None, n_query: int, device: torch.device) -> Ten
     return allowed[:, None]
 
 
-@overload
-def mha_forward(X: Tensor, weights: AttentionWeights, /) -> AttentionForward: ...
-
-
-@overload
-def mha_forward(
-    X: Tensor,
-    Wq: Tensor,
-    Wk: Tensor,
-    Wv: Tensor,
-    Wo: Tensor,
-    *,
-    tau: float,
-    mask: Tensor | None = None,
-    biases: AttentionBiases | None = None,
-    rotary: RotaryConfig | None = None,
-    q_norm: NormWeights | None = None,
-    k_norm: NormWeights | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Tensor | None = None,
-) -> AttentionForward: ...
-
-
-def mha_forward(
-    X: Tensor,
-    Wq: Tensor | AttentionWeights,
-    Wk: Tensor | None = None,
-    Wv: Tensor | None = None,
-    Wo: Tensor | None = None,
-    *,
-    tau: float | None = None,
-    mask: Tensor | None = None,
-    biases: AttentionBiases | None = None,
-    rotary: RotaryConfig | None = None,
-    q_norm: NormWeights | None = None,
-    k_norm: NormWeights | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Tensor | None = None,
-) -> AttentionForward:
+def mha_forward(X: Tensor, weights: AttentionWeights) -> AttentionForward:
     """z_i = W_O [y_i^1; …; y_i^H] + b_O with y_i^h = Σ_j P^h_ij v^h_j, P^h_i = softmax_{j allowed}(q_i·k_j/τ).
-
-    Call it with one ``AttentionWeights`` (its weights cast to X's dtype; its τ, biases, rotary and its causal
-    or sliding-window mask), or with the projection tensors and their keywords:
 
     Args:
         X: ``[batch, query, d_model]`` attention input (the tensor W_Q, W_K, W_V act on).
-        Wq: ``[head, d_head, d_model]``; Wk, Wv: ``[kv_head, d_head, d_model]``; Wo: ``[d_model, head * d_head]``;
-            each may carry a leading batch axis matching X (one set of weights per sequence), biases likewise.
-        tau: softmax temperature.
-        mask: optional bool ``[query, key]`` or ``[batch, query, key]``, True = allowed (None: all keys).
-        biases: optional ``AttentionBiases``.
-        rotary: optional RoPE applied to queries and keys after their biases.
-        q_norm, k_norm: optional QK-norm (RMSNorm over d_head) applied after the biases, before RoPE.
-        softcap: optional logit cap c: the scores u = q·k/τ become c·tanh(u/c) before the mask (Gemma 2).
-        alibi_slopes: optional ``[head]`` ALiBi slopes m: head h adds m_h·(j − i) to the (capped) scores.
+        weights: the sublayer: its projections and biases (cast to X's dtype), τ, its causal or sliding-window
+            mask, RoPE (after the biases), QK-norm (after the biases, before RoPE), logit softcap c (scores
+            u = q·k/τ become c·tanh(u/c) before the mask, Gemma 2) and ALiBi slopes (head h adds m_h·(j − i) to
+            the capped scores).
 
     Returns:
         ``AttentionForward`` (docs/math.md §2.6), in X's dtype.
     """
-    if isinstance(Wq, AttentionWeights):
-        refuse_beside_weights(
-            "mha_forward", Wk=Wk, Wv=Wv, Wo=Wo, tau=tau, mask=mask, biases=biases, rotary=rotary, q_norm=q_norm,
-            k_norm=k_norm, softcap=softcap, alibi_slopes=alibi_slopes,
-        )  # fmt: skip
-        weights, dtype = Wq, X.dtype
-        return mha_forward(
-            X,
-            weights.w_q.to(dtype),
-            weights.w_k.to(dtype),
-            weights.w_v.to(dtype),
-            weights.w_o.to(dtype),
-            tau=weights.tau,
-            mask=attention_mask_of(weights, X.shape[1], X.device),
-            biases=biases_of(weights, dtype),
-            rotary=weights.rotary,
-            q_norm=weights.q_norm,
-            k_norm=weights.k_norm,
-            softcap=weights.softcap,
-            alibi_slopes=weights.alibi_slopes,
-        )
-    Wk, Wv, Wo = projections_given("mha_forward", Wk, Wv, Wo)
-    if tau is None:
-        raise ConfigError("mha_forward needs tau with the projection tensors")
+    return _mha_forward(X, _attention_tensors(weights, X.shape[1], X.device, X.dtype))
+
+
+def _mha_forward(X: Tensor, a: _AttentionTensors) -> AttentionForward:
+    """``mha_forward`` of the tensor form ``a`` (batched weights, any mask)."""
+    Wq, Wk, Wv, Wo, biases = a.Wq, a.Wk, a.Wv, a.Wo, a.biases
+    q_norm, k_norm, rotary, softcap, alibi_slopes, tau = a.q_norm, a.k_norm, a.rotary, a.softcap, a.alibi_slopes, a.tau
     check_attention_shapes(X, Wq, Wk, Wv, Wo)
     check_qk_norms(Wq.shape[-2], q_norm, k_norm, Wq.shape[-3], Wk.shape[-3])
-    biases = biases or AttentionBiases()
     n_head = Wq.shape[-3]
     q = torch.einsum("...hed,...qd->...hqe", Wq, X)
     k = torch.einsum("...hed,...kd->...hke", expand_kv_heads(Wk, n_head, -3), X)
@@ -355,7 +316,7 @@ def mha_forward(
         k = qk_norm_forward(k, k_norm)
     if rotary is not None:
         q, k = apply_rotary(q, rotary), apply_rotary(k, rotary)
-    allowed = allowed_keys(mask, X.shape[1], X.device)
+    allowed = allowed_keys(a.mask, X.shape[1], X.device)
     scores = (q @ k.transpose(-1, -2)) / tau
     score_slopes = None
     if softcap is not None:

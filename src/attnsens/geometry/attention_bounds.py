@@ -46,8 +46,7 @@ The operator maps d_model → d_model tokens, so its value is the same in the RM
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import overload
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -71,20 +70,18 @@ from attnsens.geometry import attention_terms as T
 from attnsens.geometry.attention import (
     AttentionBiases,
     AttentionForward,
-    attention_mask_of,
-    biases_of,
+    _attention_tensors,
+    _AttentionTensors,
+    _mha_forward,
     check_attention_shapes,
     expand_kv_heads,
-    mha_forward,
-    projections_given,
-    refuse_beside_weights,
 )
 from attnsens.geometry.norms import Geometry, check_geometry
-from attnsens.weights import AttentionWeights, NormWeights, RotaryConfig, qk_norm_is_joint
+from attnsens.weights import AttentionWeights, NormWeights, qk_norm_is_joint
 
 
 @dataclass(frozen=True, kw_only=True)
-class ProjectionNorms:
+class ProjectionNormBounds:
     """Certified upper bounds (float64, ``attnsens._rounding``) of the spectral norms per query head: w_q, w_k, w_v,
     w_o_head ``[head]``; w_o scalar; of the bias norms b_q, b_k ``[head]`` (zeros when absent)."""
 
@@ -98,14 +95,14 @@ class ProjectionNorms:
 
 
 @dataclass(frozen=True, kw_only=True)
-class MHALocalJacobianBound:
+class MHALocalJacobianBounds:
     """Certified bounds of ‖D MHA(X)‖ in the block-∞ operator norm (docs/math.md T4/T5), float64.
 
     upper_bound ``[batch]``: the tightest certified bound (max over rows of the best head combination);
     paper_form_upper_bound ``[batch]``: ‖W_O‖ Σ_h (‖W_V^h‖ + θ̃_h Φ_h/τ); row_upper_bound ``[batch, query]``;
     value_term ``[head]``: ‖W_V^h‖; sensitivity_term ``[batch, head]``: θ̃_h Φ_h/τ; theta_tilde, phi
     ``[batch, head]``; radius ``[batch]``: ‖X‖ in ``geometry`` (plus the input radius when one is given);
-    norms: ``ProjectionNorms``; geometry. output ``[batch, query, d_model]``: the float64 MHA(X) and
+    norms: ``ProjectionNormBounds``; geometry. output ``[batch, query, d_model]``: the float64 MHA(X) and
     output_radius ``[batch, query]``: ≥ ‖MHA(U)_i − output_i‖₂ for the real input U (X itself, or any U within
     the input radius), the forward enclosure a chain rule evaluates the next factor on.
     """
@@ -118,14 +115,14 @@ class MHALocalJacobianBound:
     theta_tilde: Tensor
     phi: Tensor
     radius: Tensor
-    norms: ProjectionNorms
+    norms: ProjectionNormBounds
     geometry: str
     output: Tensor
     output_radius: Tensor
 
 
 @dataclass(frozen=True, kw_only=True)
-class MHALipschitzBound:
+class MHALipschitzBounds:
     """Certified Lipschitz bound of MHA on {‖X‖_{∞,rms} ≤ R_rms}, any length and mask (docs/math.md T5), float64.
 
     upper_bound: best head combination; paper_form_upper_bound: ‖W_O‖ Σ_h (‖W_V^h‖ + Φ_h/τ); value_term,
@@ -138,12 +135,12 @@ class MHALipschitzBound:
     sensitivity_term: Tensor
     phi: Tensor
     radius_rms: Tensor
-    norms: ProjectionNorms
+    norms: ProjectionNormBounds
 
 
-def projection_norms(
+def projection_norm_bounds(
     Wq: Tensor, Wk: Tensor, Wv: Tensor, Wo: Tensor, biases: AttentionBiases | None = None
-) -> ProjectionNorms:
+) -> ProjectionNormBounds:
     """Certified upper bounds of every head's projection norms (key/value heads repeated per query head, GQA)."""
     biases = biases or AttentionBiases()
     n_head, d_head, _ = Wq.shape[-3:]
@@ -154,7 +151,7 @@ def projection_norms(
             return torch.zeros(like.shape[:-2], dtype=torch.float64, device=like.device)
         return norm2_upper_bound(b, dim=-1)
 
-    return ProjectionNorms(
+    return ProjectionNormBounds(
         w_q=spectral_norm_upper_bound(Wq),
         w_k=expand_kv_heads(spectral_norm_upper_bound(Wk), n_head, -1),
         w_v=expand_kv_heads(spectral_norm_upper_bound(Wv), n_head, -1),
@@ -177,7 +174,7 @@ class _ScoreFactors:
 
 
 def _score_factors(
-    norms: ProjectionNorms, radius_l2: Tensor, centred_keys: bool, q_norm: NormWeights | None,
+    norms: ProjectionNormBounds, radius_l2: Tensor, centred_keys: bool, q_norm: NormWeights | None,
     k_norm: NormWeights | None, floors: tuple[Tensor | float, Tensor | float], Wq: Tensor, Wk: Tensor,
 ) -> _ScoreFactors:  # fmt: skip
     """Without QK-norm ‖W_Q‖, ‖W_Q‖R + ‖b_Q‖, ‖W_K‖ and ‖W_K‖R + β_K (module docstring; β_K = 0 only when the key
@@ -205,7 +202,7 @@ def _score_factors(
     return _ScoreFactors(q_lip=q_lip, q_radius=q_radius, k_lip=k_lip, k_radius=k_radius)
 
 
-def _phi(norms: ProjectionNorms, radius_l2: Tensor, factors: _ScoreFactors) -> Tensor:
+def _phi(norms: ProjectionNormBounds, radius_l2: Tensor, factors: _ScoreFactors) -> Tensor:
     """Φ_h = ‖W_V‖R (q_lip·k_radius + k_lip·q_radius) for radius R (ℓ2 per token), rounded up; ``[..., head]``."""
     score = add_up(mul_up(factors.q_lip, factors.k_radius), mul_up(factors.k_lip, factors.q_radius))
     return mul_up(mul_up(norms.w_v, radius_l2[..., None]), score)
@@ -295,70 +292,28 @@ def _per_sequence(t: Tensor, batch: int, shared_ndim: int) -> Tensor:
     return t.expand(batch, *t.shape) if t.ndim == shared_ndim else t
 
 
-@overload
-def mha_local_jacobian_upper_bound(
-    X: Tensor, weights: AttentionWeights, /, *, geometry: Geometry = "rms", input_radius: Tensor | None = None
-) -> MHALocalJacobianBound: ...
-
-
-@overload
-def mha_local_jacobian_upper_bound(
-    X: Tensor,
-    Wq: Tensor,
-    Wk: Tensor,
-    Wv: Tensor,
-    Wo: Tensor,
-    *,
-    tau: float,
-    mask: Tensor | None = None,
-    biases: AttentionBiases | None = None,
-    rotary: RotaryConfig | None = None,
-    q_norm: NormWeights | None = None,
-    k_norm: NormWeights | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Tensor | None = None,
-    geometry: Geometry = "rms",
-    input_radius: Tensor | None = None,
-) -> MHALocalJacobianBound: ...
-
-
-def mha_local_jacobian_upper_bound(
-    X: Tensor,
-    Wq: Tensor | AttentionWeights,
-    Wk: Tensor | None = None,
-    Wv: Tensor | None = None,
-    Wo: Tensor | None = None,
-    *,
-    tau: float | None = None,
-    mask: Tensor | None = None,
-    biases: AttentionBiases | None = None,
-    rotary: RotaryConfig | None = None,
-    q_norm: NormWeights | None = None,
-    k_norm: NormWeights | None = None,
-    softcap: float | None = None,
-    alibi_slopes: Tensor | None = None,
-    geometry: Geometry = "rms",
-    input_radius: Tensor | None = None,
-) -> MHALocalJacobianBound:
+def mha_local_jacobian_bounds(
+    X: Tensor, weights: AttentionWeights, *, geometry: Geometry = "rms", input_radius: Tensor | None = None
+) -> MHALocalJacobianBounds:
     """‖D MHA(X)‖_{b∞→b∞} ≤ ‖W_O‖ Σ_h (‖W_V^h‖ + (θ̃_h/τ) Φ_h), θ̃_h from the actual rows at X (module docstring).
 
-    Call it with one ``AttentionWeights`` (its τ, biases, rotary and causal or sliding-window mask), or with the
-    projection tensors and their keywords:
+    The steps of docs/math.md T4, each its own function: (1) the float64 forward and the radii of its values
+    (``_local_forward``), (2) the score spread s_i (``_score_spread_bounds``), (3) θ̃ of the real rows via
+    ``attnsens.theta.certify`` (``_row_theta_bounds``), (4) the value path through W_O (``_value_path_upper_bound``)
+    and (5) their combination per row (``_row_upper_bound``).
 
     Args:
         X: ``[batch, query, d_model]`` attention input.
-        Wq: ``[head, d_head, d_model]``; Wk, Wv: ``[kv_head, d_head, d_model]``; Wo: ``[d_model, head * d_head]``;
-            each may carry a leading batch axis matching X (biases likewise).
-        tau: temperature; mask: bool ``[query, key]`` or ``[batch, query, key]`` (True = allowed);
-        biases, rotary, q_norm, k_norm, softcap, alibi_slopes: as in ``mha_forward``; geometry: convention of the
-            reported radius.
+        weights: the sublayer (its projections, biases, τ, causal or sliding-window mask, RoPE, QK-norm, softcap
+            and ALiBi slopes, as in ``mha_forward``).
+        geometry: convention of the reported radius.
         input_radius: ``[batch, query]`` ℓ2 radii δ_t ≥ 0, or None (X is the input). With radii the bounds hold
             at every U with ‖U_t − X_t‖₂ ≤ δ_t, so at a real input that a float64 X only approximates (a block's
             N₁(x), docs/architecture.md "Rounding"): every projection error gains ‖W^h‖ δ_t
             (``attention_terms.input_shift``), and so do the scores, the softmax rows' accuracy and the QK-norm floors.
 
     Returns:
-        ``MHALocalJacobianBound``: certified upper bounds of the Jacobian's block-∞ operator norm at X (or on the
+        ``MHALocalJacobianBounds``: certified upper bounds of the Jacobian's block-∞ operator norm at X (or on the
         ball of ``input_radius``; docs/math.md T4/T5, θ̃_h = max over rows of an upper bound of the real softmax
         row's θ) and the forward enclosure of MHA there, float64.
 
@@ -366,92 +321,175 @@ def mha_local_jacobian_upper_bound(
         InputError: scores too large for the float64 softmax rows to be certified (about ‖A_q‖‖A_k‖/τ beyond
             2^28/(d_model + d_head), ``attention_terms.softmax_row_accuracy``).
     """
-    from attnsens.theta import certify
+    a = _attention_tensors(weights, X.shape[1], X.device)
+    return _mha_local_jacobian_bounds(X, a, geometry=geometry, input_radius=input_radius)
 
-    if isinstance(Wq, AttentionWeights):
-        refuse_beside_weights(
-            "mha_local_jacobian_upper_bound", Wk=Wk, Wv=Wv, Wo=Wo, tau=tau, mask=mask, biases=biases, rotary=rotary,
-            q_norm=q_norm, k_norm=k_norm, softcap=softcap, alibi_slopes=alibi_slopes,
-        )  # fmt: skip
-        weights = Wq
-        return mha_local_jacobian_upper_bound(
-            X,
-            weights.w_q,
-            weights.w_k,
-            weights.w_v,
-            weights.w_o,
-            tau=weights.tau,
-            mask=attention_mask_of(weights, X.shape[1], X.device),
-            biases=biases_of(weights),
-            rotary=weights.rotary,
-            q_norm=weights.q_norm,
-            k_norm=weights.k_norm,
-            softcap=weights.softcap,
-            alibi_slopes=weights.alibi_slopes,
-            geometry=geometry,
-            input_radius=input_radius,
-        )
-    Wk, Wv, Wo = projections_given("mha_local_jacobian_upper_bound", Wk, Wv, Wo)
+
+def _mha_local_jacobian_bounds(
+    X: Tensor, a: _AttentionTensors, *, geometry: Geometry = "rms", input_radius: Tensor | None = None
+) -> MHALocalJacobianBounds:
+    """``mha_local_jacobian_bounds`` of the tensor form ``a`` (batched weights, any mask; results per sequence)."""
     geometry = check_geometry(geometry)
-    check_attention_shapes(X, Wq, Wk, Wv, Wo)
-    if tau is None or not tau > 0:
-        raise ConfigError(f"temperature tau must be > 0, got {tau}")
-    biases = biases or AttentionBiases()
-    f64 = {k: (None if t is None else t.to(torch.float64)) for k, t in vars(biases).items()}
-    fwd = mha_forward(
-        X.to(torch.float64),
-        Wq.double(),
-        Wk.double(),
-        Wv.double(),
-        Wo.double(),
-        tau=tau,
-        mask=mask,
-        biases=AttentionBiases(**f64),
-        rotary=rotary,
-        q_norm=q_norm,
-        k_norm=k_norm,
-        softcap=softcap,
-        alibi_slopes=alibi_slopes,
+    local = _local_forward(X, a, input_radius)
+    theta = _row_theta_bounds(X, a, local)
+    spread = _score_spread_bounds(X, a, local)
+    row_bound = _row_upper_bound(a, local, theta, spread, _value_path_upper_bound(a, local, theta))
+    norms, radius_l2 = local.norms, local.radius_l2
+    floors = (_smallest_floor(spread.query_side), _smallest_floor(spread.key_side))
+    centred_keys = a.rotary is None and a.softcap is None
+    phi = _phi(norms, radius_l2, _score_factors(norms, radius_l2, centred_keys, a.q_norm, a.k_norm, floors, a.Wq, a.Wk))
+    theta_tilde = theta.theta_upper.amax(dim=-1)
+    sensitivity = div_up(mul_up(theta_tilde, phi), float(a.tau))
+    paper_form = mul_up(norms.w_o, sum_upper_bound(add_up(norms.w_v, sensitivity), dim=-1))
+    radius = radius_l2 / math.sqrt(X.shape[-1]) if geometry == "rms" else radius_l2
+    output_radius = _output_radius(
+        local.fwd, a.Wo, local.biases64.o, local.head_distance, local.value_error_max, theta.eta, theta.small_mass,
+        norms,
+    )  # fmt: skip
+    return MHALocalJacobianBounds(
+        upper_bound=row_bound.amax(dim=-1),
+        paper_form_upper_bound=paper_form,
+        row_upper_bound=row_bound,
+        value_term=norms.w_v,
+        sensitivity_term=sensitivity,
+        theta_tilde=theta_tilde,
+        phi=phi,
+        radius=radius,
+        norms=norms,
+        geometry=geometry,
+        output=local.fwd.output,
+        output_radius=output_radius,
     )
-    norms = projection_norms(Wq, Wk, Wv, Wo, biases)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _LocalForward:
+    """Step 1 of the local bound (forward and radii): the float64 forward at X and the radii measured from it.
+
+    fwd: ``AttentionForward`` in float64; biases64: the biases in float64; norms: ``ProjectionNormBounds``;
+    shifts: the input radius's share (q, k, v) of the projection errors (``attention_terms.input_shift``, None
+    without radii); allowed ``[batch, head, query, key]``; radius_l2 ``[batch]`` ≥ max_t ‖U_t‖₂ over the input
+    ball; value_errors ``[batch, head, key]`` ≥ ‖v_m − v̂_m‖ and value_error_max ``[batch, head, query]`` their
+    max over the allowed keys; head_distance ≥ max_m ‖v̂_m − ŷ_i‖ and value_spread V_i ≥ min_c max_m ‖v_m − c‖
+    over c ∈ {y_i, b_V} (T4 step 2), both ``[batch, head, query]``; output: W_O's ``OutputAccuracy`` per sequence.
+    """
+
+    fwd: AttentionForward
+    biases64: AttentionBiases
+    norms: ProjectionNormBounds
+    shifts: tuple[Tensor | None, Tensor | None, Tensor | None]
+    allowed: Tensor
+    radius_l2: Tensor
+    value_errors: Tensor
+    value_error_max: Tensor
+    head_distance: Tensor
+    value_spread: Tensor
+    output: A.OutputAccuracy
+
+    @property
+    def score_shifts(self) -> tuple[Tensor, Tensor] | None:
+        """The query and key shifts together, as the score kernels take them (None without input radii)."""
+        shift_q, shift_k, _ = self.shifts
+        return None if shift_q is None or shift_k is None else (shift_q, shift_k)
+
+
+def _local_forward(X: Tensor, a: _AttentionTensors, input_radius: Tensor | None) -> _LocalForward:
+    """Step 1, forward and radii (docs/math.md T4 steps 1–2): the float64 forward at X, the projection norms, the
+    input radii's shifts, the radius R = max_t ‖x_t‖₂ (+ max_t δ_t) and the value radii V_i, each rounded up."""
+    check_attention_shapes(X, a.Wq, a.Wk, a.Wv, a.Wo)
+    biases64 = AttentionBiases(**{k: (None if t is None else t.to(torch.float64)) for k, t in vars(a.biases).items()})
+    wide = replace(a, Wq=a.Wq.double(), Wk=a.Wk.double(), Wv=a.Wv.double(), Wo=a.Wo.double(), biases=biases64)
+    fwd = _mha_forward(X.to(torch.float64), wide)
+    norms = projection_norm_bounds(a.Wq, a.Wk, a.Wv, a.Wo, a.biases)
     delta = _input_radius(input_radius, X)
     shift_q, shift_k, shift_v = (T.input_shift(w, delta) for w in (norms.w_q, norms.w_k, norms.w_v))
-    shifts = None if shift_q is None or shift_k is None else (shift_q, shift_k)
-    position_bias = 0.0 if alibi_slopes is None else float(alibi_slopes.double().abs().max()) * (X.shape[1] - 1)
     allowed = fwd.allowed.expand_as(fwd.probabilities)
-    eta, small_mass = T.softmax_row_accuracy(
-        X, Wq, Wk, biases.q, biases.k, fwd.probabilities, allowed, tau, q_norm=q_norm, k_norm=k_norm,
-        query_inputs=fwd.query_inputs, key_inputs=fwd.key_inputs, softcap=softcap, position_bias=position_bias,
-        shifts=shifts,
-    )  # fmt: skip
-    stored_theta = certify(fwd.probabilities, dim=-1).upper.to(torch.float64)  # [batch, head, query]
-    theta_upper = T.real_row_theta_upper_bound(fwd.probabilities, stored_theta, eta, small_mass)
-    n_head = Wq.shape[-3]
-
-    batch = X.shape[0]
-    value_errors = T.value_errors(X, Wv, biases.v, n_head, shift_v)  # [batch, head, key]
+    n_head, batch = a.Wq.shape[-3], X.shape[0]
+    value_errors = T.value_errors(X, a.Wv, a.biases.v, n_head, shift_v)  # [batch, head, key]
     value_error_max = A.row_max_of_keys(value_errors, allowed)
-
     value_centre_bias = (
         torch.zeros_like(fwd.head_outputs)
-        if f64["v"] is None
-        else (expand_kv_heads(f64["v"], n_head, -2)[..., :, None, :].expand_as(fwd.head_outputs))
+        if biases64.v is None
+        else (expand_kv_heads(biases64.v, n_head, -2)[..., :, None, :].expand_as(fwd.head_outputs))
     )
     head_distance = T.float_value_distance(fwd.values, fwd.head_outputs, allowed)  # ≥ max_m ‖v̂_m − ŷ_i‖
     value_spread = torch.minimum(
         add_up(head_distance, value_error_max),
         T.max_value_distance(fwd.values, value_centre_bias, value_errors, allowed),
     )
+    radius_l2 = norm2_upper_bound(X, dim=-1).amax(dim=-1)
+    if delta is not None:
+        radius_l2 = add_up(radius_l2, delta.amax(dim=-1))
+    return _LocalForward(
+        fwd=fwd, biases64=biases64, norms=norms, shifts=(shift_q, shift_k, shift_v), allowed=allowed,
+        radius_l2=radius_l2, value_errors=value_errors, value_error_max=value_error_max, head_distance=head_distance,
+        value_spread=value_spread, output=_output_accuracy(a.Wo, n_head, batch),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True, kw_only=True)
+class _RowThetaBounds:
+    """θ of the real softmax rows, ``[batch, head, query]``: theta_upper ≥ θ(p_i) (T1, T4 step 3); eta and
+    small_mass, the rows' accuracy p ≤ (1 + η) p̂ (+ m on the keys with tiny p̂), from
+    ``attention_terms.softmax_row_accuracy``."""
+
+    theta_upper: Tensor
+    eta: Tensor
+    small_mass: Tensor
+
+
+def _row_theta_bounds(X: Tensor, a: _AttentionTensors, local: _LocalForward) -> _RowThetaBounds:
+    """Step 3, θ̃ via ``certify`` (docs/math.md T4 step 3): the certified θ of every float64 row, enlarged by what
+    the real rows may differ from it (``attention_terms.real_row_theta_upper_bound``)."""
+    from attnsens.theta import certify
+
+    fwd = local.fwd
+    position_bias = 0.0 if a.alibi_slopes is None else float(a.alibi_slopes.double().abs().max()) * (X.shape[1] - 1)
+    eta, small_mass = T.softmax_row_accuracy(
+        X, a.Wq, a.Wk, a.biases.q, a.biases.k, fwd.probabilities, local.allowed, a.tau, q_norm=a.q_norm,
+        k_norm=a.k_norm, query_inputs=fwd.query_inputs, key_inputs=fwd.key_inputs, softcap=a.softcap,
+        position_bias=position_bias, shifts=local.score_shifts,
+    )  # fmt: skip
+    stored_theta = certify(fwd.probabilities, dim=-1).upper.to(torch.float64)  # [batch, head, query]
+    theta_upper = T.real_row_theta_upper_bound(fwd.probabilities, stored_theta, eta, small_mass)
+    return _RowThetaBounds(theta_upper=theta_upper, eta=eta, small_mass=small_mass)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _ScoreSpreadBounds:
+    """Step 2's result: spread ``[batch, head, query]`` ≥ s_i = max_{j∈K(i)} |du_ij − c| per unit ‖dX‖ (module
+    docstring, step 3), the best of its centres; and what the key-sum form reuses: the query and key ``_Side``,
+    the keys' radius, the query functionals' norms, the centres (key mean, key bias or 0) and, under a softcap,
+    the certified slopes, their slack and the spread without slopes (None otherwise)."""
+
+    spread: Tensor
+    query_side: _Side
+    key_side: _Side
+    key_radius: T.KeyRadius
+    query_norms: Tensor
+    key_mean: Tensor
+    key_centre: Tensor
+    slopes: Tensor | None = None
+    slack: Tensor | None = None
+    plain_spread: Tensor | None = None
+
+
+def _score_spread_bounds(X: Tensor, a: _AttentionTensors, local: _LocalForward) -> _ScoreSpreadBounds:
+    """Step 2, score spread (docs/math.md T4 step 4, as the code computes it): s_i ≤ min over centres m of
+    max_j ‖W_Qᵀ R_iᵀ(k̃_j − m)‖ + ‖W_Kᵀ R_jᵀ q̃_i‖, the centre m the attention-weighted key mean or b_K (no RoPE,
+    QK-norm or softcap) / 0; under a softcap the slopes D_j weigh the key terms (docs/math.md T4-cap)."""
+    fwd, allowed, batch, n_head = local.fwd, local.allowed, X.shape[0], a.Wq.shape[-3]
     key_mean = fwd.probabilities @ fwd.keys
     key_centre = torch.zeros_like(key_mean)
-    if f64["k"] is not None and rotary is None and k_norm is None and softcap is None:
-        key_centre = expand_kv_heads(f64["k"], n_head, -2)[..., :, None, :].expand_as(key_mean)
-    rotations = None if rotary is None else T.rotation_matrices(X.shape[1], Wq.shape[-2], rotary, X.device)
+    if local.biases64.k is not None and a.rotary is None and a.k_norm is None and a.softcap is None:
+        key_centre = expand_kv_heads(local.biases64.k, n_head, -2)[..., :, None, :].expand_as(key_mean)
+    rotations = None if a.rotary is None else T.rotation_matrices(X.shape[1], a.Wq.shape[-2], a.rotary, X.device)
+    shift_q, shift_k, _ = local.shifts
     query_side, key_side = (
         _side(X, W, b, norm, inputs, rotations, _per_sequence(w_norm, batch, 1), n_head, shift)
         for W, b, norm, inputs, w_norm, shift in (
-            (Wq, biases.q, q_norm, fwd.query_inputs, norms.w_q, shift_q),
-            (Wk, biases.k, k_norm, fwd.key_inputs, norms.w_k, shift_k),
+            (a.Wq, a.biases.q, a.q_norm, fwd.query_inputs, local.norms.w_q, shift_q),
+            (a.Wk, a.biases.k, a.k_norm, fwd.key_inputs, local.norms.w_k, shift_k),
         )
     )  # fmt: skip
     gain_q, query_factors, accuracy_q = query_side.gain, query_side.factors, query_side.accuracy
@@ -465,86 +503,91 @@ def mha_local_jacobian_upper_bound(
         return T.score_spread(fwd, centre, gain_q, query_norms, allowed, query_factors, accuracy_q, key_radius, slopes)
 
     slopes = slack = plain_spread = None
-    if fwd.score_slopes is None or softcap is None:
+    if fwd.score_slopes is None or a.softcap is None:
         score_spread = torch.minimum(spread(key_mean), spread(key_centre))
-    else:  # step 3 under a softcap (attention_terms.softcap_slopes): centre 0, or the key mean with its extra term
+    else:  # under a softcap (attention_terms.softcap_slopes): centre 0, or the key mean with its extra term
         score_errors, _ = T.score_error(
-            X, Wq, Wk, biases.q, biases.k, tau, q_norm=q_norm, k_norm=k_norm, query_inputs=fwd.query_inputs,
-            key_inputs=fwd.key_inputs, shifts=shifts,
+            X, a.Wq, a.Wk, a.biases.q, a.biases.k, a.tau, q_norm=a.q_norm, k_norm=a.k_norm,
+            query_inputs=fwd.query_inputs, key_inputs=fwd.key_inputs, shifts=local.score_shifts,
         )  # fmt: skip
-        slopes, half_range, slack = T.softcap_slopes(fwd.score_slopes, score_errors, softcap, allowed)
+        slopes, half_range, slack = T.softcap_slopes(fwd.score_slopes, score_errors, a.softcap, allowed)
         centred = add_up(
             spread(key_mean, slopes),
             mul_up(half_range, T.centre_functional_norms(gain_q, query_factors, key_mean, accuracy_q)),
         )
         score_spread = torch.minimum(centred, spread(key_centre, slopes))
         plain_spread = spread(key_centre)
-    sensitivity_rate = mul_up(div_up(theta_upper, float(tau)), score_spread)  # bounds ‖dp_i‖₁ per unit ‖dX‖
-    per_row_head = add_up(mul_up(sensitivity_rate, value_spread), norms.w_v[..., None])  # [batch, head, query]
-    row_bound = _combine_heads(per_row_head.transpose(-1, -2), norms.w_o[..., None], norms.w_o_head[..., None, :])
+    return _ScoreSpreadBounds(
+        spread=score_spread, query_side=query_side, key_side=key_side, key_radius=key_radius,
+        query_norms=query_norms, key_mean=key_mean, key_centre=key_centre, slopes=slopes, slack=slack,
+        plain_spread=plain_spread,
+    )  # fmt: skip
 
+
+def _value_path_upper_bound(a: _AttentionTensors, local: _LocalForward, theta: _RowThetaBounds) -> Tensor:
+    """Step 4, value path (docs/math.md T4 step 1 seen through W_O): ≥ ‖Σ_h W_O^{(h)} Σ_j p^h_ij W_V^h dx_j‖ per
+    unit ‖dX‖, the value part of all heads together, ``[batch, query]``: Σ_j min_w (w ‖Σ_h A_h‖ + Σ_h |p^h_ij − w|
+    ‖A_h‖) with A_h = W_O^{(h)} W_V^h (``attention_terms.joint_value_path``), plus Σ_h ‖A_h‖ (η + m) for the real
+    rows."""
+    batch = local.fwd.probabilities.shape[0]
+    head_value, joint_value = T.value_path_norms(
+        _per_sequence(a.Wv, batch, 3), _per_sequence(a.Wo, batch, 2), local.output,
+        _per_sequence(local.norms.w_v, batch, 1),
+    )  # fmt: skip
+    # The value part weighs keys by p̂; the real weights differ by at most (η + m) per head and key in total.
+    return add_up(
+        T.joint_value_path(local.fwd.probabilities, head_value, joint_value),
+        sum_upper_bound(mul_up(head_value[..., None], add_up(theta.eta, theta.small_mass)), dim=-2),
+    )
+
+
+def _row_upper_bound(
+    a: _AttentionTensors, local: _LocalForward, theta: _RowThetaBounds, spread: _ScoreSpreadBounds,
+    value_part: Tensor,
+) -> Tensor:  # fmt: skip
+    """Step 5, combine, ``[batch, query]``: the smaller of ‖W_O‖-combined g_ih = ‖W_V‖ + (θ(p_i)/τ) V_i s_i
+    (``_combine_heads``) and the value part plus Σ_h min(θ form, key-sum form) with W_O^{(h)} applied per head."""
+    fwd, norms, batch = local.fwd, local.norms, local.fwd.probabilities.shape[0]
+    sensitivity_rate = mul_up(div_up(theta.theta_upper, float(a.tau)), spread.spread)  # bounds ‖dp_i‖₁ per unit ‖dX‖
+    per_row_head = add_up(mul_up(sensitivity_rate, local.value_spread), norms.w_v[..., None])  # [batch, head, query]
+    row_bound = _combine_heads(per_row_head.transpose(-1, -2), norms.w_o[..., None], norms.w_o_head[..., None, :])
     # W_O applied per head before norms are taken: value part of all heads together, and per head the better
     # of the θ form and the key-sum form of the sensitivity part (attention_terms).
-    Wo_batched = _per_sequence(Wo, batch, 2)
-    output = _output_accuracy(Wo, n_head, batch)
     w_o_head = _per_sequence(norms.w_o_head, batch, 1)
-    outputs, distances, value_radius = T.projected_values(fwd, output, value_errors, w_o_head)
-    theta_form = mul_up(sensitivity_rate, T.output_spread(outputs, distances, value_radius, output, f64["v"], allowed))
-    key_sum_inputs = T.KeySumInputs(
-        accuracy=accuracy_q, output=output, keys=key_radius, value_error_max=value_error_max,
-        centres=(key_mean, key_centre), w_o_head=w_o_head,
-    )  # fmt: skip
-    cutoff = mul_up(theta_form, float(tau))  # rows where the key-sum form cannot win need no spectral norm
-    if slopes is None or slack is None or plain_spread is None:
-        key_sum = T.key_sum_sensitivity(
-            fwd, distances, gain_q, query_norms, query_factors, key_sum_inputs, cutoff=cutoff
-        )
-        correction = T.key_sum_weight_correction(
-            fwd, distances, score_spread, norms.w_o_head, eta, small_mass, allowed, value_error_max
-        )
-    else:  # weights p̂ D̂ with the float slopes; the correction covers the real (p, D)
-        key_sum = T.key_sum_sensitivity(
-            fwd, distances, gain_q, query_norms, query_factors, key_sum_inputs, fwd.score_slopes, cutoff
-        )
-        correction = T.softcap_key_sum_correction(
-            fwd, distances, plain_spread, norms.w_o_head, eta, small_mass, slack, allowed, value_error_max
-        )
-    key_sum_form = div_up(add_up(mul_up(key_sum, add_up(eta, 1.0)), correction), float(tau))
-    head_value, joint_value = T.value_path_norms(
-        _per_sequence(Wv, batch, 3), Wo_batched, output, _per_sequence(norms.w_v, batch, 1)
-    )
-    # The value part weighs keys by p̂; the real weights differ by at most (η + m) per head and key in total.
-    value_part = add_up(
-        T.joint_value_path(fwd.probabilities, head_value, joint_value),
-        sum_upper_bound(mul_up(head_value[..., None], add_up(eta, small_mass)), dim=-2),
-    )
+    outputs, distances, value_radius = T.projected_values(fwd, local.output, local.value_errors, w_o_head)
+    output_spread = T.output_spread(outputs, distances, value_radius, local.output, local.biases64.v, local.allowed)
+    theta_form = mul_up(sensitivity_rate, output_spread)
+    cutoff = mul_up(theta_form, float(a.tau))  # rows where the key-sum form cannot win need no spectral norm
+    key_sum_form = _key_sum_upper_bound(a, local, theta, spread, distances, cutoff)
     projected = add_up(value_part, sum_upper_bound(torch.minimum(theta_form, key_sum_form), dim=-2))
-    row_bound = torch.minimum(row_bound, projected)
+    return torch.minimum(row_bound, projected)
 
-    radius_l2 = norm2_upper_bound(X, dim=-1).amax(dim=-1)
-    if delta is not None:
-        radius_l2 = add_up(radius_l2, delta.amax(dim=-1))
-    floors = (_smallest_floor(query_side), _smallest_floor(key_side))
-    centred_keys = rotary is None and softcap is None
-    phi = _phi(norms, radius_l2, _score_factors(norms, radius_l2, centred_keys, q_norm, k_norm, floors, Wq, Wk))
-    theta_tilde = theta_upper.amax(dim=-1)
-    sensitivity = div_up(mul_up(theta_tilde, phi), float(tau))
-    paper_form = mul_up(norms.w_o, sum_upper_bound(add_up(norms.w_v, sensitivity), dim=-1))
-    radius = radius_l2 / math.sqrt(X.shape[-1]) if geometry == "rms" else radius_l2
-    return MHALocalJacobianBound(
-        upper_bound=row_bound.amax(dim=-1),
-        paper_form_upper_bound=paper_form,
-        row_upper_bound=row_bound,
-        value_term=norms.w_v,
-        sensitivity_term=sensitivity,
-        theta_tilde=theta_tilde,
-        phi=phi,
-        radius=radius,
-        norms=norms,
-        geometry=geometry,
-        output=fwd.output,
-        output_radius=_output_radius(fwd, Wo, f64["o"], head_distance, value_error_max, eta, small_mass, norms),
-    )
+
+def _key_sum_upper_bound(
+    a: _AttentionTensors, local: _LocalForward, theta: _RowThetaBounds, spread: _ScoreSpreadBounds,
+    distances: Tensor, cutoff: Tensor,
+) -> Tensor:  # fmt: skip
+    """The key-sum form of the sensitivity part per head and row ``[batch, head, query]`` (docs/math.md T4), for
+    the real rows: (1 + η) times the form at the float rows plus their correction, over τ."""
+    fwd, norms, query = local.fwd, local.norms, spread.query_side
+    inputs = T.KeySumInputs(
+        accuracy=query.accuracy, output=local.output, keys=spread.key_radius, value_error_max=local.value_error_max,
+        centres=(spread.key_mean, spread.key_centre), w_o_head=_per_sequence(norms.w_o_head, fwd.values.shape[0], 1),
+    )  # fmt: skip
+    terms = (fwd, distances, query.gain, spread.query_norms, query.factors, inputs)
+    if spread.slopes is None or spread.slack is None or spread.plain_spread is None:
+        key_sum = T.key_sum_sensitivity(*terms, cutoff=cutoff)
+        correction = T.key_sum_weight_correction(
+            fwd, distances, spread.spread, norms.w_o_head, theta.eta, theta.small_mass, local.allowed,
+            local.value_error_max,
+        )  # fmt: skip
+    else:  # weights p̂ D̂ with the float slopes; the correction covers the real (p, D)
+        key_sum = T.key_sum_sensitivity(*terms, fwd.score_slopes, cutoff)
+        correction = T.softcap_key_sum_correction(
+            fwd, distances, spread.plain_spread, norms.w_o_head, theta.eta, theta.small_mass, spread.slack,
+            local.allowed, local.value_error_max,
+        )  # fmt: skip
+    return div_up(add_up(mul_up(key_sum, add_up(theta.eta, 1.0)), correction), float(a.tau))
 
 
 def _input_radius(input_radius: Tensor | None, X: Tensor) -> Tensor | None:
@@ -559,7 +602,7 @@ def _input_radius(input_radius: Tensor | None, X: Tensor) -> Tensor | None:
 
 def _output_radius(
     fwd: AttentionForward, Wo: Tensor, b_o: Tensor | None, head_distance: Tensor, value_error_max: Tensor,
-    eta: Tensor, small_mass: Tensor, norms: ProjectionNorms,
+    eta: Tensor, small_mass: Tensor, norms: ProjectionNormBounds,
 ) -> Tensor:  # fmt: skip
     """≥ ‖MHA(U)_i − ẑ_i‖₂ per row ``[batch, query]``, ẑ the float64 output at X and U the real input (within
     the radii already folded into ``value_error_max`` ≥ max_m ‖v_m − v̂_m‖, ``eta`` and ``small_mass``), from
@@ -592,101 +635,46 @@ def _output_radius(
     return add_up(mixed, rounding)
 
 
-@overload
-def mha_lipschitz_upper_bound(weights: AttentionWeights, /, *, radius_rms: float | Tensor) -> MHALipschitzBound: ...
-
-
-@overload
-def mha_lipschitz_upper_bound(
-    Wq: Tensor,
-    Wk: Tensor,
-    Wv: Tensor,
-    Wo: Tensor,
-    *,
-    tau: float,
-    radius_rms: float | Tensor,
-    d_model: int,
-    biases: AttentionBiases | None = None,
-    rotary: RotaryConfig | None = None,
-    q_norm: NormWeights | None = None,
-    k_norm: NormWeights | None = None,
-    softcap: float | None = None,
-) -> MHALipschitzBound: ...
-
-
-def mha_lipschitz_upper_bound(
-    Wq: Tensor | AttentionWeights,
-    Wk: Tensor | None = None,
-    Wv: Tensor | None = None,
-    Wo: Tensor | None = None,
-    *,
-    tau: float | None = None,
-    radius_rms: float | Tensor,
-    d_model: int | None = None,
-    biases: AttentionBiases | None = None,
-    rotary: RotaryConfig | None = None,
-    q_norm: NormWeights | None = None,
-    k_norm: NormWeights | None = None,
-    softcap: float | None = None,
-) -> MHALipschitzBound:
+def mha_lipschitz_bounds(weights: AttentionWeights, *, radius_rms: float | Tensor) -> MHALipschitzBounds:
     """Lip(MHA on {‖X‖_{∞,rms} ≤ R_rms}) ≤ ‖W_O‖ Σ_h (‖W_V^h‖ + Φ_h/τ), Φ_h with R = √d R_rms, θ = 1.
 
-    Call it with one ``AttentionWeights`` (its τ, width, biases and rotary), or with the projection tensors and
-    their keywords:
-
     Args:
-        Wq, Wk, Wv, Wo: as in ``mha_local_jacobian_upper_bound`` (optionally batched: results gain that axis).
-        tau: temperature; radius_rms: R_rms (scalar or ``[...]``); d_model: width d (must match the weights).
-        biases, rotary: as in ``mha_forward`` (only ‖b_Q‖, and ‖b_K‖ under RoPE, enter).
-        softcap: the logit cap c (|ds| ≤ |du| with ds = sech²(u/c) du, so only the key bias's cancellation is lost).
-            An additive bias independent of the input (ALiBi, ``AttentionWeights.alibi_slopes``) changes no derivative
-            and θ ≤ 1 holds for every row, so the constant holds with it unchanged.
-        q_norm, k_norm: QK-norm; each normalized side enters through γ_max √d_head (its radius on every input)
-            and ‖W‖ γ_max/√ε (its derivative bound where the projection vanishes, a loose but valid constant).
+        weights: the sublayer (only ‖b_Q‖, and ‖b_K‖ under RoPE or a softcap, enter of its biases). A softcap c
+            keeps |ds| ≤ |du| (ds = sech²(u/c) du), so only the key bias's cancellation is lost. An additive bias
+            independent of the input (ALiBi) changes no derivative and θ ≤ 1 holds for every row, so the constant
+            holds with it unchanged; so does every mask. A QK-norm side enters through γ_max √d_head (its radius on
+            every input) and ‖W‖ γ_max/√ε (its derivative bound where the projection vanishes, a loose but valid
+            constant).
+        radius_rms: R_rms (scalar or ``[...]``: results gain those axes).
 
     Returns:
-        ``MHALipschitzBound``: certified Lipschitz bound in the block-∞ operator norm, independent of the sequence
+        ``MHALipschitzBounds``: certified Lipschitz bound in the block-∞ operator norm, independent of the sequence
         length and of masking (docs/math.md T5; the ball is convex, so the sup of the local bound is a Lipschitz bound).
     """
-    if isinstance(Wq, AttentionWeights):
-        refuse_beside_weights(
-            "mha_lipschitz_upper_bound", Wk=Wk, Wv=Wv, Wo=Wo, tau=tau, d_model=d_model, biases=biases, rotary=rotary,
-            q_norm=q_norm, k_norm=k_norm, softcap=softcap,
-        )  # fmt: skip
-        weights = Wq
-        return mha_lipschitz_upper_bound(
-            weights.w_q,
-            weights.w_k,
-            weights.w_v,
-            weights.w_o,
-            tau=weights.tau,
-            radius_rms=radius_rms,
-            d_model=weights.d_model,
-            biases=biases_of(weights),
-            rotary=weights.rotary,
-            q_norm=weights.q_norm,
-            k_norm=weights.k_norm,
-            softcap=weights.softcap,
-        )
-    Wk, Wv, Wo = projections_given("mha_lipschitz_upper_bound", Wk, Wv, Wo)
-    if Wq.ndim not in (3, 4) or Wq.shape[-1] != d_model:
-        raise ShapeError(f"d_model={d_model} does not match Wq {tuple(Wq.shape)}; pass d_model = Wq.shape[-1]")
-    if tau is None or not tau > 0:
-        raise ConfigError(f"temperature tau must be > 0, got {tau}")
+    return _mha_lipschitz_bounds(_attention_tensors(weights), radius_rms=radius_rms)
+
+
+def _mha_lipschitz_bounds(a: _AttentionTensors, *, radius_rms: float | Tensor) -> MHALipschitzBounds:
+    """``mha_lipschitz_bounds`` of the tensor form ``a`` (weights optionally batched: results gain that axis;
+    the mask is not used)."""
+    Wq, Wk, Wv, Wo = a.Wq, a.Wk, a.Wv, a.Wo
+    if Wq.ndim not in (3, 4):
+        raise ShapeError(f"Wq must be [(batch,) head, d_head, d_model], got {tuple(Wq.shape)}")
+    d_model, q_norm, k_norm = Wq.shape[-1], a.q_norm, a.k_norm
     radius_rms = torch.as_tensor(radius_rms, dtype=torch.float64, device=Wq.device)
     if bool((radius_rms < 0).any()):
         raise ConfigError(f"radius_rms must be ≥ 0, got {radius_rms}")
-    norms = projection_norms(Wq, Wk, Wv, Wo, biases)
+    norms = projection_norm_bounds(Wq, Wk, Wv, Wo, a.biases)
     radius_l2 = mul_up(radius_rms, math.nextafter(math.sqrt(d_model), math.inf))
     floors = tuple(
         1.0 if n is None else sqrt_down(torch.tensor(float(n.eps), dtype=torch.float64)) for n in (q_norm, k_norm)
     )
-    centred_keys = rotary is None and softcap is None
+    centred_keys = a.rotary is None and a.softcap is None
     factors = _score_factors(norms, radius_l2, centred_keys, q_norm, k_norm, (floors[0], floors[1]), Wq, Wk)
     phi = _phi(norms, radius_l2, factors)
-    sensitivity = div_up(phi, float(tau))
+    sensitivity = div_up(phi, float(a.tau))
     per_head = add_up(norms.w_v, sensitivity)
-    return MHALipschitzBound(
+    return MHALipschitzBounds(
         upper_bound=_combine_heads(per_head, norms.w_o, norms.w_o_head),
         paper_form_upper_bound=mul_up(norms.w_o, sum_upper_bound(per_head, dim=-1)),
         value_term=norms.w_v,

@@ -67,9 +67,9 @@ from attnsens._rounding import (
 )
 from attnsens.errors import ConfigError
 from attnsens.geometry.attention_bounds import (
-    MHALocalJacobianBound,
-    mha_lipschitz_upper_bound,
-    mha_local_jacobian_upper_bound,
+    MHALocalJacobianBounds,
+    mha_lipschitz_bounds,
+    mha_local_jacobian_bounds,
 )
 from attnsens.geometry.enclosures import Enclosure, exact, norm_enclosure, residual_sum
 from attnsens.geometry.jacobians import norm_jacobian_spectral_norm_upper_bound
@@ -267,9 +267,9 @@ def attention_output_radius_l2(attention: AttentionWeights, radius_l2: Tensor) -
 
 
 def attention_lipschitz(attention: AttentionWeights, radius_l2: Tensor) -> Tensor:
-    """``mha_lipschitz_upper_bound`` of a sublayer on the ℓ2 ball of radius R."""
+    """``mha_lipschitz_bounds`` of a sublayer on the ℓ2 ball of radius R."""
     radius_rms = div_up(radius_l2, math.nextafter(math.sqrt(attention.d_model), 0.0))
-    return mha_lipschitz_upper_bound(attention, radius_rms=radius_rms).upper_bound
+    return mha_lipschitz_bounds(attention, radius_rms=radius_rms).upper_bound
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -361,12 +361,14 @@ def block_lipschitz_upper_bound(layer: LayerWeights, *, input_radius_rms: float 
     return result(bound, lip_attn, lip_ffn, one, one)
 
 
-def _attention_local(u: Enclosure, attention: AttentionWeights, geometry: Geometry = "rms") -> MHALocalJacobianBound:
+def _attention_local_jacobian_bounds(
+    u: Enclosure, attention: AttentionWeights, geometry: Geometry = "rms"
+) -> MHALocalJacobianBounds:
     """The local attention bound on the ball of ``u`` (at u's value when it is exact)."""
-    return mha_local_jacobian_upper_bound(u.value, attention, geometry=geometry, input_radius=u.radius_or_none)
+    return mha_local_jacobian_bounds(u.value, attention, geometry=geometry, input_radius=u.radius_or_none)
 
 
-def _attention_output(bound: MHALocalJacobianBound) -> Enclosure:
+def _attention_output(bound: MHALocalJacobianBounds) -> Enclosure:
     return Enclosure(bound.output, bound.output_radius)
 
 
@@ -386,10 +388,10 @@ def _ffn_local(x: Enclosure, mlp: MLPWeights) -> Tensor:
 
 
 @dataclass(frozen=True, kw_only=True)
-class BlockLocalJacobianBound:
+class BlockLocalJacobianBounds:
     """Certified bound of one block's Jacobian at its input, with the attention factor it was built from.
 
-    upper_bound ``[batch]``; attention: the ``MHALocalJacobianBound`` of the attention sublayer at attention_input
+    upper_bound ``[batch]``; attention: the ``MHALocalJacobianBounds`` of the attention sublayer at attention_input
     ``[batch, query, d_model]`` (float64), the point the chain rule evaluates it at (N₁ of the block input for
     pre-LN and parallel blocks, the block input itself otherwise). A caller that also reports the attention
     bound reads it here instead of computing it a second time. mlp_input: the enclosure of the MLP's real input
@@ -397,19 +399,19 @@ class BlockLocalJacobianBound:
     """
 
     upper_bound: Tensor
-    attention: MHALocalJacobianBound
+    attention: MHALocalJacobianBounds
     attention_input: Tensor
     mlp_input: Enclosure
 
 
 def block_local_jacobian_upper_bound(x: Tensor, layer: LayerWeights) -> Tensor:
-    """``block_local_jacobian_bound(x, layer).upper_bound``: the certified ``[batch]`` bound alone."""
-    return block_local_jacobian_bound(x, layer).upper_bound
+    """``block_local_jacobian_bounds(x, layer).upper_bound``: the certified ``[batch]`` bound alone."""
+    return block_local_jacobian_bounds(x, layer).upper_bound
 
 
-def block_local_jacobian_bound(
+def block_local_jacobian_bounds(
     x: Tensor, layer: LayerWeights, *, geometry: Geometry = "rms"
-) -> BlockLocalJacobianBound:
+) -> BlockLocalJacobianBounds:
     """Certified bound of ‖D block(X)‖_{b∞→b∞} at X from local factor bounds and the chain rule.
 
     pre: (1 + ‖J_N₂‖‖J_F‖)(1 + ‖J_N₁‖‖J_A‖); parallel pre: 1 + ‖J_N₁‖‖J_A‖ + ‖J_N₂‖‖J_F‖;
@@ -426,24 +428,24 @@ def block_local_jacobian_bound(
         geometry: convention of the attention bound's reported radius (the operator norms do not depend on it).
 
     Returns:
-        ``BlockLocalJacobianBound``: the ``[batch]`` float64 certified bound (docs/math.md T4–T8 combined) and the
+        ``BlockLocalJacobianBounds``: the ``[batch]`` float64 certified bound (docs/math.md T4–T8 combined) and the
         attention factor's own bound.
     """
     x0 = exact(x)
     if layer.has_out_norms:
-        return _out_norm_block_local_bound(x0, layer, geometry)
+        return _out_norm_block_local_jacobian_bounds(x0, layer, geometry)
     if layer.placement == "none":
-        attention = _attention_local(x0, layer.attention, geometry)
+        attention = _attention_local_jacobian_bounds(x0, layer.attention, geometry)
         y = residual_sum(x0, _attention_output(attention))
         bound = mul_up(add_up(attention.upper_bound, 1.0), add_up(_ffn_local(y, layer.mlp), 1.0))
-        return BlockLocalJacobianBound(upper_bound=bound, attention=attention, attention_input=x0.value, mlp_input=y)
+        return BlockLocalJacobianBounds(upper_bound=bound, attention=attention, attention_input=x0.value, mlp_input=y)
     attn_norm, mlp_norm = layer.norms()
     if layer.parallel_residual:
         h_attn, h_mlp = norm_enclosure(x0, attn_norm), norm_enclosure(x0, mlp_norm)
-        attention = _attention_local(h_attn, layer.attention, geometry)
+        attention = _attention_local_jacobian_bounds(h_attn, layer.attention, geometry)
         attn = mul_up(_norm_local(x0, attn_norm), attention.upper_bound)
         ffn = mul_up(_norm_local(x0, mlp_norm), _ffn_local(h_mlp, layer.mlp))
-        return BlockLocalJacobianBound(
+        return BlockLocalJacobianBounds(
             upper_bound=add_up(add_up(attn, ffn), 1.0),
             attention=attention,
             attention_input=h_attn.value,
@@ -451,33 +453,35 @@ def block_local_jacobian_bound(
         )
     if layer.placement == "pre":
         h = norm_enclosure(x0, attn_norm)
-        attention = _attention_local(h, layer.attention, geometry)
+        attention = _attention_local_jacobian_bounds(h, layer.attention, geometry)
         first = add_up(mul_up(_norm_local(x0, attn_norm), attention.upper_bound), 1.0)
         y = residual_sum(x0, _attention_output(attention))
         g = norm_enclosure(y, mlp_norm)
         second = add_up(mul_up(_norm_local(y, mlp_norm), _ffn_local(g, layer.mlp)), 1.0)
-        return BlockLocalJacobianBound(
+        return BlockLocalJacobianBounds(
             upper_bound=mul_up(first, second), attention=attention, attention_input=h.value, mlp_input=g
         )
-    attention = _attention_local(x0, layer.attention, geometry)
+    attention = _attention_local_jacobian_bounds(x0, layer.attention, geometry)
     alpha = layer.residual_scale
     s1 = residual_sum(x0, _attention_output(attention), alpha)
     first = mul_up(_norm_local(s1, attn_norm), add_up(attention.upper_bound, abs(alpha)))
     y = norm_enclosure(s1, attn_norm)
     s2 = residual_sum(y, mlp_enclosure(y, layer.mlp), alpha)
     second = mul_up(_norm_local(s2, mlp_norm), add_up(_ffn_local(y, layer.mlp), abs(alpha)))
-    return BlockLocalJacobianBound(
+    return BlockLocalJacobianBounds(
         upper_bound=mul_up(first, second), attention=attention, attention_input=x0.value, mlp_input=y
     )
 
 
-def _out_norm_block_local_bound(x: Enclosure, layer: LayerWeights, geometry: Geometry) -> BlockLocalJacobianBound:
+def _out_norm_block_local_jacobian_bounds(
+    x: Enclosure, layer: LayerWeights, geometry: Geometry
+) -> BlockLocalJacobianBounds:
     """(1 + max_i ‖J_N_ao(a_i)‖ ρ_i · max_t ‖J_N₁(x_t)‖)(1 + max_t ‖J_N_mo(f_t)‖ ‖DF(g_t)‖ ‖J_N₂(h_t)‖) for a
     "pre" or "none" block with norms after its sublayers (module docstring; a missing norm is a factor 1), every
     factor bounded over the enclosure of its real argument (``enclosures``)."""
     attn_norm, mlp_norm = layer.attn_norm, layer.mlp_norm  # both set ("pre") or both None ("none")
     u = x if attn_norm is None else norm_enclosure(x, attn_norm)
-    attention = _attention_local(u, layer.attention, geometry)
+    attention = _attention_local_jacobian_bounds(u, layer.attention, geometry)
     a = _attention_output(attention)
     rows = attention.row_upper_bound  # [batch, query]: row i's bound per unit block-∞ input
     if layer.attn_out_norm is not None:
@@ -494,4 +498,4 @@ def _out_norm_block_local_bound(x: Enclosure, layer: LayerWeights, geometry: Geo
     if mlp_norm is not None:
         tokens = mul_up(tokens, _norm_tokens(h, mlp_norm))
     bound = mul_up(add_up(attn_branch, 1.0), add_up(tokens.amax(dim=-1), 1.0))
-    return BlockLocalJacobianBound(upper_bound=bound, attention=attention, attention_input=u.value, mlp_input=g)
+    return BlockLocalJacobianBounds(upper_bound=bound, attention=attention, attention_input=u.value, mlp_input=g)

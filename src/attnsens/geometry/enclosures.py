@@ -4,7 +4,7 @@ A block's chain rule evaluates each factor at an intermediate point: N₁(x), x 
 input and output. The block input x is exact (the bound is about the Jacobian at that x), but every intermediate
 is computed in float64 and differs from the real one. An ``Enclosure`` (value v̂, radius δ) states
 ‖v_t − v̂_t‖₂ ≤ δ_t for every token t, where v is the real intermediate; each factor is then bounded over that
-ball instead of at v̂ (``jacobians.norm_jacobian_spectral_norm_upper_bound``, ``mha_local_jacobian_upper_bound``
+ball instead of at v̂ (``jacobians.norm_jacobian_spectral_norm_upper_bound``, ``mha_local_jacobian_bounds``
 and ``blocks.ffn_token_jacobian_upper_bound`` take the radius).
 
 Norm (LayerNorm γ ⊙ (x − μ)/σ + β, RMSNorm γ ⊙ x/r + β), from an input enclosure (x̂, δ):
@@ -23,7 +23,7 @@ Norm (LayerNorm γ ⊙ (x − μ)/σ + β, RMSNorm γ ⊙ x/r + β), from an inp
 
 Residual sums: fl(x̂ + â) is within γ₁|fl(x̂ + â)| of x̂ + â entrywise, and fl(fl(αx̂) + â) within γ₂(|αx̂| + |â|),
 so the radius of the sum is |α|δ_x + δ_a plus that rounding's ℓ2 norm. The attention sublayer's enclosure is
-``MHALocalJacobianBound.output_radius`` and the MLP's is ``blocks.mlp_enclosure``.
+``MHALocalJacobianBounds.output_radius`` and the MLP's is ``blocks.mlp_enclosure``.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pandas as pd
@@ -35,7 +36,6 @@ from torch import Tensor
 from attnsens import geometry as G
 from attnsens._rounding import add_up, div_up, mul_up, norm2_upper_bound
 from attnsens.errors import InputError
-from attnsens.geometry.attention import biases_of
 from attnsens.geometry.layers import attention_sublayer, synthetic_block_input
 from attnsens.geometry.norms import Geometry
 from attnsens.geometry.stream import layer_inputs_from_stream, with_residual_sums
@@ -50,7 +50,7 @@ def _rms_upper_bound(X: Tensor) -> Tensor:
     return div_up(norm2_upper_bound(X).amax(), math.nextafter(math.sqrt(X.shape[-1]), 0.0))
 
 
-def _head_bound(w_o: float, w_v: float, sensitivity: float, tau: float) -> float:
+def _head_upper_bound(w_o: float, w_v: float, sensitivity: float, tau: float) -> float:
     """‖W_O^(h)‖ (‖W_V^h‖ + sensitivity/τ), every step rounded up (the per-head column of the table)."""
     one = torch.tensor(sensitivity, dtype=torch.float64)
     return float(mul_up(add_up(div_up(one, tau), w_v), w_o))
@@ -60,7 +60,7 @@ def _attention_call(attention: AttentionWeights) -> Callable[[Tensor], Tensor]:
     return lambda x: attention_sublayer(x, attention)
 
 
-def _length_dependent_bound(local: G.MHALocalJacobianBound, n_keys: int, tau: float) -> Tensor:
+def _length_dependent_upper_bound(local: G.MHALocalJacobianBounds, n_keys: int, tau: float) -> Tensor:
     norms = local.norms
     return (norms.w_o * (norms.w_v + n_keys / 2 * local.phi / tau).sum(dim=-1)).amax()
 
@@ -92,16 +92,15 @@ def _layer_records(
     attn = layer.attention
     block_input = entry["block_input"].to(torch.float64)
     # One attention bound serves the MHA columns and the block's chain rule, at the point the chain rule uses.
-    block_local_bound = G.block_local_jacobian_bound(block_input, layer, geometry=geometry)
-    local, x_attn = block_local_bound.attention, block_local_bound.attention_input
-    args = (attn.w_q, attn.w_k, attn.w_v, attn.w_o)
+    block_local_bounds = G.block_local_jacobian_bounds(block_input, layer, geometry=geometry)
+    local, x_attn = block_local_bounds.attention, block_local_bounds.attention_input
     if layer.placement == "pre":
         radius_rms = G.norm_output_radius_rms(layer.norms()[0])
     else:  # the attention reads the (exact) block input
         radius_rms = _rms_upper_bound(x_attn)
-    lipschitz = G.mha_lipschitz_upper_bound(
-        *args, tau=attn.tau, radius_rms=radius_rms, d_model=attn.d_model, biases=biases_of(attn), rotary=attn.rotary
-    )
+    # The stored column has always been computed without QK-norm and softcap (for such models it is not a bound of
+    # the sublayer itself); including them changes stored results, so the column is kept as it was.
+    lipschitz = G.mha_lipschitz_bounds(replace(attn, q_norm=None, k_norm=None, softcap=None), radius_rms=radius_rms)
     queries = _probe_queries(queries, local.row_upper_bound)
 
     def estimate(f: Callable[[Tensor], Tensor], x: Tensor, estimator: str) -> float:
@@ -128,8 +127,8 @@ def _layer_records(
             "value_path_norm_product": float(norms.w_o) * w_v,
             "quartic_norm_product": float(norms.w_o) * w_q * w_k * w_v,
             "phi": phi, "theta_tilde": theta_tilde,
-            "mha_local_jacobian_upper_bound": _head_bound(w_oh, w_v, theta_tilde * phi, attn.tau),
-            "mha_lipschitz_upper_bound": _head_bound(w_oh, w_v, float(lipschitz.phi[h]), attn.tau),
+            "mha_local_jacobian_upper_bound": _head_upper_bound(w_oh, w_v, theta_tilde * phi, attn.tau),
+            "mha_lipschitz_upper_bound": _head_upper_bound(w_oh, w_v, float(lipschitz.phi[h]), attn.tau),
         })  # fmt: skip
 
     d_model = attn.d_model
@@ -138,13 +137,13 @@ def _layer_records(
         mlp_radius = mul_up(G.norm_output_radius_rms(layer.norms()[1]), sqrt_d)
         block = G.block_lipschitz_upper_bound(layer)
     else:
-        mlp_input = block_local_bound.mlp_input  # the real MLP input lies within its radius of the float one
+        mlp_input = block_local_bounds.mlp_input  # the real MLP input lies within its radius of the float one
         mlp_radius = (
             mul_up(G.norm_output_radius_rms(layer.norms()[0]), sqrt_d) if layer.placement == "post"
             else add_up(norm2_upper_bound(mlp_input.value).amax(), mlp_input.radius.amax())
         )  # fmt: skip
         block = G.block_lipschitz_upper_bound(layer, input_radius_rms=float(_rms_upper_bound(block_input)))
-    block_local = float(block_local_bound.upper_bound.amax())
+    block_local = float(block_local_bounds.upper_bound.amax())
     block_estimate = estimate(lambda z: G.block_forward(z, layer), block_input, "block")
     local_bound = float(local.upper_bound.amax())
     layer_row: dict[str, Any] = {
@@ -156,7 +155,7 @@ def _layer_records(
         "mha_local_jacobian_upper_bound": local_bound,
         "mha_local_paper_form_upper_bound": float(local.paper_form_upper_bound.amax()),
         "mha_lipschitz_upper_bound": float(lipschitz.upper_bound),
-        "mha_length_dependent_upper_bound": float(_length_dependent_bound(local, x_attn.shape[1], attn.tau)),
+        "mha_length_dependent_upper_bound": float(_length_dependent_upper_bound(local, x_attn.shape[1], attn.tau)),
         "mha_jacobian_estimate": attn_estimate,
         "tightness_ratio": local_bound / attn_estimate if attn_estimate > 0 else None,
         "ffn_lipschitz_upper_bound": float(G.ffn_lipschitz_upper_bound(layer.mlp, radius_l2=mlp_radius)),

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from attnsens.geometry.attention import AttentionBiases, alibi_bias, causal_mask, mha_forward
-from attnsens.geometry.attention_bounds import mha_lipschitz_upper_bound, mha_local_jacobian_upper_bound
+from attnsens.geometry.attention import AttentionBiases, _AttentionTensors, _mha_forward, alibi_bias, causal_mask
+from attnsens.geometry.attention_bounds import _mha_lipschitz_bounds, _mha_local_jacobian_bounds
 from attnsens.geometry.norms import block_rms_norm
 from tests.reference.jacobian_oracles import block_inf_norm_lower_dense
 from tests.unit.geometry.test_attention_bounds import _instances
@@ -19,7 +19,9 @@ KEYS = ("X", "Wq", "Wk", "Wv", "Wo", "bq", "bk", "bv", "bo")
 def _dense(inst: dict, *, tau: float, mask, slopes) -> torch.Tensor:
     def f(X, Wq, Wk, Wv, Wo, bq, bk, bv, bo):
         biases = AttentionBiases(q=bq, k=bk, v=bv, o=bo)
-        return mha_forward(X[None], Wq, Wk, Wv, Wo, tau=tau, mask=mask, biases=biases, alibi_slopes=slopes).output[0]
+        return _mha_forward(
+            X[None], _AttentionTensors(Wq, Wk, Wv, Wo, tau=tau, mask=mask, biases=biases, alibi_slopes=slopes)
+        ).output[0]
 
     return torch.func.vmap(torch.func.jacrev(f))(*(inst[k] for k in KEYS))
 
@@ -43,9 +45,11 @@ def test_dense_jacobian_below_local_below_lipschitz_under_alibi(steep: bool) -> 
     lower = block_inf_norm_lower_dense(_dense(inst, tau=tau, mask=mask, slopes=slopes), iterations=30)
     biases = AttentionBiases(q=inst["bq"], k=inst["bk"], v=inst["bv"], o=inst["bo"])
     W = [inst[k] for k in ("Wq", "Wk", "Wv", "Wo")]
-    local = mha_local_jacobian_upper_bound(inst["X"], *W, tau=tau, mask=mask, biases=biases, alibi_slopes=slopes)
-    plain = mha_local_jacobian_upper_bound(inst["X"], *W, tau=tau, mask=mask, biases=biases)
-    glob = mha_lipschitz_upper_bound(*W, tau=tau, radius_rms=block_rms_norm(inst["X"]), d_model=3, biases=biases)
+    local = _mha_local_jacobian_bounds(
+        inst["X"], _AttentionTensors(*W, tau=tau, mask=mask, biases=biases, alibi_slopes=slopes)
+    )
+    plain = _mha_local_jacobian_bounds(inst["X"], _AttentionTensors(*W, tau=tau, mask=mask, biases=biases))
+    glob = _mha_lipschitz_bounds(_AttentionTensors(*W, tau=tau, biases=biases), radius_rms=block_rms_norm(inst["X"]))
     assert bool((lower <= local.upper_bound).all()), "an estimate exceeds the certified local bound"
     assert bool((local.upper_bound <= glob.upper_bound * (1 + 1e-12)).all())
     assert not torch.equal(local.theta_tilde, plain.theta_tilde), "the bias must change the rows the bound reads"

@@ -7,7 +7,7 @@ import torch
 from torch.testing import assert_close
 
 from attnsens.errors import InputError, ShapeError
-from attnsens.geometry.attention import AttentionBiases, apply_rotary, causal_mask, mha_forward
+from attnsens.geometry.attention import AttentionBiases, _AttentionTensors, _mha_forward, apply_rotary, causal_mask
 from attnsens.weights import AttentionWeights, RotaryConfig
 from tests.reference.jacobian_oracles import attention_plain, rope_plain
 
@@ -31,10 +31,19 @@ def test_forward_matches_loop_oracle(causal: bool, n_head: int, n_kv: int, rope:
     w = _weights(n_head, n_kv, 4, 7, seed=n_head + n_kv)
     X = torch.randn(2, 5, 7, dtype=F64)
     rotary = None if rope is None else RotaryConfig(base=rope[0], rotary_dim=rope[1], interleaved=rope[2])
-    got = mha_forward(
-        X, w["Wq"], w["Wk"], w["Wv"], w["Wo"], tau=1.7, mask=causal_mask(5) if causal else None,
-        biases=AttentionBiases(q=w["bq"], k=w["bk"], v=w["bv"], o=w["bo"]), rotary=rotary,
-    )  # fmt: skip
+    got = _mha_forward(
+        X,
+        _AttentionTensors(
+            w["Wq"],
+            w["Wk"],
+            w["Wv"],
+            w["Wo"],
+            tau=1.7,
+            mask=causal_mask(5) if causal else None,
+            biases=AttentionBiases(q=w["bq"], k=w["bk"], v=w["bv"], o=w["bo"]),
+            rotary=rotary,
+        ),
+    )
     for b in range(2):
         expected = attention_plain(
             X[b], w["Wq"], w["Wk"], w["Wv"], w["Wo"], tau=1.7, causal=causal,
@@ -49,8 +58,8 @@ def test_gqa_equals_repeated_key_value_heads() -> None:
     weights = AttentionWeights(w_q=w["Wq"], w_k=w["Wk"], w_v=w["Wv"], w_o=w["Wo"], tau=2.0, causal=True)
     full = weights.per_query_head()
     X = torch.randn(1, 4, 5, dtype=F64)
-    a = mha_forward(X, w["Wq"], w["Wk"], w["Wv"], w["Wo"], tau=2.0, mask=causal_mask(4)).output
-    b = mha_forward(X, full.w_q, full.w_k, full.w_v, full.w_o, tau=2.0, mask=causal_mask(4)).output
+    a = _mha_forward(X, _AttentionTensors(w["Wq"], w["Wk"], w["Wv"], w["Wo"], tau=2.0, mask=causal_mask(4))).output
+    b = _mha_forward(X, _AttentionTensors(full.w_q, full.w_k, full.w_v, full.w_o, tau=2.0, mask=causal_mask(4))).output
     assert_close(a, b)
 
 
@@ -70,6 +79,8 @@ def test_bad_masks_and_shapes_raise() -> None:
     w = _weights(2, 2, 3, 5, seed=0)
     X = torch.randn(1, 4, 5, dtype=F64)
     with pytest.raises(InputError):
-        mha_forward(X, w["Wq"], w["Wk"], w["Wv"], w["Wo"], tau=1.0, mask=torch.zeros(4, 4, dtype=torch.bool))
+        _mha_forward(
+            X, _AttentionTensors(w["Wq"], w["Wk"], w["Wv"], w["Wo"], tau=1.0, mask=torch.zeros(4, 4, dtype=torch.bool))
+        )
     with pytest.raises(ShapeError):
-        mha_forward(X[..., :4], w["Wq"], w["Wk"], w["Wv"], w["Wo"], tau=1.0)
+        _mha_forward(X[..., :4], _AttentionTensors(w["Wq"], w["Wk"], w["Wv"], w["Wo"], tau=1.0))

@@ -9,8 +9,13 @@ import torch
 from torch.testing import assert_close
 
 from attnsens.errors import ConfigError, ShapeError
-from attnsens.geometry.attention import AttentionBiases, causal_mask, mha_forward
-from attnsens.geometry.attention_bounds import mha_lipschitz_upper_bound, mha_local_jacobian_upper_bound
+from attnsens.geometry.attention import AttentionBiases, _AttentionTensors, _mha_forward, causal_mask, mha_forward
+from attnsens.geometry.attention_bounds import (
+    _mha_lipschitz_bounds,
+    _mha_local_jacobian_bounds,
+    mha_lipschitz_bounds,
+    mha_local_jacobian_bounds,
+)
 from attnsens.geometry.estimates import block_jacobian_norm_estimate
 from attnsens.geometry.norms import block_rms_norm
 from attnsens.weights import RotaryConfig
@@ -41,7 +46,9 @@ def _instances(n: int, n_query: int, d_model: int, n_head: int, n_kv: int, d_hea
 def _dense_jacobians(inst: dict, *, tau: float, mask, rotary) -> torch.Tensor:
     def f(X, Wq, Wk, Wv, Wo, bq, bk, bv, bo):
         biases = AttentionBiases(q=bq, k=bk, v=bv, o=bo)
-        return mha_forward(X[None], Wq, Wk, Wv, Wo, tau=tau, mask=mask, biases=biases, rotary=rotary).output[0]
+        return _mha_forward(
+            X[None], _AttentionTensors(Wq, Wk, Wv, Wo, tau=tau, mask=mask, biases=biases, rotary=rotary)
+        ).output[0]
 
     keys = ("X", "Wq", "Wk", "Wv", "Wo", "bq", "bk", "bv", "bo")
     return torch.func.vmap(torch.func.jacrev(f))(*(inst[k] for k in keys))
@@ -51,9 +58,9 @@ def _bounds(inst: dict, *, tau: float, mask, rotary):
     """Both bounds for all instances at once (weights batched along the instance axis)."""
     biases = AttentionBiases(q=inst["bq"], k=inst["bk"], v=inst["bv"], o=inst["bo"])
     X, W = inst["X"], [inst[k] for k in ("Wq", "Wk", "Wv", "Wo")]
-    local = mha_local_jacobian_upper_bound(X, *W, tau=tau, mask=mask, biases=biases, rotary=rotary)
+    local = _mha_local_jacobian_bounds(X, _AttentionTensors(*W, tau=tau, mask=mask, biases=biases, rotary=rotary))
     radius = block_rms_norm(X)
-    glob = mha_lipschitz_upper_bound(*W, tau=tau, radius_rms=radius, d_model=X.shape[-1], biases=biases, rotary=rotary)
+    glob = _mha_lipschitz_bounds(_AttentionTensors(*W, tau=tau, biases=biases, rotary=rotary), radius_rms=radius)
     return local, glob
 
 
@@ -91,7 +98,7 @@ def test_bound_holds_at_inputs_found_by_gradient_ascent() -> None:
         inst = _instances(1, L, d, 2, 1, 3, seed=100 + seed)
         W = [inst[k][0] for k in ("Wq", "Wk", "Wv", "Wo")]
         biases = AttentionBiases(q=inst["bq"][0], k=inst["bk"][0], v=inst["bv"][0], o=inst["bo"][0])
-        f = lambda Z: mha_forward(Z, *W, tau=tau, mask=causal_mask(L), biases=biases).output  # noqa: B023,E731
+        f = lambda Z: _mha_forward(Z, _AttentionTensors(*W, tau=tau, mask=causal_mask(L), biases=biases)).output  # noqa: B023,E731
         X = inst["X"].clone().requires_grad_(True)
         D = torch.randn(L, L, d, dtype=F64)  # probe i's direction for every input token
         for _ in range(20):
@@ -105,8 +112,8 @@ def test_bound_holds_at_inputs_found_by_gradient_ascent() -> None:
                 X *= torch.clamp(radius * math.sqrt(d) / X.norm(dim=-1, keepdim=True), max=1.0)
         X = X.detach()
         estimate = block_jacobian_norm_estimate(f, X, iterations=30, restarts=2)
-        local = mha_local_jacobian_upper_bound(X, *W, tau=tau, mask=causal_mask(L), biases=biases)
-        glob = mha_lipschitz_upper_bound(*W, tau=tau, radius_rms=radius, d_model=d, biases=biases)
+        local = _mha_local_jacobian_bounds(X, _AttentionTensors(*W, tau=tau, mask=causal_mask(L), biases=biases))
+        glob = _mha_lipschitz_bounds(_AttentionTensors(*W, tau=tau, biases=biases), radius_rms=radius)
         assert float(estimate[0]) <= float(local.upper_bound[0])
         assert float(local.upper_bound[0]) <= float(glob.upper_bound)
 
@@ -120,9 +127,9 @@ def test_rope_with_key_bias_needs_the_corrected_phi() -> None:
     biases = AttentionBiases(k=torch.tensor([[4.0, 0.0]], dtype=F64))
     rotary = RotaryConfig(base=2.0, rotary_dim=2)
     X = torch.randn(1, L, d, dtype=F64)
-    f = lambda Z: mha_forward(Z, Wq, Wk, Wv, Wo, tau=tau, biases=biases, rotary=rotary).output  # noqa: E731
+    f = lambda Z: _mha_forward(Z, _AttentionTensors(Wq, Wk, Wv, Wo, tau=tau, biases=biases, rotary=rotary)).output  # noqa: E731
     estimate = block_jacobian_norm_estimate(f, X, iterations=60, restarts=4)
-    local = mha_local_jacobian_upper_bound(X, Wq, Wk, Wv, Wo, tau=tau, biases=biases, rotary=rotary)
+    local = _mha_local_jacobian_bounds(X, _AttentionTensors(Wq, Wk, Wv, Wo, tau=tau, biases=biases, rotary=rotary))
     R = float(X.norm(dim=-1).amax())
     uncorrected_phi = 0.01 * 1.0 * R * (2 * 3 * R)  # ‖W_K‖‖W_V‖R(2‖W_Q‖R + ‖b_Q‖), b_Q = 0
     uncorrected = 1.0 * (1.0 + float(local.theta_tilde[0, 0]) * uncorrected_phi / tau)
@@ -135,15 +142,17 @@ def test_single_token_closed_form() -> None:
     Wq, Wk, Wv = torch.randn(3, 2, 5, dtype=F64), torch.randn(3, 2, 5, dtype=F64), torch.randn(3, 2, 5, dtype=F64)
     Wo = torch.randn(5, 6, dtype=F64)
     X = torch.randn(1, 1, 5, dtype=F64) * 10
-    local = mha_local_jacobian_upper_bound(X, Wq, Wk, Wv, Wo, tau=0.3)
+    local = _mha_local_jacobian_bounds(X, _AttentionTensors(Wq, Wk, Wv, Wo, tau=0.3))
     assert_close(local.theta_tilde, torch.zeros(1, 3, dtype=F64))
     assert_close(local.sensitivity_term, torch.zeros(1, 3, dtype=F64))
     w_v = torch.linalg.matrix_norm(Wv, ord=2)
     assert_close(local.paper_form_upper_bound, torch.linalg.matrix_norm(Wo, ord=2) * w_v.sum()[None])
     exact = torch.linalg.matrix_norm(Wo @ Wv.reshape(6, 5), ord=2)
-    J = torch.func.jacrev(lambda z: mha_forward(z[None], Wq, Wk, Wv, Wo, tau=0.3).output[0])(X[0])
+    J = torch.func.jacrev(lambda z: _mha_forward(z[None], _AttentionTensors(Wq, Wk, Wv, Wo, tau=0.3)).output[0])(X[0])
     assert_close(block_inf_norm_single_input_token(J), exact)
-    estimate = block_jacobian_norm_estimate(lambda z: mha_forward(z, Wq, Wk, Wv, Wo, tau=0.3).output, X, iterations=100)
+    estimate = block_jacobian_norm_estimate(
+        lambda z: _mha_forward(z, _AttentionTensors(Wq, Wk, Wv, Wo, tau=0.3)).output, X, iterations=100
+    )
     assert_close(estimate[0], exact)
     assert float(exact) <= float(local.upper_bound[0])
 
@@ -154,12 +163,12 @@ def test_uniform_attention_closed_form(n_query: int) -> None:
     Wq = torch.zeros(1, 2, 3, dtype=F64)
     Wk, Wv, Wo = torch.randn(1, 2, 3, dtype=F64), torch.randn(1, 2, 3, dtype=F64), torch.randn(3, 2, dtype=F64)
     X = torch.randn(1, n_query, 3, dtype=F64)
-    local = mha_local_jacobian_upper_bound(X, Wq, Wk, Wv, Wo, tau=1.0)
+    local = _mha_local_jacobian_bounds(X, _AttentionTensors(Wq, Wk, Wv, Wo, tau=1.0))
     theta = 1.0 if n_query % 2 == 0 else 1 - 1 / n_query**2
     assert_close(local.theta_tilde[0, 0], torch.tensor(theta, dtype=F64))
     assert_close(local.phi, torch.zeros(1, 1, dtype=F64))
     exact = torch.linalg.matrix_norm(Wo @ Wv[0], ord=2)  # all tokens moved along the top singular vector
-    f = lambda Z: mha_forward(Z, Wq, Wk, Wv, Wo, tau=1.0).output  # noqa: E731
+    f = lambda Z: _mha_forward(Z, _AttentionTensors(Wq, Wk, Wv, Wo, tau=1.0)).output  # noqa: E731
     assert_close(block_jacobian_norm_estimate(f, X, iterations=100)[0], exact)
     assert float(exact) <= float(local.upper_bound[0])
 
@@ -168,20 +177,24 @@ def test_identity_weights_closed_form() -> None:
     """W_Q = W_K = W_V = W_O = I, one head: paper form = 1 + θ̃ · 2R²/τ."""
     eye = torch.eye(3, dtype=F64)
     X = torch.randn(2, 5, 3, dtype=F64)
-    local = mha_local_jacobian_upper_bound(X, eye[None], eye[None], eye[None], eye, tau=2.0, geometry="l2")
+    local = _mha_local_jacobian_bounds(
+        X, _AttentionTensors(eye[None], eye[None], eye[None], eye, tau=2.0), geometry="l2"
+    )
     R = X.norm(dim=-1).amax(dim=-1)
     assert_close(local.radius, R)
     assert_close(local.paper_form_upper_bound, 1 + local.theta_tilde[:, 0] * 2 * R**2 / 2.0)
-    glob = mha_lipschitz_upper_bound(eye[None], eye[None], eye[None], eye, tau=2.0, radius_rms=1.0, d_model=3)
+    glob = _mha_lipschitz_bounds(_AttentionTensors(eye[None], eye[None], eye[None], eye, tau=2.0), radius_rms=1.0)
     assert_close(glob.paper_form_upper_bound, torch.tensor(1 + 2 * 3.0 / 2.0, dtype=F64))
 
 
 def test_bad_arguments_raise() -> None:
-    W = torch.randn(1, 2, 3, dtype=F64)
+    W, Wo = torch.randn(1, 2, 3, dtype=F64), torch.randn(3, 2, dtype=F64)
     with pytest.raises(ConfigError):
-        mha_local_jacobian_upper_bound(torch.randn(1, 2, 3), W, W, W, torch.randn(3, 2), tau=0.0)
+        _mha_local_jacobian_bounds(torch.randn(1, 2, 3), _AttentionTensors(W, W, W, Wo, tau=0.0))
     with pytest.raises(ShapeError):
-        mha_lipschitz_upper_bound(W, W, W, torch.randn(3, 2), tau=1.0, radius_rms=1.0, d_model=4)
+        _mha_local_jacobian_bounds(torch.randn(1, 2, 3), _AttentionTensors(W, W, W, Wo.T, tau=1.0))
+    with pytest.raises(ShapeError):
+        _mha_lipschitz_bounds(_AttentionTensors(W[0], W[0], W[0], Wo, tau=1.0), radius_rms=1.0)
 
 
 @pytest.mark.parametrize("window", [None, 2])
@@ -200,30 +213,17 @@ def test_attention_weights_give_the_numbers_of_their_tensors(window: int | None)
     biases = AttentionBiases(q=attention.b_q, k=attention.b_k, v=attention.b_v, o=attention.b_o)
     keywords = {"tau": attention.tau, "biases": biases, "rotary": attention.rotary}
 
-    assert_close(mha_forward(X, attention).output, mha_forward(X, *tensors, mask=mask, **keywords).output)
+    assert_close(
+        mha_forward(X, attention).output, _mha_forward(X, _AttentionTensors(*tensors, mask=mask, **keywords)).output
+    )
     assert mha_forward(X.float(), attention).output.dtype == torch.float32  # cast to X's dtype
-    local = mha_local_jacobian_upper_bound(X, attention, geometry="l2")
-    expected = mha_local_jacobian_upper_bound(X, *tensors, mask=mask, geometry="l2", **keywords)
+    local = mha_local_jacobian_bounds(X, attention, geometry="l2")
+    expected = _mha_local_jacobian_bounds(X, _AttentionTensors(*tensors, mask=mask, **keywords), geometry="l2")
     assert_close(local.row_upper_bound, expected.row_upper_bound, rtol=0, atol=0)
     assert local.geometry == "l2"
-    lipschitz = mha_lipschitz_upper_bound(attention, radius_rms=1.5)
-    expected_lipschitz = mha_lipschitz_upper_bound(*tensors, radius_rms=1.5, d_model=10, **keywords)
+    lipschitz = mha_lipschitz_bounds(attention, radius_rms=1.5)
+    expected_lipschitz = _mha_lipschitz_bounds(_AttentionTensors(*tensors, **keywords), radius_rms=1.5)
     assert_close(lipschitz.upper_bound, expected_lipschitz.upper_bound, rtol=0, atol=0)
-
-
-def test_attention_weights_and_tensors_are_not_mixed() -> None:
-    from tests.unit.geometry.tiny_layers import tiny_layers
-
-    attention = tiny_layers()[0].attention
-    X = torch.randn(1, 4, 10, dtype=F64)
-    with pytest.raises(ConfigError, match="already carries tau"):
-        mha_local_jacobian_upper_bound(X, attention, tau=2.0)
-    with pytest.raises(ConfigError, match="already carries Wk, mask"):
-        mha_forward(X, attention, attention.w_k, mask=torch.ones(4, 4, dtype=torch.bool))
-    with pytest.raises(ConfigError, match="already carries d_model"):
-        mha_lipschitz_upper_bound(attention, radius_rms=1.0, d_model=10)
-    with pytest.raises(ConfigError, match="needs Wq, Wk, Wv and Wo"):
-        mha_forward(X, attention.w_q, tau=1.0)
 
 
 def test_key_sum_form_is_never_looser_than_the_theta_form_on_two_key_rows() -> None:
@@ -233,16 +233,16 @@ def test_key_sum_form_is_never_looser_than_the_theta_form_on_two_key_rows() -> N
     from attnsens.geometry import attention_accuracy as A
     from attnsens.geometry import attention_terms as T
     from attnsens.geometry.attention import expand_kv_heads
-    from attnsens.geometry.attention_bounds import _output_accuracy, _side, projection_norms
+    from attnsens.geometry.attention_bounds import _output_accuracy, _side, projection_norm_bounds
 
     n, tau = 500, 0.7
     inst = _instances(n, 2, 3, 2, 1, 2, seed=11)
     biases = AttentionBiases(q=inst["bq"], k=inst["bk"], v=inst["bv"])
     X, Wq, Wk, Wv, Wo = (inst[k] for k in ("X", "Wq", "Wk", "Wv", "Wo"))
-    fwd = mha_forward(X, Wq, Wk, Wv, Wo, tau=tau, biases=biases)
+    fwd = _mha_forward(X, _AttentionTensors(Wq, Wk, Wv, Wo, tau=tau, biases=biases))
     allowed = fwd.allowed.expand_as(fwd.probabilities)
     batch = X.shape[0]
-    norms = projection_norms(Wq, Wk, Wv, Wo, biases)
+    norms = projection_norm_bounds(Wq, Wk, Wv, Wo, biases)
     w_norms = {k: getattr(norms, k).expand(batch, -1) for k in ("w_q", "w_k", "w_o_head")}
     query_side = _side(X, Wq, inst["bq"], None, None, None, w_norms["w_q"], 2)
     key_side = _side(X, Wk, inst["bk"], None, None, None, w_norms["w_k"], 2)

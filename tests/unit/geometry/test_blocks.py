@@ -84,27 +84,20 @@ def test_block_bound_carries_the_attention_bound_of_its_chain_rule(placement: st
     """The attention factor returned with the block bound is the MHA bound at the point the chain rule uses (N₁ of
     the input for pre-LN and parallel blocks, over that float point's enclosure), so a caller reporting both
     computes the attention bound once."""
-    from attnsens.geometry.attention import attention_mask_of, biases_of
-    from attnsens.geometry.attention_bounds import mha_local_jacobian_upper_bound
-    from attnsens.geometry.blocks import block_local_jacobian_bound
+    from attnsens.geometry.attention_bounds import mha_local_jacobian_bounds
+    from attnsens.geometry.blocks import block_local_jacobian_bounds
     from attnsens.geometry.enclosures import exact, norm_enclosure
 
     layer = tiny_layers("pre" if placement == "parallel" else placement, seed=7)[0]
     if placement == "parallel":
         layer = type(layer)(**{**vars(layer), "parallel_residual": True})
     X = synthetic_block_input(10, 7, batch=2, rms=1.1, seed=4)
-    bound = block_local_jacobian_bound(X, layer)
+    bound = block_local_jacobian_bounds(X, layer)
     expected_input = X if placement in ("post", "none") else norm_forward(X, layer.attn_norm)
     assert torch.equal(bound.attention_input, expected_input)
     attn = layer.attention
     radius = None if placement in ("post", "none") else norm_enclosure(exact(X), layer.attn_norm).radius
-    direct, at_point = (
-        mha_local_jacobian_upper_bound(
-            expected_input, attn.w_q, attn.w_k, attn.w_v, attn.w_o, tau=attn.tau, mask=attention_mask_of(attn, 7),
-            biases=biases_of(attn), rotary=attn.rotary, input_radius=r,
-        )
-        for r in (radius, None)
-    )  # fmt: skip
+    direct, at_point = (mha_local_jacobian_bounds(expected_input, attn, input_radius=r) for r in (radius, None))
     assert torch.equal(bound.attention.upper_bound, direct.upper_bound)
     assert bool((direct.upper_bound >= at_point.upper_bound).all())
     assert bool((direct.upper_bound <= at_point.upper_bound * (1 + 1e-9)).all())  # a radius of rounding size

@@ -10,8 +10,9 @@ import mpmath
 import pytest
 import torch
 
-from attnsens.geometry import block_local_jacobian_upper_bound, mha_local_jacobian_upper_bound
-from attnsens.geometry.attention import AttentionBiases, causal_mask
+from attnsens.geometry import block_local_jacobian_upper_bound
+from attnsens.geometry.attention import AttentionBiases, _AttentionTensors, causal_mask
+from attnsens.geometry.attention_bounds import _mha_local_jacobian_bounds, mha_local_jacobian_bounds
 from attnsens.geometry.blocks import ffn_local_jacobian_upper_bound, mlp_enclosure
 from attnsens.geometry.enclosures import Enclosure, exact, norm_enclosure, residual_sum
 from attnsens.geometry.jacobians import norm_jacobian_spectral_norm_upper_bound
@@ -129,11 +130,19 @@ def _scalar_bound(x: list, case: dict, radius: float | None):
         return torch.tensor(a, dtype=F64)
 
     biases = AttentionBiases(q=t([[case["bq"]]]), k=t([[case["bk"]]]), v=t([[case["bv"]]]))
-    return mha_local_jacobian_upper_bound(
-        t([[[v] for v in x]]), t([[[case["wq"]]]]), t([[[case["wk"]]]]), t([[[case["wv"]]]]), t([[case["wo"]]]),
-        tau=case["tau"], mask=causal_mask(len(x)), biases=biases,
+    return _mha_local_jacobian_bounds(
+        t([[[v] for v in x]]),
+        _AttentionTensors(
+            t([[[case["wq"]]]]),
+            t([[[case["wk"]]]]),
+            t([[[case["wv"]]]]),
+            t([[case["wo"]]]),
+            tau=case["tau"],
+            mask=causal_mask(len(x)),
+            biases=biases,
+        ),
         input_radius=None if radius is None else torch.full((1, len(x)), radius, dtype=F64),
-    )  # fmt: skip
+    )
 
 
 def _mp_scalar_attention(x: list, case: dict) -> list:
@@ -311,7 +320,7 @@ def _point_evaluated_pre_ln_bound(x: torch.Tensor, layer: LayerWeights) -> float
         return float(norm_jacobian_spectral_norm_upper_bound(z, norm.gamma, norm.eps, norm.kind).amax())
 
     h = norm_forward(x, norm)
-    first = 1 + norm_factor(x) * float(mha_local_jacobian_upper_bound(h, layer.attention).upper_bound)
+    first = 1 + norm_factor(x) * float(mha_local_jacobian_bounds(h, layer.attention).upper_bound)
     y = x + attention_sublayer(h, layer.attention)
     return first * (1 + norm_factor(y) * float(ffn_local_jacobian_upper_bound(norm_forward(y, norm), layer.mlp)))
 

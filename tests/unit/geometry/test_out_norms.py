@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from attnsens.errors import ConfigError
-from attnsens.geometry.blocks import block_lipschitz_upper_bound, block_local_jacobian_bound
+from attnsens.geometry.blocks import block_lipschitz_upper_bound, block_local_jacobian_bounds
 from attnsens.geometry.layers import (
     attention_sublayer,
     block_forward,
@@ -54,12 +54,12 @@ def test_local_bound_is_above_the_dense_jacobian_and_below_the_lipschitz_bound(p
         J = _dense(layer, X)
         lower, upper = block_inf_norm_lower_dense(J, iterations=40), block_inf_norm_row_sum_upper(J)
         assert float(upper) <= 1.5 * float(lower)  # the bracket pins the exact norm down (to within 30 % here)
-        local = float(block_local_jacobian_bound(X, layer).upper_bound[0])
+        local = float(block_local_jacobian_bounds(X, layer).upper_bound[0])
         # Above the whole bracket, so above the exact norm whatever the power ascent missed.
         assert float(upper) <= local <= MAX_RATIO["tokens"] * float(lower), (seed, float(lower), local)
         one = X[:, :1]  # one token: the block-∞ norm is the spectral norm of the one Jacobian block, exactly
         exact = float(block_inf_norm_single_input_token(_dense(layer, one)))
-        local_one = float(block_local_jacobian_bound(one, layer).upper_bound[0])
+        local_one = float(block_local_jacobian_bounds(one, layer).upper_bound[0])
         assert exact <= local_one <= MAX_RATIO["single"] * exact, (seed, exact, local_one)
         lipschitz = float(block_lipschitz_upper_bound(layer, input_radius_rms=1.3).upper_bound)
         assert local <= lipschitz and local_one <= lipschitz
@@ -75,8 +75,8 @@ def test_the_output_norm_factor_is_needed(placement: str) -> None:
     X = synthetic_block_input(10, 6, rms=1.0, seed=1)
     lower = float(block_inf_norm_lower_dense(_dense(layer, X), iterations=40))
     without = replace(layer, attn_out_norm=None, mlp_out_norm=None)
-    assert float(block_local_jacobian_bound(X, without).upper_bound[0]) < lower
-    assert lower <= float(block_local_jacobian_bound(X, layer).upper_bound[0])
+    assert float(block_local_jacobian_bounds(X, without).upper_bound[0]) < lower
+    assert lower <= float(block_local_jacobian_bounds(X, layer).upper_bound[0])
 
 
 def test_reference_forward_applies_the_norms_to_the_sublayer_outputs() -> None:

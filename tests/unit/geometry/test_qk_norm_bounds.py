@@ -9,8 +9,13 @@ import pytest
 import torch
 
 from attnsens.errors import ShapeError
-from attnsens.geometry.attention import AttentionBiases, causal_mask, mha_forward
-from attnsens.geometry.attention_bounds import mha_lipschitz_upper_bound, mha_local_jacobian_upper_bound
+from attnsens.geometry.attention import AttentionBiases, _AttentionTensors, _mha_forward, causal_mask, mha_forward
+from attnsens.geometry.attention_bounds import (
+    _mha_lipschitz_bounds,
+    _mha_local_jacobian_bounds,
+    mha_lipschitz_bounds,
+    mha_local_jacobian_bounds,
+)
 from attnsens.geometry.estimates import block_jacobian_norm_estimate
 from attnsens.geometry.norms import block_rms_norm
 from attnsens.weights import AttentionWeights, NormWeights, RotaryConfig
@@ -45,8 +50,11 @@ KEYS = ("X", "Wq", "Wk", "Wv", "Wo", "bq", "bk", "bv", "bo")
 def _dense(inst: dict, *, tau: float, mask, rotary, q_norm, k_norm) -> torch.Tensor:
     def f(X, Wq, Wk, Wv, Wo, bq, bk, bv, bo):
         biases = AttentionBiases(q=bq, k=bk, v=bv, o=bo)
-        return mha_forward(
-            X[None], Wq, Wk, Wv, Wo, tau=tau, mask=mask, biases=biases, rotary=rotary, q_norm=q_norm, k_norm=k_norm
+        return _mha_forward(
+            X[None],
+            _AttentionTensors(
+                Wq, Wk, Wv, Wo, tau=tau, mask=mask, biases=biases, rotary=rotary, q_norm=q_norm, k_norm=k_norm
+            ),
         ).output[0]
 
     return torch.func.vmap(torch.func.jacrev(f))(*(inst[k] for k in KEYS))
@@ -56,9 +64,11 @@ def _bounds(inst: dict, *, tau: float, mask, rotary, q_norm, k_norm):
     biases = AttentionBiases(q=inst["bq"], k=inst["bk"], v=inst["bv"], o=inst["bo"])
     X, W = inst["X"], [inst[k] for k in ("Wq", "Wk", "Wv", "Wo")]
     norms = {"q_norm": q_norm, "k_norm": k_norm}
-    local = mha_local_jacobian_upper_bound(X, *W, tau=tau, mask=mask, biases=biases, rotary=rotary, **norms)
-    glob = mha_lipschitz_upper_bound(
-        *W, tau=tau, radius_rms=block_rms_norm(X), d_model=X.shape[-1], biases=biases, rotary=rotary, **norms
+    local = _mha_local_jacobian_bounds(
+        X, _AttentionTensors(*W, tau=tau, mask=mask, biases=biases, rotary=rotary, **norms)
+    )
+    glob = _mha_lipschitz_bounds(
+        _AttentionTensors(*W, tau=tau, biases=biases, rotary=rotary, **norms), radius_rms=block_rms_norm(X)
     )
     return local, glob
 
@@ -97,16 +107,22 @@ def test_dense_jacobian_below_local_below_lipschitz_under_a_joint_qk_norm(n_kv, 
     ratio = local.upper_bound / lower
     assert float(ratio.median()) < 4.0, f"local bound ÷ dense lower bound median {float(ratio.median()):.2f}"
     per_head = {"q_norm": _norm(d_head, 7), "k_norm": _norm(d_head, 8)}
-    separate = mha_forward(inst["X"][:1], *(inst[k][0] for k in ("Wq", "Wk", "Wv", "Wo")), tau=tau, **per_head)
-    joint = mha_forward(inst["X"][:1], *(inst[k][0] for k in ("Wq", "Wk", "Wv", "Wo")), tau=tau, **norms)
+    separate = _mha_forward(
+        inst["X"][:1], _AttentionTensors(*(inst[k][0] for k in ("Wq", "Wk", "Wv", "Wo")), tau=tau, **per_head)
+    )
+    joint = _mha_forward(
+        inst["X"][:1], _AttentionTensors(*(inst[k][0] for k in ("Wq", "Wk", "Wv", "Wo")), tau=tau, **norms)
+    )
     assert not torch.allclose(separate.output, joint.output), "the joint norm must differ from the per-head one"
 
 
 def test_joint_qk_norm_forward_matches_a_norm_of_the_concatenated_projection() -> None:
     inst = {k: v[0] for k, v in _instances(1, 5, 3, 2, 1, 4, seed=9).items()}
     q_norm, k_norm = _norm(8, 1), _norm(4, 2)
-    fwd = mha_forward(inst["X"][None], inst["Wq"], inst["Wk"], inst["Wv"], inst["Wo"], tau=1.0, q_norm=q_norm,
-                      k_norm=k_norm)  # fmt: skip
+    fwd = _mha_forward(
+        inst["X"][None],
+        _AttentionTensors(inst["Wq"], inst["Wk"], inst["Wv"], inst["Wo"], tau=1.0, q_norm=q_norm, k_norm=k_norm),
+    )
     a = torch.einsum("hed,qd->qhe", inst["Wq"], inst["X"]).reshape(5, 8)
     expected = a / torch.sqrt(a.square().mean(dim=-1, keepdim=True) + q_norm.eps) * q_norm.gamma
     torch.testing.assert_close(fwd.queries[0].permute(1, 0, 2).reshape(5, 8), expected)
@@ -135,12 +151,14 @@ def test_ignoring_the_qk_norm_would_understate_the_jacobian() -> None:
     Wv, Wo = torch.randn(1, d_head, d, generator=g, dtype=F64), torch.randn(d, d_head, generator=g, dtype=F64)
     X = torch.randn(1, L, d, generator=g, dtype=F64)
     q_norm, k_norm = _norm(d_head, 5), _norm(d_head, 6)
-    f = lambda Z: mha_forward(Z, Wq, Wk, Wv, Wo, tau=tau, q_norm=q_norm, k_norm=k_norm).output  # noqa: E731
+    f = lambda Z: _mha_forward(Z, _AttentionTensors(Wq, Wk, Wv, Wo, tau=tau, q_norm=q_norm, k_norm=k_norm)).output  # noqa: E731
     estimate = float(block_jacobian_norm_estimate(f, X, iterations=60, restarts=4)[0])
     bound = float(
-        mha_local_jacobian_upper_bound(X, Wq, Wk, Wv, Wo, tau=tau, q_norm=q_norm, k_norm=k_norm).upper_bound[0]
+        _mha_local_jacobian_bounds(
+            X, _AttentionTensors(Wq, Wk, Wv, Wo, tau=tau, q_norm=q_norm, k_norm=k_norm)
+        ).upper_bound[0]
     )
-    without = float(mha_local_jacobian_upper_bound(X, Wq, Wk, Wv, Wo, tau=tau).upper_bound[0])
+    without = float(_mha_local_jacobian_bounds(X, _AttentionTensors(Wq, Wk, Wv, Wo, tau=tau)).upper_bound[0])
     assert estimate > without, "the instance must show that a bound without the norm's Jacobian fails"
     assert estimate <= bound
 
@@ -153,10 +171,12 @@ def test_weights_form_carries_the_qk_norm_and_refuses_a_wrong_width() -> None:
     )
     X = inst["X"][None]
     tensors = (inst["Wq"], inst["Wk"], inst["Wv"], inst["Wo"])
-    expected = mha_local_jacobian_upper_bound(X, *tensors, tau=2.0, mask=causal_mask(5), rotary=ROPE, **norms)
-    assert torch.equal(mha_local_jacobian_upper_bound(X, weights).upper_bound, expected.upper_bound)
-    lipschitz = mha_lipschitz_upper_bound(*tensors, tau=2.0, radius_rms=2.0, d_model=3, rotary=ROPE, **norms)
-    assert torch.equal(mha_lipschitz_upper_bound(weights, radius_rms=2.0).upper_bound, lipschitz.upper_bound)
+    expected = _mha_local_jacobian_bounds(
+        X, _AttentionTensors(*tensors, tau=2.0, mask=causal_mask(5), rotary=ROPE, **norms)
+    )
+    assert torch.equal(mha_local_jacobian_bounds(X, weights).upper_bound, expected.upper_bound)
+    lipschitz = _mha_lipschitz_bounds(_AttentionTensors(*tensors, tau=2.0, rotary=ROPE, **norms), radius_rms=2.0)
+    assert torch.equal(mha_lipschitz_bounds(weights, radius_rms=2.0).upper_bound, lipschitz.upper_bound)
     per_head = weights.per_query_head()
     assert per_head.q_norm is weights.q_norm and per_head.k_norm is weights.k_norm
     with pytest.raises(ShapeError, match="q_norm must be an RMSNorm over one head's 4 coordinates or over all 2"):

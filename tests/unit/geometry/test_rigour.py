@@ -15,12 +15,11 @@ import torch
 
 from attnsens.errors import InputError
 from attnsens.geometry import (
-    mha_lipschitz_upper_bound,
-    mha_local_jacobian_upper_bound,
     norm_jacobian_spectral_norm_upper_bound,
     pre_ln_expansion_remainder_upper_bound,
 )
-from attnsens.geometry.attention import AttentionBiases, causal_mask
+from attnsens.geometry.attention import AttentionBiases, _AttentionTensors, causal_mask
+from attnsens.geometry.attention_bounds import _mha_lipschitz_bounds, _mha_local_jacobian_bounds
 from attnsens.theta import softmax_jacobian_inf_to_one_norm
 
 F64 = torch.float64
@@ -92,7 +91,7 @@ def test_mha_lipschitz_bound_at_radius_zero_is_not_below_the_aligned_rank_one_no
         Wv = (a[:, None] * b[None, :])[None]  # [1, d_head, d_model]
         Wo = c[:, None] * a[None, :]  # [d_model, d_head]
         Wq = Wk = torch.randn(1, d_head, d_model, generator=gen, dtype=F64)
-        bound = float(mha_lipschitz_upper_bound(Wq, Wk, Wv, Wo, tau=1.0, radius_rms=0.0, d_model=d_model).upper_bound)
+        bound = float(_mha_lipschitz_bounds(_AttentionTensors(Wq, Wk, Wv, Wo, tau=1.0), radius_rms=0.0).upper_bound)
         sq = [sum(Fraction(v) ** 2 for v in t.tolist()) for t in (a, b, c)]
         assert Fraction(bound) ** 2 >= sq[2] * sq[0] * sq[0] * sq[1]
 
@@ -150,10 +149,10 @@ def test_local_mha_bound_with_huge_query_bias_is_not_below_the_400_bit_norm(bias
     X = [[1.0, 0.3], [0.2, 1.0], [0.5, -0.7]]
     eye = torch.eye(2, dtype=F64)
     biases = AttentionBiases(q=torch.tensor([[bias, 0.0]], dtype=F64))
-    bound = mha_local_jacobian_upper_bound(
-        torch.tensor([X], dtype=F64), eye[None], eye[None], eye[None], eye, tau=1.0, mask=causal_mask(3),
-        biases=biases,
-    ).upper_bound  # fmt: skip
+    bound = _mha_local_jacobian_bounds(
+        torch.tensor([X], dtype=F64),
+        _AttentionTensors(eye[None], eye[None], eye[None], eye, tau=1.0, mask=causal_mask(3), biases=biases),
+    ).upper_bound
     estimate = _block_inf_norm_estimate(_mha_jacobian_mpmath(X, [bias, 0.0], 1.0))
     assert float(bound) >= estimate, (float(bound), estimate)
 
@@ -163,7 +162,15 @@ def test_local_mha_bound_refuses_scores_beyond_the_certified_range(tau: float, b
     eye = torch.eye(2, dtype=F64)
     X = torch.tensor([[[1.0, 0.3], [0.2, 1.0], [0.5, -0.7]]], dtype=F64)
     with pytest.raises(InputError, match="scores too large"):
-        mha_local_jacobian_upper_bound(
-            X, eye[None], eye[None], eye[None], eye, tau=tau, mask=causal_mask(3),
-            biases=AttentionBiases(q=torch.tensor([[bias, 0.0]], dtype=F64)),
-        )  # fmt: skip
+        _mha_local_jacobian_bounds(
+            X,
+            _AttentionTensors(
+                eye[None],
+                eye[None],
+                eye[None],
+                eye,
+                tau=tau,
+                mask=causal_mask(3),
+                biases=AttentionBiases(q=torch.tensor([[bias, 0.0]], dtype=F64)),
+            ),
+        )

@@ -14,8 +14,8 @@ import torch
 from attnsens import _rounding as rounding
 from attnsens.geometry import attention_accuracy as A
 from attnsens.geometry import attention_terms as T
-from attnsens.geometry import mha_local_jacobian_upper_bound
-from attnsens.geometry.attention import AttentionBiases, causal_mask
+from attnsens.geometry.attention import AttentionBiases, _AttentionTensors, causal_mask
+from attnsens.geometry.attention_bounds import _mha_local_jacobian_bounds
 from attnsens.weights import NormWeights
 
 F64 = torch.float64
@@ -53,8 +53,11 @@ def _local_bound_1d(x, wq, wk, wv, wo, bq, bk, bv, tau) -> float:
     biases = AttentionBiases(q=t([[bq]]), k=t([[bk]]), v=t([[bv]]))
     X = t([[[v] for v in x]])
     return float(
-        mha_local_jacobian_upper_bound(
-            X, t([[[wq]]]), t([[[wk]]]), t([[[wv]]]), t([[wo]]), tau=tau, mask=causal_mask(len(x)), biases=biases
+        _mha_local_jacobian_bounds(
+            X,
+            _AttentionTensors(
+                t([[[wq]]]), t([[[wk]]]), t([[[wv]]]), t([[wo]]), tau=tau, mask=causal_mask(len(x)), biases=biases
+            ),
         ).upper_bound
     )
 

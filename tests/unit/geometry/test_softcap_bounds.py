@@ -9,8 +9,12 @@ import pytest
 import torch
 
 from attnsens.errors import ConfigError
-from attnsens.geometry.attention import AttentionBiases, causal_mask, mha_forward
-from attnsens.geometry.attention_bounds import mha_lipschitz_upper_bound, mha_local_jacobian_upper_bound
+from attnsens.geometry.attention import AttentionBiases, _AttentionTensors, _mha_forward, causal_mask
+from attnsens.geometry.attention_bounds import (
+    _mha_lipschitz_bounds,
+    _mha_local_jacobian_bounds,
+    mha_local_jacobian_bounds,
+)
 from attnsens.geometry.norms import block_rms_norm
 from attnsens.weights import AttentionWeights, RotaryConfig
 from tests.reference.jacobian_oracles import block_inf_norm_lower_dense, block_inf_norm_scalar_tokens
@@ -24,7 +28,10 @@ KEYS = ("X", "Wq", "Wk", "Wv", "Wo", "bq", "bk", "bv", "bo")
 def _dense(inst: dict, *, tau: float, mask, rotary, softcap) -> torch.Tensor:
     def f(X, Wq, Wk, Wv, Wo, bq, bk, bv, bo):
         biases = AttentionBiases(q=bq, k=bk, v=bv, o=bo)
-        out = mha_forward(X[None], Wq, Wk, Wv, Wo, tau=tau, mask=mask, biases=biases, rotary=rotary, softcap=softcap)
+        out = _mha_forward(
+            X[None],
+            _AttentionTensors(Wq, Wk, Wv, Wo, tau=tau, mask=mask, biases=biases, rotary=rotary, softcap=softcap),
+        )
         return out.output[0]
 
     return torch.func.vmap(torch.func.jacrev(f))(*(inst[k] for k in KEYS))
@@ -33,9 +40,11 @@ def _dense(inst: dict, *, tau: float, mask, rotary, softcap) -> torch.Tensor:
 def _bounds(inst: dict, *, tau: float, mask, rotary, softcap):
     biases = AttentionBiases(q=inst["bq"], k=inst["bk"], v=inst["bv"], o=inst["bo"])
     X, W = inst["X"], [inst[k] for k in ("Wq", "Wk", "Wv", "Wo")]
-    local = mha_local_jacobian_upper_bound(X, *W, tau=tau, mask=mask, biases=biases, rotary=rotary, softcap=softcap)
-    glob = mha_lipschitz_upper_bound(
-        *W, tau=tau, radius_rms=block_rms_norm(X), d_model=X.shape[-1], biases=biases, rotary=rotary, softcap=softcap
+    local = _mha_local_jacobian_bounds(
+        X, _AttentionTensors(*W, tau=tau, mask=mask, biases=biases, rotary=rotary, softcap=softcap)
+    )
+    glob = _mha_lipschitz_bounds(
+        _AttentionTensors(*W, tau=tau, biases=biases, rotary=rotary, softcap=softcap), radius_rms=block_rms_norm(X)
     )
     return local, glob
 
@@ -49,7 +58,9 @@ def test_dense_jacobian_below_local_below_lipschitz_under_a_softcap(n_kv, causal
     inst = _instances(n, L, 3, 2, n_kv, 2, seed=31 + n_kv + 2 * causal)
     mask = causal_mask(L) if causal else None
     W = [inst[k] for k in ("Wq", "Wk", "Wv", "Wo")]
-    slopes = mha_forward(inst["X"], *W, tau=tau, mask=mask, rotary=rotary, softcap=softcap).score_slopes
+    slopes = _mha_forward(
+        inst["X"], _AttentionTensors(*W, tau=tau, mask=mask, rotary=rotary, softcap=softcap)
+    ).score_slopes
     bent = slopes.flatten(1).amin(dim=-1) < 0.5
     assert float(bent.to(F64).mean()) > 0.2, "the cap must bend scores in many instances"
     lower = block_inf_norm_lower_dense(_dense(inst, tau=tau, mask=mask, rotary=rotary, softcap=softcap), iterations=30)
@@ -81,9 +92,11 @@ def test_weights_form_carries_the_softcap() -> None:
     )  # fmt: skip
     X, tensors = inst["X"][None], (inst["Wq"], inst["Wk"], inst["Wv"], inst["Wo"])
     biases = AttentionBiases(k=inst["bk"])
-    expected = mha_local_jacobian_upper_bound(X, *tensors, tau=0.5, mask=causal_mask(5), biases=biases, softcap=1.5)
-    assert torch.equal(mha_local_jacobian_upper_bound(X, weights).upper_bound, expected.upper_bound)
-    uncapped = mha_local_jacobian_upper_bound(X, dataclasses.replace(weights, softcap=None))
+    expected = _mha_local_jacobian_bounds(
+        X, _AttentionTensors(*tensors, tau=0.5, mask=causal_mask(5), biases=biases, softcap=1.5)
+    )
+    assert torch.equal(mha_local_jacobian_bounds(X, weights).upper_bound, expected.upper_bound)
+    uncapped = mha_local_jacobian_bounds(X, dataclasses.replace(weights, softcap=None))
     assert not torch.equal(uncapped.upper_bound, expected.upper_bound)
     with pytest.raises(ConfigError, match="softcap must be > 0"):
         dataclasses.replace(weights, softcap=0.0)
