@@ -31,7 +31,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -198,7 +197,7 @@ def certified_layer_seconds(adapter, input_ids) -> list[float]:
         local = G.block_local_jacobian_bounds(x, layer)
         pre = layer.placement == "pre"
         radius = G.norm_output_radius_rms(layer.attn_norm) if pre else G.block_rms_norm(local.attention_input).amax()
-        G.mha_lipschitz_bounds(replace(attn, q_norm=None, k_norm=None, softcap=None), radius_rms=radius)
+        G.mha_lipschitz_bounds(attn, radius_rms=radius)
         G.block_lipschitz_upper_bound(layer, input_radius_rms=None if pre else float(G.block_rms_norm(x).amax()))
         seconds.append(time.perf_counter() - start)
     return seconds

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import pandas as pd
@@ -98,9 +97,7 @@ def _layer_records(
         radius_rms = G.norm_output_radius_rms(layer.norms()[0])
     else:  # the attention reads the (exact) block input
         radius_rms = _rms_upper_bound(x_attn)
-    # The stored column has always been computed without QK-norm and softcap (for such models it is not a bound of
-    # the sublayer itself); including them changes stored results, so the column is kept as it was.
-    lipschitz = G.mha_lipschitz_bounds(replace(attn, q_norm=None, k_norm=None, softcap=None), radius_rms=radius_rms)
+    lipschitz = G.mha_lipschitz_bounds(attn, radius_rms=radius_rms)
     queries = _probe_queries(queries, local.row_upper_bound)
 
     def estimate(f: Callable[[Tensor], Tensor], x: Tensor, estimator: str) -> float:
