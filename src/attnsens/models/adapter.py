@@ -69,6 +69,10 @@ class ModelSpec:
     norm: NormKind | None
     causal: bool
     rotary: RotaryConfig | None = None
+    attention: tuple[str, ...] = ()
+    """Per layer of an encoder-decoder, which attention it is: ``"encoder"`` (the encoder's self-attention),
+    ``"decoder"`` (the decoder's) or ``"cross"`` (decoder queries on the encoder's keys); empty for a model of one
+    stack, whose every layer is self-attention."""
 
     def __post_init__(self) -> None:
         if self.n_layer < 1 or self.n_head < 1 or self.n_kv_head < 1 or self.d_head < 1:

@@ -62,6 +62,21 @@ def takes_token_ids(model: torch.nn.Module) -> bool:
     )
 
 
+def _first_argument(model: torch.nn.Module) -> str:
+    return next(iter(inspect.signature(model.forward).parameters), "no argument")
+
+
+def decoder_inputs(input_ids: Tensor, attention_mask: Tensor | None, start: int) -> Tensor:
+    """The decoder's input of an encoder-decoder audited on ``input_ids`` [batch, n]: the same text, teacher-forced
+    (each sequence's tokens shifted one place right behind ``start``, the decoder's start token), so that decoder
+    position t holds the token the decoder reads to predict encoder token t, and padding stays where the encoder's
+    is (the decoder takes ``attention_mask`` too; a left-padded sequence starts after its padding)."""
+    shifted = input_ids.roll(1, dims=1)
+    real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
+    first = real.int().argmax(dim=1, keepdim=True)  # the first real position of each sequence
+    return shifted.scatter(1, first, start)
+
+
 def interface_attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     """The modules of ``model`` that call the attention interface, in the model's order (one per layer); inside a
     TransformerLens bridge, the bridge's attention components that took their place (hf_tap.scores_tap)."""
@@ -90,18 +105,22 @@ class InterfaceAdapter(HFAdapter):
 
     def __init__(self, module: HFModule, *, name: str, tokenizer: Any = None) -> None:
         config, base = module.base_model.config, module.base_model
-        if is_encoder_decoder(base):
-            stacks = [part for part in ("encoder", "decoder") if takes_token_ids(getattr(base, part))]
-            advice = " or ".join(f"A.models.load(model.get_{part}())" for part in stacks)
+        self._two_stacks = is_encoder_decoder(base)
+        if self._two_stacks and not takes_token_ids(base.encoder):
             raise UnsupportedModelError(
-                f"{config.model_type} is an encoder-decoder; attnsens audits one stack at a time: pass its "
-                f"{' or its '.join(stacks)} alone ({advice})"
+                f"{config.model_type} is an encoder-decoder whose encoder takes "
+                f"{_first_argument(base.encoder)}, not token ids; attnsens audits its decoder alone "
+                "(A.models.load(model.get_decoder()))"
+            )
+        if self._two_stacks and getattr(config, "decoder_start_token_id", None) is None:
+            raise UnsupportedModelError(
+                f"{config.model_type}: its config names no decoder_start_token_id, so attnsens cannot build the "
+                "decoder's input; pass its encoder or decoder alone (A.models.load(model.get_encoder()))"
             )
         if not is_vision(config) and not takes_token_ids(base):
-            inputs = next(iter(inspect.signature(base.forward).parameters), "no argument")  # its first argument
             raise UnsupportedModelError(
-                f"{config.model_type}: {type(base).__name__} takes {inputs}, not token ids; attnsens audits models "
-                "of token ids (text) or of pixel_values (images)"
+                f"{config.model_type}: {type(base).__name__} takes {_first_argument(base)}, not token ids; attnsens "
+                "audits models of token ids (text) or of pixel_values (images)"
             )
         self._attention = interface_attention_modules(module.base_model)
         if not self._attention:
@@ -140,7 +159,11 @@ class InterfaceAdapter(HFAdapter):
 
         vision = is_vision(self.base.config)
         with torch.no_grad(), self.query_key_tap(record):
-            self.forward(self.blank_image() if vision else torch.zeros(1, 2, dtype=torch.long, device=self.device))
+            if self._two_stacks:  # encoder and decoder lengths differ, so that cross-attention shows in the shapes
+                encoder_ids = torch.zeros(1, 3, dtype=torch.long, device=self.device)
+                self.base(input_ids=encoder_ids, decoder_input_ids=encoder_ids[:, :2], use_cache=False)
+            else:
+                self.forward(self.blank_image() if vision else torch.zeros(1, 2, dtype=torch.long, device=self.device))
         if not calls:
             raise UnsupportedModelError(
                 f"{self.family}: none of its attention modules called the attention function on "
@@ -153,6 +176,8 @@ class InterfaceAdapter(HFAdapter):
         first_query, _, first_call = calls[0][1:]
         causal = bool(getattr(called[0], "is_causal", False)) or _calls_causal(first_call)
         spec = replace(self.spec, n_layer=len(calls), causal=causal)
+        if self._two_stacks:
+            spec = replace(spec, attention=self._attention_kinds(calls))
         if vision:
             spec = replace(spec, max_positions=int(first_query.shape[2]))
         if exposes_scores(called):
@@ -165,6 +190,30 @@ class InterfaceAdapter(HFAdapter):
             )
         n_head, n_kv_head, d_head = shapes.pop()
         return called, replace(spec, n_head=n_head, n_kv_head=n_kv_head, d_head=d_head)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None) -> None:
+        """One pass of the model; an encoder-decoder's decoder reads the same text teacher-forced
+        (:func:`decoder_inputs`) under the same padding mask."""
+        if not self._two_stacks:
+            return super().forward(input_ids, attention_mask)
+        start = int(self.base.config.decoder_start_token_id)
+        self.base(
+            input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+            decoder_input_ids=decoder_inputs(input_ids, attention_mask, start), decoder_attention_mask=attention_mask,
+        )  # fmt: skip
+        return None
+
+    def _attention_kinds(self, calls: list[tuple[int, Tensor, Tensor, AttentionCall]]) -> tuple[str, ...]:
+        """Per call of an encoder-decoder's probe (encoder 3 tokens, decoder 2): ``"encoder"`` or ``"decoder"``
+        self-attention by the stack holding the module, ``"cross"`` where 2 queries read 3 keys."""
+        encoder = {id(module) for module in self.base.encoder.modules()}
+        kinds = []
+        for index, query, key, _ in calls:
+            if id(self._attention[index]) in encoder:
+                kinds.append("encoder")
+            else:
+                kinds.append("cross" if query.shape[2] != key.shape[2] else "decoder")
+        return tuple(kinds)
 
     def query_key_tap(self, on_query_key: QueryKeyCallback) -> contextlib.AbstractContextManager[None]:
         if self._call_layers is None:

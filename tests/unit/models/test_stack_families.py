@@ -1,7 +1,7 @@
 """Families whose layers are not one module each, or whose models hold two stacks, on stock configs: ALBERT's one
-shared layer audited once per call, T5's relative-position bias, and the encoder and the decoder of BART and T5
-each passed alone, every row equal to eager ``output_attentions`` to 1e-5; a whole encoder-decoder is refused with
-advice that works."""
+shared layer audited once per call, T5's relative-position bias, the encoder and the decoder of BART and T5 each
+passed alone, and whole encoder-decoders (encoder and decoder self-attention and cross-attention), every row equal
+to eager ``output_attentions`` to 1e-5; Whisper's audio encoder is refused with advice that works."""
 
 from __future__ import annotations
 
@@ -20,11 +20,14 @@ from transformers import (
 import attnsens.models as M
 from attnsens.capture import capture_row_statistics
 from attnsens.errors import UnsupportedModelError
+from attnsens.models.interface import decoder_inputs
 from tests.unit.models.tiny_models import VOCAB, spread_weights, stock_config
 
 IDS = torch.randint(2, VOCAB, (2, 11), generator=torch.Generator().manual_seed(3))
 RIGHT_PADDED = torch.ones(2, 11, dtype=torch.long)
 RIGHT_PADDED[1, 7:] = 0
+LEFT_PADDED = torch.ones(2, 11, dtype=torch.long)
+LEFT_PADDED[0, :3] = 0
 
 
 def _random(model: torch.nn.Module) -> torch.nn.Module:
@@ -40,12 +43,15 @@ def _albert(**fields: object) -> torch.nn.Module:
 
 
 def _t5_config() -> T5Config:
-    return stock_config(T5Config, num_layers=2, num_decoder_layers=3, num_heads=3, d_model=24, d_kv=8, d_ff=37)
+    sizes = {"num_layers": 2, "num_decoder_layers": 3, "num_heads": 3, "d_model": 24, "d_kv": 8, "d_ff": 37}
+    # t5-small's config.json starts the decoder at 0 (the pad token), a field T5Config itself does not define
+    return stock_config(T5Config, **sizes, checkpoint_fields={"decoder_start_token_id": 0})
 
 
-def _bart() -> torch.nn.Module:
+def _bart(**fields: object) -> torch.nn.Module:
     sizes = {"encoder_layers": 2, "decoder_layers": 3, "encoder_attention_heads": 3, "decoder_attention_heads": 4,
-             "d_model": 24, "encoder_ffn_dim": 37, "decoder_ffn_dim": 37, "max_position_embeddings": 40}  # fmt: skip
+             "d_model": 24, "encoder_ffn_dim": 37, "decoder_ffn_dim": 37, "max_position_embeddings": 40,
+             **fields}  # fmt: skip
     return _random(BartModel(stock_config(BartConfig, **sizes)))
 
 
@@ -105,12 +111,47 @@ def test_each_stack_of_an_encoder_decoder_is_audited_alone(stack: str) -> None:
         assert adapter.spec.causal == (stack == "decoder")
 
 
-def test_a_whole_encoder_decoder_is_refused_with_advice_that_works() -> None:
-    model = _bart()
-    with pytest.raises(UnsupportedModelError, match=r"encoder-decoder.*model\.get_encoder\(\)"):
-        M.load(model)
-    assert M.load(model.get_encoder()).spec.n_head == 3
-    assert M.load(model.get_decoder()).spec.n_head == 4
+@pytest.mark.parametrize("mask", [None, RIGHT_PADDED, LEFT_PADDED], ids=["no padding", "right", "left"])
+@pytest.mark.parametrize("family", ["bart", "t5"])
+def test_an_encoder_decoder_audits_both_self_attentions_and_the_cross_attention(family: str, mask) -> None:
+    """The encoder reads the text, the decoder the same text teacher-forced; its layers are the encoder's, then
+    each decoder layer's self- and cross-attention, in call order, marked in ``spec.attention``."""
+    model = _bart(decoder_attention_heads=3) if family == "bart" else _random(T5Model(_t5_config()))
+    adapter = M.load(model)
+    assert adapter.spec.attention == ("encoder",) * 2 + ("decoder", "cross") * 3
+    start = model.config.decoder_start_token_id
+    decoder_ids = decoder_inputs(IDS, mask, start)
+    real = torch.ones_like(IDS, dtype=torch.bool) if mask is None else mask.bool()
+    for sequence in range(2):  # the start token at the first real position, then the text one place later
+        positions = real[sequence].nonzero().flatten()
+        expected_ids = torch.cat([torch.tensor([start]), IDS[sequence, positions[:-1]]])
+        assert torch.equal(decoder_ids[sequence, positions], expected_ids)
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        out = model(input_ids=IDS, attention_mask=mask, decoder_input_ids=decoder_ids,
+                    decoder_attention_mask=mask, output_attentions=True)  # fmt: skip
+    model.set_attn_implementation("sdpa")
+    decoder = [rows for pair in zip(out.decoder_attentions, out.cross_attentions, strict=True) for rows in pair]
+    reference = [*out.encoder_attentions, *decoder]
+    chunks = list(adapter.stream_attention(IDS, attention_mask=mask, chunk_size=4))
+    assert sorted({chunk.layer for chunk in chunks}) == list(range(8))
+    for chunk in chunks:
+        index = chunk.query_positions[:, None, :, None].expand(-1, 3, -1, IDS.shape[1])
+        expected = torch.gather(reference[chunk.layer], 2, index)
+        rows = real.gather(1, chunk.query_positions)[:, None, :].expand(-1, 3, -1)
+        torch.testing.assert_close(chunk.probs[rows], expected[rows], rtol=1e-5, atol=1e-5)
+        causal = adapter.spec.attention[chunk.layer] == "decoder"
+        keys = real.sum(dim=1, keepdim=True).expand_as(chunk.n_keys)
+        if causal:  # teacher-forced rows see the start token and the tokens before their own
+            keys = torch.minimum(keys, (real.cumsum(dim=1)).gather(1, chunk.query_positions))
+        assert torch.equal(chunk.n_keys[rows[:, 0]], keys[rows[:, 0]])
+
+
+def test_an_encoder_decoder_whose_heads_differ_between_its_stacks_is_refused_by_name() -> None:
+    with pytest.raises(UnsupportedModelError, match="its layers differ in their query heads"):
+        M.load(_bart())
+    assert M.load(_bart().get_encoder()).spec.n_head == 3
+    assert M.load(_bart().get_decoder()).spec.n_head == 4
 
 
 def test_whisper_is_audited_through_its_decoder_and_its_audio_encoder_is_refused_by_name() -> None:
@@ -122,7 +163,7 @@ def test_whisper_is_audited_through_its_decoder_and_its_audio_encoder_is_refused
              "max_source_positions": 8, "max_target_positions": 20, "pad_token_id": 0, "bos_token_id": 1,
              "eos_token_id": 1, "decoder_start_token_id": 1}  # fmt: skip
     model = _random(WhisperModel(stock_config(WhisperConfig, **sizes)))
-    with pytest.raises(UnsupportedModelError, match=r"pass its decoder alone \(A\.models\.load\(model\.get_decoder"):
+    with pytest.raises(UnsupportedModelError, match=r"encoder takes input_features.*A\.models\.load\(model\.get_decoder"):
         M.load(model)
     with pytest.raises(UnsupportedModelError, match="WhisperEncoder takes input_features, not token ids"):
         M.load(model.get_encoder())

@@ -192,14 +192,21 @@ def tiny_model(family: str, *, attn_implementation: str = "sdpa", seed: int = 0,
     return model.eval()
 
 
-def stock_config(config_class: type, *, attn_implementation: str = "sdpa", **fields: object) -> Any:
+def stock_config(
+    config_class: type,
+    *,
+    attn_implementation: str = "sdpa",
+    checkpoint_fields: dict[str, object] | None = None,
+    **fields: object,
+) -> Any:
     """``config_class`` from its own defaults with ``fields`` changed, and ``vocab_size`` = VOCAB where the class
     has one. Every field must be one the stock config has: transformers keeps an unknown keyword as an attribute,
     so a helper adding, say, ``vocab_size`` to every config would hide a crash on the real checkpoints of a family
-    whose config has none (ViT)."""
+    whose config has none (ViT). ``checkpoint_fields`` are the exceptions a family's published config.json files
+    carry beyond the class's own fields (t5-small's ``decoder_start_token_id``), named as such at each use."""
     defaults = config_class()
     sizes = {"vocab_size": VOCAB} if hasattr(defaults, "vocab_size") else {}
-    config = config_class(**{**sizes, **fields}, attn_implementation=attn_implementation)
+    config = config_class(**{**sizes, **fields, **(checkpoint_fields or {})}, attn_implementation=attn_implementation)
     # A field the class converts (a legacy rotary_pct into rope_parameters) is consumed; an unknown one stays.
     stray = sorted(name for name in fields if not hasattr(defaults, name) and name in vars(config))
     if stray:
