@@ -163,7 +163,8 @@ def test_whisper_is_audited_through_its_decoder_and_its_audio_encoder_is_refused
              "max_source_positions": 8, "max_target_positions": 20, "pad_token_id": 0, "bos_token_id": 1,
              "eos_token_id": 1, "decoder_start_token_id": 1}  # fmt: skip
     model = _random(WhisperModel(stock_config(WhisperConfig, **sizes)))
-    with pytest.raises(UnsupportedModelError, match=r"encoder takes input_features.*A\.models\.load\(model\.get_decoder"):
+    advice = r"encoder takes input_features.*A\.models\.load\(model\.get_decoder"
+    with pytest.raises(UnsupportedModelError, match=advice):
         M.load(model)
     with pytest.raises(UnsupportedModelError, match="WhisperEncoder takes input_features, not token ids"):
         M.load(model.get_encoder())
