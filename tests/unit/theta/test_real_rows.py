@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 import torch
 
+from attnsens._float64 import UNIT_ROUNDOFF
 from attnsens.theta import ThetaCertificate, ThetaMethod, certify, exact
 from attnsens.theta._constants import (
     ERROR_RADIUS_OFFSET,
     ERROR_RADIUS_PER_KEY,
     ERROR_RADIUS_SLACK,
     LOWEST_BIT_MAX_SUPPORT,
-    UNIT_ROUNDOFF,
 )
 from attnsens.theta._enclosure import theta_enclosure
 from attnsens.theta._numba_cardinality import (
