@@ -9,8 +9,8 @@ import torch
 from attnsens.geometry.attention import AttentionBiases, alibi_bias, causal_mask, mha_forward
 from attnsens.geometry.attention_bounds import mha_lipschitz_upper_bound, mha_local_jacobian_upper_bound
 from attnsens.geometry.norms import block_rms_norm
+from tests.helpers.attention_instances import _instances
 from tests.reference.jacobian_oracles import block_inf_norm_lower_dense
-from tests.unit.geometry.test_attention_bounds import _instances
 
 F64 = torch.float64
 KEYS = ("X", "Wq", "Wk", "Wv", "Wo", "bq", "bk", "bv", "bo")
