@@ -18,6 +18,9 @@ if not torch.cuda.is_available():
 import pytest
 from hypothesis import HealthCheck, settings
 
+# The shared helpers assert as the test modules do: with pytest's detailed messages.
+pytest.register_assert_rewrite("tests.helpers")
+
 settings.register_profile(
     "ci", derandomize=True, max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )

@@ -4,9 +4,9 @@ numba checks a cached function only against the file that defines it, so a kerne
 function of another module keeps its old machine code after that module is edited. Every compiled function of
 attnsens is declared with ``cached_njit``, which files it under ``kernels-<hash>``: the hash covers the
 ``_numba_*.py`` kernel sources (not this module, which compiles nothing) and the Python modules whose constants
-they compile in, so an edit to any of them starts from an empty folder and recompiles everything. The folders live
-in ``$NUMBA_CACHE_DIR`` when that is set, else in ``$XDG_CACHE_HOME/attnsens/numba`` (``~/.cache/attnsens/numba``);
-``make clean-cache`` removes them.
+and names they compile in, so an edit to any of them starts from an empty folder and recompiles everything. The
+folders live in ``$NUMBA_CACHE_DIR`` when that is set, else in ``$XDG_CACHE_HOME/attnsens/numba``
+(``~/.cache/attnsens/numba``); ``make clean-cache`` removes them.
 
 Inside a folder, a kernel's files are named by its module's path within the package (``theta._numba_kernels``)
 and stamped with the hash of its source's bytes (``ContentCacheLocator``): numba's own locators file them under a
@@ -29,8 +29,9 @@ from typing import Any
 import numba
 
 _PACKAGE = Path(__file__).resolve().parent
-COMPILED_CONSTANTS = ("theta/methods.py", "theta/_constants.py")
-"""Modules without kernels whose integers and floats the kernels read as compile-time constants."""
+COMPILED_CONSTANTS = ("_float64.py", "theta/methods.py", "theta/_constants.py", "theta/kernels.py")
+"""Modules without kernels whose values the kernels compile in: the integers and floats they read as compile-time
+constants, and ``theta/kernels.py``, the names through which capture's kernels call theta's."""
 
 
 def kernel_sources() -> list[Path]:

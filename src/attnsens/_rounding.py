@@ -40,7 +40,7 @@ from typing import TypeVar, cast
 import torch
 from torch import Tensor
 
-from attnsens.theta._constants import UNIT_ROUNDOFF  # u: half the distance from 1 to the next float64
+from attnsens._float64 import UNIT_ROUNDOFF  # u: half the distance from 1 to the next float64
 
 T = TypeVar("T")
 

@@ -6,6 +6,23 @@ turns any of them into one red line and exit code 1. Messages name the offending
 
 from __future__ import annotations
 
+__all__ = [
+    "AttnsensError",
+    "CheckpointError",
+    "ConfigError",
+    "FileFormatError",
+    "InputError",
+    "OutputWriteError",
+    "QueryError",
+    "RunIntegrityError",
+    "RunLockedError",
+    "ShapeError",
+    "TooHardError",
+    "UnsupportedModelError",
+    "WeightsChangedError",
+    "WeightsFidelityError",
+]
+
 
 class AttnsensError(ValueError):
     """Base class of all user-facing attnsens errors."""

@@ -28,9 +28,10 @@ def warmup_stages() -> tuple[tuple[str, Callable[[], Any], tuple[Any, ...]], ...
     """(name, call, kernels the call runs) per stage, in the order a first ``attnsens theta`` needs them."""
     import torch
 
-    from attnsens.capture import _numba_moments, _numba_row_statistics
-    from attnsens.capture.statistics import _row_moments, row_statistics
-    from attnsens.theta import _numba_kernels, certify, softmax_jacobian_inf_to_one_norm
+    from attnsens.capture import kernels as capture_kernels
+    from attnsens.capture.statistics import row_moments, row_statistics
+    from attnsens.theta import certify, softmax_jacobian_inf_to_one_norm
+    from attnsens.theta import kernels as theta_kernels
     from attnsens.theta.certificate import PARALLEL_MIN_ROWS
 
     def rows(count: int, dtype: torch.dtype) -> torch.Tensor:
@@ -38,10 +39,10 @@ def warmup_stages() -> tuple[tuple[str, Callable[[], Any], tuple[Any, ...]], ...
         return torch.softmax(scores, dim=-1).to(dtype)
 
     few, many = 3, PARALLEL_MIN_ROWS
-    serial, pool = _numba_kernels.certify_rows_serial, _numba_kernels.certify_rows
+    serial, pool = theta_kernels.certify_rows_serial, theta_kernels.certify_rows
     serial_stats, pool_stats = (
-        (_numba_row_statistics.row_statistics_rows_serial,),
-        (_numba_row_statistics.row_statistics_rows,),
+        (capture_kernels.row_statistics_rows_serial,),
+        (capture_kernels.row_statistics_rows,),
     )
     return (
         ("θ certificate, float32 rows, one thread", lambda: certify(rows(few, torch.float32)), (serial,)),
@@ -54,7 +55,7 @@ def warmup_stages() -> tuple[tuple[str, Callable[[], Any], tuple[Any, ...]], ...
         ("θ certificate, float64 rows, thread pool", lambda: certify(rows(many, torch.float64)), (pool,)),
         ("row statistics (audit, monitor), one thread", lambda: row_statistics(rows(few, torch.float32)), serial_stats),
         ("row statistics (audit, monitor), thread pool", lambda: row_statistics(rows(many, torch.float32)), pool_stats),
-        ("row moments", lambda: _row_moments(rows(few, torch.float32)), (_numba_moments.row_moments,)),
+        ("row moments", lambda: row_moments(rows(few, torch.float32)), (capture_kernels.row_moments_rows,)),
     )  # fmt: skip
 
 

@@ -28,6 +28,22 @@ from torch import Tensor
 
 from attnsens.errors import ConfigError, ShapeError
 
+__all__ = [
+    "ROPE_TYPES",
+    "Activation",
+    "AttentionWeights",
+    "LayerWeights",
+    "MLPKind",
+    "MLPWeights",
+    "NormKind",
+    "NormWeights",
+    "Placement",
+    "RopeType",
+    "RotaryConfig",
+    "check_qk_norms",
+    "qk_norm_is_joint",
+]
+
 NormKind = Literal["layernorm", "rmsnorm"]
 Placement = Literal["pre", "post", "none"]
 Activation = Literal["gelu", "gelu_tanh", "relu", "silu"]

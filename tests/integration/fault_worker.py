@@ -17,7 +17,7 @@ def main(kind: str, corpus: Path, out: Path) -> None:
     torch.set_num_threads(1)
     if kind == "study":
         from attnsens.study.study import run_study
-        from tests.integration.test_study import micro_study
+        from tests.helpers.study import micro_study
 
         config = micro_study(corpus)
         print("ready", flush=True)

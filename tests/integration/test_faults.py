@@ -197,7 +197,7 @@ def test_a_checkpoint_deleted_as_advised_is_rebuilt_with_its_rows(corpus, tmp_pa
     (out / "rows" / "placement=pre" / "seed=1" / "step=000002.parquet").unlink()
     from attnsens.errors import CheckpointError
     from attnsens.study.study import run_study
-    from tests.integration.test_study import micro_study
+    from tests.helpers.study import micro_study
 
     with pytest.raises(CheckpointError, match="corrupted") as raised:
         run_study(micro_study(corpus), out, device="cpu")
@@ -217,7 +217,7 @@ def test_a_checkpoint_with_a_non_finite_weight_is_named_by_layer_and_parameter_a
 
     from attnsens.errors import InputError
     from attnsens.study.study import run_study
-    from tests.integration.test_study import micro_study
+    from tests.helpers.study import micro_study
 
     out = shutil.copytree(reference["study"], tmp_path / "out")
     checkpoint = out / "runs/placement=pre/seed=1/checkpoints/step_000002"

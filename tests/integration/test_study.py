@@ -13,29 +13,12 @@ from attnsens.errors import CheckpointError, ConfigError
 from attnsens.store import Manifest, read_table
 from attnsens.store.query import query
 from attnsens.study.study import StudyConfig, run_study
-from attnsens.train.data import DataConfig
 from attnsens.train.model import GPTConfig
 from attnsens.train.trainer import TrainConfig
+from tests.helpers.study import micro_study
 from tests.unit.train.conftest import synthetic_text
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def micro_study(corpus: Path, **overrides: object) -> StudyConfig:
-    values = dict(
-        name="micro",
-        model=GPTConfig(vocab_size=300, n_layer=2, n_head=2, d_model=16, d_ff=24, max_positions=16),
-        train=TrainConfig(steps=4, batch_size=4, lr=3e-3, warmup_steps=2),
-        data=DataConfig(source=str(corpus), vocab_size=300, block_size=16, eval_sequences=3),
-        seeds=(0, 1),
-        audit_sequences=2,
-        rows_per_sequence=5,
-        min_query=4,
-        bound_tokens=8,
-        bound_queries=2,
-        bound_iterations=2,
-    )
-    return StudyConfig(**{**values, **overrides})
 
 
 class StopAt:

@@ -15,7 +15,7 @@ SCRIPT = textwrap.dedent(
     import sys
     from pathlib import Path
     from attnsens.study.study import run_study
-    from tests.integration.test_study import micro_study
+    from tests.helpers.study import micro_study
 
     run_study(micro_study(Path(sys.argv[1])), sys.argv[2])
     """

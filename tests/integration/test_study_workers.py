@@ -15,7 +15,7 @@ from attnsens.store import read_table
 from attnsens.store.parquet import read_metadata
 from attnsens.study import workers
 from attnsens.study.study import StudyConfig, influence_path, run_study
-from tests.integration.test_study import micro_study
+from tests.helpers.study import micro_study
 
 TRAINING_COLUMNS = ["run_id", "seed", "step", "loss", "eval_loss", "lr", "grad_norm_global", "tokens_seen"]
 

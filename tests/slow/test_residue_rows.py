@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from attnsens.theta import ThetaMethod, certify, exact
+from tests.helpers.real_rows import dyadic
+from tests.helpers.soundness import assert_certificate_sound
 from tests.reference.theta_oracles import theta_dyadic_meet_in_the_middle
-from tests.unit.theta.test_real_rows import dyadic
-from tests.unit.theta.test_soundness import assert_certificate_sound
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,8 @@ import torch
 from typer.testing import CliRunner
 
 import attnsens.models as M
+from tests.helpers.oracle_blocks import _as_oracle_block
 from tests.reference.model_oracles import block_plain
-from tests.unit.models.test_weights import _as_oracle_block
 
 pytestmark = pytest.mark.slow
 

@@ -1,9 +1,15 @@
-"""One-way layers: no module of attnsens imports from a layer above its own.
+"""One-way layers: no module of attnsens imports from a layer above its own, nor another package's private parts.
 
 The order is docs/architecture.md, "Layers and import direction". Imports are read from the source with ``ast``,
 so function-level imports (the lazy ones that keep ``import attnsens`` cheap) and ``TYPE_CHECKING`` imports count
 as much as module-level ones, and so do ``"attnsens.package.module:name"`` strings, which registries such as
 ``models.loading.ALIASES`` import on first use.
+
+A name or module that starts with an underscore belongs to its layer unit (a subpackage such as ``theta``, or a
+top-level module such as ``weights``): ``from attnsens.theta._numba_kernels import x`` and
+``from attnsens.theta.kernels import _x`` are refused outside ``theta``. The top-level private modules
+(``attnsens._rounding``, ``attnsens._threads``, …) are package-internal to attnsens and open to all of it; their
+private names are not.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ import attnsens
 SOURCE = Path(attnsens.__file__).parent
 
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("attnsens", "errors", "provenance", "_threads", "_memory", "_numba_cache", "_encoding", "seeding"),  # foundation
+    # foundation
+    ("attnsens", "errors", "provenance", "_float64", "_threads", "_memory", "_numba_cache", "_encoding", "seeding"),
     ("theta",),  # θ kernels
     ("_rounding",),  # directed rounding of the certified bounds
     ("weights",),  # the normalized weights: what adapters produce and bounds consume
@@ -66,24 +73,34 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imported_modules(source: str, module: str, *, is_package: bool = False) -> list[tuple[str, int]]:
-    """Every attnsens module that ``source`` (the text of ``module``) imports, anywhere in it, with the line."""
-    found: list[tuple[str, int]] = []
+def imported_names(source: str, module: str, *, is_package: bool = False) -> list[tuple[str, str | None, int]]:
+    """Every attnsens module that ``source`` (the text of ``module``) imports, anywhere in it, with the name it
+    takes from that module (None for ``import module``) and the line."""
+    found: list[tuple[str, str | None, int]] = []
     package = module if is_package else module.rpartition(".")[0]
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
-            found += [(alias.name, node.lineno) for alias in node.names]
+            found += [(alias.name, None, node.lineno) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([node.module] if node.module else []))
             # `from attnsens import geometry` imports the subpackage, `from attnsens import __version__` the root.
-            names = [f"{base}.{alias.name}" for alias in node.names] if base == "attnsens" else [base]
-            found += [(name, node.lineno) for name in names]
+            if base == "attnsens":
+                found += [(f"{base}.{alias.name}", None, node.lineno) for alias in node.names]
+            else:
+                found += [(base, alias.name, node.lineno) for alias in node.names]
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _REFERENCE.fullmatch(node.value):
-            found.append((node.value.partition(":")[0], node.lineno))
-    return [(name, line) for name, line in found if name == "attnsens" or name.startswith("attnsens.")]
+            target, _, name = node.value.partition(":")
+            found.append((target, name, node.lineno))
+    return [(target, name, line) for target, name, line in found if target.partition(".")[0] == "attnsens"]
+
+
+def imported_modules(source: str, module: str, *, is_package: bool = False) -> list[tuple[str, int]]:
+    """Every attnsens module that ``source`` (the text of ``module``) imports, anywhere in it, with the line."""
+    found = imported_names(source, module, is_package=is_package)
+    return list(dict.fromkeys((target, line) for target, _, line in found))
 
 
 def _resolve(target: str) -> str:
@@ -104,6 +121,26 @@ def back_edges(modules: dict[str, str], packages: frozenset[str] = frozenset()) 
     return edges
 
 
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_reaches(modules: dict[str, str], packages: frozenset[str] = frozenset()) -> list[Edge]:
+    """The imports among ``modules`` of a private module or name of another layer unit: a module below a
+    subpackage whose name starts with ``_`` (``attnsens.theta._numba_kernels``), or a name starting with ``_``
+    (``from attnsens.theta.kernels import _x``, ``from attnsens.capture import _numba_moments``)."""
+    edges = []
+    for module, source in sorted(modules.items()):
+        for target, name, line in imported_names(source, module, is_package=module in packages):
+            target = _resolve(target)
+            if unit_of(target) == unit_of(module):
+                continue
+            private_module = any(_private(part) for part in target.split(".")[2:])
+            if private_module or (name is not None and _private(name)):
+                edges.append(Edge(module, target if name is None else f"{target}.{name}", line))
+    return edges
+
+
 def package_sources() -> tuple[dict[str, str], frozenset[str]]:
     paths = sorted(SOURCE.rglob("*.py"))
     modules = {module_name(path): path.read_text(encoding="utf-8") for path in paths}
@@ -119,6 +156,42 @@ def test_every_package_and_module_has_a_layer() -> None:
 def test_no_module_imports_from_a_layer_above_its_own() -> None:
     edges = back_edges(*package_sources())
     assert not edges, "back-edges:\n" + "\n".join(edge.describe() for edge in edges)
+
+
+def test_no_module_imports_another_units_private_module_or_name() -> None:
+    edges = private_reaches(*package_sources())
+    assert not edges, (
+        "private parts reached from outside their package (import a public name of the package, such as "
+        "attnsens.theta.kernels, instead):\n" + "\n".join(edge.describe() for edge in edges)
+    )
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from attnsens.theta._numba_kernels import ROW_BLOCK\n",
+        "from attnsens.theta.kernels import _certify_block\n",
+        "def lazy():\n    from attnsens.theta._validation import raise_for_status\n",
+        "import attnsens.theta._numba_scan\n",
+        "from attnsens.theta import _numba_kernels\n",
+        "from attnsens.store.checkpoint_files import _SHA256\n",
+        "from attnsens._rounding import _infinity\n",
+        "from ..theta._constants import K_SMALL\n",
+        'KERNELS = {"x": "attnsens.theta._numba_kernels:certify_rows"}\n',
+    ],
+)
+def test_a_private_reach_is_found_in_every_form(source: str) -> None:
+    edges = private_reaches({"attnsens.capture.probe": source})
+    assert len(edges) == 1 and edges[0].line >= 1, edges
+
+
+def test_own_private_parts_and_the_shared_private_modules_are_allowed() -> None:
+    source = (
+        "from attnsens.capture._numba_moments import row_moments\nfrom . import _numba_row_statistics\n"
+        "from attnsens.theta.kernels import certify_block\nfrom attnsens._rounding import add_up\n"
+        "import attnsens._threads\nfrom attnsens import __version__\nfrom attnsens.capture.statistics import _x\n"
+    )
+    assert private_reaches({"attnsens.capture.probe": source}) == []
 
 
 @pytest.mark.parametrize(

@@ -22,7 +22,7 @@ def test_every_kernel_source_is_hashed() -> None:
     package = Path(_numba_cache.__file__).parent
     assert {path.name for path in package.rglob("_numba_*.py")} - {"_numba_cache.py"} <= names
     assert "_numba_cache.py" not in names  # no kernel in it: editing it keeps the compiled kernels
-    assert {"methods.py", "_constants.py"} <= names
+    assert {"_float64.py", "methods.py", "_constants.py", "kernels.py"} <= names
 
 
 def test_an_edit_to_any_source_changes_the_cache_folder(tmp_path: Path) -> None:
@@ -94,10 +94,10 @@ def test_compiles_reads_what_numba_has_in_memory_and_on_disk() -> None:
     internals moving would otherwise silence the note, or make it speak on every run)."""
     import torch
 
+    from attnsens.capture import statistics
     from attnsens.capture._numba_moments import row_moments
-    from attnsens.capture.statistics import _row_moments
 
-    _row_moments(torch.softmax(torch.randn(3, 7), dim=-1))
+    statistics.row_moments(torch.softmax(torch.randn(3, 7), dim=-1))
     assert not _numba_cache.compiles(row_moments, _moments_args(np.full((3, 7), 1 / 7, dtype=np.float32)))
     assert _numba_cache.compiles(row_moments, _moments_args(np.full((3, 7), 1 / 7, dtype=np.float16)))
 
@@ -119,17 +119,17 @@ def test_a_second_checkout_loads_the_kernels_the_first_compiled(tmp_path: Path) 
     row-moments call compiles nothing."""
     import torch
 
-    from attnsens.capture.statistics import _row_moments
+    from attnsens.capture.statistics import row_moments
 
-    _row_moments(torch.softmax(torch.randn(3, 7), dim=-1))  # compiled or loaded here
+    row_moments(torch.softmax(torch.randn(3, 7), dim=-1))  # compiled or loaded here
     package = Path(_numba_cache.__file__).parent
     shutil.copytree(package, tmp_path / "attnsens", ignore=shutil.ignore_patterns("__pycache__", "*.nbi", "*.nbc"))
     script = (
         "import sys, torch, attnsens\n"
         f"assert attnsens.__file__.startswith({str(tmp_path)!r}), attnsens.__file__\n"
+        "from attnsens.capture import statistics\n"
         "from attnsens.capture._numba_moments import row_moments\n"
-        "from attnsens.capture.statistics import _row_moments\n"
-        "_row_moments(torch.softmax(torch.randn(3, 7), dim=-1))\n"
+        "statistics.row_moments(torch.softmax(torch.randn(3, 7), dim=-1))\n"
         "print(sum(row_moments.stats.cache_hits.values()), sum(row_moments.stats.cache_misses.values()))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}

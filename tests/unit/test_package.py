@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
+import inspect
+from pathlib import Path
+from types import ModuleType
+
 import pytest
 from typer.testing import CliRunner
 
@@ -17,6 +22,29 @@ def test_every_error_is_an_attnsens_value_error() -> None:
     for cls in classes:
         assert issubclass(cls, errors.AttnsensError)
         assert issubclass(cls, ValueError)
+
+
+SURFACE = sorted(
+    [f"attnsens.{path.parent.name}" for path in Path(attnsens.__file__).parent.glob("*/__init__.py")]
+    + ["attnsens", "attnsens.errors", "attnsens.weights"]
+)
+"""Every package and the top-level modules users import names from."""
+
+
+@pytest.mark.parametrize("name", SURFACE)
+def test_the_surface_declares_its_names_and_only_its_own(name: str) -> None:
+    module = importlib.import_module(name)
+    assert "__all__" in vars(module), f"{name} has no __all__"
+    missing = [n for n in module.__all__ if not hasattr(module, n)]
+    assert not missing, f"{name}.__all__ lists names it does not have: {missing}"
+    objects = {n: getattr(module, n) for n in module.__all__}
+    foreign = [
+        n
+        for n, obj in objects.items()
+        if (isinstance(obj, ModuleType) and not obj.__name__.startswith("attnsens"))
+        or ((inspect.isclass(obj) or inspect.isfunction(obj)) and not obj.__module__.startswith("attnsens"))
+    ]
+    assert not foreign, f"{name}.__all__ exports what attnsens does not define: {foreign}"
 
 
 def test_import_is_lazy() -> None:

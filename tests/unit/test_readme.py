@@ -125,7 +125,7 @@ def _no_pickled_objects(tmp_path: Path) -> None:
 
 
 def _no_remote_code(tmp_path: Path) -> None:
-    from tests.unit.models.test_remote_code import _calls_without_the_keyword
+    from tests.helpers.remote_code import _calls_without_the_keyword
 
     assert _calls_without_the_keyword() == []
 

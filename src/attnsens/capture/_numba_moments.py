@@ -25,7 +25,7 @@ import numba
 import numpy as np
 
 from attnsens._numba_cache import cached_njit
-from attnsens.theta._numba_scan import _support_end
+from attnsens.theta.kernels import support_end
 
 LN2_HI = 6.93147180369123816490e-01
 LN2_LO = 1.90821492927058770002e-10
@@ -39,7 +39,7 @@ SMALLEST_NORMAL_BITS = 0x00800000
 """Bits of 2^-126, the smallest normal float32: positive values below it are subnormal."""
 MANTISSA_ULP = 2.0**-23
 NO_POSITIVE = np.int32(np.iinfo(np.int32).max)
-"""The largest int32: the ``no_positive`` that the θ scan (``_support_end``, ``scan_row``) takes for float32 rows."""
+"""The largest int32: the ``no_positive`` that the θ scan (``support_end``, ``scan_row``) takes for float32 rows."""
 
 
 @cached_njit(error_model="numpy", fastmath={"contract"})
@@ -125,10 +125,10 @@ def _first_index(bits, value):  # pragma: no cover - compiled
 def moments_of_row(row, bits):  # pragma: no cover - compiled
     """(p_max, its first key, Σp, Σp², −Σ p log p, positive count) of one float32 row with int32 ``bits``.
 
-    The logarithm's pass reads the row up to its last entry that is not ±0.0 (``_support_end``, whole blocks of
+    The logarithm's pass reads the row up to its last entry that is not ±0.0 (``support_end``, whole blocks of
     zeros at a time): a causal row's zero tail adds nothing to any sum, and costs a comparison a key instead of a
     logarithm."""
-    end = _support_end(bits, NO_POSITIVE)
+    end = support_end(bits, NO_POSITIVE)
     s, s2, h, count, subnormal, best = _row_pass(row[:end], bits[:end])
     if subnormal:
         h += _subnormal_entropy(row[:end], bits[:end])
@@ -176,7 +176,7 @@ def moments_of_row_logits(row, bits, logits):  # pragma: no cover - compiled
     float32 values included) has s_i within 104 of log Z, so the sums hold terms of at most about 104 whatever the
     logits' scale (with logits near 10^12, log Z · Σp and Σ p s would each be about 10^12, and their float64
     rounding, about 10^-4, would swamp H's digits)."""
-    end = _support_end(bits, NO_POSITIVE)
+    end = support_end(bits, NO_POSITIVE)
     first = 0
     while first < end and bits[first] <= 0:
         first += 1

@@ -4,7 +4,7 @@ enclosure, and the moments (max, argmax, Σp, Σp², −Σ p log p, nonzero coun
 ``row_statistics`` called ``certify`` and then the moments kernel: two waits on numba's thread pool, and between
 them the enclosure and the certificate's bookkeeping as a few dozen small array operations. On a 512-token
 SmolLM2 audit (120 chunks of 1,152 rows) those steps cost about 1.7 ms a chunk, a tenth of the audit. Here each
-block of rows goes through the cascade (``_certify_block``, the code ``certify`` runs), is enclosed row by row
+block of rows goes through the cascade (``certify_block``, the code ``certify`` runs), is enclosed row by row
 (``theta_interval``, the same operations as ``theta_enclosure``) and then read once more for its moments while
 it is still in the cache (``moments_of_row``, the code of ``row_moments``). The results are those of ``certify`` and
 ``row_moments`` bit for bit (``tests/unit/capture/test_fused_statistics.py``). Given the rows' logits, as the
@@ -18,8 +18,7 @@ from numba import prange
 
 from attnsens._numba_cache import cached_njit
 from attnsens.capture._numba_moments import NO_POSITIVE, moments_of_row, moments_of_row_logits
-from attnsens.theta._numba_enclosure import theta_interval
-from attnsens.theta._numba_kernels import ROW_BLOCK, _certify_block, blocks_per_task, thread_workspace
+from attnsens.theta.kernels import ROW_BLOCK, blocks_per_task, certify_block, theta_interval, thread_workspace
 
 STATISTICS_BLOCK_BYTES = 1 << 20
 """A block's rows and logits (8 bytes a key) are read again for the moments right after the cascade, so on long
@@ -41,7 +40,7 @@ def _statistics_block(
     d_found, d_lb, err, method, status, lower, upper, p_max, argmax, total, squares, entropy, nonzero, logits,
     workspace,
 ):  # fmt: skip
-    workspace = _certify_block(
+    workspace = certify_block(
         x, bits, no_positive, r0, r1, False, stop_d, mitm_max, ckk_budget, ckk_max_support, True, tolerance, row_sum,
         theta_p_max, d_found, d_lb, err, method, status, workspace,
     )  # fmt: skip

@@ -73,7 +73,7 @@ def row_statistics(
     if fused is not None:
         return fused
     certificate = certify(probs, dim=-1, exact_support=exact_support)
-    p_max, argmax, row_sum, squares, entropy, nonzero = _row_moments(probs, logits)
+    p_max, argmax, row_sum, squares, entropy, nonzero = row_moments(probs, logits)
     n_keys = nonzero if n_keys is None else n_keys.to(device=probs.device, dtype=torch.int64)
     log_n = torch.log(n_keys.to(torch.float64))
     normalized = torch.where(n_keys > 1, entropy / torch.where(n_keys > 1, log_n, 1.0), 0.0)
@@ -119,17 +119,16 @@ def _fused_row_statistics(
     except ImportError:
         return None
     from attnsens._numba_cache import note_compilation
-    from attnsens.theta._numba_kernels import chunk_tasks, thread_workspaces
-    from attnsens.theta._validation import raise_for_status
     from attnsens.theta.certificate import (
-        _EXACT_LOOKUP,
         CKK_MAX_SUPPORT,
         CKK_NODE_BUDGET,
+        EXACT_BY_METHOD,
         PARALLEL_MIN_ELEMENTS,
         PARALLEL_MIN_ROWS,
         STOP_DISTANCE,
         default_sum_tolerance,
     )
+    from attnsens.theta.kernels import chunk_tasks, raise_for_status, thread_workspaces
 
     shape = probs.shape[:-1]
     rows = probs.detach().reshape(-1, probs.shape[-1]).contiguous()
@@ -171,7 +170,7 @@ def _fused_row_statistics(
     columns = {
         "theta_lower": lower,
         "theta_upper": upper,
-        "theta_exact": _EXACT_LOOKUP.numpy()[method],
+        "theta_exact": EXACT_BY_METHOD.numpy()[method],
         "theta_method": method,
         "p_max": p_max_64,
         "argmax": argmax,
@@ -198,23 +197,23 @@ def _entropy_from_logits(probs: Tensor, logits: Tensor, argmax: Tensor, row_sum:
     return torch.where(nonzero > 0, entropy, 0.0)
 
 
-def _row_moments(probs: Tensor, logits: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+def row_moments(probs: Tensor, logits: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     """(p_max, argmax, Σp, Σp², entropy, nonzero count) per row; float64 sums, leading shape of ``probs``. The
     entropy is −Σ p log p, or with ``logits`` the entropy from the logits (``_entropy_from_logits``), computed
     instead of it off the CPU kernel: one elementwise logarithm pass fewer."""
     shape = probs.shape[:-1]
     if probs.device.type == "cpu" and probs.dtype == torch.float32:
         from attnsens._numba_cache import note_compilation
-        from attnsens.capture._numba_moments import row_moments
+        from attnsens.capture import _numba_moments
 
         rows = probs.reshape(-1, probs.shape[-1]).contiguous().numpy()
         count = rows.shape[0]
         out = [torch.empty(count, dtype=dtype) for dtype in (torch.float32, torch.int64, *[torch.float64] * 3)]
         nonzero = torch.empty(count, dtype=torch.int64)
         args = (rows, *(t.numpy() for t in out), nonzero.numpy())
-        note_compilation(row_moments, args, *ROW_MOMENTS_NOTE)
+        note_compilation(_numba_moments.row_moments, args, *ROW_MOMENTS_NOTE)
         with keep_torch_threads():
-            row_moments(*args)
+            _numba_moments.row_moments(*args)
         p_max, argmax, total, squares, entropy = (t.reshape(shape) for t in out)
         nonzero = nonzero.reshape(shape)
         if logits is not None:

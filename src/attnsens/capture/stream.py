@@ -233,7 +233,7 @@ def enumeration_workspaces(exact_support: int | None) -> contextlib.AbstractCont
     if exact_support is None:
         return contextlib.nullcontext()
     try:
-        from attnsens.theta._numba_kernels import holding_workspaces
+        from attnsens.theta.kernels import holding_workspaces
     except ImportError:  # no numba: the torch path has no such buffers
         return contextlib.nullcontext()
     return holding_workspaces()

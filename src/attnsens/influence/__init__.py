@@ -9,10 +9,10 @@ fit = A.influence.fit_loglog_slope(df)               # slope ≈ −1 where the 
 
 from __future__ import annotations
 
-from attnsens.influence.certificate import InfluenceCertificate, certified_constant, norm_lipschitz_constant
+from attnsens.influence.certificate import InfluenceCertificate, certified_constant
 from attnsens.influence.inputs import CertificateInputs, PositionBound, certificate_inputs
 from attnsens.influence.measure import POSITION_KINDS, measure
-from attnsens.influence.slope import SlopeFit, fit_loglog_slope, student_t_quantile
+from attnsens.influence.slope import SlopeFit, fit_loglog_slope
 from attnsens.models.builtin import LNFREE_CONFIG, builtin_lnfree, load_builtin_lnfree  # the theorem's own model
 
 __all__ = [
@@ -28,6 +28,4 @@ __all__ = [
     "fit_loglog_slope",
     "load_builtin_lnfree",
     "measure",
-    "norm_lipschitz_constant",
-    "student_t_quantile",
 ]

@@ -231,11 +231,6 @@ def _max_distance_upper_bound(rows: Tensor, *, chunk: int = 1024) -> float:
     return float(sqrt_up(torch.tensor(max(best, 0.0), dtype=torch.float64)))
 
 
-def norm_lipschitz_constant(norm: NormWeights) -> float:
-    """Global Lipschitz constant ‖γ‖∞/√ε of LayerNorm/RMSNorm (docs/math.md T6; sharp up to 1 − 1/d at constant x)."""
-    return float(norm_lipschitz_upper_bound(norm))
-
-
 def _norm_reasons(
     layers: Sequence[LayerWeights], final_norm: NormWeights | None
 ) -> tuple[list[str], list[float], float, float]:
@@ -246,9 +241,9 @@ def _norm_reasons(
         norms = [n for n in _layer_norms(layer) if n is not None]
         factor = 1.0
         for norm in norms:
-            factor = _up(factor * norm_lipschitz_constant(norm))
+            factor = _up(factor * float(norm_lipschitz_upper_bound(norm)))
         per_block.append(factor)
-        worst = max([worst, *(norm_lipschitz_constant(n) for n in norms)])
+        worst = max([worst, *(float(norm_lipschitz_upper_bound(n)) for n in norms)])
     normed = [layer for layer in layers if layer.placement != "none"]
     if normed:
         kinds = sorted({n.kind for layer in normed for n in _layer_norms(layer) if n is not None})
@@ -258,7 +253,7 @@ def _norm_reasons(
         )
     final = 1.0
     if final_norm is not None:
-        final = norm_lipschitz_constant(final_norm)
+        final = float(norm_lipschitz_upper_bound(final_norm))
         worst = max(worst, final)
         reasons.append(f"final {final_norm.kind} (Lipschitz ‖γ‖∞/√ε = {final:.4g}) before the unembedding")
     return reasons, per_block, final, worst

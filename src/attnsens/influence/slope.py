@@ -64,14 +64,14 @@ def student_t_cdf(t: float, dof: float) -> float:
     return 1.0 - tail if t >= 0 else tail
 
 
-def student_t_quantile(probability: float, dof: float) -> float:
-    """t with P(T ≤ t) = probability (bisection on the CDF to 1e-12). ``student_t_quantile(0.975, 1)`` ≈ 12.706."""
+def _student_t_quantile(probability: float, dof: float) -> float:
+    """t with P(T ≤ t) = probability (bisection on the CDF to 1e-12). ``_student_t_quantile(0.975, 1)`` ≈ 12.706."""
     if not 0.0 < probability < 1.0:
         raise ConfigError(f"probability must be in (0, 1), got {probability}")
     if not dof > 0:
         raise ConfigError(f"degrees of freedom must be > 0, got {dof}")
     if probability < 0.5:
-        return -student_t_quantile(1.0 - probability, dof)
+        return -_student_t_quantile(1.0 - probability, dof)
     low, high = 0.0, 1.0
     while student_t_cdf(high, dof) < probability:
         high *= 2.0
@@ -110,7 +110,7 @@ def fit_loglog_slope(df: pd.DataFrame, *, column: str = "influence_max", confide
     intercept = y_mean - slope * x_mean
     residual = sum((yi - intercept - slope * xi) ** 2 for xi, yi in zip(x, y, strict=True))
     total = sum((yi - y_mean) ** 2 for yi in y)
-    half_width = student_t_quantile(0.5 + confidence / 2, m - 2) * math.sqrt(residual / (m - 2) / sxx)
+    half_width = _student_t_quantile(0.5 + confidence / 2, m - 2) * math.sqrt(residual / (m - 2) / sxx)
     return SlopeFit(
         slope=slope,
         intercept=intercept,

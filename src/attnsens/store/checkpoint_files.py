@@ -16,7 +16,8 @@ from attnsens.errors import CheckpointError
 MANIFEST = "manifest.json"
 TENSOR_FILES = ("model.safetensors", "optimizer.safetensors", "rng.safetensors")
 CHECKPOINT_FILES = (*TENSOR_FILES, "state.json")
-_NAME = re.compile(r"^step_(\d{6,})$")
+CHECKPOINT_NAME = re.compile(r"^step_(\d{6,})$")
+"""A checkpoint's folder name, ``checkpoint_name(step)``; group 1 is the step."""
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -54,7 +55,7 @@ def _manifest_problem(payload: Any) -> str | None:
     if not isinstance(payload, dict):
         return f"holds a JSON {type(payload).__name__}, not an object of checkpoints"
     for name, entry in payload.items():
-        match = _NAME.match(name)
+        match = CHECKPOINT_NAME.match(name)
         if match is None:
             return f"has an entry {name!r} that is not a checkpoint name like 'step_000008'"
         if not isinstance(entry, dict) or not isinstance(entry.get("files"), dict):
@@ -80,9 +81,11 @@ def recorded_key(directory: Path) -> tuple[Any, Any]:
         return state["step"], train_config.get("seed") if isinstance(train_config, dict) else None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
         raise CheckpointError(
-            f"checkpoint {directory} has an unusable state.json ({type(err).__name__}: {err}); {_rebuild(directory)}"
+            f"checkpoint {directory} has an unusable state.json ({type(err).__name__}: {err}); "
+            f"{rebuild_advice(directory)}"
         ) from None
 
 
-def _rebuild(directory: Path) -> str:
+def rebuild_advice(directory: Path) -> str:
+    """What to do about a damaged checkpoint ``directory``, for the end of an error message."""
     return f"delete {directory} and rerun: training resumes from the last good checkpoint and rebuilds it"

@@ -7,5 +7,7 @@ not the function, as the package attribute.
 
 from __future__ import annotations
 
-from attnsens.study.audit import AuditResult, audit  # noqa: F401
-from attnsens.study.bounds import bound_model  # noqa: F401
+from attnsens.study.audit import AuditResult, audit
+from attnsens.study.bounds import bound_model
+
+__all__ = ["AuditResult", "audit", "bound_model"]

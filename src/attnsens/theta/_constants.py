@@ -1,13 +1,11 @@
 """The soundness-critical constants of the θ cascade, one source for the numba, torch and Triton backends.
 
 Kept free of torch, numba and triton imports: the numba kernels read these numbers as compile-time constants,
-and the Triton kernel receives them as arguments. The stage codes are ``methods.ThetaMethod``.
+and the Triton kernel receives them as arguments. The stage codes are ``methods.ThetaMethod``; u, the unit
+roundoff of float64, is ``attnsens._float64.UNIT_ROUNDOFF``.
 """
 
 from __future__ import annotations
-
-UNIT_ROUNDOFF = 2.0**-53
-"""u of IEEE float64 (round to nearest)."""
 
 ERROR_RADIUS_PER_KEY = 2.0
 ERROR_RADIUS_OFFSET = 16.0

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from attnsens.theta._constants import UNIT_ROUNDOFF
+from attnsens._float64 import UNIT_ROUNDOFF
 
 TINY_ROW_SUM = 2.0**-900
 

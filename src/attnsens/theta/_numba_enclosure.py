@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from attnsens._float64 import UNIT_ROUNDOFF
 from attnsens._numba_cache import cached_njit
-from attnsens.theta._constants import UNIT_ROUNDOFF
 
 TINY_ROW_SUM = 2.0**-900
 """Below this ŝ the interval is [2 steps below ŝ(1 − 2^-20) − 2^-1074, 1 step above ŝ(1 + 2^-20) + 2^-1074]

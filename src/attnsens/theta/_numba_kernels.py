@@ -34,6 +34,7 @@ from collections.abc import Iterator
 import numpy as np
 from numba import get_num_threads, get_thread_id, parallel_chunksize, prange
 
+from attnsens._float64 import UNIT_ROUNDOFF
 from attnsens._numba_cache import cached_njit
 from attnsens.theta._constants import (
     ENUMERATED_AFTER_PROOFS,
@@ -45,7 +46,6 @@ from attnsens.theta._constants import (
     LOWEST_BIT_MAX_SUPPORT,
     MITM_CHEAP_SUPPORT,
     SMALLEST_EXACT_SUM,
-    UNIT_ROUNDOFF,
 )
 from attnsens.theta._numba_enumeration import mitm_workspace
 from attnsens.theta._numba_first_fit import (

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from attnsens._float64 import UNIT_ROUNDOFF
 from attnsens.theta._constants import (
     ERROR_RADIUS_OFFSET,
     ERROR_RADIUS_PER_KEY,
@@ -24,7 +25,6 @@ from attnsens.theta._constants import (
     N_TARGETS,
     SMALLEST_EXACT_SUM,
     SWAP_ROUNDS,
-    UNIT_ROUNDOFF,
 )
 from attnsens.theta._validation import row_status
 from attnsens.theta.methods import ThetaMethod

@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from attnsens._float64 import UNIT_ROUNDOFF
 from attnsens.theta._constants import (
     ERROR_RADIUS_OFFSET,
     ERROR_RADIUS_PER_KEY,
@@ -41,7 +42,6 @@ from attnsens.theta._constants import (
     LOWEST_BIT_MAX_SUPPORT,
     N_TARGETS,
     SMALLEST_EXACT_SUM,
-    UNIT_ROUNDOFF,
 )
 from attnsens.theta._torch_path import (
     GROUP_BOUND_MAX_SUPPORT,

@@ -321,7 +321,7 @@ def run_cascade(
     raise_for_status(out["status"], rows, leading, dim, tolerance)
 
     lower, upper = theta_enclosure(out["row_sum"], out["d_found"], out["d_lb"], out["err"])
-    exact = _EXACT_LOOKUP.to(out["method"].device)[out["method"].long()]
+    exact = EXACT_BY_METHOD.to(out["method"].device)[out["method"].long()]
     columns = {
         "lower": lower, "upper": upper, "exact": exact, "method": out["method"],
         "row_sum": out["row_sum"], "p_max": out["p_max"],
@@ -331,7 +331,8 @@ def run_cascade(
     return cert, point.reshape(leading).to(p.device)
 
 
-_EXACT_LOOKUP = torch.tensor([code in {m.value for m in ThetaMethod if m.is_exact} for code in range(128)])
+EXACT_BY_METHOD = torch.tensor([code in {m.value for m in ThetaMethod if m.is_exact} for code in range(128)])
+"""Per method code (``ThetaMethod``, 0–127), whether that method proves lower == upper: a row's exact flag."""
 
 
 @functools.cache

@@ -6,8 +6,8 @@ import math
 
 import torch
 
+from attnsens._float64 import UNIT_ROUNDOFF
 from attnsens.errors import ConfigError
-from attnsens.theta._constants import UNIT_ROUNDOFF
 from attnsens.theta.certificate import Backend, Precision, ThetaCertificate, certify
 
 

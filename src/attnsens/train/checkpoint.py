@@ -37,12 +37,12 @@ from torch import Tensor
 
 from attnsens.errors import CheckpointError
 from attnsens.store.checkpoint_files import (
-    _NAME,
+    CHECKPOINT_NAME,
     MANIFEST,
-    _rebuild,
     checkpoint_dir,
     checkpoint_name,
     read_manifest,
+    rebuild_advice,
     recorded_key,
 )
 from attnsens.store.manifest import sha256_file
@@ -156,12 +156,12 @@ def verify_checkpoint(run_dir: str | Path, step: int, *, seed: int | None = None
     for file_name, expected in manifest[name]["files"].items():
         path = directory / file_name
         if not path.is_file():
-            raise CheckpointError(f"checkpoint file {path} is missing; {_rebuild(directory)}")
+            raise CheckpointError(f"checkpoint file {path} is missing; {rebuild_advice(directory)}")
         actual = sha256_file(path)
         if actual != expected:
             raise CheckpointError(
                 f"checkpoint file {path} is corrupted: sha256 {actual[:12]}… != manifest {expected[:12]}…; "
-                f"{_rebuild(directory)}"
+                f"{rebuild_advice(directory)}"
             )
     _check_key(directory, step, seed)
     return directory
@@ -180,7 +180,7 @@ def _check_key(directory: Path, step: int, seed: int | None) -> None:
         wanted = f"step {step}" + ("" if seed is None else f" of seed {seed}")
         raise CheckpointError(
             f"checkpoint {directory} holds {' and '.join(wrong)}, not {wanted} (a copy of another checkpoint); "
-            f"{_rebuild(directory)}"
+            f"{rebuild_advice(directory)}"
         )
 
 
@@ -190,7 +190,8 @@ def _tensors(path: Path) -> dict[str, Tensor]:
         return load_file(path)
     except Exception as err:  # safetensors raises its own error types for a broken header
         raise CheckpointError(
-            f"checkpoint file {path} is not readable safetensors ({type(err).__name__}: {err}); {_rebuild(path.parent)}"
+            f"checkpoint file {path} is not readable safetensors ({type(err).__name__}: {err}); "
+            f"{rebuild_advice(path.parent)}"
         ) from None
 
 
@@ -209,7 +210,7 @@ def load_checkpoint(run_dir: str | Path, step: int) -> dict[str, Any]:
     except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
         raise CheckpointError(
             f"checkpoint {directory} has an unusable state.json or optimizer state ({type(err).__name__}: {err}); "
-            f"{_rebuild(directory)}"
+            f"{rebuild_advice(directory)}"
         ) from None
     return {
         "model": _tensors(directory / "model.safetensors"),
@@ -276,7 +277,7 @@ def _duplicate_message(root: Path, first: str, second: str) -> str:
             recorded_step, _ = recorded_key(directory)
         except CheckpointError:
             continue
-        named = _NAME.match(name)
+        named = CHECKPOINT_NAME.match(name)
         if named is not None and recorded_step != int(named.group(1)):
             copies.append(name)
     if len(copies) == 1:
@@ -284,7 +285,7 @@ def _duplicate_message(root: Path, first: str, second: str) -> str:
         original = second if copy == first else first
         return (
             f"checkpoints {first} and {second} in {root} hold identical model weights: {copy} is a copy of "
-            f"{original}; {_rebuild(root / copy)}"
+            f"{original}; {rebuild_advice(root / copy)}"
         )
     return (
         f"checkpoints {first} and {second} in {root} hold identical model weights (a duplicated checkpoint); "

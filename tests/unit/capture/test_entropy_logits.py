@@ -12,7 +12,7 @@ import torch
 from attnsens.capture.statistics import RowStats, row_statistics
 from attnsens.errors import ShapeError
 from attnsens.models.attention import RowWorkspace
-from tests.unit.capture.test_fused_statistics import general_path
+from tests.helpers.fused_statistics import general_path
 
 FLOAT32_ULP = 2.0**-24
 ROUNDING = 8 * FLOAT32_ULP

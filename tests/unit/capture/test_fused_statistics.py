@@ -13,24 +13,10 @@ import torch
 import attnsens.capture.statistics as statistics
 from attnsens.capture.statistics import RowStats, row_statistics
 from attnsens.errors import ConfigError, InputError
+from tests.helpers.fused_statistics import general_path
 from tests.unit.theta.rows import softmax_rows, with_zeros
 
 FIXTURE = Path(__file__).resolve().parents[2] / "data" / "tiny_gpt_early_rows.npz"
-
-
-def general_path(
-    probs: torch.Tensor,
-    n_keys: torch.Tensor | None = None,
-    exact_support: int | None = None,
-    logits: torch.Tensor | None = None,
-) -> RowStats:
-    """``row_statistics`` with the one-pass kernel switched off."""
-    saved = statistics._fused_row_statistics
-    statistics._fused_row_statistics = lambda *args: None
-    try:
-        return row_statistics(probs, n_keys=n_keys, exact_support=exact_support, logits=logits)
-    finally:
-        statistics._fused_row_statistics = saved
 
 
 def assert_identical(ours: RowStats, theirs: RowStats) -> None:

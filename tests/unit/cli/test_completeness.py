@@ -21,7 +21,7 @@ from attnsens.report import build_report
 from attnsens.store import Manifest
 from attnsens.store.parquet import read_table
 from attnsens.store.verify import verify_run
-from tests.integration.test_study import micro_study
+from tests.helpers.study import micro_study
 
 REPO = Path(__file__).resolve().parents[3]
 runner = CliRunner()

@@ -9,22 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from typer.testing import CliRunner
 
 import attnsens as A
-from attnsens.cli import app
 from attnsens.errors import InputError
-
-runner = CliRunner()
-
-
-def _one_line_error(args: list[str]) -> str:
-    result = runner.invoke(app, args)
-    assert result.exit_code == 1, result.output
-    lines = result.output.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
-    assert isinstance(result.exception, SystemExit)  # no traceback: typer.Exit, not a raw exception
-    return lines[0].removeprefix("error: ")
+from tests.helpers.cli import _one_line_error
 
 
 @pytest.fixture

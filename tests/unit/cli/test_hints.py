@@ -11,7 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from attnsens.cli import app
-from tests.unit.cli.test_errors import _one_line_error
+from tests.helpers.cli import _one_line_error
 
 runner = CliRunner()
 

@@ -75,7 +75,7 @@ def test_bounds_and_audit_report_layers(run_dir: Path, text_file: Path, tmp_path
 def test_study_reports_each_seed_training(tmp_path: Path, text_file: Path) -> None:
     from attnsens.cli.study import SeedProgress
     from attnsens.study.study import run_study
-    from tests.integration.test_study import micro_study
+    from tests.helpers.study import micro_study
 
     report, sink = _report(interval=0.0, unit="steps")
     with report:

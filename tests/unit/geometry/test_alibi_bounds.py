@@ -9,8 +9,8 @@ import torch
 from attnsens.geometry.attention import AttentionBiases, _AttentionTensors, _mha_forward, alibi_bias, causal_mask
 from attnsens.geometry.attention_bounds import _mha_lipschitz_bounds, _mha_local_jacobian_bounds
 from attnsens.geometry.norms import block_rms_norm
+from tests.helpers.attention_instances import _instances
 from tests.reference.jacobian_oracles import block_inf_norm_lower_dense
-from tests.unit.geometry.test_attention_bounds import _instances
 
 F64 = torch.float64
 KEYS = ("X", "Wq", "Wk", "Wv", "Wo", "bq", "bk", "bv", "bo")

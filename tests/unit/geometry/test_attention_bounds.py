@@ -19,28 +19,15 @@ from attnsens.geometry.attention_bounds import (
 from attnsens.geometry.estimates import block_jacobian_norm_estimate
 from attnsens.geometry.norms import block_rms_norm
 from attnsens.weights import RotaryConfig
+from tests.helpers.attention_instances import F64, _instances
 from tests.reference.jacobian_oracles import (
     block_inf_norm_lower_dense,
     block_inf_norm_scalar_tokens,
     block_inf_norm_single_input_token,
 )
 
-F64 = torch.float64
 ROPE = RotaryConfig(base=10.0, rotary_dim=2)
 YARN = RotaryConfig(base=10.0, rotary_dim=2, rope_type="yarn", factor=4.0, original_max_positions=3)
-
-
-def _instances(n: int, n_query: int, d_model: int, n_head: int, n_kv: int, d_head: int, seed: int) -> dict:
-    """n random instances; weight scales spread over two decades so rows range from diffuse to one-hot."""
-    g = torch.Generator().manual_seed(seed)
-    scale = torch.exp(torch.empty(n, 1, 1, 1, dtype=F64).uniform_(-1.5, 1.5, generator=g))
-    r = lambda *s: torch.randn(n, *s, generator=g, dtype=F64)  # noqa: E731
-    return {
-        "X": r(n_query, d_model) * scale[..., 0], "Wq": r(n_head, d_head, d_model) * scale,
-        "Wk": r(n_kv, d_head, d_model) * scale, "Wv": r(n_kv, d_head, d_model), "Wo": r(d_model, n_head * d_head),
-        "bq": r(n_head, d_head) * scale[..., 0], "bk": r(n_kv, d_head) * scale[..., 0] * 3, "bv": r(n_kv, d_head),
-        "bo": r(d_model),
-    }  # fmt: skip
 
 
 def _dense_jacobians(inst: dict, *, tau: float, mask, rotary) -> torch.Tensor:

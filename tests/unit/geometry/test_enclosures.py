@@ -18,7 +18,7 @@ from attnsens.geometry.enclosures import Enclosure, exact, norm_enclosure, resid
 from attnsens.geometry.jacobians import norm_jacobian_spectral_norm_upper_bound
 from attnsens.geometry.layers import attention_sublayer, norm_forward
 from attnsens.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights
-from tests.unit.geometry.test_row_accuracy import _exact_block_norm_1d
+from tests.helpers.row_accuracy import _exact_block_norm_1d
 
 F64 = torch.float64
 PREC = 300

@@ -17,8 +17,8 @@ from attnsens.geometry.attention_bounds import (
 )
 from attnsens.geometry.norms import block_rms_norm
 from attnsens.weights import AttentionWeights, RotaryConfig
+from tests.helpers.attention_instances import _instances
 from tests.reference.jacobian_oracles import block_inf_norm_lower_dense, block_inf_norm_scalar_tokens
-from tests.unit.geometry.test_attention_bounds import _instances
 
 F64 = torch.float64
 ROPE = RotaryConfig(base=10.0, rotary_dim=2)

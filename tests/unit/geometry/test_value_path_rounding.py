@@ -10,7 +10,7 @@ import torch
 from attnsens._rounding import spectral_norm_upper_bound
 from attnsens.geometry.attention_accuracy import output_accuracy
 from attnsens.geometry.attention_terms import value_path_norms
-from tests.unit.influence.test_constants_rounding import K_COLUMN, Q_COLUMN, exact_dot
+from tests.helpers.constants_rounding import K_COLUMN, Q_COLUMN, exact_dot
 
 
 def test_joint_value_path_norm_bounds_a_product_float64_rounds_to_zero() -> None:

@@ -10,22 +10,7 @@ import torch
 from attnsens._rounding import product_spectral_norm_upper_bound
 from attnsens.influence.constants import block_constants
 from attnsens.weights import AttentionWeights, LayerWeights, MLPWeights
-
-BIG = 1e8
-SPACING = 16
-"""The three non-zero terms sit 16 apart, so any blocked or strided float64 summation adds the 1 to a ±10^16 before
-the two cancel (10^16 + 1 rounds to 10^16): the computed product is 0, the real one 1."""
-
-
-def spaced(values: list[float]) -> list[float]:
-    column = [0.0] * (2 * SPACING + 1)
-    for i, v in enumerate(values):
-        column[i * SPACING] = v
-    return column
-
-
-Q_COLUMN = spaced([BIG, 1.0, -BIG])
-K_COLUMN = spaced([BIG, 1.0, BIG])
+from tests.helpers.constants_rounding import K_COLUMN, Q_COLUMN, exact_dot
 
 
 def cancelling_layer() -> LayerWeights:
@@ -44,10 +29,6 @@ def cancelling_layer() -> LayerWeights:
         kind="mlp", activation="relu", w_in=torch.zeros(1, 1, dtype=f64), w_out=torch.zeros(1, 1, dtype=f64)
     )
     return LayerWeights(index=0, placement="none", attention=attention, mlp=mlp, attn_norm=None, mlp_norm=None)
-
-
-def exact_dot(a: list[float], b: list[float]) -> Fraction:
-    return sum((Fraction(x) * Fraction(y) for x, y in zip(a, b, strict=True)), Fraction(0))
 
 
 def test_float64_loses_the_product_entirely() -> None:

@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 
 from attnsens.errors import InputError
-from attnsens.influence import fit_loglog_slope, student_t_quantile
+from attnsens.influence import fit_loglog_slope
+from attnsens.influence.slope import _student_t_quantile as student_t_quantile
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ from attnsens.cli import app
 from attnsens.errors import FileFormatError
 from attnsens.models import gguf_cache
 from attnsens.models.loading import check_declared_size, context_length
-from tests.unit.models.test_gguf_cache import write_tiny_llama_gguf
+from tests.helpers.gguf import write_tiny_llama_gguf
 
 
 def _string(text: str) -> bytes:

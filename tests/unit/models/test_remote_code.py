@@ -3,7 +3,6 @@ nothing is read from stdin, and a folder that names code of its own is refused i
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import subprocess
@@ -12,27 +11,10 @@ from pathlib import Path
 
 import pytest
 
-import attnsens
 import attnsens.models as M
 from attnsens.errors import UnsupportedModelError
 from attnsens.models.loading import context_length
-
-SOURCE = Path(attnsens.__file__).parent
-# transformers' entry points that may import a repository's code (``auto_map``), and attnsens' own wrapper of them.
-LOADERS = {"from_pretrained", "_from_pretrained", "pipeline", "get_class_from_dynamic_module"}
-
-
-def _calls_without_the_keyword() -> list[str]:
-    missing = []
-    for file in sorted(SOURCE.rglob("*.py")):
-        for node in ast.walk(ast.parse(file.read_text(encoding="utf-8"))):
-            if not isinstance(node, ast.Call):
-                continue
-            func = node.func
-            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
-            if name in LOADERS and not any(k.arg == "trust_remote_code" for k in node.keywords):
-                missing.append(f"{file.relative_to(SOURCE)}:{node.lineno} {name}")
-    return missing
+from tests.helpers.remote_code import _calls_without_the_keyword
 
 
 def test_every_loading_call_passes_trust_remote_code_explicitly() -> None:
@@ -42,7 +24,7 @@ def test_every_loading_call_passes_trust_remote_code_explicitly() -> None:
 
 def test_the_call_site_check_finds_a_call_without_the_keyword(tmp_path, monkeypatch) -> None:
     (tmp_path / "bad.py").write_text("AutoConfig.from_pretrained(path, revision=None)\n")
-    monkeypatch.setattr(sys.modules[__name__], "SOURCE", tmp_path)
+    monkeypatch.setattr("tests.helpers.remote_code.SOURCE", tmp_path)
     assert _calls_without_the_keyword() == ["bad.py:1 from_pretrained"]
 
 

@@ -2,37 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 import pytest
 import torch
 
 import attnsens.models as M
+from tests.helpers.oracle_blocks import _as_oracle_block
 from tests.reference.model_oracles import block_plain, norm_plain
 from tests.unit.models.tiny_models import FAMILIES, VOCAB, tiny_model
-
-
-def _as_oracle_block(layer: M.LayerWeights) -> dict:
-    def f64(value):
-        return value.double() if isinstance(value, torch.Tensor) else value
-
-    def norm(weights: M.NormWeights | None) -> dict | None:
-        if weights is None:
-            return None
-        return {"kind": weights.kind, "gamma": f64(weights.gamma), "beta": f64(weights.beta), "eps": weights.eps}
-
-    attention = {k: f64(v) for k, v in asdict(layer.attention).items() if k != "rotary"}
-    rotary = layer.attention.rotary
-    return {
-        "placement": layer.placement,
-        "parallel": layer.parallel_residual,
-        "alpha": layer.residual_scale,
-        "attention": attention,
-        "mlp": {k: f64(v) for k, v in asdict(layer.mlp).items()},
-        "norm1": norm(layer.attn_norm),
-        "norm2": norm(layer.mlp_norm),
-        "rotary": None if rotary is None else (rotary.base, rotary.rotary_dim),
-    }
 
 
 @pytest.fixture(scope="module", params=FAMILIES)

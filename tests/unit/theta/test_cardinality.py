@@ -5,7 +5,6 @@ catch a deliberately wrong version of its stage."""
 
 from __future__ import annotations
 
-import itertools
 from fractions import Fraction
 
 import numpy as np
@@ -19,8 +18,9 @@ from attnsens.theta._numba_cardinality import (
     cardinality_branch_and_bound,
     cardinality_relaxation,
 )
+from tests.helpers.cardinality import assert_bound_claims, best_twice_gap, integer_rows, local_search_theta
+from tests.helpers.soundness import assert_certificate_sound
 from tests.reference.theta_oracles import theta_dyadic_meet_in_the_middle, theta_fraction
-from tests.unit.theta.test_soundness import assert_certificate_sound
 
 CARDINALITY_METHODS = {ThetaMethod.CARDINALITY_BOUND, ThetaMethod.CARDINALITY_SEARCH}
 
@@ -35,12 +35,6 @@ def dyadic_near_uniform(length: int, spread: float, rng: np.random.Generator) ->
     """Integers ≈ 2^24·(1 + spread·z) and the exponent that makes their row sum about 1 (exact in float64)."""
     ints = np.maximum(1, np.round(2**24 * (1 + spread * rng.standard_normal(length)))).astype(np.int64)
     return [int(v) for v in ints], 24 + int(np.ceil(np.log2(length)))
-
-
-def best_twice_gap(ints: list[int]) -> int:
-    """min_S |2·Σ_S − Σ| by enumerating all subsets (n ≤ 16)."""
-    total = sum(ints)
-    return min(abs(2 * sum(c) - total) for k in range(len(ints) + 1) for c in itertools.combinations(ints, k))
 
 
 def wrong_middle_count_only(vals_desc: np.ndarray, k_top: int, t: float) -> tuple[float, float]:
@@ -62,17 +56,6 @@ def wrong_search_prunes_half(vals_desc: np.ndarray, t: float, quantum: float, bu
     return t - side, True
 
 
-def assert_bound_claims(stage, rows: list[list[int]]) -> None:
-    """Every (d_lb, d_end) of ``stage`` on integer rows: d_lb ≤ d* ≤ d_end, and d_lb = d* whenever d_lb > 0."""
-    for ints in rows:
-        vals = np.sort(np.array(ints, dtype=np.float64))[::-1].copy()
-        twice = best_twice_gap(ints)
-        d_lb, d_end = stage(vals, 8, 0.5 * float(vals.sum()))
-        assert 2 * Fraction(d_lb) <= twice <= 2 * Fraction(d_end), f"{ints}: 2d*={twice}, bound {d_lb}, {d_end}"
-        if d_lb > 0:
-            assert 2 * Fraction(d_lb) == twice, f"{ints}: claimed d*={d_lb}, true 2d*={twice}"
-
-
 def assert_search_claims(search, rows: list[list[int]]) -> None:
     """A search result d is a real split's distance, and equals d* when it claims a proof."""
     for ints in rows:
@@ -82,18 +65,6 @@ def assert_search_claims(search, rows: list[list[int]]) -> None:
         assert 2 * Fraction(d) >= twice, f"{ints}: d={d} below the optimum {twice}/2"
         if proved:
             assert 2 * Fraction(d) == twice, f"{ints}: claimed d*={d}, true 2d*={twice}"
-
-
-def integer_rows(seed: int) -> list[list[int]]:
-    """Near-uniform, uniform-with-one-outlier and spread integer rows of 3–14 values, odd and even counts."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    for n in range(3, 15):
-        for spread in (0.0, 0.01, 0.05, 0.2):
-            rows.append([int(v) for v in np.round(1000 * (1 + spread * rng.standard_normal(n))).clip(1)])
-        rows.append([1000] * (n - 1) + [1000 + int(rng.integers(1, 900))])
-        rows.append([int(v) for v in rng.integers(1, 1000, size=n)])
-    return rows
 
 
 def test_cardinality_bound_is_a_bound_and_exact_when_positive() -> None:
@@ -206,42 +177,6 @@ def test_rows_of_25_to_40_keys_against_integer_meet_in_the_middle() -> None:
             cert = certify(row, tolerance=1.0)
             assert_certificate_sound(float(cert.lower), float(cert.upper), theta, f"L={length} σ={spread}")
             assert Fraction(float(exact(row, tolerance=1.0))) - theta <= Fraction(2.0**-49)
-
-
-def local_search_theta(values: list[float], rng: np.random.Generator, restarts: int = 3) -> Fraction:
-    """An independent lower bound on θ: random splits improved by single moves and 1–1 exchanges.
-
-    The float32 values are scaled by one power of two to Python integers, so every sum is exact; the best
-    |2·p(S) − s| found gives θ ≥ s − (2·p(S) − s)².
-    """
-    fractions = [Fraction(v) for v in values if v != 0]
-    denominator = max(f.denominator for f in fractions)
-    ints = [int(f * denominator) for f in fractions]
-    total = sum(ints)
-    best = None
-    for _ in range(restarts):
-        inside = rng.random(len(ints)) < 0.5
-        twice_gap = 2 * sum(v for v, a in zip(ints, inside, strict=True) if a) - total
-        improved = True
-        while improved:
-            improved = False
-            for i, v in enumerate(ints):
-                delta = -2 * v if inside[i] else 2 * v
-                if abs(twice_gap + delta) < abs(twice_gap):
-                    inside[i] = not inside[i]
-                    twice_gap += delta
-                    improved = True
-            outs = [j for j in range(len(ints)) if not inside[j]]
-            for i in (i for i in range(len(ints)) if inside[i]):
-                deltas = [2 * (ints[j] - ints[i]) for j in outs]
-                k = min(range(len(outs)), key=lambda k: abs(twice_gap + deltas[k]), default=None)
-                if k is not None and abs(twice_gap + deltas[k]) < abs(twice_gap):
-                    inside[i], inside[outs[k]] = False, True
-                    twice_gap += deltas[k]
-                    improved = True
-                    break
-        best = abs(twice_gap) if best is None else min(best, abs(twice_gap))
-    return Fraction(total, denominator) - Fraction(best * best, denominator * denominator)
 
 
 @pytest.mark.parametrize("backend", ["numba", "torch"])

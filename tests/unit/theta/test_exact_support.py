@@ -19,15 +19,15 @@ from attnsens.theta import certify
 from attnsens.theta._numba_enumeration import mitm_workspace
 from attnsens.theta._numba_partition import meet_in_the_middle
 from attnsens.theta.certificate import EXACT_SUPPORT_MAX, MITM_MAX_SUPPORT
-from tests.reference.theta_oracles import theta_dyadic_meet_in_the_middle
-from tests.unit.theta.test_cardinality import local_search_theta
-from tests.unit.theta.test_real_rows import (
+from tests.helpers.cardinality import local_search_theta
+from tests.helpers.real_rows import (
     ORACLE_MAX_SUPPORT,
     assert_enumerated_rows_equal_the_oracle,
     dyadic,
     oracle_rows,
     support,
 )
+from tests.reference.theta_oracles import theta_dyadic_meet_in_the_middle
 
 FIXTURE = Path(__file__).resolve().parents[2] / "data" / "tiny_gpt_early_rows.npz"
 

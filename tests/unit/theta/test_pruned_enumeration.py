@@ -19,11 +19,11 @@ import torch
 
 from attnsens.theta._numba_enumeration import mitm_workspace, pruned_meet_in_the_middle
 from attnsens.theta._numba_partition import karmarkar_karp, meet_in_the_middle
+from tests.helpers.cardinality import best_twice_gap
+from tests.helpers.real_rows import dyadic
 from tests.reference.theta_oracles import best_twice_gap_dyadic
 from tests.unit.theta.rows import error_radius as kernel_error_radius
 from tests.unit.theta.rows import sums_error_free
-from tests.unit.theta.test_cardinality import best_twice_gap
-from tests.unit.theta.test_real_rows import dyadic
 
 DATA = Path(__file__).resolve().parents[2] / "data"
 ORACLE_MAX_SUPPORT = 34
@@ -213,7 +213,7 @@ def test_certify_holds_the_exact_theta_of_real_smollm2_rows(exact_support: int |
     stored values (exact rationals) in every interval, exact rows as wide as documented, and all rows exact
     under ``exact_support``."""
     from attnsens.theta import certify
-    from tests.unit.theta.test_soundness import assert_certificate_sound, assert_exact_width
+    from tests.helpers.soundness import assert_certificate_sound, assert_exact_width
 
     rows = oracle_rows("smollm2_short_rows.npz", ORACLE_MAX_SUPPORT)
     padded = torch.zeros(len(rows), ORACLE_MAX_SUPPORT, dtype=torch.float32)

@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 import torch
 
-from attnsens.theta import ThetaCertificate, ThetaMethod, certify, exact
+from attnsens._float64 import UNIT_ROUNDOFF
+from attnsens.theta import ThetaMethod, certify, exact
 from attnsens.theta._constants import (
     ERROR_RADIUS_OFFSET,
     ERROR_RADIUS_PER_KEY,
     ERROR_RADIUS_SLACK,
     LOWEST_BIT_MAX_SUPPORT,
-    UNIT_ROUNDOFF,
 )
 from attnsens.theta._enclosure import theta_enclosure
 from attnsens.theta._numba_cardinality import (
@@ -49,17 +49,22 @@ from attnsens.theta._numba_four_list import (
 from attnsens.theta._numba_refine import COUNT_MITM_MIN_TAIL
 from attnsens.theta._torch_path import _quantum
 from attnsens.theta.certificate import STOP_DISTANCE
+from tests.helpers.cardinality import assert_bound_claims, best_twice_gap, integer_rows, local_search_theta
+from tests.helpers.real_rows import (
+    FIXTURE,
+    ORACLE_MAX_SUPPORT,
+    assert_enumerated_rows_equal_the_oracle,
+    dyadic,
+    oracle_rows,
+    support,
+)
+from tests.helpers.scan import reference_ulp_float32
+from tests.helpers.soundness import assert_certificate_sound
 from tests.reference.theta_oracles import theta_dyadic_meet_in_the_middle
 from tests.unit.theta.rows import coarse_grid_rows
-from tests.unit.theta.test_cardinality import assert_bound_claims, best_twice_gap, integer_rows, local_search_theta
-from tests.unit.theta.test_scan import reference_ulp_float32
-from tests.unit.theta.test_soundness import assert_certificate_sound
 
-FIXTURE = Path(__file__).resolve().parents[2] / "data" / "tiny_gpt_early_rows.npz"
 CLUSTERED_ROW = 39075
 """Index (in the captured tensor) of a real row of two clusters of keys, one of the rows that were left wide."""
-ORACLE_MAX_SUPPORT = 36
-"""Rows up to this many keys are checked against the integer meet-in-the-middle oracle (2^18 sums, ~0.1 s)."""
 
 
 @pytest.fixture(scope="module")
@@ -67,30 +72,11 @@ def real_rows() -> torch.Tensor:
     return torch.from_numpy(np.load(FIXTURE)["rows"])
 
 
-def support(rows: torch.Tensor) -> torch.Tensor:
-    return (rows > 0).sum(-1)
-
-
-def dyadic(row: torch.Tensor) -> tuple[list[int], int]:
-    """The row's non-zeros as integers times 2^-exponent, exactly."""
-    fractions = [Fraction(v) for v in row.tolist() if v != 0]
-    denominator = max(f.denominator for f in fractions)
-    return [int(f * denominator) for f in fractions], denominator.bit_length() - 1
-
-
 def test_fixture_is_the_early_training_regime(real_rows: torch.Tensor) -> None:
     """Near-uniform rows (median p_max·n below 1.5) of every support size 25–63."""
     n = support(real_rows)
     assert set(range(25, 64)) <= set(n.tolist())
     assert float((real_rows.max(-1).values * n).median()) < 1.5
-
-
-def oracle_rows(real_rows: torch.Tensor) -> torch.Tensor:
-    """Rows short enough for the oracle whose values share a quantum small enough for its int64 sums."""
-    rows = real_rows[support(real_rows) <= ORACLE_MAX_SUPPORT]
-    keep = [max(dyadic(row)[0]) < 2**46 // row.numel() for row in rows]
-    assert sum(keep) >= 0.8 * len(rows)
-    return rows[torch.tensor(keep)]
 
 
 def test_certify_holds_the_exact_theta_of_real_rows(real_rows: torch.Tensor) -> None:
@@ -133,16 +119,6 @@ def test_real_rows_the_proofs_leave_open_are_enumerated_up_to_26_keys(real_rows:
     rows = real_rows[(n > 24) & (n <= 26)]
     assert rows.shape[0] >= 10
     assert_enumerated_rows_equal_the_oracle(rows, certify(rows, backend="numba"))
-
-
-def assert_enumerated_rows_equal_the_oracle(rows: torch.Tensor, cert: ThetaCertificate) -> None:
-    """Every row exact, some by meet-in-the-middle, each interval holding the integer oracle's θ within 2^-49."""
-    assert bool(cert.exact.all()), cert.method_names()
-    assert ThetaMethod.MEET_IN_THE_MIDDLE in {ThetaMethod(int(m)) for m in cert.method}
-    for i, row in enumerate(rows):
-        theta = theta_dyadic_meet_in_the_middle(*dyadic(row))
-        assert_certificate_sound(float(cert.lower[i]), float(cert.upper[i]), theta, f"real row {i}")
-        assert float(cert.upper[i]) - float(cert.lower[i]) <= 2.0**-49
 
 
 def lowest_bit_and_ulp(row: torch.Tensor) -> tuple[Fraction, Fraction]:

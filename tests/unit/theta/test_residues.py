@@ -19,10 +19,10 @@ import torch
 from attnsens.theta import ThetaMethod, certify, exact
 from attnsens.theta._numba_four_list import four_list_perfect_split
 from attnsens.theta._numba_residues import reached_residues, residue_bound, residue_count
+from tests.helpers.cardinality import best_twice_gap
+from tests.helpers.real_rows import dyadic
+from tests.helpers.soundness import assert_certificate_sound
 from tests.reference.theta_oracles import best_twice_gap_dyadic, theta_dyadic_meet_in_the_middle
-from tests.unit.theta.test_cardinality import best_twice_gap
-from tests.unit.theta.test_real_rows import dyadic
-from tests.unit.theta.test_soundness import assert_certificate_sound
 
 FEW_LOW_KEYS_SUPPORT = (28, 34)
 """Supports of the softmax rows below: long enough to pass meet-in-the-middle's cheap limit (24 keys) and the

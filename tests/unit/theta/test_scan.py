@@ -12,6 +12,7 @@ import torch
 
 from attnsens.theta import certify
 from attnsens.theta._numba_scan import _all_float32_multiples, scan_row, top_k
+from tests.helpers.scan import reference_ulp_float32
 from tests.unit.theta.rows import softmax_rows, with_zeros
 
 K = 8
@@ -33,10 +34,6 @@ def reference_top(row: np.ndarray) -> tuple[list[float], list[int]]:
     order = sorted((i for i in range(row.size) if row[i] > 0), key=lambda i: (-float(row[i]), i))[:K]
     values = [float(row[i]) for i in order] + [-1.0] * (K - len(order))
     return values, order + [-1] * (K - len(order))
-
-
-def reference_ulp_float32(value: float) -> float:
-    return math.ldexp(1.0, math.frexp(value)[1] - 24) if value >= 2.0**-126 else 2.0**-149
 
 
 ROWS = {

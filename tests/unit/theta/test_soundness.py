@@ -11,25 +11,11 @@ import torch
 
 from attnsens.theta import ThetaMethod, certify
 from attnsens.theta._numba_first_fit import BINADES, _binade_first_fit
+from tests.helpers.soundness import BACKENDS, assert_certificate_sound, assert_exact_width
 from tests.reference.theta_oracles import theta_fraction
-from tests.unit.theta.rows import adversarial_rows, error_radius, softmax_rows, sums_error_free, with_zeros
+from tests.unit.theta.rows import adversarial_rows, softmax_rows, with_zeros
 
-BACKENDS = ("numba", "torch")
 SIGMAS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
-
-
-def assert_certificate_sound(lower: float, upper: float, theta: Fraction, label: str) -> None:
-    """lower ≤ θ ≤ upper with θ an exact rational: no tolerance at all."""
-    assert Fraction(lower) <= theta <= Fraction(upper), f"{label}: θ={float(theta)!r} ∉ [{lower!r}, {upper!r}]"
-
-
-def assert_exact_width(row: torch.Tensor, lower: float, upper: float, label: str) -> None:
-    """Documented width of an exact row: 2^-49·max(1, s), plus (16·d* + 4)·E ≤ (8s + 4)·E when sums carry rounding."""
-    s = float(row.to(torch.float64).sum())
-    allowed = 2.0**-49 * max(1.0, s)
-    if not sums_error_free(row):
-        allowed += (8.0 * s + 4.0) * error_radius(row) + 8 * error_radius(row) ** 2
-    assert upper - lower <= allowed, f"{label}: exact row width {upper - lower:.3g} > {allowed:.3g}"
 
 
 def check_rows(rows: torch.Tensor, backend: str, precision: str, labels: list[str], tolerance: float = 1e-3) -> None:

@@ -20,9 +20,9 @@ import torch
 
 from attnsens.theta import ThetaMethod, certify, exact
 from attnsens.theta._numba_partition import multiset_split
+from tests.helpers.real_rows import dyadic
+from tests.helpers.soundness import BACKENDS, assert_certificate_sound
 from tests.reference.theta_oracles import theta_dyadic_meet_in_the_middle
-from tests.unit.theta.test_real_rows import dyadic
-from tests.unit.theta.test_soundness import BACKENDS, assert_certificate_sound
 
 FAMILIES = ("powers_of_two", "log2_integers", "duplicates", "two_blocks", "few_large", "heavy_tail", "near_uniform")
 LENGTHS = (2, 7, 16, 24, 25, 26, 27, 31, 34)

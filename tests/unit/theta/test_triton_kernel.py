@@ -350,7 +350,7 @@ def _real_early_rows() -> torch.Tensor:
     integer meet-in-the-middle oracle gives."""
     import numpy as np
 
-    from tests.unit.theta.test_real_rows import FIXTURE, oracle_rows
+    from tests.helpers.real_rows import FIXTURE, oracle_rows
 
     return oracle_rows(torch.from_numpy(np.load(FIXTURE)["rows"]))
 
@@ -374,8 +374,8 @@ def _certify_on_the_kernel(rows: torch.Tensor) -> tuple[dict[str, torch.Tensor],
 def test_cardinality_stage_proves_real_rows_on_the_device() -> None:
     """Near-uniform real rows the fills leave open are proved by the cardinality bound on the device, hold the
     exact θ, and are not sent to the CPU."""
+    from tests.helpers.real_rows import dyadic
     from tests.reference.theta_oracles import theta_dyadic_meet_in_the_middle
-    from tests.unit.theta.test_real_rows import dyadic
 
     rows = _real_early_rows()
     out, sent = _certify_on_the_kernel(rows)

@@ -20,6 +20,7 @@ from attnsens.train.checkpoint import (
     saved_steps,
 )
 from attnsens.train.model import GPT
+from tests.helpers.checkpoint import trained_pair
 from tests.unit.train.conftest import micro_model_config
 
 
@@ -36,16 +37,6 @@ from tests.unit.train.conftest import micro_model_config
 )
 def test_log_spaced_schedule(max_steps: int, expected: list[int]) -> None:
     assert checkpoint_steps(max_steps) == expected
-
-
-def trained_pair() -> tuple[GPT, torch.optim.AdamW]:
-    model = GPT(micro_model_config())
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.95))
-    for _ in range(2):
-        model.loss(torch.randint(0, 300, (3, 7)), torch.randint(0, 300, (3, 7))).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    return model, optimizer
 
 
 def test_round_trip_is_exact(tmp_path: Path) -> None:

@@ -20,8 +20,8 @@ from attnsens.train.checkpoint import (
     saved_steps,
     verify_checkpoint,
 )
-from tests.unit.train.test_checkpoint import trained_pair
-from tests.unit.train.test_trainer import Recorder, run
+from tests.helpers.checkpoint import trained_pair
+from tests.helpers.trainer import Recorder, run
 
 
 @pytest.fixture
