@@ -57,6 +57,8 @@ def _block(layout: Any) -> str:
         parts.append(f"parallel under `{layout.parallel_if}`")
     if layout.residual_multiplier:
         parts.append(f"sublayers scaled by `{layout.residual_multiplier}`")
+    if layout.layer_scale:
+        parts.append("sublayers scaled per channel by " + " and ".join(f"`{name}`" for name in layout.layer_scale))
     return "; ".join(parts)
 
 
@@ -77,6 +79,8 @@ def _positions(layout: Any) -> str:
     if layout.rotary == "gptj":
         return "RoPE on adjacent pairs, `rotary_dim`"
     text = "RoPE" + (" on adjacent pairs" if layout.rotary_interleaved else "")
+    if layout.sliding_if:
+        text += f", on the layers whose attention has `{layout.sliding_if}` (on every layer without a window)"
     return text + (f", on the layers whose attention has `{layout.rotary_if}`" if layout.rotary_if else "")
 
 
@@ -86,7 +90,7 @@ def _attention(layout: Any) -> str:
     if layout.window == "config":
         parts.append("sliding window from the config")
     elif layout.window == "module":
-        parts.append("sliding windows per layer")
+        parts.append("sliding windows per layer" + (f" (where `{layout.sliding_if}`)" if layout.sliding_if else ""))
     if layout.qk_norm:
         parts.append("QK-norm")
     if layout.softcap:

@@ -30,7 +30,7 @@ from attnsens.errors import ConfigError, ShapeError
 
 NormKind = Literal["layernorm", "rmsnorm"]
 Placement = Literal["pre", "post", "none"]
-Activation = Literal["gelu", "gelu_tanh", "relu", "silu"]
+Activation = Literal["gelu", "gelu_tanh", "relu", "silu", "quick_gelu", "relu2"]
 MLPKind = Literal["mlp", "gated"]
 
 

@@ -225,9 +225,10 @@ def eager_attentions(model: torch.nn.Module, input_ids: torch.Tensor, attention_
 
 
 INTERFACE_FAMILIES = ("mixtral", "modernbert", "clip_text")
-"""Families audited through the attention-function interface alone (models/interface.py): rows, no bounds."""
+"""Families whose rows the interface tests audit (models/interface.py): rows alone for mixtral and modernbert;
+clip_text is also bounded, through the layout table."""
 VISION_FAMILIES = ("vit", "clip_vision")
-"""Vision encoders audited through the interface: input pixel_values [batch, 3, 12, 12], 9 patches + [CLS]."""
+"""Vision encoders (bounded through the layout table): input pixel_values [batch, 3, 12, 12], 9 patches + [CLS]."""
 BYPASS_FAMILIES = ("gpt_neo",)
 """Families whose eager attention computes its own softmax: refused by name."""
 
@@ -300,4 +301,42 @@ def _interface_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
     }  # fmt: skip
 
 
+RELU2_FAMILIES = ("arcee", "nemotron", "persimmon")
+"""Decoders with a plain relu² MLP; persimmon's default LayerNorm QK-norm is turned off where it is bounded."""
+MORE_LAYOUT_FAMILIES = (*RELU2_FAMILIES, "exaone4", "clip_text", "dinov2", "clip_vision")
+"""Families added to the layout table from their configs' defaults and sizes: exaone4 with norms after the
+sublayers, per-head QK-norm and RoPE on its three sliding layers alone (its full fourth layer has none); clip_text
+causal and clip_vision bidirectional (quick_gelu); dinov2 with a LayerScale on each sublayer."""
+BOUNDED_CONFIG: dict[str, dict[str, object]] = {"persimmon": {"qk_layernorm": False}}
+"""Config changes under which a family of the tests' defaults is bounded (Persimmon's LayerNorm QK-norm is not)."""
+
+
+def _layout_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
+    """Families bounded through the layout table, from their configs' defaults and sizes alone."""
+    from transformers import (
+        ArceeConfig,
+        ArceeForCausalLM,
+        Dinov2Config,
+        Dinov2Model,
+        Exaone4Config,
+        Exaone4ForCausalLM,
+        NemotronConfig,
+        NemotronForCausalLM,
+        PersimmonConfig,
+        PersimmonForCausalLM,
+    )
+
+    return {
+        "arcee": (ArceeConfig, ArceeForCausalLM, _GQA),
+        "nemotron": (NemotronConfig, NemotronForCausalLM, {**_GQA, "hidden_size": 48}),  # half of d_head 8 rotates
+        "persimmon": (PersimmonConfig, PersimmonForCausalLM, {"num_hidden_layers": 2, "num_attention_heads": 6,
+                                                             "hidden_size": 48, "intermediate_size": 37,
+                                                             "max_position_embeddings": 41}),
+        "exaone4": (Exaone4Config, Exaone4ForCausalLM, {**_GQA, "num_hidden_layers": 4}),  # 3 sliding, 1 full
+        "dinov2": (Dinov2Config, Dinov2Model, {"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 21,
+                                               "image_size": 12, "patch_size": 4}),
+    }  # fmt: skip
+
+
 CONFIGS.update(_interface_configs())
+CONFIGS.update(_layout_configs())
