@@ -77,9 +77,9 @@ class BlockLayout:
     v: str = "v_proj"
     o: str = "o_proj"
     qkv: str | None = None  # fused [q; k; v] projection replacing q, k, v
-    qkv_order: Literal["blocks", "heads", "groups"] = "blocks"  # rows of the fused qkv: [q; k; v] blocks,
-    # [head, (q, k, v), d_head] (BLOOM, Falcon without multi-query) or [kv_head, (q × group, k, v), d_head] (Falcon's
-    # new decoder architecture)
+    qkv_order: Literal["blocks", "heads", "groups", "shards"] = "blocks"  # rows of the fused qkv: [q; k; v] blocks,
+    # [head, (q, k, v), d_head] (BLOOM, Falcon without multi-query), [kv_head, (q × group, k, v), d_head] (Falcon's
+    # new decoder architecture) or [shard, (q, v, k), d_model/shards] (CodeGen, its module's mp_num shards)
     qkv_in_blocks_if: str | None = None  # config flag under which the fused qkv is in [q; k; v] blocks; without it
     # the rows are per head (GPT-BigCode: blocks under multi_query, one head of keys and values)
     attention_output: str | None = None  # module (in the block) whose output is the attention sublayer's output,
@@ -368,6 +368,22 @@ LAYOUTS: dict[str, BlockLayout] = {
     "opt": _OPT,
     "biogpt": dataclasses.replace(  # OPT's module names, pre-LN, learned positions, the scaling in the call
         _OPT, blocks="layers", activation="hidden_act", query_scaled_in_projection=False
+    ),
+    "codegen": BlockLayout(  # GPT-J's block with a fused qkv in model-parallel shards
+        blocks="h",
+        attention="attn",
+        qkv="qkv_proj",
+        qkv_order="shards",
+        o="out_proj",
+        up="mlp.fc_in",
+        gate=None,
+        down="mlp.fc_out",
+        attn_norm="ln_1",
+        mlp_norm="ln_1",
+        norm="layernorm",
+        activation="activation_function",
+        rotary="gptj",
+        parallel_residual=True,
     ),
     "gptj": BlockLayout(
         blocks="h",
@@ -679,6 +695,14 @@ class LayoutAdapter(HFAdapter):
                 f"{s.n_head} query and {s.n_kv_head} key heads of size {s.d_head} give {expected}; attnsens does not "
                 "bound a model whose config does not describe its attention"
             )
+        if self.layout.qkv_order == "shards":  # CodeGen: rows [shard, (q, v, k), d_model/shards], heads in order
+
+            def shards(t: Tensor) -> list[Tensor]:
+                rows = t.detach().reshape(attn.mp_num, 3, -1, *t.shape[1:])
+                return [rows[:, part].reshape(-1, *t.shape[1:]).clone() for part in (0, 2, 1)]
+
+            biases = [None] * 3 if fused.bias is None else shards(fused.bias)
+            return (*shards(matrix), *biases)
         if self.layout.qkv_order != "blocks":  # rows [head, (q, k, v), d_head] or [kv_head, (q × group, k, v), d_head]
             group = 1 if self.layout.qkv_order == "heads" else s.n_head // s.n_kv_head
             parts = (slice(0, group), slice(group, group + 1), slice(group + 1, group + 2))

@@ -41,7 +41,7 @@ FAMILIES: dict[str, str] = {
         "ernie4_5", "glm", "glm4", "vaultgemma", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3",
         "olmo2", "olmo3", "opt", "gptj", "distilbert", "phi", "stablelm", "starcoder2", "cohere", "cohere2",
         "biogpt", "roberta", "xlm-roberta", "camembert", "electra", "vit", "arcee", "nemotron", "persimmon",
-        "exaone4", "dinov2", "clip_text_model", "clip_vision_model",
+        "exaone4", "dinov2", "clip_text_model", "clip_vision_model", "codegen",
     )},
 }  # fmt: skip
 """transformers ``model_type`` → ``module:AdapterClass`` (bounds and audit); other families whose attention calls

@@ -537,6 +537,9 @@ MORE_MUTATIONS = {
     "persimmon: fused qkv read in [q; k; v] blocks": (
         "persimmon", 0, "attention", lambda a: _reread(a, qkv_order="blocks")
     ),
+    "codegen: fused qkv read in [q; k; v] blocks": (
+        "codegen", 0, "attention", lambda a: _reread(a, qkv_order="blocks")
+    ),
     "clip_text: bidirectional": ("clip_text", 0, "attention", lambda a: _set(a, 0, "attention", causal=False)),
     "clip_text: gelu in place of quick_gelu": ("clip_text", 1, "mlp", lambda a: _set(a, 1, "mlp", activation="gelu")),
     "exaone4: QK-norm dropped": ("exaone4", 0, "attention", lambda a: _set(a, 0, "attention", q_norm=None)),

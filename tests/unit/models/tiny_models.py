@@ -303,10 +303,11 @@ def _interface_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
 
 RELU2_FAMILIES = ("arcee", "nemotron", "persimmon")
 """Decoders with a plain relu² MLP; persimmon's default LayerNorm QK-norm is turned off where it is bounded."""
-MORE_LAYOUT_FAMILIES = (*RELU2_FAMILIES, "exaone4", "clip_text", "dinov2", "clip_vision")
+MORE_LAYOUT_FAMILIES = (*RELU2_FAMILIES, "exaone4", "codegen", "clip_text", "dinov2", "clip_vision")
 """Families added to the layout table from their configs' defaults and sizes: exaone4 with norms after the
 sublayers, per-head QK-norm and RoPE on its three sliding layers alone (its full fourth layer has none); clip_text
-causal and clip_vision bidirectional (quick_gelu); dinov2 with a LayerScale on each sublayer."""
+causal and clip_vision bidirectional (quick_gelu); dinov2 with a LayerScale on each sublayer; codegen with its fused
+qkv in 4 shards of 2 heads and RoPE on adjacent pairs of 4 of its 8 dimensions."""
 BOUNDED_CONFIG: dict[str, dict[str, object]] = {"persimmon": {"qk_layernorm": False}}
 """Config changes under which a family of the tests' defaults is bounded (Persimmon's LayerNorm QK-norm is not)."""
 
@@ -316,6 +317,8 @@ def _layout_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
     from transformers import (
         ArceeConfig,
         ArceeForCausalLM,
+        CodeGenConfig,
+        CodeGenForCausalLM,
         Dinov2Config,
         Dinov2Model,
         Exaone4Config,
@@ -333,6 +336,8 @@ def _layout_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
                                                              "hidden_size": 48, "intermediate_size": 37,
                                                              "max_position_embeddings": 41}),
         "exaone4": (Exaone4Config, Exaone4ForCausalLM, {**_GQA, "num_hidden_layers": 4}),  # 3 sliding, 1 full
+        "codegen": (CodeGenConfig, CodeGenForCausalLM, {"n_layer": 2, "n_head": 8, "n_embd": 64, "n_inner": 37,
+                                                        "rotary_dim": 4, "n_positions": 41}),
         "dinov2": (Dinov2Config, Dinov2Model, {"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 21,
                                                "image_size": 12, "patch_size": 4}),
     }  # fmt: skip
