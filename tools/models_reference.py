@@ -1,7 +1,8 @@
 """Write the family table of docs/models.md from the family registry; ``--check`` fails when the file is stale.
 
 The table is generated from ``attnsens.models.loading.FAMILIES`` (model type → adapter), ``BYPASSES`` (families
-refused by name) and ``attnsens.models.layouts.LAYOUTS`` (what each family's block looks like). Everything in
+refused by name), ``attnsens.models.interface.NO_BOUNDS`` (audited families whose bounds are refused, and why) and
+``attnsens.models.layouts.LAYOUTS`` (what each family's block looks like). Everything in
 docs/models.md after the line ``MARKER`` is written by hand and kept as it is.
 
     python tools/models_reference.py           # rewrite the generated part of docs/models.md
@@ -130,6 +131,9 @@ def render_table() -> str:
                  _mlp(layout), _refused(layout)]  # fmt: skip
         rows.append("| " + " | ".join(cells) + " |")
     refused = "\n".join(f"- `{family}`: {why}." for family, why in sorted(bypasses.items()))
+    from attnsens.models.interface import NO_BOUNDS
+
+    unbounded = "\n".join(f"- `{family}`: {why}." for family, why in sorted(NO_BOUNDS.items()))
     return "\n".join(
         [
             HEADER,
@@ -143,7 +147,9 @@ def render_table() -> str:
             refused,
             "",
             "Every other family is audit-only: its rows are audited when its attention calls the interface, and bounds",
-            "are refused by name for want of a layout.",
+            "are refused by name for want of a layout. These are refused with their reason:",
+            "",
+            unbounded,
             "",
             MARKER,
             "",

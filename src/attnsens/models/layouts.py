@@ -6,8 +6,11 @@ adjacent pairs, GLM-4 with sandwich norms), Mistral, Ministral, Qwen2, Qwen3 (pe
 (sandwich norms, attention logit softcap; VaultGemma with pre-norms only), Gemma 3 (sandwich norms, per-head QK-norm,
 one RoPE per layer type), OLMo 2 (norms after each sublayer only, QK-norm over all heads; OLMo 3 the same, with
 sliding windows), Phi, Phi-3, StableLM, StarCoder2, Cohere (Cohere 2 with windows, RoPE on its sliding layers alone),
-BioGPT, OPT, GPT-J, BLOOM and MPT (ALiBi; their taps live in ``bloom`` and ``mpt``), Falcon (``falcon`` picks its
-arrangement), and the encoders BERT (all-MiniLM-L6-v2), RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA and DistilBERT.
+BioGPT, OPT, GPT-J, CodeGen (GPT-J's block, its fused qkv in model-parallel shards), BLOOM and MPT (ALiBi; their
+taps live in ``bloom`` and ``mpt``), Falcon (``falcon`` picks its arrangement), Arcee, Nemotron (LayerNorms scaling by
+1 + w) and Persimmon (relu² MLPs), EXAONE 4 (OLMo 2's block, windows and RoPE on its sliding layers alone), CLIP's
+text tower, and the encoders BERT (all-MiniLM-L6-v2), RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA, DistilBERT, ViT,
+CLIP's vision tower and DINOv2 (a LayerScale on each sublayer).
 
 A :class:`BlockLayout` says where a family keeps each part of a block and what it does differently: fused
 projections (Phi-3's ``qkv_proj`` = [q; k; v] rows, ``gate_up_proj`` = [gate; up] rows), Gemma's RMSNorm scale

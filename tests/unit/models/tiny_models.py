@@ -249,6 +249,8 @@ def _interface_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
         GPTNeoModel,
         GptOssConfig,
         GptOssForCausalLM,
+        Lfm2Config,
+        Lfm2ForCausalLM,
         MixtralConfig,
         MixtralForCausalLM,
         ModernBertConfig,
@@ -274,6 +276,7 @@ def _interface_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
         "mixtral": (MixtralConfig, MixtralForCausalLM, {**_GQA, "intermediate_size": 40, "sliding_window": 5,
                                                         "num_local_experts": 3,
                                                         "num_experts_per_tok": 2}),
+        "lfm2": (Lfm2Config, Lfm2ForCausalLM, _GQA),  # a hybrid: short convolutions beside attention
         "phi": (PhiConfig, PhiForCausalLM, {**small, "partial_rotary_factor": 0.4}),
         "stablelm": (StableLmConfig, StableLmForCausalLM, {**_GQA, "hidden_size": 48,
                                                            "partial_rotary_factor": 0.5, "use_qkv_bias": True}),
