@@ -505,7 +505,10 @@ def test_more_layout_families_pass_the_gate_and_audit_the_eager_rows(family: str
 def test_exaone4_slides_and_rotates_on_its_sliding_layers_alone() -> None:
     """EXAONE 4 keeps sliding_window on every attention module; its full layer has no window and no RoPE, and
     reading RoPE there is refused by the gate."""
-    adapter = M.load(tiny_model("exaone4", sliding_window=5))
+    model = tiny_model("exaone4", sliding_window=5)
+    adapter = M.load(model)
+    for chunk in adapter.stream_attention(IDS):
+        torch.testing.assert_close(chunk.probs, eager_attentions(model, IDS)[chunk.layer], rtol=0, atol=1e-4)
     assert [layer.attention.sliding_window for layer in adapter.layers] == [5, 5, 5, None]
     assert [layer.attention.rotary is None for layer in adapter.layers] == [False, False, False, True]
     M.check_weights_fidelity(adapter, IDS)
