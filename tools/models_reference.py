@@ -104,6 +104,8 @@ def _attention(layout: Any) -> str:
 def _mlp(layout: Any) -> str:
     if layout.gate_up:
         return f"gated, fused `{layout.gate_up}`"
+    if layout.swiglu_if:
+        return f"plain, SwiGLU under `{layout.swiglu_if}`"
     return "gated" if layout.gate else "plain"
 
 

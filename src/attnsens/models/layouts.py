@@ -124,6 +124,8 @@ class BlockLayout:
     # (Granite): folded into both output projections, so each sublayer's output is what it adds to the stream
     layer_scale: tuple[str, str] | None = None  # per-channel scales (block parameters) of the attention and MLP
     # outputs (DINOv2's LayerScale): folded into both output projections, as the residual multiplier is
+    swiglu_if: str | None = None  # config flag under which the MLP is SwiGLU with Llama's names inside ``mlp``
+    # (DINOv2's use_swiglu_ffn): silu(gate_proj x) ⊙ up_proj x, then down_proj
     sliding_if: str | None = None  # attention-module attribute saying its layer slides (EXAONE 4 keeps
     # sliding_window on every layer): a layer without it has no window and, in a model with a window, no RoPE
     unsupported: tuple[tuple[str, str], ...] = ()  # (config attribute, why) refused for bounds when it is set
@@ -428,7 +430,7 @@ LAYOUTS: dict[str, BlockLayout] = {
         rotary="none",
         causal=False,
         layer_scale=("layer_scale1.lambda1", "layer_scale2.lambda1"),
-        unsupported=(("use_swiglu_ffn", "a SwiGLU MLP whose projections this layout does not read"),),
+        swiglu_if="use_swiglu_ffn",
     ),
     "clip_text_model": _CLIP,
     "clip_vision_model": dataclasses.replace(_CLIP, causal=False),
@@ -482,6 +484,9 @@ class LayoutAdapter(HFAdapter):
         layout = layout_of(config.model_type)
         if layout.qkv_in_blocks_if is not None and not getattr(config, layout.qkv_in_blocks_if, False):
             layout = dataclasses.replace(layout, qkv_order="heads")
+        if layout.swiglu_if is not None and getattr(config, layout.swiglu_if, False):
+            names = {"up": "mlp.up_proj", "gate": "mlp.gate_proj", "down": "mlp.down_proj"}
+            layout = dataclasses.replace(layout, **names, fixed_activation="silu")
         if layout.parallel_if is not None and getattr(config, layout.parallel_if, False):
             mlp_norm = layout.attn_norm if layout.parallel_shares_norm else layout.mlp_norm
             return dataclasses.replace(layout, parallel_residual=True, mlp_norm=mlp_norm)

@@ -532,6 +532,21 @@ def test_dinov2_layer_scales_are_folded_into_the_output_projections() -> None:
         M.check_weights_fidelity(adapter, pixels)
 
 
+def test_dinov2_with_a_swiglu_mlp_is_read_gated_and_bounded() -> None:
+    model = tiny_model("dinov2", use_swiglu_ffn=True)
+    adapter = M.load(model)
+    assert (adapter.layers[0].mlp.kind, adapter.layers[0].mlp.activation) == ("gated", "silu")
+    pixels, reference = _inputs_and_attentions(model)
+    _assert_rows_are(reference, adapter, pixels)
+    M.check_weights_fidelity(adapter, pixels)
+    table = bound_model(adapter, pixels[:1], n_queries=3, iterations=6)
+    layer_rows = table[table["head"] == -1]
+    assert (layer_rows["block_jacobian_estimate"] <= layer_rows["residual_jacobian_upper_bound"]).all()
+    _set(adapter, 0, "mlp", w_in=adapter.layers[0].mlp.w_gate, w_gate=adapter.layers[0].mlp.w_in)
+    with pytest.raises(WeightsFidelityError, match="layer 0 mlp"):
+        M.check_weights_fidelity(adapter, pixels)
+
+
 MORE_MUTATIONS = {
     "nemotron: γ without the 1 + w offset": (
         "nemotron", 0, "attn_norm", lambda a: _set(a, 0, "attn_norm", gamma=a.layers[0].attn_norm.gamma - 1.0)
