@@ -485,8 +485,9 @@ class LayoutAdapter(HFAdapter):
         if layout.qkv_in_blocks_if is not None and not getattr(config, layout.qkv_in_blocks_if, False):
             layout = dataclasses.replace(layout, qkv_order="heads")
         if layout.swiglu_if is not None and getattr(config, layout.swiglu_if, False):
-            names = {"up": "mlp.up_proj", "gate": "mlp.gate_proj", "down": "mlp.down_proj"}
-            layout = dataclasses.replace(layout, **names, fixed_activation="silu")
+            layout = dataclasses.replace(
+                layout, up="mlp.up_proj", gate="mlp.gate_proj", down="mlp.down_proj", fixed_activation="silu"
+            )
         if layout.parallel_if is not None and getattr(config, layout.parallel_if, False):
             mlp_norm = layout.attn_norm if layout.parallel_shares_norm else layout.mlp_norm
             return dataclasses.replace(layout, parallel_residual=True, mlp_norm=mlp_norm)
