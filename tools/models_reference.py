@@ -1,7 +1,8 @@
 """Write the family table of docs/models.md from the family registry; ``--check`` fails when the file is stale.
 
 The table is generated from ``attnsens.models.loading.FAMILIES`` (model type → adapter), ``BYPASSES`` (families
-refused by name) and ``attnsens.models.layouts.LAYOUTS`` (what each family's block looks like). Everything in
+refused by name), ``attnsens.models.interface.NO_BOUNDS`` (audited families whose bounds are refused, and why) and
+``attnsens.models.layouts.LAYOUTS`` (what each family's block looks like). Everything in
 docs/models.md after the line ``MARKER`` is written by hand and kept as it is.
 
     python tools/models_reference.py           # rewrite the generated part of docs/models.md
@@ -57,6 +58,8 @@ def _block(layout: Any) -> str:
         parts.append(f"parallel under `{layout.parallel_if}`")
     if layout.residual_multiplier:
         parts.append(f"sublayers scaled by `{layout.residual_multiplier}`")
+    if layout.layer_scale:
+        parts.append("sublayers scaled per channel by " + " and ".join(f"`{name}`" for name in layout.layer_scale))
     return "; ".join(parts)
 
 
@@ -77,6 +80,8 @@ def _positions(layout: Any) -> str:
     if layout.rotary == "gptj":
         return "RoPE on adjacent pairs, `rotary_dim`"
     text = "RoPE" + (" on adjacent pairs" if layout.rotary_interleaved else "")
+    if layout.sliding_if:
+        text += f", on the layers whose attention has `{layout.sliding_if}` (on every layer without a window)"
     return text + (f", on the layers whose attention has `{layout.rotary_if}`" if layout.rotary_if else "")
 
 
@@ -86,7 +91,7 @@ def _attention(layout: Any) -> str:
     if layout.window == "config":
         parts.append("sliding window from the config")
     elif layout.window == "module":
-        parts.append("sliding windows per layer")
+        parts.append("sliding windows per layer" + (f" (where `{layout.sliding_if}`)" if layout.sliding_if else ""))
     if layout.qk_norm:
         parts.append("QK-norm")
     if layout.softcap:
@@ -99,6 +104,8 @@ def _attention(layout: Any) -> str:
 def _mlp(layout: Any) -> str:
     if layout.gate_up:
         return f"gated, fused `{layout.gate_up}`"
+    if layout.swiglu_if:
+        return f"plain, SwiGLU under `{layout.swiglu_if}`"
     return "gated" if layout.gate else "plain"
 
 
@@ -126,6 +133,9 @@ def render_table() -> str:
                  _mlp(layout), _refused(layout)]  # fmt: skip
         rows.append("| " + " | ".join(cells) + " |")
     refused = "\n".join(f"- `{family}`: {why}." for family, why in sorted(bypasses.items()))
+    from attnsens.models.interface import NO_BOUNDS
+
+    unbounded = "\n".join(f"- `{family}`: {why}." for family, why in sorted(NO_BOUNDS.items()))
     return "\n".join(
         [
             HEADER,
@@ -139,7 +149,9 @@ def render_table() -> str:
             refused,
             "",
             "Every other family is audit-only: its rows are audited when its attention calls the interface, and bounds",
-            "are refused by name for want of a layout.",
+            "are refused by name for want of a layout. These are refused with their reason:",
+            "",
+            unbounded,
             "",
             MARKER,
             "",

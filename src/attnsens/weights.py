@@ -46,7 +46,7 @@ __all__ = [
 
 NormKind = Literal["layernorm", "rmsnorm"]
 Placement = Literal["pre", "post", "none"]
-Activation = Literal["gelu", "gelu_tanh", "relu", "silu"]
+Activation = Literal["gelu", "gelu_tanh", "relu", "silu", "quick_gelu", "relu2"]
 MLPKind = Literal["mlp", "gated"]
 
 

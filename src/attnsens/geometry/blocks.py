@@ -2,8 +2,14 @@
 
 Activation constants (max_z |act'(z)|, rounded up; verified on a fine grid in the tests):
 gelu (erf) 1.128905 at z = √2 (gelu'' = φ(z)(2 − z²)); gelu_tanh 1.128994 — the often-quoted 1.12899 is
-below the true maximum 1.1289931 and so not a valid Lipschitz constant —; relu 1; silu 1.099840 at z ≈ 2.3994.
+below the true maximum 1.1289931 and so not a valid Lipschitz constant —; relu 1; silu 1.099840 at z ≈ 2.3994;
+quick_gelu z·σ(1.702 z) is silu of y = 1.702 z divided by 1.702, so its slope is silu's slope at y, at most 1.099840.
 Every one also satisfies |act(z)| ≤ |z| (act(z) = z·s(z) with s(z) ∈ [0, 1]).
+
+relu2 (relu(z)², Nemotron, Arcee, Persimmon) has slope 2 relu(z), unbounded: it is Lipschitz on bounded sets only,
+with slope at most 2 relu(ẑ + r) on [ẑ − r, ẑ + r] and at most 2 max_k(‖w_in,k‖R + |b_in,k|) over the ball
+{‖x‖₂ ≤ R} of a plain MLP's inputs (Cauchy–Schwarz), which is the constant ``ffn_lipschitz_upper_bound`` gives it.
+attnsens bounds it in plain MLPs only (no family gates with it).
 
 Gated maps φ(x) = W_out (a(g) ⊙ u) with g = W_gate x + b_gate, u = W_in x + b_in (SwiGLU when a = silu) are not globally
 Lipschitz (the product is quadratic). Their Jacobian is W_out [diag(a'(g) ⊙ u) W_gate + diag(a(g)) W_in], so
@@ -77,11 +83,12 @@ from attnsens.geometry.layers import activation
 from attnsens.geometry.norms import Geometry
 from attnsens.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights
 
-ACTIVATION_LIPSCHITZ = {"gelu": 1.128905, "gelu_tanh": 1.128994, "relu": 1.0, "silu": 1.099840}
+ACTIVATION_LIPSCHITZ = {"gelu": 1.128905, "gelu_tanh": 1.128994, "relu": 1.0, "silu": 1.099840, "quick_gelu": 1.099840}
 
-ACTIVATION_CURVATURE = {"gelu": 0.81, "gelu_tanh": 1.0, "silu": 0.87}
+ACTIVATION_CURVATURE = {"gelu": 0.81, "gelu_tanh": 1.0, "silu": 0.87, "quick_gelu": 1.49}
 """max_z |act''(z)|, rounded up: gelu'' = φ(z)(2 − z²), at most 2φ(0) = 0.7979 (and z²φ(z) ≤ 2φ(√2) elsewhere);
 silu'' = σ'(z)(2 − z tanh(z/2)) with σ' ≤ 1/4 and |z| tanh(|z|/2) σ'(z) ≤ |z| e^-|z| ≤ 1/e, so ≤ 0.5 + 1/e;
+quick_gelu'' is 1.702 silu''(1.702 z), at most 1.702 · 0.87 = 1.4807;
 the second derivative of gelu_tanh peaks at √(2/π) = 0.7979 at z = 0 (an 801-point grid on [−8, 8] plus half a
 step times the largest third derivative there, 0.78, checked in the tests; outside, sech² of the argument is
 below e^-25)."""
@@ -96,11 +103,27 @@ def _sqrt_up(d: int) -> float:
 
 
 def activation_lipschitz(name: str) -> float:
-    """Certified max_z |act'(z)| for gelu, gelu_tanh, relu, silu (module docstring)."""
+    """Certified max_z |act'(z)| for gelu, gelu_tanh, relu, silu, quick_gelu (module docstring); relu2 has none."""
     try:
         return ACTIVATION_LIPSCHITZ[name]
     except KeyError:
+        if name == "relu2":
+            raise ConfigError(
+                "relu2 (relu(z)²) has no global Lipschitz constant; bound it on a bounded set of pre-activations"
+            ) from None
         raise ConfigError(f"unknown activation {name!r}; expected one of {sorted(ACTIVATION_LIPSCHITZ)}") from None
+
+
+def _slope_upper_bound(pre: Tensor, radius: Tensor, name: str) -> Tensor:
+    """≥ max |act'(z)| over z ∈ [ẑ − r, ẑ + r] entrywise: 2 relu(ẑ + r) for relu2, else the global constant."""
+    if name == "relu2":
+        return 2.0 * add_up(pre, radius).clamp_min(0.0)  # doubling is exact
+    return torch.full_like(pre, activation_lipschitz(name))
+
+
+def _check_gated_activation(mlp: MLPWeights) -> None:
+    if mlp.kind == "gated" and mlp.activation == "relu2":
+        raise ConfigError("a gated MLP with relu2 is not bounded (attnsens bounds relu2 in plain MLPs only)")
 
 
 def _rows_l2(W: Tensor) -> Tensor:
@@ -108,17 +131,26 @@ def _rows_l2(W: Tensor) -> Tensor:
 
 
 def ffn_lipschitz_upper_bound(mlp: MLPWeights, *, radius_l2: float | Tensor | None = None) -> Tensor:
-    """‖W_out‖ Lip(act) ‖W_in‖ (plain MLP, any input) or the gated bound on {‖x‖₂ ≤ R} (module docstring).
+    """‖W_out‖ Lip(act) ‖W_in‖ (plain MLP, any input) or the gated bound on {‖x‖₂ ≤ R}; relu2's plain MLP on
+    {‖x‖₂ ≤ R}: ‖W_out‖ 2 max_k(‖w_in,k‖R + |b_in,k|) ‖W_in‖ (module docstring).
 
     Args:
         mlp: positionwise weights.
-        radius_l2: per-token ℓ2 radius R of the input set; required for gated maps, ignored otherwise.
+        radius_l2: per-token ℓ2 radius R of the input set; required for gated maps and relu2, ignored otherwise.
 
     Returns:
         float64 certified Lipschitz bound in the block-∞ norm (docs/math.md §2.7; gated maps: extension).
     """
-    lip = activation_lipschitz(mlp.activation)
+    _check_gated_activation(mlp)
     w_out, w_in = spectral_norm_upper_bound(mlp.w_out), spectral_norm_upper_bound(mlp.w_in)
+    if mlp.activation == "relu2":  # slope ≤ 2 max_k |z_k| ≤ 2 max_k (‖w_in,k‖R + |b_in,k|) on the ball
+        if radius_l2 is None:
+            raise ConfigError("an MLP with relu2 is only Lipschitz on a bounded set; pass radius_l2")
+        R = torch.as_tensor(radius_l2, dtype=torch.float64)
+        b = torch.zeros(()) if mlp.b_in is None else mlp.b_in.to(torch.float64).abs()
+        slope = 2.0 * add_up(mul_up(_rows_l2(mlp.w_in), R[..., None]), b).amax(dim=-1)
+        return mul_up(mul_up(w_out, slope), w_in)
+    lip = activation_lipschitz(mlp.activation)
     if mlp.kind != "gated":
         return mul_up(mul_up(w_out, lip), w_in)
     if radius_l2 is None:
@@ -161,9 +193,12 @@ def _pre_activation(x: Tensor, W: Tensor, b: Tensor | None, input_radius: Tensor
 
 
 def _activation_error(pre: Tensor, name: str) -> Tensor:
-    """≥ the absolute error of the float act(ẑ) and act'(ẑ) (``ACTIVATION_EVALUATION_ERROR``; relu is exact)."""
+    """≥ the absolute error of the float act(ẑ) and act'(ẑ) (``ACTIVATION_EVALUATION_ERROR``; relu is exact, and
+    relu2 rounds once, its square, within 2⁻⁵² ẑ², its slope 2 relu(ẑ) exact)."""
     if name == "relu":
         return torch.zeros_like(pre)
+    if name == "relu2":
+        return mul_up(mul_up(pre, pre), 2.0**-52)
     return mul_up(pre.abs().clamp_min(1.0), ACTIVATION_EVALUATION_ERROR)
 
 
@@ -174,9 +209,9 @@ def ffn_token_jacobian_upper_bound(x: Tensor, mlp: MLPWeights, *, input_radius: 
     The slopes are those of the real pre-activations z = W x + b, within r = γ_{d+1}(|W||x| + |b|) of the float
     ones ẑ: |act'(z)| ≤ min(Lip(act), |act'(ẑ)| + e(ẑ) + curvature·r), e the evaluation error
     (``ACTIVATION_EVALUATION_ERROR``, ``ACTIVATION_CURVATURE``); relu's slope is 1 wherever [ẑ − r, ẑ + r] reaches
-    0 or above. Gated maps bound |u| by |û| + r_u and |a(g)| by |a(ĝ)| + e + Lip(a)·r_g. With ``input_radius``
-    δ ``[batch, query]`` the bound holds at every input within δ_t of x_t: r grows by ‖w_j‖₂ δ_t per unit j, and
-    every bound above holds on the whole interval [ẑ − r, ẑ + r]."""
+    0 or above, relu2's is at most 2 relu(ẑ + r). Gated maps bound |u| by |û| + r_u and |a(g)| by
+    |a(ĝ)| + e + Lip(a)·r_g. With ``input_radius`` δ ``[batch, query]`` the bound holds at every input within δ_t of
+    x_t: r grows by ‖w_j‖₂ δ_t per unit j, and every bound above holds on the whole interval [ẑ − r, ẑ + r]."""
     x64 = x.detach().to(torch.float64)
     up, up_radius = _pre_activation(x64, mlp.w_in, mlp.b_in, input_radius)
     if mlp.kind != "gated":
@@ -187,11 +222,14 @@ def ffn_token_jacobian_upper_bound(x: Tensor, mlp: MLPWeights, *, input_radius: 
     with torch.enable_grad():
         (slope,) = torch.autograd.grad(activation(mlp.activation, pre).sum(), pre)
     pre = pre.detach()
-    lip = activation_lipschitz(mlp.activation)
+    _check_gated_activation(mlp)
     error = _activation_error(pre, mlp.activation)
     if mlp.activation == "relu":
         slope_bound = (add_up(pre, pre_radius) >= 0).to(torch.float64)
+    elif mlp.activation == "relu2":
+        slope_bound = _slope_upper_bound(pre, pre_radius, "relu2")
     else:
+        lip = activation_lipschitz(mlp.activation)
         moved = add_up(error, mul_up(pre_radius, ACTIVATION_CURVATURE[mlp.activation]))
         slope_bound = add_up(slope.abs(), moved).clamp_max(lip)
     w_out_norm, w_in_norm = spectral_norm_upper_bound(mlp.w_out), spectral_norm_upper_bound(mlp.w_in)
@@ -200,7 +238,7 @@ def ffn_token_jacobian_upper_bound(x: Tensor, mlp: MLPWeights, *, input_radius: 
     gate_slopes = mul_up(slope_bound, add_up(up.abs(), up_radius)).amax(dim=-1)
     gate_term = mul_up(gate_slopes, spectral_norm_upper_bound(mlp.gate))
     values = activation(mlp.activation, pre).abs()
-    value_bound = add_up(add_up(values, error), mul_up(pre_radius, lip))
+    value_bound = add_up(add_up(values, error), mul_up(pre_radius, activation_lipschitz(mlp.activation)))
     up_term = mul_up(value_bound.amax(dim=-1), w_in_norm)
     return mul_up(w_out_norm, add_up(gate_term, up_term))
 
@@ -214,9 +252,10 @@ def mlp_enclosure(x: Enclosure, mlp: MLPWeights) -> Enclosure:
     |a(g)u − fl(â û)| ≤ (Lip(a) r^g_j + e_j)(|û_j| + r^u_j) + |â_j| r^u_j + γ₁|ĥ_j| (gated). The output projection
     maps them to ≤ ‖W_out‖ ‖ε‖₂ and adds its own rounding γ_{k+1}‖|W_out||ĥ| + |b_out|‖ (k hidden units)."""
     x64, radius = x.value, x.radius_or_none
+    _check_gated_activation(mlp)
     up, up_radius = _pre_activation(x64, mlp.w_in, mlp.b_in, radius)
-    lip = activation_lipschitz(mlp.activation)
     if mlp.kind == "gated":
+        lip = activation_lipschitz(mlp.activation)
         gate, gate_radius = _pre_activation(x64, mlp.gate, mlp.b_gate, radius)
         gated = activation(mlp.activation, gate)
         hidden = gated * up
@@ -227,7 +266,8 @@ def mlp_enclosure(x: Enclosure, mlp: MLPWeights) -> Enclosure:
         )
     else:
         hidden = activation(mlp.activation, up)
-        hidden_error = add_up(mul_up(up_radius, lip), _activation_error(up, mlp.activation))
+        slope = _slope_upper_bound(up, up_radius, mlp.activation)  # over [û − r, û + r]: the mean value theorem
+        hidden_error = add_up(mul_up(up_radius, slope), _activation_error(up, mlp.activation))
     w_out = mlp.w_out.to(torch.float64)
     value = hidden @ w_out.T
     magnitude = hidden.abs() @ w_out.abs().T

@@ -19,7 +19,8 @@ from attnsens.weights import AttentionWeights, LayerWeights, MLPWeights, NormWei
 
 
 def activation(name: str, x: Tensor) -> Tensor:
-    """gelu (erf), gelu_tanh, relu or silu applied elementwise."""
+    """gelu (erf), gelu_tanh, relu, silu, quick_gelu z·σ(1.702 z) (CLIP) or relu2 relu(z)² (Nemotron, Arcee)
+    applied elementwise."""
     if name == "gelu":
         return torch.nn.functional.gelu(x)
     if name == "gelu_tanh":
@@ -28,7 +29,11 @@ def activation(name: str, x: Tensor) -> Tensor:
         return torch.relu(x)
     if name == "silu":
         return torch.nn.functional.silu(x)
-    raise ConfigError(f"unknown activation {name!r}; expected gelu, gelu_tanh, relu or silu")
+    if name == "quick_gelu":
+        return x * torch.sigmoid(1.702 * x)
+    if name == "relu2":
+        return torch.relu(x).square()
+    raise ConfigError(f"unknown activation {name!r}; expected gelu, gelu_tanh, relu, silu, quick_gelu or relu2")
 
 
 def norm_forward(x: Tensor, norm: NormWeights) -> Tensor:

@@ -371,6 +371,8 @@ def activation_of(name: str) -> Activation:
         "gelu_pytorch_tanh": "gelu_tanh",
         "gelu_fast": "gelu_tanh",
         "relu": "relu",
+        "relu2": "relu2",
+        "quick_gelu": "quick_gelu",
         "silu": "silu",
         "swish": "silu",
     }

@@ -1,12 +1,12 @@
 """Audit-only adapter of any transformers model whose attention goes through the attention-function interface.
 
-Families without a block layout (models/layouts.py) — Mixtral, Phi, StableLM, Starcoder2, Cohere, ModernBERT,
-the CLIP text tower and others — still hand their queries and keys to ``ALL_ATTENTION_FUNCTIONS`` with the mask,
-scaling, softcap and sinks they use, so their attention rows can be recomputed exactly (models/hf_tap.py). The
-modules that do so are found by reading their classes' ``forward``: a module whose forward looks the interface up
-is an attention layer, in the order the model holds them. Families whose eager attention computes its softmax
-itself (GPT-Neo, Falcon, BLOOM, MPT, ...) have no such module and are refused by name. Normalized weights, and so
-bounds and the weights-fidelity gate, need a layout and are refused.
+Families without a block layout (models/layouts.py) — Mixtral and the other mixtures of experts, the hybrids with
+Mamba or convolution layers, ModernBERT and others (``NO_BOUNDS`` says why for each it names) — still hand their
+queries and keys to ``ALL_ATTENTION_FUNCTIONS`` with the mask, scaling, softcap and sinks they use, so their attention
+rows can be recomputed exactly (models/hf_tap.py). The modules that do so are found by reading their classes'
+``forward``: a module whose forward looks the interface up is an attention layer, in the order the model holds them.
+Families whose eager attention computes its softmax itself (GPT-Neo, Falcon, BLOOM, MPT, ...) have no such module and
+are refused by name. Normalized weights, and so bounds and the weights-fidelity gate, need a layout and are refused.
 """
 
 from __future__ import annotations
@@ -28,6 +28,29 @@ from attnsens.models.hf import HFAdapter, HFModule, is_vision, vision_positions
 from attnsens.models.hf_tap import exposes_scores, is_bridge_attention
 from attnsens.models.layouts import NO_POSITION_LIMIT
 from attnsens.weights import LayerWeights
+
+_MOE = (
+    "a mixture-of-experts MLP, whose router picks its experts discontinuously in the input, so that no Jacobian "
+    "bound of a fixed choice holds across the inputs around it"
+)
+_NOT_ATTENTION = "whose Jacobian attnsens does not bound, so no bound covers the whole block stack"
+NO_BOUNDS: dict[str, str] = {
+    **{family: _MOE for family in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe")},
+    "deepseek_v3": f"{_MOE}; and multi-head latent attention (low-rank queries and keys with a decoupled RoPE)",
+    "jamba": f"Mamba layers beside its attention layers (and mixture-of-experts MLPs), {_NOT_ATTENTION}",
+    "bamba": f"Mamba-2 layers beside its attention layers, {_NOT_ATTENTION}",
+    "falcon_h1": f"a Mamba-2 mixer beside the attention in every block, {_NOT_ATTENTION}",
+    "granitemoehybrid": f"Mamba-2 layers and mixture-of-experts MLPs beside its attention layers, {_NOT_ATTENTION}",
+    "lfm2": f"gated short-convolution layers beside its attention layers, {_NOT_ATTENTION}",
+    "qwen3_next": f"gated DeltaNet linear-attention layers and mixture-of-experts MLPs, {_NOT_ATTENTION}",
+    "hunyuan_v1_dense": "a QK-norm applied after RoPE, where attnsens' attention applies it before",
+    "apertus": "the xIELU activation, with trained parameters, whose slope attnsens does not bound",
+    "modernbert": (
+        "bidirectional local windows around each query and no norm before its first attention, which attnsens' "
+        "attention does not compute"
+    ),
+}
+"""Families audited through the interface whose bounds are refused, and why (one line each)."""
 
 
 def calls_attention_interface(module_class: type) -> bool:
@@ -283,7 +306,8 @@ class InterfaceAdapter(HFAdapter):
         raise self._no_layout("layer outputs")
 
     def _no_layout(self, what: str) -> UnsupportedModelError:
+        why = f" ({NO_BOUNDS[self.family]})" if self.family in NO_BOUNDS else ""
         return UnsupportedModelError(
-            f"{self.family}: attnsens audits its attention rows but has no block layout for it, so its {what} "
+            f"{self.family}: attnsens audits its attention rows but has no block layout for it{why}, so its {what} "
             "(and the bounds and weights-fidelity gate built on them) are not available"
         )

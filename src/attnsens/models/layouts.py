@@ -6,8 +6,11 @@ adjacent pairs, GLM-4 with sandwich norms), Mistral, Ministral, Qwen2, Qwen3 (pe
 (sandwich norms, attention logit softcap; VaultGemma with pre-norms only), Gemma 3 (sandwich norms, per-head QK-norm,
 one RoPE per layer type), OLMo 2 (norms after each sublayer only, QK-norm over all heads; OLMo 3 the same, with
 sliding windows), Phi, Phi-3, StableLM, StarCoder2, Cohere (Cohere 2 with windows, RoPE on its sliding layers alone),
-BioGPT, OPT, GPT-J, BLOOM and MPT (ALiBi; their taps live in ``bloom`` and ``mpt``), Falcon (``falcon`` picks its
-arrangement), and the encoders BERT (all-MiniLM-L6-v2), RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA and DistilBERT.
+BioGPT, OPT, GPT-J, CodeGen (GPT-J's block, its fused qkv in model-parallel shards), BLOOM and MPT (ALiBi; their
+taps live in ``bloom`` and ``mpt``), Falcon (``falcon`` picks its arrangement), Arcee, Nemotron (LayerNorms scaling by
+1 + w) and Persimmon (relu² MLPs), EXAONE 4 (OLMo 2's block, windows and RoPE on its sliding layers alone), CLIP's
+text tower, and the encoders BERT (all-MiniLM-L6-v2), RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA, DistilBERT, ViT,
+CLIP's vision tower and DINOv2 (a LayerScale on each sublayer).
 
 A :class:`BlockLayout` says where a family keeps each part of a block and what it does differently: fused
 projections (Phi-3's ``qkv_proj`` = [q; k; v] rows, ``gate_up_proj`` = [gate; up] rows), Gemma's RMSNorm scale
@@ -77,9 +80,9 @@ class BlockLayout:
     v: str = "v_proj"
     o: str = "o_proj"
     qkv: str | None = None  # fused [q; k; v] projection replacing q, k, v
-    qkv_order: Literal["blocks", "heads", "groups"] = "blocks"  # rows of the fused qkv: [q; k; v] blocks,
-    # [head, (q, k, v), d_head] (BLOOM, Falcon without multi-query) or [kv_head, (q × group, k, v), d_head] (Falcon's
-    # new decoder architecture)
+    qkv_order: Literal["blocks", "heads", "groups", "shards"] = "blocks"  # rows of the fused qkv: [q; k; v] blocks,
+    # [head, (q, k, v), d_head] (BLOOM, Falcon without multi-query), [kv_head, (q × group, k, v), d_head] (Falcon's
+    # new decoder architecture) or [shard, (q, v, k), d_model/shards] (CodeGen, its module's mp_num shards)
     qkv_in_blocks_if: str | None = None  # config flag under which the fused qkv is in [q; k; v] blocks; without it
     # the rows are per head (GPT-BigCode: blocks under multi_query, one head of keys and values)
     attention_output: str | None = None  # module (in the block) whose output is the attention sublayer's output,
@@ -119,6 +122,12 @@ class BlockLayout:
     parallel_shares_norm: bool = True  # under parallel_if: the MLP reads the attention norm (StableLM), or its own
     residual_multiplier: str | None = None  # config attribute r of blocks X + r·Attn(N1 X), then + r·MLP(N2 ·)
     # (Granite): folded into both output projections, so each sublayer's output is what it adds to the stream
+    layer_scale: tuple[str, str] | None = None  # per-channel scales (block parameters) of the attention and MLP
+    # outputs (DINOv2's LayerScale): folded into both output projections, as the residual multiplier is
+    swiglu_if: str | None = None  # config flag under which the MLP is SwiGLU with Llama's names inside ``mlp``
+    # (DINOv2's use_swiglu_ffn): silu(gate_proj x) ⊙ up_proj x, then down_proj
+    sliding_if: str | None = None  # attention-module attribute saying its layer slides (EXAONE 4 keeps
+    # sliding_window on every layer): a layer without it has no window and, in a model with a window, no RoPE
     unsupported: tuple[tuple[str, str], ...] = ()  # (config attribute, why) refused for bounds when it is set
 
 
@@ -205,6 +214,18 @@ _OPT = BlockLayout(
     query_scaled_in_projection=True,
 )
 """OPT: pre- or post-LN (``do_layer_norm_before``), the query scaling folded into q_proj."""
+_CLIP = BlockLayout(
+    blocks="encoder.layers",
+    o="out_proj",
+    up="mlp.fc1",
+    gate=None,
+    down="mlp.fc2",
+    attn_norm="layer_norm1",
+    mlp_norm="layer_norm2",
+    norm="layernorm",
+    rotary="none",
+)
+"""CLIP's text tower (and, bidirectional, its vision tower): pre-LN blocks with learned positions, causal attention."""
 LAYOUTS: dict[str, BlockLayout] = {
     "llama": BlockLayout(),
     "gpt2": _GPT2,
@@ -244,6 +265,20 @@ LAYOUTS: dict[str, BlockLayout] = {
     # Llama's block with each sublayer's output scaled by residual_multiplier; its attention_multiplier is the
     # module's scaling and its embedding_multiplier comes before the blocks, both read as every layout's.
     "granite": BlockLayout(residual_multiplier="residual_multiplier"),
+    "arcee": BlockLayout(gate=None),  # Llama with a plain MLP (relu²)
+    "nemotron": BlockLayout(  # Llama's names, LayerNorms that multiply by (1 + w), a plain MLP (relu²), partial RoPE
+        gate=None, norm="layernorm", gamma_offset=1.0
+    ),
+    "persimmon": BlockLayout(  # GPT-NeoX's fused per-head qkv under Llama's block names, a plain MLP (relu²)
+        qkv="query_key_value",
+        qkv_order="heads",
+        o="dense",
+        up="mlp.dense_h_to_4h",
+        gate=None,
+        down="mlp.dense_4h_to_h",
+        norm="layernorm",
+        unsupported=(("qk_layernorm", _LAYERNORM_QK),),
+    ),
     "internlm3": BlockLayout(),  # Llama's modules under InternLM3's config
     "qwen2": BlockLayout(window="module"),
     "qwen3": BlockLayout(window="module", qk_norm=True),
@@ -333,9 +368,27 @@ LAYOUTS: dict[str, BlockLayout] = {
     ),
     "olmo2": _OLMO2,
     "olmo3": dataclasses.replace(_OLMO2, window="module"),  # with a window on the layers layer_types make sliding
+    # OLMo 2's block with per-head QK-norm; windows and RoPE on the layers whose attention is_sliding alone
+    "exaone4": dataclasses.replace(_OLMO2, window="module", sliding_if="is_sliding"),
     "opt": _OPT,
     "biogpt": dataclasses.replace(  # OPT's module names, pre-LN, learned positions, the scaling in the call
         _OPT, blocks="layers", activation="hidden_act", query_scaled_in_projection=False
+    ),
+    "codegen": BlockLayout(  # GPT-J's block with a fused qkv in model-parallel shards
+        blocks="h",
+        attention="attn",
+        qkv="qkv_proj",
+        qkv_order="shards",
+        o="out_proj",
+        up="mlp.fc_in",
+        gate=None,
+        down="mlp.fc_out",
+        attn_norm="ln_1",
+        mlp_norm="ln_1",
+        norm="layernorm",
+        activation="activation_function",
+        rotary="gptj",
+        parallel_residual=True,
     ),
     "gptj": BlockLayout(
         blocks="h",
@@ -363,6 +416,24 @@ LAYOUTS: dict[str, BlockLayout] = {
         rotary="none",
         causal=False,
     ),
+    "dinov2": BlockLayout(  # ViT's block with a LayerScale on each sublayer's output, folded into its projection
+        blocks="encoder.layer",
+        attention="attention",
+        attention_output="layer_scale1",
+        mlp="layer_scale2",
+        up="mlp.fc1",
+        gate=None,
+        down="mlp.fc2",
+        attn_norm="norm1",
+        mlp_norm="norm2",
+        norm="layernorm",
+        rotary="none",
+        causal=False,
+        layer_scale=("layer_scale1.lambda1", "layer_scale2.lambda1"),
+        swiglu_if="use_swiglu_ffn",
+    ),
+    "clip_text_model": _CLIP,
+    "clip_vision_model": dataclasses.replace(_CLIP, causal=False),
     "distilbert": BlockLayout(
         blocks="transformer.layer",
         attention="attention",
@@ -415,6 +486,10 @@ class LayoutAdapter(HFAdapter):
         layout = layout_of(config.model_type)
         if layout.qkv_in_blocks_if is not None and not getattr(config, layout.qkv_in_blocks_if, False):
             layout = dataclasses.replace(layout, qkv_order="heads")
+        if layout.swiglu_if is not None and getattr(config, layout.swiglu_if, False):
+            layout = dataclasses.replace(
+                layout, up="mlp.up_proj", gate="mlp.gate_proj", down="mlp.down_proj", fixed_activation="silu"
+            )
         if layout.parallel_if is not None and getattr(config, layout.parallel_if, False):
             mlp_norm = layout.attn_norm if layout.parallel_shares_norm else layout.mlp_norm
             return dataclasses.replace(layout, parallel_residual=True, mlp_norm=mlp_norm)
@@ -485,13 +560,18 @@ class LayoutAdapter(HFAdapter):
             return []
         if any(getattr(module, "reorder_and_upcast_attn", False) for module in modules):
             return []  # GPT-2's reordered attention, which skips the interface
+        if not all(getattr(module, "is_causal", True) for module in modules):
+            return []  # CLIP's text tower: causal through the mask it passes, not through is_causal
         return self.blocks()
 
     def attention_window(self, layer: int) -> int | None:
         if self.layout.window == "config":
             return getattr(self.base.config, "sliding_window", None)
         if self.layout.window == "module":
-            return getattr(self.attention_modules()[layer], "sliding_window", None)
+            module = self.attention_modules()[layer]
+            if self.layout.sliding_if is not None and not getattr(module, self.layout.sliding_if):
+                return None
+            return getattr(module, "sliding_window", None)
         return None
 
     def hook_points(self, layer: int) -> list[HookPoint]:
@@ -573,21 +653,23 @@ class LayoutAdapter(HFAdapter):
         rotary = _rotary(lay, config, s.d_head, refuse=True, layer_type=layer_type)
         if lay.rotary_if is not None and not getattr(attn, lay.rotary_if):
             rotary = None  # a layer without position encoding in a family with RoPE
+        if lay.sliding_if is not None and attn.sliding_window is not None and not getattr(attn, lay.sliding_if):
+            rotary = None  # EXAONE 4's full layers beside sliding ones: no position encoding
         if rotary is not None:
             rotary_module = getattr(self.base, "rotary_emb", None)
             rotary = _rotating_as_the_model(rotary, rotary_module, s.d_head, layer_type)
             tau = rotary_temperature(1.0 / tau, rotary, rotary_module, s.d_head, layer_type)
         out = _get(attn, lay.o)
-        residual = self.residual_multiplier()
+        scale = self.output_scales(block)[0]
         attention = AttentionWeights(
             w_q=split_heads(w_q, s.n_head),
             w_k=split_heads(w_k, s.n_kv_head),
             w_v=split_heads(w_v, s.n_kv_head),
-            w_o=self._matrix(out) * residual,
+            w_o=_rows_scaled(self._matrix(out), scale),
             b_q=split_bias(b_q, s.n_head),
             b_k=split_bias(b_k, s.n_kv_head),
             b_v=split_bias(b_v, s.n_kv_head),
-            b_o=None if out.bias is None else out.bias.detach() * residual,
+            b_o=None if out.bias is None else _rows_scaled(out.bias.detach(), scale),
             tau=tau,
             causal=s.causal,
             rotary=rotary,
@@ -625,6 +707,14 @@ class LayoutAdapter(HFAdapter):
                 f"{s.n_head} query and {s.n_kv_head} key heads of size {s.d_head} give {expected}; attnsens does not "
                 "bound a model whose config does not describe its attention"
             )
+        if self.layout.qkv_order == "shards":  # CodeGen: rows [shard, (q, v, k), d_model/shards], heads in order
+
+            def shards(t: Tensor) -> list[Tensor]:
+                rows = t.detach().reshape(attn.mp_num, 3, -1, *t.shape[1:])
+                return [rows[:, part].reshape(-1, *t.shape[1:]).clone() for part in (0, 2, 1)]
+
+            biases = [None] * 3 if fused.bias is None else shards(fused.bias)
+            return (*shards(matrix), *biases)
         if self.layout.qkv_order != "blocks":  # rows [head, (q, k, v), d_head] or [kv_head, (q × group, k, v), d_head]
             group = 1 if self.layout.qkv_order == "heads" else s.n_head // s.n_kv_head
             parts = (slice(0, group), slice(group, group + 1), slice(group + 1, group + 2))
@@ -644,7 +734,7 @@ class LayoutAdapter(HFAdapter):
     def _mlp(self, block: HFModule) -> MLPWeights:
         lay = self.layout
         activation = lay.fixed_activation or activation_of(getattr(self.base.config, lay.activation))
-        down, residual = _get(block, lay.down), self.residual_multiplier()
+        down, scale = _get(block, lay.down), self.output_scales(block)[1]
         w_gate: Tensor | None
         if lay.gate_up is not None:
             fused = _get(block, lay.gate_up)
@@ -663,9 +753,19 @@ class LayoutAdapter(HFAdapter):
             b_in=b_in,
             w_gate=w_gate,
             b_gate=b_gate,
-            w_out=self._matrix(down) * residual,
-            b_out=None if down.bias is None else down.bias.detach() * residual,
+            w_out=_rows_scaled(self._matrix(down), scale),
+            b_out=None if down.bias is None else _rows_scaled(down.bias.detach(), scale),
         )
+
+    def output_scales(self, block: HFModule) -> tuple[float | Tensor, float | Tensor]:
+        """The factors of the attention and MLP outputs in the residual sum, folded into their output projections:
+        the residual multiplier r (Granite; 1 elsewhere), or the layout's per-channel layer scales ``[d_model]``
+        (DINOv2) times r where it has them."""
+        residual = self.residual_multiplier()
+        if self.layout.layer_scale is None:
+            return residual, residual
+        first, second = (_get(block, name).detach() * residual for name in self.layout.layer_scale)
+        return first, second
 
     def read_norm(self, block: HFModule, name: str | None) -> NormWeights | None:
         """The NormWeights of the norm ``name`` of ``block`` (None for None), with the layout's kind and γ offset."""
@@ -681,8 +781,17 @@ class LayoutAdapter(HFAdapter):
             norm = layer_norm(module, eps=self.layout.norm_eps)
             if self.layout.norm_eps is not None:
                 check_norm_eps(module, norm)
+            if self.layout.gamma_offset:  # Nemotron's LayerNorm1P multiplies by (1 + weight)
+                norm = dataclasses.replace(norm, gamma=norm.gamma + self.layout.gamma_offset)
             return norm
         return rms_norm(module, gamma_offset=self.layout.gamma_offset)
+
+
+def _rows_scaled(weight: Tensor, scale: float | Tensor) -> Tensor:
+    """``weight`` ``[out, ...]`` with row j times scale_j (a tensor ``[out]``) or every row times one float."""
+    if isinstance(scale, float):
+        return weight * scale
+    return weight * scale.to(weight.dtype).reshape(-1, *[1] * (weight.ndim - 1))
 
 
 def _rotary(

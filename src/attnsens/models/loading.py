@@ -40,7 +40,8 @@ FAMILIES: dict[str, str] = {
         "gpt_bigcode", "mistral", "ministral", "seed_oss", "granite", "olmo", "internlm3", "smollm3", "helium",
         "ernie4_5", "glm", "glm4", "vaultgemma", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3",
         "olmo2", "olmo3", "opt", "gptj", "distilbert", "phi", "stablelm", "starcoder2", "cohere", "cohere2",
-        "biogpt", "roberta", "xlm-roberta", "camembert", "electra", "vit",
+        "biogpt", "roberta", "xlm-roberta", "camembert", "electra", "vit", "arcee", "nemotron", "persimmon",
+        "exaone4", "dinov2", "clip_text_model", "clip_vision_model", "codegen",
     )},
 }  # fmt: skip
 """transformers ``model_type`` → ``module:AdapterClass`` (bounds and audit); other families whose attention calls

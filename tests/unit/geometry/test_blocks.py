@@ -23,7 +23,7 @@ from tests.unit.geometry.tiny_layers import tiny_layers
 F64 = torch.float64
 
 
-@pytest.mark.parametrize("name", ["gelu", "gelu_tanh", "silu", "relu"])
+@pytest.mark.parametrize("name", ["gelu", "gelu_tanh", "silu", "relu", "quick_gelu"])
 def test_activation_constants_bound_the_derivative_tightly(name: str) -> None:
     z = torch.linspace(-12, 12, 2_400_001, dtype=F64, requires_grad=True)
     (slope,) = torch.autograd.grad(activation(name, z).sum(), z)
@@ -49,6 +49,34 @@ def test_ffn_bounds_hold_at_estimated_worst_inputs(gated: bool, gate_bias: bool)
     estimate = block_jacobian_norm_estimate(lambda z: mlp_forward(z, layer.mlp), X, iterations=30)
     local = ffn_local_jacobian_upper_bound(X, layer.mlp)
     assert bool((estimate <= local).all()) and bool((local <= bound).all())
+
+
+def test_relu_squared_mlp_bounds_hold_and_are_refused_without_a_radius_or_in_a_gate() -> None:
+    """relu² has slope 2 relu(z), unbounded: the local bound follows the actual pre-activations, the Lipschitz
+    bound holds on a ball only (and is refused without one), and a gated MLP with it is refused."""
+    from dataclasses import replace
+
+    from attnsens.errors import ConfigError
+    from attnsens.geometry.blocks import mlp_enclosure
+    from attnsens.geometry.enclosures import Enclosure
+
+    mlp = replace(tiny_layers("pre", seed=3)[0].mlp, activation="relu2")
+    radius_rms = 2.0
+    bound = ffn_lipschitz_upper_bound(mlp, radius_l2=radius_rms * math.sqrt(10))
+    X = synthetic_block_input(10, 9, batch=3, rms=radius_rms, seed=5)
+    estimate = block_jacobian_norm_estimate(lambda z: mlp_forward(z, mlp), X, iterations=30)
+    local = ffn_local_jacobian_upper_bound(X, mlp)
+    assert bool((estimate <= local).all()) and bool((local <= bound).all())
+    X = X.to(F64)
+    enclosure = mlp_enclosure(Enclosure(X, torch.full(X.shape[:-1], 0.05, dtype=F64)), mlp)
+    shift = torch.randn(X.shape, generator=torch.Generator().manual_seed(2), dtype=F64)
+    moved = mlp_forward(X + 0.05 * shift / shift.norm(dim=-1, keepdim=True), mlp)
+    assert bool(((moved - enclosure.value).norm(dim=-1) <= enclosure.radius).all())
+    with pytest.raises(ConfigError, match="only Lipschitz on a bounded set"):
+        ffn_lipschitz_upper_bound(mlp)
+    gated = replace(tiny_layers("pre", gated=True, seed=3)[0].mlp, activation="relu2")
+    with pytest.raises(ConfigError, match="gated MLP with relu2"):
+        ffn_local_jacobian_upper_bound(X, gated)
 
 
 def test_norm_outputs_stay_in_the_reset_ball() -> None:

@@ -320,6 +320,7 @@ def test_activation_curvature_constants_hold_on_a_fine_grid() -> None:
         "gelu": lambda t: t * mpmath.ncdf(t),
         "gelu_tanh": lambda t: t / 2 * (1 + mpmath.tanh(c * (t + k * t**3))),
         "silu": lambda t: t / (1 + mpmath.exp(-t)),
+        "quick_gelu": lambda t: t / (1 + mpmath.exp(-mpmath.mpf("1.702") * t)),
     }
     with mpmath.workdps(25):
         for name, f in functions.items():

@@ -100,6 +100,29 @@ def test_audit_only_families_refuse_bounds_by_name(family: str) -> None:
         bound_model(adapter, IDS[:1])
 
 
+@pytest.mark.parametrize(
+    ("family", "reason"),
+    [("mixtral", "mixture-of-experts MLP"), ("modernbert", "bidirectional local windows"), ("lfm2", "convolution")],
+)
+def test_bounds_are_refused_with_the_reason_of_the_family(family: str, reason: str) -> None:
+    """Mixtures of experts, hybrids and the dense families attnsens cannot read are refused in one line that says
+    why, while their rows stay auditable."""
+    adapter = M.load(tiny_model(family))
+    assert capture_row_statistics(adapter, IDS[:1])
+    with pytest.raises(UnsupportedModelError, match=f"{family}: .*no block layout for it \\(.*{reason}"):
+        bound_model(adapter, IDS[:1])
+
+
+def test_every_family_refused_bounds_is_a_transformers_family_without_a_layout() -> None:
+    from transformers import CONFIG_MAPPING
+
+    from attnsens.models.interface import NO_BOUNDS
+    from attnsens.models.loading import FAMILIES as BOUNDED
+
+    assert all(family in CONFIG_MAPPING and family not in BOUNDED for family in NO_BOUNDS)
+    assert all("\n" not in why for why in NO_BOUNDS.values())
+
+
 @pytest.mark.parametrize("family", VISION_FAMILIES)
 def test_vision_rows_match_eager_attention(family: str) -> None:
     """Every token a vision encoder runs is audited: DeiT's distillation token beside [CLS], SigLIP's patches

@@ -14,11 +14,14 @@ from attnsens.capture import RowSelection, capture_row_statistics
 from attnsens.errors import InputError, UnsupportedModelError, WeightsFidelityError
 from attnsens.geometry.layers import norm_forward
 from attnsens.models.fidelity import FIELDS, IDENTIFICATION_FIELDS
+from attnsens.models.hf import is_vision
 from attnsens.models.layouts import alibi_slopes, mpt_alibi_slopes
 from attnsens.study.bounds import bound_model
 from tests.unit.models.tiny_models import (
+    BOUNDED_CONFIG,
     DECODER_FAMILIES,
     ENCODER_FAMILIES,
+    MORE_LAYOUT_FAMILIES,
     OUT_NORM_FAMILIES,
     VOCAB,
     eager_attentions,
@@ -472,3 +475,108 @@ def test_olmo_reads_the_epsilon_of_its_parameter_free_norms_from_the_layout_and_
     assert capture_row_statistics(clipped, IDS)
     with pytest.raises(UnsupportedModelError, match="sets clip_qkv"):
         M.check_weights_fidelity(clipped, IDS)
+
+
+def _inputs_and_attentions(model: torch.nn.Module) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """Token ids (two seeded 12 × 12 images for a vision model) and the model's eager attentions on them."""
+    if not is_vision(model.config):
+        return IDS, eager_attentions(model, IDS)
+    pixels = torch.randn(2, 3, 12, 12, generator=torch.Generator().manual_seed(1))
+    implementation = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        attentions = model(pixel_values=pixels, output_attentions=True).attentions
+    model.set_attn_implementation(implementation)
+    return pixels, attentions
+
+
+@pytest.mark.parametrize("family", MORE_LAYOUT_FAMILIES)
+def test_more_layout_families_pass_the_gate_and_audit_the_eager_rows(family: str) -> None:
+    model = tiny_model(family, **BOUNDED_CONFIG.get(family, {}))
+    adapter = M.load(model)
+    assert adapter.family == model.config.model_type
+    inputs, reference = _inputs_and_attentions(model)
+    for chunk in adapter.stream_attention(inputs):
+        torch.testing.assert_close(chunk.probs, reference[chunk.layer], rtol=0, atol=1e-4)
+    _, results = M.weights_fidelity(adapter, inputs)
+    assert max(r.relative_error for r in results) < 1e-5
+
+
+def test_exaone4_slides_and_rotates_on_its_sliding_layers_alone() -> None:
+    """EXAONE 4 keeps sliding_window on every attention module; its full layer has no window and no RoPE, and
+    reading RoPE there is refused by the gate."""
+    model = tiny_model("exaone4", sliding_window=5)
+    adapter = M.load(model)
+    for chunk in adapter.stream_attention(IDS):
+        torch.testing.assert_close(chunk.probs, eager_attentions(model, IDS)[chunk.layer], rtol=0, atol=1e-4)
+    assert [layer.attention.sliding_window for layer in adapter.layers] == [5, 5, 5, None]
+    assert [layer.attention.rotary is None for layer in adapter.layers] == [False, False, False, True]
+    M.check_weights_fidelity(adapter, IDS)
+    _set(adapter, 3, "attention", rotary=adapter.layers[0].attention.rotary)
+    with pytest.raises(WeightsFidelityError, match="layer 3 attention"):
+        M.check_weights_fidelity(adapter, IDS)
+
+
+def test_dinov2_layer_scales_are_folded_into_the_output_projections() -> None:
+    """With LayerScales away from 1, the folded weights pass the gate and the unscaled ones are refused."""
+    model = tiny_model("dinov2")
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("lambda1"):
+                parameter.uniform_(0.2, 1.8)
+    adapter = M.load(model)
+    pixels, _ = _inputs_and_attentions(model)
+    M.check_weights_fidelity(adapter, pixels)
+    _set(adapter, 1, "mlp", w_out=model.encoder.layer[1].mlp.fc2.weight.detach().clone())
+    with pytest.raises(WeightsFidelityError, match="layer 1 mlp"):
+        M.check_weights_fidelity(adapter, pixels)
+
+
+def test_dinov2_with_a_swiglu_mlp_is_read_gated_and_bounded() -> None:
+    model = tiny_model("dinov2", use_swiglu_ffn=True)
+    adapter = M.load(model)
+    assert (adapter.layers[0].mlp.kind, adapter.layers[0].mlp.activation) == ("gated", "silu")
+    pixels, reference = _inputs_and_attentions(model)
+    _assert_rows_are(reference, adapter, pixels)
+    M.check_weights_fidelity(adapter, pixels)
+    table = bound_model(adapter, pixels[:1], n_queries=3, iterations=6)
+    layer_rows = table[table["head"] == -1]
+    assert (layer_rows["block_jacobian_estimate"] <= layer_rows["residual_jacobian_upper_bound"]).all()
+    _set(adapter, 0, "mlp", w_in=adapter.layers[0].mlp.w_gate, w_gate=adapter.layers[0].mlp.w_in)
+    with pytest.raises(WeightsFidelityError, match="layer 0 mlp"):
+        M.check_weights_fidelity(adapter, pixels)
+
+
+MORE_MUTATIONS = {
+    "nemotron: γ without the 1 + w offset": (
+        "nemotron", 0, "attn_norm", lambda a: _set(a, 0, "attn_norm", gamma=a.layers[0].attn_norm.gamma - 1.0)
+    ),
+    "arcee: relu in place of relu²": ("arcee", 0, "mlp", lambda a: _set(a, 0, "mlp", activation="relu")),
+    "persimmon: fused qkv read in [q; k; v] blocks": (
+        "persimmon", 0, "attention", lambda a: _reread(a, qkv_order="blocks")
+    ),
+    "codegen: fused qkv read in [q; k; v] blocks": (
+        "codegen", 0, "attention", lambda a: _reread(a, qkv_order="blocks")
+    ),
+    "clip_text: bidirectional": ("clip_text", 0, "attention", lambda a: _set(a, 0, "attention", causal=False)),
+    "clip_text: gelu in place of quick_gelu": ("clip_text", 1, "mlp", lambda a: _set(a, 1, "mlp", activation="gelu")),
+    "exaone4: QK-norm dropped": ("exaone4", 0, "attention", lambda a: _set(a, 0, "attention", q_norm=None)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", MORE_MUTATIONS)
+def test_the_gate_refuses_mutated_weights_of_more_layout_families(name: str) -> None:
+    family, layer, field, mutate = MORE_MUTATIONS[name]
+    adapter = M.load(tiny_model(family, **BOUNDED_CONFIG.get(family, {})))
+    mutate(adapter)
+    with pytest.raises(WeightsFidelityError) as caught:
+        M.check_weights_fidelity(adapter, IDS)
+    assert (caught.value.layer, caught.value.field) == (layer, field)
+
+
+def test_persimmon_with_its_default_layernorm_qk_norm_is_audited_but_not_bounded() -> None:
+    model = tiny_model("persimmon")
+    adapter = M.load(model)
+    _assert_rows_are(eager_attentions(model, IDS), adapter)
+    with pytest.raises(UnsupportedModelError, match="persimmon sets qk_layernorm: a LayerNorm of each head"):
+        bound_model(adapter, IDS[:1])

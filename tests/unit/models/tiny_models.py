@@ -249,10 +249,11 @@ def eager_attentions(model: torch.nn.Module, input_ids: torch.Tensor, attention_
 
 
 INTERFACE_FAMILIES = ("mixtral", "modernbert", "clip_text")
-"""Families audited through the attention-function interface alone (models/interface.py): rows, no bounds."""
-VISION_FAMILIES = {"vit": 10, "clip_vision": 10, "deit": 11, "siglip_vision": 9}
+"""Families whose rows the interface tests audit (models/interface.py): rows alone for mixtral and modernbert;
+clip_text is also bounded, through the layout table."""
+VISION_FAMILIES = {"vit": 10, "clip_vision": 10, "dinov2": 10, "deit": 11, "siglip_vision": 9}
 """Vision encoders on pixel_values [batch, 3, 12, 12] → their sequence length: 9 patches, plus [CLS] (ViT, CLIP),
-[CLS] and a distillation token (DeiT), or nothing (SigLIP)."""
+[CLS] and a distillation token (DeiT), or nothing (SigLIP); ViT and CLIP's are bounded through the layout table."""
 BYPASS_FAMILIES = ("gpt_neo",)
 """Families whose eager attention computes its own softmax: refused by name."""
 
@@ -275,6 +276,8 @@ def _interface_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
         GPTNeoModel,
         GptOssConfig,
         GptOssForCausalLM,
+        Lfm2Config,
+        Lfm2ForCausalLM,
         MixtralConfig,
         MixtralForCausalLM,
         ModernBertConfig,
@@ -303,6 +306,7 @@ def _interface_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
         "mixtral": (MixtralConfig, MixtralForCausalLM, {**_GQA, "intermediate_size": 40, "sliding_window": 5,
                                                         "num_local_experts": 3,
                                                         "num_experts_per_tok": 2}),
+        "lfm2": (Lfm2Config, Lfm2ForCausalLM, _GQA),  # a hybrid: short convolutions beside attention
         "phi": (PhiConfig, PhiForCausalLM, {**small, "partial_rotary_factor": 0.4}),
         "stablelm": (StableLmConfig, StableLmForCausalLM, {**_GQA, "hidden_size": 48,
                                                            "partial_rotary_factor": 0.5, "use_qkv_bias": True}),
@@ -333,4 +337,47 @@ def _interface_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
     }  # fmt: skip
 
 
+RELU2_FAMILIES = ("arcee", "nemotron", "persimmon")
+"""Decoders with a plain relu² MLP; persimmon's default LayerNorm QK-norm is turned off where it is bounded."""
+MORE_LAYOUT_FAMILIES = (*RELU2_FAMILIES, "exaone4", "codegen", "clip_text", "dinov2", "clip_vision")
+"""Families added to the layout table from their configs' defaults and sizes: exaone4 with norms after the
+sublayers, per-head QK-norm and RoPE on its three sliding layers alone (its full fourth layer has none); clip_text
+causal and clip_vision bidirectional (quick_gelu); dinov2 with a LayerScale on each sublayer; codegen with its fused
+qkv in 4 shards of 2 heads and RoPE on adjacent pairs of 4 of its 8 dimensions."""
+BOUNDED_CONFIG: dict[str, dict[str, object]] = {"persimmon": {"qk_layernorm": False}}
+"""Config changes under which a family of the tests' defaults is bounded (Persimmon's LayerNorm QK-norm is not)."""
+
+
+def _layout_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
+    """Families bounded through the layout table, from their configs' defaults and sizes alone."""
+    from transformers import (
+        ArceeConfig,
+        ArceeForCausalLM,
+        CodeGenConfig,
+        CodeGenForCausalLM,
+        Dinov2Config,
+        Dinov2Model,
+        Exaone4Config,
+        Exaone4ForCausalLM,
+        NemotronConfig,
+        NemotronForCausalLM,
+        PersimmonConfig,
+        PersimmonForCausalLM,
+    )
+
+    return {
+        "arcee": (ArceeConfig, ArceeForCausalLM, _GQA),
+        "nemotron": (NemotronConfig, NemotronForCausalLM, {**_GQA, "hidden_size": 48}),  # half of d_head 8 rotates
+        "persimmon": (PersimmonConfig, PersimmonForCausalLM, {"num_hidden_layers": 2, "num_attention_heads": 6,
+                                                             "hidden_size": 48, "intermediate_size": 37,
+                                                             "max_position_embeddings": 41}),
+        "exaone4": (Exaone4Config, Exaone4ForCausalLM, {**_GQA, "num_hidden_layers": 4}),  # 3 sliding, 1 full
+        "codegen": (CodeGenConfig, CodeGenForCausalLM, {"n_layer": 2, "n_head": 8, "n_embd": 64, "n_inner": 37,
+                                                        "rotary_dim": 4, "n_positions": 41}),
+        "dinov2": (Dinov2Config, Dinov2Model, {"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 21,
+                                               "image_size": 12, "patch_size": 4}),
+    }  # fmt: skip
+
+
 CONFIGS.update(_interface_configs())
+CONFIGS.update(_layout_configs())

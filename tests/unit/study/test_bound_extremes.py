@@ -15,28 +15,49 @@ import pytest
 import torch
 
 import attnsens.models as M
+from attnsens.models.hf import is_vision
 from attnsens.study.bounds import bound_model
-from tests.unit.models.tiny_models import DECODER_FAMILIES, ENCODER_FAMILIES, FAMILIES, VOCAB, tiny_model
+from tests.unit.models.tiny_models import (
+    BOUNDED_CONFIG,
+    DECODER_FAMILIES,
+    ENCODER_FAMILIES,
+    FAMILIES,
+    MORE_LAYOUT_FAMILIES,
+    VOCAB,
+    tiny_model,
+)
 
 EAGER_ONLY = ("gemma2", "vaultgemma", "bloom", "mpt")  # transformers has no sdpa path for them
 QUERY = ("q_proj.", "query.", "q_lin.")
 FUSED_QKV = ("c_attn.", "query_key_value.", "qkv_proj.", "Wqkv.")
 """Families whose query projection is one matrix with the keys' and values' (GPT-2, GPT-BigCode, GPT-NeoX, Phi-3,
 BLOOM, MPT): they cannot zero the queries alone, and are scaled whole for sharp attention."""
-ALL_FAMILIES = (*FAMILIES, *DECODER_FAMILIES, *ENCODER_FAMILIES)
+FUSED_QUERY_ROWS = {
+    "persimmon": lambda t, config: t.view(config.num_attention_heads, 3, -1, *t.shape[1:])[:, 0],  # [head, (q, k, v)]
+    "codegen": lambda t, config: t.view(4, 3, -1, *t.shape[1:])[:, 0],  # [shard, (q, v, k)]
+}
+"""The query rows (a view) of the fused qkv of the families whose rows the tests can pick out."""
+ALL_FAMILIES = (*FAMILIES, *DECODER_FAMILIES, *ENCODER_FAMILIES, *MORE_LAYOUT_FAMILIES)
 SEPARATE_QUERY = tuple(f for f in ALL_FAMILIES if f not in ("gpt2", "gpt_bigcode", "gpt_neox", "phi3", "bloom", "mpt"))
 IDS = torch.randint(2, VOCAB, (1, 17), generator=torch.Generator().manual_seed(3))
+PIXELS = torch.randn(1, 3, 12, 12, generator=torch.Generator().manual_seed(3))
+"""The input of the vision families (dinov2, clip_vision): one 12 × 12 image, 9 patches and [CLS]."""
 
 
 def _model(family: str, scale: float) -> torch.nn.Module:
-    """``family``'s tiny model with its query projection (weights and biases) times ``scale``, or, where the query
-    shares its matrix with keys and values, that whole matrix times √``scale`` (scores times ``scale``)."""
-    model = tiny_model(family, attn_implementation="eager" if family in EAGER_ONLY else "sdpa")
+    """``family``'s tiny model with its query projection (weights and biases, or their query rows in a fused qkv
+    of ``FUSED_QUERY_ROWS``) times ``scale``, or, where the query shares its matrix with keys and values, that whole
+    matrix times √``scale`` (scores times ``scale``)."""
+    implementation = "eager" if family in EAGER_ONLY else "sdpa"
+    model = tiny_model(family, attn_implementation=implementation, **BOUNDED_CONFIG.get(family, {}))
     scaled = 0
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if any(part in name for part in QUERY):
                 parameter.mul_(scale)
+                scaled += 1
+            elif family in FUSED_QUERY_ROWS and any(part in name for part in FUSED_QKV):
+                FUSED_QUERY_ROWS[family](parameter, model.config).mul_(scale)
                 scaled += 1
             elif any(part in name for part in FUSED_QKV):
                 parameter.mul_(scale**0.5)
@@ -46,7 +67,8 @@ def _model(family: str, scale: float) -> torch.nn.Module:
 
 
 def _layer_ratios(family: str, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-    table = bound_model(M.load(_model(family, scale)), IDS, n_queries=4, iterations=8)
+    model = _model(family, scale)
+    table = bound_model(M.load(model), PIXELS if is_vision(model.config) else IDS, n_queries=4, iterations=8)
     layers = table[table["head"] == -1]
     mha = layers["mha_jacobian_estimate"] / layers["mha_local_jacobian_upper_bound"]
     block = layers["block_jacobian_estimate"] / layers["residual_jacobian_upper_bound"]
