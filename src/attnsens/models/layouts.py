@@ -454,7 +454,10 @@ LAYOUTS: dict[str, BlockLayout] = {
         causal=False,
     ),
 }
-"""transformers ``model_type`` → layout; ``loading.FAMILIES`` maps each of these to :class:`LayoutAdapter`."""
+"""transformers ``model_type`` → layout: the one table of bounded families. ``loading.FAMILIES`` derives from it
+(each family read by :class:`LayoutAdapter`, or by the adapter ``loading.OWN_ADAPTERS`` names), and so do
+docs/models.md (tools/models_reference.py) and the tests' list of bounded families
+(tests/unit/models/tiny_models.py)."""
 
 
 NO_POSITION_LIMIT = 1 << 20

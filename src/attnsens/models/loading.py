@@ -21,6 +21,7 @@ import torch
 from attnsens.errors import ConfigError, FileFormatError, UnsupportedModelError
 from attnsens.models.adapter import ModelAdapter
 from attnsens.models.hf import HFAdapter
+from attnsens.models.layouts import LAYOUTS
 
 if TYPE_CHECKING:
     from attnsens.train.saved import SavedCheckpoint
@@ -28,24 +29,19 @@ if TYPE_CHECKING:
 AliasLoader = Callable[..., ModelAdapter] | str
 """``loader(*, device, dtype) -> ModelAdapter``, or its ``"module:function"`` name (imported on first use)."""
 
-FAMILIES: dict[str, str] = {
-    "gpt2": "attnsens.models.layouts:LayoutAdapter",
-    "gpt_neox": "attnsens.models.layouts:LayoutAdapter",
-    "llama": "attnsens.models.layouts:LayoutAdapter",
-    "bert": "attnsens.models.layouts:LayoutAdapter",
+OWN_ADAPTERS: dict[str, str] = {
     "bloom": "attnsens.models.bloom:BloomAdapter",
     "falcon": "attnsens.models.falcon:FalconAdapter",
     "mpt": "attnsens.models.mpt:MptAdapter",
-    **{family: "attnsens.models.layouts:LayoutAdapter" for family in (
-        "gpt_bigcode", "mistral", "ministral", "seed_oss", "granite", "olmo", "internlm3", "smollm3", "helium",
-        "ernie4_5", "glm", "glm4", "vaultgemma", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text", "phi3",
-        "olmo2", "olmo3", "opt", "gptj", "distilbert", "phi", "stablelm", "starcoder2", "cohere", "cohere2",
-        "biogpt", "roberta", "xlm-roberta", "camembert", "electra", "vit", "arcee", "nemotron", "persimmon",
-        "exaone4", "dinov2", "clip_text_model", "clip_vision_model", "codegen",
-    )},
-}  # fmt: skip
-"""transformers ``model_type`` → ``module:AdapterClass`` (bounds and audit); other families whose attention calls
-transformers' attention-function interface are audited by ``attnsens.models.interface:InterfaceAdapter``."""
+}
+"""Families of the layout table read by an adapter of their own (a tap of their own for the audit; Falcon's module
+adds its layout to the table on import), ``model_type`` → ``module:AdapterClass``."""
+
+FAMILIES: dict[str, str] = {**dict.fromkeys(LAYOUTS, "attnsens.models.layouts:LayoutAdapter"), **OWN_ADAPTERS}
+"""transformers ``model_type`` → ``module:AdapterClass`` (bounds and audit): every family of the one table,
+:data:`attnsens.models.layouts.LAYOUTS`, read by ``LayoutAdapter`` unless :data:`OWN_ADAPTERS` names another. Other
+families whose attention calls transformers' attention-function interface are audited by
+``attnsens.models.interface:InterfaceAdapter``; docs/adding-a-model.md says how to add one."""
 
 _OWN_SOFTMAX = "its eager attention computes the softmax itself (bypassing the attention-function interface)"
 BYPASSES: dict[str, str] = {
@@ -160,10 +156,8 @@ def load(
 
 
 def supported_families() -> str:
-    return ", ".join(
-        [*FAMILIES, "own_gpt (attnsens.train.model.GPT)", "audit only: any family whose attention calls transformers' "
-         "attention-function interface"]
-    )  # fmt: skip
+    audit_only = "audit only: any family whose attention calls transformers' attention-function interface"
+    return ", ".join([*sorted(FAMILIES), "own_gpt (attnsens.train.model.GPT)", audit_only])
 
 
 def adapter_class(model_type: str) -> type[HFAdapter]:

@@ -12,6 +12,8 @@ from transformers import (
     BioGptForCausalLM,
     BloomConfig,
     BloomForCausalLM,
+    CamembertConfig,
+    CamembertModel,
     Cohere2Config,
     Cohere2ForCausalLM,
     DistilBertConfig,
@@ -71,6 +73,8 @@ from transformers import (
     SmolLM3ForCausalLM,
     VaultGemmaConfig,
     VaultGemmaForCausalLM,
+    XLMRobertaConfig,
+    XLMRobertaModel,
 )
 
 VOCAB = 53
@@ -113,6 +117,12 @@ CONFIGS = {
     "roberta": (RobertaConfig, RobertaModel, {"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 21,
                                               "intermediate_size": 37, "max_position_embeddings": 43,
                                               "pad_token_id": 1}),
+    "xlm-roberta": (XLMRobertaConfig, XLMRobertaModel, {"num_hidden_layers": 2, "num_attention_heads": 3,
+                                                        "hidden_size": 21, "intermediate_size": 37,
+                                                        "max_position_embeddings": 43, "pad_token_id": 1}),
+    "camembert": (CamembertConfig, CamembertModel, {"num_hidden_layers": 2, "num_attention_heads": 3,
+                                                    "hidden_size": 21, "intermediate_size": 37,
+                                                    "max_position_embeddings": 43, "pad_token_id": 1}),
     "electra": (ElectraConfig, ElectraModel, {"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 21,
                                               "embedding_size": 13, "intermediate_size": 37,
                                               "max_position_embeddings": 41}),
@@ -184,7 +194,7 @@ def tiny_model(family: str, *, attn_implementation: str = "sdpa", seed: int = 0,
     torch.manual_seed(seed)
     config_class, model_class, keywords = CONFIGS[family]
     settings = stock_config(config_class, attn_implementation=attn_implementation, **{**keywords, **config})
-    extra = {"add_pooling_layer": False} if family in ("bert", "roberta") else {}
+    extra = {"add_pooling_layer": False} if family in ("bert", "roberta", "xlm-roberta", "camembert") else {}
     model = model_class(settings, **extra)
     spread_weights(model)
     if family in OUT_NORM_FAMILIES:
@@ -381,3 +391,20 @@ def _layout_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
 
 CONFIGS.update(_interface_configs())
 CONFIGS.update(_layout_configs())
+
+
+def model_type(family: str) -> str:
+    """The transformers ``model_type`` of the tests' ``family`` (``clip_text`` → ``clip_text_model``)."""
+    return CONFIGS[family][0].model_type
+
+
+def _bounded_families() -> tuple[str, ...]:
+    from attnsens.models.loading import FAMILIES as REGISTRY
+
+    return tuple(family for family in CONFIGS if model_type(family) in REGISTRY)
+
+
+BOUNDED_FAMILIES = _bounded_families()
+"""Every test family of the one table (``attnsens.models.layouts.LAYOUTS``, through ``loading.FAMILIES``): the
+bound tests run over all of them, so a family added to the table is tested as soon as it has a test model, and
+tests/unit/models/test_registry.py fails until it has one."""

@@ -17,15 +17,7 @@ import torch
 import attnsens.models as M
 from attnsens.models.hf import is_vision
 from attnsens.study.bounds import bound_model
-from tests.unit.models.tiny_models import (
-    BOUNDED_CONFIG,
-    DECODER_FAMILIES,
-    ENCODER_FAMILIES,
-    FAMILIES,
-    MORE_LAYOUT_FAMILIES,
-    VOCAB,
-    tiny_model,
-)
+from tests.unit.models.tiny_models import BOUNDED_CONFIG, BOUNDED_FAMILIES, VOCAB, tiny_model
 
 EAGER_ONLY = ("gemma2", "vaultgemma", "bloom", "mpt")  # transformers has no sdpa path for them
 QUERY = ("q_proj.", "query.", "q_lin.")
@@ -37,11 +29,13 @@ FUSED_QUERY_ROWS = {
     "codegen": lambda t, config: t.view(4, 3, -1, *t.shape[1:])[:, 0],  # [shard, (q, v, k)]
 }
 """The query rows (a view) of the fused qkv of the families whose rows the tests can pick out."""
-ALL_FAMILIES = (*FAMILIES, *DECODER_FAMILIES, *ENCODER_FAMILIES, *MORE_LAYOUT_FAMILIES)
-SEPARATE_QUERY = tuple(f for f in ALL_FAMILIES if f not in ("gpt2", "gpt_bigcode", "gpt_neox", "phi3", "bloom", "mpt"))
+ALL_FAMILIES = BOUNDED_FAMILIES  # every family of the one table (models/layouts.py)
+SEPARATE_QUERY = tuple(
+    f for f in ALL_FAMILIES if f not in ("gpt2", "gpt_bigcode", "gpt_neox", "phi3", "bloom", "mpt", "falcon")
+)
 IDS = torch.randint(2, VOCAB, (1, 17), generator=torch.Generator().manual_seed(3))
 PIXELS = torch.randn(1, 3, 12, 12, generator=torch.Generator().manual_seed(3))
-"""The input of the vision families (dinov2, clip_vision): one 12 × 12 image, 9 patches and [CLS]."""
+"""The input of the vision families (vit, dinov2, clip_vision): one 12 × 12 image, 9 patches and [CLS]."""
 
 
 def _model(family: str, scale: float) -> torch.nn.Module:
