@@ -125,7 +125,7 @@ class ModelAdapter(ABC):
         self.module = module
         self.name = name
         self.spec = spec
-        self._layers: list[LayerWeights] | None = None
+        self._layers: Sequence[LayerWeights] | None = None
         self._read_state: dict[str, tuple[Tensor, int, int]] = {}
 
     def __repr__(self) -> str:
@@ -143,7 +143,7 @@ class ModelAdapter(ABC):
         return 0
 
     @property
-    def layers(self) -> list[LayerWeights]:
+    def layers(self) -> Sequence[LayerWeights]:
         """Normalized weights of every layer (read once, detached, on the model's device). Each parameter's
         identity, version counter and storage are recorded as they are read; :meth:`check_weights_unchanged`
         compares them with the module's at bound time."""
@@ -154,7 +154,7 @@ class ModelAdapter(ABC):
             self._read_state = state
         return self._layers
 
-    def reread_layers(self) -> list[LayerWeights]:
+    def reread_layers(self) -> Sequence[LayerWeights]:
         """Read the normalized weights again from the module as it is now (after a deliberate edit of its
         parameters), recording their versions anew."""
         self._layers = None
@@ -191,12 +191,16 @@ class ModelAdapter(ABC):
 
     @property
     def device(self) -> torch.device:
-        return next(self.module.parameters()).device
+        """Where the model's inputs go: its first parameter's device, or, where that parameter is offloaded (a
+        meta tensor until its block runs), the device the model computes on (``models.offload``)."""
+        from attnsens.models.offload import execution_device
+
+        return execution_device(self.module)
 
     # --- what a family supplies -------------------------------------------------------------------------------
 
     @abstractmethod
-    def read_layers(self) -> list[LayerWeights]:
+    def read_layers(self) -> Sequence[LayerWeights]:
         """The model's parameters converted to the normalized layout (attnsens/weights.py)."""
 
     @abstractmethod
@@ -447,8 +451,10 @@ class ModelAdapter(ABC):
 
 
 def _parameter_state(module: torch.nn.Module) -> dict[str, tuple[Tensor, int, int]]:
-    """name → (the parameter, its version counter, its storage address), for every parameter of ``module``."""
-    return {name: (p, p._version, p.data_ptr()) for name, p in module.named_parameters()}
+    """name → (the parameter, its version counter, its storage address), for every parameter of ``module`` that is
+    not offloaded: accelerate replaces an offloaded (meta) parameter with its weights each time its block runs, so
+    its identity says nothing; its weights are checked against the module by the weights-fidelity gate."""
+    return {name: (p, p._version, p.data_ptr()) for name, p in module.named_parameters() if p.device.type != "meta"}
 
 
 def _select(chosen: Sequence[int] | None, count: int, what: str) -> tuple[int, ...]:

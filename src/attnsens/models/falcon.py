@@ -35,6 +35,7 @@ from attnsens.models.adapter import QueryKeyCallback
 from attnsens.models.attention import AttentionCall
 from attnsens.models.hf_tap import input_taps
 from attnsens.models.layouts import LAYOUTS, BlockLayout, LayoutAdapter, alibi_slopes
+from attnsens.models.offload import LayerSequence
 from attnsens.weights import LayerWeights
 
 LAYOUTS["falcon"] = BlockLayout(
@@ -79,7 +80,7 @@ class FalconAdapter(LayoutAdapter):
             return config.num_kv_heads
         return 1 if config.multi_query else config.num_attention_heads
 
-    def read_layers(self) -> list[LayerWeights]:
+    def read_layers(self) -> Sequence[LayerWeights]:
         layers = super().read_layers()
         if not self.base.config.alibi:
             return layers
@@ -91,10 +92,13 @@ class FalconAdapter(LayoutAdapter):
         )
         counted = 2.0 if own_eager else 1.0
         slopes = alibi_slopes(self.spec.n_head).bfloat16().float() * (counted / math.sqrt(self.spec.d_head))
-        return [
-            dataclasses.replace(layer, attention=dataclasses.replace(layer.attention, alibi_slopes=slopes))
-            for layer in layers
-        ]
+
+        def with_slopes(layer: LayerWeights) -> LayerWeights:
+            return dataclasses.replace(layer, attention=dataclasses.replace(layer.attention, alibi_slopes=slopes))
+
+        if isinstance(layers, LayerSequence):  # an offloaded model's layers, read as they are asked for
+            return layers.mapped(with_slopes)
+        return [with_slopes(layer) for layer in layers]
 
     def query_key_tap(self, on_query_key: QueryKeyCallback) -> contextlib.AbstractContextManager[None]:
         modules = self.attention_modules()

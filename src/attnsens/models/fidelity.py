@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 
 import torch
@@ -105,7 +105,7 @@ def probe_input_ids(adapter: ModelAdapter, length: int = PROBE_LENGTH, *, batch:
     return torch.randint(0, adapter.spec.vocab_size, (batch, n), generator=generator)
 
 
-def identification_tokens(layers: list[LayerWeights]) -> int:
+def identification_tokens(layers: Sequence[LayerWeights]) -> int:
     """Tokens that identify every sublayer of ``layers``: one more than the widest input of a linear map inside
     one, max(d_model, head·d_head, d_ff) + 1 (module docstring)."""
     widest = max(
@@ -182,13 +182,12 @@ _INPUT_FIELDS = ("block_input", "attention_input", "mlp_input")
 
 
 def _identification(
-    adapter: ModelAdapter, layers: list[LayerWeights], scales: dict[tuple[int, str], float], limit: float
+    adapter: ModelAdapter, layers: Sequence[LayerWeights], scales: dict[tuple[int, str], float], limit: float
 ) -> list[FieldFidelity]:
     """The identification pass (module docstring): every attention and MLP input replaced by seeded Gaussian
     tokens of RMS ``scales[(layer, field)]``, each sublayer's output compared with its reference as it comes, so
     that no more than one layer's tensors are held. The reference runs in float64 for a float64 model and in
     float32 otherwise (its rounding, about 10⁻⁷ relative, far below any tolerance but float64's)."""
-    by_index = {layer.index: layer for layer in layers}
     n = max(1, min(IDENTIFICATION_LENGTH, adapter.spec.max_positions))
     probe = probe_input_ids(adapter, n)
     _, n = adapter.sequence_shape(probe)
@@ -217,10 +216,10 @@ def _identification(
         name = {"attention_output": "attention", "mlp_output": "mlp"}.get(field)
         seen = given.get(layer, {})
         source = {"attention": "attention_input", "mlp": "mlp_input"}.get(name or "")
-        if name is None or source not in seen or layer not in by_index:
+        if name is None or source not in seen or not 0 <= layer < len(layers):
             return
         x = seen.pop(source).to(reference_dtype)  # compared once: a layer's inputs are dropped as its outputs come
-        weights = by_index[layer]
+        weights = layers[layer]  # an offloaded model's layer is read here, while its block runs
         reference = attention_sublayer(x, weights.attention) if name == "attention" else mlp_forward(x, weights.mlp)
         errors[(layer, f"{name}_identification")] = relative_error(reference, tensor)
 

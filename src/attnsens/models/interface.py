@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from functools import cache
 from typing import Any
@@ -294,7 +294,7 @@ class InterfaceAdapter(HFAdapter):
     def attention_modules(self) -> list[torch.nn.Module]:
         return self._attention
 
-    def read_layers(self) -> list[LayerWeights]:
+    def read_layers(self) -> Sequence[LayerWeights]:
         raise self._no_layout("normalized weights")
 
     def layer_input_taps(

@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -56,6 +56,7 @@ from attnsens.models.hf import (
     vision_positions,
 )
 from attnsens.models.hf_tap import exposes_scores
+from attnsens.models.offload import LayerSequence, is_offloaded
 from attnsens.weights import (
     Activation,
     AttentionWeights,
@@ -636,13 +637,16 @@ class LayoutAdapter(HFAdapter):
 
         return super().layer_output_taps(scaled)
 
-    def read_layers(self) -> list[LayerWeights]:
+    def read_layers(self) -> Sequence[LayerWeights]:
         for attribute, why in self.layout.unsupported:
             if getattr(self.base.config, attribute, None):
                 raise UnsupportedModelError(
                     f"{self.family} sets {attribute}: {why}; attnsens audits its attention rows but refuses to bound it"
                 )
-        return [self._layer(i, block) for i, block in enumerate(self.blocks())]
+        blocks = self.blocks()
+        if is_offloaded(self.module):  # read each block's weights when that layer is asked for (models/offload.py)
+            return LayerSequence(blocks, lambda index: self._layer(index, blocks[index]))
+        return [self._layer(i, block) for i, block in enumerate(blocks)]
 
     def _layer(self, index: int, block: HFModule) -> LayerWeights:
         s, lay, config = self.spec, self.layout, self.base.config

@@ -76,6 +76,9 @@ def load(
     seed: int | None = None,
     placement: str | None = None,
     revision: str | None = None,
+    device_map: str | dict[str, Any] | None = None,
+    max_memory: dict[Any, int | str] | None = None,
+    offload_folder: str | os.PathLike[str] | None = None,
 ) -> ModelAdapter:
     """Wrap ``model`` in the adapter of its family.
 
@@ -95,6 +98,11 @@ def load(
             placement of a study's run (needed while they leave several runs).
         revision: the branch, tag or commit of a hub id (e.g. ``revision="step1000"`` for a Pythia checkpoint),
             passed to transformers' ``from_pretrained``.
+        device_map, max_memory, offload_folder: accelerate's big-model loading of a folder or hub id, passed to
+            ``from_pretrained``: ``device_map="auto"`` (or a dict of module names → device, ``"cpu"`` or
+            ``"disk"``) spreads the blocks over the GPUs, the CPU and the disk, within ``max_memory`` per device,
+            disk-offloaded weights in ``offload_folder``. The audit follows each layer's device; bounds read each
+            layer's weights when that layer is bounded (docs/scale.md).
 
     Raises:
         UnsupportedModelError: an unknown family or model object.
@@ -102,6 +110,14 @@ def load(
     """
     if isinstance(model, ModelAdapter):
         return model
+    placed = {"device_map": device_map, "max_memory": max_memory, "offload_folder": offload_folder}
+    if any(value is not None for value in placed.values()) and (
+        not isinstance(model, str | os.PathLike) or device is not None
+    ):
+        raise ConfigError(
+            "device_map, max_memory and offload_folder place the weights of a model read from a folder or the hub, "
+            "without device; a model object is used where its weights are (dispatch it with accelerate first)"
+        )
     inner = unwrapped(model)
     if inner is not None:
         module, own_tokenizer = inner
@@ -149,9 +165,11 @@ def load(
     if path.exists() or text.startswith((".", "/", "~")):
         if not path.is_dir():
             raise FileFormatError(f"model path {text!r} is not a directory with config.json; check the path")
-        return _from_pretrained(str(path), text, trust_remote_code=trust_remote_code, device=device, dtype=dtype)
+        return _from_pretrained(
+            str(path), text, trust_remote_code=trust_remote_code, device=device, dtype=dtype, placed=placed
+        )
     return _from_pretrained(
-        text, text, trust_remote_code=trust_remote_code, device=device, dtype=dtype, revision=revision
+        text, text, trust_remote_code=trust_remote_code, device=device, dtype=dtype, revision=revision, placed=placed
     )
 
 
@@ -309,8 +327,10 @@ def _from_pretrained(
     device: Any,
     dtype: torch.dtype,
     revision: str | None = None,
+    placed: dict[str, Any] | None = None,
 ) -> ModelAdapter:
-    """The adapter of a local folder, hub id or GGUF file loaded through transformers' Auto classes.
+    """The adapter of a local folder, hub id or GGUF file loaded through transformers' Auto classes; ``placed``
+    holds accelerate's ``device_map``, ``max_memory`` and ``offload_folder`` (None where not given).
 
     Every transformers call passes ``trust_remote_code`` explicitly, so transformers never asks on stdin whether to
     run a repository's code (it does when the argument is left out); a local folder that names code of its own is
@@ -323,6 +343,7 @@ def _from_pretrained(
         extra["revision"] = revision
     if gguf_file is not None:
         extra["gguf_file"] = gguf_file
+    placement = {key: value for key, value in (placed or {}).items() if value is not None}
     if Path(source).is_dir():
         refuse_remote_code(Path(source), trust_remote_code=trust_remote_code)
     try:
@@ -345,7 +366,7 @@ def _from_pretrained(
     try:
         # The config read above is passed on: transformers would parse it again (seconds for a GGUF file).
         module = AutoModel.from_pretrained(
-            source, config=config, dtype=dtype, trust_remote_code=trust_remote_code, **extra
+            source, config=config, dtype=dtype, trust_remote_code=trust_remote_code, **extra, **placement
         )
     except RuntimeError as err:
         if "mismatched_sizes" not in str(err) and "size mismatch" not in str(err):
@@ -372,7 +393,9 @@ def _from_pretrained(
     except (OSError, ValueError, TypeError):
         tokenizer = None
     audited: Any = language_model(module)
-    return adapter_class(audited.config.model_type)(audited.to(device).eval(), name=name, tokenizer=tokenizer)
+    if "device_map" not in placement:  # a dispatched model stays where accelerate put each block
+        audited = audited.to(device)
+    return adapter_class(audited.config.model_type)(audited.eval(), name=name, tokenizer=tokenizer)
 
 
 LARGE_EMBEDDING = 2**28

@@ -10,6 +10,7 @@ a linear map: such models are audited but their bounds are refused.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -26,7 +27,7 @@ from attnsens.weights import LayerWeights
 class MptAdapter(LayoutAdapter):
     """MPT (``model_type`` "mpt"): the layout adapter, audited through its own score computation."""
 
-    def read_layers(self) -> list[LayerWeights]:
+    def read_layers(self) -> Sequence[LayerWeights]:
         clip = self.base.config.attn_config.clip_qkv
         if clip:
             raise UnsupportedModelError(

@@ -10,7 +10,7 @@ Queries and keys come from ``blocks.{i}.attn.hook_q`` / ``hook_k``; the layer in
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -56,7 +56,7 @@ class OwnGPTAdapter(ModelAdapter):
             causal=bool(config.causal),
         )
 
-    def read_layers(self) -> list[LayerWeights]:
+    def read_layers(self) -> Sequence[LayerWeights]:
         return gpt_layer_weights(self.module)
 
     def forward_score_bytes(self, batch: int, n: int) -> int:

@@ -243,7 +243,8 @@ def bound_model(
     name: str = model_name or getattr(model, "name", None) or "layers"
     if not isinstance(model, list | tuple):
         check_finite_module(model.module, name=name)
-    layers = list(model) if isinstance(model, list | tuple) else list(model.layers)
+    # An offloaded model's layers are read one at a time as they are asked for (models/offload.py): kept as is.
+    layers = list(model) if isinstance(model, list | tuple) else model.layers
     if not layers:
         raise InputError("the model has no layers to bound; pass a model or a non-empty list of LayerWeights")
     check_finite_layers(layers, name=name)

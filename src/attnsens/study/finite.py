@@ -32,9 +32,10 @@ def check_finite_module(module: torch.nn.Module, *, name: str, fix: str = _RESTO
 
 
 def check_finite_layers(layers: Sequence[LayerWeights], *, name: str) -> None:
-    """Raise InputError naming the first normalized weight (``layers.{i}.{part}.{tensor}``) with NaN or ±Inf."""
-    named = []
+    """Raise InputError naming the first normalized weight (``layers.{i}.{part}.{tensor}``) with NaN or ±Inf; one
+    layer at a time, so that an offloaded model's layers are read and dropped in turn."""
     for layer in layers:
+        named = []
         for part in ("attention", "mlp", "attn_norm", "mlp_norm", "attn_out_norm", "mlp_out_norm"):
             weights = getattr(layer, part)
             if weights is None:
@@ -43,13 +44,13 @@ def check_finite_layers(layers: Sequence[LayerWeights], *, name: str) -> None:
                 value = getattr(weights, field.name)
                 if isinstance(value, Tensor):
                     named.append((f"layers.{layer.index}.{part}.{field.name}", value))
-    _check(named, name, _RESTORE)
+        _check(named, name, _RESTORE)
 
 
 def _check(named: Iterable[tuple[str, Tensor]], model: str, fix: str) -> None:
     for parameter, tensor in named:
-        if not tensor.is_floating_point() or _all_finite(tensor):
-            continue
+        if not tensor.is_floating_point() or tensor.device.type == "meta" or _all_finite(tensor):
+            continue  # an offloaded parameter (meta) is checked in its normalized weights, read as it is bounded
         nan, inf = int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
         match = _LAYER.search(parameter)
         where = f"layer {match.group(1)}, " if match else ""
