@@ -148,8 +148,7 @@ def audit(
         adapter = inputs.load_model(
             model, saved, trust_remote_code=trust_remote_code, device=device, dtype=torch_dtype, revision=revision
         )
-        _check_indices(layer_list, adapter.spec.n_layer, "--layers", "layers")
-        _check_indices(head_list, adapter.spec.n_head, "--heads", "heads")
+        _check_selection(layer_list, head_list, adapter.spec)
         note = silent_note if as_json else console_note
         sequences, _ = model_inputs(adapter, tokens, seq_len=seq_len, n_sequences=batch, name=name, note=note)
         # Progress counts (sequence, layer) pairs: "layers" of one sequence, each sequence's layers of several.
@@ -221,6 +220,12 @@ def _indices(text: str | None, flag_name: str) -> tuple[int, ...] | None:
     if not values:
         raise InputError(f"{flag_name} {text!r} names no index; give comma-separated indices such as 0,2")
     return values
+
+
+def _check_selection(layers: tuple[int, ...] | None, heads: tuple[int, ...] | None, spec: Any) -> None:
+    """--layers and --heads within the model's layers and heads."""
+    _check_indices(layers, spec.n_layer, "--layers", "layers")
+    _check_indices(heads, spec.n_head, "--heads", "heads")
 
 
 def _check_indices(values: tuple[int, ...] | None, count: int, flag_name: str, what: str) -> None:
