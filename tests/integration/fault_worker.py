@@ -39,7 +39,7 @@ def main(kind: str, corpus: Path, out: Path) -> None:
         )
     elif kind == "audit":
         from attnsens.capture import RowSelection
-        from attnsens.study.audit import audit
+        from attnsens.study.auditing import audit
         from tests.unit.models.tiny_models import VOCAB, tiny_model
 
         model = tiny_model("gpt2")

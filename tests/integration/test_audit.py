@@ -43,8 +43,7 @@ def test_audit_writes_rows_and_summary_and_resumes(tmp_path, monkeypatch) -> Non
     def no_recompute(*args, **kwargs):
         raise AssertionError("a finished sequence was recomputed")
 
-    # The module object (attnsens.study.audit the attribute is the function of the same name).
-    monkeypatch.setattr(sys.modules["attnsens.study.audit"], "capture_row_statistics", no_recompute)
+    monkeypatch.setattr(sys.modules["attnsens.study.auditing"], "capture_row_statistics", no_recompute)
     again = A.study.audit(model, tokens, seq_len=31, out_dir=tmp_path)
     pd.testing.assert_frame_equal(again.rows, result.rows)
 
@@ -54,7 +53,7 @@ def test_an_audit_written_to_a_folder_holds_one_layer_of_rows_at_a_time(tmp_path
     layer at a time, yet both equal an in-memory audit's; the rows are read back only when asked for."""
     import pyarrow.parquet as pq
 
-    from attnsens.study.audit import RowColumns
+    from attnsens.study.auditing import RowColumns
 
     model = tiny_model("llama", num_hidden_layers=3)
     tokens = torch.randint(0, VOCAB, (2, 40), generator=torch.Generator().manual_seed(2))
@@ -89,7 +88,7 @@ def test_an_audit_written_to_a_folder_holds_one_layer_of_rows_at_a_time(tmp_path
     # A budget that holds one layer's rows at a time: three summaries of a layer each, the same summary.
     import attnsens.store
 
-    audit_module = sys.modules["attnsens.study.audit"]
+    audit_module = sys.modules["attnsens.study.auditing"]
     monkeypatch.setattr(audit_module, "TABLE_BYTES_PER_ROW", RowSelection().max_memory)
     summarized = []
     summarize = attnsens.store.summarize_rows
@@ -113,7 +112,7 @@ def test_one_sequence_written_to_a_folder_is_summarized_layer_by_layer_without_r
     """One sequence: each layer's summary records come from its rows before they go to disk, so nothing is read
     back, and the summary is the in-memory audit's bit for bit; a rerun over the finished folder reads it back."""
     import attnsens.store
-    from attnsens.study.audit import _summary_by_layers
+    from attnsens.study.auditing import _summary_by_layers
 
     model = tiny_model("llama")
     tokens = torch.randint(0, VOCAB, (1, 37), generator=torch.Generator().manual_seed(4))
@@ -137,7 +136,7 @@ def test_one_sequence_written_to_a_folder_is_summarized_layer_by_layer_without_r
     # However many finished layers are summarized together: each alone, or all at once.
     import attnsens.store.summary
 
-    audit_module = sys.modules["attnsens.study.audit"]
+    audit_module = sys.modules["attnsens.study.auditing"]
     summarized = []
     by_columns = attnsens.store.summary.summarize_columns
     monkeypatch.setattr(

@@ -40,7 +40,7 @@ def test_minilm_weights_pass_the_fidelity_gate() -> None:
 
 
 def test_the_default_seq_len_is_the_text_up_to_the_context_without_tokenizing_all_of_a_long_text(monkeypatch) -> None:
-    from attnsens.study.audit import split_sequences, text_seq_len
+    from attnsens.study.inputs import split_sequences, text_seq_len
     from attnsens.train.data import read_documents
 
     adapter = M.load("minilm")
@@ -64,7 +64,7 @@ def test_a_window_beyond_the_context_is_refused_as_such_whatever_the_text() -> N
     import pytest
 
     from attnsens.errors import InputError
-    from attnsens.study.audit import split_sequences
+    from attnsens.study.inputs import split_sequences
 
     adapter = M.load("minilm")
     for text in ("a few words", "word " * 5000):

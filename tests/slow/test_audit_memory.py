@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from attnsens.study.audit import TABLE_BYTES_PER_ROW  # the rows table at its peak: columns, DataFrame, summary
+from attnsens.study.auditing import TABLE_BYTES_PER_ROW  # the rows table at its peak: columns, DataFrame, summary
 
 pytestmark = pytest.mark.slow
 
@@ -107,7 +107,7 @@ def test_peak_extra_memory_is_bounded_and_independent_of_the_layer_count() -> No
     # The rows' working set is one chunk of one layer: four times the layers leave the capture's peak unchanged.
     assert many["capture"] - few["capture"] <= 8 * 2**20, (few, many)
     for got in (few, many):
-        # Documented bound (study.audit.audit): forward + max_memory + the rows table + 64 MiB of interpreter,
+        # Documented bound (study.auditing.audit): forward + max_memory + the rows table + 64 MiB of interpreter,
         # numba, pyarrow and pandas working space.
         bound = got["forward"] + MAX_MEMORY + TABLE_BYTES_PER_ROW * got["rows"] + 64 * 2**20
         assert got["capture"] <= got["forward"] + MAX_MEMORY + 64 * 2**20, got

@@ -146,6 +146,15 @@ console = Console(markup=False, highlight=False)
 error_console = Console(stderr=True, markup=False, highlight=False)
 
 
+def console_note(message: str) -> None:
+    """``note: message`` on stderr: the ``note`` callback commands give the Python API."""
+    error_console.print(f"note: {message}", soft_wrap=True)
+
+
+def silent_note(message: str) -> None:
+    """A ``note`` callback that prints nothing: with --json, a command prints no notes."""
+
+
 def flag(*names: str, help: str) -> Any:
     """An on/off option shown without a value in the help (typer would print ``<bool>`` after it, which reads as
     if ``--json true`` were accepted)."""

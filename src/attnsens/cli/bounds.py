@@ -11,11 +11,22 @@ a seeded Gaussian residual stream of ``--seq-len`` tokens with RMS 1 per token.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from attnsens.cli.app import JsonOption, PlacementOption, StepOption, app, console, domain_errors_exit, flag, print_json
+from attnsens.cli.app import (
+    JsonOption,
+    PlacementOption,
+    StepOption,
+    app,
+    console,
+    console_note,
+    domain_errors_exit,
+    flag,
+    print_json,
+    silent_note,
+)
 from attnsens.cli.interrupt import on_interrupt, rerun_bounds
 
 SAMPLE_TEXT = (
@@ -53,122 +64,92 @@ ESTIMATOR_BUDGET = (
 )
 
 
+ModelOrWeightsArgument = Annotated[
+    str,
+    typer.Argument(
+        help="Model alias, run/checkpoint/study folder, path or hub id, or a .safetensors file of the "
+        "attnsens layer layout."
+    ),
+]
+TextOption = Annotated[
+    Path | None, typer.Option("--text", help="UTF-8 text file for the local bounds (default: a sample text).")
+]
+IdsOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--ids",
+        help="Token ids to bound on instead of text, for a model without a tokenizer: a .pt or .npy tensor, or "
+        "text with the ids separated by spaces or commas; the first --seq-len ids of its first sequence.",
+    ),
+]
+SeqLenOption = Annotated[int, typer.Option("--seq-len", min=2, help="Tokens of the evaluated sequence.")]
+GeometryOption = Annotated[str, typer.Option("--geometry", help="Block norm convention: rms or l2.")]
+QueriesOption = Annotated[
+    int,
+    typer.Option(
+        "--queries",
+        min=1,
+        help="Estimator budget: output tokens probed per Jacobian (time grows in proportion; more: tighter).",
+    ),
+]
+IterationsOption = Annotated[
+    int,
+    typer.Option("--iterations", min=1, help="Estimator budget: ascent steps per probe (time grows in proportion)."),
+]
+PlacementsOption = Annotated[
+    bool,
+    flag(
+        "--placements/--no-placements",
+        help="Also estimate the block under the pre-LN and the post-LN arrangement of its weights (T8): three "
+        "more Jacobians per layer, about 2.5× the estimator time; the columns are in --out and --json.",
+    ),
+]
+ThreadsOption = Annotated[
+    int,
+    typer.Option(
+        "--threads",
+        min=1,
+        help="CPU threads for torch. Default 1: the bounds are many small matrix operations, which more threads "
+        "speed up little on idle cores and slow down several times over when other work shares them.",
+    ),
+]
+SeedOption = Annotated[int | None, typer.Option("--seed", help="Run of a study folder (its training seed).")]
+OutOption = Annotated[Path | None, typer.Option("--out", help="Directory to write bounds.parquet into.")]
+
+
 @app.command(epilog=ESTIMATOR_BUDGET)
 @domain_errors_exit
 @on_interrupt(rerun_bounds)
 def bounds(
-    model: Annotated[
-        str,
-        typer.Argument(
-            help="Model alias, run/checkpoint/study folder, path or hub id, or a .safetensors file of the "
-            "attnsens layer layout."
-        ),
-    ],
-    text: Annotated[
-        Path | None, typer.Option("--text", help="UTF-8 text file for the local bounds (default: a sample text).")
-    ] = None,
-    ids: Annotated[
-        Path | None,
-        typer.Option(
-            "--ids",
-            help="Token ids to bound on instead of text, for a model without a tokenizer: a .pt or .npy tensor, or "
-            "text with the ids separated by spaces or commas; the first --seq-len ids of its first sequence.",
-        ),
-    ] = None,
-    seq_len: Annotated[int, typer.Option("--seq-len", min=2, help="Tokens of the evaluated sequence.")] = 32,
-    geometry: Annotated[str, typer.Option("--geometry", help="Block norm convention: rms or l2.")] = "rms",
-    queries: Annotated[
-        int,
-        typer.Option(
-            "--queries",
-            min=1,
-            help="Estimator budget: output tokens probed per Jacobian (time grows in proportion; more: tighter).",
-        ),
-    ] = 4,
-    iterations: Annotated[
-        int,
-        typer.Option(
-            "--iterations", min=1, help="Estimator budget: ascent steps per probe (time grows in proportion)."
-        ),
-    ] = 5,
-    placements: Annotated[
-        bool,
-        flag(
-            "--placements/--no-placements",
-            help="Also estimate the block under the pre-LN and the post-LN arrangement of its weights (T8): three "
-            "more Jacobians per layer, about 2.5× the estimator time; the columns are in --out and --json.",
-        ),
-    ] = False,
-    threads: Annotated[
-        int,
-        typer.Option(
-            "--threads",
-            min=1,
-            help="CPU threads for torch. Default 1: the bounds are many small matrix operations, which more threads "
-            "speed up little on idle cores and slow down several times over when other work shares them.",
-        ),
-    ] = 1,
+    model: ModelOrWeightsArgument,
+    text: TextOption = None,
+    ids: IdsOption = None,
+    seq_len: SeqLenOption = 32,
+    geometry: GeometryOption = "rms",
+    queries: QueriesOption = 4,
+    iterations: IterationsOption = 5,
+    placements: PlacementsOption = False,
+    threads: ThreadsOption = 1,
     step: StepOption = None,
     placement: PlacementOption = None,
-    seed: Annotated[int | None, typer.Option("--seed", help="Run of a study folder (its training seed).")] = None,
-    out: Annotated[Path | None, typer.Option("--out", help="Directory to write bounds.parquet into.")] = None,
+    seed: SeedOption = None,
+    out: OutOption = None,
     as_json: JsonOption = False,
 ) -> None:
     """Per layer and head: projection norms, Φ_h, θ̃_h, certified local and global bounds, estimates, ratios."""
     import torch
 
     from attnsens._threads import keep_torch_threads
-    from attnsens.cli.inputs import (
-        check_context,
-        check_out_dir,
-        load_model,
-        read_text_file,
-        read_token_ids,
-        saved_checkpoint,
-        writing,
-    )
+    from attnsens.cli.inputs import check_out_dir, saved_checkpoint
     from attnsens.cli.progress import ProgressReport
-    from attnsens.errors import InputError
     from attnsens.geometry.norms import check_geometry
-    from attnsens.store.layer_weights import load_layer_weights
-    from attnsens.study.audit import split_sequences
     from attnsens.study.bounds import bound_model
 
     check_geometry(geometry)
     if out is not None:
         check_out_dir(out)
     saved = saved_checkpoint(model, step, seed, placement)
-    if ids is not None and text is not None:
-        raise InputError(f"give one of --ids {ids} and --text {text}, not both")
-    if saved is None and model.endswith(".safetensors"):
-        if text is not None or ids is not None:
-            raise InputError(
-                f"{model} holds layer weights only (no embeddings); drop --{'text' if ids is None else 'ids'} or give "
-                "a full model"
-            )
-        target, input_ids, name = load_layer_weights(model), None, Path(model).name
-        n_layer = len(target)
-    else:
-        token_ids = None if ids is None else read_token_ids(ids)
-        source = SAMPLE_TEXT if text is None else read_text_file(text)
-        check_context(model, saved, seq_len)
-        target = load_model(model, saved)
-        if token_ids is None:
-            input_ids = target.encode(source, max_length=seq_len)
-        else:
-            input_ids = split_sequences(target, (token_ids if token_ids.ndim == 1 else token_ids[0])[:seq_len])
-        name, n_layer = target.name, len(target.layers)
-        given, more = ("the text", "--text with more text") if token_ids is None else (f"--ids {ids}", "more ids")
-        if input_ids.shape[1] < 2:
-            raise InputError(f"{given} gives {input_ids.shape[1]} token(s); give {more}, at least 2 tokens")
-        if input_ids.shape[1] < seq_len and not as_json:
-            from attnsens.cli.app import error_console
-
-            error_console.print(
-                f"note: {given} gives {input_ids.shape[1]} tokens, fewer than --seq-len {seq_len}; bounding those "
-                f"(give {more} for a longer sequence)",
-                soft_wrap=True,
-            )
+    target, input_ids, name, n_layer = _bounded(model, saved, text=text, ids=ids, seq_len=seq_len, quiet=as_json)
     with keep_torch_threads(), ProgressReport("bounding", "layers", enabled=not as_json) as report:
         torch.set_num_threads(threads)  # restored on exit, so a caller in the same process keeps its own setting
         table = bound_model(
@@ -178,16 +159,11 @@ def bounds(
     if saved is not None:
         table["step"], table["seed"] = saved.step, saved.seed
     if out is not None:
-        from attnsens.store import Manifest
-
-        path = Path(out) / "bounds.parquet"
-        with writing(path):  # a unit of the folder's manifest, so report and verify check it like any run's
-            Manifest.open(out).write_unit("bounds.parquet", table, schema="bounds", metadata={"model": name})
-    layers = table[table["head"] == -1]
+        _write_bounds(Path(out), table, name)
     if as_json:
         print_json({"model": name, "norm": f"block_{geometry}", "records": table.to_dict("records")})
         return
-    _print_table(name, layers, geometry)
+    _print_table(name, table[table["head"] == -1], geometry)
     console.print(
         f"estimator budget: block power ascent, 1 random start × {iterations} steps at {queries} output token(s) "
         f"per Jacobian, pre/post-LN comparison {'on (--no-placements skips it)' if placements else 'off'}; higher "
@@ -196,6 +172,44 @@ def bounds(
     )
     if out is not None:
         console.print(f"bounds written to {Path(out) / 'bounds.parquet'}")
+
+
+def _bounded(
+    model: str, saved: Any, *, text: Path | None, ids: Path | None, seq_len: int, quiet: bool
+) -> tuple[Any, Any, str, int]:
+    """What ``bounds`` evaluates, its token ids, name and number of layers: a layer-weights file alone (no
+    tokens), or the model and the first --seq-len tokens of --ids, --text or the sample text
+    (``attnsens.study.inputs.leading_tokens``)."""
+    from attnsens.cli.inputs import check_context, load_model, read_text_file, read_token_ids
+    from attnsens.errors import InputError
+    from attnsens.store.layer_weights import load_layer_weights
+    from attnsens.study.inputs import leading_tokens
+
+    if ids is not None and text is not None:
+        raise InputError(f"give one of --ids {ids} and --text {text}, not both")
+    if saved is None and model.endswith(".safetensors"):
+        if text is not None or ids is not None:
+            raise InputError(
+                f"{model} holds layer weights only (no embeddings); drop --{'text' if ids is None else 'ids'} or give "
+                "a full model"
+            )
+        weights = load_layer_weights(model)
+        return weights, None, Path(model).name, len(weights)
+    tokens = read_token_ids(ids) if ids is not None else SAMPLE_TEXT if text is None else read_text_file(text)
+    check_context(model, saved, seq_len)
+    target = load_model(model, saved)
+    name = None if ids is None else f"--ids {ids}"
+    input_ids = leading_tokens(target, tokens, seq_len=seq_len, name=name, note=silent_note if quiet else console_note)
+    return target, input_ids, target.name, len(target.layers)
+
+
+def _write_bounds(out: Path, table: Any, name: str) -> None:
+    """``out/bounds.parquet``, a unit of the folder's manifest, so report and verify check it like any run's."""
+    from attnsens.cli.inputs import writing
+    from attnsens.store import Manifest
+
+    with writing(out / "bounds.parquet"):
+        Manifest.open(out).write_unit("bounds.parquet", table, schema="bounds", metadata={"model": name})
 
 
 def _print_table(name: str, layers: object, geometry: str) -> None:

@@ -130,7 +130,7 @@ _BYTES_PER_SCORE = 12
 
 def _check_memory(grid: list[int], adapter: object) -> None:
     """Refuse lengths whose attention scores (2 sequences × heads × n², one pair per pass) exceed half the RAM."""
-    from attnsens.cli.inputs import longest_in_memory, memory_budget
+    from attnsens._memory import longest_in_memory, memory_budget
     from attnsens.errors import InputError
 
     heads = adapter.spec.n_head  # type: ignore[attr-defined]

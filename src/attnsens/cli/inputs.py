@@ -7,11 +7,10 @@ speaks the command line's language: the flag, the offending value and the fix.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from attnsens._memory import physical_memory
 from attnsens.errors import ConfigError, FileFormatError
 
 
@@ -184,24 +183,6 @@ def saved_checkpoint(model: str, step: int | None, seed: int | None, placement: 
             f"neither; drop {flags} or give such a folder"
         )
     return found
-
-
-def longest_in_memory(bytes_at: Callable[[int], int], longest: int) -> int | None:
-    """The largest length n < ``longest`` whose ``bytes_at(n)`` (growing with n) fits in half of this machine's
-    memory (``memory_budget``), at least 1; None when ``longest`` itself fits."""
-    budget = memory_budget()
-    if bytes_at(longest) <= budget:
-        return None
-    low, high = 1, longest  # bytes_at(high) does not fit; the search keeps the largest low that does
-    while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (middle, high) if bytes_at(middle) <= budget else (low, middle)
-    return low
-
-
-def memory_budget() -> int:
-    """Half of this machine's physical memory, in bytes: what one call may plan to hold at once."""
-    return physical_memory() // 2
 
 
 def check_model_path(model: str, *, revision: str | None = None) -> None:

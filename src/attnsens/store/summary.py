@@ -56,7 +56,7 @@ def summarize_columns(
     as ``summarize_rows`` of the frame of these rows with those four columns added, without building the frame.
 
     An audit written to a folder summarizes each layer's rows this way while they are still in memory, instead of
-    reading them back from disk (``attnsens.study.audit``).
+    reading them back from disk (``attnsens.study.auditing``).
 
     Args:
         columns: the ``SUMMARIZED_COLUMNS`` of the rows table (others are ignored), equal lengths.

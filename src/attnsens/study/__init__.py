@@ -1,13 +1,14 @@
 """Pipelines over models and checkpoints: audit, bounds, the early-training study.
 
-Each pipeline function is re-exported here by name. Re-exports are eager because a function and its module
-share a name (``attnsens.study.audit`` is both): importing the submodule alone would otherwise leave the module,
-not the function, as the package attribute.
+Each pipeline is re-exported here by name: ``audit`` (module ``attnsens.study.auditing``; its inputs,
+``attnsens.study.inputs``), ``bound_model`` (``attnsens.study.bounds``) and ``run_study`` with its ``StudyConfig``
+(``attnsens.study.study``).
 """
 
 from __future__ import annotations
 
-from attnsens.study.audit import AuditResult, audit
+from attnsens.study.auditing import AuditResult, audit
 from attnsens.study.bounds import bound_model
+from attnsens.study.study import StudyConfig, run_study
 
-__all__ = ["AuditResult", "audit", "bound_model"]
+__all__ = ["AuditResult", "StudyConfig", "audit", "bound_model", "run_study"]

@@ -602,7 +602,7 @@ def _audit_checkpoint(
     say: Log,
 ) -> None:
     from attnsens.models import load
-    from attnsens.study.audit import audit
+    from attnsens.study.auditing import audit
     from attnsens.study.finite import check_finite_module
 
     started = time.perf_counter()
@@ -663,7 +663,7 @@ def _audit_reference(
     from tokenizers import Tokenizer
 
     from attnsens.models import load
-    from attnsens.study.audit import audit
+    from attnsens.study.auditing import audit
 
     started = time.perf_counter()
     adapter = load(reference)

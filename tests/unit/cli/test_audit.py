@@ -157,9 +157,9 @@ def _score_bytes(n: int) -> int:
 
 
 def test_a_seq_len_whose_attention_scores_exceed_the_memory_is_refused(monkeypatch, tmp_path: Path) -> None:
-    import attnsens.cli.inputs
+    import attnsens._memory
 
-    monkeypatch.setattr(attnsens.cli.inputs, "memory_budget", lambda: 2**30)
+    monkeypatch.setattr(attnsens._memory, "memory_budget", lambda: 2**30)
     limit = next(n for n in range(6000, 7000) if _score_bytes(n + 1) > 2**30)
     result = runner.invoke(app, ["audit", "builtin:lnfree", "--seq-len", "60000", "--out", str(tmp_path / "o")])
     assert result.exit_code == 1
@@ -173,9 +173,9 @@ def test_a_seq_len_whose_attention_scores_exceed_the_memory_is_refused(monkeypat
 def test_the_default_seq_len_fits_the_attention_scores_in_memory(monkeypatch, tmp_path: Path) -> None:
     """builtin:lnfree's context is 65,536 positions, and its forward pass holds a layer's n² scores: without
     --seq-len the corpus is audited in the longest window whose scores fit, and the command says so."""
-    import attnsens.cli.inputs
+    import attnsens._memory
 
-    monkeypatch.setattr(attnsens.cli.inputs, "memory_budget", lambda: 2**21)
+    monkeypatch.setattr(attnsens._memory, "memory_budget", lambda: 2**21)
     limit = next(n for n in range(1, 1000) if _score_bytes(n + 1) > 2**21)
     result = runner.invoke(app, ["audit", "builtin:lnfree", "--layers", "0", "--out", str(tmp_path / "o"), "--json"])
     assert result.exit_code == 0, result.output
@@ -188,7 +188,7 @@ def test_the_default_seq_len_fits_the_attention_scores_in_memory(monkeypatch, tm
 def test_running_out_of_memory_is_one_line(monkeypatch, tmp_path: Path) -> None:
     import importlib
 
-    audit_module = importlib.import_module("attnsens.study.audit")  # attnsens.study.audit is also the function
+    audit_module = importlib.import_module("attnsens.study.auditing")
 
     def fails(*_args, **_kwargs):
         raise RuntimeError(
@@ -258,3 +258,46 @@ def test_token_ids_stand_in_for_text_for_a_model_without_a_tokenizer(tmp_path: P
         assert result.exit_code == 1 and message in result.output, (name, result.output)
     both = runner.invoke(app, ["audit", str(folder), "--ids", str(tmp_path / "rows.pt"), "--corpus", "shakespeare"])
     assert both.exit_code == 1 and "give one of --ids" in both.output
+
+
+def test_the_python_api_audits_the_rows_the_command_audits(
+    run_dir: Path, text_file: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """``attnsens.study.audit(model, text_or_ids, ...)`` chooses the command's default window (the text up to the
+    context; no longer than the attention scores' memory allows) and cuts as it does (text and a stream into
+    windows, each [batch, n] row to --seq-len): the same rows, statistic for statistic, and the same refusal of a
+    --batch the input cannot fill."""
+    import pandas as pd
+    import torch
+
+    import attnsens as A
+    import attnsens._memory
+    from attnsens.capture import RowSelection
+    from attnsens.errors import InputError
+    from attnsens.store import read_table
+    from attnsens.train.data import read_documents
+
+    rows_2d = torch.randint(0, 300, (3, 10), generator=torch.Generator().manual_seed(5))
+    torch.save(rows_2d, tmp_path / "rows.pt")
+    text = text_file.read_text()
+    cases = [  # (command arguments, model, tokens, keyword arguments of the API)
+        (["--text", str(text_file)], run_dir, text, {"n_sequences": 1}),
+        (["--text", str(text_file), "--seq-len", "8", "--batch", "3"], run_dir, text, {"seq_len": 8, "n_sequences": 3}),
+        (["--ids", str(tmp_path / "rows.pt"), "--seq-len", "7", "--batch", "3"], run_dir, rows_2d,
+         {"seq_len": 7, "n_sequences": 3}),
+        (["--layers", "0"], "builtin:lnfree", "\n\n".join(read_documents(None)),
+         {"n_sequences": 1, "selection": RowSelection(layers=(0,))}),
+    ]  # fmt: skip
+    monkeypatch.setattr(attnsens._memory, "memory_budget", lambda: 2**21)  # lnfree's default window: the memory's
+    stamped = ["step", "seed"]  # the command stamps the checkpoint's step and seed; the API's defaults are 0
+    for index, (args, model, tokens, kwargs) in enumerate(cases):
+        out = tmp_path / f"command-{index}"
+        result = runner.invoke(app, ["audit", str(model), *args, "--out", str(out), "--json"])
+        assert result.exit_code == 0, result.output
+        command_rows = read_table(out / "rows").drop(columns=stamped)
+        api = A.study.audit(model, tokens, **kwargs)
+        assert api.rows["batch"].nunique() == kwargs["n_sequences"]
+        assert api.rows["query"].max() + 1 == json.loads(result.stdout)["seq_len"]
+        pd.testing.assert_frame_equal(api.rows.drop(columns=stamped), command_rows, check_exact=True)
+    with pytest.raises(InputError, match=r"^the text gives \d+ sequence\(s\) of 8 tokens, fewer than --batch 5000"):
+        A.study.audit(run_dir, text, seq_len=8, n_sequences=5000)

@@ -253,7 +253,7 @@ def test_audit_smollm2_seq_len_beyond_its_context_is_refused_before_loading(monk
 
 
 def test_batch_of_ten_from_a_text_of_three_sequences(run_dir, tmp_path) -> None:
-    from attnsens.study.audit import split_sequences
+    from attnsens.study.inputs import split_sequences
 
     adapter = A.models.load(run_dir)
     words = "the king the queen the sword "

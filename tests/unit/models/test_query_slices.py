@@ -14,7 +14,7 @@ import attnsens.models as M
 from attnsens.capture import RowSelection, capture_row_statistics
 from attnsens.capture.stream import _split_at_multiples
 from attnsens.models import hf_tap, query_slices
-from attnsens.study.audit import audit
+from attnsens.study.auditing import audit
 from tests.unit.models.tiny_models import DECODER_FAMILIES, FAMILIES, INTERFACE_FAMILIES, VOCAB, tiny_model
 
 IDS = torch.randint(2, VOCAB, (2, 13), generator=torch.Generator().manual_seed(5))

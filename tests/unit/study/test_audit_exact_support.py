@@ -10,7 +10,7 @@ import torch
 
 import attnsens.models as M
 from attnsens.errors import ConfigError
-from attnsens.study.audit import audit
+from attnsens.study.auditing import audit
 from tests.unit.models.tiny_models import VOCAB, tiny_model
 
 N_TOKENS = 40

@@ -11,7 +11,8 @@ import attnsens.models as M
 from attnsens.capture import RowSelection
 from attnsens.errors import InputError
 from attnsens.models.loading import _minilm_source
-from attnsens.study.audit import audit, model_inputs
+from attnsens.study.auditing import audit
+from attnsens.study.inputs import model_inputs
 from tests.unit.models.tiny_models import VOCAB, eager_attentions, spread_weights, tiny_model
 
 TEXTS = ["To be, or not to be", "that is the question: whether 'tis nobler in the mind to suffer", "Ay"]

@@ -10,7 +10,7 @@ import torch
 from attnsens.capture.statistics import row_statistics
 from attnsens.capture.stream import RowBlock
 from attnsens.store.schema import ROWS
-from attnsens.study.audit import RowColumns
+from attnsens.study.auditing import RowColumns
 from tests.unit.theta.rows import softmax_rows
 
 

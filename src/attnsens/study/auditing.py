@@ -4,29 +4,32 @@ summary (docs/math.md §9.4–9.5, A3), optionally written to a run directory th
 Run directory layout: ``manifest.json`` (config, provenance, finished units with sha256),
 ``rows/sequence=NNNNNN.parquet`` (one file per audited sequence: the unit of work) and
 ``summary/summary.parquet``.
+
+One loop (``_audit_rows``) captures each sequence's rows a layer at a time into a ``RowSink``: ``MemoryRows`` keeps
+them as a DataFrame, ``FolderRows`` writes them to the run directory. What is audited (text, token ids, windows,
+masks) comes from ``attnsens.study.inputs``.
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import asdict, dataclass, field, replace
-from functools import cached_property, partial
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import torch
 from torch import Tensor
 
 from attnsens.capture import RowBlock, RowSelection, capture_row_statistics
 from attnsens.capture.allocator import release_free_memory
 from attnsens.capture.stream import enumeration_workspaces
-from attnsens.errors import InputError
 from attnsens.models import ModelAdapter, load
 from attnsens.store.lock import writes_run_folder
+from attnsens.study.inputs import Note, model_inputs, print_note, real_positions
 
 TABLE_BYTES_PER_ROW = 520
 """Most bytes a row of the rows table takes at its peak: the columns while capturing (83), the DataFrame and the
@@ -114,6 +117,7 @@ def audit(
     max_memory: int | None = None,
     exact_support: int | None = None,
     progress: ProgressCallback | None = None,
+    note: Note = print_note,
 ) -> AuditResult:
     """Reduce every selected attention row of ``tokens`` to its statistics and summarize them.
 
@@ -127,8 +131,12 @@ def audit(
             rows, as in the model, and padded query positions are never audited.
         seq_len: cut a stream or text into consecutive non-overlapping windows of this many tokens, each a
             well-formed model input: the tokenizer's special tokens ([CLS] … [SEP], BOS) open and close every
-            window (default: the whole input as one sequence, or the rows of a 2-D tensor).
-        n_sequences: audit only the first this many sequences (default: all).
+            window; each row of a [batch, n] tensor is cut to its first ``seq_len`` tokens. Default, as
+            ``attnsens audit``: the text or the ids up to the context, and for a model whose forward pass holds a
+            layer's n² attention scores, up to what half the memory holds (``attnsens.study.inputs.window_length``;
+            a longer ``seq_len`` is refused).
+        n_sequences: audit only the first this many sequences (default: all); text or ids without a mask that
+            give fewer are an InputError.
         selection: layers, heads, positions (RowSelection; default: every row).
         out_dir: run directory to write Parquet files and the manifest to; sequences already recorded there
             are kept instead of recomputed. The rows go to disk a layer at a time (one row group each) and the
@@ -154,12 +162,12 @@ def audit(
             proof settles; the others end at float32 resolution. At 48 a row costs up to ~0.1–0.3 s: a SmolLM2
             audit at 512 tokens takes about 20 s more.
         progress: called after each (sequence, layer) is done.
+        note: told of a default window shortened to fit in memory and of run-folder units rebuilt (default:
+            ``note: …`` on stderr).
 
     Returns:
         AuditResult with the rows and summary tables (attnsens.store.schema ROWS / SUMMARY).
     """
-    from attnsens.store import Manifest, summarize_rows
-    from attnsens.store.verify import forget_untrusted
     from attnsens.study.finite import check_finite_module
     from attnsens.theta.certificate import enumeration_support
 
@@ -170,105 +178,217 @@ def audit(
     if max_memory is not None:
         selection = replace(selection, max_memory=max_memory)
     sequences, mask = model_inputs(
-        adapter, tokens, attention_mask=attention_mask, seq_len=seq_len, n_sequences=n_sequences
+        adapter, tokens, attention_mask=attention_mask, seq_len=seq_len, n_sequences=n_sequences, note=note
     )
     layers = adapter.select_layers(selection.layers)
-    n_positions = adapter.sequence_shape(sequences)[1]  # a vision model's patches and [CLS]
     identity: dict[str, Any] = {"run_id": run_id, "model": adapter.name, "step": step, "seed": seed}
-    manifest = None
-    if out_dir is not None:
+    sink: RowSink
+    if out_dir is None:
+        sink = MemoryRows(identity, n_layers=len(layers))
+    else:
         config = {
             **identity,
-            "seq_len": n_positions,
+            "seq_len": adapter.sequence_shape(sequences)[1],  # a vision model's patches and [CLS]
             "n_sequences": int(sequences.shape[0]),
             "selection": asdict(selection),
             "tokens_sha": _token_digest(sequences),
             **({} if mask is None else {"attention_mask_sha": _token_digest(mask)}),
             **({} if exact_support is None else {"exact_support": exact_support}),
         }
-        manifest = Manifest.open(out_dir, config=config)
-        manifest.plan([*(_row_unit(index) for index in range(sequences.shape[0])), SUMMARY_UNIT])
-        forget_untrusted(manifest, note=lambda message: print(f"note: {message}", file=sys.stderr))
-    total, done = sequences.shape[0] * len(layers), 0
+        sink = FolderRows.open(out_dir, config, identity, layers=layers, max_memory=selection.max_memory, note=note)
+    return _audit_rows(
+        adapter, sequences, mask, selection, sink, layers=layers, exact_support=exact_support, progress=progress
+    )
 
-    def tick(count: int = 1) -> None:
-        nonlocal done
-        done += count
-        if progress is not None:
-            progress(done, total)
 
-    def capture(index: int, selection: RowSelection, columns: RowColumns, layer_done: Callable[[], None]) -> None:
-        """Sequence ``index``'s rows into ``columns``; ``layer_done()`` after each layer's last block."""
-
-        def keep(block: RowBlock) -> None:
-            if columns.layers and columns.layers[-1] != block.layer:
-                layer_done()
-            columns.add(block)
-
-        one_mask = None if mask is None else mask[index : index + 1]
-        capture_row_statistics(
-            adapter, sequences[index : index + 1], selection=selection, attention_mask=one_mask, on_block=keep,
-            exact_support=exact_support,
-        )  # fmt: skip
-        layer_done()
-
-    frames = []
-    # One sequence written to a folder: each layer's summary records are every record of that layer, so they are
-    # computed from its rows while they are in memory, before they go to disk, instead of read back at the end.
-    one_sequence = manifest is not None and sequences.shape[0] == 1
-    layer_summaries: _LayerSummaries | None = _LayerSummaries(identity) if one_sequence else None
+def _audit_rows(
+    adapter: ModelAdapter,
+    sequences: Tensor,
+    mask: Tensor | None,
+    selection: RowSelection,
+    sink: RowSink,
+    *,
+    layers: Sequence[int],
+    exact_support: int | None,
+    progress: ProgressCallback | None,
+) -> AuditResult:
+    """Every selected row of each of ``sequences`` [batch, n] into ``sink``, one sequence and layer at a time, and
+    the sink's result; sequences the sink has recorded already are skipped."""
+    n_positions = adapter.sequence_shape(sequences)[1]  # a vision model's patches and [CLS]
+    count = _Progress(progress, total=sequences.shape[0] * len(layers))
     with enumeration_workspaces(exact_support):  # shared by every sequence's chunks
         for index in range(sequences.shape[0]):
-            unit = _row_unit(index)
-            if manifest is not None and manifest.is_done(unit):
-                layer_summaries = None  # recorded by an earlier call: its rows are read back
-                tick(len(layers))
+            if sink.recorded(index):
+                count.advance(len(layers))
                 continue
             # Each sequence draws its own sampled positions (seed + sequence index), reproducibly, among its real
             # tokens.
-            per_sequence = _real_positions(replace(selection, seed=selection.seed + index), mask, index)
+            per_sequence = real_positions(replace(selection, seed=selection.seed + index), mask, index)
             layer_rows = per_sequence.query_positions(1, n_positions).shape[1] * len(
                 adapter.select_heads(per_sequence.heads)
             )
-            if manifest is None:
-                columns = RowColumns(capacity=len(layers) * layer_rows)
-                capture(index, per_sequence, columns, tick)
-                frames.append(columns.frame(batch_offset=index, **identity))
-            else:
-                # Written one layer at a time, a row group each: the folder's rows are never all in memory.
-                columns = RowColumns(capacity=layer_rows)
-                with manifest.unit_parts(unit, schema="rows") as write:
-                    on_layer = partial(_write_layer, columns, write, index, identity, tick, layer_summaries)
-                    capture(index, per_sequence, columns, on_layer)
+            with sink.sequence(index, layer_rows) as columns:
+                feed = _LayerFeed(sink, index, columns, count)
+                capture_row_statistics(
+                    adapter, sequences[index : index + 1], selection=per_sequence, on_block=feed.add,
+                    attention_mask=None if mask is None else mask[index : index + 1], exact_support=exact_support,
+                )  # fmt: skip
+                feed.layer_done()
             release_free_memory()
-    if manifest is None:
-        rows = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+    return sink.result()
+
+
+class _Progress:
+    """``progress(done, total)`` after each (sequence, layer) pair."""
+
+    def __init__(self, progress: ProgressCallback | None, *, total: int) -> None:
+        self._progress, self.total, self.done = progress, total, 0
+
+    def advance(self, count: int = 1) -> None:
+        self.done += count
+        if self._progress is not None:
+            self._progress(self.done, self.total)
+
+
+class _LayerFeed:
+    """The ``on_block`` of one sequence's capture: each block into ``columns``; each layer, once its last block is
+    in (the next layer's first arrives, or ``layer_done`` after the capture), to the sink and the progress."""
+
+    def __init__(self, sink: RowSink, index: int, columns: RowColumns, progress: _Progress) -> None:
+        self._sink, self._index, self._columns, self._progress = sink, index, columns, progress
+
+    def add(self, block: RowBlock) -> None:
+        if self._columns.layers and self._columns.layers[-1] != block.layer:
+            self.layer_done()
+        self._columns.add(block)
+
+    def layer_done(self) -> None:
+        self._sink.update(self._index, self._columns)
+        self._progress.advance()
+
+
+class RowSink(Protocol):
+    """Where an audit's rows go, a sequence at a time, in the update/compute split of a streaming metric:
+    ``sequence`` opens the columns the sequence's blocks are copied into, ``update`` takes each of its layers once
+    the layer is complete, ``result`` makes the audit when every sequence is done."""
+
+    def recorded(self, index: int) -> bool:
+        """Whether sequence ``index``'s rows are kept already (by an earlier call): they are not recomputed."""
+        ...
+
+    def sequence(self, index: int, layer_rows: int) -> AbstractContextManager[RowColumns]:
+        """The columns for sequence ``index``'s rows (``layer_rows`` a layer); kept if the block ends without an
+        error."""
+        ...
+
+    def update(self, index: int, columns: RowColumns) -> None:
+        """A complete layer of sequence ``index``: the last rows added to ``columns``."""
+        ...
+
+    def result(self) -> AuditResult:
+        """The audit of every sequence: rows and summary."""
+        ...
+
+
+class MemoryRows:
+    """RowSink of an audit held in memory: each sequence's rows of every layer in one set of columns allocated once,
+    then a DataFrame; the summary of all the rows at the end."""
+
+    def __init__(self, identity: dict[str, Any], *, n_layers: int) -> None:
+        self._identity, self._n_layers = identity, n_layers
+        self._frames: list[pd.DataFrame] = []
+
+    def recorded(self, index: int) -> bool:
+        return False
+
+    @contextmanager
+    def sequence(self, index: int, layer_rows: int) -> Iterator[RowColumns]:
+        columns = RowColumns(capacity=self._n_layers * layer_rows)
+        yield columns
+        self._frames.append(columns.frame(batch_offset=index, **self._identity))
+
+    def update(self, index: int, columns: RowColumns) -> None:
+        """Nothing to do: the columns hold every layer of the sequence until it ends."""
+
+    def result(self) -> AuditResult:
+        from attnsens.store import summarize_rows
+
+        rows = self._frames[0] if len(self._frames) == 1 else pd.concat(self._frames, ignore_index=True)
         return AuditResult(summary=summarize_rows(rows), n_rows=len(rows), _rows=rows)
-    units = [_row_unit(index) for index in range(sequences.shape[0])]
-    row_files = tuple(manifest.run_dir / unit for unit in units)
-    n_rows = sum(int(manifest.units[unit]["num_rows"]) for unit in units)  # recorded with each unit
-    if layer_summaries is not None:
-        summary = layer_summaries.summary()
-    else:
-        summary = _summary_by_layers(row_files, layers, n_rows=n_rows, max_memory=selection.max_memory)
-    manifest.write_unit(SUMMARY_UNIT, summary, schema="summary")
-    return AuditResult(summary=summary, n_rows=n_rows, out_dir=manifest.run_dir, row_files=row_files)
 
 
-def _write_layer(
-    columns: RowColumns,
-    write: Callable[[pa.Table], None],
-    index: int,
-    identity: dict[str, Any],
-    tick: Callable[[], None],
-    summaries: _LayerSummaries | None = None,
-) -> None:
-    """Write the layer of sequence ``index`` held in ``columns`` (emptying them), then count it done; first hand
-    its rows to ``summaries`` when given (one sequence: they are all of the layer's rows)."""
-    if summaries is not None:
-        summaries.add(columns.held())
-    write(columns.table(batch_offset=index, **identity))
-    tick()
+class FolderRows:
+    """RowSink of an audit written to a run folder: each sequence's rows one unit of the manifest, each layer one
+    row group written once complete, so only one layer's rows are in memory; the summary from each layer's rows
+    before they are written (one sequence, ``_LayerSummaries``) or read back a few layers at a time."""
+
+    def __init__(
+        self, manifest: Any, identity: dict[str, Any], *, n_sequences: int, layers: Sequence[int], max_memory: int
+    ) -> None:
+        self._manifest, self._identity, self._n_sequences = manifest, identity, n_sequences
+        self._layers, self._max_memory = layers, max_memory
+        # One sequence: each layer's summary records are every record of that layer, so they are computed from its
+        # rows while they are in memory, before they go to disk, instead of read back at the end.
+        self._layer_summaries = _LayerSummaries(self._identity) if n_sequences == 1 else None
+        self._write: Callable[[pa.Table], None] | None = None
+
+    @classmethod
+    def open(
+        cls,
+        out_dir: str | Path,
+        config: dict[str, Any],
+        identity: dict[str, Any],
+        *,
+        layers: Sequence[int],
+        max_memory: int,
+        note: Note,
+    ) -> FolderRows:
+        """The sink of the run folder ``out_dir`` of the audit ``config`` (its ``n_sequences`` sequences' rows
+        stamped with ``identity``), its units planned and any untrusted one forgotten (``note`` told);
+        ``max_memory`` bounds the summary's read-back (``_summary_by_layers``)."""
+        from attnsens.store import Manifest
+        from attnsens.store.verify import forget_untrusted
+
+        manifest = Manifest.open(out_dir, config=config)
+        n_sequences = int(config["n_sequences"])
+        manifest.plan([*(_row_unit(index) for index in range(n_sequences)), SUMMARY_UNIT])
+        forget_untrusted(manifest, note=note)
+        return cls(manifest, identity, n_sequences=n_sequences, layers=layers, max_memory=max_memory)
+
+    def recorded(self, index: int) -> bool:
+        if not self._manifest.is_done(_row_unit(index)):
+            return False
+        self._layer_summaries = None  # recorded by an earlier call: its rows are read back
+        return True
+
+    @contextmanager
+    def sequence(self, index: int, layer_rows: int) -> Iterator[RowColumns]:
+        with self._manifest.unit_parts(_row_unit(index), schema="rows") as write:
+            self._write = write
+            try:
+                yield RowColumns(capacity=layer_rows)
+            finally:
+                self._write = None
+
+    def update(self, index: int, columns: RowColumns) -> None:
+        """Write the layer held in ``columns`` (emptying them) as a row group; first hand its rows to the layer
+        summaries when there is one sequence (they are all of the layer's rows)."""
+        if self._write is None:
+            raise RuntimeError("FolderRows.update outside a sequence(): open the sequence first")
+        if self._layer_summaries is not None:
+            self._layer_summaries.add(columns.held())
+        self._write(columns.table(batch_offset=index, **self._identity))
+
+    def result(self) -> AuditResult:
+        units = [_row_unit(index) for index in range(self._n_sequences)]
+        row_files = tuple(self._manifest.run_dir / unit for unit in units)
+        n_rows = sum(int(self._manifest.units[unit]["num_rows"]) for unit in units)  # recorded with each unit
+        if self._layer_summaries is not None:
+            summary = self._layer_summaries.summary()
+        else:
+            summary = _summary_by_layers(row_files, self._layers, n_rows=n_rows, max_memory=self._max_memory)
+        self._manifest.write_unit(SUMMARY_UNIT, summary, schema="summary")
+        return AuditResult(summary=summary, n_rows=n_rows, out_dir=self._manifest.run_dir, row_files=row_files)
 
 
 class _LayerSummaries:
@@ -419,180 +539,6 @@ class RowColumns:
         """The collected rows as a DataFrame with the columns of the store's ``rows`` table (empties the columns)."""
         table = self.table(run_id=run_id, model=model, step=step, seed=seed, batch_offset=batch_offset)
         return table.to_pandas(self_destruct=True)
-
-
-def model_inputs(
-    adapter: ModelAdapter,
-    tokens: Tensor | str | Sequence[str],
-    *,
-    attention_mask: Tensor | None = None,
-    seq_len: int | None = None,
-    n_sequences: int | None = None,
-) -> tuple[Tensor, Tensor | None]:
-    """The [batch, n] int64 token ids and padding mask (None: no padding) ``audit`` reads (see its arguments); for
-    a float [batch, channel, H, W] or [channel, H, W] tensor, a vision model's images, checked by the adapter."""
-    if isinstance(tokens, Tensor) and tokens.is_floating_point() and tokens.ndim in (3, 4):
-        if attention_mask is not None or seq_len is not None:
-            raise InputError("images are audited whole: drop attention_mask and seq_len")
-        pixels = adapter.check_input_ids(tokens if tokens.ndim == 4 else tokens.unsqueeze(0))
-        return pixels[:n_sequences], None
-    if isinstance(tokens, list | tuple) and any(isinstance(item, str) for item in tokens):
-        if attention_mask is not None or seq_len is not None:
-            raise InputError("a list of texts is padded to its longest text; drop attention_mask and seq_len")
-        if not all(isinstance(item, str) and item.strip() for item in tokens):
-            raise InputError("every item of a list of texts to audit must be a non-empty string")
-        texts = list(tokens)[:n_sequences] if n_sequences is not None else list(tokens)
-        ids, mask = adapter.encode_batch(texts, max_length=adapter.spec.max_positions)
-        return split_sequences(adapter, ids), _checked_mask(mask, ids)
-    if attention_mask is None:
-        return split_sequences(adapter, tokens, seq_len=seq_len, n_sequences=n_sequences), None
-    if seq_len is not None:
-        raise InputError("seq_len cuts a token stream into windows; with an attention_mask give [batch, n] as is")
-    ids = split_sequences(adapter, tokens, n_sequences=n_sequences)
-    return ids, _checked_mask(attention_mask, ids)
-
-
-def _checked_mask(attention_mask: Any, ids: Tensor) -> Tensor | None:
-    """The padding mask as int64 [batch, n] (None when nothing is padded), each row's tokens contiguous."""
-    mask = torch.as_tensor(attention_mask)
-    if mask.ndim == 1:
-        mask = mask.unsqueeze(0)
-    mask = mask[: ids.shape[0]]
-    if mask.shape != ids.shape:
-        raise InputError(f"attention_mask shape {tuple(mask.shape)} must equal the tokens' shape {tuple(ids.shape)}")
-    if not bool(((mask == 0) | (mask == 1)).all()):
-        raise InputError("attention_mask must hold 1 for tokens and 0 for padding only")
-    mask = mask.to(torch.long)
-    counts = mask.sum(dim=1)
-    if bool((counts == 0).any()):
-        raise InputError(f"sequences {(counts == 0).nonzero().flatten().tolist()} are all padding; drop them")
-    if bool(((mask[:, 1:] != mask[:, :-1]).sum(dim=1) > 1).any()):  # one 0/1 edge at most: left or right padding
-        raise InputError("each sequence's tokens must be contiguous (left or right padding) in attention_mask")
-    return None if bool((counts == mask.shape[1]).all()) else mask
-
-
-def _real_positions(selection: RowSelection, mask: Tensor | None, index: int) -> RowSelection:
-    """``selection`` narrowed to sequence ``index``'s real (unpadded) query positions."""
-    if mask is None:
-        return selection
-    real = mask[index].nonzero().flatten()
-    first, stop = int(real[0]), int(real[-1]) + 1
-    start = max(selection.query_start, first)
-    stop = stop if selection.query_stop is None else min(selection.query_stop, stop)
-    if stop <= start:
-        raise InputError(
-            f"sequence {index} has no real token in the selected query positions [{selection.query_start}, "
-            f"{selection.query_stop}); its tokens are at [{first}, {int(real[-1]) + 1})"
-        )
-    return replace(selection, query_start=start, query_stop=stop)
-
-
-def split_sequences(
-    adapter: ModelAdapter,
-    tokens: Tensor | str | Sequence[Any],
-    *,
-    seq_len: int | None = None,
-    n_sequences: int | None = None,
-) -> Tensor:
-    """The [batch, n] int64 token ids of unpadded ``tokens`` (see ``audit``'s ``tokens``, ``seq_len`` and
-    ``n_sequences``); text cut into windows gets the tokenizer's special tokens in every window."""
-    if isinstance(tokens, str):
-        if not tokens.strip():
-            raise InputError("the text to audit is empty; give a file or corpus with some text")
-        if seq_len is None:
-            tokens = adapter.encode(tokens)[0]
-        else:
-            _check_seq_len(adapter, seq_len)
-            return _text_windows(adapter, tokens, seq_len=seq_len, n_sequences=n_sequences)
-    try:
-        tokens = torch.as_tensor(tokens)
-    except (TypeError, ValueError, RuntimeError) as err:
-        raise InputError(f"tokens must be text or integer token ids, got {type(tokens).__name__} ({err})") from err
-    if tokens.ndim not in (1, 2) or tokens.numel() == 0:
-        raise InputError(f"tokens must be a non-empty [n] stream or [batch, n] tensor, got shape {tuple(tokens.shape)}")
-    if tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
-        raise InputError(f"tokens must be integer token ids, got dtype {tokens.dtype}; pass a torch.long tensor")
-    low, high, vocab = int(tokens.min()), int(tokens.max()), adapter.spec.vocab_size
-    if low < 0 or high >= vocab:
-        raise InputError(
-            f"token ids must lie in [0, {vocab}) for {adapter.name!r} (its vocabulary), got ids in [{low}, {high}]; "
-            "encode with the model's own tokenizer"
-        )
-    if seq_len is not None:
-        _check_seq_len(adapter, seq_len)
-        stream = tokens.reshape(-1)
-        count = stream.numel() // seq_len
-        if count == 0:
-            raise InputError(
-                f"the input has {stream.numel()} tokens, fewer than seq_len {seq_len}; "
-                "give more text or a shorter seq_len"
-            )
-        tokens = stream[: count * seq_len].reshape(count, seq_len)
-    elif tokens.ndim == 1:
-        tokens = tokens.unsqueeze(0)
-    if n_sequences is not None:
-        if n_sequences < 1:
-            raise InputError(f"n_sequences must be >= 1, got {n_sequences}")
-        tokens = tokens[:n_sequences]
-    return tokens.to(torch.long)
-
-
-def text_seq_len(adapter: ModelAdapter, text: str) -> int:
-    """Tokens of ``text`` with the tokenizer's special tokens, at most the model's context: the ``seq_len`` that
-    audits one window of all of a short text, or as much of a long one as the context holds. A long text is
-    tokenized only that far (the 5 MB Shakespeare corpus whole took 6.6 s for SmolLM2's tokenizer)."""
-    if not text.strip():
-        raise InputError("the text to audit is empty; give a file or corpus with some text")
-    prefix, suffix = adapter.special_tokens()
-    context = adapter.spec.max_positions
-    tokens = _encode_prefix(adapter, text, max(context - len(prefix) - len(suffix), 1)).numel()
-    return min(context, tokens + len(prefix) + len(suffix))
-
-
-def _check_seq_len(adapter: ModelAdapter, seq_len: int) -> None:
-    if seq_len < 1:
-        raise InputError(f"seq_len must be >= 1, got {seq_len}")
-    if seq_len > adapter.spec.max_positions:
-        raise InputError(
-            f"seq_len {seq_len} exceeds the context of {adapter.name!r} ({adapter.spec.max_positions} positions); "
-            f"use --seq-len {adapter.spec.max_positions} or less"
-        )
-
-
-def _text_windows(adapter: ModelAdapter, text: str, *, seq_len: int, n_sequences: int | None) -> Tensor:
-    """``text`` as windows of ``seq_len`` tokens: prefix specials + consecutive tokens of the text + suffix."""
-    prefix, suffix = adapter.special_tokens()
-    content = seq_len - len(prefix) - len(suffix)
-    if content < 1:
-        raise InputError(
-            f"seq_len {seq_len} leaves no room for text beside the {len(prefix) + len(suffix)} special tokens "
-            f"of {adapter.name!r}'s tokenizer; use a longer seq_len"
-        )
-    needed = None if n_sequences is None else content * n_sequences
-    stream = _encode_prefix(adapter, text, needed)
-    if stream.numel() < content:
-        count = stream.numel()
-        raise InputError(
-            f"the text has {count} token{'s' if count != 1 else ''}, fewer than the {content} of one window: "
-            f"seq_len {seq_len} less the {len(prefix) + len(suffix)} special tokens of the tokenizer of "
-            f"{adapter.name!r}; give more text or a shorter seq_len"
-        )
-    windows = split_sequences(adapter, stream, seq_len=content, n_sequences=n_sequences)
-    around = [torch.tensor(ids, dtype=torch.long).expand(windows.shape[0], -1) for ids in (prefix, suffix)]
-    return split_sequences(adapter, torch.cat([around[0], windows, around[1]], dim=1), seq_len=None)
-
-
-def _encode_prefix(adapter: ModelAdapter, text: str, needed: int | None) -> Tensor:
-    """Token stream of ``text`` without special tokens, or of a prefix of it long enough for ``needed`` tokens
-    (large corpora)."""
-    if needed is None:
-        return adapter.encode(text, special_tokens=False)[0]
-    chars = 8 * needed
-    while True:
-        tokens = adapter.encode(text[:chars], special_tokens=False)[0]
-        if tokens.numel() > needed or chars >= len(text):
-            return tokens
-        chars *= 4
 
 
 def _token_digest(sequences: Tensor) -> str:
