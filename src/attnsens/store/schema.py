@@ -126,6 +126,13 @@ ROWS = TableSchema(
         _c("theta_exact", _BOOL, "true when theta_lower == theta_upper is proved"),
         _c("theta_method", _I8, "code of the certificate method that produced theta_lower (attnsens.theta)"),
         _c("dominant", _BOOL, "dominant-atom row: p_max ≥ row_sum / 2, where θ = 4 p_max (1 − p_max) (T2(a))"),
+        _c(
+            "attention",
+            _STR,
+            "which attention of an encoder-decoder the layer is: encoder, decoder (self-attention) or cross "
+            "(decoder queries, encoder keys); null for a model of one stack",
+            nullable=True,
+        ),
     ),
     key=("run_id", "step", "seed", "layer", "head", "batch", "query"),
 )

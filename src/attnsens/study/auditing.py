@@ -184,7 +184,7 @@ def audit(
     identity: dict[str, Any] = {"run_id": run_id, "model": adapter.name, "step": step, "seed": seed}
     sink: RowSink
     if out_dir is None:
-        sink = MemoryRows(identity, n_layers=len(layers))
+        sink = MemoryRows(identity, n_layers=len(layers), attention=adapter.spec.attention)
     else:
         config = {
             **identity,
@@ -195,7 +195,10 @@ def audit(
             **({} if mask is None else {"attention_mask_sha": _token_digest(mask)}),
             **({} if exact_support is None else {"exact_support": exact_support}),
         }
-        sink = FolderRows.open(out_dir, config, identity, layers=layers, max_memory=selection.max_memory, note=note)
+        sink = FolderRows.open(
+            out_dir, config, identity, layers=layers, max_memory=selection.max_memory, note=note,
+            attention=adapter.spec.attention,
+        )  # fmt: skip
     return _audit_rows(
         adapter, sequences, mask, selection, sink, layers=layers, exact_support=exact_support, progress=progress
     )
@@ -294,8 +297,8 @@ class MemoryRows:
     """RowSink of an audit held in memory: each sequence's rows of every layer in one set of columns allocated once,
     then a DataFrame; the summary of all the rows at the end."""
 
-    def __init__(self, identity: dict[str, Any], *, n_layers: int) -> None:
-        self._identity, self._n_layers = identity, n_layers
+    def __init__(self, identity: dict[str, Any], *, n_layers: int, attention: Sequence[str] = ()) -> None:
+        self._identity, self._n_layers, self._attention = identity, n_layers, attention
         self._frames: list[pd.DataFrame] = []
 
     def recorded(self, index: int) -> bool:
@@ -303,7 +306,7 @@ class MemoryRows:
 
     @contextmanager
     def sequence(self, index: int, layer_rows: int) -> Iterator[RowColumns]:
-        columns = RowColumns(capacity=self._n_layers * layer_rows)
+        columns = RowColumns(capacity=self._n_layers * layer_rows, attention=self._attention)
         yield columns
         self._frames.append(columns.frame(batch_offset=index, **self._identity))
 
@@ -323,9 +326,17 @@ class FolderRows:
     before they are written (one sequence, ``_LayerSummaries``) or read back a few layers at a time."""
 
     def __init__(
-        self, manifest: Any, identity: dict[str, Any], *, n_sequences: int, layers: Sequence[int], max_memory: int
+        self,
+        manifest: Any,
+        identity: dict[str, Any],
+        *,
+        n_sequences: int,
+        layers: Sequence[int],
+        max_memory: int,
+        attention: Sequence[str] = (),
     ) -> None:
         self._manifest, self._identity, self._n_sequences = manifest, identity, n_sequences
+        self._attention = attention
         self._layers, self._max_memory = layers, max_memory
         # One sequence: each layer's summary records are every record of that layer, so they are computed from its
         # rows while they are in memory, before they go to disk, instead of read back at the end.
@@ -342,6 +353,7 @@ class FolderRows:
         layers: Sequence[int],
         max_memory: int,
         note: Note,
+        attention: Sequence[str] = (),
     ) -> FolderRows:
         """The sink of the run folder ``out_dir`` of the audit ``config`` (its ``n_sequences`` sequences' rows
         stamped with ``identity``), its units planned and any untrusted one forgotten (``note`` told);
@@ -353,7 +365,9 @@ class FolderRows:
         n_sequences = int(config["n_sequences"])
         manifest.plan([*(_row_unit(index) for index in range(n_sequences)), SUMMARY_UNIT])
         forget_untrusted(manifest, note=note)
-        return cls(manifest, identity, n_sequences=n_sequences, layers=layers, max_memory=max_memory)
+        return cls(
+            manifest, identity, n_sequences=n_sequences, layers=layers, max_memory=max_memory, attention=attention
+        )
 
     def recorded(self, index: int) -> bool:
         if not self._manifest.is_done(_row_unit(index)):
@@ -366,7 +380,7 @@ class FolderRows:
         with self._manifest.unit_parts(_row_unit(index), schema="rows") as write:
             self._write = write
             try:
-                yield RowColumns(capacity=layer_rows)
+                yield RowColumns(capacity=layer_rows, attention=self._attention)
             finally:
                 self._write = None
 
@@ -480,9 +494,10 @@ class RowColumns:
     740 MiB with the order of allocations.
     """
 
-    def __init__(self, capacity: int = 0) -> None:
+    def __init__(self, capacity: int = 0, *, attention: Sequence[str] = ()) -> None:
         from attnsens.store.schema import ROWS
 
+        self._attention = np.asarray(attention, dtype=object)  # per layer of an encoder-decoder (ModelSpec.attention)
         self._dtypes = {column.name: column.dtype.to_pandas_dtype() for column in ROWS.columns}
         self._capacity = max(int(capacity), 0)
         self._columns: dict[str, np.ndarray] = {}
@@ -522,6 +537,8 @@ class RowColumns:
         self._count = 0
         columns["batch"] += batch_offset
         count = len(columns["layer"])
+        if len(self._attention):
+            columns["attention"] = pa.array(self._attention[columns["layer"]], type=pa.string())
         identity = {
             "run_id": pa.repeat(run_id, count),
             "model": pa.repeat(model, count),

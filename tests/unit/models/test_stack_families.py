@@ -169,3 +169,20 @@ def test_whisper_is_audited_through_its_decoder_and_its_audio_encoder_is_refused
     with pytest.raises(UnsupportedModelError, match="WhisperEncoder takes input_features, not token ids"):
         M.load(model.get_encoder())
     _assert_rows_match(model.get_decoder(), None, n_layer=2)
+
+
+def test_the_rows_table_marks_each_layer_of_an_encoder_decoder(tmp_path) -> None:
+    """The ``attention`` column of the rows table names each layer's attention, in memory and in a run folder; it
+    is null for a model of one stack."""
+    import attnsens
+    from attnsens.store.parquet import read_table
+
+    model = _bart(decoder_attention_heads=3)
+    kinds = ("encoder",) * 2 + ("decoder", "cross") * 3
+    result = attnsens.study.audit(model, IDS)
+    by_layer = result.rows.groupby("layer")["attention"].unique()
+    assert {layer: tuple(values) for layer, values in by_layer.items()} == {i: (k,) for i, k in enumerate(kinds)}
+    attnsens.study.audit(model, IDS, out_dir=tmp_path / "audit")
+    stored = read_table(tmp_path / "audit" / "rows")
+    assert stored.groupby("layer")["attention"].first().tolist() == list(kinds)
+    assert attnsens.study.audit(model.get_encoder(), IDS).rows["attention"].isna().all()
