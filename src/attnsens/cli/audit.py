@@ -93,6 +93,22 @@ ExactSupportOption = Annotated[
         "where a cheap proof applies.",
     ),
 ]
+DeviceMapOption = Annotated[
+    str | None,
+    typer.Option(
+        "--device-map",
+        help="Spread a model larger than one device over the GPUs, the CPU and the disk (accelerate's big-model "
+        "loading): auto, balanced, sequential, or MODULE=DEVICE pairs separated by commas (a device: cpu, disk, "
+        "N or cuda:N). Weights sent to disk are read when their layer runs (docs/scale.md).",
+    ),
+]
+OffloadOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--offload-folder",
+        help="Where weights offloaded to disk are kept (default: a folder inside --out, removed at the end).",
+    ),
+]
 TrustRemoteCodeOption = Annotated[
     bool, flag("--trust-remote-code", help="Allow model code from the hub to run (off by default).")
 ]
@@ -121,10 +137,15 @@ def audit(
     revision: RevisionOption = None,
     max_memory: MaxMemoryOption = None,
     exact_support: ExactSupportOption = None,
+    device_map: DeviceMapOption = None,
+    offload_folder: OffloadOption = None,
     trust_remote_code: TrustRemoteCodeOption = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Audit attention rows: θ certificates, p_max, entropy per row; per-layer summary table."""
+    """Audit attention rows: θ certificates, p_max, entropy per row; per-layer summary table.
+
+    Under torchrun (torchrun --nproc_per_node=N -m attnsens audit …) the sequences are shared out among the ranks.
+    """
     from attnsens.capture import RowSelection
     from attnsens.cli import inputs
     from attnsens.cli.progress import ProgressReport
@@ -137,6 +158,7 @@ def audit(
     out = inputs.default_out_dir("audit", model) if out is None else out
     inputs.check_out_dir(out)
     inputs.check_device(device)
+    device, quiet = inputs.join_ranks(device), as_json or not inputs.first_rank()
     torch_dtype = inputs.parse_dtype(dtype)
     layer_list, head_list = _indices(layers, "--layers"), _indices(heads, "--heads")
     tokens, name = _tokens_to_audit(ids, text, corpus)
@@ -144,23 +166,25 @@ def audit(
     if seq_len is not None:
         inputs.check_context(model, saved, seq_len, trust_remote_code=trust_remote_code)
     # The lock before the model loads: a second writer of --out is refused at once, not after the load.
-    with writing_run_folder(out, "audit"):
+    with writing_run_folder(out, "audit"), inputs.placement(device_map, offload_folder, out) as placed:
         adapter = inputs.load_model(
-            model, saved, trust_remote_code=trust_remote_code, device=device, dtype=torch_dtype, revision=revision
-        )
+            model, saved, trust_remote_code=trust_remote_code, device=device, dtype=torch_dtype, revision=revision,
+            placed=placed,
+        )  # fmt: skip
         _check_selection(layer_list, head_list, adapter.spec)
-        note = silent_note if as_json else console_note
+        note = silent_note if quiet else console_note
         sequences, _ = model_inputs(adapter, tokens, seq_len=seq_len, n_sequences=batch, name=name, note=note)
         # Progress counts (sequence, layer) pairs: "layers" of one sequence, each sequence's layers of several.
         unit = "layers" if len(sequences) == 1 else f"layers ({len(sequences)} sequences)"
-        with ProgressReport("auditing", unit, enabled=not as_json) as report:
+        with ProgressReport("auditing", unit, enabled=not quiet) as report:
             result = auditing.audit(
                 adapter, sequences, out_dir=out, exact_support=exact_support, progress=report.update,
                 selection=RowSelection(layers=layer_list, heads=head_list, sample_per_sequence=sample, seed=seed or 0),
                 step=0 if saved is None else saved.step, seed=(seed or 0) if saved is None else saved.seed,
                 max_memory=None if max_memory is None else max_memory * 2**20,
             )  # fmt: skip
-    _print_audit(adapter.name, out, result, seq_len=sequences.shape[1], per_head=per_head, as_json=as_json)
+    if inputs.first_rank():
+        _print_audit(adapter.name, out, result, seq_len=sequences.shape[1], per_head=per_head, as_json=as_json)
 
 
 def _tokens_to_audit(ids: Path | None, text: Path | None, corpus: str | None) -> tuple[Any, str | None]:

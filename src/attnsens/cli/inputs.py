@@ -7,6 +7,9 @@ speaks the command line's language: the flag, the offending value and the fix.
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -281,13 +284,89 @@ def load_model(
     device: str | None = None,
     dtype: Any = None,
     revision: str | None = None,
+    placed: dict[str, Any] | None = None,
 ) -> Any:
     """The adapter of a MODEL argument: ``saved`` (from ``saved_checkpoint``) when given, else ``models.load``;
-    on ``device`` in ``dtype`` (defaults: cpu, float32), at hub ``revision`` (branch, tag or commit)."""
+    on ``device`` in ``dtype`` (defaults: cpu, float32), at hub ``revision`` (branch, tag or commit), its blocks
+    placed by ``placed`` (:func:`placement`) where given."""
     from attnsens.models import load
 
     quiet_transformers()
     if saved is not None:
+        if placed:
+            raise ConfigError("--device-map places the weights of a model folder or hub id, not of a training run")
         return load(saved, device=device, dtype=dtype)
     check_model_path(model, revision=revision)
+    if placed:
+        if device is not None:
+            raise ConfigError("give --device or --device-map, not both: --device-map places every block itself")
+        return load(model, trust_remote_code=trust_remote_code, dtype=dtype, revision=revision, **placed)
     return load(model, trust_remote_code=trust_remote_code, device=device, dtype=dtype, revision=revision)
+
+
+@contextlib.contextmanager
+def placement(device_map: str | None, offload_folder: Path | None, out: Path | None) -> Iterator[dict[str, Any]]:
+    """The ``device_map`` and ``offload_folder`` of ``load`` for --device-map and --offload-folder (empty without
+    --device-map): a named strategy (auto, balanced, balanced_low_0, sequential) or MODULE=DEVICE pairs; weights
+    offloaded to disk go to --offload-folder, or to a folder inside ``out`` removed when the context closes.
+
+    Raises:
+        ConfigError: a malformed --device-map, --offload-folder without it, or no folder for the disk.
+    """
+    if device_map is None:
+        if offload_folder is not None:
+            raise ConfigError("--offload-folder keeps the weights --device-map sends to disk; give --device-map too")
+        yield {}
+        return
+    parsed = parse_device_map(device_map)
+    if offload_folder is not None:
+        yield {"device_map": parsed, "offload_folder": str(offload_folder)}
+        return
+    if out is None:
+        raise ConfigError("--device-map may send weights to disk: give --offload-folder (or --out)")
+    Path(out).mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix=".offload-", dir=out))
+    try:
+        yield {"device_map": parsed, "offload_folder": str(folder)}
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
+
+
+def parse_device_map(text: str) -> str | dict[str, Any]:
+    """--device-map as ``from_pretrained`` takes it: a strategy name, or {module: device} from MODULE=DEVICE pairs
+    (a device: cpu, disk, a GPU index N or cuda:N)."""
+    if text in DEVICE_MAP_STRATEGIES:
+        return text
+    placed: dict[str, Any] = {}
+    for pair in filter(None, (part.strip() for part in text.split(","))):
+        module, _, where = pair.partition("=")
+        if not module or not where:
+            raise ConfigError(
+                f"--device-map {text!r}: {pair!r} is not MODULE=DEVICE; give {', '.join(DEVICE_MAP_STRATEGIES)} or "
+                "pairs such as layers.0=0,layers.1=disk"
+            )
+        placed[module.strip()] = int(where) if where.strip().isdigit() else where.strip()
+    if not placed:
+        raise ConfigError(f"--device-map {text!r} names no module; give auto or MODULE=DEVICE pairs")
+    return placed
+
+
+def first_rank() -> bool:
+    """Whether this process prints: the only one, or rank 0 under torchrun."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def join_ranks(device: str | None) -> str | None:
+    """Join torchrun's process group when launched by it (gloo on the CPU, nccl on GPUs), and the device of this
+    rank: ``cuda`` becomes ``cuda:LOCAL_RANK``, so that each rank audits on its own GPU."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return device
+    from attnsens.train.trainer import init_distributed
+
+    init_distributed()
+    if device == "cuda":
+        return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    return device

@@ -27,6 +27,7 @@ from torch import Tensor
 from attnsens.capture import RowBlock, RowSelection, capture_row_statistics
 from attnsens.capture.allocator import release_free_memory
 from attnsens.capture.stream import enumeration_workspaces
+from attnsens.errors import ConfigError
 from attnsens.models import ModelAdapter, load
 from attnsens.store.lock import writes_run_folder
 from attnsens.study.inputs import Note, model_inputs, print_note, real_positions
@@ -165,6 +166,11 @@ def audit(
         note: told of a default window shortened to fit in memory and of run-folder units rebuilt (default:
             ``note: …`` on stderr).
 
+    Under torchrun (a process group of several ranks, ``attnsens.train.trainer.init_distributed``), the sequences
+    are shared out: each rank audits one contiguous block of them and records its own units in ``out_dir``'s
+    manifest; rank 0 writes the summary once every rank is done, and every rank returns the whole audit. A rerun
+    redoes only the units a killed rank left unrecorded. Several ranks need ``out_dir``.
+
     Returns:
         AuditResult with the rows and summary tables (attnsens.store.schema ROWS / SUMMARY).
     """
@@ -181,6 +187,11 @@ def audit(
         adapter, tokens, attention_mask=attention_mask, seq_len=seq_len, n_sequences=n_sequences, note=note
     )
     layers = adapter.select_layers(selection.layers)
+    rank, world = ranks()
+    if world > 1 and out_dir is None:
+        raise ConfigError(
+            f"an audit shared out over {world} ranks (torchrun) writes its rows to a run folder; give out_dir (--out)"
+        )
     identity: dict[str, Any] = {"run_id": run_id, "model": adapter.name, "step": step, "seed": seed}
     sink: RowSink
     if out_dir is None:
@@ -199,9 +210,41 @@ def audit(
             out_dir, config, identity, layers=layers, max_memory=selection.max_memory, note=note,
             attention=adapter.spec.attention,
         )  # fmt: skip
-    return _audit_rows(
-        adapter, sequences, mask, selection, sink, layers=layers, exact_support=exact_support, progress=progress
+    share = rank_share(int(sequences.shape[0]), rank, world)
+    _audit_rows(
+        adapter, sequences, mask, selection, sink, share, layers=layers, exact_support=exact_support, progress=progress
     )
+    if isinstance(sink, FolderRows) and world > 1:
+        return _shared_result(sink, rank)
+    return sink.result()
+
+
+def ranks() -> tuple[int, int]:
+    """(rank, world size) of the torchrun process group this process belongs to, or (0, 1)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def rank_share(count: int, rank: int, world: int) -> range:
+    """The contiguous block of ``count`` items that ``rank`` of ``world`` takes: the first ``count % world`` ranks
+    one more than the others."""
+    size, extra = divmod(count, world)
+    start = rank * size + min(rank, extra)
+    return range(start, start + size + (rank < extra))
+
+
+def _shared_result(sink: FolderRows, rank: int) -> AuditResult:
+    """The audit of every rank's sequences: rank 0 makes it (the summary) once all ranks are done, the others
+    read it back once rank 0 has."""
+    import torch.distributed as dist
+
+    dist.barrier()  # every rank's units recorded
+    result = sink.result() if rank == 0 else None
+    dist.barrier()  # the summary written
+    return result if result is not None else sink.recorded_result()
 
 
 def _audit_rows(
@@ -210,17 +253,18 @@ def _audit_rows(
     mask: Tensor | None,
     selection: RowSelection,
     sink: RowSink,
+    share: range,
     *,
     layers: Sequence[int],
     exact_support: int | None,
     progress: ProgressCallback | None,
-) -> AuditResult:
-    """Every selected row of each of ``sequences`` [batch, n] into ``sink``, one sequence and layer at a time, and
-    the sink's result; sequences the sink has recorded already are skipped."""
+) -> None:
+    """Every selected row of the ``share`` of ``sequences`` [batch, n] into ``sink``, one sequence and layer at a
+    time; sequences the sink has recorded already are skipped."""
     n_positions = adapter.sequence_shape(sequences)[1]  # a vision model's patches and [CLS]
-    count = _Progress(progress, total=sequences.shape[0] * len(layers))
+    count = _Progress(progress, total=len(share) * len(layers))
     with enumeration_workspaces(exact_support):  # shared by every sequence's chunks
-        for index in range(sequences.shape[0]):
+        for index in share:
             if sink.recorded(index):
                 count.advance(len(layers))
                 continue
@@ -238,7 +282,6 @@ def _audit_rows(
                 )  # fmt: skip
                 feed.layer_done()
             release_free_memory()
-    return sink.result()
 
 
 class _Progress:
@@ -394,6 +437,7 @@ class FolderRows:
         self._write(columns.table(batch_offset=index, **self._identity))
 
     def result(self) -> AuditResult:
+        self._manifest.refresh()  # units other ranks recorded (a shared audit)
         units = [_row_unit(index) for index in range(self._n_sequences)]
         row_files = tuple(self._manifest.run_dir / unit for unit in units)
         n_rows = sum(int(self._manifest.units[unit]["num_rows"]) for unit in units)  # recorded with each unit
@@ -402,6 +446,17 @@ class FolderRows:
         else:
             summary = _summary_by_layers(row_files, self._layers, n_rows=n_rows, max_memory=self._max_memory)
         self._manifest.write_unit(SUMMARY_UNIT, summary, schema="summary")
+        return AuditResult(summary=summary, n_rows=n_rows, out_dir=self._manifest.run_dir, row_files=row_files)
+
+    def recorded_result(self) -> AuditResult:
+        """The audit as another process recorded it (rank 0 of a shared audit): its summary read back."""
+        from attnsens.store.parquet import read_table
+
+        self._manifest.refresh()
+        units = [_row_unit(index) for index in range(self._n_sequences)]
+        n_rows = sum(int(self._manifest.units[unit]["num_rows"]) for unit in units)
+        summary = read_table(self._manifest.run_dir / SUMMARY_UNIT)
+        row_files = tuple(self._manifest.run_dir / unit for unit in units)
         return AuditResult(summary=summary, n_rows=n_rows, out_dir=self._manifest.run_dir, row_files=row_files)
 
 

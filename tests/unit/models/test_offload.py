@@ -60,3 +60,25 @@ def test_placement_applies_to_models_read_from_disk(saved: str) -> None:
         M.load(tiny_model("llama"), device_map="auto")
     with pytest.raises(ConfigError, match="without device"):
         M.load(saved, device_map="auto", device="cpu")
+
+
+def test_the_audit_command_places_blocks_on_disk_and_removes_their_folder(saved: str, tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from attnsens.cli import app
+    from attnsens.store import read_table
+
+    ids = tmp_path / "ids.txt"
+    ids.write_text("\n".join(" ".join(str(int(t)) for t in row) for row in IDS))
+    placed = ",".join(f"{module}={device}" for module, device in ON_DISK.items())
+    runner = CliRunner()
+    for out, extra in (("memory", []), ("disk", ["--device-map", placed])):
+        done = runner.invoke(
+            app, ["audit", saved, "--ids", str(ids), "--batch", "2", "--out", str(tmp_path / out), *extra]
+        )
+        assert done.exit_code == 0, done.output
+    rows = [read_table(tmp_path / out / "rows").drop(columns="model") for out in ("memory", "disk")]
+    assert rows[0].equals(rows[1])
+    assert not list((tmp_path / "disk").glob(".offload-*"))  # the weights sent to disk lived inside --out
+    done = runner.invoke(app, ["audit", saved, "--ids", str(ids), "--device-map", "layers.0"])
+    assert done.exit_code != 0 and "is not MODULE=DEVICE" in done.output
