@@ -124,3 +124,18 @@ def test_each_rank_takes_one_contiguous_block_and_an_in_memory_audit_is_not_shar
     monkeypatch.setattr(auditing, "ranks", lambda: (1, 2))
     with pytest.raises(ConfigError, match=r"shared out over 2 ranks .* give out_dir"):
         attnsens.study.audit("builtin:lnfree", "some text to audit", seq_len=8)
+
+
+def test_two_ranks_share_the_layers_of_the_bounds_and_give_the_single_process_table(tmp_path: Path) -> None:
+    bounds = ["-m", "attnsens", "bounds", "builtin:lnfree", "--seq-len", "16", "--json"]
+    tables = []
+    for launcher, out in (([sys.executable], "single"), (TORCHRUN, "shared")):
+        done = subprocess.run(
+            [*launcher, *bounds, "--out", str(tmp_path / out)], env=_env(), capture_output=True, text=True, timeout=240
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        records = json.loads(done.stdout)["records"]  # one JSON document: only rank 0 prints
+        assert sorted({record["layer"] for record in records}) == [0, 1]  # one layer a rank
+        tables.append((records, read_table(tmp_path / out / "bounds.parquet")))
+    assert tables[0][0] == tables[1][0]
+    pd.testing.assert_frame_equal(tables[0][1], tables[1][1], check_exact=True)

@@ -166,7 +166,7 @@ def audit(
     if seq_len is not None:
         inputs.check_context(model, saved, seq_len, trust_remote_code=trust_remote_code)
     # The lock before the model loads: a second writer of --out is refused at once, not after the load.
-    with writing_run_folder(out, "audit"), inputs.placement(device_map, offload_folder, out) as placed:
+    with writing_run_folder(out, "audit"), inputs.weight_placement(device_map, offload_folder, out) as placed:
         adapter = inputs.load_model(
             model, saved, trust_remote_code=trust_remote_code, device=device, dtype=torch_dtype, revision=revision,
             placed=placed,

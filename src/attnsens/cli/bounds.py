@@ -27,6 +27,7 @@ from attnsens.cli.app import (
     print_json,
     silent_note,
 )
+from attnsens.cli.audit import DeviceMapOption, OffloadOption
 from attnsens.cli.interrupt import on_interrupt, rerun_bounds
 
 SAMPLE_TEXT = (
@@ -134,13 +135,18 @@ def bounds(
     placement: PlacementOption = None,
     seed: SeedOption = None,
     out: OutOption = None,
+    device_map: DeviceMapOption = None,
+    offload_folder: OffloadOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Per layer and head: projection norms, Φ_h, θ̃_h, certified local and global bounds, estimates, ratios."""
+    """Per layer and head: projection norms, Φ_h, θ̃_h, certified local and global bounds, estimates, ratios.
+
+    Under torchrun (torchrun --nproc_per_node=N -m attnsens bounds …) the layers are shared out among the ranks.
+    """
     import torch
 
     from attnsens._threads import keep_torch_threads
-    from attnsens.cli.inputs import check_out_dir, saved_checkpoint
+    from attnsens.cli.inputs import check_out_dir, first_rank, join_ranks, saved_checkpoint, weight_placement
     from attnsens.cli.progress import ProgressReport
     from attnsens.geometry.norms import check_geometry
     from attnsens.study.bounds import bound_model
@@ -148,14 +154,20 @@ def bounds(
     check_geometry(geometry)
     if out is not None:
         check_out_dir(out)
-    saved = saved_checkpoint(model, step, seed, placement)
-    target, input_ids, name, n_layer = _bounded(model, saved, text=text, ids=ids, seq_len=seq_len, quiet=as_json)
-    with keep_torch_threads(), ProgressReport("bounding", "layers", enabled=not as_json) as report:
-        torch.set_num_threads(threads)  # restored on exit, so a caller in the same process keeps its own setting
-        table = bound_model(
-            target, input_ids, seq_len=seq_len, geometry=geometry, n_queries=queries, iterations=iterations,
-            compare_placements=placements, model_name=name, on_layer=lambda layer: report.update(layer + 1, n_layer),
-        )  # fmt: skip
+    saved, quiet = saved_checkpoint(model, step, seed, placement), as_json or not first_rank()
+    join_ranks(None)
+    with weight_placement(device_map, offload_folder, out) as placed:
+        target, input_ids, name, n_layer = _bounded(
+            model, saved, text=text, ids=ids, seq_len=seq_len, quiet=quiet, placed=placed
+        )
+        with keep_torch_threads(), ProgressReport("bounding", "layers", enabled=not quiet) as report:
+            torch.set_num_threads(threads)  # restored on exit, so a caller in the same process keeps its own setting
+            table = bound_model(
+                target, input_ids, seq_len=seq_len, geometry=geometry, n_queries=queries, iterations=iterations,
+                compare_placements=placements, model_name=name, on_layer=lambda i: report.update(i + 1, n_layer),
+            )  # fmt: skip
+    if not first_rank():
+        return
     if saved is not None:
         table["step"], table["seed"] = saved.step, saved.seed
     if out is not None:
@@ -175,7 +187,7 @@ def bounds(
 
 
 def _bounded(
-    model: str, saved: Any, *, text: Path | None, ids: Path | None, seq_len: int, quiet: bool
+    model: str, saved: Any, *, text: Path | None, ids: Path | None, seq_len: int, quiet: bool, placed: dict[str, Any]
 ) -> tuple[Any, Any, str, int]:
     """What ``bounds`` evaluates, its token ids, name and number of layers: a layer-weights file alone (no
     tokens), or the model and the first --seq-len tokens of --ids, --text or the sample text
@@ -197,7 +209,7 @@ def _bounded(
         return weights, None, Path(model).name, len(weights)
     tokens = read_token_ids(ids) if ids is not None else SAMPLE_TEXT if text is None else read_text_file(text)
     check_context(model, saved, seq_len)
-    target = load_model(model, saved)
+    target = load_model(model, saved, placed=placed)
     name = None if ids is None else f"--ids {ids}"
     input_ids = leading_tokens(target, tokens, seq_len=seq_len, name=name, note=silent_note if quiet else console_note)
     return target, input_ids, target.name, len(target.layers)

@@ -288,7 +288,7 @@ def load_model(
 ) -> Any:
     """The adapter of a MODEL argument: ``saved`` (from ``saved_checkpoint``) when given, else ``models.load``;
     on ``device`` in ``dtype`` (defaults: cpu, float32), at hub ``revision`` (branch, tag or commit), its blocks
-    placed by ``placed`` (:func:`placement`) where given."""
+    placed by ``placed`` (:func:`weight_placement`) where given."""
     from attnsens.models import load
 
     quiet_transformers()
@@ -305,7 +305,7 @@ def load_model(
 
 
 @contextlib.contextmanager
-def placement(device_map: str | None, offload_folder: Path | None, out: Path | None) -> Iterator[dict[str, Any]]:
+def weight_placement(device_map: str | None, offload_folder: Path | None, out: Path | None) -> Iterator[dict[str, Any]]:
     """The ``device_map`` and ``offload_folder`` of ``load`` for --device-map and --offload-folder (empty without
     --device-map): a named strategy (auto, balanced, balanced_low_0, sequential) or MODULE=DEVICE pairs; weights
     offloaded to disk go to --offload-folder, or to a folder inside ``out`` removed when the context closes.

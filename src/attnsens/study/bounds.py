@@ -198,6 +198,15 @@ def _placement_label(layer: LayerWeights) -> str:
     return "pre_ln" if layer.placement == "pre" else layer.placement
 
 
+def _gathered(mine: dict[int, Any]) -> dict[int, Any]:
+    """Every rank's layers of a bound shared out under torchrun, on every rank."""
+    import torch.distributed as dist
+
+    parts: list[dict[int, Any] | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, mine)
+    return {index: value for part in parts if part for index, value in part.items()}
+
+
 def bound_model(
     model: Any,
     input_ids: Tensor | None = None,
@@ -230,6 +239,9 @@ def bound_model(
             own generator (``attnsens.seeding``), so the estimates never depend on torch's global generator.
         on_layer: called with each layer index when its records are done (progress display).
 
+    Under torchrun (a process group of several ranks) each rank bounds one contiguous block of the layers, after
+    the gate has run on every rank, and every rank returns the whole table, equal to one process's.
+
     Returns:
         DataFrame with the ``bounds`` table's columns (docs/math.md A4, T4–T8); certified columns end in
         ``_upper_bound``.
@@ -260,29 +272,39 @@ def bound_model(
             entries = layer_inputs_from_stream(layers, block_input.to(torch.float64))
     n_tokens = entries[0]["block_input"].shape[1]
     queries = None if n_queries is None else torch.linspace(0, n_tokens - 1, min(n_queries, n_tokens)).round().long()
-    records, ln_ratios, branches = [], [], []
-    for layer, entry in zip(layers, entries, strict=True):
+    from attnsens.study.auditing import rank_share, ranks
+
+    rank, world = ranks()
+    computed: dict[int, tuple[list[dict[str, Any]], dict[str, float], str]] = {}
+    for index in rank_share(len(entries), rank, world):  # under torchrun each rank bounds one block of layers
+        layer = layers[index]
         try:
             rows, extra = _layer_records(
-                layer, entry, geometry=geometry_name, queries=queries, iterations=iterations, restarts=restarts,
-                compare_placements=compare_placements, key=(run_id, seed, step),
+                layer, entries[index], geometry=geometry_name, queries=queries, iterations=iterations,
+                restarts=restarts, compare_placements=compare_placements, key=(run_id, seed, step),
             )  # fmt: skip
         except torch.linalg.LinAlgError as err:
             raise InputError(
                 f"layer {layer.index} of {name}: a norm or decomposition of its weights failed "
                 f"({' '.join(str(err).split())[:120]}); check that layer's weights (degenerate or corrupted)"
             ) from None
-        ln_ratios.append(extra["ln_ratio_max"])
-        branches.append(max(extra["branch_upper_bound"], 0.0))
-        rows[-1]["ln_only_product_upper_bound"] = float(G.ln_only_product_upper_bound(torch.tensor(ln_ratios))[-1])
-        if layer.placement == "pre":
-            rows[-1]["expansion_remainder_upper_bound"] = float(
-                G.pre_ln_expansion_remainder_upper_bound(torch.tensor(branches))
-            )
+        computed[index] = (rows, extra, layer.placement)
         for row in rows:
             row.update(run_id=run_id, model=name, step=step, seed=seed,
                        layer=layer.index, norm=f"block_{geometry}", norm_placement=_placement_label(layer))  # fmt: skip
-        records.extend(rows)
         if on_layer is not None:
             on_layer(layer.index)
+    if world > 1:
+        computed = _gathered(computed)
+    records, ln_ratios, branches = [], [], []
+    for index in range(len(entries)):  # the chain-rule columns run over the layers in order
+        rows, extra, placement = computed[index]
+        ln_ratios.append(extra["ln_ratio_max"])
+        branches.append(max(extra["branch_upper_bound"], 0.0))
+        rows[-1]["ln_only_product_upper_bound"] = float(G.ln_only_product_upper_bound(torch.tensor(ln_ratios))[-1])
+        if placement == "pre":
+            rows[-1]["expansion_remainder_upper_bound"] = float(
+                G.pre_ln_expansion_remainder_upper_bound(torch.tensor(branches))
+            )
+        records.extend(rows)
     return BOUNDS.frame(records)

@@ -79,6 +79,25 @@ def test_the_audit_command_places_blocks_on_disk_and_removes_their_folder(saved:
         assert done.exit_code == 0, done.output
     rows = [read_table(tmp_path / out / "rows").drop(columns="model") for out in ("memory", "disk")]
     assert rows[0].equals(rows[1])
-    assert not list((tmp_path / "disk").glob(".offload-*"))  # the weights sent to disk lived inside --out
+    assert not list((tmp_path / "disk").glob(".offload-*"))  # the offload folder lived inside --out, and is gone
     done = runner.invoke(app, ["audit", saved, "--ids", str(ids), "--device-map", "layers.0"])
     assert done.exit_code != 0 and "is not MODULE=DEVICE" in done.output
+
+
+def test_the_bounds_command_bounds_an_offloaded_model_as_the_model_in_memory(saved: str, tmp_path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from attnsens.cli import app
+
+    placed = ",".join(f"{module}={device}" for module, device in ON_DISK.items())
+    ids = tmp_path / "ids.txt"
+    ids.write_text(" ".join(str(int(t)) for t in IDS[0]))
+    command = ["bounds", saved, "--ids", str(ids), "--seq-len", "9", "--json"]
+    runner = CliRunner()
+    memory = runner.invoke(app, command)
+    disk = runner.invoke(app, [*command, "--device-map", placed, "--offload-folder", str(tmp_path / "weights")])
+    assert memory.exit_code == 0 and disk.exit_code == 0, disk.output
+    records = [json.loads(done.stdout)["records"] for done in (memory, disk)]
+    assert len(records[0]) == 4 * (1 + 6) and records[0] == records[1]
