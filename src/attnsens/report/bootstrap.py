@@ -24,8 +24,6 @@ REPLICATES = 1000
 CONFIDENCE = 0.95
 """Coverage of every interval."""
 
-_CHUNK_ELEMENTS = 1 << 22
-"""Replicates × rows handled at once by ``weighted_median`` (memory: 8 bytes each)."""
 
 
 @dataclass(frozen=True)
@@ -119,21 +117,37 @@ def _seed_of(key: str) -> int:
 def weighted_median(values: np.ndarray, units: np.ndarray, weights: np.ndarray) -> np.ndarray:
     """Per replicate, the lower weighted median of ``values`` whose row r weighs ``weights[b, units[r]]``.
 
+    The rows are sorted once; replicate b's median is the first sorted row at which the weight of the rows up to
+    it reaches half of b's total, found by bisection over the sorted rows: the weight of the first k rows is
+    Σ_u w[b, u]·(rows of unit u among them), and the count of unit u's rows below k is a search in that unit's
+    sorted positions. The weights are counts, so every sum is exact, and the result is that of a cumulative sum
+    over the rows, at (replicates × units) work per step instead of (replicates × rows).
+
     Returns (replicates,) values, NaN where a replicate gives the rows no weight.
     """
     order = np.argsort(values, kind="stable")
-    ordered, owners = values[order], units[order]
-    result = np.full(weights.shape[0], np.nan)
+    ordered, owners = values[order], np.asarray(units, np.int64)[order]
+    replicates, n_units = weights.shape
+    result = np.full(replicates, np.nan)
     if ordered.size == 0:
         return result
-    step = max(1, _CHUNK_ELEMENTS // ordered.size)
-    for start in range(0, weights.shape[0], step):
-        cumulative = np.cumsum(weights[start : start + step][:, owners], axis=1)
-        total = cumulative[:, -1]
-        position = np.argmax(cumulative >= total[:, None] / 2, axis=1)
-        chunk = ordered[position]
-        chunk[total == 0] = np.nan
-        result[start : start + step] = chunk
+    n = ordered.size
+    # Every unit's positions in the sorted rows, as one increasing array of keys unit·(n + 1) + position.
+    by_unit = np.argsort(owners, kind="stable")
+    keys = owners[by_unit] * (n + 1) + by_unit
+    below = np.arange(n_units, dtype=np.int64) * (n + 1)  # the key of position 0 of each unit
+    start = np.searchsorted(keys, below)
+    total = weights @ np.bincount(owners, minlength=n_units).astype(np.float64)
+    half = total / 2
+    low, high = np.ones(replicates, np.int64), np.full(replicates, n, np.int64)
+    while bool((low < high).any()):
+        middle = (low + high) // 2
+        counts = np.searchsorted(keys, below[None, :] + middle[:, None]) - start[None, :]  # rows below middle
+        reached = np.einsum("bu,bu->b", weights, counts) >= half
+        high = np.where(reached, middle, high)
+        low = np.where(reached, low, middle + 1)
+    result[:] = ordered[low - 1]
+    result[total == 0] = np.nan
     return result
 
 

@@ -142,6 +142,21 @@ def test_weighted_median_of_unit_weights_equals_the_median_of_the_resampled_rows
         assert ratio[b] == pytest.approx(np.repeat(values, weights[b, units].astype(int)).mean())
 
 
+@pytest.mark.parametrize("case", range(20))
+def test_weighted_median_equals_the_lower_median_of_the_resampled_rows_with_ties_and_empty_units(case: int):
+    """Ties among the values, units without rows, replicates that draw no unit with rows (NaN)."""
+    rng = np.random.default_rng(case)
+    n_units, n_rows = int(rng.integers(1, 9)), int(rng.integers(1, 200))
+    values = np.round(rng.normal(size=n_rows), int(rng.integers(0, 2)))  # many ties
+    units = rng.integers(0, n_units, size=n_rows)
+    weights = rng.multinomial(n_units, np.full(n_units, 1 / n_units), size=13).astype(float)
+    got = weighted_median(values, units, weights)
+    for b in range(13):
+        resampled = np.sort(np.repeat(values, weights[b, units].astype(int)))
+        expected = resampled[(len(resampled) - 1) // 2] if len(resampled) else np.nan
+        assert got[b] == expected or (np.isnan(expected) and np.isnan(got[b]))
+
+
 def test_two_level_weights_draw_seeds_then_their_sequences():
     weights = unit_weights(np.repeat([0, 1, 2], 5), np.tile(np.arange(5), 3), key="k", replicates=400)
     assert weights.n_units == 15 and weights.n_seeds == 3
