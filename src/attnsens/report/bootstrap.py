@@ -25,7 +25,6 @@ CONFIDENCE = 0.95
 """Coverage of every interval."""
 
 
-
 @dataclass(frozen=True)
 class Interval:
     """A point estimate and its bootstrap percentile interval (NaN bounds where there are no replicates)."""
