@@ -126,17 +126,10 @@ def capture_row_statistics(
 
     reduced: set[int] = set()
 
-    # Every row of every layer of a float32 causal decoder: its layers run in query slices (``in_query_slices``),
-    # each slice's rows and output computed here; the chunks then end at the slices' bounds. A sliced layer's
-    # attention is plain causal attention (the tap refuses any other), so its chunks are sized by the keys up to
-    # their last query: the early chunks hold more rows, and there are fewer chunks to pay a chunk's fixed cost.
-    # Each layer writes its output over its input: the model passes it on to the next layer and reads no layer's
-    # input again, and the forward stops after the last layer (so one residual stream, not three, at long context).
-    slice_layers = model.query_sliceable_layers() if every_row and len(layers) == model.spec.n_layer else []
-    slice_layers = slice_layers if all(p.dtype == torch.float32 for p in model.module.parameters()) else []
     slice_tokens = query_slices.QUERY_SLICE
-    causal_bounds = selection.chunk_bounds(positions, heads=len(heads), n=n, causal=True) if slice_layers else []
-    slice_spans = _split_at_multiples([(first, stop) for first, stop, _keys in causal_bounds], slice_tokens)
+    slice_layers, causal_bounds, slice_spans = _query_slicing(
+        model, selection, positions, n, every_row=every_row and len(layers) == model.spec.n_layer, heads=len(heads)
+    )
     # One pair of score and probability buffers for every chunk of every layer (the budget's 8 bytes per score),
     # as large as the largest chunk: its rows times all n keys, or a causal chunk's keys widened for alignment.
     widest = max(
@@ -208,6 +201,25 @@ def capture_row_statistics(
         model.forward_until_stopped(input_ids, attention_mask)
     model.check_every_layer_called(layers, reduced)
     return kept
+
+
+def _query_slicing(
+    model: ModelAdapter, selection: RowSelection, positions: Tensor, n: int, *, every_row: bool, heads: int
+) -> tuple[list[torch.nn.Module], list[tuple[int, int, int]], list[tuple[int, int]]]:
+    """``(layers run in query slices, their causal chunk bounds, the chunk spans split at the slices' bounds)``,
+    all empty unless ``every_row`` of every layer of a float32 causal decoder is audited.
+
+    Such a decoder's layers run in query slices (``in_query_slices``), each slice's rows and output computed by
+    the capture; the chunks then end at the slices' bounds. A sliced layer's attention is plain causal attention
+    (the tap refuses any other), so its chunks are sized by the keys up to their last query: the early chunks hold
+    more rows, and there are fewer chunks to pay a chunk's fixed cost. Each layer writes its output over its
+    input: the model passes it on to the next layer and reads no layer's input again, and the forward stops after
+    the last layer (so one residual stream, not three, at long context)."""
+    slice_layers = model.query_sliceable_layers() if every_row else []
+    slice_layers = slice_layers if all(p.dtype == torch.float32 for p in model.module.parameters()) else []
+    causal_bounds = selection.chunk_bounds(positions, heads=heads, n=n, causal=True) if slice_layers else []
+    slice_spans = _split_at_multiples([(first, stop) for first, stop, _keys in causal_bounds], query_slices.QUERY_SLICE)
+    return slice_layers, causal_bounds, slice_spans
 
 
 def _aligned_width(keys: int, n: int) -> int:
