@@ -130,30 +130,17 @@ def _error_radius(s, n, q):
 
 
 @cached_njit()
-def _certify_block(
-    x, bits, no_positive, r0, r1, exact_quantum, stop_d, mitm_max, ckk_budget, ckk_max_support, check_sum, tolerance,
-    row_sum, p_max, d_found, d_lb, err, method, status, workspace,
+def _scan_block(
+    x, bits, no_positive, r0, nb, exact_quantum, mitm_max, check_sum, tolerance, row_sum, p_max, d_found, d_lb, err,
+    method, status, ns, ends, qs, thresholds, firsts, whole_row, pending,
 ):  # fmt: skip
-    """The cascade on rows r0:r1 of ``x`` (outputs as in ``certify_rows``). ``workspace`` holds the enumeration's
-    lists (``mitm_workspace``); returns it, or a larger one where a row needed more."""
-    nb = r1 - r0
-    top_v = np.empty((ROW_BLOCK, K_SMALL))
-    top_i = np.empty((ROW_BLOCK, K_SMALL), np.int64)
-    skip = np.full((ROW_BLOCK, K_SMALL), -1, np.int64)
-    scratch = relaxation_scratch(K_SMALL)
-    ns = np.zeros(ROW_BLOCK, np.int64)
-    ends = np.zeros(ROW_BLOCK, np.int64)
-    qs = np.zeros(ROW_BLOCK)
-    thresholds = np.zeros(ROW_BLOCK, bits.dtype)
-    firsts = np.zeros(ROW_BLOCK, np.int64)
-    targets = np.zeros(ROW_BLOCK)
-    whole_row = np.empty(ROW_BLOCK, np.int64)
-    pending = np.empty(ROW_BLOCK, np.int64)
+    """The first stage of ``_certify_block``: each row of the block scanned (its sum, support, p_max, grid and error
+    radius), the dominant rows settled, and the others listed: long rows in ``whole_row`` (the whole row into t
+    first), short ones in ``pending``. Returns ``(n_whole_row, n_pending, longest_enumerable)``: the block's longest
+    row that may be enumerated sizes the enumeration's workspace (the short rows of a causal head are neighbours,
+    and share a block)."""
     n_whole_row = 0
     n_pending = 0
-    short_support = max(mitm_max, SHORT_ROW_SUPPORT)
-    # The enumeration workspace grows, when a row needs more, to the block's longest row that may be enumerated
-    # (the short rows of a causal head are neighbours, and share a block).
     enumerable = max(mitm_max, ENUMERATED_AFTER_PROOFS, MITM_FALLBACK_SUPPORT)
     longest_enumerable = 0
     for j in range(nb):
@@ -192,14 +179,23 @@ def _certify_block(
                 longest_enumerable = max(longest_enumerable, n)
             pending[n_pending] = j
             n_pending += 1
+    return n_whole_row, n_pending, longest_enumerable
 
+
+@cached_njit()
+def _whole_rows(
+    x, bits, r0, exact_quantum, stop_d, row_sum, p_max, d_found, d_lb, err, method, ends, qs, whole_row, n_whole_row,
+    pending, n_pending,
+):  # fmt: skip
+    """The second stage of ``_certify_block``: the long rows of ``whole_row`` filled whole into t, in key order, then
+    from their last key back (recent keys first) where that left them open, then by binades; the rows these settle
+    are done, the others appended to ``pending``. Returns the new length of ``pending``."""
     shift, bias = (52, 1023) if exact_quantum else (23, 127)
     counts = np.empty(4 * BINADES, np.int64)
     masses = np.empty(4 * BINADES)
     grouped = np.empty(x.shape[1] if n_whole_row else 0)
     whole_row_d = np.empty(n_whole_row)
     _whole_row_first_fits(x, r0, whole_row, n_whole_row, ends, row_sum, stop_d, False, whole_row_d)
-    # The rows the key-order fill leaves open are filled again from their last key back (recent keys first).
     reverse_rows = np.empty(n_whole_row, np.int64)
     reverse_of = np.empty(n_whole_row, np.int64)
     n_reverse = 0
@@ -231,6 +227,38 @@ def _certify_block(
             continue
         pending[n_pending] = j
         n_pending += 1
+    return n_pending
+
+
+@cached_njit()
+def _certify_block(
+    x, bits, no_positive, r0, r1, exact_quantum, stop_d, mitm_max, ckk_budget, ckk_max_support, check_sum, tolerance,
+    row_sum, p_max, d_found, d_lb, err, method, status, workspace,
+):  # fmt: skip
+    """The cascade on rows r0:r1 of ``x`` (outputs as in ``certify_rows``). ``workspace`` holds the enumeration's
+    lists (``mitm_workspace``); returns it, or a larger one where a row needed more."""
+    nb = r1 - r0
+    top_v = np.empty((ROW_BLOCK, K_SMALL))
+    top_i = np.empty((ROW_BLOCK, K_SMALL), np.int64)
+    skip = np.full((ROW_BLOCK, K_SMALL), -1, np.int64)
+    scratch = relaxation_scratch(K_SMALL)
+    ns = np.zeros(ROW_BLOCK, np.int64)
+    ends = np.zeros(ROW_BLOCK, np.int64)
+    qs = np.zeros(ROW_BLOCK)
+    thresholds = np.zeros(ROW_BLOCK, bits.dtype)
+    firsts = np.zeros(ROW_BLOCK, np.int64)
+    targets = np.zeros(ROW_BLOCK)
+    whole_row = np.empty(ROW_BLOCK, np.int64)
+    pending = np.empty(ROW_BLOCK, np.int64)
+    short_support = max(mitm_max, SHORT_ROW_SUPPORT)
+    n_whole_row, n_pending, longest_enumerable = _scan_block(
+        x, bits, no_positive, r0, nb, exact_quantum, mitm_max, check_sum, tolerance, row_sum, p_max, d_found, d_lb,
+        err, method, status, ns, ends, qs, thresholds, firsts, whole_row, pending,
+    )  # fmt: skip
+    n_pending = _whole_rows(
+        x, bits, r0, exact_quantum, stop_d, row_sum, p_max, d_found, d_lb, err, method, ends, qs, whole_row,
+        n_whole_row, pending, n_pending,
+    )  # fmt: skip
 
     n_open = 0
     for a in range(n_pending):
