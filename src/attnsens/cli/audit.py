@@ -184,7 +184,10 @@ def audit(
                 max_memory=None if max_memory is None else max_memory * 2**20,
             )  # fmt: skip
     if inputs.first_rank():
-        _print_audit(adapter.name, out, result, seq_len=sequences.shape[1], per_head=per_head, as_json=as_json)
+        _print_audit(
+            adapter.name, out, result, seq_len=sequences.shape[1], per_head=per_head, as_json=as_json,
+            attention=adapter.spec.attention,
+        )  # fmt: skip
 
 
 def _tokens_to_audit(ids: Path | None, text: Path | None, corpus: str | None) -> tuple[Any, str | None]:
@@ -202,13 +205,20 @@ def _tokens_to_audit(ids: Path | None, text: Path | None, corpus: str | None) ->
     return source, None
 
 
-def _print_audit(name: str, out: Path, result: Any, *, seq_len: int, per_head: bool, as_json: bool) -> None:
-    """The findings written into ``out``, then the per-layer (and per-head) tables, or the JSON payload."""
+def _print_audit(
+    name: str, out: Path, result: Any, *, seq_len: int, per_head: bool, as_json: bool, attention: tuple[str, ...]
+) -> None:
+    """The findings written into ``out``, then the per-layer (and per-head) tables, or the JSON payload; the layers
+    of an encoder-decoder named with their ``attention`` (encoder, decoder, cross)."""
     from attnsens.report import write_findings
 
     findings_path, findings = write_findings(out)
     identity = ["run_id", "model", "step", "seed"]
     per_layer = result.layer_summary()
+    summary = result.summary
+    if attention:
+        per_layer = per_layer.assign(attention=[attention[layer] for layer in per_layer["layer"]])
+        summary = summary.assign(attention=[attention[layer] for layer in summary["layer"]])
     if as_json:
         payload = {
             "model": name,
@@ -219,12 +229,14 @@ def _print_audit(name: str, out: Path, result: Any, *, seq_len: int, per_head: b
             "layers": per_layer.drop(columns=[*identity, "head"]).to_dict("records"),
         }
         if per_head:
-            head_rows = result.summary[result.summary["head"] >= 0]
+            head_rows = summary[summary["head"] >= 0]
             payload["heads"] = head_rows.drop(columns=identity).to_dict("records")
         print_json(payload)
         return
+    if attention:  # "3 cross": the layer and its attention in one column
+        per_layer, summary = (t.assign(layer=[f"{i} {attention[i]}" for i in t["layer"]]) for t in (per_layer, summary))
     if per_head:
-        _print_table(name, result.summary[result.summary["head"] >= 0], by_head=True)
+        _print_table(name, summary[summary["head"] >= 0], by_head=True)
     _print_table(name, per_layer, by_head=False)
     console.print(
         f"{result.n_rows:,} rows written to {out}/rows, summary to {out}/summary, findings to {findings_path}",

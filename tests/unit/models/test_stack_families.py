@@ -186,3 +186,22 @@ def test_the_rows_table_marks_each_layer_of_an_encoder_decoder(tmp_path) -> None
     stored = read_table(tmp_path / "audit" / "rows")
     assert stored.groupby("layer")["attention"].first().tolist() == list(kinds)
     assert attnsens.study.audit(model.get_encoder(), IDS).rows["attention"].isna().all()
+
+
+def test_the_audit_command_names_each_layer_of_an_encoder_decoder(tmp_path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from attnsens.cli import app
+
+    _random(T5Model(_t5_config())).save_pretrained(tmp_path / "t5")
+    ids = tmp_path / "ids.txt"
+    ids.write_text(" ".join(str(int(t)) for t in IDS[0]))
+    done = CliRunner().invoke(app, ["audit", str(tmp_path / "t5"), "--ids", str(ids), "--out", str(tmp_path / "a"),
+                                    "--json"])  # fmt: skip
+    assert done.exit_code == 0, done.output
+    layers = json.loads(done.stdout)["layers"]
+    assert [(layer["layer"], layer["attention"]) for layer in layers] == list(
+        enumerate(("encoder",) * 2 + ("decoder", "cross") * 3)
+    )
