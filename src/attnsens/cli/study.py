@@ -59,9 +59,7 @@ def study(
 
     from attnsens.cli.inputs import check_device, check_out_dir, quiet_transformers
     from attnsens.cli.progress import ProgressReport
-    from attnsens.errors import ConfigError
     from attnsens.study.study import StudyConfig, run_study
-    from attnsens.train.model import NORM_PLACEMENTS
 
     check_device(device)
     check_out_dir(out)
@@ -69,17 +67,7 @@ def study(
         quiet_transformers()  # the reference model loads while the study's progress is on screen
     if threads is not None:
         torch.set_num_threads(threads)
-    try:
-        seed_list = tuple(int(s) for s in seeds.split(",") if s.strip())
-    except ValueError as err:
-        raise ConfigError(f"--seeds must be comma-separated integers such as 0,1,2, got {seeds!r}") from err
-    if not seed_list or len(set(seed_list)) != len(seed_list):
-        raise ConfigError(f"--seeds must name distinct seeds, such as 0,1,2; got {seeds!r}")
-    placement_list = tuple(p.strip() for p in placements.split(",") if p.strip())
-    unknown = [p for p in placement_list if p not in NORM_PLACEMENTS]
-    if unknown or not placement_list:
-        what = f"{', '.join(map(repr, unknown))} is not a block placement" if unknown else "names no placement"
-        raise ConfigError(f"--placements {placements!r}: {what}; choose among {', '.join(NORM_PLACEMENTS)}")
+    seed_list, placement_list = _seeds_and_placements(seeds, placements)
     lr_all, placement_lr = _learning_rates(lr)
     study_config = StudyConfig.from_preset(
         config,
@@ -111,6 +99,25 @@ def study(
     if result.report is not None:
         say(f"trained in {result.train_seconds:.0f} s, audited in {result.audit_seconds:.0f} s")
         console.print(str(result.report), soft_wrap=True)
+
+
+def _seeds_and_placements(seeds: str, placements: str) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """--seeds and --placements as tuples, checked: distinct integer seeds, known block placements."""
+    from attnsens.errors import ConfigError
+    from attnsens.train.model import NORM_PLACEMENTS
+
+    try:
+        seed_list = tuple(int(s) for s in seeds.split(",") if s.strip())
+    except ValueError as err:
+        raise ConfigError(f"--seeds must be comma-separated integers such as 0,1,2, got {seeds!r}") from err
+    if not seed_list or len(set(seed_list)) != len(seed_list):
+        raise ConfigError(f"--seeds must name distinct seeds, such as 0,1,2; got {seeds!r}")
+    placement_list = tuple(p.strip() for p in placements.split(",") if p.strip())
+    unknown = [p for p in placement_list if p not in NORM_PLACEMENTS]
+    if unknown or not placement_list:
+        what = f"{', '.join(map(repr, unknown))} is not a block placement" if unknown else "names no placement"
+        raise ConfigError(f"--placements {placements!r}: {what}; choose among {', '.join(NORM_PLACEMENTS)}")
+    return seed_list, placement_list
 
 
 def study_summary(result: Any, study_config: Any) -> dict[str, Any]:
