@@ -112,18 +112,16 @@ def test_two_ranks_audit_the_single_process_rows_and_a_killed_rank_is_redone(tmp
 
 
 def test_each_rank_takes_one_contiguous_block_and_an_in_memory_audit_is_not_shared(monkeypatch) -> None:
-    import pytest
-
     import attnsens
-    from attnsens.errors import ConfigError
     from attnsens.study import auditing
 
     blocks = [auditing.rank_share(10, rank, 4) for rank in range(4)]
     assert [list(block) for block in blocks] == [[0, 1, 2], [3, 4, 5], [6, 7], [8, 9]]
     assert list(auditing.rank_share(1, 1, 2)) == []
-    monkeypatch.setattr(auditing, "ranks", lambda: (1, 2))
-    with pytest.raises(ConfigError, match=r"shared out over 2 ranks .* give out_dir"):
-        attnsens.study.audit("builtin:lnfree", "some text to audit", seq_len=8)
+    alone = attnsens.study.audit("builtin:lnfree", "some text to audit, twice over", seq_len=8, note=lambda _: None)
+    monkeypatch.setattr(auditing, "ranks", lambda: (1, 2))  # rank 1 of 2: in memory it audits all it is given
+    shared = attnsens.study.audit("builtin:lnfree", "some text to audit, twice over", seq_len=8, note=lambda _: None)
+    assert shared.n_rows == alone.n_rows and shared.rows.equals(alone.rows)
 
 
 def test_two_ranks_share_the_layers_of_the_bounds_and_give_the_single_process_table(tmp_path: Path) -> None:

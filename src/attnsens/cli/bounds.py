@@ -165,6 +165,7 @@ def bounds(
             table = bound_model(
                 target, input_ids, seq_len=seq_len, geometry=geometry, n_queries=queries, iterations=iterations,
                 compare_placements=placements, model_name=name, on_layer=lambda i: report.update(i + 1, n_layer),
+                shared=True,
             )  # fmt: skip
     if not first_rank():
         return

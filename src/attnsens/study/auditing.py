@@ -27,7 +27,6 @@ from torch import Tensor
 from attnsens.capture import RowBlock, RowSelection, capture_row_statistics
 from attnsens.capture.allocator import release_free_memory
 from attnsens.capture.stream import enumeration_workspaces
-from attnsens.errors import ConfigError
 from attnsens.models import ModelAdapter, load
 from attnsens.store.lock import writes_run_folder
 from attnsens.study.inputs import Note, model_inputs, print_note, real_positions
@@ -166,10 +165,11 @@ def audit(
         note: told of a default window shortened to fit in memory and of run-folder units rebuilt (default:
             ``note: …`` on stderr).
 
-    Under torchrun (a process group of several ranks, ``attnsens.train.trainer.init_distributed``), the sequences
-    are shared out: each rank audits one contiguous block of them and records its own units in ``out_dir``'s
-    manifest; rank 0 writes the summary once every rank is done, and every rank returns the whole audit. A rerun
-    redoes only the units a killed rank left unrecorded. Several ranks need ``out_dir``.
+    Under torchrun (a process group of several ranks, ``attnsens.train.trainer.init_distributed``), an audit into
+    ``out_dir`` is shared out: each rank audits one contiguous block of the sequences and records its own units in
+    the folder's manifest; rank 0 writes the summary once every rank is done, and every rank returns the whole
+    audit. A rerun redoes only the units a killed rank left unrecorded. An audit in memory is not shared: each rank
+    audits what it is given (a study's ranks audit their own checkpoints).
 
     Returns:
         AuditResult with the rows and summary tables (attnsens.store.schema ROWS / SUMMARY).
@@ -187,11 +187,8 @@ def audit(
         adapter, tokens, attention_mask=attention_mask, seq_len=seq_len, n_sequences=n_sequences, note=note
     )
     layers = adapter.select_layers(selection.layers)
-    rank, world = ranks()
-    if world > 1 and out_dir is None:
-        raise ConfigError(
-            f"an audit shared out over {world} ranks (torchrun) writes its rows to a run folder; give out_dir (--out)"
-        )
+    # Shared out only into a run folder: an audit in memory is the caller's own (a study's rank audits its checkpoints).
+    rank, world = ranks() if out_dir is not None else (0, 1)
     identity: dict[str, Any] = {"run_id": run_id, "model": adapter.name, "step": step, "seed": seed}
     sink: RowSink
     if out_dir is None:

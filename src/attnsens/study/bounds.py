@@ -223,6 +223,7 @@ def bound_model(
     step: int = 0,
     seed: int = 0,
     on_layer: Callable[[int], None] | None = None,
+    shared: bool = False,
 ) -> pd.DataFrame:
     """Per layer and head: projection norms, Φ_h, θ̃_h, certified local and global bounds, estimates, ratios.
 
@@ -238,9 +239,12 @@ def bound_model(
         run_id, step, seed: identifiers stored in every record; with the layer they also seed each estimator's
             own generator (``attnsens.seeding``), so the estimates never depend on torch's global generator.
         on_layer: called with each layer index when its records are done (progress display).
+        shared: share the layers out among the ranks of the torchrun process group (below).
 
-    Under torchrun (a process group of several ranks) each rank bounds one contiguous block of the layers, after
-    the gate has run on every rank, and every rank returns the whole table, equal to one process's.
+    With ``shared`` under torchrun (a process group of several ranks, every rank calling with the same model and
+    inputs) each rank bounds one contiguous block of the layers, after the gate has run on every rank, and every
+    rank returns the whole table, equal to one process's. Without it each rank bounds every layer itself (a study's
+    ranks bound their own checkpoints).
 
     Returns:
         DataFrame with the ``bounds`` table's columns (docs/math.md A4, T4–T8); certified columns end in
@@ -274,7 +278,7 @@ def bound_model(
     queries = None if n_queries is None else torch.linspace(0, n_tokens - 1, min(n_queries, n_tokens)).round().long()
     from attnsens.study.auditing import rank_share, ranks
 
-    rank, world = ranks()
+    rank, world = ranks() if shared else (0, 1)
     computed: dict[int, tuple[list[dict[str, Any]], dict[str, float], str]] = {}
     for index in rank_share(len(entries), rank, world):  # under torchrun each rank bounds one block of layers
         layer = layers[index]
