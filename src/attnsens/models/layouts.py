@@ -215,6 +215,21 @@ _OPT = BlockLayout(
     query_scaled_in_projection=True,
 )
 """OPT: pre- or post-LN (``do_layer_norm_before``), the query scaling folded into q_proj."""
+_GPTJ = BlockLayout(
+    blocks="h",
+    attention="attn",
+    o="out_proj",
+    up="mlp.fc_in",
+    gate=None,
+    down="mlp.fc_out",
+    attn_norm="ln_1",
+    mlp_norm="ln_1",
+    norm="layernorm",
+    activation="activation_function",
+    rotary="gptj",
+    parallel_residual=True,
+)
+"""GPT-J: one LayerNorm feeding attention and MLP in parallel, RoPE on adjacent pairs of ``rotary_dim``."""
 _CLIP = BlockLayout(
     blocks="encoder.layers",
     o="out_proj",
@@ -375,36 +390,8 @@ LAYOUTS: dict[str, BlockLayout] = {
     "biogpt": dataclasses.replace(  # OPT's module names, pre-LN, learned positions, the scaling in the call
         _OPT, blocks="layers", activation="hidden_act", query_scaled_in_projection=False
     ),
-    "codegen": BlockLayout(  # GPT-J's block with a fused qkv in model-parallel shards
-        blocks="h",
-        attention="attn",
-        qkv="qkv_proj",
-        qkv_order="shards",
-        o="out_proj",
-        up="mlp.fc_in",
-        gate=None,
-        down="mlp.fc_out",
-        attn_norm="ln_1",
-        mlp_norm="ln_1",
-        norm="layernorm",
-        activation="activation_function",
-        rotary="gptj",
-        parallel_residual=True,
-    ),
-    "gptj": BlockLayout(
-        blocks="h",
-        attention="attn",
-        o="out_proj",
-        up="mlp.fc_in",
-        gate=None,
-        down="mlp.fc_out",
-        attn_norm="ln_1",
-        mlp_norm="ln_1",
-        norm="layernorm",
-        activation="activation_function",
-        rotary="gptj",
-        parallel_residual=True,
-    ),
+    "codegen": dataclasses.replace(_GPTJ, qkv="qkv_proj", qkv_order="shards"),  # a fused qkv in model-parallel shards
+    "gptj": _GPTJ,
     **{family: _BERT for family in ("bert", "roberta", "xlm-roberta", "camembert", "electra")},
     "vit": BlockLayout(
         attention="attention",
