@@ -182,6 +182,22 @@ StepOption = Annotated[
     int | None,
     typer.Option("--step", min=0, help="Checkpoint step of a training run or study (default: the last one)."),
 ]
+DeviceMapOption = Annotated[
+    str | None,
+    typer.Option(
+        "--device-map",
+        help="Spread a model larger than one device over the GPUs, the CPU and the disk (accelerate's big-model "
+        "loading): auto, balanced, sequential, or MODULE=DEVICE pairs separated by commas (a device: cpu, disk, "
+        "N or cuda:N). Weights sent to disk are read when their layer runs (docs/scale.md).",
+    ),
+]
+OffloadOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--offload-folder",
+        help="Where weights offloaded to disk are kept (default: a folder inside --out, removed at the end).",
+    ),
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 

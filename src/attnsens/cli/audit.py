@@ -8,8 +8,10 @@ from typing import Annotated, Any
 import typer
 
 from attnsens.cli.app import (
+    DeviceMapOption,
     JsonOption,
     ModelArgument,
+    OffloadOption,
     PlacementOption,
     StepOption,
     app,
@@ -91,22 +93,6 @@ ExactSupportOption = Annotated[
         help="Prove θ exact on every row with at most this many non-zero keys (24–48; up to ~0.3 s a row at "
         "48). Default: rows of up to 26 keys on the CPU (24 on the GPU and torch paths), and longer ones "
         "where a cheap proof applies.",
-    ),
-]
-DeviceMapOption = Annotated[
-    str | None,
-    typer.Option(
-        "--device-map",
-        help="Spread a model larger than one device over the GPUs, the CPU and the disk (accelerate's big-model "
-        "loading): auto, balanced, sequential, or MODULE=DEVICE pairs separated by commas (a device: cpu, disk, "
-        "N or cuda:N). Weights sent to disk are read when their layer runs (docs/scale.md).",
-    ),
-]
-OffloadOption = Annotated[
-    Path | None,
-    typer.Option(
-        "--offload-folder",
-        help="Where weights offloaded to disk are kept (default: a folder inside --out, removed at the end).",
     ),
 ]
 TrustRemoteCodeOption = Annotated[

@@ -16,7 +16,9 @@ from typing import Annotated, Any
 import typer
 
 from attnsens.cli.app import (
+    DeviceMapOption,
     JsonOption,
+    OffloadOption,
     PlacementOption,
     StepOption,
     app,
@@ -27,7 +29,6 @@ from attnsens.cli.app import (
     print_json,
     silent_note,
 )
-from attnsens.cli.audit import DeviceMapOption, OffloadOption
 from attnsens.cli.interrupt import on_interrupt, rerun_bounds
 
 SAMPLE_TEXT = (
