@@ -27,7 +27,18 @@ SOURCE = Path(attnsens.__file__).parent
 
 LAYERS: tuple[tuple[str, ...], ...] = (
     # foundation
-    ("attnsens", "errors", "provenance", "_float64", "_threads", "_memory", "_numba_cache", "_encoding", "seeding"),
+    (
+        "attnsens",
+        "errors",
+        "provenance",
+        "_float64",
+        "_threads",
+        "_ranks",
+        "_memory",
+        "_numba_cache",
+        "_encoding",
+        "seeding",
+    ),
     ("theta",),  # θ kernels
     ("_rounding",),  # directed rounding of the certified bounds
     ("weights",),  # the normalized weights: what adapters produce and bounds consume

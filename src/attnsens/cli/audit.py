@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
+from attnsens._ranks import first_rank
 from attnsens.cli.app import (
     DeviceMapOption,
     JsonOption,
@@ -144,7 +145,7 @@ def audit(
     out = inputs.default_out_dir("audit", model) if out is None else out
     inputs.check_out_dir(out)
     inputs.check_device(device)
-    device, quiet = inputs.join_ranks(device), as_json or not inputs.first_rank()
+    device, quiet = inputs.join_ranks(device), as_json or not first_rank()
     torch_dtype = inputs.parse_dtype(dtype)
     layer_list, head_list = _indices(layers, "--layers"), _indices(heads, "--heads")
     tokens, name = _tokens_to_audit(ids, text, corpus)
@@ -169,7 +170,7 @@ def audit(
                 step=0 if saved is None else saved.step, seed=(seed or 0) if saved is None else saved.seed,
                 max_memory=None if max_memory is None else max_memory * 2**20,
             )  # fmt: skip
-    if inputs.first_rank():
+    if first_rank():
         _print_audit(
             adapter.name, out, result, seq_len=sequences.shape[1], per_head=per_head, as_json=as_json,
             attention=adapter.spec.attention,

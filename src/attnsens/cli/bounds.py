@@ -146,8 +146,9 @@ def bounds(
     """
     import torch
 
+    from attnsens._ranks import first_rank
     from attnsens._threads import keep_torch_threads
-    from attnsens.cli.inputs import check_out_dir, first_rank, join_ranks, saved_checkpoint, weight_placement
+    from attnsens.cli.inputs import check_out_dir, join_ranks, saved_checkpoint, weight_placement
     from attnsens.cli.progress import ProgressReport
     from attnsens.geometry.norms import check_geometry
     from attnsens.study.bounds import bound_model

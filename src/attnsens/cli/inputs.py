@@ -354,11 +354,6 @@ def parse_device_map(text: str) -> str | dict[str, Any]:
     return placed
 
 
-def first_rank() -> bool:
-    """Whether this process prints: the only one, or rank 0 under torchrun."""
-    return int(os.environ.get("RANK", "0")) == 0
-
-
 def join_ranks(device: str | None) -> str | None:
     """Join torchrun's process group when launched by it (gloo on the CPU, nccl on GPUs), and the device of this
     rank: ``cuda`` becomes ``cuda:LOCAL_RANK``, so that each rank audits on its own GPU."""

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
+from attnsens._ranks import first_rank
 from attnsens.cli.app import JsonOption, OutDirOption, app, console, domain_errors_exit, flag, print_json
 from attnsens.cli.interrupt import on_interrupt, rerun_to_resume
 
@@ -82,7 +82,7 @@ def study(
         placement_train={placement: {"lr": rate} for placement, rate in placement_lr.items()},
     )
     # torchrun sets RANK before the process group exists (run_study joins it).
-    is_writer = int(os.environ.get("RANK", "0")) == 0
+    is_writer = first_rank()
 
     def say(message: str) -> None:
         if is_writer and not as_json:

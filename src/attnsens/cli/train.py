@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from attnsens._ranks import first_rank
 from attnsens.cli.app import JsonOption, OutDirOption, app, console, domain_errors_exit, flag, print_json
 from attnsens.cli.interrupt import on_interrupt, rerun_training
 
@@ -80,7 +80,7 @@ def train(
         config, steps=steps, seed=seed, batch_size=batch_size, lr=lr, warmup_steps=warmup
     )
     data_config = default_data_config(model_config, source=None if data is None else str(data))
-    writer = int(os.environ.get("RANK", "0")) == 0
+    writer = first_rank()
     with ProgressReport("training", "steps", enabled=writer and not as_json) as report:
         callbacks: list[object] = [TrainingProgress(report, steps)]
         if tensorboard and writer:

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+from attnsens._ranks import first_rank
 from attnsens.errors import FileFormatError, RunLockedError
 
 LOCK_NAME = ".writer.lock"
@@ -179,7 +180,7 @@ def _remove_empty(folders: list[Path]) -> None:
 def writing_run_folder(folder: str | os.PathLike[str] | None, command: str) -> Iterator[None]:
     """:func:`writer_lock` on ``folder`` for the process that writes it: nothing for None, nor for the ranks
     other than 0 under torchrun (they write through rank 0's lock)."""
-    if folder is None or int(os.environ.get("RANK", "0")) != 0:
+    if folder is None or not first_rank():
         yield
         return
     with writer_lock(folder, command=command):

@@ -24,6 +24,7 @@ import pandas as pd
 import pyarrow as pa
 from torch import Tensor
 
+from attnsens._ranks import rank_share, ranks
 from attnsens.capture import RowBlock, RowSelection, capture_row_statistics
 from attnsens.capture.allocator import release_free_memory
 from attnsens.capture.stream import enumeration_workspaces
@@ -214,23 +215,6 @@ def audit(
     if isinstance(sink, FolderRows) and world > 1:
         return _shared_result(sink, rank)
     return sink.result()
-
-
-def ranks() -> tuple[int, int]:
-    """(rank, world size) of the torchrun process group this process belongs to, or (0, 1)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def rank_share(count: int, rank: int, world: int) -> range:
-    """The contiguous block of ``count`` items that ``rank`` of ``world`` takes: the first ``count % world`` ranks
-    one more than the others."""
-    size, extra = divmod(count, world)
-    start = rank * size + min(rank, extra)
-    return range(start, start + size + (rank < extra))
 
 
 def _shared_result(sink: FolderRows, rank: int) -> AuditResult:

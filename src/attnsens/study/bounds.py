@@ -276,7 +276,7 @@ def bound_model(
             entries = layer_inputs_from_stream(layers, block_input.to(torch.float64))
     n_tokens = entries[0]["block_input"].shape[1]
     queries = None if n_queries is None else torch.linspace(0, n_tokens - 1, min(n_queries, n_tokens)).round().long()
-    from attnsens.study.auditing import rank_share, ranks
+    from attnsens._ranks import rank_share, ranks
 
     rank, world = ranks() if shared else (0, 1)
     computed: dict[int, tuple[list[dict[str, Any]], dict[str, float], str]] = {}

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from attnsens._ranks import ranks
 from attnsens.errors import ConfigError
 from attnsens.store.lock import writes_run_folder
 from attnsens.train.checkpoint import load_model_state, model_hashes, prune_deleted, saved_steps, verify_checkpoint
@@ -323,7 +324,7 @@ def run_study(
     out = Path(out_dir)
     say = log or (lambda _message: None)
     init_distributed()
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    rank, world = ranks()
     # A study folder takes more seeds: the ones done are kept (their checkpoints verified below), the new ones run.
     manifest = Manifest.open(out, config=config.describe(), growable=("seeds",))
     if rank == 0:

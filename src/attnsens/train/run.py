@@ -9,6 +9,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from attnsens._ranks import ranks
 from attnsens.errors import CheckpointError
 from attnsens.store.lock import writes_run_folder
 from attnsens.train.checkpoint import saved_steps
@@ -101,7 +102,7 @@ def train(
     """
     run_dir = Path(run_dir)
     init_distributed()
-    rank = dist.get_rank() if dist.is_initialized() else 0
+    rank, _ = ranks()
     if not resume:
         _check_not_another_run(run_dir)
         if saved_steps(run_dir):

@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
+from attnsens._ranks import ranks
 from attnsens.errors import CheckpointError, ConfigError
 from attnsens.train.checkpoint import (
     checkpoint_steps,
@@ -152,7 +153,7 @@ class Trainer:
             local_rank = int(os.environ.get("LOCAL_RANK", "0"))
             device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
         self.device = torch.device(device)
-        self.rank, self.world_size = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+        self.rank, self.world_size = ranks()
         if train_config.batch_size % self.world_size:
             raise ConfigError(
                 f"batch_size {train_config.batch_size} is not divisible by {self.world_size} processes; "
