@@ -155,7 +155,6 @@ class InterfaceAdapter(HFAdapter):
             )
         self._call_layers: list[list[int]] | None = None  # per tapped module, its layers when one is called twice
         super().__init__(module, name=name, tokenizer=tokenizer)
-        self.spec = replace(self.spec, n_layer=len(self._attention))
         self._attention, self.spec = self._probe()
 
     def _probe(self) -> tuple[list[torch.nn.Module], ModelSpec]:

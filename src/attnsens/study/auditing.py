@@ -418,10 +418,7 @@ class FolderRows:
         self._write(columns.table(batch_offset=index, **self._identity))
 
     def result(self) -> AuditResult:
-        self._manifest.refresh()  # units other ranks recorded (a shared audit)
-        units = [_row_unit(index) for index in range(self._n_sequences)]
-        row_files = tuple(self._manifest.run_dir / unit for unit in units)
-        n_rows = sum(int(self._manifest.units[unit]["num_rows"]) for unit in units)  # recorded with each unit
+        row_files, n_rows = self._recorded_rows()
         if self._layer_summaries is not None:
             summary = self._layer_summaries.summary()
         else:
@@ -433,12 +430,17 @@ class FolderRows:
         """The audit as another process recorded it (rank 0 of a shared audit): its summary read back."""
         from attnsens.store.parquet import read_table
 
+        row_files, n_rows = self._recorded_rows()
+        summary = read_table(self._manifest.run_dir / SUMMARY_UNIT)
+        return AuditResult(summary=summary, n_rows=n_rows, out_dir=self._manifest.run_dir, row_files=row_files)
+
+    def _recorded_rows(self) -> tuple[tuple[Path, ...], int]:
+        """Every sequence's rows file and their number of rows, as the manifest records them now (with the units
+        other ranks of a shared audit recorded)."""
         self._manifest.refresh()
         units = [_row_unit(index) for index in range(self._n_sequences)]
-        n_rows = sum(int(self._manifest.units[unit]["num_rows"]) for unit in units)
-        summary = read_table(self._manifest.run_dir / SUMMARY_UNIT)
-        row_files = tuple(self._manifest.run_dir / unit for unit in units)
-        return AuditResult(summary=summary, n_rows=n_rows, out_dir=self._manifest.run_dir, row_files=row_files)
+        n_rows = sum(int(self._manifest.units[unit]["num_rows"]) for unit in units)  # recorded with each unit
+        return tuple(self._manifest.run_dir / unit for unit in units), n_rows
 
 
 class _LayerSummaries:
