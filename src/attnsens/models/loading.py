@@ -139,6 +139,11 @@ def load(
     dtype = torch.float32 if dtype is None else dtype
     selects = step is not None or seed is not None or placement is not None
     if text in ALIASES and not selects:
+        if any(value is not None for value in placed.values()):
+            raise ConfigError(
+                f"{text!r} is a model attnsens ships, loaded whole; device_map, max_memory and offload_folder place "
+                "the weights of a model folder or hub id"
+            )
         loader = ALIASES[text]
         if isinstance(loader, str):
             module_name, function_name = loader.split(":")
@@ -395,7 +400,31 @@ def _from_pretrained(
     audited: Any = language_model(module)
     if "device_map" not in placement:  # a dispatched model stays where accelerate put each block
         audited = audited.to(device)
-    return adapter_class(audited.config.model_type)(audited.eval(), name=name, tokenizer=tokenizer)
+        return adapter_class(audited.config.model_type)(audited.eval(), name=name, tokenizer=tokenizer)
+    _check_device_map(placement["device_map"], module, name)
+    try:
+        return adapter_class(audited.config.model_type)(audited.eval(), name=name, tokenizer=tokenizer)
+    except KeyError as err:  # accelerate's offloaded-weights index lacks a weight the first forward asks for
+        raise ConfigError(
+            f"the weights of {name!r} sent to disk could not be read back ({err} is not among them): a weight tied "
+            "to another module's (an embedding shared by the encoder and the decoder) cannot be offloaded apart "
+            "from it; keep both tied modules off the disk in the device_map"
+        ) from None
+
+
+def _check_device_map(device_map: Any, module: Any, name: str) -> None:
+    """ConfigError for a device_map dict naming modules the model does not have (transformers drops such a map,
+    and the model would load whole, without a word)."""
+    if not isinstance(device_map, dict):
+        return
+    placed = getattr(module, "hf_device_map", None) or {}
+    unknown = sorted(key for key in device_map if key not in placed)
+    if unknown:
+        children = ", ".join(child for child, _ in module.named_children())
+        raise ConfigError(
+            f"the device_map names {', '.join(unknown)}, which {name!r} does not place as a module; name the base "
+            f"model's modules ({children}, or their submodules such as layers.0)"
+        )
 
 
 LARGE_EMBEDDING = 2**28

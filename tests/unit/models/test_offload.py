@@ -60,6 +60,23 @@ def test_placement_applies_to_models_read_from_disk(saved: str) -> None:
         M.load(tiny_model("llama"), device_map="auto")
     with pytest.raises(ConfigError, match="without device"):
         M.load(saved, device_map="auto", device="cpu")
+    with pytest.raises(ConfigError, match="'smollm2' is a model attnsens ships, loaded whole"):
+        M.load("smollm2", device_map="auto")
+    with pytest.raises(ConfigError, match=r"names foo, which .* does not place as a module; name .*embed_tokens"):
+        M.load(saved, device_map={"foo": "cpu"})  # transformers would drop the map and load the model whole
+
+
+def test_a_tied_weight_sent_to_disk_apart_from_its_twin_is_refused_in_one_line(tmp_path) -> None:
+    from transformers import T5Config, T5Model
+
+    from tests.unit.models.tiny_models import stock_config
+
+    sizes = {"num_layers": 1, "num_heads": 2, "d_model": 16, "d_kv": 8, "d_ff": 24}
+    config = stock_config(T5Config, **sizes, checkpoint_fields={"decoder_start_token_id": 0})
+    T5Model(config).save_pretrained(tmp_path / "t5")  # its decoder's embedding is the encoder's, tied
+    placed = {"shared": "cpu", "encoder": "cpu", "decoder": "disk"}
+    with pytest.raises(ConfigError, match="cannot be offloaded apart from it; keep both tied modules off the disk"):
+        M.load(str(tmp_path / "t5"), device_map=placed, offload_folder=tmp_path / "offload")
 
 
 def test_the_audit_command_places_blocks_on_disk_and_removes_their_folder(saved: str, tmp_path) -> None:
