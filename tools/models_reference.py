@@ -60,6 +60,8 @@ def _block(layout: Any) -> str:
         parts.append(f"sublayers scaled by `{layout.residual_multiplier}`")
     if layout.layer_scale:
         parts.append("sublayers scaled per channel by " + " and ".join(f"`{name}`" for name in layout.layer_scale))
+    if layout.hybrid:
+        parts.append(f"hybrid: its attention blocks alone (the others hold {layout.hybrid})")
     return "; ".join(parts)
 
 
@@ -80,6 +82,8 @@ def _positions(layout: Any) -> str:
     if layout.rotary == "gptj":
         return "RoPE on adjacent pairs, `rotary_dim`"
     text = "RoPE" + (" on adjacent pairs" if layout.rotary_interleaved else "")
+    if layout.rope_if:
+        text += f" where `{layout.rope_if[0]}` is `{layout.rope_if[1]}`, else none"
     if layout.sliding_if:
         text += f", on the layers whose attention has `{layout.sliding_if}` (on every layer without a window)"
     return text + (f", on the layers whose attention has `{layout.rotary_if}`" if layout.rotary_if else "")
@@ -110,7 +114,10 @@ def _mlp(layout: Any) -> str:
 
 
 def _refused(layout: Any) -> str:
-    return "; ".join(f"`{flag}`: {why}" for flag, why in layout.unsupported) or "—"
+    reasons = [f"`{flag}`: {why}" for flag, why in layout.unsupported]
+    if layout.experts:
+        reasons.append(f"a block has a mixture of experts (`{layout.experts}`)")
+    return "; ".join(reasons) or "—"
 
 
 def render_table() -> str:

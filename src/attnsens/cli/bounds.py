@@ -179,6 +179,9 @@ def bounds(
         print_json({"model": name, "norm": f"block_{geometry}", "records": table.to_dict("records")})
         return
     _print_table(name, table[table["head"] == -1], geometry)
+    partial = getattr(target, "not_bounded", None)
+    if partial is not None:
+        console.print(f"{partial}.", soft_wrap=True)
     console.print(
         f"estimator budget: block power ascent, 1 random start × {iterations} steps at {queries} output token(s) "
         f"per Jacobian, pre/post-LN comparison {'on (--no-placements skips it)' if placements else 'off'}; higher "

@@ -1,7 +1,7 @@
 """Audit-only adapter of any transformers model whose attention goes through the attention-function interface.
 
-Families without a block layout (models/layouts.py) — Mixtral and the other mixtures of experts, the hybrids with
-Mamba or convolution layers, ModernBERT and others (``NO_BOUNDS`` says why for each it names) — still hand their
+Families without a block layout (models/layouts.py) — Mixtral and the other mixtures of experts, Falcon-H1 with a
+Mamba mixer in every block, ModernBERT and others (``NO_BOUNDS`` says why for each it names) — still hand their
 queries and keys to ``ALL_ATTENTION_FUNCTIONS`` with the mask, scaling, softcap and sinks they use, so their attention
 rows can be recomputed exactly (models/hf_tap.py). The modules that do so are found by reading their classes'
 ``forward``: a module whose forward looks the interface up is an attention layer, in the order the model holds them.
@@ -33,16 +33,17 @@ _MOE = (
     "a mixture-of-experts MLP, whose router picks its experts discontinuously in the input, so that no Jacobian "
     "bound of a fixed choice holds across the inputs around it"
 )
-_NOT_ATTENTION = "whose Jacobian attnsens does not bound, so no bound covers the whole block stack"
 NO_BOUNDS: dict[str, str] = {
     **{family: _MOE for family in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe")},
     "deepseek_v3": f"{_MOE}; and multi-head latent attention (low-rank queries and keys with a decoupled RoPE)",
-    "jamba": f"Mamba layers beside its attention layers (and mixture-of-experts MLPs), {_NOT_ATTENTION}",
-    "bamba": f"Mamba-2 layers beside its attention layers, {_NOT_ATTENTION}",
-    "falcon_h1": f"a Mamba-2 mixer beside the attention in every block, {_NOT_ATTENTION}",
-    "granitemoehybrid": f"Mamba-2 layers and mixture-of-experts MLPs beside its attention layers, {_NOT_ATTENTION}",
-    "lfm2": f"gated short-convolution layers beside its attention layers, {_NOT_ATTENTION}",
-    "qwen3_next": f"gated DeltaNet linear-attention layers and mixture-of-experts MLPs, {_NOT_ATTENTION}",
+    "falcon_h1": (
+        "a Mamba-2 mixer beside the attention in every block, so that no block is one attnsens bounds (the hybrids "
+        "whose attention blocks hold attention alone, Bamba, Jamba, LFM2 and Granite 4, are bounded there)"
+    ),
+    "qwen3_next": (
+        "gated DeltaNet linear-attention layers, and attention blocks whose output is gated by the input and whose "
+        "MLP is a mixture of experts"
+    ),
     "hunyuan_v1_dense": "a QK-norm applied after RoPE, where attnsens' attention applies it before",
     "apertus": "the xIELU activation, with trained parameters, whose slope attnsens does not bound",
     "modernbert": (

@@ -111,6 +111,8 @@ class BlockLayout:
     query_scaled_in_projection: bool = False  # OPT: q = scaling·q_proj(x), the attention function gets scaling 1
     window: Literal["none", "config", "module"] = "none"  # where a sliding window is read
     qk_norm: bool = False  # the attention's q_norm/k_norm: per head (Qwen3, Gemma 3) or over all heads (OLMo 2)
+    q_norm: str = "q_norm"  # under qk_norm: the attention-module attributes of the query's and key's norms
+    k_norm: str = "k_norm"
     softcap: str | None = None  # config attribute of the attention logit softcap (Gemma 2), None when absent
     alibi: Literal["none", "bloom", "mpt"] = "none"  # ALiBi, with the slopes formula of the family
     scaling: str = "scaling"  # attention-module attribute holding the score scale 1/τ (default 1/√d_head)
@@ -130,6 +132,13 @@ class BlockLayout:
     sliding_if: str | None = None  # attention-module attribute saying its layer slides (EXAONE 4 keeps
     # sliding_window on every layer): a layer without it has no window and, in a model with a window, no RoPE
     unsupported: tuple[tuple[str, str], ...] = ()  # (config attribute, why) refused for bounds when it is set
+    rope_if: tuple[str, str] | None = None  # (config attribute, value) under which the family applies RoPE, with
+    # none otherwise (Granite 4's position_embedding_type "rope")
+    experts: str | None = None  # block attribute of a mixture of experts beside the MLP (Granite 4's
+    # block_sparse_moe): a block where it is set is refused for bounds
+    hybrid: str | None = None  # what a hybrid's other blocks hold instead of attention (Bamba's Mamba-2 mixers):
+    # only the blocks that hold the attention module are read, audited and bounded; the others are named as not
+    # covered (``LayoutAdapter.not_bounded``)
 
 
 _LAYERNORM_QK = (
@@ -242,6 +251,15 @@ _CLIP = BlockLayout(
     rotary="none",
 )
 """CLIP's text tower (and, bidirectional, its vision tower): pre-LN blocks with learned positions, causal attention."""
+_HYBRID = BlockLayout(
+    mlp="feed_forward",
+    up="feed_forward.up_proj",
+    gate="feed_forward.gate_proj",
+    down="feed_forward.down_proj",
+    mlp_norm="pre_ff_layernorm",
+)
+"""Bamba's and Jamba's attention blocks: Llama's block with its MLP named ``feed_forward`` after a
+``pre_ff_layernorm``; their other blocks run a Mamba mixer where this one runs attention."""
 LAYOUTS: dict[str, BlockLayout] = {
     "llama": BlockLayout(),
     "gpt2": _GPT2,
@@ -420,6 +438,35 @@ LAYOUTS: dict[str, BlockLayout] = {
         layer_scale=("layer_scale1.lambda1", "layer_scale2.lambda1"),
         swiglu_if="use_swiglu_ffn",
     ),
+    # Hybrids: the blocks holding attention are Llama's block under other names; their other blocks are not read.
+    "bamba": dataclasses.replace(_HYBRID, hybrid="Mamba-2 mixers"),
+    # Jamba: attention without positions; its expert MLPs replace feed_forward in some blocks (refused there)
+    "jamba": dataclasses.replace(_HYBRID, rotary="none", experts="feed_forward.experts", hybrid="Mamba mixers"),
+    "lfm2": BlockLayout(  # per-head QK-norm, a SwiGLU MLP of w1 (gate), w3 (up) and w2 (down)
+        o="out_proj",
+        mlp="feed_forward",
+        up="feed_forward.w3",
+        gate="feed_forward.w1",
+        down="feed_forward.w2",
+        attn_norm="operator_norm",
+        mlp_norm="ffn_norm",
+        qk_norm=True,
+        q_norm="q_layernorm",
+        k_norm="k_layernorm",
+        fixed_activation="silu",
+        hybrid="gated short convolutions",
+    ),
+    "granitemoehybrid": BlockLayout(  # Granite 4: Granite's block, a fused [gate; up] MLP beside optional experts
+        mlp="shared_mlp",
+        gate_up="shared_mlp.input_linear",
+        up="shared_mlp.input_linear",
+        gate=None,
+        down="shared_mlp.output_linear",
+        residual_multiplier="residual_multiplier",
+        rope_if=("position_embedding_type", "rope"),
+        experts="block_sparse_moe",
+        hybrid="Mamba-2 mixers",
+    ),
     "clip_text_model": _CLIP,
     "clip_vision_model": dataclasses.replace(_CLIP, causal=False),
     "distilbert": BlockLayout(
@@ -469,6 +516,8 @@ class LayoutAdapter(HFAdapter):
         super().__init__(module, name=name, tokenizer=tokenizer)
         if is_vision(self.base.config):
             self.spec = dataclasses.replace(self.spec, max_positions=self.vision_tokens())
+        if self.layout.hybrid is not None:  # a hybrid's layers are its attention blocks
+            self.spec = dataclasses.replace(self.spec, n_layer=len(self.blocks()))
 
     @classmethod
     def layout_for(cls, config: Any) -> BlockLayout:
@@ -481,6 +530,8 @@ class LayoutAdapter(HFAdapter):
             layout = dataclasses.replace(
                 layout, up="mlp.up_proj", gate="mlp.gate_proj", down="mlp.down_proj", fixed_activation="silu"
             )
+        if layout.rope_if is not None and getattr(config, layout.rope_if[0], None) != layout.rope_if[1]:
+            layout = dataclasses.replace(layout, rotary="none")
         if layout.parallel_if is not None and getattr(config, layout.parallel_if, False):
             mlp_norm = layout.attn_norm if layout.parallel_shares_norm else layout.mlp_norm
             return dataclasses.replace(layout, parallel_residual=True, mlp_norm=mlp_norm)
@@ -524,7 +575,33 @@ class LayoutAdapter(HFAdapter):
         )
 
     def blocks(self) -> list[torch.nn.Module]:
+        """The blocks attnsens reads: every block, or a hybrid's blocks that hold attention."""
+        return [self._all_blocks()[i] for i in self.block_indices()]
+
+    def _all_blocks(self) -> list[torch.nn.Module]:
         return list(_get(self.base, self.layout.blocks))
+
+    def block_indices(self) -> list[int]:
+        """The model's index of each of :meth:`blocks` (layer i of attnsens is block ``block_indices()[i]``)."""
+        every = self._all_blocks()
+        if self.layout.hybrid is None:
+            return list(range(len(every)))
+        return [i for i, block in enumerate(every) if _get(block, self.layout.attention) is not None]
+
+    @property
+    def not_bounded(self) -> str | None:
+        """For a hybrid, which of the model's blocks no bound covers and why (one line); None otherwise."""
+        if self.layout.hybrid is None:
+            return None
+        indices = self.block_indices()
+        others = len(self._all_blocks()) - len(indices)
+        mapping = ", ".join(f"{layer} = block {block}" for layer, block in enumerate(indices))
+        layers = "its attention block" if len(indices) == 1 else f"its {len(indices)} attention blocks"
+        blocks = "block holds" if others == 1 else f"{others} blocks hold"
+        return (
+            f"{self.family} is a hybrid: attnsens' layers are {layers} ({mapping}); its other {blocks} "
+            f"{self.layout.hybrid}, which attnsens neither audits nor bounds, so no bound here covers the whole stack"
+        )
 
     def attention_modules(self) -> list[torch.nn.Module]:
         return [_get(block, self.layout.tapped or self.layout.attention) for block in self.blocks()]
@@ -631,6 +708,15 @@ class LayoutAdapter(HFAdapter):
                     f"{self.family} sets {attribute}: {why}; attnsens audits its attention rows but refuses to bound it"
                 )
         blocks = self.blocks()
+        for index, block in zip(self.block_indices(), blocks, strict=True):
+            mlp = _get(block, self.layout.mlp)
+            experts = self.layout.experts is not None and _get(block, self.layout.experts) is not None
+            if experts or (_get(block, self.layout.gate_up or self.layout.up) is None and mlp is not None):
+                kind = "a mixture of experts" if experts or hasattr(mlp, "experts") else f"a {type(mlp).__name__}"
+                raise UnsupportedModelError(
+                    f"{self.family}: block {index}'s feed-forward is {kind}, not the dense MLP its layout reads; "
+                    "attnsens audits its attention rows but refuses to bound it"
+                )
         if is_offloaded(self.module):  # read each block's weights when that layer is asked for (models/offload.py)
             return LayerSequence(blocks, lambda index: self._layer(index, blocks[index]))
         return [self._layer(i, block) for i, block in enumerate(blocks)]
@@ -643,7 +729,8 @@ class LayoutAdapter(HFAdapter):
         tau = 1.0 / scaling
         if lay.query_scaled_in_projection:
             w_q, b_q, tau = w_q * scaling, None if b_q is None else b_q * scaling, 1.0
-        layer_type = (getattr(config, "layer_types", None) or [None] * (index + 1))[index]
+        block_index = self.block_indices()[index]
+        layer_type = (getattr(config, "layer_types", None) or [None] * (block_index + 1))[block_index]
         rotary = _rotary(lay, config, s.d_head, refuse=True, layer_type=layer_type)
         if lay.rotary_if is not None and not getattr(attn, lay.rotary_if):
             rotary = None  # a layer without position encoding in a family with RoPE
@@ -668,8 +755,8 @@ class LayoutAdapter(HFAdapter):
             causal=s.causal,
             rotary=rotary,
             sliding_window=self.attention_window(index),
-            q_norm=self._norm(attn.q_norm) if lay.qk_norm else None,
-            k_norm=self._norm(attn.k_norm) if lay.qk_norm else None,
+            q_norm=self._norm(_get(attn, lay.q_norm)) if lay.qk_norm else None,
+            k_norm=self._norm(_get(attn, lay.k_norm)) if lay.qk_norm else None,
             softcap=None if lay.softcap is None else getattr(config, lay.softcap, None),
             alibi_slopes=None if lay.alibi == "none" else ALIBI_SLOPES[lay.alibi](s.n_head),
         )

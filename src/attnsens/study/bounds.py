@@ -300,9 +300,14 @@ def bound_model(
             on_layer(layer.index)
     if world > 1:
         computed = _gathered(computed)
+    # A hybrid's layers are its attention blocks alone (LayoutAdapter.not_bounded): no product runs across them.
+    whole_stack = getattr(model, "not_bounded", None) is None
     records, ln_ratios, branches = [], [], []
     for index in range(len(entries)):  # the chain-rule columns run over the layers in order
         rows, extra, placement = computed[index]
+        records.extend(rows)
+        if not whole_stack:
+            continue
         ln_ratios.append(extra["ln_ratio_max"])
         branches.append(max(extra["branch_upper_bound"], 0.0))
         rows[-1]["ln_only_product_upper_bound"] = float(G.ln_only_product_upper_bound(torch.tensor(ln_ratios))[-1])
@@ -310,5 +315,4 @@ def bound_model(
             rows[-1]["expansion_remainder_upper_bound"] = float(
                 G.pre_ln_expansion_remainder_upper_bound(torch.tensor(branches))
             )
-        records.extend(rows)
     return BOUNDS.frame(records)

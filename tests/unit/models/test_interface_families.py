@@ -102,7 +102,7 @@ def test_audit_only_families_refuse_bounds_by_name(family: str) -> None:
 
 @pytest.mark.parametrize(
     ("family", "reason"),
-    [("mixtral", "mixture-of-experts MLP"), ("modernbert", "bidirectional local windows"), ("lfm2", "convolution")],
+    [("mixtral", "mixture-of-experts MLP"), ("modernbert", "bidirectional local windows")],
 )
 def test_bounds_are_refused_with_the_reason_of_the_family(family: str, reason: str) -> None:
     """Mixtures of experts, hybrids and the dense families attnsens cannot read are refused in one line that says

@@ -286,8 +286,6 @@ def _interface_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
         GPTNeoModel,
         GptOssConfig,
         GptOssForCausalLM,
-        Lfm2Config,
-        Lfm2ForCausalLM,
         MixtralConfig,
         MixtralForCausalLM,
         ModernBertConfig,
@@ -316,7 +314,6 @@ def _interface_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
         "mixtral": (MixtralConfig, MixtralForCausalLM, {**_GQA, "intermediate_size": 40, "sliding_window": 5,
                                                         "num_local_experts": 3,
                                                         "num_experts_per_tok": 2}),
-        "lfm2": (Lfm2Config, Lfm2ForCausalLM, _GQA),  # a hybrid: short convolutions beside attention
         "phi": (PhiConfig, PhiForCausalLM, {**small, "partial_rotary_factor": 0.4}),
         "stablelm": (StableLmConfig, StableLmForCausalLM, {**_GQA, "hidden_size": 48,
                                                            "partial_rotary_factor": 0.5, "use_qkv_bias": True}),
@@ -389,8 +386,47 @@ def _layout_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
     }  # fmt: skip
 
 
+_MAMBA2 = {"mamba_n_heads": 4, "mamba_d_head": 24, "mamba_n_groups": 1, "mamba_d_state": 8, "mamba_chunk_size": 8}
+"""The Mamba-2 mixers of the hybrids' tests: 4 heads of 24 channels (2 × d_model = 96), one group, 8 states."""
+_HYBRID = {**_GQA, "num_hidden_layers": 4, "hidden_size": 48, "intermediate_size": 40}
+"""The hybrids' tests: 4 blocks of d_model 48 (d_head 8: Bamba's RoPE rotates half of it) and attention blocks among
+Mamba or convolution blocks; an MLP width of 40 (MoE experts run through grouped matrix products whose strides must
+be multiples of 16 bytes)."""
+HYBRID_FAMILIES = ("bamba", "jamba", "lfm2", "granitemoehybrid")
+"""Hybrids whose attention blocks are bounded (models/layouts.py, ``BlockLayout.hybrid``): blocks 1 and 3 of 4
+attend, the others hold Mamba mixers or short convolutions; Jamba's expert MLPs sit in its Mamba blocks (offset
+0, period 2), and Granite 4 is its dense variant (no experts, as in granite-4.0-h-micro) with RoPE."""
+
+
+def _hybrid_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
+    from transformers import (
+        BambaConfig,
+        BambaForCausalLM,
+        GraniteMoeHybridConfig,
+        GraniteMoeHybridForCausalLM,
+        JambaConfig,
+        JambaForCausalLM,
+        Lfm2Config,
+        Lfm2ForCausalLM,
+    )
+
+    mamba_granite = ["mamba", "attention", "mamba", "attention"]
+    return {
+        "bamba": (BambaConfig, BambaForCausalLM, {**_HYBRID, **_MAMBA2, "attn_layer_indices": [1, 3]}),
+        "jamba": (JambaConfig, JambaForCausalLM, {**_HYBRID, "attn_layer_period": 2, "attn_layer_offset": 1,
+                                                  "expert_layer_period": 2, "expert_layer_offset": 0,
+                                                  "num_experts": 2, "num_experts_per_tok": 1, "mamba_d_state": 8}),
+        "lfm2": (Lfm2Config, Lfm2ForCausalLM, {**_HYBRID,
+                                               "layer_types": ["conv", "full_attention", "conv", "full_attention"]}),
+        "granitemoehybrid": (GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM, {
+            **_HYBRID, **_MAMBA2, "layer_types": mamba_granite, "num_local_experts": 0, "shared_intermediate_size": 40,
+            "position_embedding_type": "rope"}),
+    }  # fmt: skip
+
+
 CONFIGS.update(_interface_configs())
 CONFIGS.update(_layout_configs())
+CONFIGS.update(_hybrid_configs())
 
 
 def model_type(family: str) -> str:

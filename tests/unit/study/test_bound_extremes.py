@@ -60,9 +60,10 @@ def _model(family: str, scale: float) -> torch.nn.Module:
     return model
 
 
-def _layer_ratios(family: str, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _layer_ratios(family: str, scale: float, iterations: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
     model = _model(family, scale)
-    table = bound_model(M.load(model), PIXELS if is_vision(model.config) else IDS, n_queries=4, iterations=8)
+    inputs = PIXELS if is_vision(model.config) else IDS
+    table = bound_model(M.load(model), inputs, n_queries=4, iterations=iterations)
     layers = table[table["head"] == -1]
     mha = layers["mha_jacobian_estimate"] / layers["mha_local_jacobian_upper_bound"]
     block = layers["block_jacobian_estimate"] / layers["residual_jacobian_upper_bound"]
@@ -71,7 +72,9 @@ def _layer_ratios(family: str, scale: float) -> tuple[torch.Tensor, torch.Tensor
 
 @pytest.mark.parametrize("family", SEPARATE_QUERY)
 def test_bounds_are_sound_and_tight_under_uniform_attention(family: str) -> None:
-    mha, block = _layer_ratios(family, 0.0)
+    # The estimate is a power ascent on a linear map here, whose top two singular values can lie within 2 %
+    # (Bamba's second layer): 8 steps then reach 0.983 of the norm the bound meets to 1e-12, 24 reach it.
+    mha, block = _layer_ratios(family, 0.0, iterations=24)
     assert (mha <= 1.0).all() and (block <= 1.0).all(), (mha, block)
     assert (mha >= 0.99).all(), f"the local bound should meet the value path's norm: estimate ÷ bound {mha}"
 
