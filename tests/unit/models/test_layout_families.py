@@ -594,6 +594,15 @@ def test_hunyuan_alpha_rope_is_read_as_the_fixed_base_stretch_and_a_plain_dynami
     assert (caught.value.layer, caught.value.field) == (0, "attention")
 
 
+def test_hunyuan_with_a_rope_attention_factor_is_refused_by_name() -> None:
+    """yarn scales cos/sin by m ≈ 1.14 here; a norm after RoPE divides it out (up to ε): no temperature change."""
+    yarn = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.1, "original_max_position_embeddings": 10}
+    model = tiny_model("hunyuan_v1_dense", rope_parameters=yarn)
+    assert model.model.rotary_emb.attention_scaling != 1.0
+    with pytest.raises(UnsupportedModelError, match="attention factor"):
+        M.load(model).read_layers()
+
+
 def test_hunyuan_qk_norm_after_rope_survives_the_weights_file_and_is_bounded_from_it(tmp_path) -> None:
     from attnsens.store.layer_weights import load_layer_weights, save_layer_weights
 
