@@ -84,6 +84,8 @@ def _positions(layout: Any) -> str:
     text = "RoPE" + (" on adjacent pairs" if layout.rotary_interleaved else "")
     if layout.rope_if:
         text += f" where `{layout.rope_if[0]}` is `{layout.rope_if[1]}`, else none"
+    if layout.rotary_alpha:
+        text += ' (a "dynamic" type with an `alpha`: the fixed NTK base stretch)'
     if layout.sliding_if:
         text += f", on the layers whose attention has `{layout.sliding_if}` (on every layer without a window)"
     return text + (f", on the layers whose attention has `{layout.rotary_if}`" if layout.rotary_if else "")
@@ -97,7 +99,7 @@ def _attention(layout: Any) -> str:
     elif layout.window == "module":
         parts.append("sliding windows per layer" + (f" (where `{layout.sliding_if}`)" if layout.sliding_if else ""))
     if layout.qk_norm:
-        parts.append("QK-norm")
+        parts.append("QK-norm" + (" after RoPE" if layout.qk_norm_after_rotary else ""))
     if layout.softcap:
         parts.append(f"logit softcap `{layout.softcap}`")
     if layout.qkv:

@@ -15,6 +15,8 @@ bounds read weights without loading the adapters. ``attnsens.models`` re-exports
 * QK-norm (``q_norm``, ``k_norm``): ``q = R_t N_q(w_q[h] @ x + b_q[h])``, an RMSNorm over each head's d_head
   coordinates (gamma ``[d_head]``, shared by the heads) between the projection and RoPE; or, with gamma
   ``[head·d_head]`` (``[kv_head·d_head]`` for keys), one RMSNorm over all heads' projections at once (OLMo 2).
+  With ``qk_norm_after_rotary`` (HunYuan) the per-head norm follows RoPE instead: ``q = N_q(R_t(w_q[h] @ x +
+  b_q[h]))``, a different function unless γ is constant on every rotating pair.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ __all__ = [
     "Placement",
     "RopeType",
     "RotaryConfig",
+    "check_qk_norm_order",
     "check_qk_norms",
     "qk_norm_is_joint",
 ]
@@ -140,6 +143,27 @@ def check_qk_norms(
             )
 
 
+def check_qk_norm_order(
+    after_rotary: bool, rotary: RotaryConfig | None, q_norm: NormWeights | None, k_norm: NormWeights | None,
+    d_head: int,
+) -> None:  # fmt: skip
+    """ConfigError unless a QK-norm said to act after RoPE has a RoPE to follow, at least one norm, and only
+    per-head norms (a norm over all heads after RoPE is not bounded)."""
+    if not after_rotary:
+        return
+    norms = [norm for norm in (q_norm, k_norm) if norm is not None]
+    if rotary is None or not norms:
+        raise ConfigError(
+            f"qk_norm_after_rotary needs a rotary and a q_norm or k_norm, got rotary={rotary is not None}, "
+            f"{len(norms)} QK-norm(s); leave it False without them"
+        )
+    if any(qk_norm_is_joint(norm, d_head) for norm in norms):
+        raise ConfigError(
+            f"qk_norm_after_rotary supports per-head QK-norms (gamma [{d_head}]) only, got gamma "
+            f"{[tuple(norm.gamma.shape) for norm in norms]}"
+        )
+
+
 def qk_norm_is_joint(norm: NormWeights, d_head: int) -> bool:
     """Whether a QK-norm (``check_qk_norms``) normalizes all heads of its side at once (OLMo 2) rather than each
     head's d_head coordinates (Qwen3, Gemma 3)."""
@@ -164,6 +188,7 @@ class AttentionWeights:
     sliding_window: int | None = None  # causal only: query t sees keys t − window < j ≤ t (Mistral, Qwen2, Phi-3)
     q_norm: NormWeights | None = None  # QK-norm: RMSNorm over each head's d_head (Qwen3, Gemma 3) or all heads (OLMo 2)
     k_norm: NormWeights | None = None  # likewise for keys; both act after the biases and before RoPE
+    qk_norm_after_rotary: bool = False  # the per-head q_norm/k_norm act after RoPE instead (HunYuan)
     softcap: float | None = None  # Gemma 2: scores s = c·tanh(u/c) of u = q·k/τ before the mask and softmax
     alibi_slopes: Tensor | None = None  # [head] ALiBi (BLOOM): head h adds m_h·(j − i) to the score of key j
 
@@ -191,6 +216,7 @@ class AttentionWeights:
         if not self.tau > 0:
             raise ConfigError(f"attention temperature tau must be > 0, got {self.tau}")
         check_qk_norms(d_head, self.q_norm, self.k_norm, n_head, n_kv)
+        check_qk_norm_order(self.qk_norm_after_rotary, self.rotary, self.q_norm, self.k_norm, d_head)
         if self.softcap is not None and not self.softcap > 0:
             raise ConfigError(f"attention softcap must be > 0 (or None), got {self.softcap}")
         if self.alibi_slopes is not None and self.alibi_slopes.shape != (n_head,):

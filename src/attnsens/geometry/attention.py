@@ -12,9 +12,12 @@ depends on j, so it no longer cancels by softmax shift invariance (see ``attenti
 
 QK-norm (Qwen3, Gemma 3) normalizes each head's query and key before RoPE: q_i = R_i N_q(a_i) with
 a_i = W_Q x_i + b_Q and N(a) = γ ⊙ a / r(a), r(a) = (‖a‖²/d_head + ε)^{1/2}. The forward keeps the pre-norm a_i
-(``query_inputs``, ``key_inputs``): the bounds need them for the norm's Jacobian. A logit softcap c (Gemma 2)
-replaces each score u by c·tanh(u/c) before the mask; the forward keeps the slopes 1 − tanh²(u/c). ALiBi (BLOOM)
-adds m_h·(j − i), a constant of the input: it moves the rows and leaves every derivative formula as it is.
+(``query_inputs``, ``key_inputs``): the bounds need them for the norm's Jacobian. HunYuan applies the per-head
+norm after RoPE instead, q_i = N_q(R_i a_i); the forward then keeps the norm's input R_i a_i, and since diag(γ)
+does not commute with R_i (unless γ is constant on each rotating pair) this is a different function. A logit
+softcap c (Gemma 2) replaces each score u by c·tanh(u/c) before the mask; the forward keeps the slopes
+1 − tanh²(u/c). ALiBi (BLOOM) adds m_h·(j − i), a constant of the input: it moves the rows and leaves every
+derivative formula as it is.
 """
 
 from __future__ import annotations
@@ -27,7 +30,14 @@ import torch
 from torch import Tensor
 
 from attnsens.errors import ConfigError, InputError, ShapeError, UnsupportedModelError
-from attnsens.weights import AttentionWeights, NormWeights, RotaryConfig, check_qk_norms, qk_norm_is_joint
+from attnsens.weights import (
+    AttentionWeights,
+    NormWeights,
+    RotaryConfig,
+    check_qk_norm_order,
+    check_qk_norms,
+    qk_norm_is_joint,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,8 +57,9 @@ class AttentionForward:
     output: ``[batch, query, d_model]``; probabilities: ``[batch, head, query, key]`` (zeros where masked);
     queries, keys: rotated, biased ``[batch, head, query|key, d_head]``; values: biased
     ``[batch, head, key, d_head]``; head_outputs: ``[batch, head, query, d_head]`` = P V; allowed: bool
-    ``[batch|1, 1|head, query, key]``; query_inputs, key_inputs: under QK-norm, the biased projections before the
-    norm (a_t in the module docstring, ``[batch, head, query|key, d_head]``), else None; score_slopes: under a
+    ``[batch|1, 1|head, query, key]``; query_inputs, key_inputs: under QK-norm, the norm's inputs (the biased
+    projections a_t of the module docstring, or R_t a_t when the norm follows RoPE), ``[batch, head, query|key,
+    d_head]``, else None; score_slopes: under a
     softcap c, ds/du = 1 − tanh²(u/c) of every score ``[batch, head, query, key]``, else None.
     """
 
@@ -100,7 +111,8 @@ class _AttentionTensors:
 
     Wq ``[(batch,) head, d_head, d_model]``; Wk, Wv ``[(batch,) kv_head, d_head, d_model]``; Wo
     ``[(batch,) d_model, head * d_head]``; tau: softmax temperature; biases; rotary: RoPE applied to queries and
-    keys after their biases; q_norm, k_norm: QK-norm applied after the biases, before RoPE; softcap: the logit cap
+    keys after their biases; q_norm, k_norm: QK-norm applied after the biases, before RoPE (after it when
+    ``qk_norm_after_rotary``, per-head norms only); softcap: the logit cap
     c (scores u = q·k/τ become c·tanh(u/c) before the mask, Gemma 2); alibi_slopes: ``[head]`` ALiBi slopes m
     (head h adds m_h·(j − i) to the capped scores).
     """
@@ -117,10 +129,12 @@ class _AttentionTensors:
     k_norm: NormWeights | None = None
     softcap: float | None = None
     alibi_slopes: Tensor | None = None
+    qk_norm_after_rotary: bool = False
 
     def __post_init__(self) -> None:
         if not self.tau > 0:
             raise ConfigError(f"temperature tau must be > 0, got {self.tau}")
+        check_qk_norm_order(self.qk_norm_after_rotary, self.rotary, self.q_norm, self.k_norm, self.Wq.shape[-2])
 
 
 def _attention_tensors(
@@ -142,7 +156,7 @@ def _attention_tensors(
         cast(weights.w_q), cast(weights.w_k), cast(weights.w_v), cast(weights.w_o), weights.tau,
         mask=None if n_query is None else attention_mask_of(weights, n_query, device), biases=biases,
         rotary=weights.rotary, q_norm=weights.q_norm, k_norm=weights.k_norm, softcap=weights.softcap,
-        alibi_slopes=weights.alibi_slopes,
+        alibi_slopes=weights.alibi_slopes, qk_norm_after_rotary=weights.qk_norm_after_rotary,
     )  # fmt: skip
 
 
@@ -283,7 +297,8 @@ def mha_forward(X: Tensor, weights: AttentionWeights) -> AttentionForward:
     Args:
         X: ``[batch, query, d_model]`` attention input (the tensor W_Q, W_K, W_V act on).
         weights: the sublayer: its projections and biases (cast to X's dtype), τ, its causal or sliding-window
-            mask, RoPE (after the biases), QK-norm (after the biases, before RoPE), logit softcap c (scores
+            mask, RoPE (after the biases), QK-norm (after the biases, before RoPE, or after it under
+            ``qk_norm_after_rotary``), logit softcap c (scores
             u = q·k/τ become c·tanh(u/c) before the mask, Gemma 2) and ALiBi slopes (head h adds m_h·(j − i) to
             the capped scores).
 
@@ -309,12 +324,14 @@ def _mha_forward(X: Tensor, a: _AttentionTensors) -> AttentionForward:
         k = k + expand_kv_heads(biases.k, n_head, -2)[..., :, None, :]
     if biases.v is not None:
         v = v + expand_kv_heads(biases.v, n_head, -2)[..., :, None, :]
+    if rotary is not None and a.qk_norm_after_rotary:  # HunYuan: N(R_t a_t)
+        q, k = apply_rotary(q, rotary), apply_rotary(k, rotary)
     query_inputs, key_inputs = (None if norm is None else x for x, norm in ((q, q_norm), (k, k_norm)))
     if q_norm is not None:
         q = qk_norm_forward(q, q_norm)
     if k_norm is not None:
         k = qk_norm_forward(k, k_norm)
-    if rotary is not None:
+    if rotary is not None and not a.qk_norm_after_rotary:
         q, k = apply_rotary(q, rotary), apply_rotary(k, rotary)
     allowed = allowed_keys(a.mask, X.shape[1], X.device)
     scores = (q @ k.transpose(-1, -2)) / tau

@@ -29,7 +29,8 @@ at most ‖A‖_F‖B‖_F:
   evaluated and enlarged by γ_{r+1}(‖W‖_F + ‖V̂‖_F‖Ĝ‖_F). ‖Wᵀ w‖ ≤ ‖V̂‖‖Ĝ w‖ + ‖E_W‖‖w‖ and
   ‖V̂‖² ≤ 1 + ‖V̂ᵀV̂ − I‖_F (itself enlarged by γ_{m+1}(‖V̂‖_F² + √r)).
 * A position map M̂_t (RoPE's rotation R_t, exactly the cos/sin table the forward uses, or a per-head QK-norm's
-  R_t J_N(a_t)): F̂_t = fl(Ĝ M̂_tᵀ), slack_t = ‖V̂‖γ_d(‖Ĝ‖_F‖M̂_t‖_F + ‖F̂_t‖_F) + ‖E_W‖‖M̂_t‖_F + ‖W‖ε_t with
+  R_t J_N(a_t), or J_N(ρ_t) R_t when the norm follows RoPE):
+  F̂_t = fl(Ĝ M̂_tᵀ), slack_t = ‖V̂‖γ_d(‖Ĝ‖_F‖M̂_t‖_F + ‖F̂_t‖_F) + ‖E_W‖‖M̂_t‖_F + ‖W‖ε_t with
   ε_t ≥ ‖M_t − M̂_t‖ (``qk_norm_map_error``).
 * A QK-norm over all heads: the factor [[R, c], [0, ρ]], with its accuracy derived in
   ``attention_terms.joint_norm_factors``.
@@ -189,12 +190,15 @@ def mapped_factor_accuracy(
 def qk_norm_map_error(
     jacobians: Tensor, rotations: Tensor | None, gamma_max: Tensor, floor: Tensor, input_error: Tensor
 ) -> Tensor:
-    """ε_t ≥ ‖R_t J_N(a_t) − fl(R_t Ĵ_t)‖ per position ``[b, h, position]`` for a per-head QK-norm (d = d_head).
+    """ε_t ≥ ‖R_t J_N(a_t) − fl(R_t Ĵ_t)‖ per position ``[b, h, position]`` for a per-head QK-norm (d = d_head);
+    equally ε_t ≥ ‖J_N(ρ_t) R_t − fl(Ĵ_t R_t)‖ for a norm after RoPE, whose input is ρ_t = R_t a_t (every step
+    below is symmetric in the side R_t multiplies from).
 
     Args:
-        jacobians: Ĵ_t = the float64 ``norm_jacobians`` at the float projection â_t ``[b, h, position, d, d]``;
-            rotations: R_t ``[position, d, d]`` or None; gamma_max: max |γ|; floor: r_lo ≤ r on the segment
-            [a_t, â_t] ``[b, h, position]`` (``attention_terms.qk_norm_floors``); input_error: ‖a_t − â_t‖.
+        jacobians: Ĵ_t = the float64 ``norm_jacobians`` at the float input of the norm, â_t or ρ̂_t
+            ``[b, h, position, d, d]``; rotations: R_t ``[position, d, d]`` or None; gamma_max: max |γ|; floor:
+            r_lo ≤ r on the segment [a_t, â_t] (or [ρ_t, ρ̂_t]) ``[b, h, position]``
+            (``attention_terms.qk_norm_floors``); input_error: ‖a_t − â_t‖ (or ‖ρ_t − ρ̂_t‖).
 
     The proof, with u = a/(√d r) (‖u‖ ≤ 1) and J = diag(γ)(I − u uᵀ)/r:
 

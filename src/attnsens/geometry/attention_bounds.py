@@ -225,10 +225,13 @@ class _Side:
 def _side(
     X: Tensor, W: Tensor, b: Tensor | None, norm: NormWeights | None, inputs: Tensor | None,
     rotations: Tensor | None, w_norm: Tensor, n_head: int, shift: Tensor | None = None,
+    rotation_norm: Tensor | None = None,
 ) -> _Side:  # fmt: skip
     """One ``_Side``: W as given (key heads not yet repeated), w_norm ≥ ‖W‖ per query head ``[batch, head]``,
     ``shift`` the input radius's share of the projection errors (``attention_terms.input_shift``); the projection
-    magnitudes and QK-norm floors are computed once here."""
+    magnitudes and QK-norm floors are computed once here. ``rotation_norm`` ≥ ‖R_t‖ ``[position]`` when a per-head
+    QK-norm acts after RoPE (HunYuan): ``inputs`` are then the rotated projections ρ_t = R_t a_t, the norm's
+    Jacobian is evaluated there and the map is J_N(ρ_t) R_t (docs/math.md T4-qk-rot)."""
     batch, d_model = X.shape[0], X.shape[-1]
     accuracy = A.gain_accuracy(W)
     gain = A.GainAccuracy(
@@ -245,8 +248,8 @@ def _side(
         factors = T.functional_factors(gain.gain, rotations)
         side = A.mapped_factor_accuracy(gain, factors, rotations, None, w_norm, A.schur_norm_upper_bound(rotations))
         return _Side(gain=gain.gain, factors=factors, accuracy=side, errors=errors, floor=1.0)
-    floor, input_error = T.qk_norm_floors(magnitude, norm, inputs, d_model, shift)
-    errors = T.projection_errors(magnitude, norm, inputs, d_model, (floor, input_error))
+    floor, input_error = T.qk_norm_floors(magnitude, norm, inputs, d_model, shift, rotation_norm)
+    errors = T.projection_errors(magnitude, norm, inputs, d_model, (floor, input_error), rotation_norm=rotation_norm)
     if qk_norm_is_joint(norm, W.shape[-2]):
         w_all = _per_sequence(spectral_norm_upper_bound(W.flatten(-3, -2))[..., None], batch, 1)
         factors, side = T.joint_norm_factors(
@@ -255,10 +258,13 @@ def _side(
         return _Side(gain=gain.gain, factors=factors, accuracy=side, errors=errors, floor=floor)
     gamma_max = norm.gamma.to(torch.float64).abs().amax()
     jacobians = T.norm_jacobians(inputs, norm)
-    maps = jacobians if rotations is None else rotations @ jacobians
+    if rotations is None:
+        maps = jacobians
+    else:
+        maps = jacobians @ rotations if rotation_norm is not None else rotations @ jacobians
     map_error = A.qk_norm_map_error(jacobians, rotations, gamma_max, floor, input_error)
-    rotation_norm = floor.new_ones(()) if rotations is None else A.schur_norm_upper_bound(rotations)
-    map_norm = div_up(mul_up(rotation_norm, gamma_max), floor)  # ≥ ‖R_t J_N(a_t)‖ at the real a_t
+    rotation_bound = floor.new_ones(()) if rotations is None else A.schur_norm_upper_bound(rotations)
+    map_norm = div_up(mul_up(rotation_bound, gamma_max), floor)  # ≥ ‖R_t J_N(a_t)‖, or ‖J_N(ρ_t) R_t‖, really
     factors = T.functional_factors(gain.gain, maps)
     side = A.mapped_factor_accuracy(gain, factors, maps, map_error, w_norm, map_norm)
     return _Side(gain=gain.gain, factors=factors, accuracy=side, errors=errors, floor=floor)
@@ -371,7 +377,9 @@ class _LocalForward:
     without radii); allowed ``[batch, head, query, key]``; radius_l2 ``[batch]`` ≥ max_t ‖U_t‖₂ over the input
     ball; value_errors ``[batch, head, key]`` ≥ ‖v_m − v̂_m‖ and value_error_max ``[batch, head, query]`` their
     max over the allowed keys; head_distance ≥ max_m ‖v̂_m − ŷ_i‖ and value_spread V_i ≥ min_c max_m ‖v_m − c‖
-    over c ∈ {y_i, b_V} (T4 step 2), both ``[batch, head, query]``; output: W_O's ``OutputAccuracy`` per sequence.
+    over c ∈ {y_i, b_V} (T4 step 2), both ``[batch, head, query]``; output: W_O's ``OutputAccuracy`` per sequence;
+    rotations: RoPE's R_t ``[query, d_head, d_head]`` (None without RoPE); norm_rotation: ≥ ‖R_t‖ ``[query]`` when
+    the QK-norms act after RoPE (``attention_terms.qk_norm_floors``), else None.
     """
 
     fwd: AttentionForward
@@ -385,6 +393,8 @@ class _LocalForward:
     head_distance: Tensor
     value_spread: Tensor
     output: A.OutputAccuracy
+    rotations: Tensor | None = None
+    norm_rotation: Tensor | None = None
 
     @property
     def score_shifts(self) -> tuple[Tensor, Tensor] | None:
@@ -420,10 +430,15 @@ def _local_forward(X: Tensor, a: _AttentionTensors, input_radius: Tensor | None)
     radius_l2 = norm2_upper_bound(X, dim=-1).amax(dim=-1)
     if delta is not None:
         radius_l2 = add_up(radius_l2, delta.amax(dim=-1))
+    rotations = None if a.rotary is None else T.rotation_matrices(X.shape[1], a.Wq.shape[-2], a.rotary, X.device)
+    norm_rotation = None
+    if rotations is not None and a.qk_norm_after_rotary:
+        norm_rotation = A.schur_norm_upper_bound(rotations)
     return _LocalForward(
         fwd=fwd, biases64=biases64, norms=norms, shifts=(shift_q, shift_k, shift_v), allowed=allowed,
         radius_l2=radius_l2, value_errors=value_errors, value_error_max=value_error_max, head_distance=head_distance,
-        value_spread=value_spread, output=_output_accuracy(a.Wo, n_head, batch),
+        value_spread=value_spread, output=_output_accuracy(a.Wo, n_head, batch), rotations=rotations,
+        norm_rotation=norm_rotation,
     )  # fmt: skip
 
 
@@ -448,7 +463,7 @@ def _row_theta_bounds(X: Tensor, a: _AttentionTensors, local: _LocalForward) -> 
     eta, small_mass = T.softmax_row_accuracy(
         X, a.Wq, a.Wk, a.biases.q, a.biases.k, fwd.probabilities, local.allowed, a.tau, q_norm=a.q_norm,
         k_norm=a.k_norm, query_inputs=fwd.query_inputs, key_inputs=fwd.key_inputs, softcap=a.softcap,
-        position_bias=position_bias, shifts=local.score_shifts,
+        position_bias=position_bias, shifts=local.score_shifts, rotation_norm=local.norm_rotation,
     )  # fmt: skip
     stored_theta = certify(fwd.probabilities, dim=-1).upper.to(torch.float64)  # [batch, head, query]
     theta_upper = T.real_row_theta_upper_bound(fwd.probabilities, stored_theta, eta, small_mass)
@@ -483,10 +498,10 @@ def _score_spread_bounds(X: Tensor, a: _AttentionTensors, local: _LocalForward) 
     key_centre = torch.zeros_like(key_mean)
     if local.biases64.k is not None and a.rotary is None and a.k_norm is None and a.softcap is None:
         key_centre = expand_kv_heads(local.biases64.k, n_head, -2)[..., :, None, :].expand_as(key_mean)
-    rotations = None if a.rotary is None else T.rotation_matrices(X.shape[1], a.Wq.shape[-2], a.rotary, X.device)
+    rotations = local.rotations
     shift_q, shift_k, _ = local.shifts
     query_side, key_side = (
-        _side(X, W, b, norm, inputs, rotations, _per_sequence(w_norm, batch, 1), n_head, shift)
+        _side(X, W, b, norm, inputs, rotations, _per_sequence(w_norm, batch, 1), n_head, shift, local.norm_rotation)
         for W, b, norm, inputs, w_norm, shift in (
             (a.Wq, a.biases.q, a.q_norm, fwd.query_inputs, local.norms.w_q, shift_q),
             (a.Wk, a.biases.k, a.k_norm, fwd.key_inputs, local.norms.w_k, shift_k),
@@ -509,6 +524,7 @@ def _score_spread_bounds(X: Tensor, a: _AttentionTensors, local: _LocalForward) 
         score_errors, _ = T.score_error(
             X, a.Wq, a.Wk, a.biases.q, a.biases.k, a.tau, q_norm=a.q_norm, k_norm=a.k_norm,
             query_inputs=fwd.query_inputs, key_inputs=fwd.key_inputs, shifts=local.score_shifts,
+            rotation_norm=local.norm_rotation,
         )  # fmt: skip
         slopes, half_range, slack = T.softcap_slopes(fwd.score_slopes, score_errors, a.softcap, allowed)
         centred = add_up(

@@ -65,7 +65,7 @@ from attnsens._rounding import (
     sum_lower_bound,
     sum_upper_bound,
 )
-from attnsens.errors import InputError
+from attnsens.errors import ConfigError, InputError
 from attnsens.geometry import attention_accuracy as A
 from attnsens.geometry.attention import AttentionForward, apply_rotary, expand_kv_heads
 from attnsens.weights import NormWeights, RotaryConfig, qk_norm_is_joint
@@ -451,7 +451,7 @@ def score_error(
     X: Tensor, Wq: Tensor, Wk: Tensor, b_q: Tensor | None, b_k: Tensor | None, tau: float,
     *, q_norm: NormWeights | None = None, k_norm: NormWeights | None = None, query_inputs: Tensor | None = None,
     key_inputs: Tensor | None = None, softcap: float | None = None, position_bias: float = 0.0,
-    shifts: tuple[Tensor, Tensor] | None = None,
+    shifts: tuple[Tensor, Tensor] | None = None, rotation_norm: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """(δ, M) per row ``[b, h, query]``: |û_ij − u_ij| ≤ δ_i for the scores of row i after the softmax's shift by
     the row maximum (softcapped scores s = c tanh(u/c) when ``softcap``), and the bound M ≥ ‖q̃_i‖ max_j ‖k̃_j‖ it
@@ -459,6 +459,7 @@ def score_error(
     independent of the input (ALiBi: max_h |m_h| (n − 1)); forming it, adding it and the larger row maximum add
     4u B + 2u M/τ. ``shifts`` (query side, key side; ``input_shift``): the scores are those of a real input u
     near X, and both sides' errors are widened by them (the separate bound of the QK-norm case then applies).
+    ``rotation_norm`` ≥ ‖R_t‖ per position ``[position]`` when the QK-norms act after RoPE (``_side_error``).
     """
     n_head, d_head, d_model = Wq.shape[-3:]
     size_q, size_k = projection_magnitudes(X, Wq, b_q, n_head), projection_magnitudes(X, Wk, b_k, n_head)
@@ -468,9 +469,10 @@ def score_error(
         rate = math.nextafter(16.0 * gamma(d_model + d_head + 8) / tau, math.inf)
         delta = mul_up(magnitude, rate)
     else:
-        e_q, n_q = _side_error(size_q, q_norm, query_inputs, d_model, shift=shift_q)
+        e_q, n_q = _side_error(size_q, q_norm, query_inputs, d_model, shift=shift_q, rotation_norm=rotation_norm)
         e_k, n_k = (
-            t.amax(dim=-1, keepdim=True) for t in _side_error(size_k, k_norm, key_inputs, d_model, shift=shift_k)
+            t.amax(dim=-1, keepdim=True)
+            for t in _side_error(size_k, k_norm, key_inputs, d_model, shift=shift_k, rotation_norm=rotation_norm)
         )
         magnitude = mul_up(add_up(n_q, e_q), add_up(n_k, e_k))
         errors = add_up(mul_up(e_q, add_up(n_k, e_k)), mul_up(n_q, e_k))
@@ -490,7 +492,7 @@ def softmax_row_accuracy(
     X: Tensor, Wq: Tensor, Wk: Tensor, b_q: Tensor | None, b_k: Tensor | None, P: Tensor, allowed: Tensor, tau: float,
     *, q_norm: NormWeights | None = None, k_norm: NormWeights | None = None, query_inputs: Tensor | None = None,
     key_inputs: Tensor | None = None, softcap: float | None = None, position_bias: float = 0.0,
-    shifts: tuple[Tensor, Tensor] | None = None,
+    shifts: tuple[Tensor, Tensor] | None = None, rotation_norm: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """(η, m) per row ``[b, h, query]``: p_j ≤ (1 + η) p̂_j for every key with p̂_j ≥ 2^-1000 and Σ p_j ≤ m over
     the other allowed keys, where p is the real-arithmetic softmax row at X and p̂ the float64 one.
@@ -507,12 +509,13 @@ def softmax_row_accuracy(
     A row with a single allowed key has η = 0. Keys whose p̂_j < 2^-1000 (underflow) hold real mass at most
     2^-990 each. Rows with ζ > ``SOFTMAX_ACCURACY_LIMIT`` (about ‖A_q‖‖A_k‖/τ > 2^28/(d + d_head)) raise
     InputError: their float64 rows are not certified. ``shifts``: as in ``score_error`` (then p is the row at a
-    real input near X, and a radius that breaks the limit is refused as such).
+    real input near X, and a radius that breaks the limit is refused as such); ``rotation_norm``: as in
+    ``score_error`` (QK-norms after RoPE).
     """
     d_head, d_model = Wq.shape[-2:]
     delta, magnitude = score_error(
         X, Wq, Wk, b_q, b_k, tau, q_norm=q_norm, k_norm=k_norm, query_inputs=query_inputs, key_inputs=key_inputs,
-        softcap=softcap, position_bias=position_bias, shifts=shifts,
+        softcap=softcap, position_bias=position_bias, shifts=shifts, rotation_norm=rotation_norm,
     )  # fmt: skip
     zeta = add_up(mul_up(delta, 2.0), gamma(P.shape[-1] + 8))
     # A row with one allowed key is [1] in both arithmetics (fl(exp(0)/exp(0)) = 1), whatever its score.
@@ -567,12 +570,12 @@ def input_shift(w_norm: Tensor, input_radius: Tensor | None) -> Tensor | None:
 
 def projection_errors(
     magnitude: Tensor, norm: NormWeights | None, inputs: Tensor | None, d_model: int,
-    floors: tuple[Tensor, Tensor] | None = None, shift: Tensor | None = None,
+    floors: tuple[Tensor, Tensor] | None = None, shift: Tensor | None = None, rotation_norm: Tensor | None = None,
 ) -> Tensor:  # fmt: skip
     """≥ ‖ṽ_t − v̂_t‖ between the real and the float64 rotated (and normalized) query or key of each position,
-    per query head ``[b, head, position]``, from ‖A‖ (``projection_magnitudes``; ``_side_error``, ``floors`` and
-    ``shift`` as there)."""
-    errors, _ = _side_error(magnitude, norm, inputs, d_model, floors, shift)
+    per query head ``[b, head, position]``, from ‖A‖ (``projection_magnitudes``; ``_side_error``, ``floors``,
+    ``shift`` and ``rotation_norm`` as there)."""
+    errors, _ = _side_error(magnitude, norm, inputs, d_model, floors, shift, rotation_norm)
     return errors
 
 
@@ -593,17 +596,28 @@ def own_heads(t: Tensor, norm: NormWeights, d_head: int) -> Tensor:
 
 
 def qk_norm_floors(
-    magnitude: Tensor, norm: NormWeights, inputs: Tensor, d_model: int, shift: Tensor | None = None
-) -> tuple[Tensor, Tensor]:
+    magnitude: Tensor, norm: NormWeights, inputs: Tensor, d_model: int, shift: Tensor | None = None,
+    rotation_norm: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:  # fmt: skip
     """(r_lo, e_a) ``[b, head, position]``: a certified lower bound of the norm's r at the real projection and
     the projection's error bound e_a = γ_{d+1}‖A‖ (+ ``shift`` ≥ ‖W^h‖‖u_t − x_t‖ per head, ``input_shift``) over
     the coordinates the norm reads (one head's, or all heads' for a joint norm, ``weights.qk_norm_is_joint``:
-    then the ℓ2 norm of the heads' errors), from ‖A‖ per head (``projection_magnitudes``)."""
+    then the ℓ2 norm of the heads' errors), from ‖A‖ per head (``projection_magnitudes``).
+
+    ``rotation_norm`` ≥ ‖R_t‖ ``[position]``: a per-head norm after RoPE (HunYuan), whose ``inputs`` are the
+    float rotated projections ρ̂_t = fl(R_t â_t). The error is then that of ρ̂_t, e_ρ = ‖R_t‖ (e_a + 4γ_3‖A‖):
+    ρ_t − ρ̂_t = R_t(a_t − â_t) + (R_t â_t − fl(R_t â_t)), and each rotated coordinate c x − s y is rounded
+    within γ_2 (|c||x| + |s||y|) with |c|, |s| ≤ ‖R_t‖, at most 2γ_2 ‖R_t‖ ‖â_t‖ in all, ‖â_t‖ ≤ (1 + γ_{d+1})‖A‖.
+    r is rotation-invariant, and r_lo bounds it on the ball of radius e_ρ around ρ̂_t."""
     d_head = inputs.shape[-1]
     if not qk_norm_is_joint(norm, d_head):
         error = mul_up(magnitude, gamma(d_model + 1))
         error = error if shift is None else add_up(error, shift)
+        if rotation_norm is not None:
+            error = mul_up(add_up(error, mul_up(magnitude, 4 * gamma(3))), rotation_norm)
         return qk_norm_scale_lower_bound(inputs, norm, error), error
+    if rotation_norm is not None:
+        raise ConfigError("a QK-norm over all heads after RoPE is not bounded (weights.check_qk_norm_order)")
     joint = einops.rearrange(own_heads(inputs.to(torch.float64), norm, d_head), "b h p e -> b p (h e)")
     if shift is None:
         error = mul_up(norm2_upper_bound(own_heads(magnitude, norm, d_head), dim=1), gamma(d_model + 1))  # [b, p]
@@ -616,7 +630,7 @@ def qk_norm_floors(
 
 def _side_error(
     magnitude: Tensor, norm: NormWeights | None, inputs: Tensor | None, d_model: int,
-    floors: tuple[Tensor, Tensor] | None = None, shift: Tensor | None = None,
+    floors: tuple[Tensor, Tensor] | None = None, shift: Tensor | None = None, rotation_norm: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:  # fmt: skip
     """(E, N) ``[b, h, position]``: ‖ṽ̂ − ṽ‖ ≤ E between the float and the real rotated query or key ṽ, and
     ‖ṽ‖ ≤ N, from ‖A‖ (``softmax_row_accuracy``). Without a norm: E = (γ_{d+1} + 4γ_3)‖A‖, N = ‖A‖. Under QK-norm
@@ -625,16 +639,20 @@ def _side_error(
     coordinate pair, with ‖N(â)‖ ≤ γ_max √k = N, k the number of coordinates the norm reads (d_head, or all
     heads' for a joint norm; e_a and r then also over all heads). ``floors``: ``qk_norm_floors`` of the same
     arguments, when the caller already has them. ``shift`` ≥ ‖W^h‖‖u_t − x_t‖ (``input_shift``) widens E, or e_a
-    under a norm, when the real input u is only known to lie near X; N stays a bound of the float vector."""
+    under a norm, when the real input u is only known to lie near X; N stays a bound of the float vector.
+    ``rotation_norm`` ≥ ‖R_t‖ ``[position]``: a per-head norm after RoPE, ṽ = N(R a) (HunYuan); the norm's input
+    error is then e_ρ of ``qk_norm_floors`` (RoPE's rounding included) and nothing is rounded after the norm."""
     if norm is None or inputs is None:
         errors = mul_up(magnitude, gamma(d_model + 1) + 4 * gamma(3))
         return (errors if shift is None else add_up(errors, shift)), magnitude
     width = norm.gamma.shape[0]
     gamma_max = norm.gamma.to(torch.float64).abs().amax()
     radius = mul_up(gamma_max, math.nextafter(math.sqrt(width), math.inf))
-    floor, projection_error = floors if floors is not None else qk_norm_floors(magnitude, norm, inputs, d_model, shift)
+    floor, projection_error = (
+        floors if floors is not None else qk_norm_floors(magnitude, norm, inputs, d_model, shift, rotation_norm)
+    )
     moved = div_up(mul_up(projection_error, gamma_max), floor)
-    evaluation = mul_up(radius, gamma(width + 6) + 4 * gamma(3))
+    evaluation = mul_up(radius, gamma(width + 6) if rotation_norm is not None else gamma(width + 6) + 4 * gamma(3))
     return add_up(moved, evaluation), radius.expand_as(moved)
 
 

@@ -44,7 +44,6 @@ NO_BOUNDS: dict[str, str] = {
         "gated DeltaNet linear-attention layers, and attention blocks whose output is gated by the input and whose "
         "MLP is a mixture of experts"
     ),
-    "hunyuan_v1_dense": "a QK-norm applied after RoPE, where attnsens' attention applies it before",
     "apertus": "the xIELU activation, with trained parameters, whose slope attnsens does not bound",
     "modernbert": (
         "bidirectional local windows around each query and no norm before its first attention, which attnsens' "

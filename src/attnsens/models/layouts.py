@@ -8,7 +8,8 @@ one RoPE per layer type), OLMo 2 (norms after each sublayer only, QK-norm over a
 sliding windows), Phi, Phi-3, StableLM, StarCoder2, Cohere (Cohere 2 with windows, RoPE on its sliding layers alone),
 BioGPT, OPT, GPT-J, CodeGen (GPT-J's block, its fused qkv in model-parallel shards), BLOOM and MPT (ALiBi; their
 taps live in ``bloom`` and ``mpt``), Falcon (``falcon`` picks its arrangement), Arcee, Nemotron (LayerNorms scaling by
-1 + w) and Persimmon (relu² MLPs), EXAONE 4 (OLMo 2's block, windows and RoPE on its sliding layers alone), CLIP's
+1 + w) and Persimmon (relu² MLPs), EXAONE 4 (OLMo 2's block, windows and RoPE on its sliding layers alone), HunYuan
+dense (Llama's block with a per-head QK-norm after RoPE, and RoPE's base stretched by its NTK α), CLIP's
 text tower, and the encoders BERT (all-MiniLM-L6-v2), RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA, DistilBERT, ViT,
 CLIP's vision tower and DINOv2 (a LayerScale on each sublayer).
 
@@ -16,7 +17,8 @@ A :class:`BlockLayout` says where a family keeps each part of a block and what i
 projections (Phi-3's ``qkv_proj`` = [q; k; v] rows, ``gate_up_proj`` = [gate; up] rows), Gemma's RMSNorm scale
 (1 + w), a plain MLP (OPT's fc1/fc2), the query scaling folded into q_proj (OPT), GPT-J's parallel residual and
 interleaved rotary, norms after each sublayer (Gemma 2/3 beside their pre-norms, where ``post_attention_layernorm``
-is the norm of the attention *output*, unlike Llama; OLMo 2 without pre-norms), QK-norm, the softcap, where a
+is the norm of the attention *output*, unlike Llama; OLMo 2 without pre-norms), QK-norm (before RoPE, or after it in
+HunYuan), the softcap, where a
 sliding window is read. Everything else — GQA, every RoPE type
 (``hf.rotary_of``, per layer type from ``config.layer_types``), biases, the yarn/longrope attention factor folded
 into τ — is common.
@@ -111,13 +113,14 @@ class BlockLayout:
     query_scaled_in_projection: bool = False  # OPT: q = scaling·q_proj(x), the attention function gets scaling 1
     window: Literal["none", "config", "module"] = "none"  # where a sliding window is read
     qk_norm: bool = False  # the attention's q_norm/k_norm: per head (Qwen3, Gemma 3) or over all heads (OLMo 2)
-    q_norm: str = "q_norm"  # under qk_norm: the attention-module attributes of the query's and key's norms
-    k_norm: str = "k_norm"
+    qk_norm_names: tuple[str, str] = ("q_norm", "k_norm")  # the attention's QK-norm modules under qk_norm
+    qk_norm_after_rotary: bool = False  # the per-head QK-norm follows RoPE (HunYuan) instead of preceding it
     softcap: str | None = None  # config attribute of the attention logit softcap (Gemma 2), None when absent
     alibi: Literal["none", "bloom", "mpt"] = "none"  # ALiBi, with the slopes formula of the family
     scaling: str = "scaling"  # attention-module attribute holding the score scale 1/τ (default 1/√d_head)
     positions: str = "max_position_embeddings"  # config attribute of the context length
     rotary_interleaved: bool = False  # RoPE on adjacent pairs (Cohere) instead of halves
+    rotary_alpha: bool = False  # a "dynamic" RoPE with an ``alpha`` is HunYuan's fixed NTK stretch of the base
     rotary_if: str | None = None  # attention-module attribute saying whether its layer applies RoPE (SmolLM3's NoPE
     # layers), default every layer of a family with RoPE
     conv1d: bool = False  # GPT-2's Conv1D modules store weights as [in, out]
@@ -400,6 +403,12 @@ LAYOUTS: dict[str, BlockLayout] = {
         scaling="softmax_scale",
         positions="max_seq_len",
     ),
+    "hunyuan_v1_dense": BlockLayout(  # Llama's block with a per-head QK-norm after RoPE, HunYuan's NTK alpha RoPE
+        qk_norm=True,
+        qk_norm_names=("query_layernorm", "key_layernorm"),
+        qk_norm_after_rotary=True,
+        rotary_alpha=True,
+    ),
     "olmo2": _OLMO2,
     "olmo3": dataclasses.replace(_OLMO2, window="module"),  # with a window on the layers layer_types make sliding
     # OLMo 2's block with per-head QK-norm; windows and RoPE on the layers whose attention is_sliding alone
@@ -451,8 +460,7 @@ LAYOUTS: dict[str, BlockLayout] = {
         attn_norm="operator_norm",
         mlp_norm="ffn_norm",
         qk_norm=True,
-        q_norm="q_layernorm",
-        k_norm="k_layernorm",
+        qk_norm_names=("q_layernorm", "k_layernorm"),
         fixed_activation="silu",
         hybrid="gated short convolutions",
     ),
@@ -739,7 +747,13 @@ class LayoutAdapter(HFAdapter):
         if rotary is not None:
             rotary_module = getattr(self.base, "rotary_emb", None)
             rotary = _rotating_as_the_model(rotary, rotary_module, s.d_head, layer_type)
-            tau = rotary_temperature(1.0 / tau, rotary, rotary_module, s.d_head, layer_type)
+            scaled_tau = rotary_temperature(1.0 / tau, rotary, rotary_module, s.d_head, layer_type)
+            if lay.qk_norm_after_rotary and scaled_tau != tau:
+                raise UnsupportedModelError(
+                    f"{self.family}: RoPE {rotary.rope_type!r} scales cos/sin by an attention factor, which its "
+                    "QK-norm after RoPE divides out (up to ε) rather than a change of temperature; not supported"
+                )
+            tau = scaled_tau
         out = _get(attn, lay.o)
         scale = self.output_scales(block)[0]
         attention = AttentionWeights(
@@ -755,8 +769,9 @@ class LayoutAdapter(HFAdapter):
             causal=s.causal,
             rotary=rotary,
             sliding_window=self.attention_window(index),
-            q_norm=self._norm(_get(attn, lay.q_norm)) if lay.qk_norm else None,
-            k_norm=self._norm(_get(attn, lay.k_norm)) if lay.qk_norm else None,
+            q_norm=self._norm(_get(attn, lay.qk_norm_names[0])) if lay.qk_norm else None,
+            k_norm=self._norm(_get(attn, lay.qk_norm_names[1])) if lay.qk_norm else None,
+            qk_norm_after_rotary=lay.qk_norm_after_rotary and rotary is not None,
             softcap=None if lay.softcap is None else getattr(config, lay.softcap, None),
             alibi_slopes=None if lay.alibi == "none" else ALIBI_SLOPES[lay.alibi](s.n_head),
         )
@@ -883,11 +898,34 @@ def _rotary(
     if layout.rotary == "gptj":
         return RotaryConfig(base=10000.0, rotary_dim=config.rotary_dim or d_head, interleaved=True)
     if layout.rotary == "rope_parameters":
+        if layout.rotary_alpha and _rope_alpha(config) is not None:
+            return _ntk_alpha_rotary(config, d_head)
         rotary = rotary_of(config, d_head, layer_type) if refuse else spec_rotary(config, d_head)
         if rotary is not None and layout.rotary_interleaved:
             rotary = dataclasses.replace(rotary, interleaved=True)
         return rotary
     return None
+
+
+def _rope_alpha(config: Any) -> float | None:
+    """HunYuan's NTK α: ``rope_parameters["alpha"]`` of a "dynamic" RoPE, or None (no α, or another type)."""
+    rope = config.rope_parameters or {}
+    alpha = rope.get("alpha")
+    return float(alpha) if rope.get("rope_type") == "dynamic" and alpha else None
+
+
+def _ntk_alpha_rotary(config: Any, d_head: int) -> RotaryConfig:
+    """HunYuan's "dynamic" RoPE with an α (its rotary module's ``ntk_alpha``): default RoPE over the whole head
+    with the base stretched once to base·α^(d/(d−2)), d = d_head, independent of the sequence length.
+
+    Raises:
+        UnsupportedModelError: d_head ≤ 2, where the stretch's exponent has no value.
+    """
+    alpha = _rope_alpha(config)
+    if alpha is None or d_head <= 2:
+        raise UnsupportedModelError(f"{config.model_type}: no NTK alpha RoPE over a head of {d_head} dimensions")
+    base = float(config.rope_parameters["rope_theta"]) * alpha ** (d_head / (d_head - 2))
+    return RotaryConfig(base=base, rotary_dim=d_head)
 
 
 def _rotating_as_the_model(

@@ -8,9 +8,10 @@ Layout: tensors
 metadata key ``attnsens.layers``: a JSON list with, per layer, ``placement``, ``tau``, ``causal``, ``mlp_kind``,
 ``activation``, ``norm_kind``, ``norm_eps`` ([attn, mlp]), ``residual_scale``, ``parallel_residual``, ``rotary``
 (null or the fields of ``RotaryConfig``), ``sliding_window`` (null or an int), ``qk_norm_eps`` ([q, k], the
-QK-norms' ε), ``softcap`` (null or the logit cap) and, for the norms after each sublayer, ``out_norm_kinds`` and
-``out_norm_eps`` ([attn, mlp], null where a layer has none). Files written before a key existed lack it: no sliding
-window, no QK-norm, no softcap, no norms after the sublayers.
+QK-norms' ε), ``qk_norm_after_rotary`` (whether they follow RoPE), ``softcap`` (null or the logit cap) and, for the
+norms after each sublayer, ``out_norm_kinds`` and ``out_norm_eps`` ([attn, mlp], null where a layer has none). Files
+written before a key existed lack it: no sliding window, no QK-norm (or one before RoPE), no softcap, no norms after
+the sublayers.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ def save_layer_weights(layers: Sequence[LayerWeights], path: str | os.PathLike[s
             "residual_scale": layer.residual_scale, "parallel_residual": layer.parallel_residual,
             "rotary": None if rotary is None else vars(rotary), "sliding_window": layer.attention.sliding_window,
             "qk_norm_eps": [None if n is None else n.eps for n in qk_norms.values()],
+            "qk_norm_after_rotary": layer.attention.qk_norm_after_rotary,
             "softcap": layer.attention.softcap,
             "out_norm_kinds": [None if n is None else n.kind for n in out_norms],
             "out_norm_eps": [None if n is None else n.eps for n in out_norms],
@@ -129,6 +131,7 @@ def _layer_from(tensors: dict[str, Tensor], i: int, cfg: dict[str, Any]) -> Laye
         sliding_window=cfg.get("sliding_window"),
         rotary=None if cfg["rotary"] is None else RotaryConfig(**cfg["rotary"]),
         q_norm=qk_norm("q_norm", qk_eps[0]), k_norm=qk_norm("k_norm", qk_eps[1]), softcap=cfg.get("softcap"),
+        qk_norm_after_rotary=bool(cfg.get("qk_norm_after_rotary", False)),
     )  # fmt: skip
     mlp = MLPWeights(kind=cfg["mlp_kind"], activation=cfg["activation"], **mlp_tensors)
     return LayerWeights(

@@ -1,5 +1,6 @@
-"""QK-norm (an RMSNorm of each head's query and key before RoPE, Qwen3 and Gemma 3) in the attention bounds:
-dense Jacobians ≤ certified local bound ≤ Lipschitz bound, and the norm's Jacobian is not optional."""
+"""QK-norm (an RMSNorm of each head's query and key before RoPE, Qwen3 and Gemma 3, or after it, HunYuan) in the
+attention bounds: dense Jacobians ≤ certified local bound ≤ Lipschitz bound, and the norm's Jacobian is not
+optional."""
 
 from __future__ import annotations
 
@@ -8,8 +9,16 @@ import dataclasses
 import pytest
 import torch
 
-from attnsens.errors import ShapeError
-from attnsens.geometry.attention import AttentionBiases, _AttentionTensors, _mha_forward, causal_mask, mha_forward
+from attnsens.errors import ConfigError, ShapeError
+from attnsens.geometry.attention import (
+    AttentionBiases,
+    _AttentionTensors,
+    _mha_forward,
+    apply_rotary,
+    causal_mask,
+    mha_forward,
+    qk_norm_forward,
+)
 from attnsens.geometry.attention_bounds import (
     _mha_lipschitz_bounds,
     _mha_local_jacobian_bounds,
@@ -47,23 +56,33 @@ def _instances(n: int, n_query: int, d_model: int, n_head: int, n_kv: int, d_hea
 KEYS = ("X", "Wq", "Wk", "Wv", "Wo", "bq", "bk", "bv", "bo")
 
 
-def _dense(inst: dict, *, tau: float, mask, rotary, q_norm, k_norm) -> torch.Tensor:
+def _dense(inst: dict, *, tau: float, mask, rotary, q_norm, k_norm, after: bool = False) -> torch.Tensor:
     def f(X, Wq, Wk, Wv, Wo, bq, bk, bv, bo):
         biases = AttentionBiases(q=bq, k=bk, v=bv, o=bo)
         return _mha_forward(
             X[None],
             _AttentionTensors(
-                Wq, Wk, Wv, Wo, tau=tau, mask=mask, biases=biases, rotary=rotary, q_norm=q_norm, k_norm=k_norm
+                Wq,
+                Wk,
+                Wv,
+                Wo,
+                tau=tau,
+                mask=mask,
+                biases=biases,
+                rotary=rotary,
+                q_norm=q_norm,
+                k_norm=k_norm,
+                qk_norm_after_rotary=after,
             ),
         ).output[0]
 
     return torch.func.vmap(torch.func.jacrev(f))(*(inst[k] for k in KEYS))
 
 
-def _bounds(inst: dict, *, tau: float, mask, rotary, q_norm, k_norm):
+def _bounds(inst: dict, *, tau: float, mask, rotary, q_norm, k_norm, after: bool = False):
     biases = AttentionBiases(q=inst["bq"], k=inst["bk"], v=inst["bv"], o=inst["bo"])
     X, W = inst["X"], [inst[k] for k in ("Wq", "Wk", "Wv", "Wo")]
-    norms = {"q_norm": q_norm, "k_norm": k_norm}
+    norms = {"q_norm": q_norm, "k_norm": k_norm, "qk_norm_after_rotary": after}
     local = _mha_local_jacobian_bounds(
         X, _AttentionTensors(*W, tau=tau, mask=mask, biases=biases, rotary=rotary, **norms)
     )
@@ -90,6 +109,72 @@ def test_dense_jacobian_below_local_below_lipschitz_under_qk_norm(n_kv, causal, 
     assert bool((local.upper_bound <= glob.upper_bound * (1 + 1e-12)).all())
     ratio = local.upper_bound / lower
     assert float(ratio.median()) < 4.0, f"local bound ÷ dense lower bound median {float(ratio.median()):.2f}"
+
+
+PARTIAL_ROPE = RotaryConfig(base=10.0, rotary_dim=4)
+"""RoPE on 4 of 6 dimensions: the norm after it also reads two coordinates RoPE leaves alone."""
+
+
+@pytest.mark.parametrize(
+    ("n_kv", "causal", "d_head", "sides", "tau"),
+    [(2, False, 4, "qk", 0.7), (1, True, 4, "qk", 0.05), (2, True, 6, "qk", 0.1), (2, True, 4, "q", 0.1),
+     (1, False, 6, "k", 0.05)],
+)  # fmt: skip
+def test_dense_jacobian_below_local_below_lipschitz_under_qk_norm_after_rope(n_kv, causal, d_head, sides, tau) -> None:
+    """HunYuan's q = N(R_t a_t), with γ far from constant on every rotating pair; τ down to 0.05 makes the rows
+    sharp (the norm fixes the projections' scale, so τ and γ alone set how far the scores spread)."""
+    n, L = 400, 5
+    inst = _instances(n, L, 3, 2, n_kv, d_head, seed=61 + n_kv + 2 * causal + d_head)
+    mask = causal_mask(L) if causal else None
+    norms = {"q_norm": _norm(d_head, 1) if "q" in sides else None, "k_norm": _norm(d_head, 2) if "k" in sides else None}
+    rotary = ROPE if d_head == 4 else PARTIAL_ROPE
+    dense = _dense(inst, tau=tau, mask=mask, rotary=rotary, after=True, **norms)
+    lower = block_inf_norm_lower_dense(dense, iterations=30)
+    local, glob = _bounds(inst, tau=tau, mask=mask, rotary=rotary, after=True, **norms)
+    assert bool((lower <= local.upper_bound).all()), "an estimate exceeds the certified local bound"
+    assert bool((local.upper_bound <= local.paper_form_upper_bound * (1 + 1e-12)).all())
+    assert bool((local.paper_form_upper_bound <= glob.paper_form_upper_bound * (1 + 1e-12)).all())
+    assert bool((local.upper_bound <= glob.upper_bound * (1 + 1e-12)).all())
+    ratio = local.upper_bound / lower
+    assert float(ratio.median()) < 4.0, f"local bound ÷ dense lower bound median {float(ratio.median()):.2f}"
+    before = _dense(inst, tau=tau, mask=mask, rotary=rotary, **norms)
+    assert not torch.allclose(before, dense), "the norm after RoPE must be another function than before it"
+    misread, _ = _bounds(inst, tau=tau, mask=mask, rotary=rotary, **norms)  # the bound of the norm before RoPE
+    assert bool((lower > misread.upper_bound).any()), "the instances must show that the order of the norm matters"
+
+
+def test_qk_norm_after_rope_normalizes_the_rotated_projection_and_equals_before_for_gains_constant_on_pairs() -> None:
+    inst = {k: v[0] for k, v in _instances(1, 5, 3, 2, 1, 4, seed=13).items()}
+    q_norm, k_norm = _norm(4, 1), _norm(4, 2)
+    tensors = (inst["Wq"], inst["Wk"], inst["Wv"], inst["Wo"])
+
+    def forward(q_norm: NormWeights, k_norm: NormWeights, after: bool):
+        return _mha_forward(
+            inst["X"][None],
+            _AttentionTensors(*tensors, tau=1.0, rotary=ROPE, q_norm=q_norm, k_norm=k_norm, qk_norm_after_rotary=after),
+        )
+
+    fwd = forward(q_norm, k_norm, True)
+    rotated = apply_rotary(torch.einsum("hed,qd->hqe", inst["Wq"], inst["X"]), ROPE)
+    torch.testing.assert_close(fwd.query_inputs[0], rotated)
+    torch.testing.assert_close(fwd.queries[0], qk_norm_forward(rotated, q_norm))
+    assert not torch.allclose(fwd.output, forward(q_norm, k_norm, False).output)
+    paired = [dataclasses.replace(n, gamma=n.gamma[:2].repeat(2)) for n in (q_norm, k_norm)]  # γ_i = γ_{i+2}
+    torch.testing.assert_close(forward(*paired, True).output, forward(*paired, False).output)
+
+
+def test_qk_norm_after_rope_needs_a_rotary_a_norm_and_per_head_norms() -> None:
+    inst = {k: v[0] for k, v in _instances(1, 5, 3, 2, 1, 4, seed=3).items()}
+    weights = {"w_q": inst["Wq"], "w_k": inst["Wk"], "w_v": inst["Wv"], "w_o": inst["Wo"], "tau": 2.0, "causal": True}
+    norms = {"q_norm": _norm(4, 1), "k_norm": _norm(4, 2)}
+    after = AttentionWeights(**weights, rotary=ROPE, qk_norm_after_rotary=True, **norms)
+    assert after.per_query_head().qk_norm_after_rotary
+    with pytest.raises(ConfigError, match="needs a rotary"):
+        AttentionWeights(**weights, qk_norm_after_rotary=True, **norms)
+    with pytest.raises(ConfigError, match="needs a rotary"):
+        AttentionWeights(**weights, rotary=ROPE, qk_norm_after_rotary=True)
+    with pytest.raises(ConfigError, match="per-head QK-norms"):
+        AttentionWeights(**weights, rotary=ROPE, qk_norm_after_rotary=True, q_norm=_norm(8, 1))
 
 
 @pytest.mark.parametrize(("n_kv", "causal", "rotary"), [(2, False, None), (1, True, ROPE), (2, True, ROPE)])

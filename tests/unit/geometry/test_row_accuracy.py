@@ -343,3 +343,52 @@ def test_distances_are_formed_from_differences_as_the_radius_assumes() -> None:
             exact = sum((Fraction(base[0, i, k].item()) - Fraction(points[0, j, k].item())) ** 2 for k in range(5))
             assert Fraction(bounded[0, i, j].item()) ** 2 >= exact
             assert Fraction(computed[0, i, j].item()) ** 2 >= exact * (1 - Fraction(1, 2**40))
+
+
+@pytest.mark.parametrize(("eps", "bias"), [(1e-6, 0.0), (1e-6, 3e7), (1e-12, 1e-5), (1e-2, 0.3)])
+def test_qk_norm_after_rope_floor_errors_and_map_error_hold_in_real_arithmetic(eps: float, bias: float) -> None:
+    """A per-head norm after RoPE (HunYuan): at the real input ρ_t = R_t a_t of the norm (R_t the forward's cos/sin
+    table, a_t = W x_t + b), r(ρ_t) ≥ r_lo, ‖ρ_t − ρ̂_t‖ ≤ e_ρ, ‖N(ρ_t) − N̂_t‖ ≤ the projection error and
+    ‖J_N(ρ_t) R_t − fl(Ĵ_t R_t)‖ ≤ ε_t, for the float ρ̂_t = fl(R_t â_t) and N̂_t (mpmath, 300 bits)."""
+    from attnsens.geometry.attention import apply_rotary, qk_norm_forward
+    from attnsens.weights import RotaryConfig
+
+    gen = torch.Generator().manual_seed(8)
+    d_head, d_model, n = 6, 5, 7
+    rotary = RotaryConfig(base=10.0, rotary_dim=4)
+    W = torch.randn(1, d_head, d_model, generator=gen, dtype=F64)
+    X = torch.randn(1, n, d_model, generator=gen, dtype=F64) * (1e-4 if bias < 1 else 1.0)
+    b = torch.full((1, d_head), bias, dtype=F64) + torch.randn(1, d_head, generator=gen, dtype=F64) * 1e-3
+    norm = NormWeights(
+        gamma=1 + 0.3 * torch.randn(d_head, generator=gen, dtype=F64), eps=eps, kind="rmsnorm", beta=None
+    )
+    projected = torch.einsum("hed,bpd->bhpe", W, X) + b[None, :, None, :]  # â: [b, h, p, d]
+    rotated = apply_rotary(projected, rotary)  # ρ̂ = fl(R_t â_t)
+    rotations = T.rotation_matrices(n, d_head, rotary, X.device)
+    rotation_norm = A.schur_norm_upper_bound(rotations)
+    magnitude = T.projection_magnitudes(X, W, b, 1)
+    floor, input_error = T.qk_norm_floors(magnitude, norm, rotated, d_model, rotation_norm=rotation_norm)
+    errors = T.projection_errors(magnitude, norm, rotated, d_model, rotation_norm=rotation_norm)
+    normalized = qk_norm_forward(rotated, norm)
+    jacobians = T.norm_jacobians(rotated, norm)
+    maps = jacobians @ rotations
+    map_error = A.qk_norm_map_error(jacobians, rotations, norm.gamma.abs().amax(), floor, input_error)
+    with mpmath.workprec(300):
+        g = [mpmath.mpf(v) for v in norm.gamma.tolist()]
+        for t in range(n):
+            a = [mpmath.fsum(mpmath.mpf(W[0, e, k].item()) * mpmath.mpf(X[0, t, k].item()) for k in range(d_model))
+                 + mpmath.mpf(b[0, e].item()) for e in range(d_head)]  # fmt: skip
+            R = mpmath.matrix(rotations[t].tolist())
+            rho = R * mpmath.matrix(a)
+            r = mpmath.sqrt(mpmath.fsum(v * v for v in rho) / d_head + mpmath.mpf(eps))
+            assert mpmath.mpf(floor[0, 0, t].item()) <= r
+            moved = mpmath.sqrt(mpmath.fsum((rho[e] - mpmath.mpf(rotated[0, 0, t, e].item())) ** 2
+                                            for e in range(d_head)))  # fmt: skip
+            assert moved <= mpmath.mpf(input_error[0, 0, t].item())
+            off = mpmath.sqrt(mpmath.fsum((g[e] * rho[e] / r - mpmath.mpf(normalized[0, 0, t, e].item())) ** 2
+                                          for e in range(d_head)))  # fmt: skip
+            assert off <= mpmath.mpf(errors[0, 0, t].item())
+            real = _rms_jacobian_mp(list(rho), g, eps) * R
+            diff = torch.tensor([[float(real[j, k] - mpmath.mpf(maps[0, 0, t, j, k].item())) for k in range(d_head)]
+                                 for j in range(d_head)], dtype=F64)  # fmt: skip
+            assert float(torch.linalg.matrix_norm(diff, ord=2)) * (1 + 1e-10) <= float(map_error[0, 0, t])

@@ -561,6 +561,9 @@ MORE_MUTATIONS = {
     "clip_text: bidirectional": ("clip_text", 0, "attention", lambda a: _set(a, 0, "attention", causal=False)),
     "clip_text: gelu in place of quick_gelu": ("clip_text", 1, "mlp", lambda a: _set(a, 1, "mlp", activation="gelu")),
     "exaone4: QK-norm dropped": ("exaone4", 0, "attention", lambda a: _set(a, 0, "attention", q_norm=None)),
+    "hunyuan_v1_dense: QK-norm read before RoPE": (
+        "hunyuan_v1_dense", 0, "attention", lambda a: _reread(a, qk_norm_after_rotary=False)
+    ),
 }  # fmt: skip
 
 
@@ -572,6 +575,44 @@ def test_the_gate_refuses_mutated_weights_of_more_layout_families(name: str) -> 
     with pytest.raises(WeightsFidelityError) as caught:
         M.check_weights_fidelity(adapter, IDS)
     assert (caught.value.layer, caught.value.field) == (layer, field)
+
+
+HUNYUAN_ALPHA_ROPE = {"rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 1000.0, "factor": 1.0}
+"""The RoPE of HunYuan's checkpoints: "dynamic" with an α, a fixed NTK stretch of the base (``ntk_alpha``)."""
+
+
+def test_hunyuan_alpha_rope_is_read_as_the_fixed_base_stretch_and_a_plain_dynamic_reading_is_refused() -> None:
+    model = tiny_model("hunyuan_v1_dense", rope_parameters=HUNYUAN_ALPHA_ROPE)
+    assert model.model.rotary_emb.rope_type == "ntk_alpha"
+    adapter = M.load(model)
+    rotary = adapter.layers[0].attention.rotary
+    assert rotary is not None and rotary.rope_type == "default" and rotary.base == 10000.0 * 1000.0 ** (6 / 4)
+    M.check_weights_fidelity(adapter, IDS)
+    _reread(adapter, rotary_alpha=False)  # transformers' dynamic NTK, which leaves the base as it is up to P
+    with pytest.raises(WeightsFidelityError) as caught:
+        M.check_weights_fidelity(adapter, IDS)
+    assert (caught.value.layer, caught.value.field) == (0, "attention")
+
+
+def test_hunyuan_with_a_rope_attention_factor_is_refused_by_name() -> None:
+    """yarn scales cos/sin by m ≈ 1.14 here; a norm after RoPE divides it out (up to ε): no temperature change."""
+    yarn = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.1, "original_max_position_embeddings": 10}
+    model = tiny_model("hunyuan_v1_dense", rope_parameters=yarn)
+    assert model.model.rotary_emb.attention_scaling != 1.0
+    with pytest.raises(UnsupportedModelError, match="attention factor"):
+        M.load(model).read_layers()
+
+
+def test_hunyuan_qk_norm_after_rope_survives_the_weights_file_and_is_bounded_from_it(tmp_path) -> None:
+    from attnsens.store.layer_weights import load_layer_weights, save_layer_weights
+
+    layers = M.load(tiny_model("hunyuan_v1_dense")).layers
+    assert all(layer.attention.qk_norm_after_rotary for layer in layers)
+    back = load_layer_weights(save_layer_weights(layers, tmp_path / "w.safetensors"))
+    assert all(layer.attention.qk_norm_after_rotary for layer in back)
+    table = bound_model(back, seq_len=11, n_queries=2, iterations=3)
+    layer_rows = table[table["head"] == -1]
+    assert (layer_rows["mha_jacobian_estimate"] <= layer_rows["mha_local_jacobian_upper_bound"]).all()
 
 
 def test_persimmon_with_its_default_layernorm_qk_norm_is_audited_but_not_bounded() -> None:

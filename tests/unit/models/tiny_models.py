@@ -233,7 +233,7 @@ def spread_weights(model: torch.nn.Module) -> None:
                 parameter.normal_(0.0, 0.35)
             elif parameter.ndim == 1 and "bias" in name:
                 parameter.normal_(0.0, 0.1)
-            elif name.endswith(("q_norm.weight", "k_norm.weight")):
+            elif name.endswith(("q_norm.weight", "k_norm.weight", "query_layernorm.weight", "key_layernorm.weight")):
                 parameter.uniform_(0.5, 2.5)  # trained QK-norm scales are far from 1; ones would hide a dropped norm
 
 
@@ -346,9 +346,13 @@ def _interface_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
 
 RELU2_FAMILIES = ("arcee", "nemotron", "persimmon")
 """Decoders with a plain relu² MLP; persimmon's default LayerNorm QK-norm is turned off where it is bounded."""
-MORE_LAYOUT_FAMILIES = (*RELU2_FAMILIES, "exaone4", "codegen", "clip_text", "dinov2", "clip_vision")
+MORE_LAYOUT_FAMILIES = (
+    *RELU2_FAMILIES, "exaone4", "hunyuan_v1_dense", "codegen", "clip_text", "dinov2", "clip_vision"
+)  # fmt: skip
 """Families added to the layout table from their configs' defaults and sizes: exaone4 with norms after the
-sublayers, per-head QK-norm and RoPE on its three sliding layers alone (its full fourth layer has none); clip_text
+sublayers, per-head QK-norm and RoPE on its three sliding layers alone (its full fourth layer has none);
+hunyuan_v1_dense with its per-head QK-norm after RoPE (gains spread over [0.5, 2.5], so that they differ within
+every rotating pair and the norm before RoPE is another function) and GQA 6:2; clip_text
 causal and clip_vision bidirectional (quick_gelu); dinov2 with a LayerScale on each sublayer; codegen with its fused
 qkv in 4 shards of 2 heads and RoPE on adjacent pairs of 4 of its 8 dimensions."""
 BOUNDED_CONFIG: dict[str, dict[str, object]] = {"persimmon": {"qk_layernorm": False}}
@@ -366,6 +370,8 @@ def _layout_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
         Dinov2Model,
         Exaone4Config,
         Exaone4ForCausalLM,
+        HunYuanDenseV1Config,
+        HunYuanDenseV1ForCausalLM,
         NemotronConfig,
         NemotronForCausalLM,
         PersimmonConfig,
@@ -379,6 +385,7 @@ def _layout_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
                                                              "hidden_size": 48, "intermediate_size": 37,
                                                              "max_position_embeddings": 41}),
         "exaone4": (Exaone4Config, Exaone4ForCausalLM, {**_GQA, "num_hidden_layers": 4}),  # 3 sliding, 1 full
+        "hunyuan_v1_dense": (HunYuanDenseV1Config, HunYuanDenseV1ForCausalLM, {**_GQA, "head_dim": 6}),
         "codegen": (CodeGenConfig, CodeGenForCausalLM, {"n_layer": 2, "n_head": 8, "n_embd": 64, "n_inner": 37,
                                                         "rotary_dim": 4, "n_positions": 41}),
         "dinov2": (Dinov2Config, Dinov2Model, {"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 21,
