@@ -44,7 +44,6 @@ NO_BOUNDS: dict[str, str] = {
     "lfm2": f"gated short-convolution layers beside its attention layers, {_NOT_ATTENTION}",
     "qwen3_next": f"gated DeltaNet linear-attention layers and mixture-of-experts MLPs, {_NOT_ATTENTION}",
     "hunyuan_v1_dense": "a QK-norm applied after RoPE, where attnsens' attention applies it before",
-    "apertus": "the xIELU activation, with trained parameters, whose slope attnsens does not bound",
     "modernbert": (
         "bidirectional local windows around each query and no norm before its first attention, which attnsens' "
         "attention does not compute"
