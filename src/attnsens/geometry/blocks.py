@@ -160,6 +160,8 @@ def xielu_slope_upper_bound(lower: Tensor, upper: Tensor, xielu: XIELUParameters
 def xielu_jump(xielu: XIELUParameters) -> float:
     """≥ |f(0) − f(0⁺)| = |α_n expm1(min(ε, 0))|, the jump of xIELU at 0 (0 when ε ≥ 0): expm1 within a few ulps,
     enlarged by 2⁻⁵⁰ relative before the product, rounded up."""
+    if xielu.eps >= 0 or xielu.alpha_n == 0:  # f(0) = α_n expm1(0) = 0 = f(0⁺) exactly: no jump
+        return 0.0
     exp_part = float_up(abs(math.expm1(min(xielu.eps, 0.0))) * (1.0 + 2.0**-50))
     return float_up(abs(xielu.alpha_n) * exp_part)
 
