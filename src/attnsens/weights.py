@@ -22,6 +22,7 @@ bounds read weights without loading the adapters. ``attnsens.models`` re-exports
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -42,6 +43,7 @@ __all__ = [
     "Placement",
     "RopeType",
     "RotaryConfig",
+    "XIELUParameters",
     "check_qk_norm_order",
     "check_qk_norms",
     "qk_norm_is_joint",
@@ -49,7 +51,7 @@ __all__ = [
 
 NormKind = Literal["layernorm", "rmsnorm"]
 Placement = Literal["pre", "post", "none"]
-Activation = Literal["gelu", "gelu_tanh", "relu", "silu", "quick_gelu", "relu2"]
+Activation = Literal["gelu", "gelu_tanh", "relu", "silu", "quick_gelu", "relu2", "xielu"]
 MLPKind = Literal["mlp", "gated"]
 
 
@@ -267,9 +269,33 @@ class AttentionWeights:
 
 
 @dataclass(frozen=True, kw_only=True)
+class XIELUParameters:
+    """One layer's xIELU activation (Apertus), as the module applies it:
+    f(z) = α_p z² + β z for z > 0 and α_n (expm1(min(z, ε)) − z) + β z for z ≤ 0.
+
+    ``alpha_p`` and ``alpha_n`` are the effective coefficients (transformers keeps raw parameters r_p, r_n and applies
+    α_p = softplus(r_p), α_n = β + softplus(r_n)); ``beta`` and ``eps`` are its buffers. With ε < 0 (the default,
+    −10⁻⁶) f jumps by α_n expm1(ε) at 0, so it is not continuous there.
+    """
+
+    alpha_p: float
+    alpha_n: float
+    beta: float
+    eps: float
+
+    def __post_init__(self) -> None:
+        for name in ("alpha_p", "alpha_n", "beta", "eps"):
+            value = float(getattr(self, name))
+            if not math.isfinite(value):
+                raise ConfigError(f"xIELU parameter {name} must be finite, got {value}")
+            object.__setattr__(self, name, value)  # a tensor or NumPy scalar becomes a Python float
+
+
+@dataclass(frozen=True, kw_only=True)
 class MLPWeights:
     """Positionwise map: ``w_out @ act(w_in x + b_in) + b_out`` or gated
-    ``w_out @ (act(w_gate x + b_gate) ⊙ (w_in x + b_in)) + b_out``."""
+    ``w_out @ (act(w_gate x + b_gate) ⊙ (w_in x + b_in)) + b_out``; ``xielu`` holds the parameters of the
+    activation "xielu" (given exactly for it)."""
 
     kind: MLPKind
     activation: Activation
@@ -279,8 +305,14 @@ class MLPWeights:
     b_out: Tensor | None = None  # [d_model]
     w_gate: Tensor | None = None  # [d_ff, d_model], gated kind only
     b_gate: Tensor | None = None  # [d_ff], gated kind only (Llama's mlp_bias=True)
+    xielu: XIELUParameters | None = None  # activation "xielu" only: its layer's parameters
 
     def __post_init__(self) -> None:
+        if (self.activation == "xielu") != (self.xielu is not None):
+            raise ConfigError(
+                f"xielu parameters must be given exactly when activation == 'xielu' (activation={self.activation!r}, "
+                f"xielu={self.xielu})"
+            )
         d_ff, d_model = self.w_in.shape
         if self.w_out.shape != (d_model, d_ff):
             raise ShapeError(f"w_out must be [{d_model}, {d_ff}], got {tuple(self.w_out.shape)}")

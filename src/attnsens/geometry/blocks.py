@@ -11,6 +11,17 @@ with slope at most 2 relu(ẑ + r) on [ẑ − r, ẑ + r] and at most 2 max_k(�
 {‖x‖₂ ≤ R} of a plain MLP's inputs (Cauchy–Schwarz), which is the constant ``ffn_lipschitz_upper_bound`` gives it.
 attnsens bounds it in plain MLPs only (no family gates with it).
 
+xielu (Apertus; ``attnsens.weights.XIELUParameters``) f(z) = α_p z² + β z for z > 0, α_n(expm1(min(z, ε)) − z) + β z
+for z ≤ 0 has slope 2α_p z + β for z > 0, α_n(e^z − 1) + β for z < min(ε, 0) and β − α_n on ε < z < 0: a kink at ε
+(the slope steps from α_n(e^ε − 1) + β to β − α_n) and, with ε < 0, a jump of J = |α_n expm1(ε)| at 0 (f(0) =
+α_n expm1(ε), f(0⁺) = 0). For z ≤ 0 the slope is β + α_n(s − 1) with s ∈ [0, 1], so it lies between β − α_n and β;
+for z > 0 it is at most 2|α_p| z + |β|. On [a, b] every slope, one-sided ones at the kinks included, is at most
+max(|β − α_n|, |β|) where a ≤ 0 and 2|α_p| max(b, 0) + |β| where b ≥ 0 (``xielu_slope_upper_bound``), which
+bounds the Jacobian at the actual pre-activations; the values move by at most that slope times the radius, plus J
+where the interval holds 0 and a positive point (the mean value theorem on each side of the jump). Unbounded for
+z > 0, the slope has no global constant, and with J > 0 f is Lipschitz on no set of pre-activations across 0:
+``ffn_lipschitz_upper_bound`` is infinite then, and relu2's ball constant with xielu's slopes when ε ≥ 0.
+
 Gated maps φ(x) = W_out (a(g) ⊙ u) with g = W_gate x + b_gate, u = W_in x + b_in (SwiGLU when a = silu) are not globally
 Lipschitz (the product is quadratic). Their Jacobian is W_out [diag(a'(g) ⊙ u) W_gate + diag(a(g)) W_in], so
 
@@ -64,12 +75,14 @@ from torch import Tensor
 from attnsens._rounding import (
     add_up,
     div_up,
+    float_up,
     gamma,
     mul_up,
     norm2_upper_bound,
     product_error_factor,
     spectral_norm_upper_bound,
     sqrt_down,
+    sub_down,
 )
 from attnsens.errors import ConfigError
 from attnsens.geometry.attention_bounds import (
@@ -81,7 +94,7 @@ from attnsens.geometry.enclosures import Enclosure, exact, norm_enclosure, resid
 from attnsens.geometry.jacobians import norm_jacobian_spectral_norm_upper_bound
 from attnsens.geometry.layers import activation
 from attnsens.geometry.norms import Geometry
-from attnsens.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights
+from attnsens.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights, XIELUParameters
 
 ACTIVATION_LIPSCHITZ = {"gelu": 1.128905, "gelu_tanh": 1.128994, "relu": 1.0, "silu": 1.099840, "quick_gelu": 1.099840}
 
@@ -102,28 +115,78 @@ def _sqrt_up(d: int) -> float:
     return math.nextafter(math.sqrt(d), math.inf)
 
 
+UNBOUNDED_SLOPE = {
+    "relu2": "relu2 (relu(z)²) has no global Lipschitz constant",
+    "xielu": "xielu (α_p z² + β z for z > 0) has no global Lipschitz constant",
+}
+"""Activations whose slope grows without bound: bounded on bounded sets of pre-activations, in plain MLPs only."""
+
+
 def activation_lipschitz(name: str) -> float:
-    """Certified max_z |act'(z)| for gelu, gelu_tanh, relu, silu, quick_gelu (module docstring); relu2 has none."""
+    """Certified max_z |act'(z)| for gelu, gelu_tanh, relu, silu, quick_gelu (module docstring); relu2 and xielu
+    have none."""
     try:
         return ACTIVATION_LIPSCHITZ[name]
     except KeyError:
-        if name == "relu2":
-            raise ConfigError(
-                "relu2 (relu(z)²) has no global Lipschitz constant; bound it on a bounded set of pre-activations"
-            ) from None
+        if name in UNBOUNDED_SLOPE:
+            raise ConfigError(f"{UNBOUNDED_SLOPE[name]}; bound it on a bounded set of pre-activations") from None
         raise ConfigError(f"unknown activation {name!r}; expected one of {sorted(ACTIVATION_LIPSCHITZ)}") from None
 
 
-def _slope_upper_bound(pre: Tensor, radius: Tensor, name: str) -> Tensor:
-    """≥ max |act'(z)| over z ∈ [ẑ − r, ẑ + r] entrywise: 2 relu(ẑ + r) for relu2, else the global constant."""
-    if name == "relu2":
+def xielu_slope_upper_bound(lower: Tensor, upper: Tensor, xielu: XIELUParameters) -> Tensor:
+    """≥ |f'(z)| for xIELU f at every z ∈ [lower, upper] entrywise, and ≥ both one-sided slopes at its kinks there
+    (ε, and 0): max(|β − α_n|, |β|) where lower ≤ 0, max with 2|α_p| max(upper, 0) + |β| where upper ≥ 0 (module
+    docstring), rounded up.
+
+    Args:
+        lower, upper: float64 interval ends, any equal shape.
+        xielu: the layer's parameters.
+
+    Returns:
+        float64 tensor of the shape of ``upper``; 0 where the interval is empty.
+
+    >>> from attnsens.weights import XIELUParameters
+    >>> p = XIELUParameters(alpha_p=0.5, alpha_n=2.0, beta=0.5, eps=-1e-6)
+    >>> xielu_slope_upper_bound(torch.tensor([-1.0, 1.0]), torch.tensor([-0.5, 2.0]), p)
+    tensor([1.5000, 2.5000], dtype=torch.float64)
+    """
+    beta = abs(xielu.beta)
+    negative = max(float_up(abs(xielu.beta - xielu.alpha_n)), beta)  # the slopes of z ≤ 0 lie in [β − α_n, β]
+    positive = add_up(mul_up(upper.to(torch.float64).clamp_min(0.0), 2.0 * abs(xielu.alpha_p)), beta)
+    zero = torch.zeros_like(positive)
+    return torch.maximum(torch.where(lower <= 0, negative, zero), torch.where(upper >= 0, positive, zero))
+
+
+def xielu_jump(xielu: XIELUParameters) -> float:
+    """≥ |f(0) − f(0⁺)| = |α_n expm1(min(ε, 0))|, the jump of xIELU at 0 (0 when ε ≥ 0): expm1 within a few ulps,
+    enlarged by 2⁻⁵⁰ relative before the product, rounded up."""
+    if xielu.eps >= 0 or xielu.alpha_n == 0:  # f(0) = α_n expm1(0) = 0 = f(0⁺) exactly: no jump
+        return 0.0
+    exp_part = float_up(abs(math.expm1(min(xielu.eps, 0.0))) * (1.0 + 2.0**-50))
+    return float_up(abs(xielu.alpha_n) * exp_part)
+
+
+def _params(mlp: MLPWeights) -> XIELUParameters:
+    if mlp.xielu is None:
+        raise ConfigError(f"an MLP with activation {mlp.activation!r} has no xielu parameters")
+    return mlp.xielu
+
+
+def _slope_upper_bound(pre: Tensor, radius: Tensor, mlp: MLPWeights) -> Tensor:
+    """≥ max |act'(z)| over z ∈ [ẑ − r, ẑ + r] entrywise: 2 relu(ẑ + r) for relu2, ``xielu_slope_upper_bound``
+    for xielu, else the global constant."""
+    if mlp.activation == "relu2":
         return 2.0 * add_up(pre, radius).clamp_min(0.0)  # doubling is exact
-    return torch.full_like(pre, activation_lipschitz(name))
+    if mlp.activation == "xielu":
+        return xielu_slope_upper_bound(sub_down(pre, radius), add_up(pre, radius), _params(mlp))
+    return torch.full_like(pre, activation_lipschitz(mlp.activation))
 
 
 def _check_gated_activation(mlp: MLPWeights) -> None:
-    if mlp.kind == "gated" and mlp.activation == "relu2":
-        raise ConfigError("a gated MLP with relu2 is not bounded (attnsens bounds relu2 in plain MLPs only)")
+    if mlp.kind == "gated" and mlp.activation in UNBOUNDED_SLOPE:
+        raise ConfigError(
+            f"a gated MLP with {mlp.activation} is not bounded (attnsens bounds {mlp.activation} in plain MLPs only)"
+        )
 
 
 def _rows_l2(W: Tensor) -> Tensor:
@@ -132,23 +195,31 @@ def _rows_l2(W: Tensor) -> Tensor:
 
 def ffn_lipschitz_upper_bound(mlp: MLPWeights, *, radius_l2: float | Tensor | None = None) -> Tensor:
     """‖W_out‖ Lip(act) ‖W_in‖ (plain MLP, any input) or the gated bound on {‖x‖₂ ≤ R}; relu2's plain MLP on
-    {‖x‖₂ ≤ R}: ‖W_out‖ 2 max_k(‖w_in,k‖R + |b_in,k|) ‖W_in‖ (module docstring).
+    {‖x‖₂ ≤ R}: ‖W_out‖ 2 max_k(‖w_in,k‖R + |b_in,k|) ‖W_in‖, xielu's the same with its slope bound on
+    |z_k| ≤ ‖w_in,k‖R + |b_in,k|, and infinite where xielu jumps at 0 (ε < 0; module docstring).
 
     Args:
         mlp: positionwise weights.
-        radius_l2: per-token ℓ2 radius R of the input set; required for gated maps and relu2, ignored otherwise.
+        radius_l2: per-token ℓ2 radius R of the input set; required for gated maps, relu2 and xielu, ignored
+            otherwise.
 
     Returns:
         float64 certified Lipschitz bound in the block-∞ norm (docs/math.md §2.7; gated maps: extension).
     """
     _check_gated_activation(mlp)
     w_out, w_in = spectral_norm_upper_bound(mlp.w_out), spectral_norm_upper_bound(mlp.w_in)
-    if mlp.activation == "relu2":  # slope ≤ 2 max_k |z_k| ≤ 2 max_k (‖w_in,k‖R + |b_in,k|) on the ball
+    if mlp.activation in UNBOUNDED_SLOPE:  # slopes at |z_k| ≤ ‖w_in,k‖R + |b_in,k| on the ball (Cauchy–Schwarz)
         if radius_l2 is None:
-            raise ConfigError("an MLP with relu2 is only Lipschitz on a bounded set; pass radius_l2")
+            raise ConfigError(f"an MLP with {mlp.activation} is only Lipschitz on a bounded set; pass radius_l2")
         R = torch.as_tensor(radius_l2, dtype=torch.float64)
         b = torch.zeros(()) if mlp.b_in is None else mlp.b_in.to(torch.float64).abs()
-        slope = 2.0 * add_up(mul_up(_rows_l2(mlp.w_in), R[..., None]), b).amax(dim=-1)
+        reach = add_up(mul_up(_rows_l2(mlp.w_in), R[..., None]), b)
+        if mlp.activation == "relu2":
+            slope = 2.0 * reach.amax(dim=-1)
+        elif xielu_jump(_params(mlp)) > 0:  # a jump at 0: no Lipschitz constant on a set crossing it
+            return torch.full_like(mul_up(w_out, R), math.inf)
+        else:
+            slope = xielu_slope_upper_bound(-reach, reach, _params(mlp)).amax(dim=-1)
         return mul_up(mul_up(w_out, slope), w_in)
     lip = activation_lipschitz(mlp.activation)
     if mlp.kind != "gated":
@@ -192,13 +263,19 @@ def _pre_activation(x: Tensor, W: Tensor, b: Tensor | None, input_radius: Tensor
     return value, radius
 
 
-def _activation_error(pre: Tensor, name: str) -> Tensor:
+def _activation_error(pre: Tensor, mlp: MLPWeights) -> Tensor:
     """≥ the absolute error of the float act(ẑ) and act'(ẑ) (``ACTIVATION_EVALUATION_ERROR``; relu is exact, and
-    relu2 rounds once, its square, within 2⁻⁵² ẑ², its slope 2 relu(ẑ) exact)."""
-    if name == "relu":
+    relu2 rounds once, its square, within 2⁻⁵² ẑ², its slope 2 relu(ẑ) exact). xielu's value (its slope is bounded
+    from the interval alone) takes at most five roundings and one expm1 (|expm1| ≤ 1 on z ≤ 0) on terms of
+    magnitude |α_p| ẑ², |α_n|(1 + |ẑ|) and |β ẑ|, so 2⁻⁴⁸ (32 units in the last place) times their sum is ample."""
+    if mlp.activation == "relu":
         return torch.zeros_like(pre)
-    if name == "relu2":
+    if mlp.activation == "relu2":
         return mul_up(mul_up(pre, pre), 2.0**-52)
+    if mlp.activation == "xielu":
+        p, size = _params(mlp), pre.abs()
+        terms = add_up(mul_up(mul_up(size, size), abs(p.alpha_p)), mul_up(size, abs(p.beta)))
+        return mul_up(add_up(terms, mul_up(add_up(size, 1.0), abs(p.alpha_n))), 2.0**-48)
     return mul_up(pre.abs().clamp_min(1.0), ACTIVATION_EVALUATION_ERROR)
 
 
@@ -209,9 +286,10 @@ def ffn_token_jacobian_upper_bound(x: Tensor, mlp: MLPWeights, *, input_radius: 
     The slopes are those of the real pre-activations z = W x + b, within r = γ_{d+1}(|W||x| + |b|) of the float
     ones ẑ: |act'(z)| ≤ min(Lip(act), |act'(ẑ)| + e(ẑ) + curvature·r), e the evaluation error
     (``ACTIVATION_EVALUATION_ERROR``, ``ACTIVATION_CURVATURE``); relu's slope is 1 wherever [ẑ − r, ẑ + r] reaches
-    0 or above, relu2's is at most 2 relu(ẑ + r). Gated maps bound |u| by |û| + r_u and |a(g)| by
-    |a(ĝ)| + e + Lip(a)·r_g. With ``input_radius`` δ ``[batch, query]`` the bound holds at every input within δ_t of
-    x_t: r grows by ‖w_j‖₂ δ_t per unit j, and every bound above holds on the whole interval [ẑ − r, ẑ + r]."""
+    0 or above, relu2's is at most 2 relu(ẑ + r), xielu's ``xielu_slope_upper_bound`` on [ẑ − r, ẑ + r]. Gated
+    maps bound |u| by |û| + r_u and |a(g)| by |a(ĝ)| + e + Lip(a)·r_g. With ``input_radius`` δ ``[batch, query]``
+    the bound holds at every input within δ_t of x_t: r grows by ‖w_j‖₂ δ_t per unit j, and every bound above holds
+    on the whole interval [ẑ − r, ẑ + r]."""
     x64 = x.detach().to(torch.float64)
     up, up_radius = _pre_activation(x64, mlp.w_in, mlp.b_in, input_radius)
     if mlp.kind != "gated":
@@ -220,14 +298,14 @@ def ffn_token_jacobian_upper_bound(x: Tensor, mlp: MLPWeights, *, input_radius: 
         pre, pre_radius = _pre_activation(x64, mlp.gate, mlp.b_gate, input_radius)
     pre = pre.requires_grad_(True)
     with torch.enable_grad():
-        (slope,) = torch.autograd.grad(activation(mlp.activation, pre).sum(), pre)
+        (slope,) = torch.autograd.grad(activation(mlp.activation, pre, mlp.xielu).sum(), pre)
     pre = pre.detach()
     _check_gated_activation(mlp)
-    error = _activation_error(pre, mlp.activation)
+    error = _activation_error(pre, mlp)
     if mlp.activation == "relu":
         slope_bound = (add_up(pre, pre_radius) >= 0).to(torch.float64)
-    elif mlp.activation == "relu2":
-        slope_bound = _slope_upper_bound(pre, pre_radius, "relu2")
+    elif mlp.activation in UNBOUNDED_SLOPE:
+        slope_bound = _slope_upper_bound(pre, pre_radius, mlp)
     else:
         lip = activation_lipschitz(mlp.activation)
         moved = add_up(error, mul_up(pre_radius, ACTIVATION_CURVATURE[mlp.activation]))
@@ -237,7 +315,7 @@ def ffn_token_jacobian_upper_bound(x: Tensor, mlp: MLPWeights, *, input_radius: 
         return mul_up(mul_up(w_out_norm, slope_bound.amax(dim=-1)), w_in_norm)
     gate_slopes = mul_up(slope_bound, add_up(up.abs(), up_radius)).amax(dim=-1)
     gate_term = mul_up(gate_slopes, spectral_norm_upper_bound(mlp.gate))
-    values = activation(mlp.activation, pre).abs()
+    values = activation(mlp.activation, pre, mlp.xielu).abs()
     value_bound = add_up(add_up(values, error), mul_up(pre_radius, activation_lipschitz(mlp.activation)))
     up_term = mul_up(value_bound.amax(dim=-1), w_in_norm)
     return mul_up(w_out_norm, add_up(gate_term, up_term))
@@ -249,7 +327,9 @@ def mlp_enclosure(x: Enclosure, mlp: MLPWeights) -> Enclosure:
 
     With r the pre-activations' radius (``_pre_activation``) and e the activation's evaluation error, the hidden
     units are within ε_j = Lip(act) r_j + e_j of the float ones (plain), or, for h = a(g) u,
-    |a(g)u − fl(â û)| ≤ (Lip(a) r^g_j + e_j)(|û_j| + r^u_j) + |â_j| r^u_j + γ₁|ĥ_j| (gated). The output projection
+    |a(g)u − fl(â û)| ≤ (Lip(a) r^g_j + e_j)(|û_j| + r^u_j) + |â_j| r^u_j + γ₁|ĥ_j| (gated); relu2 and xielu take
+    their slope bound on [û − r, û + r] for Lip(act), and xielu adds its jump J where that interval holds 0 and a
+    positive point (module docstring). The output projection
     maps them to ≤ ‖W_out‖ ‖ε‖₂ and adds its own rounding γ_{k+1}‖|W_out||ĥ| + |b_out|‖ (k hidden units)."""
     x64, radius = x.value, x.radius_or_none
     _check_gated_activation(mlp)
@@ -259,15 +339,18 @@ def mlp_enclosure(x: Enclosure, mlp: MLPWeights) -> Enclosure:
         gate, gate_radius = _pre_activation(x64, mlp.gate, mlp.b_gate, radius)
         gated = activation(mlp.activation, gate)
         hidden = gated * up
-        gate_error = add_up(mul_up(gate_radius, lip), _activation_error(gate, mlp.activation))
+        gate_error = add_up(mul_up(gate_radius, lip), _activation_error(gate, mlp))
         hidden_error = add_up(
             add_up(mul_up(gate_error, add_up(up.abs(), up_radius)), mul_up(gated.abs(), up_radius)),
             mul_up(hidden.abs(), gamma(1)),
         )
     else:
-        hidden = activation(mlp.activation, up)
-        slope = _slope_upper_bound(up, up_radius, mlp.activation)  # over [û − r, û + r]: the mean value theorem
-        hidden_error = add_up(mul_up(up_radius, slope), _activation_error(up, mlp.activation))
+        hidden = activation(mlp.activation, up, mlp.xielu)
+        slope = _slope_upper_bound(up, up_radius, mlp)  # over [û − r, û + r]: the mean value theorem
+        hidden_error = add_up(mul_up(up_radius, slope), _activation_error(up, mlp))
+        if mlp.activation == "xielu":  # f jumps at 0: a real z on the other side of it moves by J more
+            crosses = (sub_down(up, up_radius) <= 0) & (add_up(up, up_radius) > 0)
+            hidden_error = add_up(hidden_error, crosses.to(torch.float64) * xielu_jump(_params(mlp)))  # J or 0
     w_out = mlp.w_out.to(torch.float64)
     value = hidden @ w_out.T
     magnitude = hidden.abs() @ w_out.abs().T

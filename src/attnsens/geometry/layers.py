@@ -15,12 +15,12 @@ from torch import Tensor
 
 from attnsens.errors import ConfigError
 from attnsens.geometry.attention import mha_forward, rms_norm_forward
-from attnsens.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights
+from attnsens.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights, XIELUParameters
 
 
-def activation(name: str, x: Tensor) -> Tensor:
-    """gelu (erf), gelu_tanh, relu, silu, quick_gelu z·σ(1.702 z) (CLIP) or relu2 relu(z)² (Nemotron, Arcee)
-    applied elementwise."""
+def activation(name: str, x: Tensor, xielu: XIELUParameters | None = None) -> Tensor:
+    """gelu (erf), gelu_tanh, relu, silu, quick_gelu z·σ(1.702 z) (CLIP), relu2 relu(z)² (Nemotron, Arcee) or
+    xielu (Apertus; ``xielu_forward`` with its parameters ``xielu``) applied elementwise."""
     if name == "gelu":
         return torch.nn.functional.gelu(x)
     if name == "gelu_tanh":
@@ -33,7 +33,23 @@ def activation(name: str, x: Tensor) -> Tensor:
         return x * torch.sigmoid(1.702 * x)
     if name == "relu2":
         return torch.relu(x).square()
-    raise ConfigError(f"unknown activation {name!r}; expected gelu, gelu_tanh, relu, silu, quick_gelu or relu2")
+    if name == "xielu":
+        if xielu is None:
+            raise ConfigError("the activation xielu needs its parameters (MLPWeights.xielu)")
+        return xielu_forward(x, xielu)
+    raise ConfigError(f"unknown activation {name!r}; expected gelu, gelu_tanh, relu, silu, quick_gelu, relu2 or xielu")
+
+
+def xielu_forward(x: Tensor, xielu: XIELUParameters) -> Tensor:
+    """xIELU elementwise: α_p z² + β z for z > 0, α_n (expm1(min(z, ε)) − z) + β z for z ≤ 0, in the operations and
+    order of transformers' ``XIELUActivation`` (``attnsens.weights.XIELUParameters``).
+
+    >>> from attnsens.weights import XIELUParameters
+    >>> xielu_forward(torch.tensor([2.0, 0.0]), XIELUParameters(alpha_p=0.5, alpha_n=1.0, beta=0.5, eps=0.0))
+    tensor([3., 0.])
+    """
+    negative = (torch.expm1(torch.clamp_max(x, xielu.eps)) - x) * xielu.alpha_n + xielu.beta * x
+    return torch.where(x > 0, xielu.alpha_p * x * x + xielu.beta * x, negative)
 
 
 def norm_forward(x: Tensor, norm: NormWeights) -> Tensor:
@@ -55,9 +71,9 @@ def mlp_forward(x: Tensor, mlp: MLPWeights) -> Tensor:
         gate = x @ mlp.gate.to(x.dtype).T
         if mlp.b_gate is not None:
             gate = gate + mlp.b_gate.to(x.dtype)
-        hidden = activation(mlp.activation, gate) * hidden
+        hidden = activation(mlp.activation, gate, mlp.xielu) * hidden
     else:
-        hidden = activation(mlp.activation, hidden)
+        hidden = activation(mlp.activation, hidden, mlp.xielu)
     out = hidden @ mlp.w_out.to(x.dtype).T
     return out if mlp.b_out is None else out + mlp.b_out.to(x.dtype)
 

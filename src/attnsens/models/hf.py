@@ -19,7 +19,7 @@ from torch import Tensor
 from attnsens.errors import InputError, ShapeError, UnsupportedModelError
 from attnsens.models.adapter import OUTPUT_FIELDS, ModelAdapter, ModelSpec, QueryKeyCallback, StopForward
 from attnsens.models.hf_tap import exposes_scores, hf_query_key_tap, scores_tap
-from attnsens.weights import ROPE_TYPES, Activation, MLPWeights, NormWeights, RotaryConfig
+from attnsens.weights import ROPE_TYPES, Activation, MLPWeights, NormWeights, RotaryConfig, XIELUParameters
 
 HFModule = Any
 """A transformers model or one of its submodules, read by the attribute names of its family (``block.attn.c_attn``,
@@ -375,10 +375,34 @@ def activation_of(name: str) -> Activation:
         "quick_gelu": "quick_gelu",
         "silu": "silu",
         "swish": "silu",
+        "xielu": "xielu",  # with its parameters, read by xielu_parameters
     }
     if name not in known:
         raise UnsupportedModelError(f"activation {name!r} is not supported; supported: {', '.join(known)}")
     return known[name]
+
+
+def xielu_parameters(module: HFModule) -> XIELUParameters:
+    """The parameters of transformers' ``XIELUActivation`` as its forward applies them: α_p = softplus(alpha_p) and
+    α_n = beta + softplus(alpha_n) evaluated as the module evaluates them (in its parameters' own type), and its
+    buffers beta and eps, each held exactly as a float64.
+
+    Raises:
+        UnsupportedModelError: the module lacks one of them, or holds more than one value of one.
+    """
+    names = ("alpha_p", "alpha_n", "beta", "eps")
+    values = [getattr(module, name, None) for name in names]
+    tensors = [value.detach() for value in values if isinstance(value, Tensor) and value.numel() == 1]
+    if len(tensors) != len(names):
+        raise UnsupportedModelError(
+            f"{type(module).__name__} is not transformers' xIELU: attnsens reads one value each of "
+            f"{', '.join(names)}; a module without them is not bounded"
+        )
+    raw_p, raw_n, beta, eps = tensors
+    softplus = torch.nn.functional.softplus
+    return XIELUParameters(
+        alpha_p=float(softplus(raw_p)), alpha_n=float(beta + softplus(raw_n)), beta=float(beta), eps=float(eps)
+    )
 
 
 def layer_norm(module: HFModule, *, eps: float | None = None) -> NormWeights:

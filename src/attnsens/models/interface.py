@@ -44,7 +44,6 @@ NO_BOUNDS: dict[str, str] = {
         "gated DeltaNet linear-attention layers, and attention blocks whose output is gated by the input and whose "
         "MLP is a mixture of experts"
     ),
-    "apertus": "the xIELU activation, with trained parameters, whose slope attnsens does not bound",
     "modernbert": (
         "bidirectional local windows around each query and no norm before its first attention, which attnsens' "
         "attention does not compute"

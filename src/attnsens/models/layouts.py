@@ -8,10 +8,12 @@ one RoPE per layer type), OLMo 2 (norms after each sublayer only, QK-norm over a
 sliding windows), Phi, Phi-3, StableLM, StarCoder2, Cohere (Cohere 2 with windows, RoPE on its sliding layers alone),
 BioGPT, OPT, GPT-J, CodeGen (GPT-J's block, its fused qkv in model-parallel shards), BLOOM and MPT (ALiBi; their
 taps live in ``bloom`` and ``mpt``), Falcon (``falcon`` picks its arrangement), Arcee, Nemotron (LayerNorms scaling by
-1 + w) and Persimmon (relu² MLPs), EXAONE 4 (OLMo 2's block, windows and RoPE on its sliding layers alone), HunYuan
-dense (Llama's block with a per-head QK-norm after RoPE, and RoPE's base stretched by its NTK α), CLIP's
-text tower, and the encoders BERT (all-MiniLM-L6-v2), RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA, DistilBERT, ViT,
-CLIP's vision tower and DINOv2 (a LayerScale on each sublayer).
+1 + w) and Persimmon (relu² MLPs), Apertus (per-head QK-norm, a plain MLP whose xIELU activation has trained
+parameters, read from each layer's activation module), EXAONE 4 (OLMo 2's block, windows and RoPE on its sliding
+layers alone), HunYuan dense (Llama's block with a per-head QK-norm after RoPE, and RoPE's base stretched by its NTK
+α), CLIP's text tower, and the encoders BERT (all-MiniLM-L6-v2), RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA,
+DistilBERT, ViT, CLIP's vision tower and DINOv2 (a LayerScale on each sublayer). The hybrids Bamba, Jamba, LFM2 and
+Granite 4 are read on their attention blocks alone (``BlockLayout.hybrid``).
 
 A :class:`BlockLayout` says where a family keeps each part of a block and what it does differently: fused
 projections (Phi-3's ``qkv_proj`` = [q; k; v] rows, ``gate_up_proj`` = [gate; up] rows), Gemma's RMSNorm scale
@@ -56,6 +58,7 @@ from attnsens.models.hf import (
     split_bias,
     split_heads,
     vision_positions,
+    xielu_parameters,
 )
 from attnsens.models.hf_tap import exposes_scores
 from attnsens.models.offload import LayerSequence, is_offloaded
@@ -104,6 +107,7 @@ class BlockLayout:
     # checked on each module as it is read (hf.check_norm_eps)
     gamma_offset: float = 0.0  # Gemma's RMSNorm multiplies by (1 + weight)
     activation: str = "hidden_act"  # config attribute naming the MLP activation
+    activation_module: str = "mlp.act_fn"  # the activation's module, read for one with parameters (xIELU)
     fixed_activation: Activation | None = None  # the activation of families whose config names none (BLOOM)
     rotary: Literal["rope_parameters", "gptj", "none"] = "rope_parameters"  # gptj: base 10⁴, pairs, rotary_dim
     parallel_residual: bool = False  # X + Attn(N1(X)) + MLP(N2(X)) (GPT-J: N1 = N2 = ln_1)
@@ -303,6 +307,9 @@ LAYOUTS: dict[str, BlockLayout] = {
     # module's scaling and its embedding_multiplier comes before the blocks, both read as every layout's.
     "granite": BlockLayout(residual_multiplier="residual_multiplier"),
     "arcee": BlockLayout(gate=None),  # Llama with a plain MLP (relu²)
+    "apertus": BlockLayout(  # Llama's attention with per-head QK-norm, a plain MLP (xIELU, trained per layer)
+        gate=None, attn_norm="attention_layernorm", mlp_norm="feedforward_layernorm", qk_norm=True
+    ),
     "nemotron": BlockLayout(  # Llama's names, LayerNorms that multiply by (1 + w), a plain MLP (relu²), partial RoPE
         gate=None, norm="layernorm", gamma_offset=1.0
     ),
@@ -845,6 +852,7 @@ class LayoutAdapter(HFAdapter):
         return MLPWeights(
             kind="mlp" if w_gate is None else "gated",
             activation=activation,
+            xielu=xielu_parameters(_get(block, lay.activation_module)) if activation == "xielu" else None,
             w_in=w_in,
             b_in=b_in,
             w_gate=w_gate,

@@ -9,9 +9,10 @@ metadata key ``attnsens.layers``: a JSON list with, per layer, ``placement``, ``
 ``activation``, ``norm_kind``, ``norm_eps`` ([attn, mlp]), ``residual_scale``, ``parallel_residual``, ``rotary``
 (null or the fields of ``RotaryConfig``), ``sliding_window`` (null or an int), ``qk_norm_eps`` ([q, k], the
 QK-norms' ε), ``qk_norm_after_rotary`` (whether they follow RoPE), ``softcap`` (null or the logit cap) and, for the
-norms after each sublayer, ``out_norm_kinds`` and ``out_norm_eps`` ([attn, mlp], null where a layer has none). Files
-written before a key existed lack it: no sliding window, no QK-norm (or one before RoPE), no softcap, no norms after
-the sublayers.
+norms after each sublayer, ``out_norm_kinds`` and ``out_norm_eps`` ([attn, mlp], null where a layer has none) and
+``xielu`` (null or the fields of ``XIELUParameters``, the activation's parameters). Files written before a key
+existed lack it: no sliding window, no QK-norm (or one before RoPE), no softcap, no norms after the sublayers, no
+xIELU parameters.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 from torch import Tensor
 
 from attnsens.errors import FileFormatError
-from attnsens.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights, RotaryConfig
+from attnsens.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights, RotaryConfig, XIELUParameters
 
 FORMAT_KEY = "attnsens.layers"
 
@@ -71,6 +72,7 @@ def save_layer_weights(layers: Sequence[LayerWeights], path: str | os.PathLike[s
             "softcap": layer.attention.softcap,
             "out_norm_kinds": [None if n is None else n.kind for n in out_norms],
             "out_norm_eps": [None if n is None else n.eps for n in out_norms],
+            "xielu": None if layer.mlp.xielu is None else vars(layer.mlp.xielu),
         })  # fmt: skip
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -133,7 +135,11 @@ def _layer_from(tensors: dict[str, Tensor], i: int, cfg: dict[str, Any]) -> Laye
         q_norm=qk_norm("q_norm", qk_eps[0]), k_norm=qk_norm("k_norm", qk_eps[1]), softcap=cfg.get("softcap"),
         qk_norm_after_rotary=bool(cfg.get("qk_norm_after_rotary", False)),
     )  # fmt: skip
-    mlp = MLPWeights(kind=cfg["mlp_kind"], activation=cfg["activation"], **mlp_tensors)
+    xielu = cfg.get("xielu")
+    mlp = MLPWeights(
+        kind=cfg["mlp_kind"], activation=cfg["activation"], **mlp_tensors,
+        xielu=None if xielu is None else XIELUParameters(**xielu),
+    )  # fmt: skip
     return LayerWeights(
         index=i, placement=cfg["placement"], attention=attention, mlp=mlp,
         attn_norm=norm("attn_norm", cfg["norm_eps"][0]), mlp_norm=norm("mlp_norm", cfg["norm_eps"][1]),

@@ -552,6 +552,15 @@ MORE_MUTATIONS = {
         "nemotron", 0, "attn_norm", lambda a: _set(a, 0, "attn_norm", gamma=a.layers[0].attn_norm.gamma - 1.0)
     ),
     "arcee: relu in place of relu²": ("arcee", 0, "mlp", lambda a: _set(a, 0, "mlp", activation="relu")),
+    "apertus: xIELU's α_p and α_n swapped": ("apertus", 0, "mlp", lambda a: _set(
+        a, 0, "mlp", xielu=replace(a.layers[0].mlp.xielu, alpha_p=a.layers[0].mlp.xielu.alpha_n,
+                                   alpha_n=a.layers[0].mlp.xielu.alpha_p))),
+    "apertus: layer 1's xIELU read for layer 0": (
+        "apertus", 0, "mlp", lambda a: _set(a, 0, "mlp", xielu=a.layers[1].mlp.xielu)
+    ),
+    "apertus: α_n without its β (softplus alone)": ("apertus", 1, "mlp", lambda a: _set(
+        a, 1, "mlp", xielu=replace(a.layers[1].mlp.xielu,
+                                   alpha_n=a.layers[1].mlp.xielu.alpha_n - a.layers[1].mlp.xielu.beta))),
     "persimmon: fused qkv read in [q; k; v] blocks": (
         "persimmon", 0, "attention", lambda a: _reread(a, qkv_order="blocks")
     ),
@@ -613,6 +622,30 @@ def test_hunyuan_qk_norm_after_rope_survives_the_weights_file_and_is_bounded_fro
     table = bound_model(back, seq_len=11, n_queries=2, iterations=3)
     layer_rows = table[table["head"] == -1]
     assert (layer_rows["mha_jacobian_estimate"] <= layer_rows["mha_local_jacobian_upper_bound"]).all()
+
+
+def test_apertus_reads_each_layers_xielu_as_its_module_applies_it(tmp_path) -> None:
+    """α_p = softplus(alpha_p), α_n = β + softplus(alpha_n), β and ε of each layer's own module (drawn per layer by
+    the test model), kept by the weights file and bounded from it."""
+    from attnsens.store.layer_weights import load_layer_weights, save_layer_weights
+
+    model = tiny_model("apertus")
+    layers = M.load(model).layers
+    softplus = torch.nn.functional.softplus
+    for block, layer in zip(model.model.layers, layers, strict=True):
+        act = block.mlp.act_fn
+        with torch.no_grad():
+            expected = (softplus(act.alpha_p), act.beta + softplus(act.alpha_n), act.beta, act.eps)
+        assert layer.mlp.xielu is not None
+        read = (layer.mlp.xielu.alpha_p, layer.mlp.xielu.alpha_n, layer.mlp.xielu.beta, layer.mlp.xielu.eps)
+        assert read == tuple(float(value) for value in expected)
+    assert layers[0].mlp.xielu != layers[1].mlp.xielu
+    back = load_layer_weights(save_layer_weights(layers, tmp_path / "w.safetensors"))
+    assert [layer.mlp.xielu for layer in back] == [layer.mlp.xielu for layer in layers]
+    table = bound_model(back, seq_len=11, n_queries=2, iterations=3)
+    layer_rows = table[table["head"] == -1]
+    assert (layer_rows["block_jacobian_estimate"] <= layer_rows["residual_jacobian_upper_bound"]).all()
+    assert (layer_rows["block_lipschitz_upper_bound"] == float("inf")).all()  # xIELU jumps at 0 (ε = −10⁻⁶)
 
 
 def test_persimmon_with_its_default_layernorm_qk_norm_is_audited_but_not_bounded() -> None:

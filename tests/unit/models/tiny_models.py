@@ -197,6 +197,7 @@ def tiny_model(family: str, *, attn_implementation: str = "sdpa", seed: int = 0,
     extra = {"add_pooling_layer": False} if family in ("bert", "roberta", "xlm-roberta", "camembert") else {}
     model = model_class(settings, **extra)
     spread_weights(model)
+    spread_xielu_parameters(model)
     if family in OUT_NORM_FAMILIES:
         spread_norm_gains(model)
     return model.eval()
@@ -235,6 +236,17 @@ def spread_weights(model: torch.nn.Module) -> None:
                 parameter.normal_(0.0, 0.1)
             elif name.endswith(("q_norm.weight", "k_norm.weight", "query_layernorm.weight", "key_layernorm.weight")):
                 parameter.uniform_(0.5, 2.5)  # trained QK-norm scales are far from 1; ones would hide a dropped norm
+
+
+def spread_xielu_parameters(model: torch.nn.Module) -> None:
+    """Draw every xIELU activation's raw α_p, α_n and its β afresh, layer by layer (Apertus): at the defaults every
+    layer's activation is the same, and α_p, α_n, β read from the wrong layer, swapped or unset would pass."""
+    ranges = {"act_fn.alpha_p": (-0.5, 1.5), "act_fn.alpha_n": (-1.5, 0.5), "act_fn.beta": (0.3, 0.7)}
+    with torch.no_grad():
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            for suffix, (low, high) in ranges.items():
+                if name.endswith(suffix):
+                    tensor.uniform_(low, high)
 
 
 def spread_norm_gains(model: torch.nn.Module, std: float = 0.2) -> None:
@@ -347,12 +359,13 @@ def _interface_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
 RELU2_FAMILIES = ("arcee", "nemotron", "persimmon")
 """Decoders with a plain relu² MLP; persimmon's default LayerNorm QK-norm is turned off where it is bounded."""
 MORE_LAYOUT_FAMILIES = (
-    *RELU2_FAMILIES, "exaone4", "hunyuan_v1_dense", "codegen", "clip_text", "dinov2", "clip_vision"
+    *RELU2_FAMILIES, "apertus", "exaone4", "hunyuan_v1_dense", "codegen", "clip_text", "dinov2", "clip_vision"
 )  # fmt: skip
 """Families added to the layout table from their configs' defaults and sizes: exaone4 with norms after the
-sublayers, per-head QK-norm and RoPE on its three sliding layers alone (its full fourth layer has none);
-hunyuan_v1_dense with its per-head QK-norm after RoPE (gains spread over [0.5, 2.5], so that they differ within
-every rotating pair and the norm before RoPE is another function) and GQA 6:2; clip_text
+sublayers, per-head QK-norm and RoPE on its three sliding layers alone (its full fourth layer has none); apertus
+with per-head QK-norm, llama3 RoPE and a plain xIELU MLP (its parameters drawn per layer by
+``spread_xielu_parameters``); hunyuan_v1_dense with its per-head QK-norm after RoPE (gains spread over [0.5, 2.5],
+so that they differ within every rotating pair and the norm before RoPE is another function) and GQA 6:2; clip_text
 causal and clip_vision bidirectional (quick_gelu); dinov2 with a LayerScale on each sublayer; codegen with its fused
 qkv in 4 shards of 2 heads and RoPE on adjacent pairs of 4 of its 8 dimensions."""
 BOUNDED_CONFIG: dict[str, dict[str, object]] = {"persimmon": {"qk_layernorm": False}}
@@ -362,6 +375,8 @@ BOUNDED_CONFIG: dict[str, dict[str, object]] = {"persimmon": {"qk_layernorm": Fa
 def _layout_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
     """Families bounded through the layout table, from their configs' defaults and sizes alone."""
     from transformers import (
+        ApertusConfig,
+        ApertusForCausalLM,
         ArceeConfig,
         ArceeForCausalLM,
         CodeGenConfig,
@@ -380,6 +395,7 @@ def _layout_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
 
     return {
         "arcee": (ArceeConfig, ArceeForCausalLM, _GQA),
+        "apertus": (ApertusConfig, ApertusForCausalLM, _GQA),
         "nemotron": (NemotronConfig, NemotronForCausalLM, {**_GQA, "hidden_size": 48}),  # half of d_head 8 rotates
         "persimmon": (PersimmonConfig, PersimmonForCausalLM, {"num_hidden_layers": 2, "num_attention_heads": 6,
                                                              "hidden_size": 48, "intermediate_size": 37,
