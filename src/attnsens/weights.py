@@ -12,6 +12,9 @@ bounds read weights without loading the adapters. ``attnsens.models`` re-exports
 * ``tau`` is the softmax temperature (``sqrt(d_head)`` for scaled dot-product attention): ``p = softmax(q·k / tau)``.
 * ``softcap`` c (Gemma 2): ``p = softmax(c·tanh(q·k / (tau·c)))``.
 * ``alibi_slopes`` m (BLOOM): ``p_ij = softmax_j(q_i·k_j / tau + m_h (j − i))``, a bias independent of the input.
+* ``sliding_window`` w: query i sees the keys at distance i − j < w before it, its own included (causal: Mistral,
+  Qwen2, Gemma 2), or at distance |i − j| < w on either side (bidirectional: ModernBERT's local layers, whose
+  module keeps w = local_attention // 2 + 1, so that each query sees local_attention // 2 keys on each side).
 * QK-norm (``q_norm``, ``k_norm``): ``q = R_t N_q(w_q[h] @ x + b_q[h])``, an RMSNorm over each head's d_head
   coordinates (gamma ``[d_head]``, shared by the heads) between the projection and RoPE; or, with gamma
   ``[head·d_head]`` (``[kv_head·d_head]`` for keys), one RMSNorm over all heads' projections at once (OLMo 2).
@@ -187,7 +190,8 @@ class AttentionWeights:
     tau: float
     causal: bool
     rotary: RotaryConfig | None = None
-    sliding_window: int | None = None  # causal only: query t sees keys t − window < j ≤ t (Mistral, Qwen2, Phi-3)
+    sliding_window: int | None = None  # causal: query i sees keys i − w < j ≤ i (Mistral, Qwen2, Phi-3);
+    # bidirectional: |i − j| < w (ModernBERT)
     q_norm: NormWeights | None = None  # QK-norm: RMSNorm over each head's d_head (Qwen3, Gemma 3) or all heads (OLMo 2)
     k_norm: NormWeights | None = None  # likewise for keys; both act after the biases and before RoPE
     qk_norm_after_rotary: bool = False  # the per-head q_norm/k_norm act after RoPE instead (HunYuan)
@@ -195,10 +199,8 @@ class AttentionWeights:
     alibi_slopes: Tensor | None = None  # [head] ALiBi (BLOOM): head h adds m_h·(j − i) to the score of key j
 
     def __post_init__(self) -> None:
-        if self.sliding_window is not None and (not self.causal or self.sliding_window < 1):
-            raise ConfigError(
-                f"sliding_window={self.sliding_window} needs causal attention and a window of at least 1 key"
-            )
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ConfigError(f"sliding_window={self.sliding_window} must be at least 1 (the query's own key)")
         if self.w_q.ndim != 3 or self.w_k.ndim != 3 or self.w_v.ndim != 3:
             raise ShapeError(
                 "w_q, w_k, w_v must be [head, d_head, d_model]; got "
@@ -344,6 +346,11 @@ class LayerWeights:
     placement ``"pre"``:  X ← X + Attn(N1(X)); X ← X + MLP(N2(X))
     placement ``"post"``: X ← N1(X + Attn(X)); X ← N2(X + MLP(X))
     placement ``"none"``: X ← X + Attn(X);     X ← X + MLP(X)      (attn_norm and mlp_norm are None)
+
+    A "pre" layer may lack N1 alone (``attn_norm`` None, never beside ``parallel_residual``): its attention reads
+    the residual stream itself, X ← X + Attn(X); X ← X + MLP(N2(X)) (ModernBERT's first layer, whose embeddings end
+    with a norm).
+
     ``residual_scale`` is DeepNorm's α (X ← N(α X + F(X))); 1 otherwise.
     ``parallel_residual`` (GPT-NeoX/Pythia, pre placement only): X ← X + Attn(N1(X)) + MLP(N2(X)), both
     sublayers reading the block input.
@@ -368,14 +375,20 @@ class LayerWeights:
     mlp_out_norm: NormWeights | None = None
 
     def __post_init__(self) -> None:
-        has_norms = self.attn_norm is not None and self.mlp_norm is not None
-        if (self.placement == "none") == has_norms:
+        if self.placement == "none" and (self.attn_norm is not None or self.mlp_norm is not None):
+            raise ConfigError(f"layer {self.index}: placement 'none' requires no attn_norm or mlp_norm")
+        if self.placement == "post" and (self.attn_norm is None or self.mlp_norm is None):
+            raise ConfigError(f"layer {self.index}: placement 'post' requires both attn_norm and mlp_norm")
+        if self.placement == "pre" and self.mlp_norm is None:
             raise ConfigError(
-                f"layer {self.index}: placement {self.placement!r} requires "
-                + ("no attn_norm or mlp_norm" if self.placement == "none" else "both attn_norm and mlp_norm")
+                f"layer {self.index}: placement 'pre' requires mlp_norm (and attn_norm, unless the attention reads "
+                "the residual stream itself)"
             )
-        if self.parallel_residual and self.placement != "pre":
-            raise ConfigError(f"layer {self.index}: parallel_residual needs placement 'pre', got {self.placement!r}")
+        if self.parallel_residual and (self.placement != "pre" or self.attn_norm is None):
+            raise ConfigError(
+                f"layer {self.index}: parallel_residual needs placement 'pre' with both norms, got "
+                f"{self.placement!r}" + (" without attn_norm" if self.placement == "pre" else "")
+            )
         if self.has_out_norms:
             if self.placement == "post":
                 raise ConfigError(
@@ -388,17 +401,34 @@ class LayerWeights:
                 )
 
     @property
+    def attention_reads_stream(self) -> bool:
+        """Whether the attention sublayer reads the block input itself: every placement but "pre", and a "pre"
+        layer without ``attn_norm``."""
+        return self.placement != "pre" or self.attn_norm is None
+
+    @property
     def has_out_norms(self) -> bool:
         """Whether a norm follows either sublayer (``attn_out_norm`` or ``mlp_out_norm`` is set)."""
         return self.attn_out_norm is not None or self.mlp_out_norm is not None
 
     def norms(self) -> tuple[NormWeights, NormWeights]:
-        """``(attn_norm, mlp_norm)`` of a "pre" or "post" layer, typed as present (``__post_init__`` guarantees
-        both for those placements), so a branch on the placement reads them without rechecking each for None.
+        """``(attn_norm, mlp_norm)`` of a "post" layer or a "pre" layer with both, typed as present
+        (``__post_init__`` guarantees both for "post"), so a branch reads them without rechecking each for None.
+
+        Raises:
+            ConfigError: placement "none", which has no norms, or a "pre" layer without ``attn_norm``.
+        """
+        if self.attn_norm is None or self.mlp_norm is None:
+            missing = "norms" if self.placement == "none" else "attn_norm"
+            raise ConfigError(f"layer {self.index}: placement {self.placement!r} has no {missing}")
+        return self.attn_norm, self.mlp_norm
+
+    def mlp_pre_norm(self) -> NormWeights:
+        """``mlp_norm`` of a "pre" or "post" layer, typed as present (``__post_init__`` guarantees it there).
 
         Raises:
             ConfigError: placement "none", which has no norms.
         """
-        if self.attn_norm is None or self.mlp_norm is None:
-            raise ConfigError(f"layer {self.index}: placement {self.placement!r} has no norms")
-        return self.attn_norm, self.mlp_norm
+        if self.mlp_norm is None:
+            raise ConfigError(f"layer {self.index}: placement {self.placement!r} has no mlp_norm")
+        return self.mlp_norm

@@ -9,7 +9,14 @@ convention is the RMS variant ‖X‖_{∞,rms} = max_i ‖x_i‖₂/√d; the �
 
 from __future__ import annotations
 
-from attnsens.geometry.attention import AttentionBiases, AttentionForward, apply_rotary, causal_mask, mha_forward
+from attnsens.geometry.attention import (
+    AttentionBiases,
+    AttentionForward,
+    apply_rotary,
+    causal_mask,
+    mha_forward,
+    window_mask,
+)
 from attnsens.geometry.attention_bounds import (
     MHALipschitzBounds,
     MHALocalJacobianBounds,
@@ -99,4 +106,5 @@ __all__ = [
     "spectral_norm",
     "token_mixing_operator_norm",
     "tokenwise_linear_operator_norm",
+    "window_mask",
 ]

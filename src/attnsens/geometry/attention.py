@@ -1,8 +1,9 @@
 """Reference multi-head attention built from normalized weights: scores, rows, head outputs (docs/math.md §2.6).
 
 This forward pass is the function every attention bound is about, written for reading, not speed: queries,
-keys and values per head, optional rotary embedding (RoPE), causal or arbitrary masks, grouped-query attention
-(query head h reads key/value head h // (head / kv_head)), temperature τ, output projection W_O.
+keys and values per head, optional rotary embedding (RoPE), causal, sliding-window (causal or bidirectional) or
+arbitrary masks, grouped-query attention (query head h reads key/value head h // (head / kv_head)), temperature τ,
+output projection W_O.
 
 RoPE preserves norms. For position t the rotary map R_t acts on each rotating pair of coordinates
 (a, b) ↦ (a cos φ − b sin φ, a sin φ + b cos φ) and leaves the others fixed, so R_t is orthogonal:
@@ -167,9 +168,24 @@ def causal_mask(n_query: int, device: torch.device | None = None, *, window: int
     return allowed if window is None else allowed.triu(-(window - 1))
 
 
+def window_mask(n_query: int, device: torch.device | None = None, *, window: int) -> Tensor:
+    """Boolean ``[query, key]`` mask of a bidirectional sliding window: True where |query − key| < window (the
+    query's own key and window − 1 on either side; transformers' ``sliding_window_bidirectional_overlay`` of a
+    half-window w is window = w + 1, which ModernBERT's attention modules keep as their ``sliding_window``).
+
+    >>> window_mask(4, window=2).int().tolist()
+    [[1, 1, 0, 0], [1, 1, 1, 0], [0, 1, 1, 1], [0, 0, 1, 1]]
+    """
+    allowed = torch.ones(n_query, n_query, dtype=torch.bool, device=device)
+    return allowed.triu(-(window - 1)).tril(window - 1)
+
+
 def attention_mask_of(weights: AttentionWeights, n_query: int, device: torch.device | None = None) -> Tensor | None:
-    """The ``[query, key]`` mask of an attention sublayer: causal (windowed when ``sliding_window``) or None."""
-    return causal_mask(n_query, device, window=weights.sliding_window) if weights.causal else None
+    """The ``[query, key]`` mask of an attention sublayer: causal (windowed when ``sliding_window``), a
+    bidirectional window, or None (every key)."""
+    if weights.causal:
+        return causal_mask(n_query, device, window=weights.sliding_window)
+    return None if weights.sliding_window is None else window_mask(n_query, device, window=weights.sliding_window)
 
 
 def rotary_inverse_frequencies(rotary: RotaryConfig, n_positions: int, device: torch.device | None = None) -> Tensor:

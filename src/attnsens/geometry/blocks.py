@@ -37,7 +37,9 @@ Block bounds. Norm outputs lie in a ball independent of the input (v1 Lemma 3.3,
 ‖γ‖_∞ + ‖β‖_rms, since ‖ẑ‖_rms ≤ 1 for LayerNorm and ‖x̂‖_rms ≤ 1 for RMSNorm. Pre-LN (T7):
 Lip(block) ≤ (1 + Lip(N₁) L_MHA(R₁))(1 + Lip(N₂) L_FFN(R₂)) with Lip(N) = ‖γ‖_∞/√ε globally. The σ_min variant
 of T7 is not a Lipschitz constant (the set {σ(x) ≥ σ_min} is not convex); it is used here only in local Jacobian
-bounds at actual inputs, where ‖J_N(x)‖ ≤ ‖γ‖_∞/σ(x) per token is certified.
+bounds at actual inputs, where ‖J_N(x)‖ ≤ ‖γ‖_∞/σ(x) per token is certified. A pre-LN block without N₁ (ModernBERT's
+first, whose embeddings end with a norm) has attention half x + A(x): its Jacobian I + J_A has no norm factor, and
+globally (1 + L_MHA(R_in))(1 + Lip(N₂) L_FFN(R₂)) holds on {‖X‖_{∞,rms} ≤ R_in}, the MLP still reading N₂'s ball.
 
 Norms after the sublayers (``LayerWeights.attn_out_norm`` N_ao, ``mlp_out_norm`` N_mo; Gemma 2/3 with pre-norms,
 OLMo 2 without). The attention half is h = x + N_ao(A(u)) with u = N₁(x) (pre) or u = x (none). Its Jacobian is
@@ -414,12 +416,14 @@ class BlockLipschitzBound:
 
 def block_lipschitz_upper_bound(layer: LayerWeights, *, input_radius_rms: float | None = None) -> BlockLipschitzBound:
     """Pre-LN: (1 + Lip(N₁) L_MHA)(1 + Lip(N₂) L_FFN) on all inputs (T7); post-LN / DeepNorm:
-    Lip(N₂)(α + L_FFN) Lip(N₁)(α + L_MHA) and no-norm: (1 + L_FFN)(1 + L_MHA), both on {‖X‖_{∞,rms} ≤ R_in}.
-    Norms after the sublayers multiply their branch by Lip(N_ao), Lip(N_mo) (module docstring).
+    Lip(N₂)(α + L_FFN) Lip(N₁)(α + L_MHA), no-norm: (1 + L_FFN)(1 + L_MHA) and pre-LN without N₁:
+    (1 + L_MHA)(1 + Lip(N₂) L_FFN), all three on {‖X‖_{∞,rms} ≤ R_in}. Norms after the sublayers multiply their
+    branch by Lip(N_ao), Lip(N_mo) (module docstring).
 
     Args:
         layer: the block's weights.
-        input_radius_rms: R_in, required for "post" and "none" placements (attention sees the raw input there).
+        input_radius_rms: R_in, required where the attention sees the raw input ("post", "none", and "pre"
+            without attn_norm).
 
     Returns:
         ``BlockLipschitzBound`` (docs/math.md T7; post/none placements and norms after the sublayers: the same
@@ -448,7 +452,7 @@ def block_lipschitz_upper_bound(layer: LayerWeights, *, input_radius_rms: float 
         """``value`` times the Lipschitz bound of a norm after the sublayer, rounded up (as is without one)."""
         return value if norm is None else mul_up(value, lipschitz)
 
-    if layer.placement == "pre":
+    if layer.placement == "pre" and layer.attn_norm is not None:
         attn_norm, mlp_norm = layer.norms()
         r_attn = mul_up(norm_output_radius_rms(attn_norm), _sqrt_up(d))
         r_mlp = mul_up(norm_output_radius_rms(mlp_norm), _sqrt_up(d))
@@ -463,9 +467,19 @@ def block_lipschitz_upper_bound(layer: LayerWeights, *, input_radius_rms: float 
             bound = mul_up(first, add_up(times_out(mul_up(n2, lip_ffn), layer.mlp_out_norm, n_mo), 1.0))
         return result(bound, lip_attn, lip_ffn, n1, n2)
     if input_radius_rms is None:
-        raise ConfigError(f"placement {layer.placement!r} needs input_radius_rms (attention reads the raw input)")
+        raise ConfigError(
+            f"placement {layer.placement!r}{' without attn_norm' if layer.placement == 'pre' else ''} needs "
+            "input_radius_rms (attention reads the raw input)"
+        )
     r_in = mul_up(torch.as_tensor(input_radius_rms, dtype=torch.float64), _sqrt_up(d))
     lip_attn = attention_lipschitz(layer.attention, r_in)
+    if layer.placement == "pre":  # no N1: X + A(X), then + F(N2 ·), N2's output in its reset ball (T6)
+        mlp_norm = layer.mlp_pre_norm()
+        lip_ffn = ffn_lipschitz_upper_bound(layer.mlp, radius_l2=mul_up(norm_output_radius_rms(mlp_norm), _sqrt_up(d)))
+        n2 = norm_lipschitz_upper_bound(mlp_norm)
+        first = add_up(times_out(lip_attn, layer.attn_out_norm, n_ao), 1.0)
+        bound = mul_up(first, add_up(times_out(mul_up(n2, lip_ffn), layer.mlp_out_norm, n_mo), 1.0))
+        return result(bound, lip_attn, lip_ffn, one, n2)
     if layer.placement == "post":
         alpha = layer.residual_scale
         attn_norm, mlp_norm = layer.norms()
@@ -537,7 +551,8 @@ def block_local_jacobian_bounds(
 ) -> BlockLocalJacobianBounds:
     """Certified bound of ‖D block(X)‖_{b∞→b∞} at X from local factor bounds and the chain rule.
 
-    pre: (1 + ‖J_N₂‖‖J_F‖)(1 + ‖J_N₁‖‖J_A‖); parallel pre: 1 + ‖J_N₁‖‖J_A‖ + ‖J_N₂‖‖J_F‖;
+    pre: (1 + ‖J_N₂‖‖J_F‖)(1 + ‖J_N₁‖‖J_A‖), the factor ‖J_N₁‖ dropped without N₁; parallel pre:
+    1 + ‖J_N₁‖‖J_A‖ + ‖J_N₂‖‖J_F‖;
     post: ‖J_N₂(αY + F(Y))‖(α + ‖J_F‖) ‖J_N₁(αX + A(X))‖(α + ‖J_A‖);
     none: (1 + ‖J_F‖)(1 + ‖J_A‖), every factor bounded at the point where it is evaluated. With norms after the
     sublayers (pre or none), each branch gains ‖J_N_out‖ at the sublayer's actual output, taken row by row with the
@@ -562,6 +577,18 @@ def block_local_jacobian_bounds(
         y = residual_sum(x0, _attention_output(attention))
         bound = mul_up(add_up(attention.upper_bound, 1.0), add_up(_ffn_local(y, layer.mlp), 1.0))
         return BlockLocalJacobianBounds(upper_bound=bound, attention=attention, attention_input=x0.value, mlp_input=y)
+    if layer.placement == "pre" and layer.attn_norm is None:  # (1 + ‖J_N₂‖‖J_F‖)(1 + ‖J_A‖): A reads X itself
+        attention = _attention_local_jacobian_bounds(x0, layer.attention, geometry)
+        y = residual_sum(x0, _attention_output(attention))
+        mlp_norm = layer.mlp_pre_norm()
+        g = norm_enclosure(y, mlp_norm)
+        second = add_up(mul_up(_norm_local(y, mlp_norm), _ffn_local(g, layer.mlp)), 1.0)
+        return BlockLocalJacobianBounds(
+            upper_bound=mul_up(add_up(attention.upper_bound, 1.0), second),
+            attention=attention,
+            attention_input=x0.value,
+            mlp_input=g,
+        )
     attn_norm, mlp_norm = layer.norms()
     if layer.parallel_residual:
         h_attn, h_mlp = norm_enclosure(x0, attn_norm), norm_enclosure(x0, mlp_norm)
@@ -602,7 +629,7 @@ def _out_norm_block_local_jacobian_bounds(
     """(1 + max_i ‖J_N_ao(a_i)‖ ρ_i · max_t ‖J_N₁(x_t)‖)(1 + max_t ‖J_N_mo(f_t)‖ ‖DF(g_t)‖ ‖J_N₂(h_t)‖) for a
     "pre" or "none" block with norms after its sublayers (module docstring; a missing norm is a factor 1), every
     factor bounded over the enclosure of its real argument (``enclosures``)."""
-    attn_norm, mlp_norm = layer.attn_norm, layer.mlp_norm  # both set ("pre") or both None ("none")
+    attn_norm, mlp_norm = layer.attn_norm, layer.mlp_norm  # either may be None: a factor 1
     u = x if attn_norm is None else norm_enclosure(x, attn_norm)
     attention = _attention_local_jacobian_bounds(u, layer.attention, geometry)
     a = _attention_output(attention)

@@ -1,9 +1,9 @@
 """Reference forward passes of norms, positionwise maps and whole residual blocks from ``LayerWeights``.
 
 These are the functions the block bounds (``blocks``) and the residual-Jacobian expansions (``residual``) are
-about; they follow ``attnsens.weights`` exactly (placements "pre", "post", "none"; DeepNorm's residual
-scale α in the post placement; the optional norms after each sublayer, ``attn_out_norm`` and ``mlp_out_norm``,
-applied to the sublayer's output before the residual sum).
+about; they follow ``attnsens.weights`` exactly (placements "pre", "post", "none", and "pre" without a norm before
+the attention; DeepNorm's residual scale α in the post placement; the optional norms after each sublayer,
+``attn_out_norm`` and ``mlp_out_norm``, applied to the sublayer's output before the residual sum).
 """
 
 from __future__ import annotations
@@ -96,14 +96,19 @@ def mlp_branch(x: Tensor, layer: LayerWeights) -> Tensor:
     return out if layer.mlp_out_norm is None else norm_forward(out, layer.mlp_out_norm)
 
 
+def attention_input(x: Tensor, layer: LayerWeights) -> Tensor:
+    """What the attention sublayer reads from the block input ``x``: N1(x) in a "pre" layer with ``attn_norm``,
+    ``x`` itself otherwise (``LayerWeights.attention_reads_stream``)."""
+    return x if layer.attn_norm is None or layer.placement != "pre" else norm_forward(x, layer.attn_norm)
+
+
 def attention_half(x: Tensor, layer: LayerWeights) -> Tensor:
-    """The attention residual sublayer of a block: x + A(N1(x)), N1(αx + A(x)) or x + A(x), with A followed by
-    ``attn_out_norm`` when the layer has one (pre: x + N_ao(A(N1(x))); none: x + N_ao(A(x)))."""
-    if layer.placement == "none":
-        return x + attention_branch(x, layer)
+    """The attention residual sublayer of a block: x + A(N1(x)), N1(αx + A(x)) or x + A(x) (placement "none", or a
+    "pre" layer without N1), with A followed by ``attn_out_norm`` when the layer has one (pre: x + N_ao(A(N1(x)));
+    none: x + N_ao(A(x)))."""
+    if layer.placement != "post":
+        return x + attention_branch(attention_input(x, layer), layer)
     attn_norm, _ = layer.norms()
-    if layer.placement == "pre":
-        return x + attention_branch(norm_forward(x, attn_norm), layer)
     return norm_forward(layer.residual_scale * x + attention_sublayer(x, layer.attention), attn_norm)
 
 
@@ -112,7 +117,7 @@ def mlp_half(x: Tensor, layer: LayerWeights) -> Tensor:
     ``mlp_out_norm`` when the layer has one."""
     if layer.placement == "none":
         return x + mlp_branch(x, layer)
-    _, mlp_norm = layer.norms()
+    mlp_norm = layer.mlp_pre_norm()
     if layer.placement == "pre":
         return x + mlp_branch(norm_forward(x, mlp_norm), layer)
     return norm_forward(layer.residual_scale * x + mlp_forward(x, layer.mlp), mlp_norm)

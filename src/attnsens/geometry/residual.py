@@ -129,7 +129,7 @@ def residual_jacobian_estimates(
     generator: torch.Generator | None = None,
 ) -> ResidualJacobianEstimates:
     """Estimate ‖∂X_{k+1}/∂X_k‖ at the actual block input for the pre-LN and the post-LN arrangement of the block's
-    weights, and the pre-LN branch norm ‖∂X_{k+1}/∂X_k − I‖ (T8). Needs norms (placement "pre" or "post") and
+    weights, and the pre-LN branch norm ‖∂X_{k+1}/∂X_k − I‖ (T8). Needs both norms (placement "pre" or "post") and
     none after the sublayers (ConfigError otherwise: such a block has no single post-LN rearrangement).
 
     Args:
@@ -138,8 +138,11 @@ def residual_jacobian_estimates(
     Returns:
         ``ResidualJacobianEstimates``; every value is a lower estimate (``estimates`` module).
     """
-    if layer.placement == "none":
-        raise ConfigError(f"layer {layer.index} has no norms; pre/post-LN arrangements need attn_norm and mlp_norm")
+    if layer.attn_norm is None or layer.mlp_norm is None:
+        raise ConfigError(
+            f"layer {layer.index} has no {'norms' if layer.placement == 'none' else 'attn_norm'}; pre/post-LN "
+            "arrangements need attn_norm and mlp_norm"
+        )
     if layer.has_out_norms:
         raise ConfigError(
             f"layer {layer.index} has norms after its sublayers (attn_out_norm/mlp_out_norm); the pre- vs post-LN "

@@ -9,7 +9,14 @@ from collections.abc import Sequence
 
 from torch import Tensor
 
-from attnsens.geometry.layers import attention_branch, attention_sublayer, block_forward, mlp_forward, norm_forward
+from attnsens.geometry.layers import (
+    attention_branch,
+    attention_input,
+    attention_sublayer,
+    block_forward,
+    mlp_forward,
+    norm_forward,
+)
 from attnsens.weights import LayerWeights
 
 
@@ -19,10 +26,9 @@ def layer_inputs_from_stream(layers: Sequence[LayerWeights], x: Tensor) -> list[
     for layer in layers:
         entry = {"block_input": x}
         if layer.placement == "pre":
-            attn_norm, mlp_norm = layer.norms()
-            entry["attention_input"] = norm_forward(x, attn_norm)
+            entry["attention_input"] = attention_input(x, layer)
             mid = x if layer.parallel_residual else x + attention_branch(entry["attention_input"], layer)
-            entry["mlp_input"] = norm_forward(mid, mlp_norm)
+            entry["mlp_input"] = norm_forward(mid, layer.mlp_pre_norm())
         else:
             entry["attention_input"] = x
             if layer.placement == "none":

@@ -267,6 +267,10 @@ def _out_norm_layers(layers: Sequence[LayerWeights]) -> list[int]:
     return [layer.index for layer in layers if layer.has_out_norms]
 
 
+def _bidirectional_window_layers(layers: Sequence[LayerWeights]) -> list[int]:
+    return [layer.index for layer in layers if not layer.attention.causal and layer.attention.sliding_window]
+
+
 def _structure_reasons(layers: Sequence[LayerWeights]) -> list[str]:
     reasons = []
     gated = [layer.index for layer in layers if layer.mlp.kind == "gated"]
@@ -283,6 +287,12 @@ def _structure_reasons(layers: Sequence[LayerWeights]) -> list[str]:
     capped = [layer.index for layer in layers if layer.attention.softcap is not None]
     if capped:
         reasons.append(f"softcapped scores in layer(s) {capped}: c·tanh(u/c) is not the theorem's bilinear form")
+    windowed = _bidirectional_window_layers(layers)
+    if windowed:
+        reasons.append(
+            f"bidirectional sliding windows in layer(s) {windowed}: rows see fewer than n keys, where the unmasked "
+            "recursion (docs/math.md §10.3) averages over all n, so no constant is computed"
+        )
     out_normed = _out_norm_layers(layers)
     if out_normed:
         reasons.append(
@@ -364,8 +374,13 @@ def certified_constant(
     inputs = certificate_inputs(model, token_embedding=token_embedding, positions=positions, unembedding=unembedding)
     reasons, norm_factors, final_norm_factor, worst_norm = _norm_reasons(inputs.layers, inputs.final_norm)
     reasons += _structure_reasons(inputs.layers)
-    # No indicative number either where the recursion does not model the block (gated MLPs, norms after sublayers).
-    unmodelled = any(layer.mlp.kind == "gated" for layer in inputs.layers) or bool(_out_norm_layers(inputs.layers))
+    # No indicative number either where the recursion does not model the block (gated MLPs, norms after sublayers,
+    # bidirectional windows).
+    unmodelled = (
+        any(layer.mlp.kind == "gated" for layer in inputs.layers)
+        or bool(_out_norm_layers(inputs.layers))
+        or bool(_bidirectional_window_layers(inputs.layers))
+    )
     causal = {layer.attention.causal for layer in inputs.layers}
     masking: Literal["unmasked", "causal"] = "causal" if True in causal else "unmasked"
     blocks = (

@@ -25,8 +25,9 @@ class AttentionCall:
     ``mask`` is the model's own ``attention_mask`` argument, [batch | 1, 1, query, key]: bool (True = attend) or
     additive float (0 or a large negative number per key, plus any additive bias such as ALiBi); it already holds
     the causal, padding and sliding-window pattern, so ``window`` is not applied again. Without a mask the pattern
-    is ``causal`` (sdpa's ``is_causal``) or every key, narrowed by ``window`` (keys t − window < j ≤ t) for
-    kernels that apply the window themselves (flash attention). ``softcap`` c turns scores s into c·tanh(s/c);
+    is ``causal`` (sdpa's ``is_causal``) or every key, narrowed by ``window`` (keys t − window < j ≤ t, or
+    |t − j| < window in a bidirectional call, ModernBERT's) for kernels that apply the window themselves (flash
+    attention). ``softcap`` c turns scores s into c·tanh(s/c);
     ``sinks`` [head] are logits of one extra key per head that takes probability mass and is not reported.
     ``scores`` [batch, head, query, key] are the layer's own pre-softmax scores where a model exposes them
     (TransformerLens' ``hook_attn_scores``): scaling, softcap, biases and masks (keys at the float minimum) are
@@ -100,13 +101,14 @@ class AttentionCall:
     def key_span(self, query_positions: Tensor, n: int) -> tuple[int, int] | None:
         """``(start, stop)``: the keys from the first to one past the last that the call allows to some row at
         ``query_positions``, from the positions alone, for a call without a mask of its own (causal: keys up to
-        the last query, from the first query's window start; bidirectional: all n). None when the call carries a
+        the last query, from the first query's window start; bidirectional: all n, or from the first query's window
+        start to the last one's window end). None when the call carries a
         mask, which only :func:`allowed_span` can read. Padding is the caller's: it can only narrow the span."""
         if self.mask is not None:
             return None
-        if not self.causal:
-            return 0, n
         first, last = int(query_positions.min()), int(query_positions.max())
+        if not self.causal:
+            return (0, n) if self.window is None else (max(0, first - self.window + 1), min(n, last + self.window))
         return (0 if self.window is None else max(0, first - self.window + 1)), last + 1
 
 
@@ -466,7 +468,7 @@ def allowed_keys(
     keys: tuple[int, int] | None = None,
 ) -> tuple[Tensor | None, Tensor]:
     """Which keys each row may attend to: every non-padding key (bidirectional) or keys j ≤ t (causal), and
-    with a sliding ``window`` (causal only) only keys t − window < j ≤ t.
+    with a sliding ``window`` only keys t − window < j ≤ t (causal) or |t − j| < window (bidirectional).
 
     ``keys`` = ``(start, stop)``, a span holding every key allowed to some row (``AttentionCall.key_span``):
     the mask then covers those keys only.
@@ -480,11 +482,13 @@ def allowed_keys(
     width = stop - start
     padding = None if key_padding_mask is None else key_padding_mask[:, start:stop].reshape(batch, 1, width)
     allowed = None
+    index = torch.arange(start, stop, device=query_positions.device).view(1, 1, width)
     if causal:
-        index = torch.arange(start, stop, device=query_positions.device).view(1, 1, width)
         allowed = index <= query_positions.unsqueeze(-1)
         if window is not None:
             allowed = allowed & (index > query_positions.unsqueeze(-1) - window)
+    elif window is not None:
+        allowed = (index - query_positions.unsqueeze(-1)).abs() < window
     if padding is not None:
         allowed = padding if allowed is None else allowed & padding
     if allowed is None or (padding is None and window is None):  # every key, or keys 0..t: counted from t

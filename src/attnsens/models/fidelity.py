@@ -8,7 +8,7 @@ normalized weights on the inputs the model actually saw, and compares sub-output
 =================  ===========================================  ==============================================
 field              reference (float64, from the captured input)  model's own tensor
 =================  ===========================================  ==============================================
-``attn_norm``      N1 of the block input (pre) or of αX + A       the attention input (pre) or MLP input (post)
+``attn_norm``      N1(X) (pre; X without N1) or N1(αX + A)      the attention input (pre) or MLP input (post)
 ``attention``      Attn(attention input)                         the attention sublayer's output
 ``attn_out_norm``  N_ao(attention output)                        the output of the norm after attention
 ``mlp_norm``       N2 of X + B (pre; X when parallel) or αY + F   the MLP input (pre) or the block output (post)
@@ -54,7 +54,7 @@ import torch
 from torch import Tensor
 
 from attnsens.errors import UnsupportedModelError, WeightsFidelityError
-from attnsens.geometry.layers import attention_sublayer, block_forward, mlp_forward, norm_forward
+from attnsens.geometry.layers import attention_input, attention_sublayer, block_forward, mlp_forward, norm_forward
 from attnsens.models.adapter import OUTPUT_FIELDS, LayerInputs, ModelAdapter
 from attnsens.weights import LayerWeights
 
@@ -166,9 +166,10 @@ def _comparisons(layer: LayerWeights, seen: dict[str, Tensor]) -> dict[str, tupl
             added = seen[normed] if normed in seen else reference()
     alpha = layer.residual_scale
     if layer.placement == "pre":
-        attn_norm, mlp_norm = layer.norms()
+        mlp_norm = layer.mlp_pre_norm()
         mid = x if layer.parallel_residual else x + added
-        checks["attn_norm"] = (lambda: norm_forward(x, attn_norm), a_in)
+        # Without N1 the attention must read the block input itself: a norm the weights miss shows here.
+        checks["attn_norm"] = (lambda: attention_input(x, layer), a_in)
         checks["mlp_norm"] = (lambda: norm_forward(mid, mlp_norm), m_in)
     elif layer.placement == "post":
         attn_norm, mlp_norm = layer.norms()

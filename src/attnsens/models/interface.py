@@ -1,7 +1,7 @@
 """Audit-only adapter of any transformers model whose attention goes through the attention-function interface.
 
 Families without a block layout (models/layouts.py) — Mixtral and the other mixtures of experts, Falcon-H1 with a
-Mamba mixer in every block, ModernBERT and others (``NO_BOUNDS`` says why for each it names) — still hand their
+Mamba mixer in every block, and others (``NO_BOUNDS`` says why for each it names) — still hand their
 queries and keys to ``ALL_ATTENTION_FUNCTIONS`` with the mask, scaling, softcap and sinks they use, so their attention
 rows can be recomputed exactly (models/hf_tap.py). The modules that do so are found by reading their classes'
 ``forward``: a module whose forward looks the interface up is an attention layer, in the order the model holds them.
@@ -43,10 +43,6 @@ NO_BOUNDS: dict[str, str] = {
     "qwen3_next": (
         "gated DeltaNet linear-attention layers, and attention blocks whose output is gated by the input and whose "
         "MLP is a mixture of experts"
-    ),
-    "modernbert": (
-        "bidirectional local windows around each query and no norm before its first attention, which attnsens' "
-        "attention does not compute"
     ),
 }
 """Families audited through the interface whose bounds are refused, and why (one line each)."""

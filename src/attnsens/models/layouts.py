@@ -12,16 +12,18 @@ taps live in ``bloom`` and ``mpt``), Falcon (``falcon`` picks its arrangement), 
 parameters, read from each layer's activation module), EXAONE 4 (OLMo 2's block, windows and RoPE on its sliding
 layers alone), HunYuan dense (Llama's block with a per-head QK-norm after RoPE, and RoPE's base stretched by its NTK
 α), CLIP's text tower, and the encoders BERT (all-MiniLM-L6-v2), RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA,
-DistilBERT, ViT, CLIP's vision tower and DINOv2 (a LayerScale on each sublayer). The hybrids Bamba, Jamba, LFM2 and
-Granite 4 are read on their attention blocks alone (``BlockLayout.hybrid``).
+DistilBERT, ViT, CLIP's vision tower, DINOv2 (a LayerScale on each sublayer) and ModernBERT (pre-LN with a GeGLU MLP,
+bidirectional local windows on its sliding layers, one RoPE θ per layer type, no norm before its first attention).
+The hybrids Bamba, Jamba, LFM2 and Granite 4 are read on their attention blocks alone (``BlockLayout.hybrid``).
 
 A :class:`BlockLayout` says where a family keeps each part of a block and what it does differently: fused
 projections (Phi-3's ``qkv_proj`` = [q; k; v] rows, ``gate_up_proj`` = [gate; up] rows), Gemma's RMSNorm scale
 (1 + w), a plain MLP (OPT's fc1/fc2), the query scaling folded into q_proj (OPT), GPT-J's parallel residual and
 interleaved rotary, norms after each sublayer (Gemma 2/3 beside their pre-norms, where ``post_attention_layernorm``
 is the norm of the attention *output*, unlike Llama; OLMo 2 without pre-norms), QK-norm (before RoPE, or after it in
-HunYuan), the softcap, where a
-sliding window is read. Everything else — GQA, every RoPE type
+HunYuan), the softcap, where a sliding window is read (a window on both sides of the query in a bidirectional
+family, ModernBERT), an ``nn.Identity`` in a norm's place read as no norm (ModernBERT's first layer). Everything
+else — GQA, every RoPE type
 (``hf.rotary_of``, per layer type from ``config.layer_types``), biases, the yarn/longrope attention factor folded
 into τ — is common.
 
@@ -484,6 +486,20 @@ LAYOUTS: dict[str, BlockLayout] = {
     ),
     "clip_text_model": _CLIP,
     "clip_vision_model": dataclasses.replace(_CLIP, causal=False),
+    "modernbert": BlockLayout(  # a pre-LN encoder: fused [q; k; v] Wqkv, a GeGLU MLP, one RoPE θ per layer type
+        attention="attn",
+        qkv="Wqkv",
+        o="Wo",
+        mlp="mlp",
+        gate_up="mlp.Wi",  # halves [input; gate], act(input) ⊙ gate: its input half is attnsens' (activated) gate
+        down="mlp.Wo",
+        attn_norm="attn_norm",  # an nn.Identity in layer 0 (its embeddings end with a LayerNorm): read as no norm
+        mlp_norm="mlp_norm",
+        norm="layernorm",
+        activation="hidden_activation",
+        window="module",  # bidirectional: local_attention // 2 + 1, |i − j| < window (weights.AttentionWeights)
+        causal=False,
+    ),
     "distilbert": BlockLayout(
         blocks="transformer.layer",
         attention="attention",
@@ -872,8 +888,13 @@ class LayoutAdapter(HFAdapter):
         return first, second
 
     def read_norm(self, block: HFModule, name: str | None) -> NormWeights | None:
-        """The NormWeights of the norm ``name`` of ``block`` (None for None), with the layout's kind and γ offset."""
-        return None if name is None else self._norm(_get(block, name))
+        """The NormWeights of the norm ``name`` of ``block``, with the layout's kind and γ offset; None for None and
+        for an ``nn.Identity`` in the norm's place (ModernBERT's first layer: no norm there, and the gate checks
+        that the sublayer reads the residual stream itself)."""
+        if name is None:
+            return None
+        module = _get(block, name)
+        return None if isinstance(module, torch.nn.Identity) else self._norm(module)
 
     def _matrix(self, linear: HFModule) -> Tensor:
         """A linear map's weight as [out, in] (GPT-2's Conv1D stores [in, out])."""

@@ -6,13 +6,14 @@ Layout: tensors
 ``layers.{i}.{attn_norm,mlp_norm,attn_out_norm,mlp_out_norm}.{gamma,beta}``,
 ``layers.{i}.attention.{q_norm,k_norm}.gamma`` (QK-norm) (absent = None; shapes as in ``attnsens.weights``), and the
 metadata key ``attnsens.layers``: a JSON list with, per layer, ``placement``, ``tau``, ``causal``, ``mlp_kind``,
-``activation``, ``norm_kind``, ``norm_eps`` ([attn, mlp]), ``residual_scale``, ``parallel_residual``, ``rotary``
-(null or the fields of ``RotaryConfig``), ``sliding_window`` (null or an int), ``qk_norm_eps`` ([q, k], the
-QK-norms' ε), ``qk_norm_after_rotary`` (whether they follow RoPE), ``softcap`` (null or the logit cap) and, for the
-norms after each sublayer, ``out_norm_kinds`` and ``out_norm_eps`` ([attn, mlp], null where a layer has none) and
-``xielu`` (null or the fields of ``XIELUParameters``, the activation's parameters). Files written before a key
-existed lack it: no sliding window, no QK-norm (or one before RoPE), no softcap, no norms after the sublayers, no
-xIELU parameters.
+``activation``, ``norm_kind`` (of the pre-norms), ``norm_eps`` ([attn, mlp]), ``residual_scale``,
+``parallel_residual``, ``rotary`` (null or the fields of ``RotaryConfig``), ``sliding_window`` (null or an int;
+a window on both sides where ``causal`` is false), ``qk_norm_eps`` ([q, k], the QK-norms' ε),
+``qk_norm_after_rotary`` (whether they follow RoPE), ``softcap`` (null or the logit cap) and, for the norms after
+each sublayer, ``out_norm_kinds`` and ``out_norm_eps`` ([attn, mlp], null where a layer has none) and ``xielu``
+(null or the fields of ``XIELUParameters``, the activation's parameters). Files written before a key existed lack
+it: no sliding window, no QK-norm (or one before RoPE), no softcap, no norms after the sublayers, no xIELU
+parameters.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def save_layer_weights(layers: Sequence[LayerWeights], path: str | os.PathLike[s
         configs.append({
             "placement": layer.placement, "tau": layer.attention.tau, "causal": layer.attention.causal,
             "mlp_kind": layer.mlp.kind, "activation": layer.mlp.activation,
-            "norm_kind": None if layer.attn_norm is None else layer.attn_norm.kind,
+            "norm_kind": next((n.kind for n in (layer.attn_norm, layer.mlp_norm) if n is not None), None),
             "norm_eps": [None if n is None else n.eps for n in (layer.attn_norm, layer.mlp_norm)],
             "residual_scale": layer.residual_scale, "parallel_residual": layer.parallel_residual,
             "rotary": None if rotary is None else vars(rotary), "sliding_window": layer.attention.sliding_window,

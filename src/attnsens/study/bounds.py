@@ -93,10 +93,10 @@ def _layer_records(
     # One attention bound serves the MHA columns and the block's chain rule, at the point the chain rule uses.
     block_local_bounds = G.block_local_jacobian_bounds(block_input, layer, geometry=geometry)
     local, x_attn = block_local_bounds.attention, block_local_bounds.attention_input
-    if layer.placement == "pre":
-        radius_rms = G.norm_output_radius_rms(layer.norms()[0])
-    else:  # the attention reads the (exact) block input
+    if layer.attention_reads_stream:  # the attention reads the (exact) block input
         radius_rms = _rms_upper_bound(x_attn)
+    else:
+        radius_rms = G.norm_output_radius_rms(layer.norms()[0])
     lipschitz = G.mha_lipschitz_bounds(attn, radius_rms=radius_rms)
     queries = _probe_queries(queries, local.row_upper_bound)
 
@@ -131,15 +131,17 @@ def _layer_records(
     d_model = attn.d_model
     sqrt_d = math.nextafter(math.sqrt(d_model), math.inf)
     if layer.placement == "pre":
-        mlp_radius = mul_up(G.norm_output_radius_rms(layer.norms()[1]), sqrt_d)
-        block = G.block_lipschitz_upper_bound(layer)
+        mlp_radius = mul_up(G.norm_output_radius_rms(layer.mlp_pre_norm()), sqrt_d)
     else:
         mlp_input = block_local_bounds.mlp_input  # the real MLP input lies within its radius of the float one
         mlp_radius = (
             mul_up(G.norm_output_radius_rms(layer.norms()[0]), sqrt_d) if layer.placement == "post"
             else add_up(norm2_upper_bound(mlp_input.value).amax(), mlp_input.radius.amax())
         )  # fmt: skip
+    if layer.attention_reads_stream:
         block = G.block_lipschitz_upper_bound(layer, input_radius_rms=float(_rms_upper_bound(block_input)))
+    else:
+        block = G.block_lipschitz_upper_bound(layer)
     block_local = float(block_local_bounds.upper_bound.amax())
     block_estimate = estimate(lambda z: G.block_forward(z, layer), block_input, "block")
     local_bound = float(local.upper_bound.amax())
@@ -162,7 +164,7 @@ def _layer_records(
         "residual_jacobian_estimate": block_estimate,
     }  # fmt: skip
     ln_ratio_max = 1.0
-    if layer.placement != "none":
+    if layer.attn_norm is not None and layer.mlp_norm is not None:  # a missing norm counts 1 (BlockLipschitzBound)
         attn_norm, mlp_norm = layer.norms()
         entry = with_residual_sums(layer, entry)
         attn_norm_input = entry["attention_residual_sum"] if layer.placement == "post" else block_input

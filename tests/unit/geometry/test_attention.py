@@ -84,3 +84,46 @@ def test_bad_masks_and_shapes_raise() -> None:
         )
     with pytest.raises(ShapeError):
         _mha_forward(X[..., :4], _AttentionTensors(w["Wq"], w["Wk"], w["Wv"], w["Wo"], tau=1.0))
+
+
+@pytest.mark.parametrize("local_attention", [2, 6, 7, 40])
+def test_the_bidirectional_window_is_transformers_mask_for_modernberts_module_window(local_attention: int) -> None:
+    """ModernBERT's sliding layers keep ``sliding_window`` = local_attention // 2 + 1 and run under transformers'
+    bidirectional sliding-window mask (|i − j| ≤ local_attention // 2); ``window_mask`` of the module's window is
+    that mask, key for key, and a window one wider or narrower is not (where either is shorter than the sequence)."""
+    from transformers import ModernBertConfig
+    from transformers.masking_utils import create_bidirectional_sliding_window_mask
+    from transformers.models.modernbert.modeling_modernbert import ModernBertAttention
+
+    from attnsens.geometry.attention import window_mask
+
+    n = 17
+    config = ModernBertConfig(
+        hidden_size=8, num_attention_heads=2, num_hidden_layers=2, local_attention=local_attention,
+        layer_types=["full_attention", "sliding_attention"], attn_implementation="eager",
+    )  # fmt: skip
+    window = ModernBertAttention(config, layer_idx=1).sliding_window
+    additive = create_bidirectional_sliding_window_mask(
+        config=config, inputs_embeds=torch.zeros(1, n, 8), attention_mask=torch.ones(1, n, dtype=torch.long)
+    )
+    expected = (additive[0, 0] == 0) if additive is not None else torch.ones(n, n, dtype=torch.bool)
+    assert torch.equal(window_mask(n, window=window), expected)
+    assert int(expected.sum(dim=-1).max()) == min(n, 2 * (local_attention // 2) + 1)
+    for wrong in (window - 1, window + 1):
+        if wrong >= 1 and min(wrong, window) < n:  # windows of n keys or more all see the whole sequence
+            assert not torch.equal(window_mask(n, window=wrong), expected)
+
+
+def test_sliding_windows_of_either_direction_are_weights_and_a_window_below_one_key_is_refused() -> None:
+    from attnsens.errors import ConfigError
+    from attnsens.geometry.attention import attention_mask_of, window_mask
+
+    w = _weights(2, 2, 3, 5, seed=0)
+    weights = {"w_q": w["Wq"], "w_k": w["Wk"], "w_v": w["Wv"], "w_o": w["Wo"], "tau": 1.0}
+    bidirectional = AttentionWeights(**weights, causal=False, sliding_window=2)
+    assert torch.equal(attention_mask_of(bidirectional, 6), window_mask(6, window=2))
+    causal = AttentionWeights(**weights, causal=True, sliding_window=2)
+    assert torch.equal(attention_mask_of(causal, 6), causal_mask(6, window=2))
+    assert attention_mask_of(AttentionWeights(**weights, causal=False), 6) is None
+    with pytest.raises(ConfigError, match="at least 1"):
+        AttentionWeights(**weights, causal=False, sliding_window=0)

@@ -98,6 +98,50 @@ def test_block_estimate_below_local_below_global(placement: str) -> None:
     assert bool((local <= glob).all())
 
 
+@pytest.mark.parametrize("window", [None, 2])
+def test_a_pre_block_without_its_attention_norm_is_bounded_on_its_stream(window: int | None) -> None:
+    """ModernBERT's first block, X + A(X) then + F(N₂ ·), bidirectional with and without a window of 2: estimate ≤
+    local ≤ global on the ball of the input, the attention factor taken at X itself and no N₁ factor; the global
+    bound needs that ball's radius, since nothing normalizes what the attention reads."""
+    from dataclasses import replace
+
+    from attnsens.errors import ConfigError
+    from attnsens.geometry.blocks import block_local_jacobian_bounds
+
+    base = tiny_layers("pre", seed=11)[0]
+    layer = replace(base, attn_norm=None, attention=replace(base.attention, causal=False, sliding_window=window))
+    X = synthetic_block_input(10, 8, batch=2, rms=1.3, seed=2)
+    estimate = block_jacobian_norm_estimate(lambda z: block_forward(z, layer), X, iterations=20, restarts=2)
+    local = block_local_jacobian_bounds(X, layer)
+    glob = block_lipschitz_upper_bound(layer, input_radius_rms=1.3)
+    assert torch.equal(local.attention_input, X)
+    assert bool((estimate <= local.upper_bound).all()), (estimate, local.upper_bound)
+    assert bool((local.upper_bound <= glob.upper_bound).all())
+    assert float(glob.attn_norm_lipschitz) == 1.0 and float(glob.mlp_norm_lipschitz) > 1.0
+    with pytest.raises(ConfigError, match="'pre' without attn_norm needs input_radius_rms"):
+        block_lipschitz_upper_bound(layer)
+
+
+def test_placements_name_the_norms_they_need() -> None:
+    """ "pre" may lack N₁ alone (the attention then reads the stream); never N₂, nor N₁ beside a parallel residual."""
+    from dataclasses import replace
+
+    from attnsens.errors import ConfigError
+
+    pre, post = tiny_layers("pre")[0], tiny_layers("post")[0]
+    assert replace(pre, attn_norm=None).attention_reads_stream and not pre.attention_reads_stream
+    with pytest.raises(ConfigError, match="placement 'pre' requires mlp_norm"):
+        replace(pre, mlp_norm=None)
+    with pytest.raises(ConfigError, match="parallel_residual needs placement 'pre' with both norms"):
+        replace(pre, attn_norm=None, parallel_residual=True)
+    with pytest.raises(ConfigError, match="placement 'post' requires both"):
+        replace(post, attn_norm=None)
+    with pytest.raises(ConfigError, match="placement 'none' requires no attn_norm"):
+        replace(pre, placement="none", attn_norm=None)
+    with pytest.raises(ConfigError, match="placement 'pre' has no attn_norm"):
+        replace(pre, attn_norm=None).norms()
+
+
 def test_parallel_residual_block_bound() -> None:
     base = tiny_layers("pre", seed=4)[0]
     layer = type(base)(**{**vars(base), "parallel_residual": True})

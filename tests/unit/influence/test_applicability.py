@@ -104,6 +104,21 @@ def test_norms_after_the_sublayers_give_a_reason_and_no_number() -> None:
         cert.constant()
 
 
+def test_bidirectional_windows_give_a_reason_and_no_number() -> None:
+    """Rows of a bidirectional window see fewer keys than the n the unmasked recursion averages over (ModernBERT's
+    local layers): no constant, not even indicative, while the same layers without the window get one."""
+    layers = gpt_layer_weights(builtin_lnfree())
+    assert not any(layer.attention.causal for layer in layers)
+    embedding = builtin_lnfree().wte.weight.detach()
+    assert certified_constant(layers, token_embedding=embedding).log10_constant is not None
+    attention = dataclasses.replace(layers[1].attention, sliding_window=3)
+    cert = certified_constant(
+        [layers[0], dataclasses.replace(layers[1], attention=attention)], token_embedding=embedding
+    )
+    assert not cert.applicable and cert.log10_constant is None and cert.blocks == ()
+    assert any("bidirectional sliding windows in layer(s) [1]" in r for r in cert.reasons)
+
+
 def test_gemma2_passes_the_gate_and_gets_reasons_not_a_number() -> None:
     from attnsens.models import load
     from tests.unit.models.tiny_models import tiny_model

@@ -93,7 +93,7 @@ def test_a_model_without_interface_calls_is_refused_naming_its_attention_class()
         InterfaceAdapter(model, name="gpt-neo")
 
 
-@pytest.mark.parametrize("family", ["mixtral", "modernbert"])
+@pytest.mark.parametrize("family", ["mixtral"])
 def test_audit_only_families_refuse_bounds_by_name(family: str) -> None:
     adapter = M.load(tiny_model(family))
     with pytest.raises(UnsupportedModelError, match=f"{family}: attnsens audits its attention rows but has no block"):
@@ -102,7 +102,7 @@ def test_audit_only_families_refuse_bounds_by_name(family: str) -> None:
 
 @pytest.mark.parametrize(
     ("family", "reason"),
-    [("mixtral", "mixture-of-experts MLP"), ("modernbert", "bidirectional local windows")],
+    [("mixtral", "mixture-of-experts MLP")],
 )
 def test_bounds_are_refused_with_the_reason_of_the_family(family: str, reason: str) -> None:
     """Mixtures of experts, hybrids and the dense families attnsens cannot read are refused in one line that says

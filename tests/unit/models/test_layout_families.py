@@ -573,6 +573,21 @@ MORE_MUTATIONS = {
     "hunyuan_v1_dense: QK-norm read before RoPE": (
         "hunyuan_v1_dense", 0, "attention", lambda a: _reread(a, qk_norm_after_rotary=False)
     ),
+    "modernbert: the window read one key too wide": ("modernbert", 1, "attention", lambda a: _set(
+        a, 1, "attention", sliding_window=a.layers[1].attention.sliding_window + 1)
+    ),
+    "modernbert: the window read as causal": (
+        "modernbert", 1, "attention", lambda a: _set(a, 1, "attention", causal=True)
+    ),
+    "modernbert: a norm invented before layer 0's attention": ("modernbert", 0, "attn_norm", lambda a: (
+        a.layers.__setitem__(0, replace(a.layers[0], attn_norm=a.layers[0].mlp_norm)))
+    ),
+    "modernbert: the local RoPE θ on the global layer": ("modernbert", 0, "attention", lambda a: _set(
+        a, 0, "attention", rotary=a.layers[1].attention.rotary)
+    ),
+    "modernbert: the GeGLU halves swapped": (
+        "modernbert", 0, "mlp", lambda a: _set(a, 0, "mlp", w_in=a.layers[0].mlp.w_gate, w_gate=a.layers[0].mlp.w_in)
+    ),
 }  # fmt: skip
 
 
@@ -646,6 +661,51 @@ def test_apertus_reads_each_layers_xielu_as_its_module_applies_it(tmp_path) -> N
     layer_rows = table[table["head"] == -1]
     assert (layer_rows["block_jacobian_estimate"] <= layer_rows["residual_jacobian_upper_bound"]).all()
     assert (layer_rows["block_lipschitz_upper_bound"] == float("inf")).all()  # xIELU jumps at 0 (ε = −10⁻⁶)
+
+
+def test_modernbert_attention_reads_its_stream_at_layer_0_and_sees_keys_within_its_window() -> None:
+    """ModernBERT's layer 0 has no norm before its attention (an nn.Identity) and its sliding layer a window on both
+    sides of each query: the normalized weights say so, and the reference attention's rows on the model's own
+    attention inputs are the model's eager rows, zero exactly outside |i − j| ≤ local_attention // 2."""
+    from attnsens.geometry.attention import mha_forward
+
+    model = tiny_model("modernbert")
+    adapter = M.load(model)
+    first, sliding = adapter.layers
+    assert (adapter.spec.placement, first.attn_norm is None, sliding.attn_norm is not None) == ("pre", True, True)
+    assert [layer.attention.sliding_window for layer in adapter.layers] == [None, model.config.sliding_window + 1]
+    assert [layer.attention.rotary.base for layer in adapter.layers] == [160_000.0, 10_000.0]
+    seen: dict[int, torch.Tensor] = {}
+    with (
+        adapter.inference(),
+        adapter.layer_input_taps(
+            lambda i, field, t: seen.__setitem__(i, t.double()) if field == "attention_input" else None
+        ),
+    ):
+        adapter.forward(IDS)
+    reference = eager_attentions(model, IDS)
+    distance = (torch.arange(13)[:, None] - torch.arange(13)[None, :]).abs()
+    for index, layer in enumerate(adapter.layers):
+        rows = mha_forward(seen[index], layer.attention).probabilities
+        torch.testing.assert_close(rows, reference[index].double(), rtol=1e-5, atol=1e-6)
+    outside = distance > model.config.sliding_window
+    assert bool((reference[1][..., outside] == 0).all()) and bool((reference[0][..., outside] > 0).all())
+
+
+def test_modernbert_survives_the_weights_file_and_is_bounded_from_it(tmp_path) -> None:
+    """A layer whose only pre-norm is the MLP's and a bidirectional window go through the weights file."""
+    from attnsens.store.layer_weights import load_layer_weights, save_layer_weights
+
+    layers = M.load(tiny_model("modernbert")).layers
+    back = load_layer_weights(save_layer_weights(layers, tmp_path / "w.safetensors"))
+    assert [(layer.attn_norm is None, layer.attention.causal, layer.attention.sliding_window) for layer in back] == [
+        (layer.attn_norm is None, layer.attention.causal, layer.attention.sliding_window) for layer in layers
+    ]
+    assert [layer.mlp_pre_norm().kind for layer in back] == ["layernorm", "layernorm"]  # layer 0's with no N1 beside
+    table = bound_model(back, seq_len=11, n_queries=2, iterations=3)
+    layer_rows = table[table["head"] == -1]
+    assert (layer_rows["mha_jacobian_estimate"] <= layer_rows["mha_local_jacobian_upper_bound"]).all()
+    assert (layer_rows["block_jacobian_estimate"] <= layer_rows["residual_jacobian_upper_bound"]).all()
 
 
 def test_persimmon_with_its_default_layernorm_qk_norm_is_audited_but_not_bounded() -> None:

@@ -16,7 +16,7 @@ def test_unknown_family_lists_the_supported_ones() -> None:
 
     config = GPTNeoConfig(num_layers=1, num_heads=2, hidden_size=8, vocab_size=11, attention_types=[[["global"], 1]])
     model = GPTNeoModel(config)
-    listed = r"'gpt_neo'.*arcee, bert, biogpt, bloom, .*, falcon, .*, llama, .*, mpt, "
+    listed = r"'gpt_neo'.*apertus, arcee, bamba, bert, biogpt, bloom, .*, falcon, .*, llama, .*, mpt, "
     with pytest.raises(UnsupportedModelError, match=listed):
         M.load(model)
 

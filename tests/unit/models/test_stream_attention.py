@@ -118,7 +118,7 @@ def test_gpt2_with_reordered_and_upcast_attention_matches_eager(implementation: 
         torch.testing.assert_close(chunk.probs, reference[chunk.layer], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize(("causal", "window"), [(True, None), (True, 5), (False, None)])
+@pytest.mark.parametrize(("causal", "window"), [(True, None), (True, 5), (False, None), (False, 5)])
 def test_the_key_span_of_a_maskless_call_is_the_span_its_mask_allows(causal: bool, window: int | None) -> None:
     from attnsens.models.attention import AttentionCall, allowed_span
 
@@ -135,6 +135,11 @@ def test_the_key_span_of_a_maskless_call_is_the_span_its_mask_allows(causal: boo
         expected = None if full is None else full[..., start:stop]
         assert (narrow is None and expected is None) or bool((narrow == expected).all())
         assert torch.equal(narrow_n_keys, n_keys)
+        if window is not None:  # a flash kernel's window: keys within window − 1 before the query (or either side)
+            distance = positions[..., None] - torch.arange(n)
+            distance = distance if causal else distance.abs()
+            expected_keys = (distance >= 0) & (distance < window)
+            assert full is not None and torch.equal(full.expand_as(expected_keys), expected_keys)
     masked = AttentionCall(tau=1.0, mask=torch.ones(1, 1, n, n, dtype=torch.bool))
     assert masked.key_span(positions, n) is None
     with pytest.raises(ValueError, match="key_span"):

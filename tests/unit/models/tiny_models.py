@@ -96,6 +96,9 @@ cohere2 with RoPE on its sliding layer alone, biogpt with learned positions, gra
 LayerNorms."""
 OUT_NORM_FAMILIES = ("gemma2", "gemma3_text", "olmo2", "olmo3", "glm4")
 """Families whose blocks apply a norm to each sublayer's output; their norm gains are spread too."""
+SPREAD_GAIN_FAMILIES = (*OUT_NORM_FAMILIES, "modernbert")
+"""Families whose norm gains are spread: those above, and ModernBERT, whose layer 0 reads its embeddings' norm
+with no norm of its own (with unit gains a norm invented there would change little)."""
 ENCODER_FAMILIES = ("roberta", "electra", "distilbert")
 """Encoders read by the BERT adapter (RoBERTa, ELECTRA) and by the layout table (DistilBERT)."""
 
@@ -198,7 +201,7 @@ def tiny_model(family: str, *, attn_implementation: str = "sdpa", seed: int = 0,
     model = model_class(settings, **extra)
     spread_weights(model)
     spread_xielu_parameters(model)
-    if family in OUT_NORM_FAMILIES:
+    if family in SPREAD_GAIN_FAMILIES:
         spread_norm_gains(model)
     return model.eval()
 
@@ -271,8 +274,8 @@ def eager_attentions(model: torch.nn.Module, input_ids: torch.Tensor, attention_
 
 
 INTERFACE_FAMILIES = ("mixtral", "modernbert", "clip_text")
-"""Families whose rows the interface tests audit (models/interface.py): rows alone for mixtral and modernbert;
-clip_text is also bounded, through the layout table."""
+"""Families whose rows the interface tests audit (models/interface.py): rows alone for mixtral; modernbert and
+clip_text are also bounded, through the layout table."""
 VISION_FAMILIES = {"vit": 10, "clip_vision": 10, "dinov2": 10, "deit": 11, "siglip_vision": 9}
 """Vision encoders on pixel_values [batch, 3, 12, 12] → their sequence length: 9 patches, plus [CLS] (ViT, CLIP),
 [CLS] and a distillation token (DeiT), or nothing (SigLIP); ViT and CLIP's are bounded through the layout table."""
@@ -359,7 +362,8 @@ def _interface_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
 RELU2_FAMILIES = ("arcee", "nemotron", "persimmon")
 """Decoders with a plain relu² MLP; persimmon's default LayerNorm QK-norm is turned off where it is bounded."""
 MORE_LAYOUT_FAMILIES = (
-    *RELU2_FAMILIES, "apertus", "exaone4", "hunyuan_v1_dense", "codegen", "clip_text", "dinov2", "clip_vision"
+    *RELU2_FAMILIES, "apertus", "exaone4", "hunyuan_v1_dense", "codegen", "clip_text", "dinov2", "clip_vision",
+    "modernbert",
 )  # fmt: skip
 """Families added to the layout table from their configs' defaults and sizes: exaone4 with norms after the
 sublayers, per-head QK-norm and RoPE on its three sliding layers alone (its full fourth layer has none); apertus
@@ -367,7 +371,9 @@ with per-head QK-norm, llama3 RoPE and a plain xIELU MLP (its parameters drawn p
 ``spread_xielu_parameters``); hunyuan_v1_dense with its per-head QK-norm after RoPE (gains spread over [0.5, 2.5],
 so that they differ within every rotating pair and the norm before RoPE is another function) and GQA 6:2; clip_text
 causal and clip_vision bidirectional (quick_gelu); dinov2 with a LayerScale on each sublayer; codegen with its fused
-qkv in 4 shards of 2 heads and RoPE on adjacent pairs of 4 of its 8 dimensions."""
+qkv in 4 shards of 2 heads and RoPE on adjacent pairs of 4 of its 8 dimensions; modernbert (in the interface
+configs) with a full layer 0 without a norm before its attention, then a sliding layer whose keys lie within 3 of
+the query (local_attention 6: 7 keys of the 13 or 17 the tests run)."""
 BOUNDED_CONFIG: dict[str, dict[str, object]] = {"persimmon": {"qk_layernorm": False}}
 """Config changes under which a family of the tests' defaults is bounded (Persimmon's LayerNorm QK-norm is not)."""
 

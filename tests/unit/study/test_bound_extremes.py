@@ -27,6 +27,7 @@ BLOOM, MPT): they cannot zero the queries alone, and are scaled whole for sharp 
 FUSED_QUERY_ROWS = {
     "persimmon": lambda t, config: t.view(config.num_attention_heads, 3, -1, *t.shape[1:])[:, 0],  # [head, (q, k, v)]
     "codegen": lambda t, config: t.view(4, 3, -1, *t.shape[1:])[:, 0],  # [shard, (q, v, k)]
+    "modernbert": lambda t, config: t.view(3, -1, *t.shape[1:])[0],  # [q; k; v] blocks
 }
 """The query rows (a view) of the fused qkv of the families whose rows the tests can pick out."""
 ALL_FAMILIES = BOUNDED_FAMILIES  # every family of the one table (models/layouts.py)
