@@ -84,15 +84,29 @@ def _first_argument(model: torch.nn.Module) -> str:
     return next(iter(inspect.signature(model.forward).parameters), "no argument")
 
 
-def decoder_inputs(input_ids: Tensor, attention_mask: Tensor | None, start: int) -> Tensor:
+def decoder_inputs(input_ids: Tensor, attention_mask: Tensor | None, start: int | None) -> Tensor:
     """The decoder's input of an encoder-decoder audited on ``input_ids`` [batch, n]: the same text, teacher-forced
     (each sequence's tokens shifted one place right behind ``start``, the decoder's start token), so that decoder
     position t holds the token the decoder reads to predict encoder token t, and padding stays where the encoder's
-    is (the decoder takes ``attention_mask`` too; a left-padded sequence starts after its padding)."""
+    is (the decoder takes ``attention_mask`` too; a left-padded sequence starts after its padding). ``start`` None:
+    each sequence starts with its own last real token, as mBART's decoder does (its language id ends the text)."""
     shifted = input_ids.roll(1, dims=1)
     real = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else attention_mask.bool()
     first = real.int().argmax(dim=1, keepdim=True)  # the first real position of each sequence
-    return shifted.scatter(1, first, start)
+    if start is not None:
+        return shifted.scatter(1, first, start)
+    last = real.shape[1] - 1 - real.flip(1).int().argmax(dim=1, keepdim=True)  # the last real position
+    return shifted.scatter(1, first, input_ids.gather(1, last))
+
+
+def starts_with_last_token(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s forward builds its decoder's input from ``input_ids`` behind their last real token, with
+    no start token of its config (mBART, PLBart: ``shift_tokens_right(input_ids, self.config.pad_token_id)``)."""
+    try:
+        source = inspect.getsource(type(model).forward)
+    except (OSError, TypeError):
+        return False
+    return "shift_tokens_right(input_ids,self.config.pad_token_id)" in "".join(source.split())
 
 
 def interface_attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
@@ -130,7 +144,8 @@ class InterfaceAdapter(HFAdapter):
                 f"{_first_argument(base.encoder)}, not token ids; attnsens audits its decoder alone "
                 "(A.models.load(model.get_decoder()))"
             )
-        if self._two_stacks and getattr(config, "decoder_start_token_id", None) is None:
+        self._start = getattr(config, "decoder_start_token_id", None)
+        if self._two_stacks and self._start is None and not starts_with_last_token(base):
             raise UnsupportedModelError(
                 f"{config.model_type}: its config names no decoder_start_token_id, so attnsens cannot build the "
                 "decoder's input; pass its encoder or decoder alone (A.models.load(model.get_encoder()))"
@@ -204,7 +219,9 @@ class InterfaceAdapter(HFAdapter):
             raise UnsupportedModelError(
                 f"{self.family}: its layers differ in their query heads, key heads or head size "
                 f"({sorted(shapes)}); attnsens audits models whose layers share one"
-            )
+                + ("; audit each stack alone (A.models.load(model.get_encoder()), model.get_decoder())"
+                   if self._two_stacks else "")
+            )  # fmt: skip
         n_head, n_kv_head, d_head = shapes.pop()
         return called, replace(spec, n_head=n_head, n_kv_head=n_kv_head, d_head=d_head)
 
@@ -213,7 +230,7 @@ class InterfaceAdapter(HFAdapter):
         (:func:`decoder_inputs`) under the same padding mask."""
         if not self._two_stacks:
             return super().forward(input_ids, attention_mask)
-        start = int(self.base.config.decoder_start_token_id)
+        start = None if self._start is None else int(self._start)
         self.base(
             input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
             decoder_input_ids=decoder_inputs(input_ids, attention_mask, start), decoder_attention_mask=attention_mask,

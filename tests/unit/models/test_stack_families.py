@@ -148,7 +148,7 @@ def test_an_encoder_decoder_audits_both_self_attentions_and_the_cross_attention(
 
 
 def test_an_encoder_decoder_whose_heads_differ_between_its_stacks_is_refused_by_name() -> None:
-    with pytest.raises(UnsupportedModelError, match="its layers differ in their query heads"):
+    with pytest.raises(UnsupportedModelError, match=r"its layers differ in their query heads.*each stack alone"):
         M.load(_bart())
     assert M.load(_bart().get_encoder()).spec.n_head == 3
     assert M.load(_bart().get_decoder()).spec.n_head == 4
@@ -205,3 +205,34 @@ def test_the_audit_command_names_each_layer_of_an_encoder_decoder(tmp_path) -> N
     assert [(layer["layer"], layer["attention"]) for layer in layers] == list(
         enumerate(("encoder",) * 2 + ("decoder", "cross") * 3)
     )
+
+
+@pytest.mark.parametrize("mask", [None, RIGHT_PADDED], ids=["no padding", "right"])
+def test_mbart_starts_its_decoder_with_each_sequence_s_last_token_as_its_own_forward_does(mask) -> None:
+    """mBART's config names no decoder_start_token_id: its forward shifts the text right behind its last real token
+    (the language id). The audit builds the same decoder input, so every real row equals the model's own."""
+    from transformers import MBartConfig, MBartModel
+
+    sizes = {"encoder_layers": 1, "decoder_layers": 2, "encoder_attention_heads": 3, "decoder_attention_heads": 3,
+             "d_model": 24, "encoder_ffn_dim": 37, "decoder_ffn_dim": 37, "max_position_embeddings": 40}  # fmt: skip
+    model = _random(MBartModel(stock_config(MBartConfig, **sizes)))
+    assert getattr(model.config, "decoder_start_token_id", None) is None
+    adapter = M.load(model)
+    real = torch.ones_like(IDS, dtype=torch.bool) if mask is None else mask.bool()
+    pad = model.config.pad_token_id  # mBART finds the last real token by counting the tokens that are not padding
+    ids = IDS.masked_fill(IDS == pad, pad + 2).masked_fill(~real, pad)
+    last = ids.gather(1, (real.sum(dim=1, keepdim=True) - 1))
+    assert torch.equal(decoder_inputs(ids, mask, None)[:, :1], last)
+    model.set_attn_implementation("eager")
+    with torch.no_grad():  # no decoder_input_ids: mBART builds them itself
+        out = model(input_ids=ids, attention_mask=mask, output_attentions=True)
+    model.set_attn_implementation("sdpa")
+    decoder = [rows for pair in zip(out.decoder_attentions, out.cross_attentions, strict=True) for rows in pair]
+    reference = [*out.encoder_attentions, *decoder]
+    chunks = list(adapter.stream_attention(ids, attention_mask=mask))
+    assert sorted({chunk.layer for chunk in chunks}) == list(range(5))
+    for chunk in chunks:
+        index = chunk.query_positions[:, None, :, None].expand(-1, 3, -1, IDS.shape[1])
+        expected = torch.gather(reference[chunk.layer], 2, index)
+        rows = real.gather(1, chunk.query_positions)[:, None, :].expand(-1, 3, -1)
+        torch.testing.assert_close(chunk.probs[rows], expected[rows], rtol=1e-5, atol=1e-5)
