@@ -60,6 +60,8 @@ def _block(layout: Any) -> str:
         parts.append(f"sublayers scaled by `{layout.residual_multiplier}`")
     if layout.layer_scale:
         parts.append("sublayers scaled per channel by " + " and ".join(f"`{name}`" for name in layout.layer_scale))
+    if layout.beside_attention:
+        parts.append(f"{layout.beside_attention} beside the attention (no block bound)")
     if layout.hybrid:
         parts.append(f"hybrid: its attention blocks alone (the others hold {layout.hybrid})")
     return "; ".join(parts)

@@ -361,6 +361,11 @@ class LayerWeights:
 
     "pre" with them (Gemma 2/3, "sandwich" norms): X ← X + N_ao(Attn(N1(X))); X ← X + N_mo(MLP(N2(X)))
     "none" with them (OLMo 2):                    X ← X + N_ao(Attn(X));     X ← X + N_mo(MLP(X))
+
+    ``beside_attention`` names a branch attnsens does not model that reads N1(X) beside the attention and adds to
+    the same residual sum (Falcon-H1's Mamba-2 mixer): X ← X + Attn(N1(X)) + B(N1(X)); X ← X + MLP(N2(X)) ("pre"
+    with both norms only). The block is then not the function of these weights: its attention and MLP are bounded
+    each on its own, and no block bound, block forward or stream through it exists.
     """
 
     index: int
@@ -373,8 +378,16 @@ class LayerWeights:
     parallel_residual: bool = False
     attn_out_norm: NormWeights | None = None
     mlp_out_norm: NormWeights | None = None
+    beside_attention: str | None = None  # a branch beside the attention that attnsens does not model (its name)
 
     def __post_init__(self) -> None:
+        if self.beside_attention is not None and (
+            self.placement != "pre" or self.attn_norm is None or self.parallel_residual or self.has_out_norms
+        ):
+            raise ConfigError(
+                f"layer {self.index}: a branch beside the attention ({self.beside_attention}) needs placement 'pre' "
+                "with both norms, no parallel residual and no norms after the sublayers"
+            )
         if self.placement == "none" and (self.attn_norm is not None or self.mlp_norm is not None):
             raise ConfigError(f"layer {self.index}: placement 'none' requires no attn_norm or mlp_norm")
         if self.placement == "post" and (self.attn_norm is None or self.mlp_norm is None):

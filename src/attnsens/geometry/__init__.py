@@ -35,6 +35,7 @@ from attnsens.geometry.blocks import (
     ffn_local_jacobian_upper_bound,
     norm_lipschitz_upper_bound,
     norm_output_radius_rms,
+    pre_norm_attention_local_jacobian_bounds,
 )
 from attnsens.geometry.estimates import block_jacobian_norm_estimate, spectral_jacobian_norm_estimate
 from attnsens.geometry.jacobians import (
@@ -94,6 +95,7 @@ __all__ = [
     "norm_lipschitz_upper_bound",
     "norm_output_radius_rms",
     "pre_ln_expansion_remainder_upper_bound",
+    "pre_norm_attention_local_jacobian_bounds",
     "projection_norm_bounds",
     "quartic_path_norm_product",
     "residual_jacobian_estimates",

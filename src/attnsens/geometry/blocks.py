@@ -94,7 +94,7 @@ from attnsens.geometry.attention_bounds import (
 )
 from attnsens.geometry.enclosures import Enclosure, exact, norm_enclosure, residual_sum
 from attnsens.geometry.jacobians import norm_jacobian_spectral_norm_upper_bound
-from attnsens.geometry.layers import activation
+from attnsens.geometry.layers import activation, check_whole_block
 from attnsens.geometry.norms import Geometry
 from attnsens.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights, XIELUParameters
 
@@ -429,6 +429,7 @@ def block_lipschitz_upper_bound(layer: LayerWeights, *, input_radius_rms: float 
         ``BlockLipschitzBound`` (docs/math.md T7; post/none placements and norms after the sublayers: the same
         chain rule on the stated ball).
     """
+    check_whole_block(layer)
     d = layer.attention.d_model
     one = torch.ones((), dtype=torch.float64)
 
@@ -568,7 +569,12 @@ def block_local_jacobian_bounds(
     Returns:
         ``BlockLocalJacobianBounds``: the ``[batch]`` float64 certified bound (docs/math.md T4–T8 combined) and the
         attention factor's own bound.
+
+    Raises:
+        ConfigError: a layer with a branch beside its attention (``layers.check_whole_block``); its attention
+            alone is bounded by ``pre_norm_attention_local_jacobian_bounds``.
     """
+    check_whole_block(layer)
     x0 = exact(x)
     if layer.has_out_norms:
         return _out_norm_block_local_jacobian_bounds(x0, layer, geometry)
@@ -621,6 +627,18 @@ def block_local_jacobian_bounds(
     return BlockLocalJacobianBounds(
         upper_bound=mul_up(first, second), attention=attention, attention_input=x0.value, mlp_input=y
     )
+
+
+def pre_norm_attention_local_jacobian_bounds(
+    x: Tensor, layer: LayerWeights, *, geometry: Geometry = "rms"
+) -> tuple[MHALocalJacobianBounds, Tensor]:
+    """The attention sublayer's local bound of a "pre" layer with N₁ at N₁ of the exact block input ``x``, over the
+    enclosure of its real value, and that float64 input ``[batch, query, d_model]``: the attention factor of
+    ``block_local_jacobian_bounds``, computed alone where the block is not the layer's (``beside_attention``)."""
+    if layer.placement != "pre" or layer.attn_norm is None or layer.parallel_residual:
+        raise ConfigError(f"layer {layer.index}: the attention's own bound here needs a 'pre' layer with N1")
+    h = norm_enclosure(exact(x), layer.attn_norm)
+    return _attention_local_jacobian_bounds(h, layer.attention, geometry), h.value
 
 
 def _out_norm_block_local_jacobian_bounds(

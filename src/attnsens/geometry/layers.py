@@ -124,12 +124,27 @@ def mlp_half(x: Tensor, layer: LayerWeights) -> Tensor:
 
 
 def block_forward(x: Tensor, layer: LayerWeights) -> Tensor:
-    """One transformer block (``LayerWeights`` docstring): ``[batch, query, d_model]`` → same shape."""
+    """One transformer block (``LayerWeights`` docstring): ``[batch, query, d_model]`` → same shape.
+
+    Raises:
+        ConfigError: a layer with a branch beside its attention (``LayerWeights.beside_attention``), whose block
+            these weights do not define.
+    """
+    check_whole_block(layer)
     if layer.parallel_residual:
         attn_norm, mlp_norm = layer.norms()
         attn = attention_sublayer(norm_forward(x, attn_norm), layer.attention)
         return x + attn + mlp_forward(norm_forward(x, mlp_norm), layer.mlp)
     return mlp_half(attention_half(x, layer), layer)
+
+
+def check_whole_block(layer: LayerWeights) -> None:
+    """ConfigError unless ``layer``'s weights define its whole block (no ``beside_attention`` branch)."""
+    if layer.beside_attention is not None:
+        raise ConfigError(
+            f"layer {layer.index}: its block adds {layer.beside_attention} beside the attention, which attnsens does "
+            "not model; its attention and MLP are bounded each on its own, and no block forward or bound exists"
+        )
 
 
 def residual_stream(x: Tensor, layers: list[LayerWeights]) -> list[Tensor]:

@@ -19,6 +19,8 @@ field              reference (float64, from the captured input)  model's own ten
 
 B is what the attention sublayer adds to the residual stream: its output, or N_ao of it in a layer with a norm
 after attention (Gemma 2/3; ``attn_out_norm``, ``mlp_out_norm`` are compared only for layers that have them).
+A layer with a branch beside its attention that the weights do not model (Falcon-H1's Mamba-2 mixer,
+``LayerWeights.beside_attention``) skips ``mlp_norm`` and ``block``, whose model tensors hold that branch.
 Each comparison is a relative error max_t ‖ref_t − out_t‖₂ / max_t ‖out_t‖₂ over all tokens; a value above the
 tolerance of the model's float type raises :class:`~attnsens.errors.WeightsFidelityError` naming the family, the
 layer and the field. Checking on the captured sub-inputs (not a propagated stream) localises a mismatch to the
@@ -175,6 +177,8 @@ def _comparisons(layer: LayerWeights, seen: dict[str, Tensor]) -> dict[str, tupl
         attn_norm, mlp_norm = layer.norms()
         checks["attn_norm"] = (lambda: norm_forward(alpha * a_in + a_out, attn_norm), m_in)
         checks["mlp_norm"] = (lambda: norm_forward(alpha * m_in + m_out, mlp_norm), y)
+    if layer.beside_attention is not None:  # a branch the weights do not model adds to the sum N2 reads
+        del checks["mlp_norm"], checks["block"]
     return {field: checks[field] for field in FIELDS if field in checks}
 
 

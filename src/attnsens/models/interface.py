@@ -1,7 +1,7 @@
 """Audit-only adapter of any transformers model whose attention goes through the attention-function interface.
 
-Families without a block layout (models/layouts.py) — Mixtral and the other mixtures of experts, Falcon-H1 with a
-Mamba mixer in every block, and others (``NO_BOUNDS`` says why for each it names) — still hand their
+Families without a block layout (models/layouts.py) — Mixtral and the other mixtures of experts, Qwen3-Next and
+others (``NO_BOUNDS`` says why for each it names) — still hand their
 queries and keys to ``ALL_ATTENTION_FUNCTIONS`` with the mask, scaling, softcap and sinks they use, so their attention
 rows can be recomputed exactly (models/hf_tap.py). The modules that do so are found by reading their classes'
 ``forward``: a module whose forward looks the interface up is an attention layer, in the order the model holds them.
@@ -36,10 +36,6 @@ _MOE = (
 NO_BOUNDS: dict[str, str] = {
     **{family: _MOE for family in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe")},
     "deepseek_v3": f"{_MOE}; and multi-head latent attention (low-rank queries and keys with a decoupled RoPE)",
-    "falcon_h1": (
-        "a Mamba-2 mixer beside the attention in every block, so that no block is one attnsens bounds (the hybrids "
-        "whose attention blocks hold attention alone, Bamba, Jamba, LFM2 and Granite 4, are bounded there)"
-    ),
     "qwen3_next": (
         "gated DeltaNet linear-attention layers, and attention blocks whose output is gated by the input and whose "
         "MLP is a mixture of experts"

@@ -145,6 +145,9 @@ class BlockLayout:
     # none otherwise (Granite 4's position_embedding_type "rope")
     experts: str | None = None  # block attribute of a mixture of experts beside the MLP (Granite 4's
     # block_sparse_moe): a block where it is set is refused for bounds
+    beside_attention: str | None = None  # a branch beside the attention attnsens does not model (Falcon-H1's
+    # Mamba-2 mixer, reading N1's output and adding to the same sum): each block's attention and MLP are bounded on
+    # their own, the block is not (``LayerWeights.beside_attention``)
     hybrid: str | None = None  # what a hybrid's other blocks hold instead of attention (Bamba's Mamba-2 mixers):
     # only the blocks that hold the attention module are read, audited and bounded; the others are named as not
     # covered (``LayoutAdapter.not_bounded``)
@@ -621,7 +624,14 @@ class LayoutAdapter(HFAdapter):
 
     @property
     def not_bounded(self) -> str | None:
-        """For a hybrid, which of the model's blocks no bound covers and why (one line); None otherwise."""
+        """For a hybrid, which of the model's blocks no bound covers and why, and for a family with a branch beside
+        its attention, what its bounds leave out (one line); None otherwise."""
+        if self.layout.beside_attention is not None:
+            return (
+                f"{self.family} runs {self.layout.beside_attention} beside the attention in every block, which "
+                "attnsens neither audits nor bounds: the bounds cover each block's attention and MLP on their own, "
+                "with no block bound and no product across the stack"
+            )
         if self.layout.hybrid is None:
             return None
         indices = self.block_indices()
@@ -808,6 +818,7 @@ class LayoutAdapter(HFAdapter):
             parallel_residual=lay.parallel_residual,
             attn_out_norm=self.read_norm(block, lay.attn_out_norm),
             mlp_out_norm=self.read_norm(block, lay.mlp_out_norm),
+            beside_attention=lay.beside_attention,
         )
 
     def _projections(self, attn: HFModule) -> tuple[Tensor, ...]:

@@ -32,10 +32,11 @@ AliasLoader = Callable[..., ModelAdapter] | str
 OWN_ADAPTERS: dict[str, str] = {
     "bloom": "attnsens.models.bloom:BloomAdapter",
     "falcon": "attnsens.models.falcon:FalconAdapter",
+    "falcon_h1": "attnsens.models.falcon_h1:FalconH1Adapter",
     "mpt": "attnsens.models.mpt:MptAdapter",
 }
 """Families of the layout table read by an adapter of their own (a tap of their own for the audit; Falcon's module
-adds its layout to the table on import), ``model_type`` → ``module:AdapterClass``."""
+adds its layout to the table on import, as does Falcon-H1's), ``model_type`` → ``module:AdapterClass``."""
 
 FAMILIES: dict[str, str] = {**dict.fromkeys(LAYOUTS, "attnsens.models.layouts:LayoutAdapter"), **OWN_ADAPTERS}
 """transformers ``model_type`` → ``module:AdapterClass`` (bounds and audit): every family of the one table,

@@ -11,9 +11,10 @@ metadata key ``attnsens.layers``: a JSON list with, per layer, ``placement``, ``
 a window on both sides where ``causal`` is false), ``qk_norm_eps`` ([q, k], the QK-norms' ε),
 ``qk_norm_after_rotary`` (whether they follow RoPE), ``softcap`` (null or the logit cap) and, for the norms after
 each sublayer, ``out_norm_kinds`` and ``out_norm_eps`` ([attn, mlp], null where a layer has none) and ``xielu``
-(null or the fields of ``XIELUParameters``, the activation's parameters). Files written before a key existed lack
-it: no sliding window, no QK-norm (or one before RoPE), no softcap, no norms after the sublayers, no xIELU
-parameters.
+(null or the fields of ``XIELUParameters``, the activation's parameters) and ``beside_attention`` (null or the
+name of a branch beside the attention that the weights do not model: no block bound). Files written before a key
+existed lack it: no sliding window, no QK-norm (or one before RoPE), no softcap, no norms after the sublayers, no
+xIELU parameters, no branch beside the attention.
 """
 
 from __future__ import annotations
@@ -74,6 +75,7 @@ def save_layer_weights(layers: Sequence[LayerWeights], path: str | os.PathLike[s
             "out_norm_kinds": [None if n is None else n.kind for n in out_norms],
             "out_norm_eps": [None if n is None else n.eps for n in out_norms],
             "xielu": None if layer.mlp.xielu is None else vars(layer.mlp.xielu),
+            "beside_attention": layer.beside_attention,
         })  # fmt: skip
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -146,5 +148,5 @@ def _layer_from(tensors: dict[str, Tensor], i: int, cfg: dict[str, Any]) -> Laye
         attn_norm=norm("attn_norm", cfg["norm_eps"][0]), mlp_norm=norm("mlp_norm", cfg["norm_eps"][1]),
         residual_scale=cfg["residual_scale"], parallel_residual=cfg["parallel_residual"],
         attn_out_norm=norm("attn_out_norm", out_eps[0], out_kinds[0]),
-        mlp_out_norm=norm("mlp_out_norm", out_eps[1], out_kinds[1]),
+        mlp_out_norm=norm("mlp_out_norm", out_eps[1], out_kinds[1]), beside_attention=cfg.get("beside_attention"),
     )  # fmt: skip

@@ -90,9 +90,14 @@ def _layer_records(
 ) -> tuple[list[dict[str, Any]], dict[str, float]]:
     attn = layer.attention
     block_input = entry["block_input"].to(torch.float64)
-    # One attention bound serves the MHA columns and the block's chain rule, at the point the chain rule uses.
-    block_local_bounds = G.block_local_jacobian_bounds(block_input, layer, geometry=geometry)
-    local, x_attn = block_local_bounds.attention, block_local_bounds.attention_input
+    # One attention bound serves the MHA columns and the block's chain rule, at the point the chain rule uses; a
+    # block with a branch beside its attention (Falcon-H1's Mamba) has no bound of its own: its attention alone.
+    whole = layer.beside_attention is None
+    if whole:
+        block_local_bounds = G.block_local_jacobian_bounds(block_input, layer, geometry=geometry)
+        local, x_attn = block_local_bounds.attention, block_local_bounds.attention_input
+    else:
+        local, x_attn = G.pre_norm_attention_local_jacobian_bounds(block_input, layer, geometry=geometry)
     if layer.attention_reads_stream:  # the attention reads the (exact) block input
         radius_rms = _rms_upper_bound(x_attn)
     else:
@@ -138,12 +143,12 @@ def _layer_records(
             mul_up(G.norm_output_radius_rms(layer.norms()[0]), sqrt_d) if layer.placement == "post"
             else add_up(norm2_upper_bound(mlp_input.value).amax(), mlp_input.radius.amax())
         )  # fmt: skip
-    if layer.attention_reads_stream:
-        block = G.block_lipschitz_upper_bound(layer, input_radius_rms=float(_rms_upper_bound(block_input)))
-    else:
-        block = G.block_lipschitz_upper_bound(layer)
-    block_local = float(block_local_bounds.upper_bound.amax())
-    block_estimate = estimate(lambda z: G.block_forward(z, layer), block_input, "block")
+    block_lipschitz, block_local, block_estimate = None, None, None
+    if whole:
+        radius_in = float(_rms_upper_bound(block_input)) if layer.attention_reads_stream else None
+        block_lipschitz = float(G.block_lipschitz_upper_bound(layer, input_radius_rms=radius_in).upper_bound)
+        block_local = float(block_local_bounds.upper_bound.amax())
+        block_estimate = estimate(lambda z: G.block_forward(z, layer), block_input, "block")
     local_bound = float(local.upper_bound.amax())
     layer_row: dict[str, Any] = {
         "head": -1, "w_o_spectral_norm": float(norms.w_o),
@@ -158,7 +163,7 @@ def _layer_records(
         "mha_jacobian_estimate": attn_estimate,
         "tightness_ratio": local_bound / attn_estimate if attn_estimate > 0 else None,
         "ffn_lipschitz_upper_bound": float(G.ffn_lipschitz_upper_bound(layer.mlp, radius_l2=mlp_radius)),
-        "block_lipschitz_upper_bound": float(block.upper_bound),
+        "block_lipschitz_upper_bound": block_lipschitz,
         "block_jacobian_estimate": block_estimate,
         "residual_jacobian_upper_bound": block_local,
         "residual_jacobian_estimate": block_estimate,
@@ -176,7 +181,7 @@ def _layer_records(
             ln_ratio_max *= float(mlp_condition.ratio_max)
         layer_row["ln_condition_fraction"] = float(condition.satisfied_fraction)
         layer_row["ln_contraction_ratio_median"] = float(condition.ratio_median)
-        if compare_placements and not layer.has_out_norms:  # norms after the sublayers: no single rearrangement
+        if compare_placements and whole and not layer.has_out_norms:  # out norms: no single rearrangement
             estimates = G.residual_jacobian_estimates(
                 block_input,
                 layer,
@@ -187,7 +192,8 @@ def _layer_records(
             layer_row["pre_ln_residual_jacobian_estimate"] = float(estimates.pre_ln_estimate.amax())
             layer_row["post_ln_residual_jacobian_estimate"] = float(estimates.post_ln_estimate.amax())
             layer_row["branch_jacobian_estimate"] = float(estimates.pre_ln_branch_estimate.amax())
-    return [*head_rows, layer_row], {"ln_ratio_max": ln_ratio_max, "branch_upper_bound": block_local - 1.0}
+    branch = math.nan if block_local is None else block_local - 1.0
+    return [*head_rows, layer_row], {"ln_ratio_max": ln_ratio_max, "branch_upper_bound": branch}
 
 
 def _placement_label(layer: LayerWeights) -> str:

@@ -12,6 +12,7 @@ from attnsens.study.bounds import bound_model
 from tests.unit.models.tiny_models import HYBRID_FAMILIES, VOCAB, eager_attentions, tiny_model
 
 IDS = torch.randint(2, VOCAB, (2, 17), generator=torch.Generator().manual_seed(5))
+IDENTIFICATION = ("attention_identification", "mlp_identification")
 ATTENTION_BLOCKS = [1, 3]  # of the tests' 4 blocks (tiny_models.HYBRID_FAMILIES)
 
 
@@ -99,3 +100,86 @@ def test_bounds_and_audit_of_a_hybrid_name_the_blocks_they_leave_out(tmp_path) -
     audit = runner.invoke(app, ["audit", str(tmp_path / "lfm2"), "--ids", str(ids), "--out", str(tmp_path / "out")])
     assert audit.exit_code == 0, audit.output
     assert note in " ".join(audit.output.split())
+
+
+def test_falcon_h1_bounds_its_attention_and_mlp_beside_the_mixer_and_no_block() -> None:
+    """Falcon-H1 runs a Mamba-2 mixer beside the attention in every block: its attention (μP multipliers folded
+    in) and MLP pass the gate and are bounded, the block columns stay empty, and the adapter says why."""
+    model = tiny_model("falcon_h1")
+    adapter = M.load(model)
+    assert type(adapter).__name__ == "FalconH1Adapter" and adapter.spec.n_layer == 4
+    assert (
+        adapter.not_bounded is not None and "Mamba-2 mixer beside the attention in every block" in adapter.not_bounded
+    )
+    reference = eager_attentions(model, IDS)
+    for chunk in adapter.stream_attention(IDS):
+        torch.testing.assert_close(chunk.probs, reference[chunk.layer], rtol=0, atol=1e-4)
+    _, results = M.weights_fidelity(adapter, IDS)
+    assert {r.field for r in results if r.layer == 0} == {"attn_norm", "attention", "mlp", *IDENTIFICATION}
+    assert max(r.relative_error for r in results) < 1e-5
+    table = bound_model(adapter, IDS[:1], n_queries=4, iterations=8)
+    layers = table[table["head"] == -1]
+    assert (layers["mha_jacobian_estimate"] <= layers["mha_local_jacobian_upper_bound"]).all()
+    assert (layers["mha_local_jacobian_upper_bound"] <= layers["mha_lipschitz_upper_bound"]).all()
+    assert layers["ffn_lipschitz_upper_bound"].notna().all()
+    for column in ("residual_jacobian_upper_bound", "block_lipschitz_upper_bound", "block_jacobian_estimate"):
+        assert layers[column].isna().all(), column
+
+
+@pytest.mark.parametrize(
+    ("name", "field", "mutate"),
+    [
+        (
+            "attention_in_multiplier",
+            "attention",
+            lambda a: _scaled(a, "attention", w_q=1 / 0.7, w_k=1 / 0.7, w_v=1 / 0.7),
+        ),
+        ("key_multiplier", "attention", lambda a: _scaled(a, "attention", w_k=1 / 1.3)),
+        ("attention_out_multiplier", "attention", lambda a: _scaled(a, "attention", w_o=1 / 0.8)),
+        ("mlp gate multiplier", "mlp", lambda a: _scaled(a, "mlp", w_gate=1 / 1.2)),
+        ("mlp down multiplier", "mlp", lambda a: _scaled(a, "mlp", w_out=1 / 0.9)),
+    ],
+)
+def test_the_gate_refuses_falcon_h1_read_without_one_of_its_multipliers(name: str, field: str, mutate) -> None:
+    adapter = M.load(tiny_model("falcon_h1"))
+    mutate(adapter)
+    with pytest.raises(WeightsFidelityError) as caught:
+        M.check_weights_fidelity(adapter, IDS)
+    assert (caught.value.layer, caught.value.field) == (0, field), name
+
+
+def test_a_block_with_a_branch_beside_its_attention_has_no_forward_or_block_bound() -> None:
+    from attnsens.errors import ConfigError
+    from attnsens.geometry import block_lipschitz_upper_bound, block_local_jacobian_bounds
+    from attnsens.geometry.layers import block_forward
+
+    layer = M.load(tiny_model("falcon_h1")).layers[0]
+    x = torch.randn(1, 5, layer.attention.d_model, dtype=torch.float64)
+    for call in (lambda: block_forward(x, layer), lambda: block_local_jacobian_bounds(x, layer),
+                 lambda: block_lipschitz_upper_bound(layer)):  # fmt: skip
+        with pytest.raises(ConfigError, match="Mamba-2 mixer beside the attention"):
+            call()
+
+
+def _scaled(adapter: M.ModelAdapter, part: str, **factors: float) -> None:
+    """Layer 0's ``part`` (attention or mlp) with each named weight times its factor: a multiplier undone."""
+    from dataclasses import replace
+
+    layers = list(adapter.layers)
+    old = getattr(layers[0], part)
+    layers[0] = replace(layers[0], **{part: replace(old, **{k: getattr(old, k) * f for k, f in factors.items()})})
+    adapter._layers = layers
+
+
+def test_the_weights_file_keeps_the_branch_beside_the_attention(tmp_path) -> None:
+    """A Falcon-H1 layer read back from the weights file still names its Mamba-2 mixer: a file that dropped it would
+    bound blocks (and propagate a stream through them) whose mixer it never saw. Weights alone cannot give the
+    layers' inputs, so bounding them is refused in one line."""
+    from attnsens.errors import ConfigError
+    from attnsens.store.layer_weights import load_layer_weights, save_layer_weights
+
+    layers = M.load(tiny_model("falcon_h1")).layers
+    back = load_layer_weights(save_layer_weights(layers, tmp_path / "w.safetensors"))
+    assert [layer.beside_attention for layer in back] == ["a Mamba-2 mixer"] * 4
+    with pytest.raises(ConfigError, match="layer 0: its block adds a Mamba-2 mixer beside the attention"):
+        bound_model(back, seq_len=9, n_queries=2, iterations=3)

@@ -421,6 +421,10 @@ _HYBRID = {**_GQA, "num_hidden_layers": 4, "hidden_size": 48, "intermediate_size
 """The hybrids' tests: 4 blocks of d_model 48 (d_head 8: Bamba's RoPE rotates half of it) and attention blocks among
 Mamba or convolution blocks; an MLP width of 40 (MoE experts run through grouped matrix products whose strides must
 be multiples of 16 bytes)."""
+FALCON_H1_MULTIPLIERS = {"attention_in_multiplier": 0.7, "key_multiplier": 1.3, "attention_out_multiplier": 0.8,
+                         "mlp_multipliers": [1.2, 0.9], "ssm_out_multiplier": 0.6}  # fmt: skip
+"""Falcon-H1's μP multipliers, all 1 in its config's defaults and not in its checkpoints: set apart from 1 so that
+a multiplier read wrong, or not at all, changes the function the gate compares."""
 HYBRID_FAMILIES = ("bamba", "jamba", "lfm2", "granitemoehybrid")
 """Hybrids whose attention blocks are bounded (models/layouts.py, ``BlockLayout.hybrid``): blocks 1 and 3 of 4
 attend, the others hold Mamba mixers or short convolutions; Jamba's expert MLPs sit in its Mamba blocks (offset
@@ -431,6 +435,8 @@ def _hybrid_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
     from transformers import (
         BambaConfig,
         BambaForCausalLM,
+        FalconH1Config,
+        FalconH1ForCausalLM,
         GraniteMoeHybridConfig,
         GraniteMoeHybridForCausalLM,
         JambaConfig,
@@ -450,6 +456,8 @@ def _hybrid_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
         "granitemoehybrid": (GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM, {
             **_HYBRID, **_MAMBA2, "layer_types": mamba_granite, "num_local_experts": 0, "shared_intermediate_size": 40,
             "position_embedding_type": "rope"}),
+        "falcon_h1": (FalconH1Config, FalconH1ForCausalLM, {
+            **_HYBRID, **_MAMBA2, "mamba_d_ssm": 96, **FALCON_H1_MULTIPLIERS}),
     }  # fmt: skip
 
 
