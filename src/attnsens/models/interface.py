@@ -154,8 +154,14 @@ class InterfaceAdapter(HFAdapter):
         self._attention = interface_attention_modules(module.base_model)
         if not self._attention:
             classes = sorted({type(m).__name__ for m in module.modules() if "Attention" in type(m).__name__})
+            if not classes:
+                raise UnsupportedModelError(
+                    f"{config.model_type}: attnsens finds no attention layer in it (no module calls transformers' "
+                    "attention-function interface, and none is an attention class: a state-space or linear-attention "
+                    "model, or one whose attention layers its config leaves out), so it has no rows to audit"
+                )
             raise UnsupportedModelError(
-                f"{config.model_type}: its attention ({', '.join(classes) or 'no attention module found'}) computes "
+                f"{config.model_type}: its attention ({', '.join(classes)}) computes "
                 "its softmax itself instead of calling transformers' attention-function interface, so attnsens "
                 "cannot tap its queries and keys; this family is not supported"
             )

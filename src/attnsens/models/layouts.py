@@ -551,6 +551,11 @@ class LayoutAdapter(HFAdapter):
         if is_vision(self.base.config):
             self.spec = dataclasses.replace(self.spec, max_positions=self.vision_tokens())
         if self.layout.hybrid is not None:  # a hybrid's layers are its attention blocks
+            if not self.blocks():
+                raise UnsupportedModelError(
+                    f"{self.family}: none of its {len(self._all_blocks())} blocks holds attention (they hold "
+                    f"{self.layout.hybrid}), so attnsens has no attention layer to audit or bound"
+                )
             self.spec = dataclasses.replace(self.spec, n_layer=len(self.blocks()))
 
     @classmethod

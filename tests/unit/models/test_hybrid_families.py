@@ -183,3 +183,21 @@ def test_the_weights_file_keeps_the_branch_beside_the_attention(tmp_path) -> Non
     assert [layer.beside_attention for layer in back] == ["a Mamba-2 mixer"] * 4
     with pytest.raises(ConfigError, match="layer 0: its block adds a Mamba-2 mixer beside the attention"):
         bound_model(back, seq_len=9, n_queries=2, iterations=3)
+
+
+def test_a_hybrid_whose_blocks_hold_no_attention_is_refused_by_name() -> None:
+    """Jamba's first attention block is block 4 by default: a model of 2 blocks has none."""
+    model = tiny_model("jamba", num_hidden_layers=2, attn_layer_period=8, attn_layer_offset=4)
+    with pytest.raises(UnsupportedModelError, match=r"jamba: none of its 2 blocks holds attention .*Mamba mixers"):
+        M.load(model)
+
+
+def test_a_model_without_any_attention_layer_is_refused_as_such() -> None:
+    from transformers import MambaConfig, MambaForCausalLM
+
+    from tests.unit.models.tiny_models import stock_config
+
+    sizes = {"num_hidden_layers": 2, "hidden_size": 16, "state_size": 4, "intermediate_size": 32}
+    config = stock_config(MambaConfig, attn_implementation="eager", **sizes)
+    with pytest.raises(UnsupportedModelError, match="mamba: attnsens finds no attention layer in it"):
+        M.load(MambaForCausalLM(config).eval())
