@@ -1,6 +1,6 @@
 """Audit-only adapter of any transformers model whose attention goes through the attention-function interface.
 
-Families without a block layout (models/layouts.py) — Mixtral and the other mixtures of experts, Falcon-H1 with a
+Families without a block layout (models/layouts.py) — DeepSeek-V3 with its latent attention, Falcon-H1 with a
 Mamba mixer in every block, and others (``NO_BOUNDS`` says why for each it names) — still hand their
 queries and keys to ``ALL_ATTENTION_FUNCTIONS`` with the mask, scaling, softcap and sinks they use, so their attention
 rows can be recomputed exactly (models/hf_tap.py). The modules that do so are found by reading their classes'
@@ -29,13 +29,11 @@ from attnsens.models.hf_tap import exposes_scores, is_bridge_attention
 from attnsens.models.layouts import NO_POSITION_LIMIT
 from attnsens.weights import LayerWeights
 
-_MOE = (
-    "a mixture-of-experts MLP, whose router picks its experts discontinuously in the input, so that no Jacobian "
-    "bound of a fixed choice holds across the inputs around it"
-)
 NO_BOUNDS: dict[str, str] = {
-    **{family: _MOE for family in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe")},
-    "deepseek_v3": f"{_MOE}; and multi-head latent attention (low-rank queries and keys with a decoupled RoPE)",
+    "deepseek_v3": (
+        "multi-head latent attention (low-rank queries and keys with a decoupled RoPE), beside a mixture of experts "
+        "whose router picks its experts within groups by sigmoid scores plus a learned bias"
+    ),
     "falcon_h1": (
         "a Mamba-2 mixer beside the attention in every block, so that no block is one attnsens bounds (the hybrids "
         "whose attention blocks hold attention alone, Bamba, Jamba, LFM2 and Granite 4, are bounded there)"
