@@ -465,10 +465,11 @@ def moe_token_jacobian_upper_bound(x: Tensor, moe: MoEWeights, *, input_radius: 
     routing = moe_certified_routing(x64, moe, input_radius=input_radius)
     radius = torch.zeros(x64.shape[:-1], dtype=torch.float64) if input_radius is None else input_radius
     ball = Enclosure(x64, radius.to(torch.float64))
-    jacobians = torch.stack(
-        [ffn_token_jacobian_upper_bound(x64, e, input_radius=input_radius) for e in moe.experts], dim=-1
-    )  # [batch, query, expert]
-    sizes = torch.stack([_output_norm_upper_bound(ball, e) for e in moe.experts], dim=-1)  # [batch, query, expert]
+    jacobians = torch.zeros((*routing.selected.shape[:-1], moe.n_expert), dtype=torch.float64, device=x64.device)
+    sizes = torch.zeros_like(jacobians)  # [batch, query, expert]; only the experts some token selects are read
+    for e in routing.selected.unique().tolist():
+        jacobians[..., e] = ffn_token_jacobian_upper_bound(x64, moe.experts[e], input_radius=input_radius)
+        sizes[..., e] = _output_norm_upper_bound(ball, moe.experts[e])
     chosen = jacobians.gather(-1, routing.selected)
     experts_term = torch.minimum(sum_upper_bound(mul_up(routing.gate_upper, chosen)), chosen.amax(dim=-1))
     router_norm = spectral_norm_upper_bound(moe.router)

@@ -24,9 +24,9 @@ projections (Phi-3's ``qkv_proj`` = [q; k; v] rows, ``gate_up_proj`` = [gate; up
 interleaved rotary, norms after each sublayer (Gemma 2/3 beside their pre-norms, where ``post_attention_layernorm``
 is the norm of the attention *output*, unlike Llama; OLMo 2 without pre-norms), QK-norm (before RoPE, or after it in
 HunYuan), the softcap, where a sliding window is read (a window on both sides of the query in a bidirectional
-family, ModernBERT), an ``nn.Identity`` in a norm's place read as no norm (ModernBERT's first layer), a mixture of experts in the MLP's
-place (:class:`MoELayout`: a router and transformers 5's experts module, read per expert). Everything
-else — GQA, every RoPE type
+family, ModernBERT), an ``nn.Identity`` in a norm's place read as no norm (ModernBERT's first layer), a mixture of
+experts in the MLP's place (:class:`MoELayout`: a router and transformers 5's experts module, read per expert).
+Everything else — GQA, every RoPE type
 (``hf.rotary_of``, per layer type from ``config.layer_types``), biases, the yarn/longrope attention factor folded
 into τ — is common.
 

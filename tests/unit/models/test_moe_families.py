@@ -135,5 +135,5 @@ def test_the_weights_file_the_influence_certificate_and_the_finite_check_name_th
     broken = moe.experts[2].w_in.clone()
     broken[0, 0] = math.nan
     _set_moe(adapter, 1, experts=(*moe.experts[:2], replace(moe.experts[2], w_in=broken)))
-    with pytest.raises(InputError, match="'layers.1.mlp.experts.2.w_in'"):
+    with pytest.raises(InputError, match=r"'layers\.1\.mlp\.experts\.2\.w_in'"):
         check_finite_layers(adapter.layers, name="mixtral")
