@@ -137,3 +137,18 @@ def test_the_weights_file_the_influence_certificate_and_the_finite_check_name_th
     _set_moe(adapter, 1, experts=(*moe.experts[:2], replace(moe.experts[2], w_in=broken)))
     with pytest.raises(InputError, match=r"'layers\.1\.mlp\.experts\.2\.w_in'"):
         check_finite_layers(adapter.layers, name="mixtral")
+
+
+def test_the_bounds_command_says_which_layers_are_bounded_locally_only(tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from attnsens.cli import app
+    from tests.unit.study.test_bounds import _saved_with_tokenizer
+
+    text = tmp_path / "text.txt"
+    text.write_text(" ".join(f"w{i % 50}" for i in range(3, 40)), encoding="utf-8")
+    saved = _saved_with_tokenizer(tiny_model("qwen3_moe"), tmp_path / "m")
+    args = ["--text", str(text), "--seq-len", "12", "--queries", "2", "--iterations", "3"]
+    result = CliRunner().invoke(app, ["bounds", saved, *args])
+    assert result.exit_code == 0, result.output
+    assert "layer(s) [0, 1] hold a mixture of experts: their bounds are local" in " ".join(result.output.split())
