@@ -463,8 +463,7 @@ def moe_token_jacobian_upper_bound(x: Tensor, moe: MoEWeights, *, input_radius: 
     """
     x64 = x.detach().to(torch.float64)
     routing = moe_certified_routing(x64, moe, input_radius=input_radius)
-    radius = torch.zeros(x64.shape[:-1], dtype=torch.float64) if input_radius is None else input_radius
-    ball = Enclosure(x64, radius.to(torch.float64))
+    ball = exact(x64) if input_radius is None else Enclosure(x64, input_radius.to(torch.float64))
     jacobians = torch.zeros((*routing.selected.shape[:-1], moe.n_expert), dtype=torch.float64, device=x64.device)
     sizes = torch.zeros_like(jacobians)  # [batch, query, expert]; only the experts some token selects are read
     for e in routing.selected.unique().tolist():

@@ -152,3 +152,16 @@ def test_the_bounds_command_says_which_layers_are_bounded_locally_only(tmp_path)
     result = CliRunner().invoke(app, ["bounds", saved, *args])
     assert result.exit_code == 0, result.output
     assert "layer(s) [0, 1] hold a mixture of experts: their bounds are local" in " ".join(result.output.split())
+
+
+def test_dense_layers_beside_expert_layers_are_read_as_dense_mlps() -> None:
+    """Qwen3-MoE's ``mlp_only_layers`` keep a dense MLP: read, identified and bounded as one, beside the experts."""
+    adapter = M.load(tiny_model("qwen3_moe", mlp_only_layers=[0]))
+    assert not isinstance(adapter.layers[0].mlp, MoEWeights) and isinstance(adapter.layers[1].mlp, MoEWeights)
+    assert adapter.moe_modules(0) is None and adapter.moe_modules(1) is not None
+    _, results = M.weights_fidelity(adapter, IDS)
+    assert {r.field for r in results if r.layer == 0} >= {"mlp", "mlp_identification"}
+    assert max(r.relative_error for r in results) < 1e-5
+    table = bound_model(adapter, IDS[:1], n_queries=4, iterations=4)
+    lipschitz = table[table["head"] == -1]["ffn_lipschitz_upper_bound"].tolist()
+    assert math.isfinite(lipschitz[0]) and math.isinf(lipschitz[1])
