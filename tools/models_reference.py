@@ -110,6 +110,12 @@ def _attention(layout: Any) -> str:
 
 
 def _mlp(layout: Any) -> str:
+    if layout.moe is not None:
+        gates = "renormalized top-k" if layout.moe.renormalized_if is None else (
+            f"top-k of the softmax, renormalized under `{layout.moe.renormalized_if}`"
+        )  # fmt: skip
+        shared = ", a sigmoid-gated shared expert" if layout.moe.shared else ""
+        return f"mixture of gated experts ({gates}{shared}); local bounds only"
     if layout.gate_up:
         return f"gated, fused `{layout.gate_up}`"
     if layout.swiglu_if:

@@ -14,6 +14,7 @@ __all__ = [
     "InputError",
     "OutputWriteError",
     "QueryError",
+    "RouterTieError",
     "RunIntegrityError",
     "RunLockedError",
     "ShapeError",
@@ -58,6 +59,11 @@ class OutputWriteError(FileFormatError):
 
 class RunLockedError(AttnsensError):
     """Another process is writing the run folder (it holds the folder's lock)."""
+
+
+class RouterTieError(AttnsensError):
+    """A mixture of experts' choice of experts is not certified at an input (its k-th and (k+1)-th router logits
+    lie within their evaluation error): no local bound of a fixed choice holds there."""
 
 
 class UnsupportedModelError(AttnsensError):

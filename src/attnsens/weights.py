@@ -41,6 +41,8 @@ __all__ = [
     "LayerWeights",
     "MLPKind",
     "MLPWeights",
+    "MoEGateMode",
+    "MoEWeights",
     "NormKind",
     "NormWeights",
     "Placement",
@@ -56,6 +58,7 @@ NormKind = Literal["layernorm", "rmsnorm"]
 Placement = Literal["pre", "post", "none"]
 Activation = Literal["gelu", "gelu_tanh", "relu", "silu", "quick_gelu", "relu2", "xielu"]
 MLPKind = Literal["mlp", "gated"]
+MoEGateMode = Literal["softmax", "topk_softmax"]
 
 
 RopeType = Literal["default", "linear", "dynamic", "yarn", "llama3", "longrope"]
@@ -340,6 +343,49 @@ class MLPWeights:
 
 
 @dataclass(frozen=True, kw_only=True)
+class MoEWeights:
+    """A mixture of experts on each token: logits ℓ = W_r x, the selected set S(x) of the ``top_k`` largest,
+    gate weights g_e for e ∈ S and output Σ_{e∈S} g_e E_e(x) + σ(w_s·x) E_s(x) (the last term only with a shared
+    expert, Qwen2-MoE).
+
+    ``gate_mode`` "softmax": g_e = softmax(ℓ)_e over all experts (Qwen2/3-MoE and OLMoE without
+    ``norm_topk_prob``); "topk_softmax": g_e = softmax(ℓ_S)_e over the selected logits alone, which equals the
+    renormalized p_e / Σ_{f∈S} p_f (Mixtral, Granite-MoE, and the others with ``norm_topk_prob``).
+    """
+
+    router: Tensor  # [expert, d_model]
+    experts: tuple[MLPWeights, ...]  # E_e, one per router row
+    top_k: int
+    gate_mode: MoEGateMode
+    shared: MLPWeights | None = None  # E_s, always applied
+    shared_gate: Tensor | None = None  # [d_model] w_s: E_s is scaled by σ(w_s·x); given exactly beside ``shared``
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "experts", tuple(self.experts))
+        if self.router.ndim != 2 or self.router.shape[0] != len(self.experts):
+            raise ShapeError(
+                f"router must be [expert, d_model] with one row per expert ({len(self.experts)}), got "
+                f"{tuple(self.router.shape)}"
+            )
+        if not 1 <= self.top_k <= len(self.experts):
+            raise ConfigError(f"top_k must lie in [1, {len(self.experts)}] (the number of experts), got {self.top_k}")
+        if self.gate_mode not in ("softmax", "topk_softmax"):
+            raise ConfigError(f"gate_mode must be 'softmax' or 'topk_softmax', got {self.gate_mode!r}")
+        d_model = self.router.shape[1]
+        for mlp in (*self.experts, *([] if self.shared is None else [self.shared])):
+            if mlp.w_in.shape[1] != d_model:
+                raise ShapeError(f"every expert must read d_model = {d_model}, got w_in {tuple(mlp.w_in.shape)}")
+        if (self.shared is None) != (self.shared_gate is None):
+            raise ConfigError("shared and shared_gate must be given together (the shared expert's sigmoid gate)")
+        if self.shared_gate is not None and self.shared_gate.shape != (d_model,):
+            raise ShapeError(f"shared_gate must be [{d_model}], got {tuple(self.shared_gate.shape)}")
+
+    @property
+    def n_expert(self) -> int:
+        return len(self.experts)
+
+
+@dataclass(frozen=True, kw_only=True)
 class LayerWeights:
     """One transformer block.
 
@@ -354,6 +400,8 @@ class LayerWeights:
     ``residual_scale`` is DeepNorm's α (X ← N(α X + F(X))); 1 otherwise.
     ``parallel_residual`` (GPT-NeoX/Pythia, pre placement only): X ← X + Attn(N1(X)) + MLP(N2(X)), both
     sublayers reading the block input.
+
+    ``mlp`` is a dense positionwise map or a mixture of experts (``MoEWeights``), tokenwise either way.
 
     ``attn_out_norm`` and ``mlp_out_norm`` are norms applied to a sublayer's *output* before the residual sum
     (post-sublayer norms); each is optional (None: no norm there) and allowed with placements "pre" and "none"
@@ -371,7 +419,7 @@ class LayerWeights:
     index: int
     placement: Placement
     attention: AttentionWeights
-    mlp: MLPWeights
+    mlp: MLPWeights | MoEWeights
     attn_norm: NormWeights | None
     mlp_norm: NormWeights | None
     residual_scale: float = 1.0

@@ -182,6 +182,14 @@ def bounds(
     partial = getattr(target, "not_bounded", None)
     if partial is not None:
         console.print(f"{partial}.", soft_wrap=True)
+    moe_modules = getattr(target, "moe_modules", None)
+    experts = [i for i in range(n_layer) if moe_modules is not None and moe_modules(i) is not None]
+    if experts:
+        console.print(
+            f"layer(s) {experts} hold a mixture of experts: their bounds are local, at these tokens with the router's "
+            "choice there (docs/math.md T7); FFN Lip and the block's Lipschitz bound are inf, a mixture having none.",
+            soft_wrap=True,
+        )
     console.print(
         f"estimator budget: block power ascent, 1 random start × {iterations} steps at {queries} output token(s) "
         f"per Jacobian, pre/post-LN comparison {'on (--no-placements skips it)' if placements else 'off'}; higher "

@@ -75,18 +75,22 @@ import torch
 from torch import Tensor
 
 from attnsens._rounding import (
+    add_down,
     add_up,
     div_up,
     float_up,
     gamma,
+    mul_down,
     mul_up,
     norm2_upper_bound,
     product_error_factor,
     spectral_norm_upper_bound,
     sqrt_down,
     sub_down,
+    sum_lower_bound,
+    sum_upper_bound,
 )
-from attnsens.errors import ConfigError
+from attnsens.errors import ConfigError, RouterTieError
 from attnsens.geometry.attention_bounds import (
     MHALocalJacobianBounds,
     mha_lipschitz_bounds,
@@ -96,7 +100,7 @@ from attnsens.geometry.enclosures import Enclosure, exact, norm_enclosure, resid
 from attnsens.geometry.jacobians import norm_jacobian_spectral_norm_upper_bound
 from attnsens.geometry.layers import activation, check_whole_block
 from attnsens.geometry.norms import Geometry
-from attnsens.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights, XIELUParameters
+from attnsens.weights import AttentionWeights, LayerWeights, MLPWeights, MoEWeights, NormWeights, XIELUParameters
 
 ACTIVATION_LIPSCHITZ = {"gelu": 1.128905, "gelu_tanh": 1.128994, "relu": 1.0, "silu": 1.099840, "quick_gelu": 1.099840}
 
@@ -195,7 +199,7 @@ def _rows_l2(W: Tensor) -> Tensor:
     return norm2_upper_bound(W, dim=-1)
 
 
-def ffn_lipschitz_upper_bound(mlp: MLPWeights, *, radius_l2: float | Tensor | None = None) -> Tensor:
+def ffn_lipschitz_upper_bound(mlp: MLPWeights | MoEWeights, *, radius_l2: float | Tensor | None = None) -> Tensor:
     """‖W_out‖ Lip(act) ‖W_in‖ (plain MLP, any input) or the gated bound on {‖x‖₂ ≤ R}; relu2's plain MLP on
     {‖x‖₂ ≤ R}: ‖W_out‖ 2 max_k(‖w_in,k‖R + |b_in,k|) ‖W_in‖, xielu's the same with its slope bound on
     |z_k| ≤ ‖w_in,k‖R + |b_in,k|, and infinite where xielu jumps at 0 (ε < 0; module docstring).
@@ -206,8 +210,11 @@ def ffn_lipschitz_upper_bound(mlp: MLPWeights, *, radius_l2: float | Tensor | No
             otherwise.
 
     Returns:
-        float64 certified Lipschitz bound in the block-∞ norm (docs/math.md §2.7; gated maps: extension).
+        float64 certified Lipschitz bound in the block-∞ norm (docs/math.md §2.7; gated maps: extension); infinite
+        for a mixture of experts, which jumps where its router's choice changes (docs/math.md T7).
     """
+    if isinstance(mlp, MoEWeights):
+        return torch.full_like(torch.as_tensor(0.0 if radius_l2 is None else radius_l2, dtype=torch.float64), math.inf)
     _check_gated_activation(mlp)
     w_out, w_in = spectral_norm_upper_bound(mlp.w_out), spectral_norm_upper_bound(mlp.w_in)
     if mlp.activation in UNBOUNDED_SLOPE:  # slopes at |z_k| ≤ ‖w_in,k‖R + |b_in,k| on the ball (Cauchy–Schwarz)
@@ -237,7 +244,9 @@ def ffn_lipschitz_upper_bound(mlp: MLPWeights, *, radius_l2: float | Tensor | No
     return mul_up(w_out, add_up(gate_term, mul_up(w_in, gate_max)))
 
 
-def ffn_local_jacobian_upper_bound(x: Tensor, mlp: MLPWeights, *, input_radius: Tensor | None = None) -> Tensor:
+def ffn_local_jacobian_upper_bound(
+    x: Tensor, mlp: MLPWeights | MoEWeights, *, input_radius: Tensor | None = None
+) -> Tensor:
     """max_t ‖Dφ(x_t)‖₂ bound from the actual pre-activations: ‖W_out‖ ‖act'(h_t)‖_∞ ‖W_in‖ (plain) or
     ‖W_out‖ (‖a'(g)⊙u‖_∞ ‖W_gate‖ + ‖a(g)‖_∞ ‖W_in‖) (gated).
 
@@ -281,7 +290,9 @@ def _activation_error(pre: Tensor, mlp: MLPWeights) -> Tensor:
     return mul_up(pre.abs().clamp_min(1.0), ACTIVATION_EVALUATION_ERROR)
 
 
-def ffn_token_jacobian_upper_bound(x: Tensor, mlp: MLPWeights, *, input_radius: Tensor | None = None) -> Tensor:
+def ffn_token_jacobian_upper_bound(
+    x: Tensor, mlp: MLPWeights | MoEWeights, *, input_radius: Tensor | None = None
+) -> Tensor:
     """The per-token bounds behind ``ffn_local_jacobian_upper_bound``: ``[batch, query]`` float64, each a certified
     bound of ‖Dφ(x_t)‖₂ (the map is tokenwise, so its block-∞ norm is their max over t).
 
@@ -291,7 +302,9 @@ def ffn_token_jacobian_upper_bound(x: Tensor, mlp: MLPWeights, *, input_radius: 
     0 or above, relu2's is at most 2 relu(ẑ + r), xielu's ``xielu_slope_upper_bound`` on [ẑ − r, ẑ + r]. Gated
     maps bound |u| by |û| + r_u and |a(g)| by |a(ĝ)| + e + Lip(a)·r_g. With ``input_radius`` δ ``[batch, query]``
     the bound holds at every input within δ_t of x_t: r grows by ‖w_j‖₂ δ_t per unit j, and every bound above holds
-    on the whole interval [ẑ − r, ẑ + r]."""
+    on the whole interval [ẑ − r, ẑ + r]. A mixture of experts: ``moe_token_jacobian_upper_bound``."""
+    if isinstance(mlp, MoEWeights):
+        return moe_token_jacobian_upper_bound(x, mlp, input_radius=input_radius)
     x64 = x.detach().to(torch.float64)
     up, up_radius = _pre_activation(x64, mlp.w_in, mlp.b_in, input_radius)
     if mlp.kind != "gated":
@@ -323,7 +336,7 @@ def ffn_token_jacobian_upper_bound(x: Tensor, mlp: MLPWeights, *, input_radius: 
     return mul_up(w_out_norm, add_up(gate_term, up_term))
 
 
-def mlp_enclosure(x: Enclosure, mlp: MLPWeights) -> Enclosure:
+def mlp_enclosure(x: Enclosure, mlp: MLPWeights | MoEWeights) -> Enclosure:
     """The float64 MLP output at x̂ (the operations of ``layers.mlp_forward``) and a radius ≥ ‖φ(X)_t − φ̂_t‖₂ for
     every real X within ``x.radius`` of ``x.value``.
 
@@ -332,7 +345,17 @@ def mlp_enclosure(x: Enclosure, mlp: MLPWeights) -> Enclosure:
     |a(g)u − fl(â û)| ≤ (Lip(a) r^g_j + e_j)(|û_j| + r^u_j) + |â_j| r^u_j + γ₁|ĥ_j| (gated); relu2 and xielu take
     their slope bound on [û − r, û + r] for Lip(act), and xielu adds its jump J where that interval holds 0 and a
     positive point (module docstring). The output projection
-    maps them to ≤ ‖W_out‖ ‖ε‖₂ and adds its own rounding γ_{k+1}‖|W_out||ĥ| + |b_out|‖ (k hidden units)."""
+    maps them to ≤ ‖W_out‖ ‖ε‖₂ and adds its own rounding γ_{k+1}‖|W_out||ĥ| + |b_out|‖ (k hidden units).
+
+    Raises:
+        ConfigError: a mixture of experts, whose output is not enclosed (a block that needs it, post-LN or with a
+            norm after the MLP, is not bounded with one).
+    """
+    if isinstance(mlp, MoEWeights):
+        raise ConfigError(
+            "the output of a mixture of experts is not enclosed: a post-LN block or a norm after the MLP with one "
+            "is not bounded (pre-LN blocks without that norm are)"
+        )
     x64, radius = x.value, x.radius_or_none
     _check_gated_activation(mlp)
     up, up_radius = _pre_activation(x64, mlp.w_in, mlp.b_in, radius)
@@ -362,6 +385,117 @@ def mlp_enclosure(x: Enclosure, mlp: MLPWeights) -> Enclosure:
     rounding = mul_up(norm2_upper_bound(magnitude), product_error_factor(hidden.shape[-1] + 1))
     moved = mul_up(spectral_norm_upper_bound(mlp.w_out), norm2_upper_bound(hidden_error))
     return Enclosure(value, add_up(moved, rounding))
+
+
+EXP_RELATIVE_ERROR = 2.0**-40
+"""Relative error of the float64 exp and sigmoid: correctly rounded to within a few units in the last place
+(2⁻⁵²), so a wide margin."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CertifiedRouting:
+    """The router of a mixture of experts over a ball of inputs, its choice certified (``moe_certified_routing``).
+
+    selected ``[batch, query, top_k]``: S, the same at every input of the ball; gate_upper ``[batch, query, top_k]``:
+    ≥ g_e over the ball for e ∈ S (in S's order), and ≥ every weight of the softmax the gates come from.
+    """
+
+    selected: Tensor
+    gate_upper: Tensor
+
+
+def moe_certified_routing(x: Tensor, moe: MoEWeights, *, input_radius: Tensor | None = None) -> CertifiedRouting:
+    """S = the top-k of ℓ = W_r x, certified constant on the ball: min_{e∈S} ℓ_e > max_{f∉S} ℓ_f for every real
+    input within ``input_radius`` δ_t of x_t, from the logits' enclosures ℓ̂ ± ρ (``_pre_activation``: rounding
+    plus ‖w_e‖₂ δ_t); and g_e ≤ 1/(1 + Σ_{f∈P, f≠e} exp(ℓ_f⁻ − ℓ_e⁺)) over the ball, P the experts the softmax runs
+    over (S for "topk_softmax", all for "softmax"), ℓ⁻ and ℓ⁺ the ends of the enclosures (docs/math.md T7).
+
+    Args:
+        x: ``[batch, query, d_model]`` MoE inputs; input_radius: ``[batch, query]`` or None (x exact).
+
+    Raises:
+        RouterTieError: a token whose k-th and (k+1)-th logits are not certified apart, named with its experts.
+    """
+    x64 = x.detach().to(torch.float64)
+    logits, radius = _pre_activation(x64, moe.router, None, input_radius)
+    low, high = sub_down(logits, radius), add_up(logits, radius)
+    order = logits.topk(min(moe.top_k + 1, moe.n_expert), dim=-1).indices
+    selected = order[..., : moe.top_k]
+    if moe.top_k < moe.n_expert:
+        chosen_low = low.gather(-1, selected).amin(dim=-1)
+        others_high = high.scatter(-1, selected, -math.inf).amax(dim=-1)
+        tied = ~(chosen_low > others_high)
+        if bool(tied.any()):
+            b, t = (int(i) for i in tied.nonzero()[0])
+            kth, next_ = int(order[b, t, -2]), int(order[b, t, -1])
+            gap = float(logits[b, t, kth] - logits[b, t, next_])
+            raise RouterTieError(
+                f"router tie at token {t} of sequence {b}: the logits of experts {kth} (the last of its top "
+                f"{moe.top_k}) and {next_} (the first left out) lie {gap:.3g} apart, within their certified error "
+                f"{float(radius[b, t, kth] + radius[b, t, next_]):.3g}; the router's choice there is not certified, "
+                "so no local bound of a fixed choice holds"
+            )
+    pool = torch.ones_like(logits, dtype=torch.bool)
+    if moe.gate_mode == "topk_softmax":
+        pool = torch.zeros_like(pool).scatter(-1, selected, True)
+    others = pool.unsqueeze(-2) & (torch.arange(moe.n_expert, device=x64.device) != selected.unsqueeze(-1))
+    exponent = sub_down(low.unsqueeze(-2), high.gather(-1, selected).unsqueeze(-1))  # [batch, query, k, expert]
+    terms = torch.where(others, mul_down(torch.exp(exponent), 1.0 - EXP_RELATIVE_ERROR), 0.0)
+    gate_upper = div_up(torch.ones_like(exponent[..., 0]), add_down(sum_lower_bound(terms), 1.0))
+    return CertifiedRouting(selected=selected, gate_upper=gate_upper)
+
+
+def moe_token_jacobian_upper_bound(x: Tensor, moe: MoEWeights, *, input_radius: Tensor | None = None) -> Tensor:
+    """``[batch, query]`` certified bounds of ‖D MoE(x_t)‖₂ with the router's choice S certified constant around
+    x_t (``moe_certified_routing``), over every input within ``input_radius`` δ_t of x_t (docs/math.md T7):
+
+        D MoE = Σ_{e∈S} g_e J_{E_e} + Σ_{e∈S} E_e ∇g_eᵀ (+ σ(w_s·x) J_{E_s} + E_s σ'(w_s·x) w_sᵀ),
+
+    ‖Σ_e g_e J_{E_e}‖ ≤ min(Σ_e ḡ_e B_e, max_e B_e) (Σ_e g_e ≤ 1) with B_e each expert's
+    ``ffn_token_jacobian_upper_bound``; the gates' motion Σ_e E_e ∇g_eᵀ = V_S R_S (diag q − q qᵀ) W_P, q the softmax
+    over the pool P with router rows W_P, V_S = [E_e]_{e∈S}, R_S S's rows of the pool, has norm
+    ≤ ‖V_S‖_F min(max_e q̄_e, ½) ‖W_P‖ (‖W_P‖ ≤ min(‖W_r‖, ‖W_S‖_F) for P = S), ‖E_e‖ bounded by ``mlp_enclosure``;
+    the shared expert adds σ̄ B_s + ‖E_s‖ σ̄' ‖w_s‖, σ̄ and σ̄' (≤ ¼) the sigmoid's largest value and slope on the
+    enclosure of w_s·x.
+
+    Raises:
+        RouterTieError: the router's choice is not certified at some token (``moe_certified_routing``).
+    """
+    x64 = x.detach().to(torch.float64)
+    routing = moe_certified_routing(x64, moe, input_radius=input_radius)
+    ball = exact(x64) if input_radius is None else Enclosure(x64, input_radius.to(torch.float64))
+    jacobians = torch.zeros((*routing.selected.shape[:-1], moe.n_expert), dtype=torch.float64, device=x64.device)
+    sizes = torch.zeros_like(jacobians)  # [batch, query, expert]; only the experts some token selects are read
+    for e in routing.selected.unique().tolist():
+        jacobians[..., e] = ffn_token_jacobian_upper_bound(x64, moe.experts[e], input_radius=input_radius)
+        sizes[..., e] = _output_norm_upper_bound(ball, moe.experts[e])
+    chosen = jacobians.gather(-1, routing.selected)
+    experts_term = torch.minimum(sum_upper_bound(mul_up(routing.gate_upper, chosen)), chosen.amax(dim=-1))
+    router_norm = spectral_norm_upper_bound(moe.router)
+    if moe.gate_mode == "topk_softmax":  # W_P = W_S, the selected rows
+        router_norm = torch.minimum(router_norm, norm2_upper_bound(_rows_l2(moe.router)[routing.selected]))
+    spread = routing.gate_upper.amax(dim=-1).clamp_max(0.5)  # ‖diag q − q qᵀ‖₂ ≤ min(max q, ½)
+    motion = mul_up(mul_up(norm2_upper_bound(sizes.gather(-1, routing.selected)), spread), router_norm)
+    bound = add_up(experts_term, motion)
+    if moe.shared is None or moe.shared_gate is None:
+        return bound
+    logit, logit_radius = _pre_activation(x64, moe.shared_gate[None], None, input_radius)
+    low, high = sub_down(logit, logit_radius)[..., 0], add_up(logit, logit_radius)[..., 0]
+    gate = mul_up(torch.sigmoid(high), 1.0 + EXP_RELATIVE_ERROR).clamp_max(1.0)
+    # σ'(z) = e^{-|z|}/(1 + e^{-|z|})², largest at the point of [z⁻, z⁺] nearest 0 (no cancellation in this form)
+    nearest = torch.where(low > 0, low, torch.where(high < 0, -high, 0.0))
+    decay = torch.exp(-nearest)
+    slope = mul_up(decay / (1.0 + decay).square(), 1.0 + EXP_RELATIVE_ERROR).clamp_max(0.25)
+    shared = mul_up(gate, ffn_token_jacobian_upper_bound(x64, moe.shared, input_radius=input_radius))
+    size = _output_norm_upper_bound(ball, moe.shared)
+    gate_motion = mul_up(mul_up(size, slope), norm2_upper_bound(moe.shared_gate))
+    return add_up(bound, add_up(shared, gate_motion))
+
+
+def _output_norm_upper_bound(x: Enclosure, mlp: MLPWeights) -> Tensor:
+    """``[batch, query]``: ≥ ‖φ(X)_t‖₂ for every real X within ``x.radius`` of ``x.value`` (``mlp_enclosure``)."""
+    enclosure = mlp_enclosure(x, mlp)
+    return add_up(norm2_upper_bound(enclosure.value), enclosure.radius)
 
 
 def norm_output_radius_rms(norm: NormWeights) -> Tensor:
@@ -521,7 +655,7 @@ def _norm_local(x: Enclosure, norm: NormWeights) -> Tensor:
     return _norm_tokens(x, norm).amax(dim=-1)
 
 
-def _ffn_local(x: Enclosure, mlp: MLPWeights) -> Tensor:
+def _ffn_local(x: Enclosure, mlp: MLPWeights | MoEWeights) -> Tensor:
     return ffn_local_jacobian_upper_bound(x.value, mlp, input_radius=x.radius_or_none)
 
 

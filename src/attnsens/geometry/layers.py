@@ -15,7 +15,7 @@ from torch import Tensor
 
 from attnsens.errors import ConfigError
 from attnsens.geometry.attention import mha_forward, rms_norm_forward
-from attnsens.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights, XIELUParameters
+from attnsens.weights import AttentionWeights, LayerWeights, MLPWeights, MoEWeights, NormWeights, XIELUParameters
 
 
 def activation(name: str, x: Tensor, xielu: XIELUParameters | None = None) -> Tensor:
@@ -61,9 +61,11 @@ def norm_forward(x: Tensor, norm: NormWeights) -> Tensor:
     return y if norm.beta is None else y + norm.beta.to(x.dtype)
 
 
-def mlp_forward(x: Tensor, mlp: MLPWeights) -> Tensor:
+def mlp_forward(x: Tensor, mlp: MLPWeights | MoEWeights) -> Tensor:
     """W_out act(W_in x + b_in) + b_out, or gated W_out (act(W_gate x + b_gate) ⊙ (W_in x + b_in)) + b_out
-    (docs/math.md §2.7)."""
+    (docs/math.md §2.7); a mixture of experts as ``moe_forward``."""
+    if isinstance(mlp, MoEWeights):
+        return moe_forward(x, mlp)
     hidden = x @ mlp.w_in.to(x.dtype).T
     if mlp.b_in is not None:
         hidden = hidden + mlp.b_in.to(x.dtype)
@@ -76,6 +78,40 @@ def mlp_forward(x: Tensor, mlp: MLPWeights) -> Tensor:
         hidden = activation(mlp.activation, hidden, mlp.xielu)
     out = hidden @ mlp.w_out.to(x.dtype).T
     return out if mlp.b_out is None else out + mlp.b_out.to(x.dtype)
+
+
+def moe_routing(x: Tensor, moe: MoEWeights) -> tuple[Tensor, Tensor, Tensor]:
+    """The router of a mixture of experts on ``x`` ``[..., d_model]``: logits ℓ = W_r x ``[..., expert]``, the
+    selected experts S (the ``top_k`` largest logits, in decreasing order) ``[..., top_k]`` and their gate weights
+    g ``[..., top_k]``: softmax(ℓ_S) ("topk_softmax") or softmax(ℓ) on S ("softmax"; ``MoEWeights``).
+
+    >>> from attnsens.weights import MLPWeights, MoEWeights
+    >>> expert = MLPWeights(kind="mlp", activation="relu", w_in=torch.eye(1), w_out=torch.eye(1))
+    >>> moe = MoEWeights(router=torch.tensor([[1.0], [-1.0]]), experts=(expert, expert), top_k=1,
+    ...                  gate_mode="topk_softmax")
+    >>> moe_routing(torch.tensor([2.0]), moe)
+    (tensor([ 2., -2.]), tensor([0]), tensor([1.]))
+    """
+    logits = x @ moe.router.to(x.dtype).T
+    selected = logits.topk(moe.top_k, dim=-1).indices
+    if moe.gate_mode == "topk_softmax":
+        return logits, selected, torch.softmax(logits.gather(-1, selected), dim=-1)
+    return logits, selected, torch.softmax(logits, dim=-1).gather(-1, selected)
+
+
+def moe_forward(x: Tensor, moe: MoEWeights) -> Tensor:
+    """Σ_{e∈S(x)} g_e(x) E_e(x) + σ(w_s·x) E_s(x) tokenwise (``moe_routing``; the shared term only with a shared
+    expert), each expert as ``mlp_forward``; experts that no token selects are not evaluated."""
+    logits, selected, weights = moe_routing(x, moe)
+    dense = torch.zeros_like(logits).scatter(-1, selected, weights)  # [..., expert], 0 off S
+    out = torch.zeros_like(x)
+    for index, expert in enumerate(moe.experts):
+        if bool((selected == index).any()):
+            out = out + dense[..., index : index + 1] * mlp_forward(x, expert)
+    if moe.shared is not None and moe.shared_gate is not None:
+        gate = torch.sigmoid(x @ moe.shared_gate.to(x.dtype))[..., None]
+        out = out + gate * mlp_forward(x, moe.shared)
+    return out
 
 
 def attention_sublayer(x: Tensor, attention: AttentionWeights) -> Tensor:

@@ -55,7 +55,7 @@ from attnsens.models.adapter import ModelAdapter
 from attnsens.models.fidelity import check_weights_fidelity
 from attnsens.models.loading import load
 from attnsens.train.model import GPT
-from attnsens.weights import LayerWeights, NormWeights
+from attnsens.weights import LayerWeights, MLPWeights, MoEWeights, NormWeights
 
 _LN10 = math.log(10.0)
 _EXACT_DISTANCE_VOCAB = 8192  # above this many rows, max pairwise distance is bounded by 2·max norm
@@ -271,9 +271,16 @@ def _bidirectional_window_layers(layers: Sequence[LayerWeights]) -> list[int]:
     return [layer.index for layer in layers if not layer.attention.causal and layer.attention.sliding_window]
 
 
+def _is_gated(layer: LayerWeights) -> bool:
+    return isinstance(layer.mlp, MLPWeights) and layer.mlp.kind == "gated"
+
+
 def _structure_reasons(layers: Sequence[LayerWeights]) -> list[str]:
     reasons = []
-    gated = [layer.index for layer in layers if layer.mlp.kind == "gated"]
+    experts = [layer.index for layer in layers if isinstance(layer.mlp, MoEWeights)]
+    if experts:
+        reasons.append(f"mixture of experts in layer(s) {experts}: its router's choice jumps, so it is not Lipschitz")
+    gated = [layer.index for layer in layers if _is_gated(layer)]
     if gated:
         reasons.append(f"gated MLP in layer(s) {gated}: x ↦ W_out(act(W_gate x) ⊙ W_in x) is not globally Lipschitz")
     qk_normed = [layer.index for layer in layers if layer.attention.q_norm or layer.attention.k_norm]
@@ -377,7 +384,7 @@ def certified_constant(
     # No indicative number either where the recursion does not model the block (gated MLPs, norms after sublayers,
     # bidirectional windows).
     unmodelled = (
-        any(layer.mlp.kind == "gated" for layer in inputs.layers)
+        any(_is_gated(layer) or isinstance(layer.mlp, MoEWeights) for layer in inputs.layers)
         or bool(_out_norm_layers(inputs.layers))
         or bool(_bidirectional_window_layers(inputs.layers))
     )

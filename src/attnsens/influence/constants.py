@@ -43,7 +43,7 @@ from attnsens._rounding import (
 from attnsens.errors import ConfigError
 from attnsens.geometry.blocks import ffn_lipschitz_upper_bound, mlp_enclosure
 from attnsens.geometry.enclosures import Enclosure, residual_sum
-from attnsens.weights import LayerWeights, MLPWeights
+from attnsens.weights import LayerWeights, MLPWeights, MoEWeights
 
 HeadOutput = Literal["ov", "split"]
 
@@ -94,6 +94,11 @@ def block_constants(
         constant c (``b_O`` plus the value biases' image), the MLP and their sum.
     """
     attn = layer.attention
+    if isinstance(layer.mlp, MoEWeights):
+        raise ConfigError(
+            f"layer {layer.index}: a mixture of experts is not Lipschitz (its router's choice jumps); the "
+            "inverse-length constants (docs/math.md §10.4) do not cover it"
+        )
     if attn.q_norm is not None or attn.k_norm is not None or attn.softcap or attn.alibi_slopes is not None:
         raise ConfigError(
             f"layer {layer.index}: QK-norm, softcapped or ALiBi scores are not the bilinear form W_Qᵀ W_K alone; the "

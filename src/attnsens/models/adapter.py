@@ -116,6 +116,21 @@ class AttentionChunk:
     n_keys: Tensor  # [batch, query]: allowed keys of each row
 
 
+@dataclass(frozen=True, kw_only=True)
+class MoEModules:
+    """One layer's mixture of experts as the model's own modules, which the weights-fidelity gate calls one at a
+    time (``models/fidelity.py``): ``router`` maps x [n, d_model] to (logits [n, expert], gate weights [n, top_k],
+    indices [n, top_k]); ``experts`` maps (x, indices [n, j], weights [n, j]) to Σ_j weight · E_index(x); the shared
+    expert maps x to its output and its gate to the logit [n, 1] of its sigmoid. ``output_scale`` is the factor the
+    block multiplies the MoE's output by (Granite-MoE's residual multiplier), folded into the normalized experts."""
+
+    router: torch.nn.Module
+    experts: torch.nn.Module
+    shared: torch.nn.Module | None = None
+    shared_gate: torch.nn.Module | None = None
+    output_scale: float = 1.0
+
+
 class ModelAdapter(ABC):
     """A loaded model seen through attnsens: normalized weights, layer inputs and streamed attention rows."""
 
@@ -251,6 +266,10 @@ class ModelAdapter(ABC):
         (:func:`attnsens.models.tokenwise.in_token_chunks`), so that a long input never holds its [n, d_ff]
         activations at once. None by default."""
         return []
+
+    def moe_modules(self, layer: int) -> MoEModules | None:
+        """The modules of layer ``layer``'s mixture of experts, None where its MLP is dense (the default)."""
+        return None
 
     def query_sliceable_layers(self) -> list[torch.nn.Module]:
         """Blocks that may run a slice of queries at a time (:func:`attnsens.models.query_slices.in_query_slices`)

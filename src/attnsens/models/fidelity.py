@@ -40,6 +40,14 @@ normalized coordinates fix each γ_i, β_i), its ε by ``hf.check_norm_eps`` whe
 two forwards of that many tokens (model and reference), set by the widths and not by the bounded sequence: about a
 fifth of ``attnsens bounds smollm2 --seq-len 32`` at one thread (docs/performance.md §4).
 
+A mixture of experts is identified part by part instead of as one MLP (random tokens near a tie between two
+experts may be routed either way in the model's float type): the gate calls the model's router, experts and
+shared expert modules (``ModelAdapter.moe_modules``) on the same random tokens, and compares the router's logits
+(``router_identification``), its selected experts and gate weights on the tokens whose k-th and (k+1)-th logits are
+clearly apart (``routing_identification``), every expert with all tokens routed to it (``expert_identification``)
+and the shared expert with its gate (``shared_expert_identification``). The real tokens' ``mlp`` and ``block``
+comparisons stay as for every layer.
+
 Before any of this the adapter checks that no parameter changed since it read the normalized weights
 (``ModelAdapter.check_weights_unchanged``: identity, version counter, storage); an edit that bypasses the version
 counter (``.data``) still changes the function the identification pass compares.
@@ -56,14 +64,28 @@ import torch
 from torch import Tensor
 
 from attnsens.errors import UnsupportedModelError, WeightsFidelityError
-from attnsens.geometry.layers import attention_input, attention_sublayer, block_forward, mlp_forward, norm_forward
-from attnsens.models.adapter import OUTPUT_FIELDS, LayerInputs, ModelAdapter
-from attnsens.weights import LayerWeights
+from attnsens.geometry.layers import (
+    attention_input,
+    attention_sublayer,
+    block_forward,
+    mlp_forward,
+    moe_routing,
+    norm_forward,
+)
+from attnsens.models.adapter import OUTPUT_FIELDS, LayerInputs, ModelAdapter, MoEModules
+from attnsens.weights import LayerWeights, MLPWeights, MoEWeights
 
 FIELDS = ("attn_norm", "attention", "attn_out_norm", "mlp_norm", "mlp", "mlp_out_norm", "block")
 """The sub-outputs the gate compares on the real forward pass, in forward order (a layer compares those it has)."""
 IDENTIFICATION_FIELDS = ("attention_identification", "mlp_identification")
 """The sublayers the identification pass compares on random inputs, in every layer (module docstring)."""
+MOE_IDENTIFICATION_FIELDS = (
+    "router_identification",
+    "routing_identification",
+    "expert_identification",
+    "shared_expert_identification",
+)
+"""A mixture of experts' parts, identified in place of ``mlp_identification`` (``_moe_identification``)."""
 
 DEFAULT_TOLERANCE: dict[torch.dtype, float] = {
     torch.float64: 1e-6,  # without RoPE; with it, float32's (``tolerance_of``)
@@ -107,14 +129,30 @@ def probe_input_ids(adapter: ModelAdapter, length: int = PROBE_LENGTH, *, batch:
     return torch.randint(0, adapter.spec.vocab_size, (batch, n), generator=generator)
 
 
+def _hidden_width(mlp: MLPWeights | MoEWeights) -> int:
+    """d_ff of a dense MLP; the widest expert's (the shared one's included) of a mixture of experts."""
+    if isinstance(mlp, MLPWeights):
+        return mlp.w_in.shape[0]
+    return max(expert.w_in.shape[0] for expert in (*mlp.experts, *([] if mlp.shared is None else [mlp.shared])))
+
+
 def identification_tokens(layers: Sequence[LayerWeights]) -> int:
     """Tokens that identify every sublayer of ``layers``: one more than the widest input of a linear map inside
-    one, max(d_model, head·d_head, d_ff) + 1 (module docstring)."""
+    one, max(d_model, head·d_head, d_ff) + 1 (module docstring; d_ff the widest expert's in a mixture)."""
     widest = max(
-        max(layer.attention.d_model, layer.attention.n_head * layer.attention.d_head, layer.mlp.w_in.shape[0])
+        max(layer.attention.d_model, layer.attention.n_head * layer.attention.d_head, _hidden_width(layer.mlp))
         for layer in layers
     )
     return widest + 1
+
+
+def identification_fields(layer: LayerWeights) -> tuple[str, ...]:
+    """The identification pass's fields of ``layer``: ``IDENTIFICATION_FIELDS``, or for a mixture of experts the
+    attention's and ``MOE_IDENTIFICATION_FIELDS`` (the shared expert's where it has one)."""
+    if not isinstance(layer.mlp, MoEWeights):
+        return IDENTIFICATION_FIELDS
+    fields = ("attention_identification", *MOE_IDENTIFICATION_FIELDS)
+    return fields if layer.mlp.shared is not None else fields[:-1]
 
 
 def relative_error(reference: Tensor, observed: Tensor) -> float:
@@ -225,8 +263,16 @@ def _identification(
             return
         x = seen.pop(source).to(reference_dtype)  # compared once: a layer's inputs are dropped as its outputs come
         weights = layers[layer]  # an offloaded model's layer is read here, while its block runs
-        reference = attention_sublayer(x, weights.attention) if name == "attention" else mlp_forward(x, weights.mlp)
-        errors[(layer, f"{name}_identification")] = relative_error(reference, tensor)
+        if name == "attention":
+            reference = attention_sublayer(x, weights.attention)
+            errors[(layer, "attention_identification")] = relative_error(reference, tensor)
+        elif isinstance(weights.mlp, MoEWeights):  # its parts, each on its own (random tokens route near ties)
+            modules = adapter.moe_modules(layer)
+            if modules is not None:  # the same random tokens, in float64 (exactly the model's values)
+                tokens = x.to(torch.float64).flatten(0, -2)
+                errors.update(_moe_identification(modules, weights.mlp, tokens, layer, limit, tensor))
+        else:
+            errors[(layer, "mlp_identification")] = relative_error(mlp_forward(x, weights.mlp), tensor)
 
     with adapter.inference(), adapter.layer_input_taps(replace), adapter.layer_output_taps(compare):
         adapter.forward(input_ids, None)
@@ -235,8 +281,62 @@ def _identification(
             layer=layer.index, field=field, relative_error=errors.get((layer.index, field), math.inf), tolerance=limit
         )
         for layer in layers
-        for field in IDENTIFICATION_FIELDS
+        for field in identification_fields(layer)
     ]
+
+
+def _moe_identification(
+    modules: MoEModules, moe: MoEWeights, x: Tensor, layer: int, limit: float, like: Tensor
+) -> dict[tuple[int, str], float]:
+    """A mixture of experts identified part by part on the random tokens ``x`` [n, d_model] (float64), each part
+    the model's own module called alone in the model's float type (that of ``like``):
+
+    * ``router_identification``: its logits against W_r x (an affine map, identified by n > d_model tokens);
+    * ``routing_identification``: its selected experts and gate weights against ``moe_routing``'s, on the tokens
+      whose k-th and (k+1)-th logits lie apart by more than ``limit`` times the logits' magnitude |W_r||x| (a
+      near-tie may route either way in the model's float type); infinite where the selected sets differ on one
+      of them, or where none is apart;
+    * ``expert_identification``: every expert, called with all n tokens routed to it at weight 1, against its
+      normalized weights (the largest error over the experts);
+    * ``shared_expert_identification``: the shared expert and its sigmoid gate, likewise.
+
+    Each expert sees all n > d_ff tokens, so each is identified whatever the router does with random tokens.
+    """
+    dtype, device = like.dtype, like.device
+    model_x = x.to(device, dtype)
+    reference_x = x.to(torch.float64 if dtype == torch.float64 else torch.float32)
+    errors: dict[tuple[int, str], float] = {}
+    logits, weights, indices = modules.router(model_x)[:3]
+    errors[(layer, "router_identification")] = relative_error(reference_x @ moe.router.to(reference_x.dtype).T, logits)
+    reference_logits, reference_selected, reference_weights = moe_routing(x, moe)
+    magnitude = (x.abs() @ moe.router.to(torch.float64).abs().T).amax(dim=-1)
+    ranked = reference_logits.topk(min(moe.top_k + 1, moe.n_expert), dim=-1).values
+    margin = ranked[:, moe.top_k - 1] - ranked[:, -1] if moe.top_k < moe.n_expert else magnitude + 1.0
+    apart = margin > limit * magnitude
+    routing = math.inf
+    if indices.shape == reference_selected.shape and bool(apart.any()):
+        mine, mine_order = indices[apart].to(reference_selected.device).sort(dim=-1)
+        theirs, their_order = reference_selected[apart].sort(dim=-1)
+        if torch.equal(mine, theirs):
+            theirs_weights = reference_weights[apart].gather(-1, their_order)
+            routing = relative_error(theirs_weights, weights[apart].to(torch.float64).gather(-1, mine_order))
+    errors[(layer, "routing_identification")] = routing
+    ones = torch.ones(model_x.shape[0], 1, dtype=dtype, device=device)
+    errors[(layer, "expert_identification")] = max(
+        relative_error(
+            mlp_forward(reference_x, expert),
+            modules.experts(model_x, torch.full_like(ones, e, dtype=torch.long), ones) * modules.output_scale,
+        )
+        for e, expert in enumerate(moe.experts)
+    )
+    if moe.shared is not None and moe.shared_gate is not None and modules.shared is not None:
+        gate = modules.shared_gate
+        gate_error = math.inf if gate is None else relative_error(
+            torch.sigmoid(reference_x @ moe.shared_gate.to(reference_x.dtype))[:, None], torch.sigmoid(gate(model_x))
+        )  # fmt: skip
+        shared = relative_error(mlp_forward(reference_x, moe.shared), modules.shared(model_x) * modules.output_scale)
+        errors[(layer, "shared_expert_identification")] = max(gate_error, shared)
+    return errors
 
 
 def _rms(tensor: Tensor) -> float:

@@ -1,7 +1,7 @@
 """Audit-only adapter of any transformers model whose attention goes through the attention-function interface.
 
-Families without a block layout (models/layouts.py) — Mixtral and the other mixtures of experts, Qwen3-Next and
-others (``NO_BOUNDS`` says why for each it names) — still hand their
+Families without a block layout (models/layouts.py) — DeepSeek-V3 with its latent attention, Qwen3-Next with its
+gated attention, and others (``NO_BOUNDS`` says why for each it names) — still hand their
 queries and keys to ``ALL_ATTENTION_FUNCTIONS`` with the mask, scaling, softcap and sinks they use, so their attention
 rows can be recomputed exactly (models/hf_tap.py). The modules that do so are found by reading their classes'
 ``forward``: a module whose forward looks the interface up is an attention layer, in the order the model holds them.
@@ -29,13 +29,11 @@ from attnsens.models.hf_tap import exposes_scores, is_bridge_attention
 from attnsens.models.layouts import NO_POSITION_LIMIT
 from attnsens.weights import LayerWeights
 
-_MOE = (
-    "a mixture-of-experts MLP, whose router picks its experts discontinuously in the input, so that no Jacobian "
-    "bound of a fixed choice holds across the inputs around it"
-)
 NO_BOUNDS: dict[str, str] = {
-    **{family: _MOE for family in ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "granitemoe")},
-    "deepseek_v3": f"{_MOE}; and multi-head latent attention (low-rank queries and keys with a decoupled RoPE)",
+    "deepseek_v3": (
+        "multi-head latent attention (low-rank queries and keys with a decoupled RoPE), beside a mixture of experts "
+        "whose router picks its experts within groups by sigmoid scores plus a learned bias"
+    ),
     "qwen3_next": (
         "gated DeltaNet linear-attention layers, and attention blocks whose output is gated by the input and whose "
         "MLP is a mixture of experts"

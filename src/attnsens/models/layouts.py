@@ -13,7 +13,9 @@ parameters, read from each layer's activation module), EXAONE 4 (OLMo 2's block,
 layers alone), HunYuan dense (Llama's block with a per-head QK-norm after RoPE, and RoPE's base stretched by its NTK
 α), CLIP's text tower, and the encoders BERT (all-MiniLM-L6-v2), RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA,
 DistilBERT, ViT, CLIP's vision tower, DINOv2 (a LayerScale on each sublayer) and ModernBERT (pre-LN with a GeGLU MLP,
-bidirectional local windows on its sliding layers, one RoPE θ per layer type, no norm before its first attention).
+bidirectional local windows on its sliding layers, one RoPE θ per layer type, no norm before its first attention),
+and the mixtures of experts Mixtral (Mistral's block), Qwen3-MoE, OLMoE (QK-norm over all heads), Qwen2-MoE (with a
+sigmoid-gated shared expert) and Granite-MoE (Granite's block), bounded locally only (docs/math.md T7).
 The hybrids Bamba, Jamba, LFM2 and Granite 4 are read on their attention blocks alone (``BlockLayout.hybrid``).
 
 A :class:`BlockLayout` says where a family keeps each part of a block and what it does differently: fused
@@ -22,8 +24,9 @@ projections (Phi-3's ``qkv_proj`` = [q; k; v] rows, ``gate_up_proj`` = [gate; up
 interleaved rotary, norms after each sublayer (Gemma 2/3 beside their pre-norms, where ``post_attention_layernorm``
 is the norm of the attention *output*, unlike Llama; OLMo 2 without pre-norms), QK-norm (before RoPE, or after it in
 HunYuan), the softcap, where a sliding window is read (a window on both sides of the query in a bidirectional
-family, ModernBERT), an ``nn.Identity`` in a norm's place read as no norm (ModernBERT's first layer). Everything
-else — GQA, every RoPE type
+family, ModernBERT), an ``nn.Identity`` in a norm's place read as no norm (ModernBERT's first layer), a mixture of
+experts in the MLP's place (:class:`MoELayout`: a router and transformers 5's experts module, read per expert).
+Everything else — GQA, every RoPE type
 (``hf.rotary_of``, per layer type from ``config.layer_types``), biases, the yarn/longrope attention factor folded
 into τ — is common.
 
@@ -44,7 +47,7 @@ import torch
 from torch import Tensor
 
 from attnsens.errors import UnsupportedModelError
-from attnsens.models.adapter import NORMED_OUTPUT_FIELDS, ModelSpec
+from attnsens.models.adapter import NORMED_OUTPUT_FIELDS, ModelSpec, MoEModules
 from attnsens.models.hf import (
     HFAdapter,
     HFModule,
@@ -69,11 +72,27 @@ from attnsens.weights import (
     AttentionWeights,
     LayerWeights,
     MLPWeights,
+    MoEWeights,
     NormKind,
     NormWeights,
     Placement,
     RotaryConfig,
 )
+
+
+@dataclass(frozen=True, kw_only=True)
+class MoELayout:
+    """Where a family keeps a mixture of experts in its blocks (transformers 5: a router module returning
+    (logits, gate weights, indices), and an experts module holding ``gate_up_proj`` [expert, 2 d_ff, d_model] =
+    [gate; up] rows per expert and ``down_proj`` [expert, d_model, d_ff])."""
+
+    router: str = "mlp.gate"
+    experts: str = "mlp.experts"
+    renormalized_if: str | None = None  # router attribute under which the top-k weights are renormalized (Qwen's,
+    # OLMoE's ``norm_topk_prob``): softmax over the selected logits; without it, the softmax over all experts.
+    # None: always renormalized (Mixtral, Granite-MoE)
+    shared: str | None = None  # an always-applied expert with Llama's MLP names (Qwen2-MoE's shared_expert)
+    shared_gate: str | None = None  # the linear map [1, d_model] of the shared expert's sigmoid gate
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -143,6 +162,8 @@ class BlockLayout:
     unsupported: tuple[tuple[str, str], ...] = ()  # (config attribute, why) refused for bounds when it is set
     rope_if: tuple[str, str] | None = None  # (config attribute, value) under which the family applies RoPE, with
     # none otherwise (Granite 4's position_embedding_type "rope")
+    moe: MoELayout | None = None  # where a block's MLP is a mixture of experts (a block whose ``moe.experts``
+    # module exists; Qwen-MoE's dense layers read as the dense MLP)
     experts: str | None = None  # block attribute of a mixture of experts beside the MLP (Granite 4's
     # block_sparse_moe): a block where it is set is refused for bounds
     beside_attention: str | None = None  # a branch beside the attention attnsens does not model (Falcon-H1's
@@ -331,6 +352,29 @@ LAYOUTS: dict[str, BlockLayout] = {
     "internlm3": BlockLayout(),  # Llama's modules under InternLM3's config
     "qwen2": BlockLayout(window="module"),
     "qwen3": BlockLayout(window="module", qk_norm=True),
+    # Mixtures of experts: the dense block of their family with a router and experts in the MLP's place.
+    "mixtral": BlockLayout(window="config", moe=MoELayout()),  # Mistral's block
+    "qwen3_moe": BlockLayout(window="module", qk_norm=True, moe=MoELayout(renormalized_if="norm_topk_prob")),
+    "qwen2_moe": BlockLayout(
+        window="module",
+        moe=MoELayout(
+            renormalized_if="norm_topk_prob", shared="mlp.shared_expert", shared_gate="mlp.shared_expert_gate"
+        ),
+    ),
+    "olmoe": BlockLayout(  # QK-norm over all heads (OLMo 2's) in a pre-LN block
+        window="config",
+        qk_norm=True,
+        moe=MoELayout(renormalized_if="norm_topk_prob"),
+        unsupported=(("clip_qkv", "a clamp of the queries, keys and values, which attnsens does not bound"),),
+    ),
+    "granitemoe": BlockLayout(  # Granite's block (residual multiplier); no dense MLP: up and down name the experts
+        mlp="block_sparse_moe",
+        up="block_sparse_moe.experts",
+        gate=None,
+        down="block_sparse_moe.experts",
+        residual_multiplier="residual_multiplier",
+        moe=MoELayout(router="block_sparse_moe.router", experts="block_sparse_moe.experts"),
+    ),
     "gemma": BlockLayout(gamma_offset=1.0),
     "gemma2": BlockLayout(
         gamma_offset=1.0,
@@ -755,6 +799,8 @@ class LayoutAdapter(HFAdapter):
                 )
         blocks = self.blocks()
         for index, block in zip(self.block_indices(), blocks, strict=True):
+            if self._moe_block(block):
+                continue
             mlp = _get(block, self.layout.mlp)
             experts = self.layout.experts is not None and _get(block, self.layout.experts) is not None
             if experts or (_get(block, self.layout.gate_up or self.layout.up) is None and mlp is not None):
@@ -817,7 +863,7 @@ class LayoutAdapter(HFAdapter):
             index=index,
             placement=s.placement,
             attention=attention,
-            mlp=self._mlp(block),
+            mlp=self._moe(block) if self._moe_block(block) else self._mlp(block),
             attn_norm=self.read_norm(block, lay.attn_norm),
             mlp_norm=self.read_norm(block, lay.mlp_norm),
             parallel_residual=lay.parallel_residual,
@@ -891,6 +937,61 @@ class LayoutAdapter(HFAdapter):
             b_gate=b_gate,
             w_out=_rows_scaled(self._matrix(down), scale),
             b_out=None if down.bias is None else _rows_scaled(down.bias.detach(), scale),
+        )
+
+    def _moe_block(self, block: HFModule) -> bool:
+        """Whether ``block``'s MLP is the layout's mixture of experts."""
+        return self.layout.moe is not None and _get(block, self.layout.moe.experts) is not None
+
+    def _moe(self, block: HFModule) -> MoEWeights:
+        """The block's mixture of experts: the router's rows, each expert's [gate; up] and down matrices (the MLP's
+        output scale folded into each expert's output, as into a dense MLP's), top-k and the gate weights' mode."""
+        lay, scale = self.layout.moe, self.output_scales(block)[1]
+        assert lay is not None  # _moe_block
+        router, experts = _get(block, lay.router), _get(block, lay.experts)
+        if any(getattr(experts, name, None) is not None for name in ("gate_up_proj_bias", "down_proj_bias")):
+            raise UnsupportedModelError(f"{self.family}: experts with biases are not read; refused for bounds")
+        activation = activation_of(getattr(self.base.config, self.layout.activation))
+        gate_up, down = experts.gate_up_proj.detach(), experts.down_proj.detach()
+        d_ff = gate_up.shape[1] // 2
+        weights = tuple(
+            MLPWeights(
+                kind="gated",
+                activation=activation,
+                w_gate=gate_up[e, :d_ff].clone(),
+                w_in=gate_up[e, d_ff:].clone(),
+                w_out=_rows_scaled(down[e].clone(), scale),
+            )
+            for e in range(gate_up.shape[0])
+        )
+        renormalized = lay.renormalized_if is None or bool(getattr(router, lay.renormalized_if))
+        shared = None if lay.shared is None else _get(block, lay.shared)
+        shared_gate = None if lay.shared_gate is None else _get(block, lay.shared_gate)
+        return MoEWeights(
+            router=router.weight.detach().clone(),
+            experts=weights,
+            top_k=int(router.top_k),
+            gate_mode="topk_softmax" if renormalized else "softmax",
+            shared=None if shared is None else MLPWeights(
+                kind="gated",
+                activation=activation,
+                w_gate=self._matrix(shared.gate_proj).clone(),
+                w_in=self._matrix(shared.up_proj).clone(),
+                w_out=_rows_scaled(self._matrix(shared.down_proj).clone(), scale),
+            ),
+            shared_gate=None if shared_gate is None else self._matrix(shared_gate)[0].clone(),
+        )  # fmt: skip
+
+    def moe_modules(self, layer: int) -> MoEModules | None:
+        block, lay = self.blocks()[layer], self.layout.moe
+        if lay is None or not self._moe_block(block):
+            return None
+        return MoEModules(
+            router=_get(block, lay.router),
+            experts=_get(block, lay.experts),
+            shared=None if lay.shared is None else _get(block, lay.shared),
+            shared_gate=None if lay.shared_gate is None else _get(block, lay.shared_gate),
+            output_scale=self.residual_multiplier(),
         )
 
     def output_scales(self, block: HFModule) -> tuple[float | Tensor, float | Tensor]:

@@ -27,8 +27,16 @@ from typing import Any
 
 from torch import Tensor
 
-from attnsens.errors import FileFormatError
-from attnsens.weights import AttentionWeights, LayerWeights, MLPWeights, NormWeights, RotaryConfig, XIELUParameters
+from attnsens.errors import FileFormatError, UnsupportedModelError
+from attnsens.weights import (
+    AttentionWeights,
+    LayerWeights,
+    MLPWeights,
+    MoEWeights,
+    NormWeights,
+    RotaryConfig,
+    XIELUParameters,
+)
 
 FORMAT_KEY = "attnsens.layers"
 
@@ -44,12 +52,22 @@ _TENSORS = {
 
 
 def save_layer_weights(layers: Sequence[LayerWeights], path: str | os.PathLike[str]) -> Path:
-    """Write ``layers`` to a safetensors file in the layout of the module docstring."""
+    """Write ``layers`` to a safetensors file in the layout of the module docstring.
+
+    Raises:
+        UnsupportedModelError: a layer whose MLP is a mixture of experts, which this layout does not hold.
+    """
     from safetensors.torch import save_file
 
     tensors: dict[str, Tensor] = {}
     configs = []
     for i, layer in enumerate(layers):
+        mlp = layer.mlp
+        if isinstance(mlp, MoEWeights):
+            raise UnsupportedModelError(
+                f"layer {layer.index} holds a mixture of experts, which the weights file does not store; bound the "
+                "model itself (attnsens bounds MODEL) instead of a weights file"
+            )
         for part, names in _TENSORS.items():
             obj = getattr(layer, part)
             for name in names:
@@ -64,7 +82,7 @@ def save_layer_weights(layers: Sequence[LayerWeights], path: str | os.PathLike[s
         out_norms = (layer.attn_out_norm, layer.mlp_out_norm)
         configs.append({
             "placement": layer.placement, "tau": layer.attention.tau, "causal": layer.attention.causal,
-            "mlp_kind": layer.mlp.kind, "activation": layer.mlp.activation,
+            "mlp_kind": mlp.kind, "activation": mlp.activation,
             "norm_kind": next((n.kind for n in (layer.attn_norm, layer.mlp_norm) if n is not None), None),
             "norm_eps": [None if n is None else n.eps for n in (layer.attn_norm, layer.mlp_norm)],
             "residual_scale": layer.residual_scale, "parallel_residual": layer.parallel_residual,
@@ -74,7 +92,7 @@ def save_layer_weights(layers: Sequence[LayerWeights], path: str | os.PathLike[s
             "softcap": layer.attention.softcap,
             "out_norm_kinds": [None if n is None else n.kind for n in out_norms],
             "out_norm_eps": [None if n is None else n.eps for n in out_norms],
-            "xielu": None if layer.mlp.xielu is None else vars(layer.mlp.xielu),
+            "xielu": None if mlp.xielu is None else vars(mlp.xielu),
             "beside_attention": layer.beside_attention,
         })  # fmt: skip
     path = Path(path)

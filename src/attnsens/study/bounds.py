@@ -34,7 +34,7 @@ from torch import Tensor
 
 from attnsens import geometry as G
 from attnsens._rounding import add_up, div_up, mul_up, norm2_upper_bound
-from attnsens.errors import InputError
+from attnsens.errors import InputError, RouterTieError
 from attnsens.geometry.layers import attention_sublayer, synthetic_block_input
 from attnsens.geometry.norms import Geometry
 from attnsens.geometry.stream import layer_inputs_from_stream, with_residual_sums
@@ -258,8 +258,13 @@ def bound_model(
         DataFrame with the ``bounds`` table's columns (docs/math.md A4, T4–T8); certified columns end in
         ``_upper_bound``.
 
+    A layer whose MLP is a mixture of experts has local columns only (the MHA columns, the block's local bound at
+    its input with the router's choice there): ``ffn_lipschitz_upper_bound`` and ``block_lipschitz_upper_bound``
+    are infinite, since the MLP jumps where its choice changes (docs/math.md T7).
+
     Raises:
         WeightsFidelityError: an adapter's normalized weights do not reproduce the model's own blocks.
+        RouterTieError: a mixture of experts whose router's choice is not certified at a token, naming the layer.
     """
     geometry_name = G.norms.check_geometry(geometry)
     from attnsens.study.finite import check_finite_layers, check_finite_module
@@ -295,6 +300,8 @@ def bound_model(
                 layer, entries[index], geometry=geometry_name, queries=queries, iterations=iterations,
                 restarts=restarts, compare_placements=compare_placements, key=(run_id, seed, step),
             )  # fmt: skip
+        except RouterTieError as err:  # the local bound of a mixture of experts needs a certified choice
+            raise RouterTieError(f"layer {layer.index} of {name}: {err}") from None
         except torch.linalg.LinAlgError as err:
             raise InputError(
                 f"layer {layer.index} of {name}: a norm or decomposition of its weights failed "

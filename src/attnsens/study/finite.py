@@ -10,6 +10,7 @@ import dataclasses
 import re
 import weakref
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -40,11 +41,24 @@ def check_finite_layers(layers: Sequence[LayerWeights], *, name: str) -> None:
             weights = getattr(layer, part)
             if weights is None:
                 continue
-            for field in dataclasses.fields(weights):
-                value = getattr(weights, field.name)
-                if isinstance(value, Tensor):
-                    named.append((f"layers.{layer.index}.{part}.{field.name}", value))
+            named += _named_tensors(f"layers.{layer.index}.{part}", weights)
         _check(named, name, _RESTORE)
+
+
+def _named_tensors(prefix: str, weights: Any) -> list[tuple[str, Tensor]]:
+    """Every tensor of a weights dataclass, by dotted name, inside nested ones (a mixture of experts' experts:
+    ``mlp.experts.3.w_in``) too."""
+    if isinstance(weights, Tensor):
+        return [(prefix, weights)]
+    if isinstance(weights, tuple):
+        return [pair for i, value in enumerate(weights) for pair in _named_tensors(f"{prefix}.{i}", value)]
+    if dataclasses.is_dataclass(weights):
+        return [
+            pair
+            for field in dataclasses.fields(weights)
+            for pair in _named_tensors(f"{prefix}.{field.name}", getattr(weights, field.name))
+        ]
+    return []
 
 
 def _check(named: Iterable[tuple[str, Tensor]], model: str, fix: str) -> None:

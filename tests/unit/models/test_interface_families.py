@@ -12,6 +12,7 @@ from attnsens.capture import capture_row_statistics
 from attnsens.errors import UnsupportedModelError
 from attnsens.study.bounds import bound_model
 from tests.unit.models.tiny_models import (
+    AUDIT_ONLY_FAMILIES,
     BYPASS_FAMILIES,
     DECODER_FAMILIES,
     ENCODER_FAMILIES,
@@ -93,16 +94,16 @@ def test_a_model_without_interface_calls_is_refused_naming_its_attention_class()
         InterfaceAdapter(model, name="gpt-neo")
 
 
-@pytest.mark.parametrize("family", ["mixtral"])
+@pytest.mark.parametrize("family", AUDIT_ONLY_FAMILIES)
 def test_audit_only_families_refuse_bounds_by_name(family: str) -> None:
-    adapter = M.load(tiny_model(family))
+    adapter = M.load(tiny_model(family, attn_implementation="eager"))  # gpt_oss has no sdpa path
     with pytest.raises(UnsupportedModelError, match=f"{family}: attnsens audits its attention rows but has no block"):
         bound_model(adapter, IDS[:1])
 
 
 @pytest.mark.parametrize(
     ("family", "reason"),
-    [("mixtral", "mixture-of-experts MLP")],
+    [("deepseek_v3", "multi-head latent attention")],
 )
 def test_bounds_are_refused_with_the_reason_of_the_family(family: str, reason: str) -> None:
     """Mixtures of experts, hybrids and the dense families attnsens cannot read are refused in one line that says

@@ -96,13 +96,14 @@ def test_an_nnsight_model_is_audited_through_its_module(wrapper: str) -> None:
 
 
 def test_an_audit_only_family_inside_a_bridge_is_audited_through_the_bridge_components() -> None:
-    """Mixtral has no block layout: its attention layers are found as the bridge's components (the original
-    modules they wrap are never called), its rows are the bridge's own, causal with Mixtral's sliding window."""
-    model = tiny_model("mixtral", attn_implementation="eager")
+    """DeepSeek-V3 is audit-only (its latent attention): its attention layers are found as the bridge's components
+    (the original modules they wrap are never called), its rows are the bridge's own, causal."""
+    model = tiny_model("deepseek_v3", attn_implementation="eager")
+    model.config.architectures = ["DeepseekV3ForCausalLM"]  # how the bridge finds its adapter
     reference = eager_attentions(model, IDS)
     adapter = M.load(_bridge(model))
     assert adapter.spec.causal and adapter.spec.n_layer == 2
-    assert (adapter.spec.n_head, adapter.spec.n_kv_head, adapter.spec.d_head) == (6, 2, 6)  # not the scores' shape
+    assert (adapter.spec.n_head, adapter.spec.n_kv_head, adapter.spec.d_head) == (6, 6, 8)  # the config's head_dim
     chunks = list(adapter.stream_attention(IDS, chunk_size=4))
     assert sorted({chunk.layer for chunk in chunks}) == [0, 1]
     for chunk in chunks:

@@ -274,8 +274,11 @@ def eager_attentions(model: torch.nn.Module, input_ids: torch.Tensor, attention_
 
 
 INTERFACE_FAMILIES = ("mixtral", "modernbert", "clip_text")
-"""Families whose rows the interface tests audit (models/interface.py): rows alone for mixtral; modernbert and
-clip_text are also bounded, through the layout table."""
+"""Families whose rows the interface tests audit (models/interface.py); all three are also bounded, through the
+layout table."""
+AUDIT_ONLY_FAMILIES = ("gpt_oss", "deepseek_v3")
+"""Families audited through the attention-function interface alone: gpt_oss has no block layout, deepseek_v3 is
+refused for bounds with its reason (``interface.NO_BOUNDS``: multi-head latent attention)."""
 VISION_FAMILIES = {"vit": 10, "clip_vision": 10, "dinov2": 10, "deit": 11, "siglip_vision": 9}
 """Vision encoders on pixel_values [batch, 3, 12, 12] → their sequence length: 9 patches, plus [CLS] (ViT, CLIP),
 [CLS] and a distillation token (DeiT), or nothing (SigLIP); ViT and CLIP's are bounded through the layout table."""
@@ -291,6 +294,8 @@ def _interface_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
         CLIPVisionModel,
         CohereConfig,
         CohereForCausalLM,
+        DeepseekV3Config,
+        DeepseekV3ForCausalLM,
         DeiTConfig,
         DeiTModel,
         FalconConfig,
@@ -351,6 +356,13 @@ def _interface_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
                                                       "num_local_experts": 3, "num_experts_per_tok": 2,
                                                       "sliding_window": 5,
                                                       "layer_types": ["sliding_attention", "full_attention"]}),
+        "deepseek_v3": (DeepseekV3Config, DeepseekV3ForCausalLM, {**_GQA, "hidden_size": 48, "num_key_value_heads": 6,
+                                                                  "intermediate_size": 40, "q_lora_rank": None,
+                                                                  "kv_lora_rank": 16, "qk_rope_head_dim": 8,
+                                                                  "qk_nope_head_dim": 8, "v_head_dim": 8,
+                                                                  "n_routed_experts": 4, "num_experts_per_tok": 2,
+                                                                  "moe_intermediate_size": 40, "n_group": 1,
+                                                                  "topk_group": 1, "first_k_dense_replace": 1}),
         "gpt_neo": (GPTNeoConfig, GPTNeoModel, {"num_layers": 2, "num_heads": 3, "hidden_size": 21,
                                                 "attention_types": [[["global", "local"], 1]], "window_size": 5,
                                                 "max_position_embeddings": 41}),
@@ -359,6 +371,12 @@ def _interface_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
     }  # fmt: skip
 
 
+MOE_FAMILIES = ("mixtral", "qwen3_moe", "olmoe", "qwen2_moe", "granitemoe")
+"""Mixtures of experts bounded through the layout table (mixtral's config is among the interface families'): 4
+experts, 2 per token (mixtral and granitemoe 3), each of width 40 (their grouped matrix products need strides of
+multiples of 16 bytes); qwen3_moe, olmoe and qwen2_moe keep the softmax over all experts (norm_topk_prob False),
+mixtral and granitemoe renormalize over the selected ones, and qwen2_moe has its sigmoid-gated shared expert."""
+_EXPERTS = {"num_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 40, "moe_intermediate_size": 40}
 RELU2_FAMILIES = ("arcee", "nemotron", "persimmon")
 """Decoders with a plain relu² MLP; persimmon's default LayerNorm QK-norm is turned off where it is bounded."""
 MORE_LAYOUT_FAMILIES = (
@@ -391,12 +409,20 @@ def _layout_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
         Dinov2Model,
         Exaone4Config,
         Exaone4ForCausalLM,
+        GraniteMoeConfig,
+        GraniteMoeForCausalLM,
         HunYuanDenseV1Config,
         HunYuanDenseV1ForCausalLM,
         NemotronConfig,
         NemotronForCausalLM,
+        OlmoeConfig,
+        OlmoeForCausalLM,
         PersimmonConfig,
         PersimmonForCausalLM,
+        Qwen2MoeConfig,
+        Qwen2MoeForCausalLM,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
     )
 
     return {
@@ -408,6 +434,14 @@ def _layout_configs() -> dict[str, tuple[type, type, dict[str, object]]]:
                                                              "max_position_embeddings": 41}),
         "exaone4": (Exaone4Config, Exaone4ForCausalLM, {**_GQA, "num_hidden_layers": 4}),  # 3 sliding, 1 full
         "hunyuan_v1_dense": (HunYuanDenseV1Config, HunYuanDenseV1ForCausalLM, {**_GQA, "head_dim": 6}),
+        "qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM, {**_GQA, **_EXPERTS}),
+        "olmoe": (OlmoeConfig, OlmoeForCausalLM, {**_GQA, "num_experts": 4, "num_experts_per_tok": 2,
+                                                  "intermediate_size": 40}),
+        "qwen2_moe": (Qwen2MoeConfig, Qwen2MoeForCausalLM, {**_GQA, **_EXPERTS,
+                                                           "shared_expert_intermediate_size": 40}),
+        "granitemoe": (GraniteMoeConfig, GraniteMoeForCausalLM, {**_GQA, "intermediate_size": 40,
+                                                                 "num_local_experts": 3, "num_experts_per_tok": 2,
+                                                                 "residual_multiplier": 0.5}),
         "codegen": (CodeGenConfig, CodeGenForCausalLM, {"n_layer": 2, "n_head": 8, "n_embd": 64, "n_inner": 37,
                                                         "rotary_dim": 4, "n_positions": 41}),
         "dinov2": (Dinov2Config, Dinov2Model, {"num_hidden_layers": 2, "num_attention_heads": 3, "hidden_size": 21,

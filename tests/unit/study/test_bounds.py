@@ -161,7 +161,7 @@ def test_cli_bounds_gates_a_model_directory(tmp_path) -> None:
     bounded = CliRunner().invoke(app, ["bounds", _saved_with_tokenizer(tiny_model("mistral"), tmp_path / "m"), *args])
     assert bounded.exit_code == 0, bounded.output
     assert [r["layer"] for r in json.loads(bounded.output)["records"] if r["head"] == -1] == [0, 1]
-    audit_only = _saved_with_tokenizer(tiny_model("mixtral"), tmp_path / "s")
+    audit_only = _saved_with_tokenizer(tiny_model("deepseek_v3"), tmp_path / "s")
     refused = CliRunner().invoke(app, ["bounds", audit_only, *args])
     assert refused.exit_code == 1
     assert "has no block layout" in refused.output and "Traceback" not in refused.output
