@@ -111,8 +111,11 @@ def _attention(layout: Any) -> str:
 
 def _mlp(layout: Any) -> str:
     if layout.moe is not None:
-        gates = "renormalized top-k" if layout.moe.renormalized_if is None else (
-            f"top-k of the softmax, renormalized under `{layout.moe.renormalized_if}`"
+        moe = layout.moe
+        gates = (
+            f"top-k of the softmax, renormalized under `{moe.renormalized_if}`" if moe.renormalized_if
+            else "renormalized top-k" if moe.renormalized
+            else "top-k of the softmax, not renormalized"
         )  # fmt: skip
         shared = ", a sigmoid-gated shared expert" if layout.moe.shared else ""
         return f"mixture of gated experts ({gates}{shared}); local bounds only"

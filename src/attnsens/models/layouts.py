@@ -90,7 +90,8 @@ class MoELayout:
     experts: str = "mlp.experts"
     renormalized_if: str | None = None  # router attribute under which the top-k weights are renormalized (Qwen's,
     # OLMoE's ``norm_topk_prob``): softmax over the selected logits; without it, the softmax over all experts.
-    # None: always renormalized (Mixtral, Granite-MoE)
+    # None: ``renormalized`` says which
+    renormalized: bool = True  # without renormalized_if: always renormalized (Mixtral, Granite-MoE) or never (Jamba)
     shared: str | None = None  # an always-applied expert with Llama's MLP names (Qwen2-MoE's shared_expert)
     shared_gate: str | None = None  # the linear map [1, d_model] of the shared expert's sigmoid gate
 
@@ -505,8 +506,14 @@ LAYOUTS: dict[str, BlockLayout] = {
     ),
     # Hybrids: the blocks holding attention are Llama's block under other names; their other blocks are not read.
     "bamba": dataclasses.replace(_HYBRID, hybrid="Mamba-2 mixers"),
-    # Jamba: attention without positions; its expert MLPs replace feed_forward in some blocks (refused there)
-    "jamba": dataclasses.replace(_HYBRID, rotary="none", experts="feed_forward.experts", hybrid="Mamba mixers"),
+    # Jamba: attention without positions; a mixture of experts replaces the MLP in some blocks (the softmax over
+    # all experts, its top-k weights not renormalized)
+    "jamba": dataclasses.replace(
+        _HYBRID,
+        rotary="none",
+        moe=MoELayout(router="feed_forward.router", experts="feed_forward.experts", renormalized=False),
+        hybrid="Mamba mixers",
+    ),
     "lfm2": BlockLayout(  # per-head QK-norm, a SwiGLU MLP of w1 (gate), w3 (up) and w2 (down)
         o="out_proj",
         mlp="feed_forward",
@@ -964,7 +971,7 @@ class LayoutAdapter(HFAdapter):
             )
             for e in range(gate_up.shape[0])
         )
-        renormalized = lay.renormalized_if is None or bool(getattr(router, lay.renormalized_if))
+        renormalized = lay.renormalized if lay.renormalized_if is None else bool(getattr(router, lay.renormalized_if))
         shared = None if lay.shared is None else _get(block, lay.shared)
         shared_gate = None if lay.shared_gate is None else _get(block, lay.shared_gate)
         return MoEWeights(
