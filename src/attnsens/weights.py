@@ -19,7 +19,10 @@ bounds read weights without loading the adapters. ``attnsens.models`` re-exports
   coordinates (gamma ``[d_head]``, shared by the heads) between the projection and RoPE; or, with gamma
   ``[head·d_head]`` (``[kv_head·d_head]`` for keys), one RMSNorm over all heads' projections at once (OLMo 2).
   With ``qk_norm_after_rotary`` (HunYuan) the per-head norm follows RoPE instead: ``q = N_q(R_t(w_q[h] @ x +
-  b_q[h]))``, a different function unless γ is constant on every rotating pair.
+  b_q[h]))``, a different function unless γ is constant on every rotating pair. A per-head QK-norm before RoPE
+  may carry a beta ``[d_head]``, added after the norm: ``q = R_t(N_q(w_q[h] @ x + b_q[h]) + β_q)``. That is how
+  a LayerNorm QK-norm (Persimmon, Phi) is read: LayerNorm(a) = RMSNorm(P a) + β with P = I − 11ᵀ/d_head the
+  centring, and the adapter folds P into each head's rows of w_q, w_k and their biases.
 """
 
 from __future__ import annotations
@@ -140,15 +143,18 @@ class NormWeights:
 def check_qk_norms(
     d_head: int, q_norm: NormWeights | None, k_norm: NormWeights | None, n_head: int = 1, n_kv_head: int = 1
 ) -> None:
-    """ShapeError unless each given QK-norm is an RMSNorm without beta whose gamma is ``[d_head]`` (per head) or
-    covers all heads of its side jointly (``[n_head·d_head]`` for queries, ``[n_kv_head·d_head]`` for keys)."""
+    """ShapeError unless each given QK-norm is an RMSNorm whose gamma is ``[d_head]`` (per head) or covers all
+    heads of its side jointly (``[n_head·d_head]`` for queries, ``[n_kv_head·d_head]`` for keys); only a per-head
+    norm may carry a beta (``[d_head]``, added after the norm: the module docstring's LayerNorm QK-norm)."""
     for name, norm, heads in (("q_norm", q_norm, n_head), ("k_norm", k_norm, n_kv_head)):
         shapes = {(d_head,), (heads * d_head,)}
-        if norm is not None and (norm.kind != "rmsnorm" or norm.beta is not None or norm.gamma.shape not in shapes):
+        if norm is not None and (norm.kind != "rmsnorm" or norm.gamma.shape not in shapes):
             raise ShapeError(
                 f"{name} must be an RMSNorm over one head's {d_head} coordinates or over all {heads} heads "
-                f"({heads * d_head}), without beta; got {norm.kind} with gamma {tuple(norm.gamma.shape)}"
+                f"({heads * d_head}); got {norm.kind} with gamma {tuple(norm.gamma.shape)}"
             )
+        if norm is not None and norm.beta is not None and qk_norm_is_joint(norm, d_head):
+            raise ShapeError(f"{name}: a beta is supported on a per-head QK-norm (gamma [{d_head}]) only")
 
 
 def check_qk_norm_order(
@@ -156,7 +162,7 @@ def check_qk_norm_order(
     d_head: int,
 ) -> None:  # fmt: skip
     """ConfigError unless a QK-norm said to act after RoPE has a RoPE to follow, at least one norm, and only
-    per-head norms (a norm over all heads after RoPE is not bounded)."""
+    per-head norms without beta (a norm over all heads after RoPE is not bounded)."""
     if not after_rotary:
         return
     norms = [norm for norm in (q_norm, k_norm) if norm is not None]
@@ -170,6 +176,8 @@ def check_qk_norm_order(
             f"qk_norm_after_rotary supports per-head QK-norms (gamma [{d_head}]) only, got gamma "
             f"{[tuple(norm.gamma.shape) for norm in norms]}"
         )
+    if any(norm.beta is not None for norm in norms):
+        raise ConfigError("qk_norm_after_rotary supports QK-norms without beta only")
 
 
 def qk_norm_is_joint(norm: NormWeights, d_head: int) -> bool:

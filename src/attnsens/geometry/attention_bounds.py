@@ -181,7 +181,8 @@ def _score_factors(
     bias cancels: no RoPE and no softcap, whose slopes D_j break the shift by (dq·b_K)1). Under QK-norm the query
     is R_i N(a_i): ‖J_N(a)‖ ≤ γ_max/r(a) with r(a) ≥ the floor (√ε on every input, or the smallest certified r
     at X), and ‖N(a)‖ ≤ γ_max √k for every a (k = d_head, or all heads' D coordinates for a joint norm), which
-    also bounds the key radius with the centre m = 0. A joint norm mixes the heads, so its derivative bound uses
+    also bounds the key radius with the centre m = 0; a per-head norm with a beta (R_i(N(a_i) + β)) has the same
+    Jacobian and ‖N(a) + β‖ ≤ γ_max √k + ‖β‖. A joint norm mixes the heads, so its derivative bound uses
     the norm ‖W_all‖ of all heads' projection at once."""
     R = radius_l2[..., None]
 
@@ -194,7 +195,10 @@ def _score_factors(
             w = spectral_norm_upper_bound(W.flatten(-3, -2))[..., None].expand_as(w)
         gamma_max = norm.gamma.to(torch.float64).abs().amax()
         width_sqrt = math.nextafter(math.sqrt(norm.gamma.shape[0]), math.inf)
-        return div_up(mul_up(w, gamma_max), floor), mul_up(gamma_max, width_sqrt).expand_as(add_up(w, R))
+        size = mul_up(gamma_max, width_sqrt)
+        if norm.beta is not None:  # N(a) + β: the shift leaves the Jacobian alone and widens the radius by ‖β‖
+            size = add_up(size, norm2_upper_bound(norm.beta.to(torch.float64)))
+        return div_up(mul_up(w, gamma_max), floor), size.expand_as(add_up(w, R))
 
     key_bias = torch.zeros_like(norms.b_k) if centred_keys else norms.b_k
     q_lip, q_radius = side(norms.w_q, norms.b_q, q_norm, floors[0], Wq)

@@ -641,7 +641,12 @@ def _side_error(
     arguments, when the caller already has them. ``shift`` ≥ ‖W^h‖‖u_t − x_t‖ (``input_shift``) widens E, or e_a
     under a norm, when the real input u is only known to lie near X; N stays a bound of the float vector.
     ``rotation_norm`` ≥ ‖R_t‖ ``[position]``: a per-head norm after RoPE, ṽ = N(R a) (HunYuan); the norm's input
-    error is then e_ρ of ``qk_norm_floors`` (RoPE's rounding included) and nothing is rounded after the norm."""
+    error is then e_ρ of ``qk_norm_floors`` (RoPE's rounding included) and nothing is rounded after the norm.
+
+    A norm with a beta (a per-head norm before RoPE, ``weights.check_qk_norms``: ṽ = R(N(a) + β)): the real
+    vector's norm is ≤ N = γ_max √k + ‖β‖, and the float sum fl(n̂ + β) adds ≤ u(|n̂_i| + |β_i|) per coordinate,
+    ≤ u(‖n̂‖ + ‖β‖) in ℓ2 with ‖n̂‖ ≤ γ_max √k (1 + γ_{k+6}); RoPE's γ_3 per coordinate pair then acts on a vector
+    of norm ≤ N + (that evaluation error), bounded by 2N + the error, and its 4γ_3 is taken of that."""
     if norm is None or inputs is None:
         errors = mul_up(magnitude, gamma(d_model + 1) + 4 * gamma(3))
         return (errors if shift is None else add_up(errors, shift)), magnitude
@@ -652,6 +657,13 @@ def _side_error(
         floors if floors is not None else qk_norm_floors(magnitude, norm, inputs, d_model, shift, rotation_norm)
     )
     moved = div_up(mul_up(projection_error, gamma_max), floor)
+    if norm.beta is not None:
+        beta_norm = norm2_upper_bound(norm.beta.to(torch.float64))
+        normalized = mul_up(radius, gamma(width + 6))  # ‖N(â) − fl(N(â))‖
+        added = mul_up(add_up(add_up(radius, normalized), beta_norm), gamma(1))  # fl(n̂ + β)
+        total = add_up(radius, beta_norm)  # ≥ ‖N(a) + β‖
+        rotated = mul_up(add_up(mul_up(total, 2.0), add_up(normalized, added)), 4 * gamma(3))
+        return add_up(moved, add_up(add_up(normalized, added), rotated)), total.expand_as(moved)
     evaluation = mul_up(radius, gamma(width + 6) if rotation_norm is not None else gamma(width + 6) + 4 * gamma(3))
     return add_up(moved, evaluation), radius.expand_as(moved)
 

@@ -4,7 +4,8 @@ Layout: tensors
 ``layers.{i}.attention.{w_q,w_k,w_v,w_o,b_q,b_k,b_v,b_o,alibi_slopes}``,
 ``layers.{i}.mlp.{w_in,w_out,b_in,b_out,w_gate,b_gate}``,
 ``layers.{i}.{attn_norm,mlp_norm,attn_out_norm,mlp_out_norm}.{gamma,beta}``,
-``layers.{i}.attention.{q_norm,k_norm}.gamma`` (QK-norm) (absent = None; shapes as in ``attnsens.weights``), and the
+``layers.{i}.attention.{q_norm,k_norm}.{gamma,beta}`` (QK-norm; beta: added after a per-head norm) (absent = None;
+shapes as in ``attnsens.weights``), and the
 metadata key ``attnsens.layers``: a JSON list with, per layer, ``placement``, ``tau``, ``causal``, ``mlp_kind``,
 ``activation``, ``norm_kind`` (of the pre-norms), ``norm_eps`` ([attn, mlp]), ``residual_scale``,
 ``parallel_residual``, ``rotary`` (null or the fields of ``RotaryConfig``), ``sliding_window`` (null or an int;
@@ -78,6 +79,8 @@ def save_layer_weights(layers: Sequence[LayerWeights], path: str | os.PathLike[s
         for name, qk_norm in qk_norms.items():
             if qk_norm is not None:
                 tensors[f"layers.{i}.attention.{name}.gamma"] = qk_norm.gamma.detach().contiguous().cpu()
+                if qk_norm.beta is not None:
+                    tensors[f"layers.{i}.attention.{name}.beta"] = qk_norm.beta.detach().contiguous().cpu()
         rotary = layer.attention.rotary
         out_norms = (layer.attn_out_norm, layer.mlp_out_norm)
         configs.append({
@@ -142,7 +145,9 @@ def _layer_from(tensors: dict[str, Tensor], i: int, cfg: dict[str, Any]) -> Laye
 
     def qk_norm(name: str, eps: float | None) -> NormWeights | None:
         gamma = get("attention", f"{name}.gamma")
-        return None if gamma is None or eps is None else NormWeights(kind="rmsnorm", gamma=gamma, beta=None, eps=eps)
+        if gamma is None or eps is None:
+            return None
+        return NormWeights(kind="rmsnorm", gamma=gamma, beta=get("attention", f"{name}.beta"), eps=eps)
 
     qk_eps = cfg.get("qk_norm_eps", [None, None])
     out_kinds, out_eps = cfg.get("out_norm_kinds", [None, None]), cfg.get("out_norm_eps", [None, None])

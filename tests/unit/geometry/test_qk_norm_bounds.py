@@ -22,8 +22,10 @@ from attnsens.geometry.attention import (
 from attnsens.geometry.attention_bounds import (
     _mha_lipschitz_bounds,
     _mha_local_jacobian_bounds,
+    _score_factors,
     mha_lipschitz_bounds,
     mha_local_jacobian_bounds,
+    projection_norm_bounds,
 )
 from attnsens.geometry.estimates import block_jacobian_norm_estimate
 from attnsens.geometry.norms import block_rms_norm
@@ -109,6 +111,68 @@ def test_dense_jacobian_below_local_below_lipschitz_under_qk_norm(n_kv, causal, 
     assert bool((local.upper_bound <= glob.upper_bound * (1 + 1e-12)).all())
     ratio = local.upper_bound / lower
     assert float(ratio.median()) < 4.0, f"local bound ÷ dense lower bound median {float(ratio.median()):.2f}"
+
+
+def _shifted(norm: NormWeights, seed: int, size: float) -> NormWeights:
+    """``norm`` with a beta ~ N(0, size²) per coordinate (a LayerNorm QK-norm read centred: N(a) + β)."""
+    g = torch.Generator().manual_seed(seed)
+    return dataclasses.replace(norm, beta=size * torch.randn(norm.gamma.shape, generator=g, dtype=F64))
+
+
+@pytest.mark.parametrize(
+    ("n_kv", "causal", "rotary", "sides", "tau", "size"),
+    [(2, False, None, "qk", 0.7, 1.0), (1, True, ROPE, "qk", 0.05, 3.0), (2, True, ROPE, "q", 0.1, 3.0),
+     (1, False, ROPE, "k", 0.05, 10.0)],
+)  # fmt: skip
+def test_dense_jacobian_below_local_below_lipschitz_under_qk_norm_with_beta(n_kv, causal, rotary, sides, tau, size):
+    """q = R_t(N(a_t) + β): β leaves the Jacobian of N alone but moves every query or key, so the scores' size and,
+    with τ down to 0.05, the rows' sharpness (‖q‖ up to γ_max √d_head + ‖β‖, β up to 10 per coordinate)."""
+    n, L, d_head = 400, 4, 4
+    inst = _instances(n, L, 3, 2, n_kv, d_head, seed=31 + n_kv + 2 * causal)
+    mask = causal_mask(L) if causal else None
+    norms = {
+        "q_norm": _shifted(_norm(d_head, 1), 5, size) if "q" in sides else None,
+        "k_norm": _shifted(_norm(d_head, 2), 6, size) if "k" in sides else None,
+    }
+    lower = block_inf_norm_lower_dense(_dense(inst, tau=tau, mask=mask, rotary=rotary, **norms), iterations=30)
+    local, glob = _bounds(inst, tau=tau, mask=mask, rotary=rotary, **norms)
+    assert bool((lower <= local.upper_bound).all()), "an estimate exceeds the certified local bound"
+    assert bool((local.upper_bound <= local.paper_form_upper_bound * (1 + 1e-12)).all())
+    assert bool((local.paper_form_upper_bound <= glob.paper_form_upper_bound * (1 + 1e-12)).all())
+    assert bool((local.upper_bound <= glob.upper_bound * (1 + 1e-12)).all())
+    ratio = local.upper_bound / lower
+    assert float(ratio.median()) < 4.0, f"local bound ÷ dense lower bound median {float(ratio.median()):.2f}"
+
+
+def test_the_global_radii_of_a_qk_norm_with_beta_hold_the_forward_queries_and_keys() -> None:
+    """‖R_t(N(a_t) + β)‖ ≤ the Lipschitz bound's query and key radii (γ_max √d_head + ‖β‖), whatever the input;
+    with β large beside γ (10 per coordinate against γ ≤ 2.7) the radius without ‖β‖ falls below."""
+    inst = _instances(50, 6, 3, 2, 2, 4, seed=17)
+    q_norm, k_norm = _shifted(_norm(4, 1), 5, 10.0), _shifted(_norm(4, 2), 6, 10.0)
+    biases = AttentionBiases(q=inst["bq"], k=inst["bk"], v=inst["bv"], o=inst["bo"])
+    tensors = _AttentionTensors(
+        inst["Wq"], inst["Wk"], inst["Wv"], inst["Wo"], tau=0.7, biases=biases, rotary=ROPE, q_norm=q_norm,
+        k_norm=k_norm,
+    )  # fmt: skip
+    fwd = _mha_forward(inst["X"], tensors)
+    norms = projection_norm_bounds(inst["Wq"], inst["Wk"], inst["Wv"], inst["Wo"], biases)
+    factors = _score_factors(norms, torch.ones(50, dtype=F64), False, q_norm, k_norm, (1e-3, 1e-3), inst["Wq"],
+                             inst["Wk"])  # fmt: skip
+    largest_q = torch.linalg.vector_norm(fwd.queries, dim=-1).amax(dim=-1)  # [instance, head]
+    largest_k = torch.linalg.vector_norm(fwd.keys, dim=-1).amax(dim=-1)
+    assert bool((largest_q <= factors.q_radius).all()) and bool((largest_k <= factors.k_radius).all())
+    plain = _score_factors(norms, torch.ones(50, dtype=F64), False, _norm(4, 1), _norm(4, 2), (1e-3, 1e-3),
+                           inst["Wq"], inst["Wk"])  # fmt: skip
+    assert bool((largest_q > plain.q_radius).any()) and bool((largest_k > plain.k_radius).any())
+
+
+def test_a_beta_is_refused_on_a_joint_qk_norm_and_after_rope() -> None:
+    inst = {k: v[0] for k, v in _instances(1, 5, 3, 2, 1, 4, seed=3).items()}
+    w = {"w_q": inst["Wq"], "w_k": inst["Wk"], "w_v": inst["Wv"], "w_o": inst["Wo"], "tau": 2.0, "causal": True}
+    with pytest.raises(ShapeError, match="a beta is supported on a per-head QK-norm"):
+        AttentionWeights(**w, q_norm=_shifted(_norm(8, 1), 5, 1.0))
+    with pytest.raises(ConfigError, match="QK-norms without beta only"):
+        AttentionWeights(**w, rotary=ROPE, q_norm=_shifted(_norm(4, 1), 5, 1.0), qk_norm_after_rotary=True)
 
 
 PARTIAL_ROPE = RotaryConfig(base=10.0, rotary_dim=4)

@@ -392,3 +392,42 @@ def test_qk_norm_after_rope_floor_errors_and_map_error_hold_in_real_arithmetic(e
             diff = torch.tensor([[float(real[j, k] - mpmath.mpf(maps[0, 0, t, j, k].item())) for k in range(d_head)]
                                  for j in range(d_head)], dtype=F64)  # fmt: skip
             assert float(torch.linalg.matrix_norm(diff, ord=2)) * (1 + 1e-10) <= float(map_error[0, 0, t])
+
+
+@pytest.mark.parametrize(("eps", "bias", "shift"), [(1e-6, 0.0, 1.0), (1e-6, 3e7, 40.0), (1e-12, 1e-5, 1e-3)])
+def test_qk_norm_with_beta_errors_and_norm_hold_in_real_arithmetic(eps: float, bias: float, shift: float) -> None:
+    """A per-head norm before RoPE with a beta (a LayerNorm QK-norm read centred, Persimmon): at the real vector
+    ṽ_t = R_t(N(a_t) + β), ‖ṽ_t − fl(R_t fl(N̂(â_t) + β))‖ ≤ E and ‖ṽ_t‖ ≤ N (``_side_error``; mpmath, 300
+    bits), with β up to 40 times γ_max √d_head, where a forgotten rounding of the sum would show."""
+    from attnsens.geometry.attention import apply_rotary, qk_norm_forward
+    from attnsens.weights import RotaryConfig
+
+    gen = torch.Generator().manual_seed(9)
+    d_head, d_model, n = 6, 5, 7
+    rotary = RotaryConfig(base=10.0, rotary_dim=4)
+    W = torch.randn(1, d_head, d_model, generator=gen, dtype=F64)
+    X = torch.randn(1, n, d_model, generator=gen, dtype=F64) * (1e-4 if bias < 1 else 1.0)
+    b = torch.full((1, d_head), bias, dtype=F64) + torch.randn(1, d_head, generator=gen, dtype=F64) * 1e-3
+    norm = NormWeights(
+        gamma=1 + 0.3 * torch.randn(d_head, generator=gen, dtype=F64), eps=eps, kind="rmsnorm",
+        beta=shift * torch.randn(d_head, generator=gen, dtype=F64),
+    )  # fmt: skip
+    projected = torch.einsum("hed,bpd->bhpe", W, X) + b[None, :, None, :]
+    computed = apply_rotary(qk_norm_forward(projected, norm), rotary)
+    rotations = T.rotation_matrices(n, d_head, rotary, X.device)
+    magnitude = T.projection_magnitudes(X, W, b, 1)
+    errors, sizes = T._side_error(magnitude, norm, projected, d_model)
+    with mpmath.workprec(300):
+        g = [mpmath.mpf(v) for v in norm.gamma.tolist()]
+        beta = [mpmath.mpf(v) for v in norm.beta.tolist()]
+        for t in range(n):
+            a = [mpmath.fsum(mpmath.mpf(W[0, e, k].item()) * mpmath.mpf(X[0, t, k].item()) for k in range(d_model))
+                 + mpmath.mpf(b[0, e].item()) for e in range(d_head)]  # fmt: skip
+            r = mpmath.sqrt(mpmath.fsum(v * v for v in a) / d_head + mpmath.mpf(eps))
+            real = mpmath.matrix(rotations[t].tolist()) * mpmath.matrix(
+                [g[e] * a[e] / r + beta[e] for e in range(d_head)]
+            )
+            off = mpmath.sqrt(mpmath.fsum((real[e] - mpmath.mpf(computed[0, 0, t, e].item())) ** 2
+                                          for e in range(d_head)))  # fmt: skip
+            assert off <= mpmath.mpf(errors[0, 0, t].item())
+            assert mpmath.sqrt(mpmath.fsum(v * v for v in real)) <= mpmath.mpf(sizes[0, 0, t].item())

@@ -52,3 +52,25 @@ def test_a_file_without_the_new_keys_loads_without_output_norms(tmp_path) -> Non
     loaded = load_layer_weights(old)
     assert [layer.has_out_norms for layer in loaded] == [False, False]
     torch.testing.assert_close(loaded[0].attn_norm.gamma, tiny_layers("pre")[0].attn_norm.gamma)
+
+
+def test_a_qk_norm_with_beta_round_trips(tmp_path) -> None:
+    """A per-head QK-norm with a beta (a LayerNorm QK-norm read centred): the file keeps β, the loaded norm is the
+    same RMSNorm plus β."""
+    layers = tiny_layers("pre")
+    d_head = layers[0].attention.d_head
+    gen = torch.Generator().manual_seed(5)
+    q_norm, k_norm = (
+        NormWeights(
+            kind="rmsnorm",
+            gamma=1 + torch.rand(d_head, generator=gen),
+            beta=torch.randn(d_head, generator=gen),
+            eps=1e-5,
+        )
+        for _ in range(2)
+    )
+    attention = layers[0].attention.__class__(**{**vars(layers[0].attention), "q_norm": q_norm, "k_norm": k_norm})
+    layers[0] = LayerWeights(**{**vars(layers[0]), "attention": attention})
+    loaded = load_layer_weights(save_layer_weights(layers, tmp_path / "w.safetensors"))
+    _assert_same_norm(loaded[0].attention.q_norm, q_norm)
+    _assert_same_norm(loaded[0].attention.k_norm, k_norm)
