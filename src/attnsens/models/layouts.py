@@ -141,6 +141,10 @@ class BlockLayout:
     qk_norm: bool = False  # the attention's q_norm/k_norm: per head (Qwen3, Gemma 3) or over all heads (OLMo 2)
     qk_norm_names: tuple[str, str] = ("q_norm", "k_norm")  # the attention's QK-norm modules under qk_norm
     qk_norm_after_rotary: bool = False  # the per-head QK-norm follows RoPE (HunYuan) instead of preceding it
+    # the config attribute that, when true, gives the attention a LayerNorm per head over its queries and keys
+    # (``q_layernorm``/``k_layernorm``, one γ, β shared by the heads, before RoPE: Persimmon, Phi), read as an
+    # RMSNorm of the centred projection plus β (``_layernorm_qk``)
+    qk_layernorm_if: str | None = None
     softcap: str | None = None  # config attribute of the attention logit softcap (Gemma 2), None when absent
     alibi: Literal["none", "bloom", "mpt"] = "none"  # ALiBi, with the slopes formula of the family
     scaling: str = "scaling"  # attention-module attribute holding the score scale 1/τ (default 1/√d_head)
@@ -176,7 +180,8 @@ class BlockLayout:
 
 
 _LAYERNORM_QK = (
-    "a LayerNorm of each head's queries and keys (a QK-norm with centring, which attnsens bounds only as RMSNorm)"
+    "a LayerNorm of each head's queries and keys whose γ differs across heads, which attnsens does not bound "
+    "(it bounds a LayerNorm QK-norm that the heads share)"
 )
 _BERT = BlockLayout(
     blocks="encoder.layer",
@@ -348,7 +353,7 @@ LAYOUTS: dict[str, BlockLayout] = {
         gate=None,
         down="mlp.dense_4h_to_h",
         norm="layernorm",
-        unsupported=(("qk_layernorm", _LAYERNORM_QK),),
+        qk_layernorm_if="qk_layernorm",
     ),
     "internlm3": BlockLayout(),  # Llama's modules under InternLM3's config
     "qwen2": BlockLayout(window="module"),
@@ -409,7 +414,7 @@ LAYOUTS: dict[str, BlockLayout] = {
         mlp_norm="input_layernorm",
         norm="layernorm",
         parallel_residual=True,
-        unsupported=(("qk_layernorm", _LAYERNORM_QK),),
+        qk_layernorm_if="qk_layernorm",
     ),
     "stablelm": BlockLayout(
         norm="layernorm", parallel_if="use_parallel_residual", unsupported=(("qk_layernorm", _LAYERNORM_QK),)
@@ -823,6 +828,8 @@ class LayoutAdapter(HFAdapter):
     def _layer(self, index: int, block: HFModule) -> LayerWeights:
         s, lay, config = self.spec, self.layout, self.base.config
         attn = _get(block, lay.attention)
+        b_q: Tensor | None
+        b_k: Tensor | None
         w_q, w_k, w_v, b_q, b_k, b_v = self._projections(attn)
         scaling = float(_get(attn, lay.scaling) or s.d_head**-0.5)
         tau = 1.0 / scaling
@@ -845,6 +852,13 @@ class LayoutAdapter(HFAdapter):
                     "QK-norm after RoPE divides out (up to ε) rather than a change of temperature; not supported"
                 )
             tau = scaled_tau
+        q_norm = self._norm(_get(attn, lay.qk_norm_names[0])) if lay.qk_norm else None
+        k_norm = self._norm(_get(attn, lay.qk_norm_names[1])) if lay.qk_norm else None
+        if lay.qk_layernorm_if is not None and getattr(config, lay.qk_layernorm_if, False):
+            (w_q, b_q, q_norm), (w_k, b_k, k_norm) = (
+                _layernorm_qk(w, b, _get(attn, name), heads, s.d_head)
+                for w, b, name, heads in ((w_q, b_q, "q_layernorm", s.n_head), (w_k, b_k, "k_layernorm", s.n_kv_head))
+            )
         out = _get(attn, lay.o)
         scale = self.output_scales(block)[0]
         attention = AttentionWeights(
@@ -860,8 +874,8 @@ class LayoutAdapter(HFAdapter):
             causal=s.causal,
             rotary=rotary,
             sliding_window=self.attention_window(index),
-            q_norm=self._norm(_get(attn, lay.qk_norm_names[0])) if lay.qk_norm else None,
-            k_norm=self._norm(_get(attn, lay.qk_norm_names[1])) if lay.qk_norm else None,
+            q_norm=q_norm,
+            k_norm=k_norm,
             qk_norm_after_rotary=lay.qk_norm_after_rotary and rotary is not None,
             softcap=None if lay.softcap is None else getattr(config, lay.softcap, None),
             alibi_slopes=None if lay.alibi == "none" else ALIBI_SLOPES[lay.alibi](s.n_head),
@@ -1034,6 +1048,28 @@ class LayoutAdapter(HFAdapter):
                 norm = dataclasses.replace(norm, gamma=norm.gamma + self.layout.gamma_offset)
             return norm
         return rms_norm(module, gamma_offset=self.layout.gamma_offset)
+
+
+def _layernorm_qk(
+    weight: Tensor, bias: Tensor | None, module: HFModule, n_head: int, d_head: int
+) -> tuple[Tensor, Tensor | None, NormWeights]:
+    """A LayerNorm QK-norm over each head's d_head coordinates as the weights' RMSNorm plus β: LayerNorm(a) =
+    γ ⊙ P a / (mean((P a)²) + ε)^{1/2} + β = RMSNorm(P a) + β with P = I − 11ᵀ/d_head, and P a = (P W) x + P b,
+    so the centring is folded into each head's rows of the projection ``[n_head·d_head, d_model]`` and its bias
+    (in float64, rounded once to the weights' dtype). Returns (P W, P b, the RMSNorm with β)."""
+    norm = layer_norm(module)
+    if norm.gamma.shape != (d_head,):
+        raise UnsupportedModelError(
+            f"{type(module).__name__} normalizes {tuple(norm.gamma.shape)} coordinates, not one head's {d_head}: "
+            "attnsens bounds a LayerNorm QK-norm shared by the heads only"
+        )
+
+    def centred(t: Tensor) -> Tensor:
+        heads = t.to(torch.float64).reshape(n_head, d_head, -1)
+        return (heads - heads.mean(dim=1, keepdim=True)).reshape(t.shape).to(t.dtype)
+
+    folded_bias = None if bias is None else centred(bias)
+    return centred(weight), folded_bias, dataclasses.replace(norm, kind="rmsnorm")
 
 
 def _rows_scaled(weight: Tensor, scale: float | Tensor) -> Tensor:

@@ -14,11 +14,10 @@ from attnsens.capture import RowSelection, capture_row_statistics
 from attnsens.errors import InputError, UnsupportedModelError, WeightsFidelityError
 from attnsens.geometry.layers import norm_forward
 from attnsens.models.fidelity import FIELDS, IDENTIFICATION_FIELDS
-from attnsens.models.hf import is_vision
+from attnsens.models.hf import is_vision, split_bias, split_heads
 from attnsens.models.layouts import alibi_slopes, mpt_alibi_slopes
 from attnsens.study.bounds import bound_model
 from tests.unit.models.tiny_models import (
-    BOUNDED_CONFIG,
     DECODER_FAMILIES,
     ENCODER_FAMILIES,
     MORE_LAYOUT_FAMILIES,
@@ -90,6 +89,15 @@ def _drop(adapter: M.ModelAdapter, layer: int, norm: str) -> None:
 def _swap(adapter: M.ModelAdapter, layer: int, first: str, second: str) -> None:
     weights = adapter.layers[layer]
     adapter.layers[layer] = replace(weights, **{first: getattr(weights, second), second: getattr(weights, first)})
+
+
+def _uncentred(adapter: M.ModelAdapter) -> None:
+    """Layer 0's query and key projections as the module holds them, without the LayerNorm QK-norm's centring
+    folded in (``layouts._layernorm_qk``)."""
+    w_q, w_k, _, b_q, b_k, _ = adapter._projections(adapter.blocks()[0].self_attn)
+    n_head, n_kv = adapter.spec.n_head, adapter.spec.n_kv_head
+    _set(adapter, 0, "attention", w_q=split_heads(w_q, n_head), b_q=split_bias(b_q, n_head),
+         w_k=split_heads(w_k, n_kv), b_k=split_bias(b_k, n_kv))  # fmt: skip
 
 
 def _reread(adapter: M.ModelAdapter, **layout: object) -> None:
@@ -379,9 +387,8 @@ def test_stablelm_with_a_parallel_residual_reads_one_norm() -> None:
     M.check_weights_fidelity(adapter, IDS)
 
 
-@pytest.mark.parametrize(("family", "flag"), [("phi", "qk_layernorm"), ("stablelm", "qk_layernorm"),
-                                              ("cohere", "use_qk_norm")])  # fmt: skip
-def test_layernorm_qk_norms_are_audited_but_not_bounded(family: str, flag: str) -> None:
+@pytest.mark.parametrize(("family", "flag"), [("stablelm", "qk_layernorm"), ("cohere", "use_qk_norm")])
+def test_layernorm_qk_norms_with_weights_per_head_are_audited_but_not_bounded(family: str, flag: str) -> None:
     model = tiny_model(family, **{flag: True})
     adapter = M.load(model)
     _assert_rows_are(eager_attentions(model, IDS), adapter)
@@ -492,7 +499,7 @@ def _inputs_and_attentions(model: torch.nn.Module) -> tuple[torch.Tensor, tuple[
 
 @pytest.mark.parametrize("family", MORE_LAYOUT_FAMILIES)
 def test_more_layout_families_pass_the_gate_and_audit_the_eager_rows(family: str) -> None:
-    model = tiny_model(family, **BOUNDED_CONFIG.get(family, {}))
+    model = tiny_model(family)
     adapter = M.load(model)
     assert adapter.family == model.config.model_type
     inputs, reference = _inputs_and_attentions(model)
@@ -564,6 +571,14 @@ MORE_MUTATIONS = {
     "persimmon: fused qkv read in [q; k; v] blocks": (
         "persimmon", 0, "attention", lambda a: _reread(a, qkv_order="blocks")
     ),
+    "persimmon: the query LayerNorm's β dropped": ("persimmon", 0, "attention", lambda a: _set(
+        a, 0, "attention", q_norm=replace(a.layers[0].attention.q_norm, beta=None))
+    ),
+    "persimmon: the LayerNorm QK-norm's centring not folded": ("persimmon", 0, "attention", _uncentred),
+    "phi: the query LayerNorm's β dropped": ("phi", 0, "attention", lambda a: _set(
+        a, 0, "attention", q_norm=replace(a.layers[0].attention.q_norm, beta=None))
+    ),
+    "phi: the LayerNorm QK-norm's centring not folded": ("phi", 0, "attention", _uncentred),
     "codegen: fused qkv read in [q; k; v] blocks": (
         "codegen", 0, "attention", lambda a: _reread(a, qkv_order="blocks")
     ),
@@ -591,10 +606,14 @@ MORE_MUTATIONS = {
 }  # fmt: skip
 
 
+MUTATED_CONFIG: dict[str, dict[str, object]] = {"phi": {"qk_layernorm": True}}
+"""Config changes of the families ``MORE_MUTATIONS`` mutates away from their defaults (Phi's LayerNorm QK-norm)."""
+
+
 @pytest.mark.parametrize("name", MORE_MUTATIONS)
 def test_the_gate_refuses_mutated_weights_of_more_layout_families(name: str) -> None:
     family, layer, field, mutate = MORE_MUTATIONS[name]
-    adapter = M.load(tiny_model(family, **BOUNDED_CONFIG.get(family, {})))
+    adapter = M.load(tiny_model(family, **MUTATED_CONFIG.get(family, {})))
     mutate(adapter)
     with pytest.raises(WeightsFidelityError) as caught:
         M.check_weights_fidelity(adapter, IDS)
@@ -708,9 +727,19 @@ def test_modernbert_survives_the_weights_file_and_is_bounded_from_it(tmp_path) -
     assert (layer_rows["block_jacobian_estimate"] <= layer_rows["residual_jacobian_upper_bound"]).all()
 
 
-def test_persimmon_with_its_default_layernorm_qk_norm_is_audited_but_not_bounded() -> None:
-    model = tiny_model("persimmon")
+@pytest.mark.parametrize("family", ["persimmon", "phi"])
+def test_a_layernorm_qk_norm_shared_by_the_heads_is_read_centred_with_its_beta_and_bounded(family: str) -> None:
+    """Persimmon's default and Phi's ``qk_layernorm``: RMSNorm of the centred projection plus β, which the gate
+    checks against the module (the mutations drop β or the centring), and bounded above the estimate."""
+    model = tiny_model(family, qk_layernorm=True)
     adapter = M.load(model)
     _assert_rows_are(eager_attentions(model, IDS), adapter)
-    with pytest.raises(UnsupportedModelError, match="persimmon sets qk_layernorm: a LayerNorm of each head"):
-        bound_model(adapter, IDS[:1])
+    attention = adapter.layers[0].attention
+    assert attention.q_norm is not None and attention.q_norm.beta is not None and attention.k_norm is not None
+    heads = attention.w_q.to(torch.float64).sum(dim=-2)  # each head's rows sum to 0 once centred
+    assert heads.abs().max() < 1e-5 * attention.w_q.abs().max()
+    M.check_weights_fidelity(adapter, IDS)
+    table = bound_model(adapter, IDS[:1], n_queries=4, iterations=8)
+    layers = table[table["head"] == -1]
+    assert (layers["mha_jacobian_estimate"] <= layers["mha_local_jacobian_upper_bound"]).all()
+    assert (layers["mha_local_jacobian_upper_bound"] <= layers["mha_lipschitz_upper_bound"]).all()

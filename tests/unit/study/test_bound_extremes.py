@@ -17,10 +17,11 @@ import torch
 import attnsens.models as M
 from attnsens.models.hf import is_vision
 from attnsens.study.bounds import bound_model
-from tests.unit.models.tiny_models import BOUNDED_CONFIG, BOUNDED_FAMILIES, VOCAB, tiny_model
+from tests.unit.models.tiny_models import BOUNDED_FAMILIES, VOCAB, tiny_model
 
 EAGER_ONLY = ("gemma2", "vaultgemma", "bloom", "mpt")  # transformers has no sdpa path for them
-QUERY = ("q_proj.", "query.", "q_lin.")
+QUERY = ("q_proj.", "query.", "q_lin.", "q_layernorm.")
+"""The query projections, and a LayerNorm QK-norm's γ and β (Persimmon), which set the queries' scale after it."""
 FUSED_QKV = ("c_attn.", "query_key_value.", "qkv_proj.", "Wqkv.")
 """Families whose query projection is one matrix with the keys' and values' (GPT-2, GPT-BigCode, GPT-NeoX, Phi-3,
 BLOOM, MPT): they cannot zero the queries alone, and are scaled whole for sharp attention."""
@@ -47,7 +48,7 @@ def _model(family: str, scale: float) -> torch.nn.Module:
     of ``FUSED_QUERY_ROWS``) times ``scale``, or, where the query shares its matrix with keys and values, that whole
     matrix times √``scale`` (scores times ``scale``)."""
     implementation = "eager" if family in EAGER_ONLY else "sdpa"
-    model = tiny_model(family, attn_implementation=implementation, **BOUNDED_CONFIG.get(family, {}))
+    model = tiny_model(family, attn_implementation=implementation)
     scaled = 0
     with torch.no_grad():
         for name, parameter in model.named_parameters():
