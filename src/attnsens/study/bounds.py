@@ -260,7 +260,10 @@ def bound_model(
 
     A layer whose MLP is a mixture of experts has local columns only (the MHA columns, the block's local bound at
     its input with the router's choice there): ``ffn_lipschitz_upper_bound`` and ``block_lipschitz_upper_bound``
-    are infinite, since the MLP jumps where its choice changes (docs/math.md T7).
+    are infinite, since the MLP jumps where its choice changes (docs/math.md T7). A layer with a branch beside its
+    attention that the weights do not model (Falcon-H1's Mamba-2 mixer, ``LayerWeights.beside_attention``) has its
+    attention and FFN columns and no block columns. A hybrid's layers are its attention blocks alone
+    (``LayoutAdapter.not_bounded``), and neither product column runs across them.
 
     Raises:
         WeightsFidelityError: an adapter's normalized weights do not reproduce the model's own blocks.
