@@ -175,9 +175,8 @@ def audit(
             adapter.name, out, result, seq_len=sequences.shape[1], per_head=per_head, as_json=as_json,
             attention=adapter.spec.attention,
         )  # fmt: skip
-        partial = getattr(adapter, "not_bounded", None)  # a hybrid's layers are its attention blocks
-        if partial is not None and not as_json:
-            console.print(f"{partial}.", soft_wrap=True)
+        if adapter.not_bounded is not None and not as_json:  # a hybrid's layers are its attention blocks
+            console.print(f"{adapter.not_bounded}.", soft_wrap=True)
 
 
 def _tokens_to_audit(ids: Path | None, text: Path | None, corpus: str | None) -> tuple[Any, str | None]:

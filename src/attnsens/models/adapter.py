@@ -271,6 +271,12 @@ class ModelAdapter(ABC):
         """The modules of layer ``layer``'s mixture of experts, None where its MLP is dense (the default)."""
         return None
 
+    @property
+    def not_bounded(self) -> str | None:
+        """What of the model its layers leave out, in one line (a hybrid's Mamba blocks, a branch beside the
+        attention), for the commands to print; None where the layers are the whole model (the default)."""
+        return None
+
     def query_sliceable_layers(self) -> list[torch.nn.Module]:
         """Blocks that may run a slice of queries at a time (:func:`attnsens.models.query_slices.in_query_slices`)
         while the audit reduces every row: causal decoder blocks whose attention the audit's tap computes. None

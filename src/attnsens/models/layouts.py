@@ -671,7 +671,8 @@ class LayoutAdapter(HFAdapter):
 
     def blocks(self) -> list[torch.nn.Module]:
         """The blocks attnsens reads: every block, or a hybrid's blocks that hold attention."""
-        return [self._all_blocks()[i] for i in self.block_indices()]
+        every = self._all_blocks()
+        return every if self.layout.hybrid is None else [every[i] for i in self.block_indices()]
 
     def _all_blocks(self) -> list[torch.nn.Module]:
         return list(_get(self.base, self.layout.blocks))
@@ -686,7 +687,7 @@ class LayoutAdapter(HFAdapter):
     @property
     def not_bounded(self) -> str | None:
         """For a hybrid, which of the model's blocks no bound covers and why, and for a family with a branch beside
-        its attention, what its bounds leave out (one line); None otherwise."""
+        its attention, what its bounds leave out (one line); None otherwise (``ModelAdapter.not_bounded``)."""
         if self.layout.beside_attention is not None:
             return (
                 f"{self.family} runs {self.layout.beside_attention} beside the attention in every block, which "

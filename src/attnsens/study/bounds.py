@@ -319,7 +319,7 @@ def bound_model(
     if world > 1:
         computed = _gathered(computed)
     # A hybrid's layers are its attention blocks alone (LayoutAdapter.not_bounded): no product runs across them.
-    whole_stack = getattr(model, "not_bounded", None) is None
+    whole_stack = isinstance(model, list | tuple) or model.not_bounded is None
     records, ln_ratios, branches = [], [], []
     for index in range(len(entries)):  # the chain-rule columns run over the layers in order
         rows, extra, placement = computed[index]
