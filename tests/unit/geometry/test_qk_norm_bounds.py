@@ -94,6 +94,25 @@ def _bounds(inst: dict, *, tau: float, mask, rotary, q_norm, k_norm, after: bool
     return local, glob
 
 
+def _assert_dense_below_local_below_lipschitz(
+    inst: dict, *, tau: float, mask, rotary, q_norm, k_norm, after: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense Jacobians' block-∞ lower bounds ≤ the local bound ≤ its paper form ≤ the Lipschitz bound's paper form,
+    local ≤ Lipschitz, and the local bound within 4× of the dense one in the median; returns the dense Jacobians
+    and their lower bounds."""
+    norms = {"q_norm": q_norm, "k_norm": k_norm}
+    dense = _dense(inst, tau=tau, mask=mask, rotary=rotary, after=after, **norms)
+    lower = block_inf_norm_lower_dense(dense, iterations=30)
+    local, glob = _bounds(inst, tau=tau, mask=mask, rotary=rotary, after=after, **norms)
+    assert bool((lower <= local.upper_bound).all()), "an estimate exceeds the certified local bound"
+    assert bool((local.upper_bound <= local.paper_form_upper_bound * (1 + 1e-12)).all())
+    assert bool((local.paper_form_upper_bound <= glob.paper_form_upper_bound * (1 + 1e-12)).all())
+    assert bool((local.upper_bound <= glob.upper_bound * (1 + 1e-12)).all())
+    ratio = local.upper_bound / lower
+    assert float(ratio.median()) < 4.0, f"local bound ÷ dense lower bound median {float(ratio.median()):.2f}"
+    return dense, lower
+
+
 @pytest.mark.parametrize(
     ("n_kv", "causal", "rotary", "sides"),
     [(2, False, None, "qk"), (1, True, ROPE, "qk"), (2, True, ROPE, "q"), (1, False, ROPE, "k")],
@@ -103,14 +122,7 @@ def test_dense_jacobian_below_local_below_lipschitz_under_qk_norm(n_kv, causal, 
     inst = _instances(n, L, 3, 2, n_kv, d_head, seed=11 + n_kv + 2 * causal)
     mask = causal_mask(L) if causal else None
     norms = {"q_norm": _norm(d_head, 1) if "q" in sides else None, "k_norm": _norm(d_head, 2) if "k" in sides else None}
-    lower = block_inf_norm_lower_dense(_dense(inst, tau=tau, mask=mask, rotary=rotary, **norms), iterations=30)
-    local, glob = _bounds(inst, tau=tau, mask=mask, rotary=rotary, **norms)
-    assert bool((lower <= local.upper_bound).all()), "an estimate exceeds the certified local bound"
-    assert bool((local.upper_bound <= local.paper_form_upper_bound * (1 + 1e-12)).all())
-    assert bool((local.paper_form_upper_bound <= glob.paper_form_upper_bound * (1 + 1e-12)).all())
-    assert bool((local.upper_bound <= glob.upper_bound * (1 + 1e-12)).all())
-    ratio = local.upper_bound / lower
-    assert float(ratio.median()) < 4.0, f"local bound ÷ dense lower bound median {float(ratio.median()):.2f}"
+    _assert_dense_below_local_below_lipschitz(inst, tau=tau, mask=mask, rotary=rotary, **norms)
 
 
 def _shifted(norm: NormWeights, seed: int, size: float) -> NormWeights:
@@ -134,14 +146,7 @@ def test_dense_jacobian_below_local_below_lipschitz_under_qk_norm_with_beta(n_kv
         "q_norm": _shifted(_norm(d_head, 1), 5, size) if "q" in sides else None,
         "k_norm": _shifted(_norm(d_head, 2), 6, size) if "k" in sides else None,
     }
-    lower = block_inf_norm_lower_dense(_dense(inst, tau=tau, mask=mask, rotary=rotary, **norms), iterations=30)
-    local, glob = _bounds(inst, tau=tau, mask=mask, rotary=rotary, **norms)
-    assert bool((lower <= local.upper_bound).all()), "an estimate exceeds the certified local bound"
-    assert bool((local.upper_bound <= local.paper_form_upper_bound * (1 + 1e-12)).all())
-    assert bool((local.paper_form_upper_bound <= glob.paper_form_upper_bound * (1 + 1e-12)).all())
-    assert bool((local.upper_bound <= glob.upper_bound * (1 + 1e-12)).all())
-    ratio = local.upper_bound / lower
-    assert float(ratio.median()) < 4.0, f"local bound ÷ dense lower bound median {float(ratio.median()):.2f}"
+    _assert_dense_below_local_below_lipschitz(inst, tau=tau, mask=mask, rotary=rotary, **norms)
 
 
 def test_the_global_radii_of_a_qk_norm_with_beta_hold_the_forward_queries_and_keys() -> None:
@@ -192,15 +197,9 @@ def test_dense_jacobian_below_local_below_lipschitz_under_qk_norm_after_rope(n_k
     mask = causal_mask(L) if causal else None
     norms = {"q_norm": _norm(d_head, 1) if "q" in sides else None, "k_norm": _norm(d_head, 2) if "k" in sides else None}
     rotary = ROPE if d_head == 4 else PARTIAL_ROPE
-    dense = _dense(inst, tau=tau, mask=mask, rotary=rotary, after=True, **norms)
-    lower = block_inf_norm_lower_dense(dense, iterations=30)
-    local, glob = _bounds(inst, tau=tau, mask=mask, rotary=rotary, after=True, **norms)
-    assert bool((lower <= local.upper_bound).all()), "an estimate exceeds the certified local bound"
-    assert bool((local.upper_bound <= local.paper_form_upper_bound * (1 + 1e-12)).all())
-    assert bool((local.paper_form_upper_bound <= glob.paper_form_upper_bound * (1 + 1e-12)).all())
-    assert bool((local.upper_bound <= glob.upper_bound * (1 + 1e-12)).all())
-    ratio = local.upper_bound / lower
-    assert float(ratio.median()) < 4.0, f"local bound ÷ dense lower bound median {float(ratio.median()):.2f}"
+    dense, lower = _assert_dense_below_local_below_lipschitz(
+        inst, tau=tau, mask=mask, rotary=rotary, after=True, **norms
+    )
     before = _dense(inst, tau=tau, mask=mask, rotary=rotary, **norms)
     assert not torch.allclose(before, dense), "the norm after RoPE must be another function than before it"
     misread, _ = _bounds(inst, tau=tau, mask=mask, rotary=rotary, **norms)  # the bound of the norm before RoPE

@@ -120,17 +120,26 @@ def _rms_jacobian_mp(a: list, gamma: list, eps: float) -> mpmath.matrix:
     )
 
 
-@pytest.mark.parametrize(("eps", "bias"), [(1e-6, 0.0), (1e-6, 3e7), (1e-12, 1e-5), (1e-2, 0.3)])
-def test_qk_norm_map_error_bounds_the_real_jacobian(eps: float, bias: float) -> None:
-    """‖R_t J_N(a_t) − fl(R_t Ĵ_t)‖ ≤ ε_t, a_t the real projection W x_t + b (mpmath, 300 bits)."""
-    gen = torch.Generator().manual_seed(7)
-    d_head, d_model, n = 4, 5, 6
+def _qk_norm_instance(
+    seed: int, d_head: int, d_model: int, n: int, *, bias: float, eps: float, spread: float, beta: float | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, NormWeights]:
+    """One head's projection W [1, d_head, d_model], inputs X [1, n, d_model] (tiny beside a bias below 1, where
+    the norm's floor is √ε), bias b ≈ ``bias`` and an RMSNorm QK-norm with γ = 1 + N(0, spread²) and, given
+    ``beta``, β ~ N(0, beta²), drawn in that order from one seeded generator."""
+    gen = torch.Generator().manual_seed(seed)
     W = torch.randn(1, d_head, d_model, generator=gen, dtype=F64)
     X = torch.randn(1, n, d_model, generator=gen, dtype=F64) * (1e-4 if bias < 1 else 1.0)
     b = torch.full((1, d_head), bias, dtype=F64) + torch.randn(1, d_head, generator=gen, dtype=F64) * 1e-3
-    norm = NormWeights(
-        gamma=1 + 0.1 * torch.randn(d_head, generator=gen, dtype=F64), eps=eps, kind="rmsnorm", beta=None
-    )
+    gamma = 1 + spread * torch.randn(d_head, generator=gen, dtype=F64)
+    shift = None if beta is None else beta * torch.randn(d_head, generator=gen, dtype=F64)
+    return W, X, b, NormWeights(gamma=gamma, eps=eps, kind="rmsnorm", beta=shift)
+
+
+@pytest.mark.parametrize(("eps", "bias"), [(1e-6, 0.0), (1e-6, 3e7), (1e-12, 1e-5), (1e-2, 0.3)])
+def test_qk_norm_map_error_bounds_the_real_jacobian(eps: float, bias: float) -> None:
+    """‖R_t J_N(a_t) − fl(R_t Ĵ_t)‖ ≤ ε_t, a_t the real projection W x_t + b (mpmath, 300 bits)."""
+    d_head, d_model, n = 4, 5, 6
+    W, X, b, norm = _qk_norm_instance(7, d_head, d_model, n, bias=bias, eps=eps, spread=0.1)
     inputs = torch.einsum("hed,bpd->bhpe", W, X) + b[None, :, None, :]  # â: [b, h, p, d]
     floor, input_error = T.qk_norm_floors(T.projection_magnitudes(X, W, b, 1), norm, inputs, d_model)
     jacobians = T.norm_jacobians(inputs, norm)
@@ -353,15 +362,9 @@ def test_qk_norm_after_rope_floor_errors_and_map_error_hold_in_real_arithmetic(e
     from attnsens.geometry.attention import apply_rotary, qk_norm_forward
     from attnsens.weights import RotaryConfig
 
-    gen = torch.Generator().manual_seed(8)
     d_head, d_model, n = 6, 5, 7
     rotary = RotaryConfig(base=10.0, rotary_dim=4)
-    W = torch.randn(1, d_head, d_model, generator=gen, dtype=F64)
-    X = torch.randn(1, n, d_model, generator=gen, dtype=F64) * (1e-4 if bias < 1 else 1.0)
-    b = torch.full((1, d_head), bias, dtype=F64) + torch.randn(1, d_head, generator=gen, dtype=F64) * 1e-3
-    norm = NormWeights(
-        gamma=1 + 0.3 * torch.randn(d_head, generator=gen, dtype=F64), eps=eps, kind="rmsnorm", beta=None
-    )
+    W, X, b, norm = _qk_norm_instance(8, d_head, d_model, n, bias=bias, eps=eps, spread=0.3)
     projected = torch.einsum("hed,bpd->bhpe", W, X) + b[None, :, None, :]  # â: [b, h, p, d]
     rotated = apply_rotary(projected, rotary)  # ρ̂ = fl(R_t â_t)
     rotations = T.rotation_matrices(n, d_head, rotary, X.device)
@@ -402,16 +405,9 @@ def test_qk_norm_with_beta_errors_and_norm_hold_in_real_arithmetic(eps: float, b
     from attnsens.geometry.attention import apply_rotary, qk_norm_forward
     from attnsens.weights import RotaryConfig
 
-    gen = torch.Generator().manual_seed(9)
     d_head, d_model, n = 6, 5, 7
     rotary = RotaryConfig(base=10.0, rotary_dim=4)
-    W = torch.randn(1, d_head, d_model, generator=gen, dtype=F64)
-    X = torch.randn(1, n, d_model, generator=gen, dtype=F64) * (1e-4 if bias < 1 else 1.0)
-    b = torch.full((1, d_head), bias, dtype=F64) + torch.randn(1, d_head, generator=gen, dtype=F64) * 1e-3
-    norm = NormWeights(
-        gamma=1 + 0.3 * torch.randn(d_head, generator=gen, dtype=F64), eps=eps, kind="rmsnorm",
-        beta=shift * torch.randn(d_head, generator=gen, dtype=F64),
-    )  # fmt: skip
+    W, X, b, norm = _qk_norm_instance(9, d_head, d_model, n, bias=bias, eps=eps, spread=0.3, beta=shift)
     projected = torch.einsum("hed,bpd->bhpe", W, X) + b[None, :, None, :]
     computed = apply_rotary(qk_norm_forward(projected, norm), rotary)
     rotations = T.rotation_matrices(n, d_head, rotary, X.device)
